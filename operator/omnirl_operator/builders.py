@@ -1,0 +1,277 @@
+"""RLJob → child manifests: pure functions from the typed spec to plain dicts (no Kubernetes client).
+
+The children of job ``J`` (all labelled ``omnirl.dev/job: J``; :func:`omnirl_operator.meta.adopt`
+adds the namespace and the controller ownerReference):
+
+=============================  =================  ===============================================
+name                           kind               what
+=============================  =================  ===============================================
+``J-controller``               ServiceAccount     identity of the controller pod
+``J-controller``               Role, RoleBinding  get/patch ``rljobs/status`` of ``J`` only
+``J-spec``                     ConfigMap          the validated job manifest (``job.yaml``)
+``J-actor``                    Service            weight-sync store on actor rank 0 (29500)
+``J-ranks``                    Service (headless) stable DNS of actor ranks (``J-actor-N.J-ranks``)
+``J-metrics``                  Service (headless) ``/metrics`` of every pod (ServiceMonitor target)
+``J-rollout``, ``J-reward``    Deployment         stateless workers
+``J-actor``                    StatefulSet        trainer ranks; rank = pod ordinal
+``J-controller``               Job (batch/v1)     the single controller
+=============================  =================  ===============================================
+
+The actor is a StatefulSet, not a Deployment: torch.distributed needs one stable rank-0 address
+(``MASTER_ADDR``) and ranks that survive restarts, which a Deployment's random pod names cannot
+give; the ``J-actor`` Service selects only pod ``J-actor-0``, which hosts the weight-sync store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import yaml
+from omnirl.api.loader import dump_rljob
+from omnirl.api.spec import API_GROUP, RLJob
+
+from omnirl_operator.meta import (
+    LABEL_METRICS,
+    check_job_name,
+    child_labels,
+    child_name,
+    object_meta,
+    selector_labels,
+)
+from omnirl_operator.pods import (
+    DIST_PORT,
+    METRICS_PORT,
+    WEIGHT_SYNC_PORT,
+    pod_template,
+    role_spec,
+)
+from omnirl_operator.settings import OperatorSettings
+
+WORKER_ROLES = ("rollout", "reward")
+PROGRESS_DEADLINE_SECONDS = 900
+
+
+def job_yaml(job: RLJob) -> str:
+    """The validated manifest the pods read from ``/etc/omnirl/job.yaml`` (defaults filled in)."""
+    spec = dump_rljob(job)["spec"]
+    manifest = {
+        "apiVersion": job.apiVersion,
+        "kind": job.kind,
+        "metadata": {"name": job.metadata.name, "namespace": job.metadata.namespace},
+        "spec": spec,
+    }
+    if manifest["metadata"]["namespace"] is None:
+        del manifest["metadata"]["namespace"]
+    return yaml.safe_dump(manifest, sort_keys=False)
+
+
+def spec_hash(text: str) -> str:
+    """First 16 hex digits of sha256(text): a pod-template annotation that rolls pods on change."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def build_configmap(job: RLJob, text: str) -> dict[str, Any]:
+    """ConfigMap ``<job>-spec`` with key ``job.yaml``."""
+    name = job.metadata.name
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": object_meta(name, child_name(name, suffix="spec")),
+        "data": {"job.yaml": text},
+    }
+
+
+def build_deployment(job: RLJob, role: str, settings: OperatorSettings, digest: str, *, running: bool = True
+                     ) -> dict[str, Any]:
+    """Deployment ``<job>-<role>`` of a stateless worker role (rollout or reward).
+
+    ``running=False`` (suspended or finished) scales it to 0 replicas.
+    """
+    name = job.metadata.name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(name, child_name(name, role), role),
+        "spec": {
+            "replicas": role_spec(job, role).replicas if running else 0,
+            "selector": {"matchLabels": selector_labels(name, role)},
+            "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
+            "revisionHistoryLimit": 3,
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": 0}},
+            "template": pod_template(job, role, settings, digest),
+        },
+    }
+
+
+def build_actor(job: RLJob, settings: OperatorSettings, digest: str, *, running: bool = True) -> dict[str, Any]:
+    """StatefulSet ``<job>-actor``: ranks start together (Parallel) and are replaced in place."""
+    name = job.metadata.name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_meta(name, child_name(name, "actor"), "actor"),
+        "spec": {
+            "replicas": job.spec.roles.actor.replicas if running else 0,
+            "serviceName": child_name(name, suffix="ranks"),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector_labels(name, "actor")},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "revisionHistoryLimit": 3,
+            "template": pod_template(job, "actor", settings, digest),
+        },
+    }
+
+
+def build_controller_job(job: RLJob, settings: OperatorSettings, digest: str) -> dict[str, Any]:
+    """Job ``<job>-controller`` (batch/v1) running the single controller.
+
+    Failure policy mapping (``spec.failurePolicy.controller``): ``restart-role`` lets the Job
+    restart the pod in place (``restartPolicy: OnFailure``, ``backoffLimit: maxRestarts``);
+    ``restart-job`` and ``fail-job`` make one failure final for the Job (``Never``, ``0``) and the
+    operator then restarts the whole job or fails it.
+    """
+    name = job.metadata.name
+    policy = job.spec.failurePolicy
+    in_place = policy.controller == "restart-role"
+    spec: dict[str, Any] = {
+        "backoffLimit": policy.maxRestarts if in_place else 0,
+        "completions": 1,
+        "parallelism": 1,
+        "template": pod_template(
+            job, "controller", settings, digest,
+            restart_policy="OnFailure" if in_place else "Never",
+            service_account=child_name(name, "controller"),
+        ),
+    }
+    if policy.activeDeadlineSeconds is not None:
+        spec["activeDeadlineSeconds"] = policy.activeDeadlineSeconds
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": object_meta(name, child_name(name, "controller"), "controller"),
+        "spec": spec,
+    }
+
+
+def build_services(job: RLJob) -> list[dict[str, Any]]:
+    """The actor's weight-sync Service, the ranks' headless Service, and the metrics Service."""
+    name = job.metadata.name
+    actor = child_name(name, "actor")
+    rank0 = {**selector_labels(name, "actor"), "statefulset.kubernetes.io/pod-name": f"{actor}-0"}
+    ranks_ports = [{"name": "weight-sync", "port": WEIGHT_SYNC_PORT, "targetPort": WEIGHT_SYNC_PORT,
+                    "protocol": "TCP"}]
+    if job.spec.roles.actor.replicas > 1:
+        ranks_ports.append({"name": "dist", "port": DIST_PORT, "targetPort": DIST_PORT, "protocol": "TCP"})
+    metrics_meta = object_meta(name, child_name(name, suffix="metrics"))
+    metrics_meta["labels"][LABEL_METRICS] = "true"
+    return [
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": object_meta(name, actor, "actor"),
+            "spec": {
+                "type": "ClusterIP",
+                "selector": rank0,
+                "ports": [{"name": "weight-sync", "port": WEIGHT_SYNC_PORT, "targetPort": WEIGHT_SYNC_PORT,
+                           "protocol": "TCP"}],
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": object_meta(name, child_name(name, suffix="ranks"), "actor"),
+            "spec": {
+                "clusterIP": "None",
+                # Ranks must resolve each other before they are Ready (rendezvous comes first).
+                "publishNotReadyAddresses": True,
+                "selector": selector_labels(name, "actor"),
+                "ports": ranks_ports,
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metrics_meta,
+            "spec": {
+                "clusterIP": "None",
+                "selector": selector_labels(name),
+                "ports": [{"name": "metrics", "port": METRICS_PORT, "targetPort": METRICS_PORT, "protocol": "TCP"}],
+            },
+        },
+    ]
+
+
+def build_controller_rbac(job: RLJob) -> list[dict[str, Any]]:
+    """ServiceAccount, Role and RoleBinding letting the controller pod read and patch the status
+    of its own RLJob only (``resourceNames: [<job>]``) and nothing else."""
+    name = job.metadata.name
+    sa = child_name(name, "controller")
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": object_meta(name, sa, "controller"),
+         "automountServiceAccountToken": False},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": object_meta(name, sa, "controller"),
+            "rules": [{"apiGroups": [API_GROUP], "resources": ["rljobs/status"], "resourceNames": [name],
+                       "verbs": ["get", "patch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": object_meta(name, sa, "controller"),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": sa},
+            "subjects": [{"kind": "ServiceAccount", "name": sa}],
+        },
+    ]
+
+
+def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | None = None) -> list[dict[str, Any]]:
+    """Every child of ``job``, in creation order (identities and config before workloads).
+
+    Args:
+        running: whether pods should run; default ``not spec.suspend``. When false, the workloads
+            have 0 replicas and the controller Job is left out (the reconcile deletes it).
+
+    Raises:
+        ValueError: naming the field, for a job name too long for its children or no Redis URL.
+    """
+    check_job_name(job.metadata.name)
+    running = (not job.spec.suspend) if running is None else running
+    text = job_yaml(job)
+    digest = spec_hash(text)
+    children = [*build_controller_rbac(job), build_configmap(job, text), *build_services(job)]
+    children += [build_deployment(job, role, settings, digest, running=running) for role in WORKER_ROLES]
+    children.append(build_actor(job, settings, digest, running=running))
+    if running:
+        children.append(build_controller_job(job, settings, digest))
+    return children
+
+
+def desired_replicas(job: RLJob, *, running: bool) -> dict[str, int]:
+    """Pods per role the children ask for (what ``status.roles[*].desired`` reports)."""
+    if not running:
+        return {role: 0 for role in ("rollout", "reward", "actor", "controller")}
+    return {role: role_spec(job, role).replicas for role in ("rollout", "reward", "actor", "controller")}
+
+
+def label_of(child: dict[str, Any]) -> str:
+    """``Kind/name`` of a manifest, for logs and events."""
+    return f"{child.get('kind')}/{child.get('metadata', {}).get('name')}"
+
+
+__all__ = [
+    "build_actor",
+    "build_children",
+    "build_configmap",
+    "build_controller_job",
+    "build_controller_rbac",
+    "build_deployment",
+    "build_services",
+    "child_labels",
+    "desired_replicas",
+    "job_yaml",
+    "label_of",
+    "spec_hash",
+]

@@ -1,0 +1,167 @@
+"""Names, labels, owner references and the pod-template merge shared by every builder.
+
+Pure functions on plain dicts; nothing here talks to a cluster.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable
+from typing import Any
+
+from omnirl.api.spec import API_GROUP, API_VERSION, KIND
+
+ROLES = ("rollout", "reward", "actor", "controller")
+LABEL_JOB = f"{API_GROUP}/job"
+LABEL_ROLE = f"{API_GROUP}/role"
+LABEL_METRICS = f"{API_GROUP}/metrics"
+ANNOTATION_SPEC_HASH = f"{API_GROUP}/spec-hash"
+ANNOTATION_RESTARTED_AT = f"{API_GROUP}/restarted-at"
+PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
+
+# Longest child name is the actor StatefulSet `<job>-actor`: the StatefulSet controller labels its
+# pods `controller-revision-hash: <name>-<10-char hash>`, and a label value holds 63 characters,
+# so the StatefulSet name may hold 52 and the job name 52 - len("-actor") = 46.
+MAX_JOB_NAME = 46
+
+
+def check_job_name(name: str) -> str:
+    """Return ``name`` if every child name derived from it is valid, else raise.
+
+    Raises:
+        ValueError: naming ``metadata.name`` when it is longer than :data:`MAX_JOB_NAME`.
+    """
+    if len(name) > MAX_JOB_NAME:
+        raise ValueError(
+            f"metadata.name: {name!r} has {len(name)} characters; at most {MAX_JOB_NAME} fit "
+            f"(the actor StatefulSet `{name}-actor` labels its pods with its name plus an 11-character "
+            "revision hash, and label values hold 63 characters)"
+        )
+    return name
+
+
+def child_name(job: str, role: str | None = None, suffix: str | None = None) -> str:
+    """``<job>``, ``<job>-<role>`` or ``<job>-<suffix>``: every child's name."""
+    part = suffix if suffix is not None else role
+    return f"{job}-{part}" if part else job
+
+
+def selector_labels(job: str, role: str | None = None) -> dict[str, str]:
+    """The stable labels a Service or workload selects on (never change them: selectors are immutable)."""
+    labels = {LABEL_JOB: job}
+    if role is not None:
+        labels[LABEL_ROLE] = role
+    return labels
+
+
+def child_labels(job: str, role: str | None = None) -> dict[str, str]:
+    """Every label a child carries: the recommended ``app.kubernetes.io/*`` set plus our selectors."""
+    labels = {
+        "app.kubernetes.io/name": "omnirl",
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/managed-by": "omnirl-operator",
+        "app.kubernetes.io/part-of": "omnirl",
+    }
+    if role is not None:
+        labels["app.kubernetes.io/component"] = role
+    labels.update(selector_labels(job, role))
+    return labels
+
+
+def object_meta(job: str, name: str, role: str | None = None) -> dict[str, Any]:
+    """``metadata`` of a child: name and labels (namespace and owner are set by :func:`adopt`)."""
+    return {"name": name, "labels": child_labels(job, role)}
+
+
+def owner_reference(job: str, uid: str) -> dict[str, Any]:
+    """The controller ownerReference pointing at the RLJob, so garbage collection removes children."""
+    if not uid:
+        raise ValueError(f"RLJob {job!r} has no metadata.uid; the API server assigns one on create")
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": KIND,
+        "name": job,
+        "uid": uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def adopt(children: Iterable[dict[str, Any]], job: str, namespace: str, uid: str) -> list[dict[str, Any]]:
+    """Copies of ``children`` with the RLJob's namespace and its controller ownerReference.
+
+    An existing ownerReference to another controller is an error: a child has one controller.
+
+    Raises:
+        ValueError: when ``uid`` is empty, or a child is already controlled by another object.
+    """
+    ref = owner_reference(job, uid)
+    adopted = []
+    for child in children:
+        child = copy.deepcopy(child)
+        meta = child.setdefault("metadata", {})
+        meta["namespace"] = namespace
+        refs = [r for r in meta.get("ownerReferences", []) if r.get("uid") != uid]
+        others = [r for r in refs if r.get("controller")]
+        if others:
+            raise ValueError(
+                f"{child.get('kind')} {meta.get('name')!r} is already controlled by {others[0].get('kind')} "
+                f"{others[0].get('name')!r}; rename the RLJob or delete that object"
+            )
+        meta["ownerReferences"] = refs + [ref]
+        adopted.append(child)
+    return adopted
+
+
+# ---------------------------------------------------------------- template merge
+
+# Lists of named items merged item by item (key field); any other list is replaced whole.
+_MERGE_BY_KEY_RECURSIVE = {"containers": "name", "initContainers": "name"}
+# Items of these lists are replaced whole when the user names the same key: their members are
+# one-of choices (a volume source, an env value or valueFrom) that must not be mixed.
+_MERGE_BY_KEY_REPLACE = {
+    "volumes": "name",
+    "env": "name",
+    "ports": "containerPort",
+    "volumeMounts": "mountPath",
+    "tolerations": "key",
+    "imagePullSecrets": "name",
+}
+
+
+def _merge_list(key: str, base: list[Any], override: list[Any]) -> list[Any]:
+    field = _MERGE_BY_KEY_RECURSIVE.get(key) or _MERGE_BY_KEY_REPLACE.get(key)
+    if field is None or not all(isinstance(x, dict) and field in x for x in base + override):
+        return copy.deepcopy(override)
+    merged = [copy.deepcopy(x) for x in base]
+    index = {x[field]: i for i, x in enumerate(merged)}
+    for item in override:
+        i = index.get(item[field])
+        if i is None:
+            index[item[field]] = len(merged)
+            merged.append(copy.deepcopy(item))
+        elif key in _MERGE_BY_KEY_RECURSIVE:
+            merged[i] = deep_merge(merged[i], item)
+        else:
+            merged[i] = copy.deepcopy(item)
+    return merged
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """``override`` merged over ``base`` (user fields win); neither input is modified.
+
+    Dicts merge recursively; ``containers``/``initContainers`` merge by ``name`` (recursively), and
+    ``volumes``, ``env``, ``ports``, ``volumeMounts``, ``tolerations`` merge by their key with the
+    user's item replacing ours whole; any other list is replaced. A ``None`` value deletes the key.
+    """
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = deep_merge(out[key], value)
+        elif isinstance(value, list) and isinstance(out.get(key), list):
+            out[key] = _merge_list(key, out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out

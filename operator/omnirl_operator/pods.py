@@ -1,0 +1,229 @@
+"""The PodTemplateSpec of one role: the container contract of `.notes/RUNTIME.md` in manifest form.
+
+Every role runs ``omnirl role <role> --job /etc/omnirl/job.yaml`` with the job's ConfigMap mounted
+at ``/etc/omnirl``, the run volume at ``/var/lib/omnirl``, Prometheus ``/metrics`` on 9090 and the
+gRPC health service on 8081 (probed by the kubelet). The user's ``roles.<role>.template`` is
+merged over the generated template last (user fields win), except the selector labels, which
+the workload needs to find its pods.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnirl.api.spec import RLJob, RoleSpec
+
+from omnirl_operator.meta import ANNOTATION_SPEC_HASH, child_labels, child_name, deep_merge, selector_labels
+from omnirl_operator.settings import OperatorSettings
+
+JOB_FILE = "/etc/omnirl/job.yaml"
+CONFIG_DIR = "/etc/omnirl"
+RUN_DIR = "/var/lib/omnirl"
+METRICS_PORT = 9090
+HEALTH_PORT = 8081
+WEIGHT_SYNC_PORT = 29500
+DIST_PORT = 29400  # torch.distributed rendezvous of actor ranks (torchrun's c10d default)
+RUN_AS_USER = 1000
+
+NVIDIA_RESOURCE = "nvidia.com/gpu"
+ASCEND_RESOURCE = "huawei.com/Ascend910"
+ASCEND_NODE_LABEL = ("accelerator", "huawei-Ascend910")
+
+
+def role_spec(job: RLJob, role: str) -> RoleSpec:
+    """``job.spec.roles.<role>``."""
+    return getattr(job.spec.roles, role)
+
+
+def redis_url(job: RLJob, settings: OperatorSettings) -> str:
+    """The TransferQueue URL the job's pods use: the spec's, else the operator's default.
+
+    Raises:
+        ValueError: naming ``spec.transferQueue.redisUrl`` when neither is set.
+    """
+    url = job.spec.transferQueue.redisUrl or settings.default_redis_url
+    if not url:
+        raise ValueError(
+            "spec.transferQueue.redisUrl: not set and the operator has no default Redis; set it to "
+            "redis://HOST:6379/0, or install the chart with redis.bundled=true or redis.externalUrl"
+        )
+    return url
+
+
+def accelerator_resources(role: RoleSpec, settings: OperatorSettings) -> dict[str, Any]:
+    """``resources`` of a role container from the accelerator sugar.
+
+    ``nvidia`` → limits ``nvidia.com/gpu: count``; ``ascend`` → limits
+    ``huawei.com/Ascend910: count``; every role also requests the operator's CPU and memory.
+    """
+    resources: dict[str, Any] = {"requests": {"cpu": settings.cpu_request, "memory": settings.memory_request}}
+    acc = role.accelerator
+    if acc.type == "nvidia":
+        resources["limits"] = {NVIDIA_RESOURCE: acc.count}
+    elif acc.type == "ascend":
+        resources["limits"] = {ASCEND_RESOURCE: acc.count}
+    return resources
+
+
+def accelerator_scheduling(role: RoleSpec) -> dict[str, Any]:
+    """``nodeSelector`` and ``tolerations`` for the accelerator (the device plugins' taints)."""
+    acc = role.accelerator
+    if acc.type == "ascend":
+        return {
+            "nodeSelector": {ASCEND_NODE_LABEL[0]: ASCEND_NODE_LABEL[1]},
+            "tolerations": [{"key": ASCEND_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        }
+    if acc.type == "nvidia":
+        return {"tolerations": [{"key": NVIDIA_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]}
+    return {}
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str, Any]]:
+    """The environment of RUNTIME.md for ``role`` (plus torch.distributed variables on actor ranks)."""
+    name = job.metadata.name
+    env: list[dict[str, Any]] = [
+        {"name": "OMNIRL_JOB_NAME", "value": name},
+        _field_env("OMNIRL_NAMESPACE", "metadata.namespace"),
+        _field_env("OMNIRL_WORKER_ID", "metadata.name"),
+        {"name": "OMNIRL_REDIS_URL", "value": redis_url(job, settings)},
+        {"name": "OMNIRL_WEIGHT_SYNC_ADDR", "value": f"{child_name(name, 'actor')}:{WEIGHT_SYNC_PORT}"},
+        {"name": "OMNIRL_OUT", "value": RUN_DIR},
+        {"name": "OMNIRL_METRICS_PORT", "value": str(METRICS_PORT)},
+        {"name": "OMNIRL_HEALTH_PORT", "value": str(HEALTH_PORT)},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    secret = job.spec.transferQueue.passwordSecret or settings.default_redis_password_secret
+    if secret:
+        env.append(
+            {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}}
+        )
+    if role == "controller":
+        env.append({"name": "OMNIRL_REPORT_STATUS", "value": "kubernetes"})
+    replicas = job.spec.roles.actor.replicas
+    if role == "actor" and replicas > 1:
+        # Rank r is StatefulSet pod <job>-actor-r; rank 0 hosts the rendezvous store.
+        env += [
+            {"name": "MASTER_ADDR", "value": f"{child_name(name, 'actor')}-0.{child_name(name, suffix='ranks')}"},
+            {"name": "MASTER_PORT", "value": str(DIST_PORT)},
+            {"name": "WORLD_SIZE", "value": str(replicas)},
+            _field_env("RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
+        ]
+    return env
+
+
+def role_ports(job: RLJob, role: str) -> list[dict[str, Any]]:
+    """Container ports: metrics and gRPC health everywhere; weight-sync (and rendezvous) on the actor."""
+    ports = [
+        {"name": "metrics", "containerPort": METRICS_PORT, "protocol": "TCP"},
+        {"name": "grpc-health", "containerPort": HEALTH_PORT, "protocol": "TCP"},
+    ]
+    if role == "actor":
+        ports.append({"name": "weight-sync", "containerPort": WEIGHT_SYNC_PORT, "protocol": "TCP"})
+        if job.spec.roles.actor.replicas > 1:
+            ports.append({"name": "dist", "containerPort": DIST_PORT, "protocol": "TCP"})
+    return ports
+
+
+def _grpc_probe(period_s: int, failures: int) -> dict[str, Any]:
+    return {"grpc": {"port": HEALTH_PORT}, "periodSeconds": period_s, "failureThreshold": failures,
+            "timeoutSeconds": 5}
+
+
+def role_container(job: RLJob, role: str, settings: OperatorSettings) -> dict[str, Any]:
+    """The role's one container (named after the role, so a user template can merge into it)."""
+    spec = role_spec(job, role)
+    container: dict[str, Any] = {
+        "name": role,
+        "image": settings.image_for(role),
+        "imagePullPolicy": settings.image_pull_policy,
+        "command": ["omnirl", "role", role, "--job", JOB_FILE],
+        "env": role_env(job, role, settings),
+        "ports": role_ports(job, role),
+        "resources": accelerator_resources(spec, settings),
+        "volumeMounts": [
+            {"name": "job-spec", "mountPath": CONFIG_DIR, "readOnly": True},
+            {"name": "run", "mountPath": RUN_DIR},
+        ],
+        # Model loading can take minutes: the startup probe allows 10 minutes before liveness counts.
+        "startupProbe": _grpc_probe(10, 60),
+        "livenessProbe": _grpc_probe(20, 3),
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+    }
+    if role != "controller":  # readiness gates Service endpoints; a Job pod has none to gate
+        container["readinessProbe"] = _grpc_probe(10, 3)
+    if role in ("rollout", "actor"):
+        container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
+    return container
+
+
+def role_volumes(job: RLJob, role: str) -> list[dict[str, Any]]:
+    """The job ConfigMap, the run directory (an emptyDir; override ``run`` in the template for a
+    PVC) and, for rollout and actor, a memory-backed /dev/shm for NCCL/HCCL and data loaders."""
+    volumes: list[dict[str, Any]] = [
+        {"name": "job-spec", "configMap": {"name": child_name(job.metadata.name, suffix="spec"),
+                                           "items": [{"key": "job.yaml", "path": "job.yaml"}]}},
+        {"name": "run", "emptyDir": {}},
+    ]
+    if role in ("rollout", "actor"):
+        volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
+    return volumes
+
+
+def pod_template(
+    job: RLJob,
+    role: str,
+    settings: OperatorSettings,
+    spec_hash: str,
+    *,
+    restart_policy: str = "Always",
+    service_account: str | None = None,
+) -> dict[str, Any]:
+    """The PodTemplateSpec of ``role``, with ``roles.<role>.template`` merged over it.
+
+    Args:
+        spec_hash: hash of the job's ConfigMap content; a changed spec changes the template
+            annotation and so rolls the pods.
+        restart_policy: ``Always`` for Deployments/StatefulSets, ``Never``/``OnFailure`` for the Job.
+        service_account: only the controller gets one (and an API token); the others mount none.
+
+    Raises:
+        ValueError: from :func:`redis_url` when no Redis is known.
+    """
+    name = job.metadata.name
+    spec: dict[str, Any] = {
+        "restartPolicy": restart_policy,
+        "automountServiceAccountToken": service_account is not None,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 60,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [role_container(job, role, settings)],
+        "volumes": role_volumes(job, role),
+        **accelerator_scheduling(role_spec(job, role)),
+    }
+    if service_account is not None:
+        spec["serviceAccountName"] = service_account
+    template: dict[str, Any] = {
+        "metadata": {"labels": child_labels(name, role), "annotations": {ANNOTATION_SPEC_HASH: spec_hash}},
+        "spec": spec,
+    }
+    user = role_spec(job, role).template
+    if user:
+        template = deep_merge(template, user)
+        template["metadata"].setdefault("labels", {}).update(selector_labels(name, role))
+    return template

@@ -1,0 +1,199 @@
+"""RLJob status: computed from what the reconcile observed, compared, then written once.
+
+:func:`compute_status` is pure. It never emits the progress fields the controller pod reports
+(``step``, ``rewardMean``, ``policyVersion``, ``lastCheckpoint``): the result is a merge patch,
+so leaving them out keeps them exactly as the controller last wrote them, even when its patch
+lands between our read and our write.
+
+:func:`decide_failure` is the failure policy (``spec.failurePolicy``) as a pure decision; the
+handler carries it out (restart the job, or fail it) and reports it back via ``Observed``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Literal
+
+from omnirl.api.status import (
+    FAILED,
+    READY,
+    SUCCEEDED,
+    SUSPENDED,
+    TERMINAL_PHASES,
+    Condition,
+    RLJobStatus,
+    RoleStatus,
+    ready_roles_text,
+    set_condition,
+)
+
+PROGRESS_FIELDS = ("step", "rewardMean", "policyVersion", "lastCheckpoint")
+ControllerState = Literal["absent", "active", "succeeded", "failed"]
+REASON_INVALID_SPEC = "InvalidSpec"
+
+
+@dataclass(frozen=True)
+class Observed:
+    """What one reconcile saw of the children, and what it decided.
+
+    Attributes:
+        roles: per role ``(desired, ready)`` pod counts (rollout, reward, actor, controller).
+        controller: state of the controller Job.
+        controller_message: the Job's failure/completion message, if any.
+        suspended: ``spec.suspend``.
+        invalid_spec: the problem lines of an invalid spec (empty: valid).
+        failed: ``(reason, message)`` when the failure policy failed the job in this reconcile.
+        restarted: ``(reason, message)`` when the job was restarted in this reconcile.
+        restarts: restarts so far, including one made in this reconcile.
+    """
+
+    roles: dict[str, tuple[int, int]] = field(default_factory=dict)
+    controller: ControllerState = "absent"
+    controller_message: str = ""
+    suspended: bool = False
+    invalid_spec: tuple[str, ...] = ()
+    failed: tuple[str, str] | None = None
+    restarted: tuple[str, str] | None = None
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class FailureDecision:
+    """What to do about a failed child: ``action`` is ``none``, ``restart-job`` or ``fail``."""
+
+    action: Literal["none", "restart-job", "fail"]
+    reason: str = ""
+    message: str = ""
+
+
+def decide_failure(
+    failure_policy: dict[str, Any], restarts: int, failed_role: str | None, detail: str = ""
+) -> FailureDecision:
+    """The failure policy applied to one failed role.
+
+    Args:
+        failure_policy: ``spec.failurePolicy`` as a dict (``maxRestarts`` and one action per role).
+        restarts: ``status.restarts`` so far.
+        failed_role: the role whose workload failed (``None``: nothing failed).
+        detail: the failure's own message (the Job's or Deployment's condition message).
+
+    Returns:
+        ``restart-job`` while ``restarts < maxRestarts`` and the role's action is ``restart-job``
+        (or ``restart-role`` for the controller, whose in-place restarts the Job already used up);
+        ``fail`` otherwise; ``none`` when ``failed_role`` is ``None``.
+    """
+    if failed_role is None:
+        return FailureDecision("none")
+    action = failure_policy.get(failed_role, "restart-job")
+    max_restarts = int(failure_policy.get("maxRestarts", 0))
+    what = f"{failed_role} failed" + (f": {detail}" if detail else "")
+    if action == "fail-job":
+        return FailureDecision("fail", f"{failed_role.capitalize()}Failed", f"{what} (failurePolicy.{failed_role}: fail-job)")
+    if restarts >= max_restarts:
+        return FailureDecision(
+            "fail", "RestartsExhausted", f"{what}; {restarts} of failurePolicy.maxRestarts={max_restarts} used"
+        )
+    return FailureDecision("restart-job", f"{failed_role.capitalize()}Failed",
+                           f"{what}; restarting the job ({restarts + 1}/{max_restarts})")
+
+
+def _cond(type_: str, status: bool, reason: str, message: str, generation: int | None) -> Condition:
+    return Condition(type=type_, status="True" if status else "False", reason=reason, message=message,
+                     observedGeneration=generation)
+
+
+def _phase(previous: RLJobStatus, obs: Observed, all_ready: bool) -> tuple[str, str, str]:
+    """(phase, reason, message) from the previous status and the observation."""
+    prev_failed = next((c for c in previous.conditions if c.type == FAILED and c.status == "True"), None)
+    if obs.invalid_spec:
+        return "Failed", REASON_INVALID_SPEC, "invalid spec: " + "; ".join(obs.invalid_spec)
+    if previous.phase in TERMINAL_PHASES and not (prev_failed and prev_failed.reason == REASON_INVALID_SPEC):
+        reason = next((c.reason for c in previous.conditions if c.type == previous.phase and c.status == "True"),
+                      previous.phase)
+        return previous.phase, reason, previous.message
+    if obs.failed is not None:
+        return "Failed", obs.failed[0], obs.failed[1]
+    if obs.controller == "succeeded":
+        return "Succeeded", "ControllerSucceeded", obs.controller_message or "the controller finished the job"
+    if obs.suspended:
+        return "Suspended", "Suspended", "spec.suspend is true: no pods run"
+    if obs.restarted is not None:
+        return "Pending", obs.restarted[0], obs.restarted[1]
+    if all_ready:
+        return "Running", "AllRolesReady", "every role has all its pods ready"
+    waiting = sorted(r for r, (d, ready) in obs.roles.items() if ready < d)
+    reason = "Restarting" if previous.startTime is not None else "WaitingForPods"
+    return ("Running" if previous.startTime is not None else "Pending"), reason, \
+        "waiting for pods of: " + ", ".join(waiting)
+
+
+def compute_status(job_obj: dict[str, Any], observed: Observed, progress: dict[str, Any], now: datetime
+                   ) -> dict[str, Any]:
+    """The new ``status`` of an RLJob as a JSON merge patch (progress fields left out).
+
+    Args:
+        job_obj: the RLJob as the API server returned it (``metadata.generation``, ``status``).
+        observed: what the reconcile saw and did (see :class:`Observed`).
+        progress: the controller's reported fields (``step``, ``rewardMean`` …); only used for
+            the human-readable message, never written back.
+        now: current time, timezone-aware (condition transition times, start/completion time).
+
+    Returns:
+        A dict valid against :class:`omnirl.api.status.RLJobStatus` (datetimes as RFC 3339 text)
+        holding ``phase``, ``conditions``, ``observedGeneration``, ``roles``, ``readyRoles``,
+        ``restarts``, ``message``, ``startTime``, ``completionTime``.
+
+    Raises:
+        pydantic.ValidationError: the stored status is not a valid RLJobStatus (the CRD schema
+            should have prevented it).
+    """
+    stored = {k: v for k, v in (job_obj.get("status") or {}).items() if k in RLJobStatus.model_fields}
+    previous = RLJobStatus.model_validate(stored)
+    generation = job_obj.get("metadata", {}).get("generation")
+    roles = {role: RoleStatus(desired=d, ready=min(r, d) if d else r) for role, (d, r) in observed.roles.items()}
+    all_ready = bool(roles) and all(r.desired > 0 and r.ready >= r.desired for r in roles.values())
+    phase, reason, message = _phase(previous, observed, all_ready)
+    if phase == "Running" and progress.get("step") is not None:
+        reward = progress.get("rewardMean")
+        message += f"; step {progress['step']}" + (f", reward mean {reward:.4g}" if reward is not None else "")
+
+    conditions = list(previous.conditions)
+    terminal = phase in TERMINAL_PHASES
+    for type_, status, why, text in (
+        (READY, phase == "Running" and all_ready, reason, message),
+        (SUSPENDED, phase == "Suspended", reason if phase == "Suspended" else "NotSuspended",
+         message if phase == "Suspended" else ""),
+        (SUCCEEDED, phase == "Succeeded", reason if phase == "Succeeded" else "NotSucceeded",
+         message if phase == "Succeeded" else ""),
+        (FAILED, phase == "Failed", reason if phase == "Failed" else "NotFailed", message if phase == "Failed" else ""),
+    ):
+        conditions = set_condition(conditions, _cond(type_, status, why, text, generation), now)
+
+    start = previous.startTime or (now if phase == "Running" else None)
+    status = RLJobStatus(
+        phase=phase,
+        conditions=conditions,
+        observedGeneration=generation,
+        roles=roles,
+        readyRoles=ready_roles_text(roles),
+        restarts=max(previous.restarts, observed.restarts),
+        message=message,
+        startTime=start,
+        completionTime=previous.completionTime or (now if terminal else None),
+    )
+    return status.model_dump(mode="json", exclude=set(PROGRESS_FIELDS))
+
+
+def transition(job_obj: dict[str, Any], new_status: dict[str, Any]) -> tuple[str | None, str] | None:
+    """``(old phase, new phase)`` when the phase changes (old is ``None`` on the first status), else
+    ``None``: the reconcile posts an event per transition."""
+    old = (job_obj.get("status") or {}).get("phase")
+    new = new_status["phase"]
+    return (old, new) if old != new else None
+
+
+def status_differs(job_obj: dict[str, Any], new_status: dict[str, Any]) -> bool:
+    """Whether writing ``new_status`` would change the stored status (skip no-op patches)."""
+    stored = job_obj.get("status") or {}
+    return any(stored.get(k) != v for k, v in new_status.items())

@@ -1,0 +1,159 @@
+"""Run the operator against an in-process API-server stand-in (kmock's ``KubernetesEmulator``).
+
+For tests and the e2e harness (``kmock`` is a dev dependency, imported only here). The emulator
+stores objects and streams watch events, but has no schema validation, no garbage collection, no
+controllers (Deployments never get pods, Jobs never finish) and no label selectors: tests play
+the kubelet by patching children's ``status`` (:meth:`EmulatedCluster.set_status`).
+
+Two emulator quirks are handled here: it does not bump ``resourceVersion`` on patches, so kopf's
+consistency wait is shortened (``consistency_timeout``), and it does not assign ``uid``,
+``resourceVersion`` or ``generation``, so :func:`rljob_body` fills them in.
+
+Example::
+
+    async with EmulatedCluster() as cluster:
+        await cluster.start_operator(OperatorSettings(default_redis_url=url), resync_seconds=0.5)
+        await cluster.create(rljob_body(manifest))
+        await cluster.wait_for(lambda: cluster.get("apps/v1", "StatefulSet", "ns", "demo-actor"))
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import kopf
+
+from omnirl_operator import handlers
+from omnirl_operator.kube import KubeApi
+from omnirl_operator.settings import OperatorSettings
+
+RLJOB_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+
+
+def rljob_body(manifest: dict[str, Any], generation: int = 1) -> dict[str, Any]:
+    """A copy of ``manifest`` with the metadata a real API server would add (uid, resourceVersion,
+    generation, namespace ``default`` when missing)."""
+    body = copy.deepcopy(manifest)
+    meta = body.setdefault("metadata", {})
+    meta.setdefault("namespace", "default")
+    meta.setdefault("uid", str(uuid.uuid4()))
+    meta.setdefault("resourceVersion", "1")
+    meta.setdefault("generation", generation)
+    return body
+
+
+class EmulatedCluster:
+    """kmock's emulator on a local port, plus (optionally) the operator as an asyncio task.
+
+    Attributes:
+        url: ``http://127.0.0.1:PORT`` of the emulator (kubectl can use it: ``--server=URL``).
+        api: a :class:`KubeApi` for that URL (what the operator uses too).
+        emulator: the ``kmock.KubernetesEmulator`` (``emulator.objects`` for assertions).
+    """
+
+    def __init__(self) -> None:
+        import kmock
+
+        self._kmock = kmock
+        self.emulator = kmock.KubernetesEmulator()
+        self.emulator.resources.load_bundled()
+        self.emulator.resources["omnirl.dev/v1alpha1/rljobs"] = kmock.ResourceInfo(
+            kind="RLJob", singular="rljob", namespaced=True, subresources={"status"},
+            verbs=set(RLJOB_VERBS), shortnames={"rlj"}, categories={"all"},
+        )
+        self._server: Any = None
+        self._task: asyncio.Task | None = None
+        self._stop: asyncio.Event | None = None
+        self.url = ""
+        self.api: KubeApi | None = None
+
+    async def __aenter__(self) -> EmulatedCluster:
+        await self.emulator.__aenter__()
+        self._server = self._kmock.Server(self.emulator)
+        await self._server.__aenter__()
+        self.url = str(self._server.url).rstrip("/")
+        self.api = KubeApi.for_server(self.url)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop_operator()
+        await self._server.__aexit__(None, None, None)
+        await self.emulator.__aexit__(None, None, None)
+
+    async def start_operator(self, settings: OperatorSettings, resync_seconds: float = 0.5) -> None:
+        """Run the operator (every handler of ``handlers.register``) cluster-wide, standalone."""
+        registry = handlers.register(kopf.OperatorRegistry(), resync_seconds=resync_seconds)
+        url = self.url
+
+        @kopf.on.login(registry=registry)
+        def login(**_: Any) -> kopf.ConnectionInfo:
+            return kopf.ConnectionInfo(server=url, insecure=True)
+
+        kopf_settings = kopf.OperatorSettings()
+        kopf_settings.persistence.consistency_timeout = 0.2  # the emulator never bumps resourceVersion
+        kopf_settings.background.instant_exit_timeout = 0.5
+        self._stop = asyncio.Event()
+        memo = kopf.Memo(kube=self.api, settings=settings)
+        self._task = asyncio.create_task(kopf.operator(
+            registry=registry, settings=kopf_settings, memo=memo, clusterwide=True, standalone=True,
+            stop_flag=self._stop,
+        ))
+
+    async def stop_operator(self) -> None:
+        """Ask the operator to stop and wait for it (at most 15 s)."""
+        if self._task is None:
+            return
+        self._stop.set()
+        try:
+            await asyncio.wait_for(self._task, 15)
+        finally:
+            self._task = None
+
+    # ------------------------------------------------------------------ object helpers
+    async def create(self, obj: dict[str, Any]) -> dict[str, Any]:
+        """POST ``obj`` through the API (so watchers see an ADDED event)."""
+        return await asyncio.to_thread(self.api.create, obj)
+
+    async def get(self, api_version: str, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        """The stored object, or ``None``."""
+        return await asyncio.to_thread(self.api.get, api_version, kind, namespace, name)
+
+    async def patch(self, api_version: str, kind: str, namespace: str, name: str, patch: dict[str, Any],
+                    sub: str | None = None) -> dict[str, Any]:
+        """Merge-patch an object (or its ``sub``resource)."""
+        return await asyncio.to_thread(self.api.patch, api_version, kind, namespace, name, patch, sub=sub)
+
+    async def delete(self, api_version: str, kind: str, namespace: str, name: str) -> bool:
+        """DELETE an object (with finalizers, the emulator only marks it, as a real server does)."""
+        return await asyncio.to_thread(self.api.delete, api_version, kind, namespace, name)
+
+    async def set_status(self, api_version: str, kind: str, namespace: str, name: str,
+                         status: dict[str, Any]) -> None:
+        """Play a Kubernetes controller: write ``status`` of a child (e.g. ``readyReplicas``)."""
+        await self.patch(api_version, kind, namespace, name, {"status": status}, sub="status")
+
+    async def rljob(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The RLJob as stored."""
+        return await self.get("omnirl.dev/v1alpha1", "RLJob", namespace, name)
+
+    @staticmethod
+    async def wait_for(check: Callable[[], Awaitable[Any]], timeout_s: float = 10.0, what: str = "condition"
+                       ) -> Any:
+        """Poll ``check`` every 50 ms until it returns a truthy value; return it.
+
+        Raises:
+            TimeoutError: naming ``what`` after ``timeout_s`` seconds.
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = await check()
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{what} not reached within {timeout_s} s")
+            await asyncio.sleep(0.05)

@@ -1,0 +1,85 @@
+"""A training batch as the actor sees it, and micro-batching that keeps shapes identical."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class TrainSample:
+    """One scored sample with its trajectory (tensors fp32, CPU).
+
+    Attributes:
+        sample_id: stable id `{step}:{prompt}:{index}`.
+        group_id: the prompt group it belongs to (members share the SDE window and NFT noise).
+        prompt_ids: token ids exactly as the controller produced them.
+        advantage: group-relative advantage (already clamped).
+        x0: final latent `[C, H, W]`.
+        latents: `[W+1, C, H, W]` window latents (FlowGRPO); `[0, C, H, W]` for ODE rollouts.
+        log_probs: `[W]` rollout log-probs of the window transitions.
+        sigmas: `[W+1]` σ at each window latent.
+        noise_level: SDE noise level the rollout used.
+        sde_type: "sde" or "cps".
+        policy_version: weights version that generated the sample.
+    """
+
+    sample_id: str
+    group_id: str
+    prompt_ids: list[int]
+    advantage: float
+    x0: torch.Tensor
+    latents: torch.Tensor
+    log_probs: torch.Tensor
+    sigmas: torch.Tensor
+    noise_level: float
+    sde_type: str
+    policy_version: int
+
+
+def micro_batches(samples: list[TrainSample], size: int, *, keep_groups: bool = False) -> list[list[TrainSample]]:
+    """Split into micro-batches of at most `size` samples with one latent shape each.
+
+    Shapes are never mixed or padded, so training sees exactly the shapes rollout produced. With
+    `keep_groups`, a group is never split across micro-batches when it fits in one (DiffusionNFT
+    shares noise within a group). Order inside a shape follows the input order.
+    """
+    if size < 1:
+        raise ValueError(f"micro-batch size must be >= 1, got {size}")
+    by_shape: dict[tuple, list[TrainSample]] = {}
+    for s in samples:
+        by_shape.setdefault(tuple(s.x0.shape), []).append(s)
+    out: list[list[TrainSample]] = []
+    for items in by_shape.values():
+        if not keep_groups:
+            out.extend(items[i : i + size] for i in range(0, len(items), size))
+            continue
+        groups: dict[str, list[TrainSample]] = {}
+        for s in items:
+            groups.setdefault(s.group_id, []).append(s)
+        cur: list[TrainSample] = []
+        for members in groups.values():
+            if cur and len(cur) + len(members) > size:
+                out.append(cur)
+                cur = []
+            cur.extend(members)
+        if cur:
+            out.append(cur)
+    return out
+
+
+def stack_window(samples: list[TrainSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """latents `[B, W+1, C, H, W]`, log_probs `[B, W]`, sigmas `[B, W+1]` of one micro-batch.
+
+    Raises:
+        ValueError: window lengths differ (requests of one step share one window).
+    """
+    lengths = {int(s.log_probs.shape[0]) for s in samples}
+    if len(lengths) != 1:
+        raise ValueError(f"samples of one micro-batch have different SDE window lengths {sorted(lengths)}")
+    return (
+        torch.stack([s.latents for s in samples]),
+        torch.stack([s.log_probs for s in samples]),
+        torch.stack([s.sigmas for s in samples]),
+    )

@@ -1,0 +1,126 @@
+"""Checkpoints without pickle: safetensors for tensors, JSON for everything else.
+
+Layout of one checkpoint directory (`OUT/checkpoints/step-000010/`, `latest` points at the
+newest):
+
+| file | contents |
+| --- | --- |
+| `policy.safetensors` | the weights rollout samples from (full state dict, or LoRA adapters) — what `omnirl eval --checkpoint` loads |
+| `trained.safetensors` | θ's trainable tensors |
+| `old.safetensors` | DiffusionNFT's old policy (when present) |
+| `optimizer.safetensors` + `optimizer.json` | AdamW state tensors; param groups and scalars |
+| `state.json` | step, policy_version, optimizer steps, RNG seeds, the controller's data position, the LoRA flag |
+
+A checkpoint is written to a temporary directory and renamed into place, so a crash never leaves
+a half-written `latest`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+LATEST = "latest"
+
+
+def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return {k: v.detach().cpu().contiguous() for k, v in tensors.items()}
+
+
+def optimizer_to_flat(optimizer: torch.optim.Optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    """AdamW state → (tensors `state.{param_index}.{name}`, JSON-able param groups and scalars)."""
+    sd = optimizer.state_dict()
+    tensors, scalars = {}, {}
+    for idx, st in sd["state"].items():
+        for name, value in st.items():
+            if torch.is_tensor(value):
+                tensors[f"state.{idx}.{name}"] = value
+            else:
+                scalars[f"{idx}.{name}"] = value
+    return _contiguous(tensors), {"param_groups": sd["param_groups"], "scalars": scalars}
+
+
+def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Inverse of `optimizer_to_flat`; raises ValueError if the parameter count differs."""
+    state: dict[int, dict] = {}
+    for key, value in tensors.items():
+        _, idx, name = key.split(".", 2)
+        state.setdefault(int(idx), {})[name] = value
+    for key, value in meta["scalars"].items():
+        idx, name = key.split(".", 1)
+        state.setdefault(int(idx), {})[name] = value
+    expected = sum(len(g["params"]) for g in optimizer.state_dict()["param_groups"])
+    got = sum(len(g["params"]) for g in meta["param_groups"])
+    if expected != got:
+        raise ValueError(f"checkpoint optimizer has {got} parameters, the model {expected}: wrong checkpoint?")
+    optimizer.load_state_dict({"state": state, "param_groups": meta["param_groups"]})
+
+
+def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tensor], trained: dict[str, torch.Tensor],
+                    old: dict[str, torch.Tensor] | None, optimizer: torch.optim.Optimizer, state: dict,
+                    keep: int = 2) -> Path:
+    """Write `root/step-{step:06d}/` atomically, repoint `root/latest`, prune to `keep` + latest.
+
+    Returns the checkpoint directory.
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:06d}"
+    tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    save_file(_contiguous(policy), tmp / "policy.safetensors")
+    save_file(_contiguous(trained), tmp / "trained.safetensors")
+    if old is not None:
+        save_file(_contiguous(old), tmp / "old.safetensors")
+    opt_tensors, opt_meta = optimizer_to_flat(optimizer)
+    save_file(opt_tensors, tmp / "optimizer.safetensors")
+    (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
+    (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    link = root / LATEST
+    tmp_link = root / f".latest-{os.getpid()}"
+    if tmp_link.is_symlink() or tmp_link.exists():
+        tmp_link.unlink()
+    tmp_link.symlink_to(final.name)
+    tmp_link.replace(link)
+    _prune(root, keep, final)
+    return final
+
+
+def _prune(root: Path, keep: int, newest: Path) -> None:
+    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+    for p in steps[:-keep] if keep > 0 else []:
+        if p != newest:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory (following `latest`), or FileNotFoundError naming what is missing."""
+    p = Path(path)
+    if (p / LATEST).exists():
+        p = p / LATEST
+    p = p.resolve()
+    if not (p / "policy.safetensors").is_file():
+        raise FileNotFoundError(f"{path}: not a checkpoint (no policy.safetensors); expected OUT/checkpoints/latest")
+    return p
+
+
+def load_checkpoint(path: str | Path) -> dict:
+    """Read a checkpoint: {'dir', 'policy', 'trained', 'old' (or None), 'optimizer': (tensors, meta), 'state'}."""
+    p = resolve_checkpoint(path)
+    old = load_file(p / "old.safetensors") if (p / "old.safetensors").exists() else None
+    return {
+        "dir": p,
+        "policy": load_file(p / "policy.safetensors"),
+        "trained": load_file(p / "trained.safetensors"),
+        "old": old,
+        "optimizer": (load_file(p / "optimizer.safetensors"), json.loads((p / "optimizer.json").read_text())),
+        "state": json.loads((p / "state.json").read_text()),
+    }

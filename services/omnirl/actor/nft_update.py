@@ -1,0 +1,99 @@
+"""One DiffusionNFT training step on the actor (DiffusionNFT, arXiv 2509.16117).
+
+Needs only the clean x0 and its advantage. For each sample, `timestepsPerSample` stratified σ
+draws; x_σ = (1−σ)·x0 + σ·ε; loss on the implicit positive/negative policies built from v_θ and
+the old policy's v_old, plus an optional velocity KL 𝛽_KL·mean((v_θ − v_ref)²) to the base model.
+
+Decisive on the built-in task (`references/demo-task.md`): every member of a group shares the
+same σ and ε, so the part of the gradient common to the group cancels and what is left is the
+reward-weighted difference. Draws are seeded by (seed, group, draw), so they are reproducible.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import torch
+
+from omnirl.actor.batch import TrainSample, micro_batches
+from omnirl.actor.policy import PolicySet
+from omnirl.algorithms import nft_loss, optimality_probability
+from omnirl.api.spec import NFTSpec, OptimizerSpec
+
+
+def group_noise(group_id: str, draw: int, n_draws: int, shape: tuple[int, ...], seed: int,
+                sigma_range: tuple[float, float]) -> tuple[float, torch.Tensor]:
+    """(σ, ε `[C, H, W]` fp32) shared by every member of a group for one stratified draw.
+
+    σ is uniform inside stratum `draw` of `n_draws` equal strata of [0, 1], clamped to
+    `sigma_range`.
+    """
+    digest = hashlib.sha256(f"{seed}:{group_id}:{draw}".encode()).digest()
+    gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    u = float(torch.rand((), generator=gen))
+    lo, hi = sigma_range
+    sigma = min(max((draw + u) / n_draws, lo), hi)
+    return sigma, torch.randn(shape, generator=gen, dtype=torch.float32)
+
+
+def nft_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample], spec: NFTSpec,
+             opt: OptimizerSpec, *, seed: int, device: torch.device) -> dict:
+    """Train on one batch; returns metrics (loss, positive/negative loss, kl, grad_norm, x0 norm).
+
+    Raises:
+        ValueError: non-finite loss (with the sample ids).
+    """
+    groups: dict[str, list[TrainSample]] = {}
+    for s in samples:
+        groups.setdefault(s.group_id, []).append(s)
+    group_order = list(groups)
+    random.Random(seed).shuffle(group_order)
+    n_mini = min(opt.updatesPerStep, len(group_order))
+    k = spec.timestepsPerSample
+    sums = {"loss": 0.0, "positive_loss": 0.0, "negative_loss": 0.0, "kl": 0.0, "grad_norm": 0.0}
+    for m in range(n_mini):
+        minibatch = [s for g in group_order[m::n_mini] for s in groups[g]]
+        optimizer.zero_grad(set_to_none=True)
+        for mb in micro_batches(minibatch, opt.microBatchSize, keep_groups=True):
+            for draw in range(k):
+                out = _draw_loss(policies, mb, draw, spec, seed, device)
+                if not torch.isfinite(out["loss"]):
+                    raise ValueError(f"non-finite NFT loss (samples {[s.sample_id for s in mb][:4]})")
+                w = len(mb) / len(minibatch) / k
+                (out["loss"] * w).backward()
+                for key in ("loss", "positive_loss", "negative_loss", "kl"):
+                    sums[key] += float(out[key].detach()) * w / n_mini
+        grad_norm = torch.nn.utils.clip_grad_norm_(policies.trainable_parameters(), opt.gradClip)
+        sums["grad_norm"] += float(grad_norm) / n_mini
+        optimizer.step()
+    sums["x0_norm"] = float(torch.stack([s.x0.float().pow(2).mean().sqrt() for s in samples]).mean())
+    sums["optimizer_steps"] = n_mini
+    return sums
+
+
+def _draw_loss(policies: PolicySet, mb: list[TrainSample], draw: int, spec: NFTSpec, seed: int,
+               device: torch.device) -> dict:
+    x0 = torch.stack([s.x0 for s in mb]).to(device)
+    shape = tuple(x0.shape[1:])
+    per_group = {g: group_noise(g, draw, spec.timestepsPerSample, shape, seed, spec.sigmaRange)
+                 for g in dict.fromkeys(s.group_id for s in mb)}
+    sigma = torch.tensor([per_group[s.group_id][0] for s in mb], dtype=torch.float32, device=device)
+    eps = torch.stack([per_group[s.group_id][1] for s in mb]).to(device)
+    x_t = (1.0 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * eps
+    adapter = policies.adapter
+    cond = adapter.encode([s.prompt_ids for s in mb], device=device)
+    adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
+    r = optimality_probability(adv, spec.advantageMax)
+    with policies.old() as old:
+        v_old = old.velocity(x_t, sigma, cond).float()
+    v_theta = adapter.velocity(x_t, sigma, cond).float()
+    out = nft_loss(x0, x_t, sigma, v_theta, v_old, r, spec.beta)
+    loss, kl = out.loss, torch.zeros((), device=device)
+    if spec.klCoef > 0:
+        with policies.reference() as ref:
+            v_ref = ref.velocity(x_t, sigma, cond).float()
+        kl = (v_theta - v_ref).pow(2).mean()
+        loss = loss + spec.klCoef * kl
+    return {"loss": loss, "positive_loss": out.positive_loss, "negative_loss": out.negative_loss,
+            "kl": kl.detach()}

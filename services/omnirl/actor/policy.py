@@ -1,0 +1,163 @@
+"""The three policies an update needs — trained θ, reference, and old — over one adapter.
+
+- θ: the adapter's module (all weights, or LoRA adapters injected with peft).
+- reference (KL anchor): LoRA off, or a frozen copy of the base module for full fine-tuning.
+- old (DiffusionNFT's v_old, the rollout policy): a second LoRA adapter named "old", or a
+  copy of the module; refreshed by copy or EMA (`omnirl.algorithms.old_policy_decay`).
+
+Rollout workers build the same structure with `omnirl.models.lora.prepare_rollout_module`, so
+the tensor names the actor broadcasts are the names the workers bind (DESIGN.md §7).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+
+from omnirl.algorithms import ema_update_
+from omnirl.api.spec import LoRASpec
+from omnirl.models.lora import DEFAULT, inject_lora, lora_tensors, tuner_layers
+from omnirl.models.protocol import ModelAdapter
+
+OLD = "old"
+
+
+class PolicySet:
+    """θ, reference and old policies over one adapter.
+
+    Args:
+        adapter: the model; its module becomes θ (trainable).
+        lora: LoRA settings (off → all weights train).
+        need_ref: keep a reference policy (KL coefficient > 0).
+        need_old: keep an old policy (DiffusionNFT).
+    """
+
+    def __init__(self, adapter: ModelAdapter, lora: LoRASpec, *, need_ref: bool, need_old: bool) -> None:
+        self.adapter = adapter
+        self.lora = lora.enabled
+        module = adapter.module
+        if self.lora:
+            targets = lora.targetModules or adapter.lora_target_modules
+            module.requires_grad_(False)
+            inject_lora(module, lora, targets)
+            if need_old:
+                inject_lora(module, lora, targets, adapter_name=OLD)
+                self._copy_lora(DEFAULT, OLD)
+            for name, p in module.named_parameters():
+                p.requires_grad_("lora_" in name and f".{DEFAULT}." in name)
+            self._ref_adapter = self._old_adapter = None
+        else:
+            module.requires_grad_(True)
+            self._ref_adapter = self._frozen_copy() if need_ref else None
+            self._old_adapter = self._frozen_copy() if need_old else None
+        self.has_ref, self.has_old = need_ref, need_old
+        module.train()
+
+    # ------------------------------------------------------------------ views
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        """Parameters the optimiser updates."""
+        return [p for p in self.adapter.module.parameters() if p.requires_grad]
+
+    @contextmanager
+    def reference(self) -> Iterator[ModelAdapter]:
+        """An adapter computing the reference velocity (no grad inside)."""
+        if not self.has_ref:
+            raise RuntimeError("reference policy requested but need_ref=False")
+        with torch.no_grad():
+            if self.lora:
+                layers = tuner_layers(self.adapter.module)
+                for m in layers:
+                    m.enable_adapters(False)
+                try:
+                    yield self.adapter
+                finally:
+                    for m in layers:
+                        m.enable_adapters(True)
+            else:
+                yield self._ref_adapter
+
+    @contextmanager
+    def old(self) -> Iterator[ModelAdapter]:
+        """An adapter computing the old policy's velocity v_old (no grad inside)."""
+        if not self.has_old:
+            raise RuntimeError("old policy requested but need_old=False")
+        with torch.no_grad():
+            if self.lora:
+                layers = tuner_layers(self.adapter.module)
+                for m in layers:
+                    m.set_adapter(OLD)
+                try:
+                    yield self.adapter
+                finally:
+                    for m in layers:
+                        m.set_adapter(DEFAULT)
+                    # set_adapter marks the active adapter trainable; restore θ-only training
+                    for name, p in self.adapter.module.named_parameters():
+                        p.requires_grad_("lora_" in name and f".{DEFAULT}." in name)
+            else:
+                yield self._old_adapter
+
+    # ------------------------------------------------------------------ state
+    def refresh_old(self, decay: float) -> None:
+        """θ_old ← decay·θ_old + (1 − decay)·θ (decay 0 = copy)."""
+        if self.lora:
+            old = lora_tensors(self.adapter.module, OLD)
+            new = lora_tensors(self.adapter.module, DEFAULT)
+            ema_update_([old[k] for k in sorted(old)], [new[k] for k in sorted(new)], decay)
+        else:
+            ema_update_(list(self._old_adapter.module.parameters()),
+                        list(self.adapter.module.parameters()), decay)
+
+    def rollout_tensors(self) -> dict[str, torch.Tensor]:
+        """What rollout workers must hold: the old policy when there is one, else θ.
+
+        Names are the rollout module's names (LoRA adapter named `default`); values detached.
+        """
+        if self.lora:
+            return {k: v.detach() for k, v in lora_tensors(self.adapter.module, OLD if self.has_old else DEFAULT).items()}
+        module = self._old_adapter.module if self.has_old else self.adapter.module
+        return {k: v.detach() for k, v in module.state_dict().items()}
+
+    def trained_tensors(self) -> dict[str, torch.Tensor]:
+        """θ's trainable tensors (LoRA adapters or the whole state dict), detached."""
+        if self.lora:
+            return {k: v.detach() for k, v in lora_tensors(self.adapter.module, DEFAULT).items()}
+        return {k: v.detach() for k, v in self.adapter.module.state_dict().items()}
+
+    def load_trained_tensors(self, tensors: dict[str, torch.Tensor], old: dict[str, torch.Tensor] | None) -> None:
+        """Restore θ (and the old policy) from a checkpoint. Raises KeyError on a name mismatch."""
+        _load_exact(self.named_tensors(DEFAULT), tensors)
+        if self.has_old and old is not None:
+            _load_exact(self.named_tensors(OLD), old)
+
+    def named_tensors(self, which: str) -> dict[str, torch.Tensor]:
+        """θ's (`default`) or the old policy's (`old`) tensors by rollout-module name (live, not copies)."""
+        if self.lora:
+            return lora_tensors(self.adapter.module, which)
+        module = self._old_adapter.module if which == OLD else self.adapter.module
+        return dict(module.state_dict())
+
+    def _copy_lora(self, src: str, dst: str) -> None:
+        a, b = lora_tensors(self.adapter.module, src), lora_tensors(self.adapter.module, dst)
+        with torch.no_grad():
+            for k in a:
+                b[k].copy_(a[k])
+
+    def _frozen_copy(self) -> ModelAdapter:
+        other = copy.copy(self.adapter)
+        other.module = copy.deepcopy(self.adapter.module).requires_grad_(False).eval()
+        return other
+
+
+def _load_exact(target: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> None:
+    missing = sorted(set(target) - set(source))
+    unexpected = sorted(set(source) - set(target))
+    if missing or unexpected:
+        raise KeyError(f"checkpoint tensors do not match the model: missing={missing[:5]} unexpected={unexpected[:5]}")
+    with torch.no_grad():
+        for k, t in target.items():
+            t.copy_(source[k])

@@ -1,0 +1,88 @@
+"""The actor's optimisation state: policies, AdamW, the algorithm step, checkpoints."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from omnirl.actor.batch import TrainSample
+from omnirl.actor.checkpoint import load_checkpoint, optimizer_from_flat, save_checkpoint
+from omnirl.actor.flow_grpo_update import flow_grpo_step
+from omnirl.actor.nft_update import nft_step
+from omnirl.actor.policy import PolicySet
+from omnirl.algorithms import old_policy_decay
+from omnirl.api.spec import RLJobSpec
+from omnirl.models.protocol import ModelAdapter
+
+
+class Trainer:
+    """Runs FlowGRPO or DiffusionNFT updates on one adapter.
+
+    Args:
+        adapter: the model (its module is trained in place).
+        spec: the job spec (algorithm, optimizer, LoRA, seed).
+        device: where the model runs.
+    """
+
+    def __init__(self, adapter: ModelAdapter, spec: RLJobSpec, device: str | torch.device = "cpu") -> None:
+        algo = spec.algorithm
+        self.spec = spec
+        self.device = torch.device(device)
+        self.is_nft = algo.name == "diffusion-nft"
+        kl = algo.nft.klCoef if self.is_nft else algo.flowGrpo.klCoef
+        self.policies = PolicySet(adapter, spec.model.lora, need_ref=kl > 0, need_old=self.is_nft)
+        o = algo.optimizer
+        self.optimizer = torch.optim.AdamW(
+            self.policies.trainable_parameters(), lr=o.learningRate, betas=tuple(o.betas), weight_decay=o.weightDecay
+        )
+        self.optimizer_steps = 0
+
+    def train_step(self, samples: list[TrainSample], step: int) -> dict:
+        """One training step on a complete batch; returns the algorithm's metrics.
+
+        Raises:
+            ValueError: an empty batch, or what the update raises (non-finite loss...).
+        """
+        if not samples:
+            raise ValueError(f"step {step}: empty training batch")
+        algo = self.spec.algorithm
+        seed = self.spec.seed * 1_000_003 + step
+        if self.is_nft:
+            metrics = nft_step(self.policies, self.optimizer, samples, algo.nft, algo.optimizer,
+                               seed=seed, device=self.device)
+        else:
+            metrics = flow_grpo_step(self.policies, self.optimizer, samples, algo.flowGrpo, algo.optimizer,
+                                     seed=seed, device=self.device)
+        before = self.optimizer_steps
+        self.optimizer_steps += int(metrics["optimizer_steps"])
+        if self.is_nft:
+            k = algo.nft.oldPolicy.refreshEvery
+            if self.optimizer_steps // k > before // k:
+                p = algo.nft.oldPolicy
+                decay = old_policy_decay(self.optimizer_steps, p.schedule, p.decayMax, p.rampSteps)
+                self.policies.refresh_old(decay)
+                metrics["old_policy_decay"] = decay
+        return metrics
+
+    def rollout_tensors(self) -> dict[str, torch.Tensor]:
+        """The tensors rollout workers must bind (see `PolicySet.rollout_tensors`)."""
+        return self.policies.rollout_tensors()
+
+    def save(self, root: str | Path, step: int, state: dict) -> Path:
+        """Checkpoint under `root`; `state` (JSON) gets the optimizer step count and RNG seed added."""
+        state = {**state, "optimizer_steps": self.optimizer_steps, "lora": self.policies.lora,
+                 "torch_rng_seed": int(torch.initial_seed()), "python_random": random.random()}
+        old = self.policies.named_tensors("old") if self.policies.has_old else None
+        return save_checkpoint(root, step, policy=self.rollout_tensors(), trained=self.policies.trained_tensors(),
+                               old=old, optimizer=self.optimizer, state=state,
+                               keep=self.spec.checkpoint.keep)
+
+    def load(self, path: str | Path) -> dict:
+        """Restore from a checkpoint directory (or its parent with `latest`); returns its state.json."""
+        ck = load_checkpoint(path)
+        self.policies.load_trained_tensors(ck["trained"], ck["old"])
+        optimizer_from_flat(self.optimizer, *ck["optimizer"])
+        self.optimizer_steps = int(ck["state"]["optimizer_steps"])
+        return ck["state"]

@@ -1,0 +1,60 @@
+"""Shared input checks and casts for the algorithm functions (private).
+
+Every public function in `omnirl.algorithms` computes in float32: inputs in bf16/fp16 are cast
+in here, so rollout (bf16 model outputs) and training see the same arithmetic (DESIGN.md §7:
+keep the SDE step, latents and log-probs in fp32).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def f32(t: Tensor, name: str) -> Tensor:
+    """`t` as float32 (a no-op when it already is); raises TypeError for non-floating tensors."""
+    if not isinstance(t, Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
+    return t.float()
+
+
+def batch_tensor(x: Tensor, name: str, min_dim: int = 1) -> Tensor:
+    """`x` as float32 with a leading batch dimension (at least `min_dim` dims, batch ≥ 1)."""
+    x = f32(x, name)
+    if x.dim() < min_dim or x.shape[0] == 0:
+        raise ValueError(f"{name} must have shape [B, ...] with B >= 1 and at least {min_dim} dims, "
+                         f"got {tuple(x.shape)}")
+    return x
+
+
+def per_sample(t: Tensor | float, batch: int, name: str, like: Tensor) -> Tensor:
+    """A per-sample value as a float32 `[B]` tensor on `like`'s device.
+
+    Accepts a Python float, a 0-dim tensor (broadcast to every sample) or a `[B]` tensor.
+    """
+    if not isinstance(t, Tensor):
+        t = torch.tensor(float(t))
+    t = f32(t, name).to(like.device)
+    if t.dim() == 0:
+        return t.expand(batch)
+    if t.shape != (batch,):
+        raise ValueError(f"{name} must have shape [B] = [{batch}] (or be a scalar), got {tuple(t.shape)}")
+    return t
+
+
+def bcast(t: Tensor, like: Tensor) -> Tensor:
+    """A `[B]` tensor viewed as `[B, 1, ..., 1]` to broadcast over `like`'s trailing dims."""
+    return t.reshape(t.shape[0], *([1] * (like.dim() - 1)))
+
+
+def same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
+    """Raise ValueError unless `a` and `b` have the same shape."""
+    if a.shape != b.shape:
+        raise ValueError(f"{name_a} {tuple(a.shape)} and {name_b} {tuple(b.shape)} must have the same shape")
+
+
+def element_mean(t: Tensor) -> Tensor:
+    """Mean over every non-batch dim: `[B, ...]` → `[B]` (identity on `[B]`)."""
+    return t.reshape(t.shape[0], -1).mean(dim=1)

@@ -1,0 +1,57 @@
+"""Errors raised while reading RLJob manifests.
+
+`FieldProblem` is what the spec's cross-field validators raise: it names the offending field
+relative to the model that raised it, so `omnirl validate` can print the full dotted path
+(`spec.algorithm.flowGrpo.window.range`) instead of the path of the model that ran the check.
+`ManifestError` is what the loader raises: every problem of a file, one line each.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+
+def format_value(value: Any, limit: int = 80) -> str:
+    """A short JSON rendering of a bad value for a problem line (`8`, `"eight"`, `[4, 12]`).
+
+    Tuples print as JSON lists; anything JSON cannot encode prints as its `str`. The text is cut to
+    `limit` characters with a trailing `...`.
+    """
+    try:
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    except (TypeError, ValueError):  # e.g. a dict with non-string keys mixed with others
+        text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class FieldProblem(ValueError):
+    """A bad value found by a cross-field check, with the field it belongs to.
+
+    Args:
+        path: dotted path relative to the model whose validator raises it (`"window.range"`);
+            list indices are written `reward[0]`.
+        value: the offending value (printed as JSON).
+        requirement: what is allowed, phrased to follow "is invalid:" (`"must be >= 2"`).
+    """
+
+    def __init__(self, path: str, value: Any, requirement: str) -> None:
+        self.path = path
+        self.value = value
+        self.requirement = requirement
+        super().__init__(f"{path}: {format_value(value)} is invalid: {requirement}")
+
+
+class ManifestError(ValueError):
+    """A manifest that cannot be read or does not validate.
+
+    Attributes:
+        problems: one human-readable line per problem, each starting with the file name, e.g.
+            `job.yaml: spec.algorithm.groupSize: 1 is invalid: must be >= 2 (line 12)`.
+    """
+
+    def __init__(self, problems: list[str]) -> None:
+        if not problems:
+            raise ValueError("ManifestError needs at least one problem line")
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))

@@ -1,0 +1,219 @@
+"""Read, validate and write RLJob manifests (YAML or JSON).
+
+- `load_rljob(path)` reads a file holding exactly one RLJob and returns it with its relative file
+  paths made absolute against the manifest's directory (`resolve_paths`): `spec.data.trainPrompts`,
+  `spec.data.validationPrompts` and `spec.model.path` (unless `builtin`). Whether the files exist
+  is not checked here: in a cluster they live in the pods, not beside the manifest.
+- `load_rljobs(path)` does the same for every document of a multi-document YAML file.
+- `validate_files(files, out)` is `omnirl validate`: `FILE: ok`, or one line per problem; exit
+  code 0 when every file is valid, else 2.
+- `dump_rljob` / `job_from_dict` convert to and from plain JSON-compatible dicts (the ConfigMap
+  the operator writes, the body kopf hands over). `job_from_dict` does not resolve paths.
+
+Validation is strict, as the API server's is: `groupSize: "8"` is an error, not 8. YAML is read
+with YAML 1.2 number rules, so `clipRange: 1e-4` is a number (PyYAML alone reads it as a string).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+from pydantic import ValidationError
+
+from omnirl.api.errors import ManifestError, format_value
+from omnirl.api.problems import problem_lines
+from omnirl.api.spec import API_GROUP, API_VERSION, KIND, RLJob
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that reads floats per YAML 1.2 (`1e-4`, `1E+3` are numbers, not strings)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def job_from_dict(d: dict[str, Any]) -> RLJob:
+    """Validate a manifest dict (strictly, as JSON: no "8" for 8) into an RLJob; paths are kept as written.
+
+    Raises:
+        pydantic.ValidationError: the dict is not a valid RLJob (see `problem_lines` for readable lines).
+    """
+    return RLJob.model_validate_json(json.dumps(d, default=str), strict=True)
+
+
+def dump_rljob(job: RLJob) -> dict[str, Any]:
+    """The full manifest as a JSON-compatible dict: every field, defaults included, camelCase keys.
+
+    `status` is left out when it is None (a manifest has no `status: null`; the CRD schema has no
+    null status). `job_from_dict(dump_rljob(job)) == job` holds for every valid job.
+    """
+    return job.model_dump(mode="json", by_alias=True, exclude={"status"} if job.status is None else None)
+
+
+def resolve_paths(job: RLJob, base_dir: str | os.PathLike[str]) -> RLJob:
+    """A copy of `job` whose relative prompt and model paths are absolute, joined to `base_dir`.
+
+    Touches `spec.data.trainPrompts`, `spec.data.validationPrompts` (when set) and `spec.model.path`
+    (unless `builtin`); absolute paths are only normalised. `base_dir` is made absolute first.
+    """
+    base = Path(base_dir).absolute()
+
+    def absolute(p: str) -> str:
+        return os.path.normpath(p if os.path.isabs(p) else base / p)
+
+    data = job.spec.data
+    data = data.model_copy(
+        update={
+            "trainPrompts": absolute(data.trainPrompts),
+            "validationPrompts": absolute(data.validationPrompts) if data.validationPrompts else None,
+        }
+    )
+    model = job.spec.model
+    if model.path != "builtin":
+        model = model.model_copy(update={"path": absolute(model.path)})
+    spec = job.spec.model_copy(update={"data": data, "model": model})
+    return job.model_copy(update={"spec": spec})
+
+
+# ---------------------------------------------------------------- reading documents
+
+
+def _read_documents(path: str) -> list[tuple[Any, yaml.Node | None]]:
+    """(data, YAML node or None) per non-empty document of the file; raises ManifestError."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ManifestError([f"{path}: cannot read: {e}"]) from e
+    if path.endswith(".json"):
+        try:
+            return [(json.loads(text), None)]
+        except json.JSONDecodeError as e:
+            raise ManifestError([f"{path}: JSON syntax error at line {e.lineno}, column {e.colno}: {e.msg}"]) from e
+    loader = _Loader(text)
+    docs: list[tuple[Any, yaml.Node | None]] = []
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            docs.append((loader.construct_document(node), node))
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ManifestError([f"{path}: YAML syntax error{where}: {e.problem or e.context}"]) from e
+    except yaml.YAMLError as e:
+        raise ManifestError([f"{path}: YAML error: {e}"]) from e
+    finally:
+        loader.dispose()
+    return [(d, n) for d, n in docs if d is not None]
+
+
+def _line_of(node: yaml.Node | None, path: list[str | int]) -> int | None:
+    """1-based line of the deepest YAML node along `path` (a key's line for mapping entries)."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in path:
+        if isinstance(node, yaml.MappingNode):
+            hit = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == part), None)
+            if hit is None:
+                break
+            line, node = hit[0].start_mark.line + 1, hit[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def _check_document(path: str, data: Any, node: yaml.Node | None, index: int) -> tuple[RLJob | None, list[str]]:
+    """Validate one document: (job, []) or (None, problem lines)."""
+    where = f" (document {index + 1})" if index else ""
+    if not isinstance(data, dict):
+        return None, [
+            f"{path}: document {index + 1} is a {type(data).__name__}, not a mapping (an RLJob manifest "
+            "has apiVersion, kind, metadata and spec)"
+        ]
+    if data.get("kind") != KIND:
+        line = _line_of(node, ["kind"])
+        at = f" (line {line})" if line else where
+        return None, [
+            f"{path}: kind: {format_value(data.get('kind'))} is invalid: must be {KIND} "
+            f"(apiVersion {API_GROUP}/{API_VERSION}){at}"
+        ]
+    try:
+        return job_from_dict(data), []
+    except ValidationError as e:
+        lines = []
+        for loc, text in problem_lines(RLJob, e):
+            line = _line_of(node, loc)
+            lines.append(f"{path}: {text}" + (f" (line {line})" if line else where))
+        return None, lines
+
+
+def load_rljobs(path: str | os.PathLike[str]) -> list[RLJob]:
+    """Every RLJob of a YAML (possibly multi-document) or JSON file, paths resolved (`resolve_paths`).
+
+    Raises:
+        ManifestError: the file cannot be read or parsed, has no document, holds a document that is
+            not an RLJob, or any document is invalid; `.problems` lists every problem of every document.
+    """
+    path = os.fspath(path)
+    docs = _read_documents(path)
+    if not docs:
+        raise ManifestError([f"{path}: no YAML document found (expected an RLJob manifest)"])
+    jobs: list[RLJob] = []
+    problems: list[str] = []
+    for i, (data, node) in enumerate(docs):
+        job, lines = _check_document(path, data, node, i)
+        problems.extend(lines)
+        if job is not None:
+            jobs.append(job)
+    if problems:
+        raise ManifestError(problems)
+    base = Path(path).absolute().parent
+    return [resolve_paths(j, base) for j in jobs]
+
+
+def load_rljob(path: str | os.PathLike[str]) -> RLJob:
+    """The one RLJob of a YAML or JSON file, its relative paths resolved against the file's directory.
+
+    Raises:
+        ManifestError: as `load_rljobs`, or the file holds more than one RLJob.
+    """
+    jobs = load_rljobs(path)
+    if len(jobs) != 1:
+        raise ManifestError([f"{os.fspath(path)}: holds {len(jobs)} RLJob documents; expected exactly one"])
+    return jobs[0]
+
+
+def validate_files(files: list[str], out: TextIO) -> int:
+    """`omnirl validate`: print `FILE: ok` per valid file, else its problem lines, to `out`.
+
+    Returns:
+        0 when every file is valid, 2 otherwise (also when `files` is empty).
+    """
+    ok = bool(files)
+    for f in files:
+        try:
+            load_rljobs(f)
+        except ManifestError as e:
+            ok = False
+            for line in e.problems:
+                out.write(line + "\n")
+        else:
+            out.write(f"{f}: ok\n")
+    return 0 if ok else 2

@@ -1,0 +1,114 @@
+"""Typed metadata of the TransferQueue's stream entries (msgpack on the wire, DESIGN.md §4).
+
+Streams and who reads them:
+
+| stream | producer → consumer group | entry |
+| --- | --- | --- |
+| `requests` | controller → `rollout` | `GenerateRequest` (one prompt, G samples) |
+| `samples` | rollout → `reward` | `SampleMeta` + trajectory tensors under a key |
+| `scores` | reward → `controller` | `ScoreMeta` (points at the sample's tensor key) |
+| `control` | controller → `actor`; actor → `controller` | `TrainRequest`; `TrainDone` / `RoleFailure` |
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Msg(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class SampleSeed(_Msg):
+    sample_id: str = Field(..., description="Stable id `{step}:{prompt}:{index}` (refills add `r{attempt}`).")
+    seed: int = Field(..., description="Noise seed of this sample.")
+
+
+class GenerateRequest(_Msg):
+    """One prompt's group of samples for the rollout workers."""
+
+    type: Literal["generate"] = "generate"
+    kind: Literal["train", "val"] = Field(..., description="Training rollout or validation sample.")
+    step: int
+    group_id: str = Field(..., description="`{step}:{prompt}` (+ `r{attempt}` for refills).")
+    prompt: str
+    prompt_ids: list[int]
+    samples: list[SampleSeed]
+    num_steps: int
+    window: list[int] = Field(default_factory=list, description="Stochastic step indices; empty = ODE.")
+    noise_level: float = 0.0
+    sde_type: Literal["sde", "cps"] = "sde"
+    shift: float = 1.0
+    guidance_scale: float = 1.0
+
+
+class SampleMeta(_Msg):
+    """A finished sample; its tensors (image, x0, latents, log_probs, sigmas) are under tensor_key."""
+
+    sample_id: str
+    kind: Literal["train", "val"]
+    step: int
+    group_id: str
+    prompt: str
+    prompt_ids: list[int]
+    policy_version: int
+    noise_level: float
+    sde_type: str
+    worker: str
+    generated_at: float = Field(..., description="Unix time, seconds.")
+    rollout_seconds: float = Field(..., description="Queue-to-finish time of this sample, seconds.")
+
+
+class ScoreMeta(_Msg):
+    """The rewards of one sample."""
+
+    sample_id: str
+    kind: Literal["train", "val"]
+    step: int
+    group_id: str
+    policy_version: int
+    reward: float | None = Field(None, description="Weighted sum; None when failed.")
+    rewards: dict[str, float] = Field(default_factory=dict, description="Per reward name.")
+    failed: bool = False
+    reason: str = ""
+    generated_at: float
+    scored_at: float
+
+
+class TrainItem(_Msg):
+    sample_id: str
+    group_id: str
+    prompt_ids: list[int]
+    advantage: float
+    tensor_key: str
+    policy_version: int
+    noise_level: float
+    sde_type: str
+
+
+class TrainRequest(_Msg):
+    """A complete batch with advantages for the actor."""
+
+    type: Literal["train"] = "train"
+    step: int
+    policy_version: int = Field(..., description="Version the actor holds before this update.")
+    items: list[TrainItem]
+    checkpoint: bool = Field(False, description="Save a checkpoint after this step.")
+    controller_state: dict = Field(default_factory=dict, description="Data position etc., saved in the checkpoint.")
+
+
+class TrainDone(_Msg):
+    type: Literal["trained"] = "trained"
+    step: int
+    policy_version: int = Field(..., description="Version after the update (now on every rollout worker).")
+    metrics: dict[str, float]
+    checkpoint: str | None = None
+
+
+class RoleFailure(_Msg):
+    type: Literal["failure"] = "failure"
+    role: str
+    worker: str
+    reason: str

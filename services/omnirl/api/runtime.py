@@ -1,0 +1,76 @@
+"""The role process contract: what every role reads from its environment.
+
+The local launcher and the Kubernetes operator set the same variables, so a role behaves the
+same on a laptop and in a pod. See the README's "Role processes" table.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RoleEnv:
+    """Settings of one role process.
+
+    Attributes:
+        job_name: RLJob name; every Redis key is `omnirl:{job}:...`.
+        redis_url: the TransferQueue's Redis.
+        weight_sync_host, weight_sync_port: the actor's TCPStore (weight broadcast rendezvous).
+        worker_id: unique id of this replica (consumer name, weight-sync member id).
+        out_dir: run output directory (metrics.jsonl, samples/, checkpoints/, ledger/).
+        metrics_port: Prometheus port (0 = none).
+        health_port: gRPC health port (0 = none).
+        report_status: "kubernetes" to patch the RLJob's status, "" otherwise.
+        namespace: the RLJob's namespace (Kubernetes).
+        device: torch device of this role ("cpu", "cuda", "npu").
+        threads: torch intra-op threads (0 = torch's default).
+    """
+
+    job_name: str
+    redis_url: str
+    weight_sync_host: str
+    weight_sync_port: int
+    worker_id: str
+    out_dir: str
+    metrics_port: int = 0
+    health_port: int = 0
+    report_status: str = ""
+    namespace: str = "default"
+    device: str = "cpu"
+    threads: int = 0
+
+    @classmethod
+    def from_environ(cls, environ: dict[str, str] | None = None) -> RoleEnv:
+        """Read the OMNIRL_* variables.
+
+        Raises:
+            KeyError: a required variable is missing (the message names it and who sets it).
+            ValueError: a port or thread count is not an integer.
+        """
+        env = os.environ if environ is None else environ
+
+        def need(name: str) -> str:
+            if not env.get(name):
+                raise KeyError(f"{name} is not set: the launcher (`omnirl run`) or the operator sets it")
+            return env[name]
+
+        addr = env.get("OMNIRL_WEIGHT_SYNC_ADDR", "127.0.0.1:29500")
+        host, _, port = addr.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"OMNIRL_WEIGHT_SYNC_ADDR={addr!r} must be host:port")
+        return cls(
+            job_name=need("OMNIRL_JOB_NAME"),
+            redis_url=need("OMNIRL_REDIS_URL"),
+            weight_sync_host=host,
+            weight_sync_port=int(port),
+            worker_id=env.get("OMNIRL_WORKER_ID") or f"{os.uname().nodename}-{os.getpid()}",
+            out_dir=env.get("OMNIRL_OUT", "."),
+            metrics_port=int(env.get("OMNIRL_METRICS_PORT", "0")),
+            health_port=int(env.get("OMNIRL_HEALTH_PORT", "0")),
+            report_status=env.get("OMNIRL_REPORT_STATUS", ""),
+            namespace=env.get("OMNIRL_NAMESPACE", "default"),
+            device=env.get("OMNIRL_DEVICE", "cpu"),
+            threads=int(env.get("OMNIRL_THREADS", "0")),
+        )

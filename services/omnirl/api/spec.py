@@ -1,0 +1,334 @@
+"""The RLJob spec (`omnirl.dev/v1alpha1`): one source of truth for configuration.
+
+Every component receives only its own sub-model. The CRD's OpenAPI schema is generated from
+these classes (`omnirl crd`, see `omnirl.api.crd`), so a field added here is a field users can
+write in a manifest. Defaults follow the published recipes (Flow-GRPO arXiv 2505.05470,
+DiffusionNFT arXiv 2509.16117; see `references/algorithms.md`).
+
+The `spec.algorithm` models live in `omnirl.api.spec_algorithm` and are re-exported here.
+Choices lists are `Literal`s (not `Enum`s): values stay plain strings in Python and in the CRD
+(`enum` + `type: string`). Cross-field checks raise `FieldProblem` naming the exact field, so
+`omnirl validate` prints e.g. `spec.algorithm.flowGrpo.window.range: [4, 12] is invalid: ...`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import ConfigDict, Field, model_validator
+
+from omnirl.api._base import SpecModel
+from omnirl.api.errors import FieldProblem
+from omnirl.api.spec_algorithm import (
+    AdvantageSpec,
+    AlgorithmSpec,
+    FlowGRPOSpec,
+    NFTSpec,
+    OldPolicySpec,
+    OptimizerSpec,
+    RolloutCorrectionSpec,
+    RSSpec,
+    SamplingSpec,
+    WindowSpec,
+)
+
+API_GROUP = "omnirl.dev"
+API_VERSION = "v1alpha1"
+KIND = "RLJob"
+
+AcceleratorType = Literal["nvidia", "ascend", "cpu"]
+FailureAction = Literal["restart-role", "restart-job", "fail-job"]
+ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
+
+__all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and are re-exported here
+    "AdvantageSpec",
+    "AlgorithmSpec",
+    "FlowGRPOSpec",
+    "NFTSpec",
+    "OldPolicySpec",
+    "OptimizerSpec",
+    "RolloutCorrectionSpec",
+    "RSSpec",
+    "SamplingSpec",
+    "WindowSpec",
+    "API_GROUP",
+    "API_VERSION",
+    "KIND",
+    "ROLE_NAMES",
+    "AcceleratorType",
+    "FailureAction",
+    "SpecModel",
+    "LoRASpec",
+    "ModelSpec",
+    "DataSpec",
+    "RewardSpec",
+    "PipelineSpec",
+    "ValidationSpec",
+    "AcceleratorSpec",
+    "RoleSpec",
+    "RolloutRoleSpec",
+    "RewardRoleSpec",
+    "RolesSpec",
+    "TransferQueueSpec",
+    "CheckpointSpec",
+    "FailurePolicySpec",
+    "RLJobSpec",
+    "ObjectMeta",
+    "RLJob",
+]
+
+# ---------------------------------------------------------------- model
+
+
+class LoRASpec(SpecModel):
+    """LoRA adapters (peft) trained instead of the full weights."""
+
+    enabled: bool = Field(False, description="Train LoRA adapters (peft) instead of all weights.")
+    rank: int = Field(32, ge=1, le=1024, description="LoRA rank r.")
+    alpha: float = Field(64.0, gt=0, description="LoRA alpha; the adapter update is scaled by alpha/rank.")
+    targetModules: list[str] = Field(
+        default_factory=list,
+        description="Linear-layer name suffixes LoRA attaches to; empty means the model adapter's defaults.",
+    )
+
+
+class ModelSpec(SpecModel):
+    """The model to post-train."""
+
+    family: Literal["ocr-digits", "sd3", "qwen-image", "flux"] = Field(
+        "ocr-digits", description="Model adapter family. `ocr-digits` is the built-in CPU demo model."
+    )
+    path: str = Field(
+        "builtin",
+        min_length=1,
+        description="Local directory (or mounted volume) holding the model; `builtin` means the weights "
+        "shipped with omnirl (ocr-digits only). Relative paths resolve against the manifest's directory.",
+    )
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="Weight dtype. Latents, SDE math and log-probs always stay float32."
+    )
+    lora: LoRASpec = Field(default_factory=LoRASpec, description="LoRA settings.")
+    compile: bool = Field(False, description="Wrap the denoiser in torch.compile (GPU recommended).")
+
+
+# ---------------------------------------------------------------- data
+
+
+class DataSpec(SpecModel):
+    """Prompt files (UTF-8 text, one prompt per line)."""
+
+    trainPrompts: str = Field(
+        ...,
+        min_length=1,
+        description="Text file with one training prompt per line; relative paths resolve against the "
+        "manifest's directory.",
+    )
+    validationPrompts: str | None = Field(
+        None,
+        min_length=1,
+        description="Text file with held-out prompts used by validation (relative to the manifest); "
+        "null disables validation.",
+    )
+    shuffle: bool = Field(True, description="Shuffle training prompts each epoch (seeded by spec.seed).")
+
+
+# ---------------------------------------------------------------- reward
+
+
+class RewardSpec(SpecModel):
+    """One weighted reward function; the sample's reward is Σ weight · score."""
+
+    name: str = Field(
+        ..., pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=63, description="Unique reward name (metric label)."
+    )
+    kind: Literal["ocr", "jpeg", "http", "grpc", "vlm"] = Field(..., description="Scorer implementation.")
+    weight: float = Field(1.0, description="Weight in the summed reward.")
+    required: bool = Field(
+        True, description="A failure of a required scorer fails the sample (its group is refilled or dropped)."
+    )
+    url: str | None = Field(None, min_length=1, description="Endpoint for `http`, `grpc` and `vlm` scorers.")
+    params: dict[str, str | int | float | bool] = Field(
+        default_factory=dict,
+        description="Scorer-specific parameters, values string/integer/number/boolean (e.g. `alphabet` for ocr).",
+    )
+    timeoutSeconds: float = Field(30.0, gt=0, description="Per-batch scorer timeout, seconds.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardSpec:
+        if self.kind in ("http", "grpc", "vlm") and not self.url:
+            raise FieldProblem("url", self.url, f"required for kind {self.kind} (the scorer's endpoint)")
+        return self
+
+
+# ---------------------------------------------------------------- pipeline, roles, infra
+
+
+class PipelineSpec(SpecModel):
+    """How rollout, reward and training overlap (DESIGN.md §2)."""
+
+    mode: Literal["sync", "async-reward", "fully-async"] = Field(
+        "async-reward",
+        description="`sync`: reward after all rollouts; `async-reward`: per-sample reward streaming; "
+        "`fully-async`: rollout of step n+1 overlaps training of step n.",
+    )
+    maxStaleness: int = Field(1, ge=0, description="fully-async: max policy versions a sample may lag.")
+    staleAction: Literal["drop", "wait"] = Field(
+        "drop", description="fully-async: drop samples staler than maxStaleness, or wait for fresh ones."
+    )
+
+
+class ValidationSpec(SpecModel):
+    """Held-out validation with the deterministic (ODE) sampler."""
+
+    everySteps: int = Field(5, ge=0, description="Validate every N training steps (0 = only at start and end).")
+    numSteps: int = Field(20, ge=2, le=1000, description="ODE sampler denoising steps for validation.")
+    maxPrompts: int = Field(256, ge=1, description="Use at most this many validation prompts.")
+    seed: int = Field(1234, description="Noise seed; fixed so validations are comparable.")
+
+
+class AcceleratorSpec(SpecModel):
+    """Accelerator sugar, expanded by the operator into resource limits, nodeSelector and tolerations."""
+
+    type: AcceleratorType = Field("cpu", description="nvidia (nvidia.com/gpu), ascend (huawei.com/Ascend910) or cpu.")
+    count: int = Field(0, ge=0, le=16, description="Accelerators per pod (must be 0 for cpu, >= 1 otherwise).")
+
+    @model_validator(mode="after")
+    def _check(self) -> AcceleratorSpec:
+        if self.type != "cpu" and self.count < 1:
+            raise FieldProblem("count", self.count, f"must be >= 1 for type {self.type}")
+        if self.type == "cpu" and self.count != 0:
+            raise FieldProblem("count", self.count, "must be 0 for type cpu (set type nvidia or ascend)")
+        return self
+
+
+class RoleSpec(SpecModel):
+    """A role: its pods (or local processes) and their resources."""
+
+    replicas: int = Field(1, ge=1, le=1024, description="Pods (or local processes) of this role.")
+    accelerator: AcceleratorSpec = Field(default_factory=AcceleratorSpec, description="Accelerator sugar.")
+    template: dict[str, Any] | None = Field(
+        None,
+        description="Optional PodTemplateSpec merged over the generated one (user fields win).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+class RolloutRoleSpec(RoleSpec):
+    """Rollout workers (the diffusion engine)."""
+
+    batching: Literal["stepwise", "static"] = Field(
+        "stepwise", description="Step-wise continuous batching, or static request batching (baseline)."
+    )
+    maxBatchSize: int = Field(64, ge=1, description="Max samples in one denoiser forward.")
+
+
+class RewardRoleSpec(RoleSpec):
+    """Reward workers (the scorers)."""
+
+    batchSize: int = Field(32, ge=1, description="Max samples per scorer call.")
+
+
+class RolesSpec(SpecModel):
+    """The four roles of a job."""
+
+    rollout: RolloutRoleSpec = Field(default_factory=RolloutRoleSpec, description="Rollout workers.")
+    reward: RewardRoleSpec = Field(default_factory=RewardRoleSpec, description="Reward workers.")
+    actor: RoleSpec = Field(default_factory=RoleSpec, description="Actor (trainer) ranks.")
+    controller: RoleSpec = Field(default_factory=RoleSpec, description="The single controller (replicas 1).")
+
+    @model_validator(mode="after")
+    def _check(self) -> RolesSpec:
+        if self.controller.replicas != 1:
+            raise FieldProblem("controller.replicas", self.controller.replicas, "must be 1 (one controller per job)")
+        return self
+
+
+class TransferQueueSpec(SpecModel):
+    """The Redis-Streams TransferQueue."""
+
+    redisUrl: str | None = Field(
+        None, description="redis:// URL; null means an embedded redis-server (local) or the chart's Redis."
+    )
+    passwordSecret: str | None = Field(None, description="Kubernetes Secret (key `password`) for Redis.")
+    maxStreamLength: int = Field(10_000, ge=1, description="Back-pressure bound on each stream (entries).")
+    tensorTtlSeconds: float = Field(3600.0, gt=0, description="TTL of trajectory tensors in Redis, seconds.")
+    claimIdleSeconds: float = Field(60.0, gt=0, description="Reclaim a dead consumer's entries after, seconds.")
+
+
+class CheckpointSpec(SpecModel):
+    """Checkpointing of the actor's weights and optimiser state."""
+
+    everySteps: int = Field(10, ge=0, description="Save every N training steps (0 = only at the end).")
+    dir: str = Field("checkpoints", min_length=1, description="Checkpoint directory (relative to the run output).")
+    keep: int = Field(2, ge=1, description="Checkpoints kept besides `latest`.")
+
+
+class FailurePolicySpec(SpecModel):
+    """What to do when pods fail, and deadlines."""
+
+    maxRestarts: int = Field(3, ge=0, description="Restarts allowed before the job fails.")
+    rollout: FailureAction = Field("restart-role", description="Action when a rollout pod fails.")
+    reward: FailureAction = Field("restart-role", description="Action when a reward pod fails.")
+    actor: FailureAction = Field("restart-job", description="Action when an actor pod fails.")
+    controller: FailureAction = Field("restart-job", description="Action when the controller fails.")
+    activeDeadlineSeconds: int | None = Field(None, ge=1, description="Fail the job after this many seconds.")
+    ttlSecondsAfterFinished: int | None = Field(
+        None, ge=0, description="Delete the job this many seconds after it finishes."
+    )
+
+
+class RLJobSpec(SpecModel):
+    """`spec` of an RLJob."""
+
+    model: ModelSpec = Field(default_factory=ModelSpec, description="The model to post-train.")
+    data: DataSpec = Field(..., description="Prompt files.")
+    algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="RL algorithm and its settings.")
+    reward: list[RewardSpec] = Field(..., min_length=1, description="Weighted reward functions.")
+    pipeline: PipelineSpec = Field(default_factory=PipelineSpec, description="Pipelining mode.")
+    validation: ValidationSpec = Field(default_factory=ValidationSpec, description="Held-out validation.")
+    roles: RolesSpec = Field(default_factory=RolesSpec, description="Role replicas and resources.")
+    transferQueue: TransferQueueSpec = Field(default_factory=TransferQueueSpec, description="Redis queue.")
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
+    failurePolicy: FailurePolicySpec = Field(default_factory=FailurePolicySpec, description="Failure handling.")
+    seed: int = Field(0, description="Global seed (data order, SDE windows, sampling noise).")
+    suspend: bool = Field(False, description="Suspended jobs have no running pods (Kueue admission).")
+
+    @model_validator(mode="after")
+    def _check(self) -> RLJobSpec:
+        first: dict[str, int] = {}
+        for i, r in enumerate(self.reward):
+            if r.name in first:
+                raise FieldProblem(f"reward[{i}].name", r.name, f"must be unique; reward[{first[r.name]}] has it")
+            first[r.name] = i
+        if self.model.family != "ocr-digits" and self.model.path == "builtin":
+            raise FieldProblem(
+                "model.path",
+                "builtin",
+                f"must name a model directory for family {self.model.family} (builtin is ocr-digits only)",
+            )
+        return self
+
+
+class ObjectMeta(SpecModel):
+    """The part of Kubernetes `metadata` omnirl reads; other fields are kept as they are."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str = Field(
+        ...,
+        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        max_length=53,
+        description="Job name: a DNS-1123 label of at most 53 characters (children append suffixes).",
+    )
+    namespace: str | None = Field(
+        None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63, description="Namespace."
+    )
+
+
+class RLJob(SpecModel):
+    """A whole RLJob manifest (apiVersion, kind, metadata, spec); status is carried, not validated."""
+
+    apiVersion: Literal["omnirl.dev/v1alpha1"] = Field(f"{API_GROUP}/{API_VERSION}")
+    kind: Literal["RLJob"] = Field(KIND)
+    metadata: ObjectMeta
+    spec: RLJobSpec
+    status: dict[str, Any] | None = None

@@ -1,0 +1,193 @@
+"""The `spec.algorithm` part of an RLJob: sampler, advantages, optimiser, FlowGRPO and DiffusionNFT.
+
+Split from `omnirl.api.spec` (which re-exports every class here) to keep files small. Defaults
+follow the published recipes: Flow-GRPO (arXiv 2505.05470) and DiffusionNFT (arXiv 2509.16117);
+see `references/algorithms.md`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from omnirl.api._base import SpecModel
+from omnirl.api.errors import FieldProblem
+
+_UnitFloat = Annotated[float, Field(gt=0, lt=1)]
+_Beta = Annotated[float, Field(ge=0, lt=1)]
+_StepIndex = Annotated[int, Field(ge=0)]
+_Positive = Annotated[float, Field(gt=0)]
+
+
+class SamplingSpec(SpecModel):
+    """The rollout sampler's σ grid."""
+
+    numSteps: int = Field(10, ge=2, le=1000, description="Denoising steps per rollout sample.")
+    shift: float = Field(1.0, gt=0, description="SD3-style shift of the σ schedule (1 = no shift).")
+    guidanceScale: float = Field(1.0, ge=1.0, description="Classifier-free guidance scale; 1 disables CFG.")
+
+
+class AdvantageSpec(SpecModel):
+    """Group-relative advantages A = (r − mean_group) / (std + eps), clamped to ±clip."""
+
+    stdMode: Literal["group", "global"] = Field(
+        "group", description="Normalise rewards by the group's std or by the whole batch's std."
+    )
+    eps: float = Field(1e-4, gt=0, description="Added to the std before dividing (reward units).")
+    clip: float = Field(5.0, gt=0, description="Advantages are clamped to ±clip (dimensionless).")
+
+
+class WindowSpec(SpecModel):
+    """The window of stochastic, trained denoising steps (Flow-GRPO); the other steps are ODE steps."""
+
+    size: int = Field(2, ge=1, description="Number of consecutive stochastic (trained) denoising steps.")
+    range: tuple[_StepIndex, _StepIndex] = Field(
+        (0, 5),
+        description="[lo, hi): 0-based step indices the window may start at and must end before; the start "
+        "is seeded per training step so every member of a group shares it. hi must be <= "
+        "sampling.numSteps - 1 (the last denoising step is never trained).",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> WindowSpec:
+        lo, hi = self.range
+        if lo >= hi:
+            raise FieldProblem("range", list(self.range), "must satisfy lo < hi")
+        if self.size > hi - lo:
+            raise FieldProblem("size", self.size, f"must be <= hi - lo = {hi - lo} (window.range {[lo, hi]})")
+        return self
+
+
+class RSSpec(SpecModel):
+    """Rejection-sampling mask on the sequence-level importance weight w = exp(Σ log-ratio)."""
+
+    enabled: bool = Field(False, description="Zero the loss weight of samples whose IS weight leaves the band.")
+    auto: bool = Field(
+        True, description="Pick the band from the observed IS-weight distribution; `band` is then ignored."
+    )
+    band: tuple[_Positive, _Positive] = Field(
+        (0.5, 2.0),
+        description="[lo, hi] band of the IS weight w (dimensionless, lo <= 1 <= hi) used when auto is false.",
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> RSSpec:
+        lo, hi = self.band
+        if not (lo <= 1.0 <= hi and lo < hi):
+            raise FieldProblem("band", list(self.band), "must satisfy 0 < lo <= 1 <= hi with lo < hi")
+        return self
+
+
+class RolloutCorrectionSpec(SpecModel):
+    """Where old log-probs come from, plus importance-sampling diagnostics."""
+
+    mode: Literal["recompute", "bypass"] = Field(
+        "recompute",
+        description="`recompute`: old log-probs from the actor; `bypass`: use the rollout engine's log-probs "
+        "(saves a forward pass).",
+    )
+    rejectionSampling: RSSpec = Field(default_factory=RSSpec, description="RS mask (IS weight band).")
+
+
+class FlowGRPOSpec(SpecModel):
+    """Flow-GRPO (arXiv 2505.05470) parameters."""
+
+    sdeType: Literal["sde", "cps"] = Field("sde", description="Stochastic sampler: Flow-GRPO SDE or CPS.")
+    noiseLevel: float = Field(
+        0.7, ge=0, le=2.0, description="SDE noise level a, dimensionless (0.7 for sde, 0.8 for cps)."
+    )
+    window: WindowSpec = Field(default_factory=WindowSpec, description="Stochastic, trained step window.")
+    clipRange: float = Field(
+        1e-4,
+        gt=0,
+        le=1.0,
+        description="PPO clip range ε on the per-step ratio (1e-4 … 1e-5: log-probs are per-element means).",
+    )
+    klCoef: float = Field(0.04, ge=0, description="β of the per-step closed-form Gaussian KL to the reference.")
+    rolloutCorrection: RolloutCorrectionSpec = Field(
+        default_factory=RolloutCorrectionSpec, description="Old log-prob source and IS/RS diagnostics."
+    )
+
+
+class OldPolicySpec(SpecModel):
+    """How DiffusionNFT's v_old follows the trained policy."""
+
+    refreshEvery: int = Field(1, ge=1, description="Refresh v_old every k optimiser steps.")
+    schedule: Literal["copy", "ema"] = Field("copy", description="Refresh by copy, or by an EMA with ramped decay.")
+    decayMax: float = Field(0.999, ge=0, lt=1, description="Final EMA decay for schedule `ema`.")
+    rampSteps: int = Field(100, ge=1, description="Optimiser steps over which the EMA decay ramps up.")
+
+
+class NFTSpec(SpecModel):
+    """DiffusionNFT (arXiv 2509.16117) parameters."""
+
+    beta: float = Field(1.0, gt=0, description="β of the implicit policies v± (1 GenEval/PickScore, 0.1 OCR).")
+    advantageMax: float = Field(5.0, gt=0, description="A_max in r = clamp(A/(2·A_max) + 0.5, 0, 1).")
+    klCoef: float = Field(0.01, ge=0, description="Weight of the velocity KL ‖v_θ − v_ref‖² to the base model.")
+    timestepsPerSample: int = Field(2, ge=1, le=16, description="Stratified σ draws per sample per update.")
+    sigmaRange: tuple[_UnitFloat, _UnitFloat] = Field(
+        (0.02, 0.98), description="[lo, hi] σ draws are clamped to (0 < lo < hi < 1)."
+    )
+    oldPolicy: OldPolicySpec = Field(default_factory=OldPolicySpec, description="v_old refresh schedule.")
+
+    @model_validator(mode="after")
+    def _check(self) -> NFTSpec:
+        lo, hi = self.sigmaRange
+        if lo >= hi:
+            raise FieldProblem("sigmaRange", list(self.sigmaRange), "must satisfy 0 < lo < hi < 1")
+        return self
+
+
+class OptimizerSpec(SpecModel):
+    """AdamW settings and how a training step's batch is split."""
+
+    learningRate: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    weightDecay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[_Beta, _Beta] = Field((0.9, 0.999), description="AdamW (beta1, beta2), each in [0, 1).")
+    gradClip: float = Field(1.0, gt=0, description="Max global gradient L2 norm.")
+    updatesPerStep: int = Field(
+        1,
+        ge=1,
+        le=64,
+        description="Optimiser steps per training step: the batch is split into this many "
+        "equal minibatches (must divide promptsPerStep × groupSize).",
+    )
+    microBatchSize: int = Field(
+        8, ge=1, description="Samples per forward/backward; gradients accumulate over a minibatch."
+    )
+
+
+class AlgorithmSpec(SpecModel):
+    """The RL algorithm and its settings."""
+
+    name: Literal["flow-grpo", "diffusion-nft"] = Field("flow-grpo", description="RL algorithm.")
+    steps: int = Field(100, ge=1, description="Training steps (one batch of promptsPerStep × groupSize samples each).")
+    groupSize: int = Field(
+        8, ge=2, le=1024, description="Samples per prompt (G), sharing the prompt's advantage baseline."
+    )
+    promptsPerStep: int = Field(8, ge=1, description="Prompts drawn per training step.")
+    sampling: SamplingSpec = Field(default_factory=SamplingSpec, description="Rollout sampler.")
+    advantage: AdvantageSpec = Field(default_factory=AdvantageSpec, description="Group advantages.")
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Optimiser.")
+    flowGrpo: FlowGRPOSpec = Field(default_factory=FlowGRPOSpec, description="FlowGRPO parameters (name flow-grpo).")
+    nft: NFTSpec = Field(default_factory=NFTSpec, description="DiffusionNFT parameters (name diffusion-nft).")
+
+    @model_validator(mode="after")
+    def _check(self) -> AlgorithmSpec:
+        last = self.sampling.numSteps - 1
+        lo, hi = self.flowGrpo.window.range
+        if self.name == "flow-grpo" and hi > last:
+            raise FieldProblem(
+                "flowGrpo.window.range",
+                [lo, hi],
+                f"hi must be <= sampling.numSteps - 1 = {last} (the last denoising step is never trained)",
+            )
+        batch = self.promptsPerStep * self.groupSize
+        if batch % self.optimizer.updatesPerStep:
+            raise FieldProblem(
+                "optimizer.updatesPerStep",
+                self.optimizer.updatesPerStep,
+                f"must divide the batch of promptsPerStep × groupSize = {batch} samples",
+            )
+        return self

@@ -1,0 +1,116 @@
+"""The `omnirl` command. Each subcommand lives with the package that owns it; this file only parses.
+
+Imports are lazy so `omnirl validate` does not pay for torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from omnirl.api.loader import validate_files
+
+    return validate_files(args.files, out=sys.stdout)
+
+
+def _cmd_crd(args: argparse.Namespace) -> int:
+    from omnirl.api.crd import crd_yaml
+
+    sys.stdout.write(crd_yaml())
+    return 0
+
+
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    from omnirl.models.digits.pretrain import main as pretrain_main
+
+    return pretrain_main(args)
+
+
+def _cmd_eval(args: argparse.Namespace) -> int:
+    from omnirl.controller.evaluate import main as eval_main
+
+    return eval_main(args)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from omnirl.launch.local import main as run_main
+
+    return run_main(args)
+
+
+def _cmd_role(args: argparse.Namespace) -> int:
+    from omnirl.launch.roles import main as role_main
+
+    return role_main(args)
+
+
+def _cmd_render(args: argparse.Namespace) -> int:
+    from omnirl_operator.render import main as render_main
+
+    return render_main(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of every subcommand."""
+    p = argparse.ArgumentParser(prog="omnirl", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("validate", help="check RLJob manifests; exit 2 with one line per problem")
+    s.add_argument("files", nargs="+")
+    s.set_defaults(fn=_cmd_validate)
+
+    s = sub.add_parser("crd", help="print the RLJob CustomResourceDefinition generated from the spec")
+    s.set_defaults(fn=_cmd_crd)
+
+    s = sub.add_parser("pretrain", help="pretrain the built-in OCR digits model by flow matching")
+    s.add_argument("--out", required=True, help="output directory (safetensors weights + config.json)")
+    s.add_argument("--steps", type=int, default=3000)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--lr", type=float, default=6e-4)
+    s.add_argument("--device", default="cpu", help="cpu | cuda")
+    s.set_defaults(fn=_cmd_pretrain)
+
+    s = sub.add_parser("eval", help="sample prompts with the ODE sampler, score them, write an image grid")
+    s.add_argument("job", help="RLJob manifest (model and reward are taken from it)")
+    s.add_argument("--checkpoint", default=None, help="a run's checkpoint dir (e.g. OUT/checkpoints/latest)")
+    s.add_argument("--prompts", required=True, help="file with one prompt per line")
+    s.add_argument("--steps", type=int, default=20, help="ODE sampler steps")
+    s.add_argument("--sampler", choices=["ode", "sde"], default="ode")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--out", default="eval-out", help="directory for grid.png and rewards.json")
+    s.set_defaults(fn=_cmd_eval)
+
+    s = sub.add_parser("run", help="run an RLJob on this machine (embedded Redis, roles as processes)")
+    s.add_argument("job")
+    s.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
+    s.add_argument("--out", default=None, help="output directory (default runs/<job name>)")
+    s.add_argument("--resume", action="store_true", help="resume from OUT/checkpoints/latest")
+    s.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local one)")
+    s.add_argument("--no-ray", action="store_true", help="place roles as plain subprocesses")
+    s.set_defaults(fn=_cmd_run)
+
+    s = sub.add_parser("role", help="run one role of a job (the container entrypoint)")
+    s.add_argument("role", choices=["rollout", "reward", "actor", "controller"])
+    s.add_argument("--job", required=True, help="RLJob manifest (YAML or JSON)")
+    s.add_argument("--out", default=None, help="run output directory")
+    s.add_argument("--index", type=int, default=0, help="replica index of this role")
+    s.set_defaults(fn=_cmd_role)
+
+    s = sub.add_parser("render", help="print the Kubernetes objects the operator would create")
+    s.add_argument("job")
+    s.add_argument("--namespace", default="default")
+    s.set_defaults(fn=_cmd_render)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `omnirl` console script; returns the process exit code."""
+    args = build_parser().parse_args(argv)
+    return int(args.fn(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,57 @@
+"""Save sample images as one PNG grid (local runs write one per validation, DESIGN.md §6)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+CAPTION_HEIGHT = 12
+PAD = 2
+
+
+def save_image_grid(
+    images: list[np.ndarray] | np.ndarray,
+    path: str | Path,
+    ncols: int = 8,
+    captions: list[str] | None = None,
+) -> Path:
+    """Tile images row-major into a PNG; images of different sizes are padded (grey) to the largest.
+
+    Args:
+        images: a list of `[H, W, 3]` uint8 arrays (sizes may differ) or one `[B, H, W, 3]` uint8 array.
+        path: output file (parent directories are created).
+        ncols: images per row.
+        captions: optional text drawn under each image (same length as `images`).
+    Returns:
+        The path written.
+    Raises:
+        ValueError: no images, a non-uint8 or non-`[H, W, 3]` image, ncols < 1, or a caption count mismatch.
+    """
+    images = list(images)
+    if not images:
+        raise ValueError("images is empty; nothing to put in a grid")
+    if ncols < 1:
+        raise ValueError(f"ncols must be >= 1, got {ncols}")
+    if captions is not None and len(captions) != len(images):
+        raise ValueError(f"got {len(captions)} captions for {len(images)} images")
+    for k, image in enumerate(images):
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3:
+            raise ValueError(f"images[{k}] must be [H, W, 3] uint8, got {image.dtype} {list(image.shape)}")
+    cell_h = max(im.shape[0] for im in images) + (CAPTION_HEIGHT if captions else 0)
+    cell_w = max(im.shape[1] for im in images)
+    rows = -(-len(images) // ncols)
+    cols = min(ncols, len(images))
+    grid = Image.new("RGB", (cols * (cell_w + PAD) + PAD, rows * (cell_h + PAD) + PAD), (128, 128, 128))
+    draw = ImageDraw.Draw(grid)
+    for k, image in enumerate(images):
+        x = PAD + (k % ncols) * (cell_w + PAD)
+        y = PAD + (k // ncols) * (cell_h + PAD)
+        grid.paste(Image.fromarray(image), (x, y))
+        if captions:
+            draw.text((x, y + cell_h - CAPTION_HEIGHT), captions[k], fill=(255, 255, 255))
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    grid.save(out)
+    return out

@@ -1,0 +1,93 @@
+"""Group bookkeeping for one training step.
+
+A group is one prompt's G samples. It is complete when every member is scored. A group with a
+failed member (scorer error, lost sample) or a member staler than allowed is never trained
+partially (DESIGN.md §7): it is refilled whole — a new request with new sample ids
+`{step}:{prompt}:{index}r{attempt}` — up to `max_attempts`, then dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omnirl.api.messages import GenerateRequest, ScoreMeta
+
+
+@dataclass
+class Group:
+    """One prompt's samples in one step."""
+
+    request: GenerateRequest
+    attempt: int = 0
+    scores: dict[str, ScoreMeta] = field(default_factory=dict)
+    tensor_keys: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def expected(self) -> set[str]:
+        """The sample ids of the current attempt."""
+        return {s.sample_id for s in self.request.samples}
+
+    @property
+    def complete(self) -> bool:
+        """Every member of the current attempt is scored."""
+        return self.expected <= set(self.scores)
+
+    @property
+    def failed_reasons(self) -> list[str]:
+        """Reasons of the failed members (empty when none failed)."""
+        return [f"{s.sample_id}: {s.reason}" for s in self.scores.values() if s.failed]
+
+
+@dataclass
+class StepBook:
+    """All groups of one training step, keyed by the group's first-attempt id `{step}:{prompt}`."""
+
+    step: int
+    t_published: float = 0.0
+    groups: dict[str, Group] = field(default_factory=dict)
+    dropped: list[str] = field(default_factory=list)
+    refills: int = 0
+    failures: list[str] = field(default_factory=list)
+
+    def add(self, key: str, request: GenerateRequest) -> None:
+        """Register a group's first request."""
+        self.groups[key] = Group(request)
+
+    def owner(self, group_id: str) -> str | None:
+        """The group key a (possibly refilled) group id belongs to."""
+        key = group_id.split("r", 1)[0] if "r" in group_id.split(":")[-1] else group_id
+        return key if key in self.groups else None
+
+    def record(self, score: ScoreMeta, tensor_key: str | None) -> Group | None:
+        """File a score; returns its group, or None for a stale attempt's leftover."""
+        key = self.owner(score.group_id)
+        if key is None:
+            return None
+        group = self.groups[key]
+        if score.sample_id not in group.expected:
+            return None  # a member of an attempt that was already refilled
+        group.scores[score.sample_id] = score
+        if tensor_key:
+            group.tensor_keys[score.sample_id] = tensor_key
+        return group
+
+    @property
+    def complete(self) -> bool:
+        """Every remaining group is complete."""
+        return all(g.complete for g in self.groups.values())
+
+    def drop(self, key: str, reason: str) -> Group:
+        """Remove a group for good (after max attempts); returns it so its tensors can be deleted."""
+        self.dropped.append(key)
+        self.failures.append(reason)
+        return self.groups.pop(key)
+
+
+def refill_request(request: GenerateRequest, attempt: int, seed_base: int) -> GenerateRequest:
+    """The request for attempt `attempt` of a group: same prompt and window, new ids and seeds."""
+    base_group = request.group_id.split("r", 1)[0] if attempt > 1 else request.group_id
+    samples = [
+        s.model_copy(update={"sample_id": f"{s.sample_id.split('r', 1)[0]}r{attempt}", "seed": seed_base + i})
+        for i, s in enumerate(request.samples)
+    ]
+    return request.model_copy(update={"group_id": f"{base_group}r{attempt}", "samples": samples})

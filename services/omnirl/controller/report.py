@@ -1,0 +1,85 @@
+"""Where a step's numbers go: `OUT/metrics.jsonl` (one line per step and per validation), a log
+line, the OpenTelemetry meters, and — in a pod — the RLJob's status (`kubectl get rlj`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from pathlib import Path
+
+from omnirl.api.messages import TrainDone
+from omnirl.api.runtime import RoleEnv
+from omnirl.api.spec import RLJob
+from omnirl.telemetry.meters import Meters
+
+log = logging.getLogger("omnirl.controller")
+
+
+class Reporter:
+    """Writes the job's progress.
+
+    Args:
+        out: run output directory.
+        env: role settings (metrics port, status reporting).
+        job: the RLJob (name, namespace).
+    """
+
+    def __init__(self, out: Path, env: RoleEnv, job: RLJob) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / "metrics.jsonl"
+        self._f = self.path.open("a", buffering=1)
+        self.meters = Meters(env.job_name, env.metrics_port)
+        self.status = None
+        if env.report_status == "kubernetes":
+            from omnirl.telemetry.k8s_status import StatusReporter
+
+            self.status = StatusReporter(env.namespace, job.metadata.name)
+        self.validations: list[dict] = []
+        self.last_checkpoint: str | None = None
+        self.total = 0
+
+    def _write(self, record: dict) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._f.write(json.dumps(clean) + "\n")
+
+    def started(self, total_steps: int, start_step: int) -> None:
+        """Note the run's plan."""
+        self.total = total_steps
+        self._write({"event": "start", "time": time.time(), "total_steps": total_steps, "start_step": start_step})
+
+    def step(self, step: int, version: int, stats: dict, done: TrainDone) -> None:
+        """Record one finished training step."""
+        record = {"event": "step", "step": step, "policy_version": version, "time": time.time(), **stats,
+                  **done.metrics}
+        record["images_per_second"] = stats["samples"] / max(stats["step_seconds"], 1e-9)
+        if done.checkpoint:
+            self.last_checkpoint = done.checkpoint
+            record["checkpoint"] = done.checkpoint
+        self._write(record)
+        self.meters.record_step(record)
+        log.info("step %d/%d reward %.3f±%.3f  %.1f s  %.1f img/s  v%d", step + 1, self.total,
+                 stats["reward_mean"], stats["reward_std"], stats["step_seconds"], record["images_per_second"], version)
+        if self.status is not None:
+            self.status.report(step=step + 1, reward_mean=stats["reward_mean"], policy_version=version,
+                               last_checkpoint=self.last_checkpoint)
+
+    def validation(self, summary: dict) -> None:
+        """Record a validation round."""
+        self.validations.append(summary)
+        self._write({"event": "validation", "time": time.time(), **summary})
+        self.meters.record_validation(summary)
+        log.info("validation at step %d: reward %.3f exact %.3f (n=%d, %.1f s) grid %s", summary["step"],
+                 summary["val_reward_mean"], summary["val_exact_match"], summary["n"], summary["val_seconds"],
+                 summary["grid"])
+
+    def finished(self) -> dict:
+        """Final record; returns {'validation': [...]}."""
+        self._write({"event": "finish", "time": time.time()})
+        return {"validation": self.validations}
+
+    def close(self) -> None:
+        """Close the metrics file and the meters."""
+        self._f.close()
+        self.meters.shutdown()

@@ -1,0 +1,86 @@
+"""In-run validation: held-out prompts through the real rollout and reward workers.
+
+Each validation publishes one ODE request per held-out prompt (`kind="val"`, no SDE window,
+`validation.numSteps` steps) with the same per-prompt noise `omnirl eval` uses, so the number in
+`metrics.jsonl` and the one `omnirl eval --checkpoint` prints agree. It writes an image grid
+`OUT/samples/step-XXXXX.png` of the first 32 prompts with their rewards.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta
+from omnirl.api.spec import RLJobSpec
+from omnirl.controller.data import read_prompts
+from omnirl.controller.evaluate import eval_seed
+from omnirl.controller.grid import save_image_grid
+from omnirl.transfer import TransferQueue
+
+GRID_SIZE = 32
+
+
+class Validator:
+    """Publishes a validation round and collects its scores."""
+
+    def __init__(self, queue: TransferQueue, spec: RLJobSpec, tokenize: Callable[[str], list[int]], out: Path) -> None:
+        self.queue, self.spec, self.out = queue, spec, out
+        self.prompts = read_prompts(spec.data.validationPrompts)[: spec.validation.maxPrompts]
+        self.ids = [list(tokenize(p)) for p in self.prompts]
+        self.round: int | None = None
+        self.version = 0
+        self.scores: dict[int, ScoreMeta] = {}
+        self.keys: dict[int, str] = {}
+        self.t0 = 0.0
+
+    def publish(self, at_step: int, version: int) -> None:
+        """Send one ODE request per held-out prompt, tagged with the training step it follows."""
+        self.round, self.version, self.t0 = at_step, version, time.time()
+        self.scores, self.keys = {}, {}
+        v = self.spec.validation
+        for i, (prompt, ids) in enumerate(zip(self.prompts, self.ids, strict=True)):
+            gid = f"val{at_step}:{i}"
+            req = GenerateRequest(kind="val", step=at_step, group_id=gid, prompt=prompt, prompt_ids=ids,
+                                  samples=[SampleSeed(sample_id=f"{gid}:0", seed=eval_seed(v.seed, i))],
+                                  num_steps=v.numSteps, window=[], noise_level=0.0,
+                                  shift=self.spec.algorithm.sampling.shift,
+                                  guidance_scale=self.spec.algorithm.sampling.guidanceScale)
+            self.queue.publish(self.queue.streams.requests, req.model_dump())
+
+    def record(self, score: ScoreMeta, tensor_key: str | None) -> None:
+        """File a validation score (ignores leftovers of an earlier round)."""
+        if self.round is None or score.step != self.round:
+            if tensor_key:
+                self.queue.delete_tensors([tensor_key])
+            return
+        index = int(score.group_id.split(":")[1])
+        self.scores[index] = score
+        if tensor_key:
+            self.keys[index] = tensor_key
+
+    @property
+    def complete(self) -> bool:
+        """Every prompt of the current round is scored."""
+        return self.round is not None and len(self.scores) == len(self.prompts)
+
+    def finish(self) -> dict:
+        """Summarise the round, write its grid, delete its tensors. Raises RuntimeError if a sample failed."""
+        failed = [s for s in self.scores.values() if s.failed]
+        if failed:
+            raise RuntimeError(f"validation sample {failed[0].sample_id} could not be scored: {failed[0].reason}")
+        rewards = [self.scores[i].reward for i in range(len(self.prompts))]
+        first = list(range(min(GRID_SIZE, len(self.prompts))))
+        images = [self.queue.load_tensors(self.keys[i])["image"].numpy() for i in first]
+        grid = self.out / "samples" / f"step-{self.round:05d}.png"
+        save_image_grid(images, grid, ncols=8, captions=[f"{rewards[i]:.2f}" for i in first])
+        self.queue.delete_tensors(list(self.keys.values()))
+        summary = {
+            "step": self.round, "policy_version": self.version, "n": len(rewards),
+            "val_reward_mean": sum(rewards) / len(rewards),
+            "val_exact_match": sum(r >= 1.0 - 1e-6 for r in rewards) / len(rewards),
+            "val_seconds": time.time() - self.t0, "grid": str(grid),
+        }
+        self.round = None
+        return summary

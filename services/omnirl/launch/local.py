@@ -1,0 +1,150 @@
+"""`omnirl run JOB.yaml`: the whole job on one machine.
+
+An embedded `redis-server` when the manifest names none; each role (rollout ×R, reward ×R, actor,
+controller) as its own process running `omnirl role …` — exactly what a pod runs — placed by Ray
+(a local instance by default, `--ray-address` for a cluster) or as plain subprocesses
+(`--no-ray`). Logs stream with a role prefix; a progress bar follows `OUT/metrics.jsonl`. Ctrl-C
+or a failing role stops everything; the exit code is non-zero and names the role and reason.
+
+Outputs: `OUT/job.yaml` (the resolved manifest the roles read), `OUT/metrics.jsonl`,
+`OUT/samples/step-*.png`, `OUT/checkpoints/latest/`, `OUT/ledger/`, `OUT/logs/<role>.log`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from omnirl.api.loader import dump_rljob, load_rljob
+from omnirl.api.spec import RLJob
+from omnirl.launch.procs import RoleProcess, start_role
+from omnirl.launch.progress import Progress, validation_table
+from omnirl.transfer import TransferQueue, start_redis_server
+from omnirl.transfer.redis_server import free_port
+
+# torch threads per role on a small machine: the rollout and the actor take turns in sync modes
+THREADS = {"rollout": 2, "actor": 2, "reward": 1, "controller": 1}
+
+
+def role_plan(job: RLJob) -> list[tuple[str, int]]:
+    """(role, replica index) for every process of the job, controller last."""
+    r = job.spec.roles
+    plan = [("rollout", i) for i in range(r.rollout.replicas)]
+    plan += [("reward", i) for i in range(r.reward.replicas)]
+    return plan + [("actor", 0), ("controller", 0)]
+
+
+def role_env(job: RLJob, role: str, index: int, *, redis_url: str, sync_port: int, out: Path,
+             resume: bool, steps: int | None) -> dict[str, str]:
+    """The OMNIRL_* environment of one local role process (the same contract pods get)."""
+    env = {
+        "OMNIRL_JOB_NAME": job.metadata.name, "OMNIRL_REDIS_URL": redis_url,
+        "OMNIRL_WEIGHT_SYNC_ADDR": f"127.0.0.1:{sync_port}", "OMNIRL_WORKER_ID": f"{role}-{index}",
+        "OMNIRL_OUT": str(out), "OMNIRL_THREADS": str(THREADS[role]), "OMNIRL_RESUME": "1" if resume else "0",
+        "OMP_NUM_THREADS": str(THREADS[role]), "PYTHONUNBUFFERED": "1",
+    }
+    if steps is not None:
+        env["OMNIRL_STEPS"] = str(steps)
+    return env
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run a job locally; returns the exit code (0 = finished)."""
+    job = load_rljob(args.job)
+    out = Path(args.out or Path("runs") / job.metadata.name).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
+    redis = None
+    redis_url = job.spec.transferQueue.redisUrl
+    if not redis_url:
+        redis = start_redis_server(dir=str(out / "redis"))
+        redis_url = redis.url
+    queue = TransferQueue.from_url(redis_url, job.metadata.name)
+    if not args.resume:
+        queue.cleanup()  # a fresh run starts from empty streams
+    else:
+        for flag in ("stop", "actor_ready"):
+            queue.redis.delete(f"omnirl:{job.metadata.name}:kv:{flag}")
+    sync_port = free_port()
+    procs: list[RoleProcess] = []
+    ray_ctx = None
+    if not args.no_ray:
+        from omnirl.launch.procs import init_ray
+
+        ray_ctx = init_ray(args.ray_address)
+    print(f"omnirl: job {job.metadata.name} → {out} (redis {redis_url}, {'ray' if ray_ctx else 'subprocesses'})",
+          flush=True)
+    try:
+        for role, index in role_plan(job):
+            env = role_env(job, role, index, redis_url=redis_url, sync_port=sync_port, out=out,
+                           resume=args.resume, steps=args.steps)
+            procs.append(start_role(role, index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None))
+        code = _supervise(procs, queue, out, job, args.steps or job.spec.algorithm.steps)
+    except KeyboardInterrupt:
+        print("omnirl: interrupted — stopping every role", flush=True)
+        code = 130
+    finally:
+        queue.set_json("stop", True)
+        _stop_all(procs)
+        queue.close()
+        if redis is not None:
+            redis.stop()
+    _summary(out)
+    return code
+
+
+def _supervise(procs: list[RoleProcess], queue: TransferQueue, out: Path, job: RLJob, total: int) -> int:
+    controller = next(p for p in procs if p.role == "controller")
+    progress = Progress(out / "metrics.jsonl", total)
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        while True:
+            for p in procs:
+                p.pump_logs(sys.stdout)
+            progress.update()
+            code = controller.poll()
+            if code is not None:
+                progress.close()
+                if code != 0:
+                    print(f"omnirl: role controller failed (exit {code}): {controller.last_error()}", flush=True)
+                return code
+            for p in procs:
+                c = p.poll()
+                if c is not None and p is not controller:
+                    progress.close()
+                    print(f"omnirl: role {p.name} failed (exit {c}): {p.last_error()}", flush=True)
+                    return c or 1
+            time.sleep(0.2)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _raise_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM stops the job like Ctrl-C
+
+
+def _stop_all(procs: list[RoleProcess], grace_s: float = 20.0) -> None:
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        for p in procs:
+            p.pump_logs(sys.stdout)
+        time.sleep(0.2)
+    for p in procs:
+        p.pump_logs(sys.stdout)
+        p.kill()
+
+
+def _summary(out: Path) -> None:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    table = validation_table(records)
+    if table:
+        print(table, flush=True)

@@ -1,0 +1,154 @@
+"""Role processes of a local run: plain subprocesses, or subprocesses placed by Ray.
+
+Either way a role is `python -m omnirl.cli role ROLE --job FILE` with the OMNIRL_* environment —
+the same command a pod runs. With Ray, a `RoleHost` actor (0 CPUs reserved, so a 2-core laptop
+never deadlocks on placement) starts the process on the node Ray picks and hands its log lines
+back to the driver, which prints them with the role's prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from collections import deque
+from pathlib import Path
+from typing import TextIO
+
+
+def role_command(role: str, job_file: Path) -> list[str]:
+    """The command line of one role."""
+    return [sys.executable, "-m", "omnirl.cli", "role", role, "--job", str(job_file)]
+
+
+class _Child:
+    """A subprocess whose merged stdout/stderr is collected by a thread and teed to a log file."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], log_path: str) -> None:
+        Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed in kill()
+        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+        self.lines: deque[str] = deque()
+        self.tail: deque[str] = deque(maxlen=50)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self._log.write(line)
+            self.lines.append(line)
+            self.tail.append(line)
+
+    def take(self) -> list[str]:
+        out = []
+        while self.lines:
+            out.append(self.lines.popleft())
+        return out
+
+    def poll(self) -> int | None:
+        code = self.proc.poll()
+        if code is not None:
+            self._reader.join(timeout=2)
+        return code
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._reader.join(timeout=2)
+        self._log.close()
+
+
+class RoleProcess:
+    """One running role, local or on a Ray worker. `name` is `role-index`."""
+
+    def __init__(self, role: str, index: int, child) -> None:
+        self.role, self.index, self.child = role, index, child
+        self.name = f"{role}-{index}"
+        self._remote = not isinstance(child, _Child)
+        self._code: int | None = None
+
+    def pump_logs(self, out: TextIO) -> None:
+        """Print new log lines with the role prefix."""
+        lines = self._call("take")
+        for line in lines:
+            out.write(f"[{self.name}] {line}" if line.endswith("\n") else f"[{self.name}] {line}\n")
+        if lines:
+            out.flush()
+
+    def poll(self) -> int | None:
+        """Exit code, or None while running."""
+        if self._code is None:
+            self._code = self._call("poll")
+        return self._code
+
+    def last_error(self) -> str:
+        """The last non-empty log line (the role prints its failure reason last)."""
+        tail = self._call("get_tail")
+        return next((line.strip() for line in reversed(tail) if line.strip()), "no output")
+
+    def kill(self) -> None:
+        """Terminate (then kill) the process."""
+        self._call("kill")
+
+    def _call(self, method: str):
+        if self._remote:
+            import ray
+
+            return ray.get(getattr(self.child, method).remote())
+        if method == "get_tail":
+            return list(self.child.tail)
+        return getattr(self.child, method)()
+
+
+def init_ray(address: str | None):
+    """Connect to Ray (a fresh local instance when `address` is None); returns the context."""
+    import ray
+
+    if ray.is_initialized():
+        return ray
+    kwargs = {"address": address} if address else {"num_cpus": os.cpu_count() or 1, "include_dashboard": False}
+    ray.init(log_to_driver=False, configure_logging=False, **kwargs)
+    return ray
+
+
+def _role_host_class():
+    import ray
+
+    @ray.remote(num_cpus=0)
+    class RoleHost:
+        """Runs one role process on this Ray node and hands its output to the driver."""
+
+        def __init__(self, cmd: list[str], env: dict[str, str], log_path: str) -> None:
+            self.child = _Child(cmd, env, log_path)
+
+        def take(self) -> list[str]:
+            return self.child.take()
+
+        def poll(self) -> int | None:
+            return self.child.poll()
+
+        def get_tail(self) -> list[str]:
+            return list(self.child.tail)
+
+        def kill(self) -> None:
+            self.child.kill()
+
+    return RoleHost
+
+
+def start_role(role: str, index: int, job_file: Path, env: dict[str, str], log_dir: Path, *,
+               use_ray: bool) -> RoleProcess:
+    """Start one role process (through Ray when `use_ray`)."""
+    cmd = role_command(role, job_file)
+    log_path = str(log_dir / f"{role}-{index}.log")
+    if use_ray:
+        host = _role_host_class().options(name=None).remote(cmd, env, log_path)
+        return RoleProcess(role, index, host)
+    return RoleProcess(role, index, _Child(cmd, env, log_path))

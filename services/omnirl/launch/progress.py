@@ -1,0 +1,74 @@
+"""The local run's live view: a progress bar with the live reward, and the final reward table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as RichProgress
+from rich.table import Table
+
+
+class Progress:
+    """Follows `metrics.jsonl` and shows steps done, the last reward and the last validation."""
+
+    def __init__(self, metrics_path: Path, total_steps: int) -> None:
+        self.path, self.offset = metrics_path, 0
+        self.bar = RichProgress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                                TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                                console=Console(stderr=True), transient=False)
+        self.task = self.bar.add_task("train", total=total_steps, info="")
+        self.reward = self.val = None
+        self.bar.start()
+
+    def update(self) -> None:
+        """Read new metric lines and refresh the bar."""
+        if not self.path.exists():
+            return
+        with self.path.open() as f:
+            f.seek(self.offset)
+            chunk = f.read()
+        complete = chunk[: chunk.rfind("\n") + 1]
+        self.offset += len(complete.encode())
+        for line in complete.splitlines():
+            rec = json.loads(line)
+            if rec.get("event") == "step":
+                self.reward = rec["reward_mean"]
+                self.bar.update(self.task, completed=rec["step"] + 1)
+            elif rec.get("event") == "validation":
+                self.val = rec["val_reward_mean"]
+        info = []
+        if self.reward is not None:
+            info.append(f"reward {self.reward:.3f}")
+        if self.val is not None:
+            info.append(f"held-out {self.val:.3f}")
+        self.bar.update(self.task, info="  ".join(info))
+
+    def close(self) -> None:
+        """Final refresh and stop."""
+        self.update()
+        self.bar.stop()
+
+
+def validation_table(records: list[dict]) -> str:
+    """The held-out reward by step as a printed table ('' when the run had no validation)."""
+    vals = [r for r in records if r.get("event") == "validation"]
+    if not vals:
+        return ""
+    steps = {r["step"]: r for r in records if r.get("event") == "step"}
+    table = Table(title="held-out reward (ODE) by training step")
+    for col in ("step", "policy_version", "held-out reward", "exact match", "train reward", "grid"):
+        table.add_column(col)
+    base = vals[0]["val_reward_mean"]
+    for v in vals:
+        train = steps.get(v["step"] - 1, {}).get("reward_mean")
+        table.add_row(str(v["step"]), str(v["policy_version"]), f"{v['val_reward_mean']:.3f}",
+                      f"{v['val_exact_match']:.3f}", "" if train is None else f"{train:.3f}", v["grid"])
+    console = Console(record=True, width=140)
+    with console.capture():
+        console.print(table)
+        console.print(f"held-out reward: {base:.3f} → {vals[-1]['val_reward_mean']:.3f} "
+                      f"({vals[-1]['val_reward_mean'] - base:+.3f})")
+    return console.export_text()

@@ -1,0 +1,88 @@
+"""`omnirl role ROLE --job FILE`: the entrypoint of every container and every local role process.
+
+It reads the job manifest and the OMNIRL_* environment (`omnirl.api.runtime.RoleEnv`), serves the
+gRPC health service and `/metrics` when their ports are set, runs the role's service, and exits
+0 when the job finished or non-zero with the reason as its last stderr line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from omnirl.api.loader import load_rljob
+from omnirl.api.runtime import RoleEnv
+
+
+def _setup(env: RoleEnv, role: str) -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    import torch
+
+    if env.threads:
+        torch.set_num_threads(env.threads)
+
+
+def run_role(role: str, job_path: str, *, resume: bool = False, steps: int | None = None) -> int:
+    """Run one role to completion in this process; returns the exit code."""
+    job = load_rljob(job_path)
+    env = RoleEnv.from_environ()
+    _setup(env, role)
+    health = None
+    if env.health_port:
+        from omnirl.telemetry.health import HealthServer
+
+        health = HealthServer(env.health_port)
+    service = _build(role, job, env, resume=resume, steps=steps)
+    if health:
+        health.set_serving(True)
+    try:
+        result = service.run()
+        if role == "controller":
+            service.stop()
+            print(json.dumps({"event": "controller-finished", **(result or {})}), flush=True)
+        return 0
+    finally:
+        if health:
+            health.stop()
+        service.close()
+
+
+def _build(role: str, job, env: RoleEnv, *, resume: bool, steps: int | None):
+    if role == "rollout":
+        from omnirl.rollout.service import RolloutService
+
+        return RolloutService(job, env)
+    if role == "reward":
+        from omnirl.reward.service import RewardService
+
+        return RewardService(job, env)
+    if role == "actor":
+        from omnirl.actor.service import ActorService
+
+        return ActorService(job, env, resume=resume)
+    if role == "controller":
+        from omnirl.controller.loop import Controller
+
+        return Controller(job, env, resume=resume, steps=steps)
+    raise ValueError(f"unknown role {role!r}; expected rollout, reward, actor or controller")
+
+
+def main(args: argparse.Namespace) -> int:
+    """CLI adapter for `omnirl role`."""
+    import os
+
+    resume = os.environ.get("OMNIRL_RESUME") == "1"
+    steps = int(os.environ["OMNIRL_STEPS"]) if os.environ.get("OMNIRL_STEPS") else None
+    if args.out:
+        os.environ["OMNIRL_OUT"] = args.out
+    try:
+        return run_role(args.role, args.job, resume=resume, steps=steps)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        logging.getLogger("omnirl").exception("role %s failed", args.role)
+        print(f"omnirl role {args.role} failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+        return 1

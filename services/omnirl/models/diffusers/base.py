@@ -1,0 +1,152 @@
+"""`DiffusersAdapterBase`: what the SD3 and Qwen-Image adapters share.
+
+A subclass supplies the family's text encoding (`_encode_one`), its transformer call
+(`velocity`), its VAE decode and its `load`. The base owns resolution → latent shape, the σ grid
+and shift rules, the guidance settings and the per-prompt conditioning cache.
+
+Resolution: the constructor's `resolution=(height, width)` (pixels) is the default for every
+prompt; `latent_shape(ids, resolution=...)` takes a per-request override, so one adapter serves
+several resolutions (requests of different latent shapes are simply not batched together).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from omnirl.models.diffusers._common import (
+    PromptCache,
+    check_resolution,
+    scheduler_sigmas,
+    shift_from_config,
+)
+from omnirl.models.protocol import Conditioning
+
+NEGATIVE_PREFIX = "negative_"
+
+
+class DiffusersAdapterBase:
+    """Shared state and logic of the diffusers adapters (time convention "sigma": no conversion).
+
+    Args:
+        transformer: the denoiser (`module`, trainable); its dtype is the compute dtype.
+        vae: the family's VAE (frozen, used by `decode`).
+        scheduler_config: the pipeline's `scheduler/scheduler_config.json` as a dict.
+        resolution: default image size `(height, width)` in pixels.
+        guidance_scale: classifier-free guidance weight w; > 1 makes `encode` add the negative
+            prompt's embeddings and `velocity` return the guided velocity (rollout and training
+            alike). 1 = no CFG.
+        cache_size: prompts kept in the conditioning cache (0 disables it).
+    Raises:
+        ValueError: a resolution that is not a multiple of `vae_scale_factor·patch_size`,
+            guidance_scale < 1.
+    """
+
+    time_convention = "sigma"
+    latent_channels: int
+    vae_scale_factor: int
+    patch_size: int
+    linear_sigmas: bool = False
+
+    def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler_config: dict, *,
+                 resolution: Sequence[int], guidance_scale: float, cache_size: int) -> None:
+        self.module = transformer
+        self.vae = vae
+        self.scheduler_config = dict(scheduler_config)
+        self.resolution = check_resolution(resolution, self.vae_scale_factor * self.patch_size)
+        if not guidance_scale >= 1.0:
+            raise ValueError(f"guidance_scale must be >= 1 (1 = no classifier-free guidance), got {guidance_scale}")
+        self.guidance_scale = float(guidance_scale)
+        self.cache = PromptCache(cache_size)
+
+    # ----------------------------------------------------------------- shapes and σ
+    def latent_shape(self, prompt_ids: list[int], resolution: Sequence[int] | None = None) -> tuple[int, int, int]:
+        """`(C, H/f, W/f)` for the default or the given `(height, width)` (f = VAE scale factor).
+
+        The prompt does not change the shape; `resolution` is the per-request override.
+        Raises:
+            ValueError: a resolution not divisible by f·patch_size.
+        """
+        h, w = self.resolution if resolution is None else check_resolution(
+            resolution, self.vae_scale_factor * self.patch_size)
+        return (self.latent_channels, h // self.vae_scale_factor, w // self.vae_scale_factor)
+
+    def image_seq_len(self, latent_shape: Sequence[int]) -> int:
+        """Image tokens the transformer sees for a latent `(C, H, W)`: (H/p)·(W/p)."""
+        _, h, w = latent_shape
+        return (h // self.patch_size) * (w // self.patch_size)
+
+    def sigma_shift(self, num_steps: int, image_seq_len: int) -> float:
+        """The shift s for `omnirl.algorithms.sigma_schedule(num_steps, s)`.
+
+        SD3 form σ' = s·σ/(1 + (s − 1)·σ) (arXiv 2403.03206 §5.3.2): a fixed `shift` from the
+        scheduler config, or e^mu for dynamic shifting (mu linear in `image_seq_len`, see
+        `_common.dynamic_shift_mu`). `num_steps` does not change the shift (validated only).
+        Raises:
+            ValueError: num_steps < 1 or image_seq_len < 1.
+        """
+        if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+            raise ValueError(f"num_steps must be an int >= 1, got {num_steps!r}")
+        return shift_from_config(self.scheduler_config, image_seq_len)
+
+    def sigmas(self, num_steps: int, image_seq_len: int) -> Tensor:
+        """The exact σ grid `[num_steps + 1]` float32 the family's diffusers pipeline samples with.
+
+        Differs from `sigma_schedule(N, sigma_shift(...))` only where diffusers adds a twist: SD3's
+        default grid ends at the shifted σ_min instead of 1/N before the final 0; Qwen-Image
+        stretches to `shift_terminal`. Store these σ values, never integer timesteps.
+        """
+        return scheduler_sigmas(self.scheduler_config, num_steps, image_seq_len, linear_sigmas=self.linear_sigmas)
+
+    # ----------------------------------------------------------------- conditioning
+    @property
+    def cfg_enabled(self) -> bool:
+        """True when `encode` adds negative embeddings and `velocity` guides (w > 1)."""
+        return self.guidance_scale > 1.0
+
+    def encode(self, prompt_ids: list[list[int]], device: torch.device | str = "cpu") -> Conditioning:
+        """Token ids of B prompts → conditioning with leading dimension B (see the subclass's keys).
+
+        Each prompt is encoded alone (batch of one), so its embeddings are a function of its ids
+        only — the same in rollout and actor whatever else shares the batch — and cached by the
+        ids tuple. With CFG (w > 1) the negative prompt's rows are added under `negative_*` keys.
+        Text encoders run under `torch.no_grad()` (they are frozen).
+        Raises:
+            ValueError: an empty batch or malformed ids (see the subclass's `tokenize`).
+        """
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty; encode needs at least one prompt")
+        rows = [self._cached_row(tuple(int(i) for i in ids), device) for ids in prompt_ids]
+        cond = {key: torch.cat([row[key] for row in rows]) for key in rows[0]}
+        if self.cfg_enabled:
+            neg = self._cached_row(("negative",) + tuple(self.negative_ids), device)
+            for key, value in neg.items():
+                cond[NEGATIVE_PREFIX + key] = value.expand(len(rows), *value.shape[1:]).contiguous()
+        return cond
+
+    def _cached_row(self, key: tuple, device: torch.device | str) -> dict[str, Tensor]:
+        ids = [i for i in key if not isinstance(i, str)]
+        device = torch.device(device)
+
+        def compute() -> dict[str, Tensor]:
+            with torch.no_grad():
+                return {k: v.detach().to(device) for k, v in self._encode_one(ids, device).items()}
+
+        row = self.cache.get_or_compute((str(device),) + key, compute)
+        return row
+
+    def has_negative(self, cond: Conditioning) -> bool:
+        """True when `cond` carries negative embeddings and w > 1, i.e. `velocity` applies CFG."""
+        return self.cfg_enabled and any(key.startswith(NEGATIVE_PREFIX) for key in cond)
+
+    # ----------------------------------------------------------------- subclass hooks
+    negative_ids: list[int]
+
+    def _encode_one(self, ids: list[int], device: torch.device) -> dict[str, Tensor]:
+        raise NotImplementedError
+
+    def compute_dtype(self) -> torch.dtype:
+        """The transformer's parameter dtype (latents are cast to it inside `velocity`)."""
+        return next(self.module.parameters()).dtype

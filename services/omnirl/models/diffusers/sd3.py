@@ -1,0 +1,203 @@
+"""`SD3Adapter`: Stable Diffusion 3 / 3.5 (`SD3Transformer2DModel`, `AutoencoderKL`, CLIP-L, CLIP-G, T5).
+
+Mirrors diffusers' `StableDiffusion3Pipeline` (0.42): text conditioning = [CLIP-L ‖ CLIP-G
+penultimate hidden states, zero-padded to the T5 width] ++ T5 last hidden states along the
+sequence; pooled = CLIP-L ‖ CLIP-G projected embeddings. Time: the transformer takes
+timestep = σ·1000 and predicts v = ε − x0 (diffusers' flow-matching convention), so the
+adapter's time convention is "sigma". Latents are `[B, 16, H/8, W/8]` (no packing: the
+transformer patchifies itself). Decode: z/scaling_factor + shift_factor, then the VAE.
+
+Token-id layout (one flat list, so ids travel unchanged from the controller to rollout and
+actor): ``[n_l, n_g, n_t5, *clip_l_ids, *clip_g_ids, *t5_ids]`` — three counts, then each
+tokenizer's ids with its special tokens, truncated to its maximum length and NOT padded
+(`encode` pads with each tokenizer's pad id, as the pipeline's `padding="max_length"` does).
+n_t5 = 0 when the checkpoint has no T5 (its embeddings are then zeros, as in the pipeline).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from omnirl.models.diffusers._common import (
+    check_latents,
+    check_pipeline_dir,
+    guided,
+    load_component,
+    require_diffusers,
+    to_uint8_images,
+)
+from omnirl.models.diffusers.base import DiffusersAdapterBase
+from omnirl.models.protocol import Conditioning
+
+SD3_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
+"""Attention projections of `JointTransformerBlock` (incl. SD3.5's `attn2`), Flow-GRPO's choice."""
+
+SD3_SUBFOLDERS = ["transformer", "vae", "scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"]
+HEADER = 3
+
+
+class SD3Adapter(DiffusersAdapterBase):
+    """SD3/SD3.5 behind `ModelAdapter`; built from in-memory components (or via `load`).
+
+    Args:
+        transformer: `SD3Transformer2DModel` (the trainable `module`).
+        vae: `AutoencoderKL` with `scaling_factor`/`shift_factor` in its config.
+        scheduler_config: `FlowMatchEulerDiscreteScheduler` config dict (fixed `shift`, 3.0 for SD3.5).
+        text_encoders: `[CLIPTextModelWithProjection, CLIPTextModelWithProjection, T5EncoderModel | None]`.
+        tokenizers: `[CLIPTokenizer, CLIPTokenizer, T5TokenizerFast | None]` (None only with no T5).
+        resolution: default `(height, width)` in pixels, multiple of 16 (8× VAE · patch 2).
+        guidance_scale: CFG weight w (SD3.5 recipes: 4.5; Flow-GRPO trains with CFG); 1 = off.
+        negative_prompt: the unconditional prompt ("" as in the pipeline).
+        max_sequence_length: T5 tokens (pipeline default 256, at most 512).
+        cache_size: prompts kept in the conditioning cache.
+    """
+
+    latent_channels: int
+    patch_size: int
+
+    def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler_config: dict,
+                 text_encoders: Sequence[nn.Module | None], tokenizers: Sequence, *,
+                 resolution: Sequence[int] = (512, 512), guidance_scale: float = 1.0,
+                 negative_prompt: str = "", max_sequence_length: int = 256, cache_size: int = 4096) -> None:
+        if len(text_encoders) != 3 or len(tokenizers) != 3:
+            raise ValueError("SD3 needs text_encoders and tokenizers for [CLIP-L, CLIP-G, T5 or None]")
+        if (text_encoders[2] is None) != (tokenizers[2] is None):
+            raise ValueError("text_encoders[2] (T5) and tokenizers[2] must both be given or both be None")
+        if not 1 <= max_sequence_length <= 512:
+            raise ValueError(f"max_sequence_length must be in [1, 512], got {max_sequence_length}")
+        self.latent_channels = int(transformer.config.in_channels)
+        self.patch_size = int(transformer.config.patch_size)
+        self.vae_scale_factor = 2 ** (len(vae.config.block_out_channels) - 1)
+        super().__init__(transformer, vae, scheduler_config, resolution=resolution,
+                         guidance_scale=guidance_scale, cache_size=cache_size)
+        self.text_encoders = list(text_encoders)
+        self.tokenizers = list(tokenizers)
+        self.lora_target_modules = list(SD3_LORA_TARGETS)
+        self.clip_length = int(tokenizers[0].model_max_length)
+        self.max_sequence_length = int(max_sequence_length)
+        self.negative_ids = self.tokenize(negative_prompt)
+
+    # ----------------------------------------------------------------- loading
+    @classmethod
+    def load(cls, path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.bfloat16,
+             **kwargs) -> SD3Adapter:
+        """Load a local SD3/SD3.5 diffusers directory (nothing is downloaded).
+
+        Layout: transformer/, vae/, scheduler/, text_encoder/, text_encoder_2/, tokenizer/,
+        tokenizer_2/ and optionally text_encoder_3/ + tokenizer_3/ (T5). `kwargs` go to the
+        constructor (resolution, guidance_scale, negative_prompt, max_sequence_length, cache_size).
+        Raises:
+            FileNotFoundError: the path or a subfolder is missing (message gives the layout).
+            OSError: a component cannot be read.
+        """
+        require_diffusers()
+        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+        from transformers import CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
+
+        root = check_pipeline_dir(path, "sd3", SD3_SUBFOLDERS)
+        transformer = load_component(SD3Transformer2DModel, root, "transformer", dtype=dtype, device=device)
+        vae = load_component(AutoencoderKL, root, "vae", dtype=dtype, device=device)
+        clip_l = load_component(CLIPTextModelWithProjection, root, "text_encoder", dtype=dtype, device=device)
+        clip_g = load_component(CLIPTextModelWithProjection, root, "text_encoder_2", dtype=dtype, device=device)
+        has_t5 = (root / "text_encoder_3").is_dir() and (root / "tokenizer_3").is_dir()
+        t5 = load_component(T5EncoderModel, root, "text_encoder_3", dtype=dtype, device=device) if has_t5 else None
+        tokenizers = [load_component(CLIPTokenizer, root, "tokenizer"), load_component(CLIPTokenizer, root, "tokenizer_2"),
+                      load_component(T5TokenizerFast, root, "tokenizer_3") if has_t5 else None]
+        scheduler_config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
+        return cls(transformer, vae, scheduler_config, [clip_l, clip_g, t5], tokenizers, **kwargs)
+
+    # ----------------------------------------------------------------- text
+    def tokenize(self, text: str) -> list[int]:
+        """Prompt → ``[n_l, n_g, n_t5, *clip_l, *clip_g, *t5]`` (layout in the module docstring)."""
+        clip_l = self.tokenizers[0](text, max_length=self.clip_length, truncation=True).input_ids
+        clip_g = self.tokenizers[1](text, max_length=self.clip_length, truncation=True).input_ids
+        t5 = []
+        if self.tokenizers[2] is not None:
+            t5 = self.tokenizers[2](text, max_length=self.max_sequence_length, truncation=True,
+                                    add_special_tokens=True).input_ids
+        return [len(clip_l), len(clip_g), len(t5), *clip_l, *clip_g, *t5]
+
+    def split_ids(self, ids: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
+        """Inverse of the flat layout: (clip_l, clip_g, t5) id lists.
+
+        Raises:
+            ValueError: a header that does not match the list length or the maximum lengths.
+        """
+        ids = [int(i) for i in ids]
+        if len(ids) < HEADER:
+            raise ValueError(f"SD3 prompt ids need the 3-count header [n_l, n_g, n_t5, ...]; got {ids}")
+        n_l, n_g, n_t = ids[:HEADER]
+        if min(n_l, n_g, n_t) < 0 or HEADER + n_l + n_g + n_t != len(ids):
+            raise ValueError(f"SD3 prompt ids header {ids[:HEADER]} does not match {len(ids) - HEADER} ids; "
+                             "produce ids with SD3Adapter.tokenize")
+        if max(n_l, n_g) > self.clip_length or n_t > self.max_sequence_length:
+            raise ValueError(f"SD3 prompt ids longer than the encoders accept: CLIP {n_l}/{n_g} > {self.clip_length} "
+                             f"or T5 {n_t} > {self.max_sequence_length}")
+        if (n_t > 0) != (self.text_encoders[2] is not None):
+            raise ValueError(f"SD3 prompt ids carry {n_t} T5 ids but the model {'has' if n_t == 0 else 'lacks'} T5")
+        return ids[HEADER:HEADER + n_l], ids[HEADER + n_l:HEADER + n_l + n_g], ids[HEADER + n_l + n_g:]
+
+    @staticmethod
+    def _pad(ids: list[int], length: int, pad_id: int, device: torch.device) -> Tensor:
+        return torch.tensor([ids + [pad_id] * (length - len(ids))], dtype=torch.long, device=device)
+
+    def _encode_one(self, ids: list[int], device: torch.device) -> dict[str, Tensor]:
+        """One prompt's ids → {"prompt_embeds": [1, 2·77 + L_t5 → S, D], "pooled_prompt_embeds": [1, P]}."""
+        parts = self.split_ids(ids)
+        hidden, pooled = [], []
+        for k in range(2):
+            encoder, tokenizer = self.text_encoders[k], self.tokenizers[k]
+            out = encoder(self._pad(parts[k], self.clip_length, tokenizer.pad_token_id, device), output_hidden_states=True)
+            hidden.append(out.hidden_states[-2])
+            pooled.append(out[0])
+        dtype = self.text_encoders[0].dtype
+        clip = torch.cat(hidden, dim=-1).to(dtype)
+        if self.text_encoders[2] is not None:
+            t5_ids = self._pad(parts[2], self.max_sequence_length, self.tokenizers[2].pad_token_id, device)
+            t5 = self.text_encoders[2](t5_ids)[0].to(self.text_encoders[2].dtype)
+        else:
+            t5 = torch.zeros(1, self.max_sequence_length, self.module.config.joint_attention_dim, dtype=dtype, device=device)
+        clip = nn.functional.pad(clip, (0, t5.shape[-1] - clip.shape[-1]))
+        return {"prompt_embeds": torch.cat([clip, t5.to(clip.dtype)], dim=-2),
+                "pooled_prompt_embeds": torch.cat(pooled, dim=-1)}
+
+    # ----------------------------------------------------------------- denoiser and VAE
+    def velocity(self, x: Tensor, sigma: Tensor, cond: Conditioning, *, detach_uncond: bool = False) -> Tensor:
+        """v = ε − x0 `[B, C, H, W]` float32 at σ `[B]`; guided when `has_negative(cond)`.
+
+        The transformer gets timestep = σ·1000 (float32) and the latents in its own dtype; CFG
+        runs one forward on [uncond; cond] (2B rows, the pipeline's order), combined in float32 as
+        v_u + w·(v_c − v_u). `detach_uncond` stops gradients through v_u (same values, so
+        rollout and training stay identical; the forward still costs 2B rows).
+        Raises:
+            ValueError: wrong shapes/dtypes, or `cond` lacks prompt_embeds/pooled_prompt_embeds.
+        """
+        check_latents(x, sigma, self.latent_channels)
+        embeds, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
+        timestep = sigma.to(torch.float32) * 1000.0
+        cfg = self.has_negative(cond)
+        hidden = x.to(self.compute_dtype())
+        if cfg:
+            hidden = torch.cat([hidden, hidden])
+            embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
+            pooled = torch.cat([cond["negative_pooled_prompt_embeds"], pooled])
+            timestep = torch.cat([timestep, timestep])
+        out = self.module(hidden_states=hidden, encoder_hidden_states=embeds, pooled_projections=pooled,
+                          timestep=timestep, return_dict=False)[0].float()
+        if not cfg:
+            return out
+        v_uncond, v_cond = out.chunk(2)
+        return guided(v_cond, v_uncond, self.guidance_scale, detach_uncond)
+
+    @torch.no_grad()
+    def decode(self, x0: Tensor) -> Tensor:
+        """Clean latents `[B, C, H, W]` → images `[B, 8H, 8W, 3]` uint8: VAE(z/scaling + shift)."""
+        config = self.vae.config
+        z = x0.float() / config.scaling_factor + (config.shift_factor or 0.0)
+        vae_dtype = next(self.vae.parameters()).dtype
+        pixels = self.vae.decode(z.to(vae_dtype), return_dict=False)[0]
+        return to_uint8_images(pixels)

@@ -1,0 +1,151 @@
+"""`DigitsAdapter`: the built-in digits model as a `ModelAdapter`, plus its checkpoint format.
+
+Checkpoint directory = ``config.json`` (``{"format": "omnirl-digits-v1", "model": DigitsConfig,
+"provenance": {...}}``) + ``model.safetensors`` (fp32 state dict). No pickle.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from omnirl.models.digits.model import LORA_TARGET_MODULES, DigitsConfig, DigitsDiT
+from omnirl.models.digits.render import SLOT_WIDTH, slots_for
+from omnirl.models.protocol import Conditioning
+from omnirl.models.tokenizer import PAD_ID, CharTokenizer, target_text
+
+CHECKPOINT_FORMAT = "omnirl-digits-v1"
+CONFIG_FILE = "config.json"
+WEIGHTS_FILE = "model.safetensors"
+BUILTIN_DIR = Path(__file__).parent / "weights"
+
+
+class DigitsAdapter:
+    """The digits DiT behind the `ModelAdapter` protocol (time convention "sigma": no conversion).
+
+    Args:
+        module: a `DigitsDiT`.
+    Attributes:
+        tokenizer: `CharTokenizer` over the model's alphabet.
+        provenance: the checkpoint's provenance dict ({} for a fresh module).
+    """
+
+    time_convention = "sigma"
+    latent_channels = 1
+
+    def __init__(self, module: DigitsDiT, provenance: dict | None = None) -> None:
+        self.module = module
+        self.config: DigitsConfig = module.config
+        self.tokenizer = CharTokenizer(self.config.alphabet, max_length=self.config.max_text_len)
+        self.lora_target_modules = list(LORA_TARGET_MODULES)
+        self.provenance = dict(provenance or {})
+
+    def tokenize(self, text: str) -> list[int]:
+        """Prompt line → character ids of its target text (the quoted part, see `target_text`).
+
+        Raises:
+            ValueError: characters outside the alphabet, empty or over-long target text.
+        """
+        return self.tokenizer.encode(target_text(text))
+
+    def latent_shape(self, prompt_ids: list[int]) -> tuple[int, int, int]:
+        """`(1, 32, 16·S)`, S = 4 for ≤ 4 characters else 8 (two widths: 64 and 128 px)."""
+        n = sum(1 for i in prompt_ids if i != PAD_ID)
+        return (1, self.config.height, SLOT_WIDTH * slots_for("x" * n))
+
+    def encode(self, prompt_ids: list[list[int]], device: torch.device | str = "cpu") -> Conditioning:
+        """Ids of B prompts → ``{"prompt_ids": [B, 8] int64}`` (right-padded with 0).
+
+        The per-column character layout is derived inside the network from these ids, so
+        conditionings of any two requests concatenate with `torch.cat(dim=0)`.
+
+        Raises:
+            ValueError: a prompt with no ids, more than 8 ids, a pad id inside the text, or an id
+                outside the vocabulary.
+        """
+        rows = []
+        for k, ids in enumerate(prompt_ids):
+            ids = [int(i) for i in ids]
+            if not ids or len(ids) > self.config.max_text_len:
+                raise ValueError(f"prompt_ids[{k}] has {len(ids)} ids; expected 1..{self.config.max_text_len}")
+            if any(not 0 < i < self.tokenizer.vocab_size for i in ids):
+                raise ValueError(
+                    f"prompt_ids[{k}] = {ids} has ids outside 1..{self.tokenizer.vocab_size - 1} (pad 0 not allowed inside)"
+                )
+            rows.append(ids + [PAD_ID] * (self.config.max_text_len - len(ids)))
+        return {"prompt_ids": torch.tensor(rows, dtype=torch.int64, device=device)}
+
+    def velocity(self, x: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+        """v = ε − x0 for latents `[B, 1, 32, W]` float32 at σ `[B]`; returns `[B, 1, 32, W]` float32."""
+        dtype = next(self.module.parameters()).dtype
+        return self.module(x.to(dtype), sigma.to(dtype), cond["prompt_ids"]).float()
+
+    def decode(self, x0: torch.Tensor) -> torch.Tensor:
+        """Latents `[B, 1, 32, W]` (pixels in [−1, 1], white = +1) → `[B, 32, W, 3]` uint8 RGB."""
+        pixels = ((x0.float().clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
+        return pixels[:, 0, :, :, None].expand(-1, -1, -1, 3).contiguous()
+
+
+def save_digits_checkpoint(module: DigitsDiT, config: DigitsConfig, out_dir: str | Path, provenance: dict | None = None) -> Path:
+    """Write `module`'s state dict (fp32 safetensors) and `config` (+ provenance) as JSON into `out_dir`.
+
+    Returns:
+        The directory written.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in module.state_dict().items()}
+    save_file(state, str(out / WEIGHTS_FILE))
+    meta = {"format": CHECKPOINT_FORMAT, "model": config.to_dict(), "provenance": provenance or {}}
+    (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return out
+
+
+def _read_config(directory: Path) -> dict:
+    config_path = directory / CONFIG_FILE
+    if not config_path.is_file():
+        raise FileNotFoundError(
+            f"{config_path} not found; a digits checkpoint is a directory with {CONFIG_FILE} and {WEIGHTS_FILE}"
+        )
+    try:
+        meta = json.loads(config_path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{config_path} is not valid JSON: {err}") from err
+    if not isinstance(meta, dict) or meta.get("format") != CHECKPOINT_FORMAT or "model" not in meta:
+        raise ValueError(f"{config_path} is not a digits checkpoint config (expected format {CHECKPOINT_FORMAT!r} and a 'model' key)")
+    return meta
+
+
+def load_digits_adapter(
+    path: str | Path = "builtin", device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> DigitsAdapter:
+    """Load a digits checkpoint directory ("builtin" = the shipped one in `models/digits/weights/`).
+
+    Raises:
+        FileNotFoundError: the directory, its config.json or model.safetensors is missing.
+        ValueError: config.json is not a digits config, or the weights do not match it.
+    """
+    directory = BUILTIN_DIR if str(path) == "builtin" else Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"digits checkpoint directory {directory} not found (expected {CONFIG_FILE} + {WEIGHTS_FILE})")
+    meta = _read_config(directory)
+    weights_path = directory / WEIGHTS_FILE
+    if not weights_path.is_file():
+        raise FileNotFoundError(f"{weights_path} not found; a digits checkpoint needs {WEIGHTS_FILE} beside {CONFIG_FILE}")
+    module = DigitsDiT(DigitsConfig.from_dict(meta["model"]))
+    try:
+        state = load_file(str(weights_path))
+        module.load_state_dict(state, strict=True)
+    except (RuntimeError, OSError) as err:
+        raise ValueError(f"{weights_path} does not match the config in {directory / CONFIG_FILE}: {err}") from err
+    module.to(device=device, dtype=dtype).eval()
+    return DigitsAdapter(module, provenance=meta.get("provenance"))
+
+
+def count_parameters(module: nn.Module) -> int:
+    """Number of parameters of `module`."""
+    return sum(p.numel() for p in module.parameters())

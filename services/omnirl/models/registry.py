@@ -1,0 +1,76 @@
+"""`load_adapter`: model family name → a loaded `ModelAdapter` (the one place that dispatches).
+
+Families (`RLJob.spec.model.family`):
+- ``"ocr-digits"``: the built-in CPU demo model (`omnirl.models.digits.adapter.load_digits_adapter`).
+- ``"sd3"``: SD3 / SD3.5 from a local diffusers directory (`SD3Adapter.load`).
+- ``"qwen-image"``: Qwen-Image from a local diffusers directory (`QwenImageAdapter.load`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omnirl.models.protocol import ModelAdapter
+
+FAMILIES = ("ocr-digits", "sd3", "qwen-image")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    """`torch.bfloat16` or its spec name `"bfloat16"` → the torch dtype.
+
+    Raises:
+        ValueError: an unknown name (the message lists the allowed ones).
+    """
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ValueError(f"model.dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def load_adapter(family: str, path: str, device: torch.device | str = "cpu",
+                 dtype: torch.dtype | str = torch.float32, **kwargs) -> ModelAdapter:
+    """Load the adapter of `family` from `path` onto `device` with weights in `dtype`.
+
+    Args:
+        family: one of `FAMILIES`.
+        path: local directory ("builtin" for ocr-digits' shipped weights). Nothing is downloaded.
+        device: where the modules live.
+        dtype: weight dtype (latents and SDE math stay float32 whatever it is).
+        kwargs: family-specific constructor options (diffusers families: resolution,
+            guidance_scale, negative_prompt, max_sequence_length, cache_size; Qwen-Image also
+            text_bucket).
+    Raises:
+        ValueError: an unknown family (the message lists the supported ones) or dtype;
+            "flux" is named but not implemented yet.
+        FileNotFoundError / OSError: the path or its layout is wrong (see each loader).
+    """
+    dtype = resolve_dtype(dtype)
+    if family == "ocr-digits":
+        from omnirl.models.digits.adapter import load_digits_adapter
+
+        if kwargs:
+            raise ValueError(f"family 'ocr-digits' takes no options; got {sorted(kwargs)}")
+        return load_digits_adapter(path, device=device, dtype=dtype)
+    if family == "sd3":
+        from omnirl.models.diffusers.sd3 import SD3Adapter
+
+        return SD3Adapter.load(path, device=device, dtype=dtype, **kwargs)
+    if family == "qwen-image":
+        from omnirl.models.diffusers.qwen_image import QwenImageAdapter
+
+        return QwenImageAdapter.load(path, device=device, dtype=dtype, **kwargs)
+    if family == "flux":
+        raise ValueError("model.family 'flux' is not implemented yet; supported: " + ", ".join(FAMILIES))
+    raise ValueError(f"unknown model.family {family!r}; supported: {', '.join(FAMILIES)}")
+
+
+def load_tokenizer(family: str, path: str):
+    """Text → token ids for `family`, for the controller (which tokenizes each prompt once).
+
+    For ocr-digits this loads the (tiny) adapter; diffusers families load their adapter on the
+    CPU, whose tokenize needs only the tokenizers. Returns a callable `str -> list[int]`.
+    """
+    return load_adapter(family, path, device="cpu").tokenize

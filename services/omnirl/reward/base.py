@@ -1,0 +1,80 @@
+"""The scorer contract: images + prompts → one float32 reward per sample, or an error.
+
+A scorer never turns a failure into a reward of 0 (DESIGN.md §7): bad input, a crashed model or a
+non-finite reward raises `ScorerError` naming the sample, and the controller refills or drops the
+sample's group.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+class ScorerError(Exception):
+    """A sample could not be scored.
+
+    Attributes:
+        sample_id: the sample's stable id (``{step}:{prompt}:{index}``), or "" when the whole
+            call is malformed (e.g. mismatched list lengths).
+        reason: what went wrong and how to fix it.
+    """
+
+    def __init__(self, sample_id: str, reason: str) -> None:
+        super().__init__(f"sample {sample_id!r}: {reason}" if sample_id else reason)
+        self.sample_id = sample_id
+        self.reason = reason
+
+
+@runtime_checkable
+class Scorer(Protocol):
+    """Anything that scores a batch of images.
+
+    Attributes:
+        name: short name used in metrics and configs (``"ocr"``, ``"jpeg_compressibility"``).
+    """
+
+    name: str
+
+    def score(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> np.ndarray:
+        """Rewards of B samples.
+
+        Args:
+            images: `[B, H, W, 3]` uint8 RGB.
+            prompts: B prompt lines.
+            sample_ids: B sample ids (used in errors).
+        Returns:
+            `[B]` float32, every value finite.
+        Raises:
+            ScorerError: a malformed input or a sample that cannot be scored.
+        """
+        ...
+
+
+def check_batch(images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> None:
+    """Validate a scorer call: `[B, H, W, 3]` uint8 images and B prompts and B sample ids.
+
+    Raises:
+        ScorerError: naming the first sample id (or "" when lengths disagree) and the fix.
+    """
+    if len(prompts) != len(sample_ids):
+        raise ScorerError("", f"got {len(prompts)} prompts but {len(sample_ids)} sample_ids; pass one of each per image")
+    first = sample_ids[0] if sample_ids else ""
+    if not isinstance(images, np.ndarray):
+        raise ScorerError(first, f"images must be a numpy array [B, H, W, 3] uint8, got {type(images).__name__}")
+    if images.dtype != np.uint8:
+        raise ScorerError(first, f"images must be uint8 [B, H, W, 3], got dtype {images.dtype}; decode latents to uint8 first")
+    if images.ndim != 4 or images.shape[3] != 3 or images.shape[1] < 1 or images.shape[2] < 1:
+        raise ScorerError(first, f"images must have shape [B, H, W, 3] (RGB), got {list(images.shape)}")
+    if images.shape[0] != len(sample_ids):
+        raise ScorerError(first, f"got {images.shape[0]} images but {len(sample_ids)} sample_ids")
+
+
+def check_rewards(rewards: np.ndarray, sample_ids: list[str]) -> np.ndarray:
+    """Return `rewards` as float32 `[B]`; a NaN or inf raises ScorerError naming its sample."""
+    rewards = np.asarray(rewards, dtype=np.float32)
+    bad = np.flatnonzero(~np.isfinite(rewards))
+    if bad.size:
+        raise ScorerError(sample_ids[bad[0]], f"reward is {rewards[bad[0]]} (not finite)")
+    return rewards

@@ -1,0 +1,139 @@
+"""The reward role: scores each sample as soon as it appears (sample-level streaming).
+
+Several weighted rewards per job; the weighted sum is the sample's reward. A failure of a
+`required` scorer marks the sample failed with the reason (its group is then refilled or dropped
+by the controller) — never a reward of 0. A non-required scorer that fails contributes nothing
+and its failure is recorded in the score's `reason`.
+
+In `sync` pipeline mode a training sample of step n is scored only once every rollout of step n
+exists (the baseline: reward starts after all rollouts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from omnirl.api.messages import SampleMeta, ScoreMeta
+from omnirl.api.runtime import RoleEnv
+from omnirl.api.spec import RewardSpec, RLJob
+from omnirl.reward.base import Scorer, ScorerError
+from omnirl.reward.registry import build_scorer
+from omnirl.transfer import Message, TransferQueue, kv_key
+
+log = logging.getLogger("omnirl.reward")
+GROUP = "reward"
+
+
+@dataclass
+class Outcome:
+    """One scorer's result on a batch: values `[B]` float32 and the samples that failed."""
+
+    values: np.ndarray
+    errors: dict[int, ScorerError] = field(default_factory=dict)
+
+
+def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -> tuple[float | None, dict[str, float], str]:
+    """Weighted sum of one sample's rewards → (reward, or None if a required scorer failed; per name; reason)."""
+    total, per_name, reasons = 0.0, {}, []
+    for spec in specs:
+        outcome = outcomes[spec.name]
+        err = outcome.errors.get(index)
+        if err is not None:
+            reasons.append(f"{spec.name}: {err.reason}")
+            if spec.required:
+                return None, per_name, "; ".join(reasons)
+            continue
+        per_name[spec.name] = float(outcome.values[index])
+        total += spec.weight * per_name[spec.name]
+    return total, per_name, "; ".join(reasons)
+
+
+class RewardService:
+    """One reward worker. `run()` returns when the job's `stop` flag is set."""
+
+    def __init__(self, job: RLJob, env: RoleEnv) -> None:
+        spec = job.spec
+        self.env = env
+        self.specs = spec.reward
+        self.sync_mode = spec.pipeline.mode == "sync"
+        self.batch_size = spec.roles.reward.batchSize
+        self.queue = TransferQueue.from_url(
+            env.redis_url, env.job_name, max_stream_length=spec.transferQueue.maxStreamLength,
+            tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
+        )
+        self.scorers: dict[str, Scorer] = {r.name: build_scorer(r) for r in self.specs}
+        path = Path(env.out_dir) / "ledger" / f"reward-{env.worker_id}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._ledger = path.open("a", buffering=1)
+
+    def run(self) -> None:
+        """Serve until the `stop` flag is set."""
+        samples = self.queue.streams.samples
+        self.queue.ensure_group(samples, GROUP)
+        while not self.queue.get_json("stop"):
+            msgs = self.queue.consume(samples, GROUP, self.env.worker_id, count=self.batch_size, block_ms=200)
+            if msgs:
+                self.score_batch(msgs)
+
+    def score_batch(self, msgs: list[Message]) -> None:
+        """Score messages from the samples stream, publish their scores, acknowledge them."""
+        metas = [SampleMeta.model_validate(m.meta) for m in msgs]
+        if self.sync_mode:
+            for step in sorted({m.step for m in metas if m.kind == "train"}):
+                self._wait_all_rollouts(step)
+        images = np.stack([self.queue.load_tensors(m)["image"].numpy() for m in msgs])
+        prompts = [m.prompt for m in metas]
+        ids = [m.sample_id for m in metas]
+        results = {name: self._run_scorer(scorer, images, prompts, ids) for name, scorer in self.scorers.items()}
+        now = time.time()
+        for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):
+            reward, per_name, reason = combine(self.specs, results, i)
+            score = ScoreMeta(
+                sample_id=meta.sample_id, kind=meta.kind, step=meta.step, group_id=meta.group_id,
+                policy_version=meta.policy_version, reward=reward, rewards=per_name, failed=reward is None,
+                reason=reason, generated_at=meta.generated_at, scored_at=now,
+            )
+            if self.queue.publish(self.queue.streams.scores, score.model_dump(), tensor_key=msg.tensor_key,
+                                  done_kind="reward") is not None:
+                self._ledger.write(json.dumps({"sample_id": meta.sample_id, "reward": reward}) + "\n")
+        self.queue.ack(self.queue.streams.samples, GROUP, [m.id for m in msgs])
+
+    @staticmethod
+    def _run_scorer(scorer: Scorer, images: np.ndarray, prompts: list[str], ids: list[str]) -> Outcome:
+        """Score a batch; when it fails, score sample by sample so one bad sample fails alone."""
+        try:
+            return Outcome(scorer.score(images, prompts, ids))
+        except ScorerError as err:
+            if len(ids) == 1 or not err.sample_id:  # batch-level failure (e.g. endpoint down): all fail
+                return Outcome(np.zeros(len(ids), np.float32), dict.fromkeys(range(len(ids)), err))
+        outcome = Outcome(np.zeros(len(ids), dtype=np.float32))
+        for i in range(len(ids)):
+            try:
+                outcome.values[i] = scorer.score(images[i : i + 1], prompts[i : i + 1], ids[i : i + 1])[0]
+            except ScorerError as err:
+                outcome.errors[i] = err
+        return outcome
+
+    def _wait_all_rollouts(self, step: int, timeout_s: float = 3600.0) -> None:
+        start = time.monotonic()
+        while True:
+            expected = self.queue.get_json(f"expected:{step}")
+            raw = self.queue.redis.get(kv_key(self.env.job_name, f"generated:{step}"))
+            if expected is not None and raw is not None and int(raw) >= int(expected):
+                return
+            if self.queue.get_json("stop"):
+                return
+            if time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"sync mode: rollouts of step {step} incomplete after {timeout_s} s")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        """Close the Redis client and the ledger."""
+        self._ledger.close()
+        self.queue.close()

@@ -1,0 +1,132 @@
+"""The rollout role: requests in, samples out, weights in between.
+
+Loop: reclaim/read generate requests → expand each into its G samples → feed the engine one
+denoising step at a time → publish every finished sample at once (out of order) with its
+trajectory tensors → acknowledge a request when all its samples are published. Between engine
+steps it checks for an announced weight sync: it stops admitting, drains what is in flight (so
+no sample mixes two weight versions), binds the new weights, verifies them, and goes on.
+
+Exactly-once effect: samples are published with `done_kind="rollout"`, so a request redelivered
+after a crash publishes only what was missing; seeds make the regenerated samples identical.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from omnirl.api.messages import GenerateRequest, SampleMeta
+from omnirl.api.runtime import RoleEnv
+from omnirl.api.spec import RLJob
+from omnirl.models.lora import prepare_rollout_module
+from omnirl.models.registry import load_adapter
+from omnirl.rollout.engine import RolloutEngine
+from omnirl.rollout.types import SampleRequest, SampleResult
+from omnirl.transfer import TransferQueue, kv_key
+from omnirl.weight_sync import WeightReceiver
+
+log = logging.getLogger("omnirl.rollout")
+GROUP = "rollout"
+
+
+class RolloutService:
+    """One rollout worker. `run()` returns when the controller sets the `stop` flag."""
+
+    def __init__(self, job: RLJob, env: RoleEnv) -> None:
+        spec = job.spec
+        self.env = env
+        self.queue = TransferQueue.from_url(
+            env.redis_url, env.job_name, max_stream_length=spec.transferQueue.maxStreamLength,
+            tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
+        )
+        self.device = torch.device(env.device)
+        adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype)
+        prepare_rollout_module(adapter, spec.model.lora)
+        role = spec.roles.rollout
+        self.engine = RolloutEngine(adapter, max_batch_size=role.maxBatchSize, batching=role.batching,
+                                    device=self.device)
+        self.receiver = WeightReceiver(env.weight_sync_host, env.weight_sync_port, env.worker_id,
+                                       device=str(self.device))
+        self.pending: dict[str, dict] = {}  # request entry id → {"left": n, "started": t}
+        self.ledger = _Ledger(Path(env.out_dir) / "ledger" / f"rollout-{env.worker_id}.jsonl")
+
+    def run(self) -> None:
+        """Serve until the job's `stop` flag is set; raises on a weight-binding failure."""
+        streams = self.queue.streams
+        self.queue.ensure_group(streams.requests, GROUP)
+        while not self.queue.get_json("stop"):
+            if self.receiver.pending_version() is not None:
+                self._drain()
+                report = self.receiver.receive(self.engine.adapter.module)
+                self.engine.set_policy_version(report.version)
+                log.info("bound weights v%d: %d modules, %d tensors", report.version, report.modules_updated,
+                         report.tensors_updated)
+                continue
+            if len(self.engine.waiting) < self.engine.max_batch_size:
+                block = 0 if self.engine.has_work() else 200
+                for msg in self.queue.consume(streams.requests, GROUP, self.env.worker_id, count=4, block_ms=block):
+                    self._submit(msg.id, GenerateRequest.model_validate(msg.meta))
+            if self.engine.has_work():
+                self._publish(self.engine.step())
+        self._drain()
+
+    def _drain(self) -> None:
+        while self.engine.has_work():
+            self._publish(self.engine.step())
+
+    def _submit(self, entry_id: str, req: GenerateRequest) -> None:
+        todo = [s for s in req.samples if not self.queue.is_done("rollout", s.sample_id)]
+        if not todo:
+            self.queue.ack(self.queue.streams.requests, GROUP, [entry_id])
+            return
+        self.pending[entry_id] = {"left": len(todo), "started": time.time()}
+        for s in todo:
+            self.engine.submit(SampleRequest(
+                sample_id=s.sample_id, prompt=req.prompt, prompt_ids=tuple(req.prompt_ids), seed=s.seed,
+                num_steps=req.num_steps, window=tuple(req.window), noise_level=req.noise_level,
+                sde_type=req.sde_type, shift=req.shift, guidance_scale=req.guidance_scale,
+                meta={"entry": entry_id, "kind": req.kind, "step": req.step, "group_id": req.group_id},
+            ))
+
+    def _publish(self, results: list[SampleResult]) -> None:
+        now = time.time()
+        for r in results:
+            m = r.request.meta
+            meta = SampleMeta(
+                sample_id=r.request.sample_id, kind=m["kind"], step=m["step"], group_id=m["group_id"],
+                prompt=r.request.prompt, prompt_ids=list(r.request.prompt_ids), policy_version=r.policy_version,
+                noise_level=r.request.noise_level, sde_type=r.request.sde_type, worker=self.env.worker_id,
+                generated_at=now, rollout_seconds=now - self.pending[m["entry"]]["started"],
+            ).model_dump()
+            tensors = {"image": r.image, "x0": r.x0, "latents": r.latents, "log_probs": r.log_probs,
+                       "sigmas": r.sigmas}
+            published = self.queue.publish(self.queue.streams.samples, meta, tensors, done_kind="rollout")
+            if published is not None:
+                self.ledger.write(r.request.sample_id, r.policy_version)
+                if m["kind"] == "train":
+                    self.queue.redis.incr(kv_key(self.env.job_name, f"generated:{m['step']}"))
+            entry = self.pending[m["entry"]]
+            entry["left"] -= 1
+            if entry["left"] == 0:
+                del self.pending[m["entry"]]
+                self.queue.ack(self.queue.streams.requests, GROUP, [m["entry"]])
+
+    def close(self) -> None:
+        """Release the weight-sync connection and the Redis client."""
+        self.receiver.close()
+        self.queue.close()
+
+
+class _Ledger:
+    """Append-only JSON lines of produced sample ids (the audit trail the ledger test reads)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = path.open("a", buffering=1)
+
+    def write(self, sample_id: str, version: int) -> None:
+        self._f.write(json.dumps({"sample_id": sample_id, "policy_version": version}) + "\n")

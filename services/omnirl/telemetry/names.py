@@ -1,0 +1,40 @@
+"""The metric names omnirl exports (DESIGN.md §6). Dashboards may use only these (a test checks).
+
+Prometheus names: OpenTelemetry instrument `omnirl_x` with unit `s` becomes `omnirl_x_seconds`…
+to keep one spelling, every instrument here is created without a unit and already carries its unit
+in its name; histograms add `_bucket`, `_sum`, `_count`.
+"""
+
+from __future__ import annotations
+
+# controller: one value per training step
+STEP_SECONDS = "omnirl_step_seconds"  # histogram, label phase=total|rollout|reward|train|sync
+IMAGES_PER_SECOND = "omnirl_images_per_second"  # gauge
+REWARD_MEAN = "omnirl_reward_mean"  # gauge, label reward=<name>|total
+REWARD_STD = "omnirl_reward_std"  # gauge
+VALIDATION_REWARD = "omnirl_validation_reward_mean"  # gauge
+TRAINING_STEP = "omnirl_training_step"  # gauge
+POLICY_VERSION = "omnirl_policy_version"  # gauge
+POLICY_STALENESS = "omnirl_policy_staleness"  # gauge (mean versions behind)
+KL = "omnirl_kl"  # gauge
+CLIP_FRACTION = "omnirl_clip_fraction"  # gauge
+IS_WEIGHT = "omnirl_is_weight_mean"  # gauge
+IS_ESS = "omnirl_is_effective_sample_size"  # gauge
+RS_MASKED_FRACTION = "omnirl_rs_masked_fraction"  # gauge
+GRAD_NORM = "omnirl_grad_norm"  # gauge
+LOSS = "omnirl_loss"  # gauge
+WEIGHT_SYNC_SECONDS = "omnirl_weight_sync_seconds"  # histogram
+REWARD_LATENCY_SECONDS = "omnirl_reward_latency_seconds"  # histogram (generated → scored)
+QUEUE_DEPTH = "omnirl_queue_depth"  # gauge, label stream
+QUEUE_LAG = "omnirl_queue_lag"  # gauge, label stream (entries not yet delivered)
+GROUPS_DROPPED = "omnirl_groups_dropped_total"  # counter
+GROUPS_REFILLED = "omnirl_groups_refilled_total"  # counter
+ZERO_STD_GROUPS = "omnirl_zero_std_groups_total"  # counter
+SAMPLES_TRAINED = "omnirl_samples_trained_total"  # counter
+
+ALL = [
+    STEP_SECONDS, IMAGES_PER_SECOND, REWARD_MEAN, REWARD_STD, VALIDATION_REWARD, TRAINING_STEP, POLICY_VERSION,
+    POLICY_STALENESS, KL, CLIP_FRACTION, IS_WEIGHT, IS_ESS, RS_MASKED_FRACTION, GRAD_NORM, LOSS,
+    WEIGHT_SYNC_SECONDS, REWARD_LATENCY_SECONDS, QUEUE_DEPTH, QUEUE_LAG, GROUPS_DROPPED, GROUPS_REFILLED,
+    ZERO_STD_GROUPS, SAMPLES_TRAINED,
+]

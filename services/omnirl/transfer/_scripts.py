@@ -1,0 +1,56 @@
+"""Lua scripts the TransferQueue runs atomically on the Redis server (Redis >= 6.2)."""
+
+from __future__ import annotations
+
+# Store the tensors (if any), set the idempotency marker (if asked) and append the stream entry,
+# all or nothing. When the marker already exists nothing is written and the script returns nil.
+# KEYS: stream, [tensor key if ARGV[2] == '1'], [done key if ARGV[5] == '1']
+# ARGV: meta, has_key, has_tensor_bytes, tensor_bytes, tensor_ttl_ms, has_done, done_ttl_ms
+PUBLISH = """
+local n = 2
+local tkey = nil
+local dkey = nil
+if ARGV[2] == '1' then tkey = KEYS[n]; n = n + 1 end
+if ARGV[6] == '1' then dkey = KEYS[n] end
+if dkey then
+  if not redis.call('SET', dkey, '1', 'NX', 'PX', ARGV[7]) then return false end
+end
+if tkey then
+  if ARGV[3] == '1' then redis.call('SET', tkey, ARGV[4], 'PX', ARGV[5]) end
+  return redis.call('XADD', KEYS[1], '*', 'm', ARGV[1], 'k', tkey)
+end
+return redis.call('XADD', KEYS[1], '*', 'm', ARGV[1])
+"""
+
+# Trim a stream to the entries some consumer group may still need:
+#   per group, the first needed id is its oldest pending id, or (nothing pending) the id just
+#   after its last-delivered-id; XTRIM MINID (exact) removes every entry below the minimum over
+#   all groups. A stream without groups is left alone. Returns the number of entries removed.
+# KEYS: stream
+TRIM = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+local groups = redis.call('XINFO', 'GROUPS', KEYS[1])
+if #groups == 0 then return 0 end
+local best_ms, best_seq = nil, nil
+for _, g in ipairs(groups) do
+  local name, pending, last
+  for i = 1, #g, 2 do
+    if g[i] == 'name' then name = g[i + 1]
+    elseif g[i] == 'pending' then pending = g[i + 1]
+    elseif g[i] == 'last-delivered-id' then last = g[i + 1] end
+  end
+  local id = last
+  local bump = 1
+  if pending > 0 then
+    id = redis.call('XPENDING', KEYS[1], name)[2]
+    bump = 0
+  end
+  local dash = string.find(id, '-', 1, true)
+  local ms = tonumber(string.sub(id, 1, dash - 1))
+  local seq = tonumber(string.sub(id, dash + 1)) + bump
+  if best_ms == nil or ms < best_ms or (ms == best_ms and seq < best_seq) then
+    best_ms, best_seq = ms, seq
+  end
+end
+return redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-%d', best_ms, best_seq))
+"""

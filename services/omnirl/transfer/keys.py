@@ -1,0 +1,117 @@
+"""Redis key names of one job's TransferQueue (DESIGN.md §4).
+
+Every key of a job starts with ``omnirl:{job}:`` so that the operator's finalizer can remove the
+whole job with one ``SCAN MATCH omnirl:{job}:*`` (:func:`job_pattern`):
+
+==============================  ===============================================================
+``omnirl:{job}:requests``       stream: controller → rollout (one entry per prompt group)
+``omnirl:{job}:samples``        stream: rollout → reward (one entry per finished sample)
+``omnirl:{job}:scores``         stream: reward → controller
+``omnirl:{job}:control``        stream: control messages (stop, version bumps)
+``omnirl:{job}:tensors:{id}``   string: safetensors bytes of one sample, with a TTL
+``omnirl:{job}:done:{kind}:{id}``  string: idempotency marker, with a TTL
+``omnirl:{job}:kv:{name}``      string: small JSON values (policy_version, stop flag)
+==============================  ===============================================================
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+PREFIX = "omnirl"
+
+# DNS-1123 subdomain (the rule Kubernetes applies to object names, so an RLJob's name always
+# passes): lowercase letters, digits, '-' and '.', starting and ending with a letter or digit.
+_JOB_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+_MAX_JOB_LEN = 253
+
+
+def validate_job(job: str) -> str:
+    """Return ``job`` unchanged if it is a valid job name, else raise.
+
+    Raises:
+        ValueError: when ``job`` is not a DNS-1123 name (it would break key parsing or make the
+            cleanup pattern match another job's keys: ':', spaces, '*', '?', '[' are all refused).
+    """
+    if not isinstance(job, str):
+        raise ValueError(f"job name must be a str, got {type(job).__name__}")
+    if len(job) > _MAX_JOB_LEN or not _JOB_RE.match(job):
+        raise ValueError(
+            f"invalid job name {job!r}: use 1-{_MAX_JOB_LEN} lowercase letters, digits, '-' or '.', "
+            "starting and ending with a letter or digit (a Kubernetes object name, e.g. 'demo-ocr')"
+        )
+    return job
+
+
+def _validate_part(what: str, value: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty str, got {value!r}")
+    if any(c.isspace() for c in value):
+        raise ValueError(f"{what} {value!r} contains whitespace; use e.g. '{{step}}:{{prompt}}:{{index}}'")
+    return value
+
+
+def job_prefix(job: str) -> str:
+    """``omnirl:{job}:`` — the prefix of every key of ``job``."""
+    return f"{PREFIX}:{validate_job(job)}:"
+
+
+def job_pattern(job: str) -> str:
+    """``omnirl:{job}:*`` — the SCAN pattern matching every key of ``job`` and no other job's."""
+    return job_prefix(job) + "*"
+
+
+def tensor_key(job: str, sample_id: str) -> str:
+    """``omnirl:{job}:tensors:{sample_id}`` — where a sample's safetensors bytes are stored."""
+    return f"{job_prefix(job)}tensors:{_validate_part('sample_id', sample_id)}"
+
+
+def done_key(job: str, kind: str, sample_id: str) -> str:
+    """``omnirl:{job}:done:{kind}:{sample_id}`` — the idempotency marker of one effect."""
+    return f"{job_prefix(job)}done:{_validate_part('kind', kind)}:{_validate_part('sample_id', sample_id)}"
+
+
+def kv_key(job: str, name: str) -> str:
+    """``omnirl:{job}:kv:{name}`` — a small JSON value (e.g. ``policy_version``, ``stop``)."""
+    return f"{job_prefix(job)}kv:{_validate_part('name', name)}"
+
+
+@dataclass(frozen=True)
+class StreamNames:
+    """The four stream keys of one job.
+
+    Example: ``StreamNames("demo").samples == "omnirl:demo:samples"``.
+
+    Raises:
+        ValueError: for an invalid job name (see :func:`validate_job`).
+    """
+
+    job: str
+
+    def __post_init__(self) -> None:
+        validate_job(self.job)
+
+    @property
+    def requests(self) -> str:
+        """controller → rollout: one entry per prompt (group size G, seeds, policy_version)."""
+        return f"{job_prefix(self.job)}requests"
+
+    @property
+    def samples(self) -> str:
+        """rollout → reward: one entry per finished sample; trajectory tensors under a key."""
+        return f"{job_prefix(self.job)}samples"
+
+    @property
+    def scores(self) -> str:
+        """reward → controller: one entry per scored sample."""
+        return f"{job_prefix(self.job)}scores"
+
+    @property
+    def control(self) -> str:
+        """control messages (stop, policy_version bumps)."""
+        return f"{job_prefix(self.job)}control"
+
+    def all(self) -> tuple[str, str, str, str]:
+        """The four stream keys, in pipeline order."""
+        return (self.requests, self.samples, self.scores, self.control)

@@ -1,0 +1,422 @@
+"""The TransferQueue: one job's Redis Streams, consumer groups, tensor keys and markers (DESIGN.md §4).
+
+Delivery is at-least-once: an entry stays pending in its consumer group until it is acknowledged,
+and entries pending longer than ``claim_idle_s`` (a dead or stuck consumer) are reclaimed with
+XAUTOCLAIM by the next :meth:`TransferQueue.consume` of that group. The effect is exactly-once
+when consumers are idempotent: check :meth:`~TransferQueue.is_done` and publish the result with
+``publish(..., done_kind=kind)``, which sets the marker and appends the entry atomically (a
+duplicate publish writes nothing and returns ``None``), then acknowledge.
+
+Memory stays bounded three ways: (1) after every :meth:`~TransferQueue.ack` the stream is trimmed
+with ``XTRIM MINID`` to the oldest entry some group still needs (its oldest pending entry, or the
+first one not yet delivered), an atomic Lua script that is correct for any number of groups;
+(2) tensor keys and done markers carry TTLs; (3) :meth:`~TransferQueue.publish` waits while the
+stream holds ``max_stream_length`` entries (back-pressure). A group created after entries were
+trimmed never sees them, so create every group (:meth:`~TransferQueue.ensure_group`) before
+consuming starts; groups start at id ``0`` and so see entries published before they existed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import redis
+import torch
+
+from omnirl.transfer import _scripts
+from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, encode_tensors
+from omnirl.transfer.errors import BackpressureTimeout, MissingTensors
+from omnirl.transfer.keys import StreamNames, done_key, job_pattern, job_prefix, kv_key
+from omnirl.transfer.keys import tensor_key as make_tensor_key
+from omnirl.transfer.message import Message
+
+
+def _s(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _positive(name: str, value: float, allow_zero: bool = False) -> float:
+    if not isinstance(value, (int, float)) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a number {bound}, got {value!r}")
+    return value
+
+
+class TransferQueue:
+    """The streams of one RLJob on one Redis.
+
+    Args:
+        redis: a ``redis.Redis`` client made with ``decode_responses=False`` (tensors are bytes);
+            its ``socket_timeout``, if set, must exceed ``block_ms`` of :meth:`consume`.
+        job: the job name (DNS-1123); every key is ``omnirl:{job}:…``.
+        max_stream_length: entries a stream may hold before :meth:`publish` waits (back-pressure).
+        tensor_ttl_s: seconds a tensor key lives; a consumer later than that gets
+            :class:`MissingTensors`.
+        claim_idle_s: seconds an entry may stay pending before another consumer reclaims it; make
+            it longer than the slowest consumer's processing time of one batch.
+        backpressure_timeout_s: seconds :meth:`publish` waits for room before raising
+            :class:`BackpressureTimeout`.
+        done_ttl_s: seconds an idempotency marker (:meth:`claim_once`, ``done_kind``) lives.
+
+    Raises:
+        ValueError: for an invalid job name, a non-positive bound, or a client that decodes
+            responses.
+    """
+
+    def __init__(
+        self,
+        redis: redis.Redis,
+        job: str,
+        *,
+        max_stream_length: int = 10_000,
+        tensor_ttl_s: float = 3600,
+        claim_idle_s: float = 60.0,
+        backpressure_timeout_s: float = 300.0,
+        done_ttl_s: float = 86_400,
+    ):
+        if redis.get_connection_kwargs().get("decode_responses"):
+            raise ValueError("TransferQueue needs a redis client with decode_responses=False (tensors are bytes)")
+        if not isinstance(max_stream_length, int) or max_stream_length < 1:
+            raise ValueError(f"max_stream_length must be an int >= 1, got {max_stream_length!r}")
+        self.redis = redis
+        self.job = job
+        self.streams = StreamNames(job)
+        self._prefix = job_prefix(job)
+        self.max_stream_length = max_stream_length
+        self.tensor_ttl_s = _positive("tensor_ttl_s", tensor_ttl_s)
+        self.claim_idle_s = _positive("claim_idle_s", claim_idle_s)
+        self.backpressure_timeout_s = _positive("backpressure_timeout_s", backpressure_timeout_s, True)
+        self.done_ttl_s = _positive("done_ttl_s", done_ttl_s)
+        self._publish_script = redis.register_script(_scripts.PUBLISH)
+        self._trim_script = redis.register_script(_scripts.TRIM)
+        self._groups: set[tuple[str, str]] = set()
+        self._claim_cursor: dict[tuple[str, str], str] = {}
+        self._owns_client = False
+
+    @classmethod
+    def from_url(cls, url: str, job: str, **kwargs: Any) -> TransferQueue:
+        """Connect to ``url`` (``redis://host:port/db``); :meth:`close` closes this client."""
+        queue = cls(redis.Redis.from_url(url, decode_responses=False), job, **kwargs)
+        queue._owns_client = True
+        return queue
+
+    # ------------------------------------------------------------------ names and groups
+    def _check_key(self, what: str, key: str) -> str:
+        if not isinstance(key, str) or not key.startswith(self._prefix):
+            raise ValueError(
+                f"{what} {key!r} is not a key of job {self.job!r}: use queue.streams.samples etc. "
+                f"or a key starting with {self._prefix!r}"
+            )
+        return key
+
+    def ensure_group(self, stream: str, group: str) -> None:
+        """Create consumer ``group`` on ``stream`` (and the stream) at id 0; a no-op if it exists."""
+        self._check_key("stream", stream)
+        try:
+            self.redis.xgroup_create(stream, group, id="0", mkstream=True)
+        except redis.ResponseError as err:
+            if "BUSYGROUP" not in str(err):
+                raise
+        self._groups.add((stream, group))
+
+    # ------------------------------------------------------------------ producing
+    def publish(
+        self,
+        stream: str,
+        meta: dict,
+        tensors: dict[str, torch.Tensor] | None = None,
+        *,
+        tensor_key: str | None = None,
+        done_kind: str | None = None,
+    ) -> str | None:
+        """Append one entry; store ``tensors`` (if any) under a key with a TTL.
+
+        Args:
+            stream: a stream key of this job (``queue.streams.samples``).
+            meta: plain metadata (see :func:`~omnirl.transfer.codec.encode_meta`); needs
+                ``meta["sample_id"]`` when tensors come without ``tensor_key`` or with ``done_kind``.
+            tensors: name → tensor (any shape/dtype), stored as safetensors bytes under
+                ``tensor_key`` (default ``omnirl:{job}:tensors:{sample_id}``) for ``tensor_ttl_s``.
+            tensor_key: where to store them; with ``tensors=None`` the entry just names this
+                existing key (e.g. a score entry pointing at its sample's tensors).
+            done_kind: when given, set the marker ``done:{done_kind}:{sample_id}`` atomically with
+                the append; if it already exists nothing is written (a duplicate result).
+
+        Returns:
+            The new entry id, or ``None`` when ``done_kind`` found the result already published.
+
+        Raises:
+            TypeError: metadata or tensors that cannot be encoded (names the key).
+            ValueError: a key outside this job, or a missing ``meta["sample_id"]``.
+            BackpressureTimeout: the stream stayed full for ``backpressure_timeout_s`` seconds.
+
+        Back-pressure waits while XLEN >= ``max_stream_length``; the check and the append are two
+        steps, so P concurrent producers may overshoot the bound by at most P - 1 entries.
+        """
+        self._check_key("stream", stream)
+        meta_bytes = encode_meta(meta)
+        tensor_bytes = encode_tensors(tensors) if tensors is not None else None
+        if tensor_key is None and tensors is not None:
+            tensor_key = make_tensor_key(self.job, self._sample_id(meta, "tensors without tensor_key"))
+        keys, flags = [stream], ["0", "0"]
+        if tensor_key is not None:
+            keys.append(self._check_key("tensor_key", tensor_key))
+            flags = ["1", "1" if tensor_bytes is not None else "0"]
+        marker = None
+        if done_kind is not None:
+            marker = done_key(self.job, done_kind, self._sample_id(meta, "done_kind"))
+            keys.append(marker)
+        self._wait_for_room(stream)
+        args = [
+            meta_bytes, *flags, tensor_bytes or b"", int(self.tensor_ttl_s * 1000),
+            "1" if marker else "0", int(self.done_ttl_s * 1000),
+        ]
+        entry_id = self._publish_script(keys=keys, args=args)
+        return None if entry_id is None else _s(entry_id)
+
+    @staticmethod
+    def _sample_id(meta: dict, why: str) -> str:
+        sample_id = meta.get("sample_id")
+        if not isinstance(sample_id, str) or not sample_id:
+            raise ValueError(
+                f"meta['sample_id'] must be a non-empty str (e.g. '{{step}}:{{prompt}}:{{index}}') "
+                f"for {why}, got {sample_id!r}"
+            )
+        return sample_id
+
+    def _wait_for_room(self, stream: str) -> None:
+        """Back-pressure: block while XLEN(stream) >= max_stream_length (trimming as it polls)."""
+        length = self.redis.xlen(stream)
+        if length < self.max_stream_length:
+            return
+        start = time.monotonic()
+        pause = 0.005
+        while True:
+            self.trim(stream)  # a consumer that died between XACK and its trim leaves work here
+            length = self.redis.xlen(stream)
+            if length < self.max_stream_length:
+                return
+            waited = time.monotonic() - start
+            if waited >= self.backpressure_timeout_s:
+                raise BackpressureTimeout(stream, length, self.max_stream_length, waited)
+            time.sleep(min(pause, max(self.backpressure_timeout_s - waited, 0.0)))
+            pause = min(pause * 2, 0.1)
+
+    # ------------------------------------------------------------------ consuming
+    def consume(
+        self, stream: str, group: str, consumer: str, *, count: int = 16, block_ms: int = 1000
+    ) -> list[Message]:
+        """Reclaim stale pending entries, then read new ones, up to ``count`` in all.
+
+        First XAUTOCLAIM moves to ``consumer`` the entries of ``group`` pending longer than
+        ``claim_idle_s`` (a dead consumer's work); then XREADGROUP ``>`` reads new entries,
+        blocking up to ``block_ms`` ms only when nothing was reclaimed. ``block_ms=0`` returns at
+        once (unlike raw XREADGROUP, where 0 blocks forever). The group is created if missing.
+
+        Returns:
+            Up to ``count`` messages, reclaimed ones first; ``[]`` after the timeout.
+
+        Raises:
+            ValueError: a stream outside this job, or ``count < 1``; or an entry that was not
+                written by :meth:`publish`.
+        """
+        self._check_key("stream", stream)
+        if count < 1:
+            raise ValueError(f"count must be >= 1, got {count}")
+        if (stream, group) not in self._groups:
+            self.ensure_group(stream, group)
+        try:
+            return self._consume(stream, group, consumer, count, block_ms)
+        except redis.ResponseError as err:
+            if "NOGROUP" not in str(err):
+                raise
+            self.ensure_group(stream, group)  # the stream was deleted (cleanup) under us
+            return self._consume(stream, group, consumer, count, block_ms)
+
+    def _consume(self, stream: str, group: str, consumer: str, count: int, block_ms: int) -> list[Message]:
+        messages = self._reclaim(stream, group, consumer, count)
+        remaining = count - len(messages)
+        if remaining > 0:
+            block = block_ms if block_ms > 0 and not messages else None
+            reply = self.redis.xreadgroup(group, consumer, {stream: ">"}, count=remaining, block=block)
+            for _name, entries in reply or []:
+                messages.extend(self._message(stream, entry_id, fields, 1) for entry_id, fields in entries)
+        return messages
+
+    def _reclaim(self, stream: str, group: str, consumer: str, count: int) -> list[Message]:
+        """XAUTOCLAIM entries idle > claim_idle_s, continuing the scan where the last call ended."""
+        cursor = self._claim_cursor.get((stream, group), "0-0")
+        reply = self.redis.xautoclaim(
+            stream, group, consumer, min_idle_time=int(self.claim_idle_s * 1000), start_id=cursor, count=count
+        )
+        self._claim_cursor[(stream, group)] = _s(reply[0])
+        entries = [(entry_id, fields) for entry_id, fields in reply[1] if fields]  # deleted: no fields
+        if not entries:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for entry_id, _ in entries:
+                pipe.xpending_range(stream, group, min=entry_id, max=entry_id, count=1)
+            details = pipe.execute()
+        return [
+            self._message(stream, entry_id, fields, int(info[0]["times_delivered"]) if info else 1)
+            for (entry_id, fields), info in zip(entries, details, strict=True)
+        ]
+
+    def _message(self, stream: str, entry_id: bytes | str, fields: dict, delivery_count: int) -> Message:
+        if b"m" not in fields:
+            raise ValueError(
+                f"entry {_s(entry_id)} of {stream!r} has no 'm' field: only TransferQueue.publish may "
+                "write to this job's streams"
+            )
+        key = fields.get(b"k")
+        return Message(_s(entry_id), stream, decode_meta(fields[b"m"]), None if key is None else _s(key),
+                       delivery_count)
+
+    def load_tensors(self, msg_or_key: Message | str) -> dict[str, torch.Tensor]:
+        """The tensors a message (or a tensor key) names, as CPU tensors.
+
+        Raises:
+            MissingTensors: the key expired or was deleted (never an empty dict).
+            ValueError: the message carries no tensor key.
+        """
+        if isinstance(msg_or_key, Message):
+            if msg_or_key.tensor_key is None:
+                raise ValueError(f"message {msg_or_key.id} of {msg_or_key.stream!r} carries no tensors")
+            key = msg_or_key.tensor_key
+        else:
+            key = self._check_key("tensor key", msg_or_key)
+        data = self.redis.get(key)
+        if data is None:
+            raise MissingTensors(key)
+        return decode_tensors(data)
+
+    def delete_tensors(self, keys: list[str] | str) -> int:
+        """UNLINK tensor keys (a str or a list); returns how many existed."""
+        keys = [keys] if isinstance(keys, str) else list(keys)
+        for key in keys:
+            self._check_key("tensor key", key)
+        return int(self.redis.unlink(*keys)) if keys else 0
+
+    def ack(self, stream: str, group: str, ids: list[str]) -> None:
+        """XACK ``ids`` in ``group``, then trim what every group has acknowledged (see :meth:`trim`)."""
+        self._check_key("stream", stream)
+        if ids:
+            self.redis.xack(stream, group, *ids)
+            self.trim(stream)
+
+    def trim(self, stream: str) -> int:
+        """Delete the entries below the oldest one any group still needs; returns how many.
+
+        Per group the oldest needed entry is its oldest pending one, or, when nothing is pending,
+        the first not yet delivered; ``XTRIM MINID`` (exact) runs on the minimum, atomically (Lua).
+        A stream without groups is not trimmed.
+        """
+        return int(self._trim_script(keys=[self._check_key("stream", stream)]))
+
+    # ------------------------------------------------------------------ idempotency
+    def claim_once(self, kind: str, sample_id: str) -> bool:
+        """Set the marker ``done:{kind}:{sample_id}`` (SET NX, TTL ``done_ttl_s``); True the first time.
+
+        The marker is set before the work: if the caller dies before finishing, a redelivered
+        entry sees ``False``. For results published to a stream prefer
+        ``publish(..., done_kind=kind)``, which sets the marker atomically with the result; use
+        claim_once for effects outside the queue, and :meth:`release_claim` when the work fails.
+        """
+        key = done_key(self.job, kind, sample_id)
+        return bool(self.redis.set(key, b"1", nx=True, px=int(self.done_ttl_s * 1000)))
+
+    def release_claim(self, kind: str, sample_id: str) -> bool:
+        """Remove the marker so the work can be redone; True if it existed."""
+        return bool(self.redis.delete(done_key(self.job, kind, sample_id)))
+
+    def is_done(self, kind: str, sample_id: str) -> bool:
+        """True if the marker ``done:{kind}:{sample_id}`` exists."""
+        return bool(self.redis.exists(done_key(self.job, kind, sample_id)))
+
+    # ------------------------------------------------------------------ inspection
+    def stream_length(self, stream: str) -> int:
+        """XLEN: entries held (acknowledged but untrimmed ones included); 0 for a missing stream."""
+        return int(self.redis.xlen(self._check_key("stream", stream)))
+
+    def _group_info(self, stream: str, group: str) -> dict:
+        try:
+            groups = self.redis.xinfo_groups(self._check_key("stream", stream))
+        except redis.ResponseError as err:
+            raise ValueError(f"stream {stream!r} does not exist; call ensure_group first") from err
+        for info in groups:
+            if _s(info["name"]) == group:
+                return info
+        raise ValueError(f"stream {stream!r} has no consumer group {group!r}; call ensure_group first")
+
+    def pending_count(self, stream: str, group: str) -> int:
+        """Entries delivered to ``group`` and not yet acknowledged.
+
+        Raises:
+            ValueError: the stream or group does not exist.
+        """
+        return int(self._group_info(stream, group)["pending"])
+
+    def lag(self, stream: str, group: str) -> int:
+        """Entries in ``stream`` not yet delivered to ``group`` (XINFO GROUPS ``lag`` on Redis >= 7,
+        else counted with XRANGE after the group's last-delivered id).
+
+        Raises:
+            ValueError: the stream or group does not exist.
+        """
+        info = self._group_info(stream, group)
+        if info.get("lag") is not None:
+            return int(info["lag"])
+        start, total = "(" + _s(info["last-delivered-id"]), 0
+        while True:
+            entries = self.redis.xrange(stream, min=start, max="+", count=1000)
+            total += len(entries)
+            if len(entries) < 1000:
+                return total
+            start = "(" + _s(entries[-1][0])
+
+    # ------------------------------------------------------------------ small KV
+    def set_json(self, name: str, obj: Any, ttl_s: float | None = None) -> None:
+        """Store ``obj`` as JSON under ``omnirl:{job}:kv:{name}`` (e.g. ``policy_version``, ``stop``).
+
+        Raises:
+            TypeError / ValueError: ``obj`` is not JSON-serialisable (NaN/inf are refused).
+        """
+        data = json.dumps(obj, allow_nan=False, separators=(",", ":"))
+        px = None if ttl_s is None else int(_positive("ttl_s", ttl_s) * 1000)
+        self.redis.set(kv_key(self.job, name), data.encode(), px=px)
+
+    def get_json(self, name: str) -> Any | None:
+        """The JSON value stored by :meth:`set_json`, or ``None`` when absent."""
+        data = self.redis.get(kv_key(self.job, name))
+        return None if data is None else json.loads(data)
+
+    # ------------------------------------------------------------------ lifecycle
+    def cleanup(self) -> int:
+        """UNLINK every key of this job (``SCAN MATCH omnirl:{job}:*``); returns how many.
+
+        The operator's finalizer calls this when an RLJob is deleted. Other jobs are untouched.
+        """
+        removed, batch = 0, []
+        for key in self.redis.scan_iter(match=job_pattern(self.job), count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                removed += int(self.redis.unlink(*batch))
+                batch = []
+        if batch:
+            removed += int(self.redis.unlink(*batch))
+        self._groups.clear()
+        self._claim_cursor.clear()
+        return removed
+
+    def close(self) -> None:
+        """Close the client if :meth:`from_url` made it (a client passed in stays open)."""
+        if self._owns_client:
+            self.redis.close()
+
+    def __enter__(self) -> TransferQueue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,127 @@
+"""Process groups built straight from the TCPStore, without a global `init_process_group`.
+
+Each sync "generation" needs a group of the actor (rank 0) plus the receivers of that moment, and
+processes come and go; the default-group machinery (`init_process_group`/`new_group`) assumes one
+fixed world. So a group is constructed directly from a `PrefixStore(f"sync/{gid}", store)`:
+
+- gloo: ``torch.distributed.ProcessGroupGloo(store, rank, size, options)`` with
+  ``ProcessGroupGloo._Options`` (``_timeout``, ``_devices``) — exactly what torch's own
+  ``distributed_c10d._new_process_group_helper`` builds. The device is given an explicit address
+  (see `gloo_hostname`): torch's default device guessed a wrong interface on our test machine.
+- nccl: ``torch.distributed.ProcessGroupNCCL(store, rank, size, options)`` with
+  ``ProcessGroupNCCL.Options()._timeout``; the current CUDA device must be set first.
+- hccl: ``torch.distributed.ProcessGroupHCCL(store, rank, size, timeout)``, registered into
+  ``torch.distributed`` by ``import torch_npu`` (Ascend's documented constructor).
+
+Only gloo is exercised by the tests here (CPU machine).
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+BACKENDS = ("gloo", "nccl", "hccl")
+IFNAME_ENV = "OMNIRL_WEIGHT_SYNC_IFNAME"  # optional: network interface gloo binds to (e.g. eth0)
+
+
+def resolve_backend(backend: str | None, device: str | torch.device) -> tuple[str, torch.device]:
+    """Choose the collective backend and the device the buckets travel on.
+
+    Args:
+        backend: ``"gloo"``, ``"nccl"``, ``"hccl"`` or None (by device: cpu → gloo, cuda → nccl,
+            npu → hccl).
+        device: the caller's device (``"cpu"``, ``"cuda:0"``, ``"npu:0"``).
+
+    Returns:
+        (backend, transport device): gloo always moves CPU tensors (buckets are staged in host
+        memory); nccl/hccl move tensors on `device`.
+
+    Raises:
+        ValueError: unknown backend, or nccl/hccl asked for a device of another kind.
+    """
+    dev = torch.device(device)
+    if backend is None:
+        backend = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}.get(dev.type)
+        if backend is None:
+            raise ValueError(f"weight sync: no default backend for device {dev}; pass backend='gloo'")
+    if backend not in BACKENDS:
+        raise ValueError(f"weight sync backend={backend!r}: expected one of {BACKENDS}")
+    need = {"nccl": "cuda", "hccl": "npu"}.get(backend)
+    if need is not None and dev.type != need:
+        raise ValueError(f"weight sync backend={backend!r} needs a {need} device, got device={dev}")
+    return backend, (torch.device("cpu") if backend == "gloo" else dev)
+
+
+def gloo_hostname(peer_host: str, is_sender: bool) -> str:
+    """The local address gloo should listen on and advertise to its peers.
+
+    Loopback peer → ``127.0.0.1``. A receiver picks the local address that routes to the sender's
+    host (a connected UDP socket; no packet is sent). The sender, which only knows the name it was
+    given (in Kubernetes the Service name), advertises the address of its own hostname (the pod IP).
+    """
+    try:
+        peer_ip = socket.gethostbyname(peer_host)
+    except OSError as err:
+        raise ValueError(f"weight sync: cannot resolve host {peer_host!r}: {err}") from err
+    if ipaddress.ip_address(peer_ip).is_loopback:
+        return "127.0.0.1"
+    if is_sender:
+        return socket.gethostbyname(socket.gethostname())
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((peer_ip, 9))
+        return s.getsockname()[0]
+
+
+def new_group(store: dist.Store, prefix: str, rank: int, size: int, backend: str, device: torch.device,
+              timeout_s: float, peer_host: str) -> dist.ProcessGroup:
+    """Construct one group from `PrefixStore(prefix, store)`; blocks until all `size` ranks joined.
+
+    Raises:
+        RuntimeError / DistStoreError: a rank did not join within `timeout_s` (from torch).
+    """
+    pstore = dist.PrefixStore(prefix, store)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if backend == "gloo":
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timeout
+        ifname = os.environ.get(IFNAME_ENV)
+        device_ = (dist.ProcessGroupGloo.create_device(interface=ifname) if ifname else
+                   dist.ProcessGroupGloo.create_device(hostname=gloo_hostname(peer_host, rank == 0)))
+        opts._devices = [device_]
+        return dist.ProcessGroupGloo(pstore, rank, size, opts)
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = timeout
+        return dist.ProcessGroupNCCL(pstore, rank, size, opts)
+    import torch_npu  # noqa: F401  (registers torch.distributed.ProcessGroupHCCL and the npu device)
+
+    torch.npu.set_device(device)
+    return dist.ProcessGroupHCCL(pstore, rank, size, timeout)
+
+
+def broadcast_bucket(group: dist.ProcessGroup, flat: torch.Tensor, timeout_s: float) -> None:
+    """Broadcast `flat` (shape ``[numel]``, any dtype) from rank 0, in place: rank 0 sends, others receive.
+
+    The bucket is viewed as uint8 on the wire, so any dtype (bf16, fp8, bool) travels even where
+    the backend lacks a reduction for it. Blocks until done on this rank.
+
+    Raises:
+        RuntimeError: a peer failed or the collective exceeded `timeout_s` (from torch).
+    """
+    raw = flat.view(torch.uint8)
+    work = group.broadcast(raw, 0, datetime.timedelta(seconds=timeout_s))
+    work.wait(datetime.timedelta(seconds=timeout_s))
+    if raw.device.type == "cuda":
+        torch.cuda.current_stream(raw.device).synchronize()
+
+
+def shutdown_group(group: dist.ProcessGroup) -> None:
+    """Release a group's connections (communicators for nccl/hccl)."""
+    group.shutdown()

@@ -1,0 +1,127 @@
+"""The actor's updates on the real digits model: on-policy ratio, shapes, LoRA, checkpoints."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from omnirl.actor.batch import TrainSample, micro_batches
+from omnirl.actor.nft_update import group_noise
+from omnirl.actor.trainer import Trainer
+from omnirl.algorithms import group_advantages
+from omnirl.api.spec import RLJobSpec
+from omnirl.rollout.engine import RolloutEngine
+from tests.helpers import requests, tiny_adapter
+
+
+def spec(**algorithm) -> RLJobSpec:
+    lora = algorithm.pop("lora", False)
+    return RLJobSpec.model_validate({
+        "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}],
+        "algorithm": algorithm, "model": {"lora": {"enabled": lora, "rank": 4, "alpha": 8}},
+    })
+
+
+@pytest.fixture(scope="module")
+def rollouts():
+    torch.set_num_threads(1)
+    adapter = tiny_adapter(seed=1)
+    engine = RolloutEngine(adapter, max_batch_size=16)
+    for r in requests(adapter, 4, num_steps=6, window=(1, 2)):
+        engine.submit(r)
+    results = sorted(engine.run_until_idle(), key=lambda r: r.request.sample_id)
+    rewards = torch.linspace(0, 1, len(results))
+    gids = torch.tensor([int(r.request.sample_id.split(":")[1]) for r in results])
+    adv = group_advantages(rewards, gids).advantages
+    samples = [
+        TrainSample(r.request.sample_id, f"0:{gids[i].item()}", list(r.request.prompt_ids), float(adv[i]), r.x0,
+                    r.latents, r.log_probs, r.sigmas, 0.7, "sde", 0)
+        for i, r in enumerate(results)
+    ]
+    return adapter, samples
+
+
+def test_on_policy_dry_run_gives_ratio_one(rollouts):
+    adapter, samples = rollouts
+    trainer = Trainer(copy.deepcopy(adapter), spec(name="flow-grpo", optimizer={"microBatchSize": 5}))
+    metrics = trainer.train_step(samples, step=0)
+    assert metrics["ratio_max_abs_dev"] <= 1e-6  # recompute mode, same shapes: exactly on-policy
+    assert metrics["is_max_abs_log_ratio"] <= 1e-5  # rollout engine and actor agree
+    assert metrics["clip_fraction"] == 0.0 and metrics["optimizer_steps"] == 1
+
+
+def test_flow_grpo_update_changes_weights_and_second_minibatch_clips(rollouts):
+    adapter, samples = rollouts
+    trainer = Trainer(copy.deepcopy(adapter), spec(
+        name="flow-grpo", optimizer={"updatesPerStep": 2, "learningRate": 1e-2},
+        flowGrpo={"clipRange": 1e-5, "rolloutCorrection": {"mode": "bypass"}}))
+    before = {k: v.clone() for k, v in trainer.policies.trained_tensors().items()}
+    metrics = trainer.train_step(samples, step=0)
+    after = trainer.policies.trained_tensors()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    assert metrics["optimizer_steps"] == 2 and metrics["clip_fraction"] > 0
+    assert metrics["kl"] >= 0
+
+
+def test_nft_shares_sigma_and_noise_within_a_group():
+    s1, e1 = group_noise("3:7", 0, 2, (1, 4, 4), seed=5, sigma_range=(0.02, 0.98))
+    s2, e2 = group_noise("3:7", 0, 2, (1, 4, 4), seed=5, sigma_range=(0.02, 0.98))
+    s3, e3 = group_noise("3:8", 0, 2, (1, 4, 4), seed=5, sigma_range=(0.02, 0.98))
+    assert s1 == s2 and torch.equal(e1, e2)
+    assert not torch.equal(e1, e3)
+    assert 0.02 <= s1 <= 0.5  # draw 0 of 2 lies in the first stratum
+    s_hi, _ = group_noise("3:7", 1, 2, (1, 4, 4), seed=5, sigma_range=(0.02, 0.98))
+    assert 0.5 <= s_hi <= 0.98
+
+
+def test_micro_batches_keep_shapes_and_groups(rollouts):
+    _, samples = rollouts
+    batches = micro_batches(samples, 5, keep_groups=True)
+    assert sum(len(b) for b in batches) == len(samples)
+    for b in batches:
+        assert len({tuple(s.x0.shape) for s in b}) == 1
+    group_spread = {}
+    for i, b in enumerate(batches):
+        for s in b:
+            group_spread.setdefault(s.group_id, set()).add(i)
+    assert all(len(v) == 1 for v in group_spread.values())  # groups of 4 fit in 5: never split
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_nft_step_refreshes_old_policy_and_checkpoint_round_trips(rollouts, tmp_path, lora):
+    adapter, samples = rollouts
+    job = spec(name="diffusion-nft", lora=lora, optimizer={"learningRate": 1e-3},
+               nft={"oldPolicy": {"schedule": "copy", "refreshEvery": 1}})
+    trainer = Trainer(copy.deepcopy(adapter), job)
+    metrics = trainer.train_step(samples, step=0)
+    assert metrics["old_policy_decay"] == 0.0 and metrics["loss"] > 0
+    # copy refresh: the rollout policy (old) equals θ after the step
+    old, theta = trainer.rollout_tensors(), trainer.policies.trained_tensors()
+    assert old.keys() == theta.keys()
+    assert all(torch.equal(old[k], theta[k]) for k in theta)
+    if lora:
+        assert all("lora_" in k and ".default." in k for k in old)
+    path = trainer.save(tmp_path, step=0, state={"policy_version": 1, "data_position": [0, 3]})
+    assert (tmp_path / "latest" / "policy.safetensors").exists() and path.name == "step-000000"
+    fresh = Trainer(copy.deepcopy(adapter), job)
+    state = fresh.load(tmp_path)
+    assert state["policy_version"] == 1 and fresh.optimizer_steps == 1
+    for k, v in fresh.policies.trained_tensors().items():
+        assert torch.equal(v, theta[k])
+    m1 = trainer.train_step(samples, step=1)
+    m2 = fresh.train_step(samples, step=1)
+    assert m1["loss"] == pytest.approx(m2["loss"], abs=1e-6)  # optimizer state restored too
+
+
+def test_lora_trains_only_adapters(rollouts):
+    adapter, samples = rollouts
+    trainer = Trainer(copy.deepcopy(adapter), spec(name="flow-grpo", lora=True))
+    names = [n for n, p in trainer.policies.adapter.module.named_parameters() if p.requires_grad]
+    assert names and all("lora_" in n and ".default." in n for n in names)
+    with trainer.policies.reference() as ref:  # adapters off = the base model
+        x = samples[0].latents[:1]
+        cond = ref.encode([samples[0].prompt_ids])
+        v_ref = ref.velocity(x, samples[0].sigmas[:1], cond)
+    torch.testing.assert_close(v_ref, adapter.velocity(x, samples[0].sigmas[:1], cond))

@@ -1,0 +1,119 @@
+"""Cross-field checks of the RLJob spec: each names the exact field (`FieldProblem.path`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from omnirl.api.errors import FieldProblem, ManifestError
+from omnirl.api.problems import dotted, problem_lines, walk
+from omnirl.api.spec import AlgorithmSpec, NFTSpec, RLJob, RLJobSpec, RolesSpec, RSSpec
+
+MINIMAL: dict[str, Any] = {
+    "apiVersion": "omnirl.dev/v1alpha1",
+    "kind": "RLJob",
+    "metadata": {"name": "j"},
+    "spec": {"data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]},
+}
+
+
+def _lines(spec_update: dict[str, Any]) -> list[str]:
+    doc = {**MINIMAL, "spec": {**MINIMAL["spec"], **spec_update}}
+    with pytest.raises(ValidationError) as info:
+        RLJob.model_validate(doc)
+    return [text for _, text in problem_lines(RLJob, info.value)]
+
+
+def test_defaults_are_valid_and_match_the_recipes() -> None:
+    job = RLJob.model_validate(MINIMAL)
+    a = job.spec.algorithm
+    assert (a.name, a.groupSize, a.sampling.numSteps, a.flowGrpo.window.range) == ("flow-grpo", 8, 10, (0, 5))
+    assert (a.flowGrpo.noiseLevel, a.flowGrpo.clipRange, a.flowGrpo.klCoef) == (0.7, 1e-4, 0.04)
+    assert (a.nft.advantageMax, a.nft.sigmaRange) == (5.0, (0.02, 0.98))
+    assert job.spec.roles.rollout.accelerator.type == "cpu"  # a plain string, not an Enum
+    assert job.spec.failurePolicy.actor == "restart-job"
+
+
+@pytest.mark.parametrize(
+    "update,expected",
+    [
+        (
+            {"algorithm": {"sampling": {"numSteps": 4}}},
+            "spec.algorithm.flowGrpo.window.range: [0, 5] is invalid: hi must be <= sampling.numSteps - 1 = 3 "
+            "(the last denoising step is never trained)",
+        ),
+        (
+            {"algorithm": {"flowGrpo": {"window": {"size": 6}}}},
+            "spec.algorithm.flowGrpo.window.size: 6 is invalid: must be <= hi - lo = 5 (window.range [0, 5])",
+        ),
+        (
+            {"algorithm": {"flowGrpo": {"window": {"range": [3, 3]}}}},
+            "spec.algorithm.flowGrpo.window.range: [3, 3] is invalid: must satisfy lo < hi",
+        ),
+        (
+            {"algorithm": {"promptsPerStep": 3, "optimizer": {"updatesPerStep": 5}}},
+            "spec.algorithm.optimizer.updatesPerStep: 5 is invalid: must divide the batch of promptsPerStep × "
+            "groupSize = 24 samples",
+        ),
+        (
+            {"algorithm": {"nft": {"sigmaRange": [0.5, 0.2]}}},
+            "spec.algorithm.nft.sigmaRange: [0.5, 0.2] is invalid: must satisfy 0 < lo < hi < 1",
+        ),
+        (
+            {"algorithm": {"flowGrpo": {"rolloutCorrection": {"rejectionSampling": {"band": [1.5, 2.0]}}}}},
+            "spec.algorithm.flowGrpo.rolloutCorrection.rejectionSampling.band: [1.5, 2.0] is invalid: "
+            "must satisfy 0 < lo <= 1 <= hi with lo < hi",
+        ),
+        (
+            {"roles": {"rollout": {"accelerator": {"type": "nvidia"}}}},
+            "spec.roles.rollout.accelerator.count: 0 is invalid: must be >= 1 for type nvidia",
+        ),
+        (
+            {"roles": {"reward": {"accelerator": {"type": "cpu", "count": 2}}}},
+            "spec.roles.reward.accelerator.count: 2 is invalid: must be 0 for type cpu (set type nvidia or ascend)",
+        ),
+        (
+            {"reward": [{"name": "a", "kind": "ocr"}, {"name": "a", "kind": "jpeg"}]},
+            'spec.reward[1].name: "a" is invalid: must be unique; reward[0] has it',
+        ),
+        (
+            {"reward": [{"name": "judge", "kind": "vlm"}]},
+            "spec.reward[0].url: null is invalid: required for kind vlm (the scorer's endpoint)",
+        ),
+        (
+            {"model": {"family": "flux"}},
+            'spec.model.path: "builtin" is invalid: must name a model directory for family flux (builtin is ocr-digits only)',
+        ),
+        ({"reward": []}, "spec.reward: [] is invalid: must have at least 1 item(s)"),
+    ],
+)
+def test_cross_field_checks_name_the_field(update: dict[str, Any], expected: str) -> None:
+    assert _lines(update) == [expected]
+
+
+def test_nft_jobs_ignore_the_flowgrpo_window() -> None:
+    a = AlgorithmSpec.model_validate({"name": "diffusion-nft", "sampling": {"numSteps": 4}})
+    assert a.flowGrpo.window.range == (0, 5) and a.sampling.numSteps == 4
+
+
+def test_field_problem_message_and_direct_construction() -> None:
+    p = FieldProblem("window.range", [4, 12], "must be small")
+    assert str(p) == "window.range: [4, 12] is invalid: must be small"
+    with pytest.raises(ValidationError, match="controller.replicas: 3 is invalid"):
+        RolesSpec.model_validate({"controller": {"replicas": 3}})
+    with pytest.raises(ValidationError):
+        RSSpec(band=(0.0, 2.0))  # lo must be > 0
+    with pytest.raises(ValidationError):
+        NFTSpec(sigmaRange=(0.0, 0.5))
+    with pytest.raises(ValueError, match="at least one problem"):
+        ManifestError([])
+
+
+def test_walk_and_dotted_paths() -> None:
+    path, ann, parent = walk(RLJob, ("spec", "reward", 0, "params", "alphabet", "str"))
+    assert dotted(path) == "spec.reward[0].params.alphabet"
+    assert parent == dict[str, str | int | float | bool] and ann == str | int | float | bool
+    assert walk(RLJob, ("spec", "nosuch", "x"))[1] is None
+    assert RLJobSpec.model_fields["reward"].is_required()

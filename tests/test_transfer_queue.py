@@ -1,0 +1,281 @@
+"""Service tests of the TransferQueue against a real redis-server (fixtures in conftest.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+import torch
+from omnirl.transfer import BackpressureTimeout, MissingTensors, TransferQueue
+
+
+def _queue(client: redis.Redis, job: str = "test-job", **kwargs) -> TransferQueue:
+    return TransferQueue(client, job, **kwargs)
+
+
+def _publish_n(q: TransferQueue, n: int, *, tensors: bool = False, start: int = 0) -> list[str]:
+    ids = []
+    for i in range(start, start + n):
+        meta = {"sample_id": f"0:{i}:0", "index": i}
+        payload = {"x": torch.full((2,), float(i))} if tensors else None
+        ids.append(q.publish(q.streams.samples, meta, payload))
+    return ids
+
+
+def test_publish_consume_load_round_trip(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client)
+    s = q.streams.samples
+    q.ensure_group(s, "reward")
+    q.ensure_group(s, "reward")  # BUSYGROUP is tolerated
+    latents = torch.randn(3, 4, 8, 8)
+    entry_id = q.publish(s, {"sample_id": "2:5:1", "policy_version": 3}, {"latents": latents})
+    [msg] = q.consume(s, "reward", "w0", block_ms=0)
+    assert msg.id == entry_id and msg.stream == s and msg.delivery_count == 1
+    assert msg.meta == {"sample_id": "2:5:1", "policy_version": 3} and msg.sample_id == "2:5:1"
+    assert msg.tensor_key == "omnirl:test-job:tensors:2:5:1"
+    assert torch.equal(q.load_tensors(msg)["latents"], latents)
+    assert torch.equal(q.load_tensors(msg.tensor_key)["latents"], latents)
+    assert q.consume(s, "reward", "w0", block_ms=0) == []
+
+
+def test_meta_only_entries_and_explicit_tensor_key(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client)
+    key = "omnirl:test-job:tensors:custom"
+    q.publish(q.streams.samples, {"sample_id": "a"}, {"t": torch.ones(1)}, tensor_key=key)
+    q.publish(q.streams.scores, {"sample_id": "a", "reward": 0.5}, tensor_key=key)  # points at it
+    q.publish(q.streams.scores, {"sample_id": "b", "reward": 0.25})
+    msgs = q.consume(q.streams.scores, "controller", "c", block_ms=0)
+    assert [m.meta["reward"] for m in msgs] == [0.5, 0.25]
+    assert msgs[0].tensor_key == key and msgs[1].tensor_key is None
+    assert torch.equal(q.load_tensors(msgs[0])["t"], torch.ones(1))
+    with pytest.raises(ValueError, match="carries no tensors"):
+        q.load_tensors(msgs[1])
+
+
+def test_bad_input_is_refused(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client)
+    with pytest.raises(ValueError, match="not a key of job"):
+        q.publish("omnirl:other:samples", {"sample_id": "1"})
+    with pytest.raises(ValueError, match=r"meta\['sample_id'\]"):
+        q.publish(q.streams.samples, {"index": 1}, {"x": torch.ones(1)})
+    with pytest.raises(TypeError, match=r"meta\['log_prob'\]"):
+        q.publish(q.streams.samples, {"sample_id": "1", "log_prob": torch.ones(1)})
+    with pytest.raises(ValueError, match="decode_responses=False"):
+        TransferQueue(redis.Redis(decode_responses=True), "j")
+    with pytest.raises(ValueError, match="max_stream_length"):
+        TransferQueue(redis_client, "j", max_stream_length=0)
+    with pytest.raises(ValueError, match="invalid job name"):
+        TransferQueue(redis_client, "bad:job")
+    assert redis_client.dbsize() == 0  # nothing half-written
+
+
+def test_two_consumers_get_every_sample_exactly_once(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client)
+    s = q.streams.samples
+    q.ensure_group(s, "reward")
+    sent = {q.publish(s, {"sample_id": f"0:{i}:0"}) for i in range(100)}
+    assert q.stream_length(s) == 100 and q.lag(s, "reward") == 100
+    seen: dict[str, list[str]] = {"w0": [], "w1": []}
+    while True:
+        batch = [(w, m) for w in ("w0", "w1") for m in q.consume(s, "reward", w, count=7, block_ms=0)]
+        if not batch:
+            break
+        for worker, msg in batch:
+            seen[worker].append(msg.id)
+        assert q.pending_count(s, "reward") == len(batch)
+        for worker in ("w0", "w1"):
+            q.ack(s, "reward", [m.id for w, m in batch if w == worker])
+    delivered = seen["w0"] + seen["w1"]
+    assert len(delivered) == 100 and set(delivered) == sent
+    assert (len(seen["w0"]), len(seen["w1"])) == (51, 49)  # 7 rounds of 7 + 7, then w0 reads the last 2
+    assert q.pending_count(s, "reward") == 0 and q.lag(s, "reward") == 0
+    assert q.stream_length(s) == 0  # fully acknowledged entries are trimmed
+
+
+def test_dead_consumer_entries_are_reclaimed(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client, claim_idle_s=0.3)
+    s = q.streams.samples
+    q.ensure_group(s, "reward")
+    _publish_n(q, 8)
+    dead = q.consume(s, "reward", "dead", count=5, block_ms=0)  # reads 5, dies without acking
+    assert len(dead) == 5 and q.pending_count(s, "reward") == 5
+    fresh = q.consume(s, "reward", "alive", count=10, block_ms=0)  # not idle yet: only the new 3
+    assert [m.delivery_count for m in fresh] == [1, 1, 1]
+    q.ack(s, "reward", [m.id for m in fresh])
+    assert q.stream_length(s) == 8  # the dead consumer's pending entries block trimming
+    time.sleep(0.45)
+    reclaimed = q.consume(s, "reward", "alive", count=10, block_ms=0)
+    assert [m.id for m in reclaimed] == [m.id for m in dead]
+    assert [m.meta for m in reclaimed] == [m.meta for m in dead]
+    assert all(m.delivery_count == 2 for m in reclaimed)
+    q.ack(s, "reward", [m.id for m in reclaimed])
+    assert q.pending_count(s, "reward") == 0 and q.stream_length(s) == 0
+
+
+def test_claim_once_and_release(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client, done_ttl_s=30)
+    assert q.is_done("reward", "1:2:3") is False
+    assert q.claim_once("reward", "1:2:3") is True
+    assert q.claim_once("reward", "1:2:3") is False
+    assert q.is_done("reward", "1:2:3") is True
+    assert q.claim_once("actor", "1:2:3") is True  # kinds are independent
+    assert 0 < redis_client.pttl("omnirl:test-job:done:reward:1:2:3") <= 30_000
+    assert q.release_claim("reward", "1:2:3") is True
+    assert q.claim_once("reward", "1:2:3") is True
+
+
+def test_publish_with_done_kind_is_exactly_once(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client)
+    s = q.streams.scores
+    first = q.publish(s, {"sample_id": "0:0:0", "reward": 1.0}, {"r": torch.ones(1)}, done_kind="reward")
+    again = q.publish(s, {"sample_id": "0:0:0", "reward": 2.0}, {"r": torch.zeros(1)}, done_kind="reward")
+    assert first is not None and again is None
+    assert q.stream_length(s) == 1 and q.is_done("reward", "0:0:0")
+    assert torch.equal(q.load_tensors("omnirl:test-job:tensors:0:0:0")["r"], torch.ones(1))
+
+
+def test_backpressure_times_out_without_consumer(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client, max_stream_length=5, backpressure_timeout_s=0.3)
+    q.ensure_group(q.streams.samples, "reward")  # a group that never reads
+    _publish_n(q, 5)
+    start = time.monotonic()
+    with pytest.raises(BackpressureTimeout, match="still holds 5 entries") as info:
+        _publish_n(q, 1, start=5)
+    assert 0.3 <= time.monotonic() - start < 2.0
+    assert info.value.length == 5 and info.value.max_length == 5
+    assert q.stream_length(q.streams.samples) == 5
+
+
+def test_backpressure_releases_when_a_consumer_drains(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client, max_stream_length=5, backpressure_timeout_s=10)
+    s = q.streams.samples
+    q.ensure_group(s, "reward")
+    received: list[int] = []
+    stop = threading.Event()
+
+    def drain() -> None:
+        while not stop.is_set():
+            msgs = q.consume(s, "reward", "d", count=2, block_ms=50)
+            received.extend(m.meta["index"] for m in msgs)
+            q.ack(s, "reward", [m.id for m in msgs])
+
+    thread = threading.Thread(target=drain)
+    thread.start()
+    max_len = 0
+    try:
+        for i in range(40):
+            q.publish(s, {"sample_id": f"0:{i}:0", "index": i})
+            max_len = max(max_len, q.stream_length(s))
+        deadline = time.monotonic() + 5
+        while len(received) < 40 and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        stop.set()
+        thread.join()
+    assert sorted(received) == list(range(40))
+    assert max_len <= 5
+
+
+def test_trimming_keeps_the_stream_bounded(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client, max_stream_length=50, backpressure_timeout_s=10)
+    s = q.streams.samples
+    q.ensure_group(s, "reward")
+    q.ensure_group(s, "audit")  # a second group: trimming waits for both
+    done = threading.Event()
+    max_len = [0]
+
+    def produce() -> None:
+        for i in range(1000):
+            q.publish(s, {"sample_id": f"0:{i}:0"})
+            max_len[0] = max(max_len[0], q.stream_length(s))
+        done.set()
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    counts = {"reward": 0, "audit": 0}
+    deadline = time.monotonic() + 15
+    while (not done.is_set() or sum(counts.values()) < 2000) and time.monotonic() < deadline:
+        for group in counts:
+            msgs = q.consume(s, group, "c", count=20, block_ms=10)
+            counts[group] += len(msgs)
+            q.ack(s, group, [m.id for m in msgs])
+    producer.join()
+    assert counts == {"reward": 1000, "audit": 1000}
+    assert max_len[0] <= 50
+    assert q.stream_length(s) == 0
+    assert q.pending_count(s, "reward") == 0 and q.lag(s, "audit") == 0
+
+
+def test_tensor_keys_have_a_ttl_and_missing_ones_raise(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client, tensor_ttl_s=60)
+    s = q.streams.samples
+    _publish_n(q, 1, tensors=True)
+    _queue(redis_client, tensor_ttl_s=0.2).publish(s, {"sample_id": "short"}, {"x": torch.ones(1)})
+    [m0, m1] = q.consume(s, "reward", "w", block_ms=0)
+    assert 50_000 < redis_client.pttl(m0.tensor_key) <= 60_000
+    assert q.delete_tensors([m0.tensor_key]) == 1
+    with pytest.raises(MissingTensors, match="tensors:0:0:0") as info:
+        q.load_tensors(m0)
+    assert info.value.key == m0.tensor_key
+    time.sleep(0.3)
+    with pytest.raises(MissingTensors, match="tensors:short"):
+        q.load_tensors(m1)
+
+
+def test_kv_json(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client)
+    assert q.get_json("policy_version") is None
+    q.set_json("policy_version", 4)
+    q.set_json("stop", {"reason": "done", "step": 10}, ttl_s=60)
+    assert q.get_json("policy_version") == 4
+    assert q.get_json("stop") == {"reason": "done", "step": 10}
+    assert 0 < redis_client.pttl("omnirl:test-job:kv:stop") <= 60_000
+    with pytest.raises(ValueError):
+        q.set_json("bad", float("nan"))
+
+
+def test_cleanup_removes_only_this_job(redis_client: redis.Redis) -> None:
+    a, b = _queue(redis_client, "job-a"), _queue(redis_client, "job-a2")
+    for q in (a, b):
+        q.ensure_group(q.streams.requests, "rollout")
+        _publish_n(q, 3, tensors=True)
+        q.claim_once("reward", "0:0:0")
+        q.set_json("policy_version", 1)
+    redis_client.set(b"unrelated", b"1")
+    keys_b = set(redis_client.keys("omnirl:job-a2:*"))
+    assert len(keys_b) == 1 + 1 + 3 + 1 + 1  # requests, samples, 3 tensors, done, kv
+    assert a.cleanup() == 7
+    assert redis_client.keys("omnirl:job-a:*") == []
+    assert set(redis_client.keys("omnirl:job-a2:*")) == keys_b and redis_client.exists(b"unrelated")
+    # the queue still works after cleanup (groups are re-created on demand)
+    _publish_n(a, 1)
+    assert len(a.consume(a.streams.samples, "reward", "w", block_ms=0)) == 1
+
+
+def test_from_url_owns_its_client(redis_url: str, redis_client: redis.Redis) -> None:
+    with TransferQueue.from_url(redis_url, "url-job") as q:
+        q.set_json("x", [1, 2])
+        assert q.get_json("x") == [1, 2]
+
+
+def test_lag_counts_undelivered_entries_with_and_without_xinfo_lag(
+    redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    q = _queue(redis_client)
+    s = q.streams.samples
+    q.ensure_group(s, "reward")
+    _publish_n(q, 10)
+    msgs = q.consume(s, "reward", "w", count=4, block_ms=0)
+    q.ack(s, "reward", [m.id for m in msgs[:3]])  # trims 3; one stays pending
+    assert (q.stream_length(s), q.pending_count(s, "reward"), q.lag(s, "reward")) == (7, 1, 6)
+    real = redis_client.xinfo_groups
+    monkeypatch.setattr(redis_client, "xinfo_groups", lambda name: [
+        {k: v for k, v in g.items() if k != "lag"} for g in real(name)
+    ])  # Redis < 7 has no 'lag' field: the XRANGE count must agree
+    assert q.lag(s, "reward") == 6
+    with pytest.raises(ValueError, match="no consumer group 'nobody'"):
+        q.pending_count(s, "nobody")
+    with pytest.raises(ValueError, match="does not exist"):
+        q.lag(q.streams.control, "reward")
