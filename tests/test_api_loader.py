@@ -144,6 +144,16 @@ def test_missing_field_and_several_problems(tmp_path: Path) -> None:
     ]
 
 
+def test_duplicate_keys_are_problems(tmp_path: Path) -> None:
+    text = BASE.read_text().replace("    groupSize: 8\n", "    groupSize: 8\n    groupSize: 4\n")
+    first = text.splitlines().index("    groupSize: 8") + 1
+    lines = _problems(_write(tmp_path, text))
+    assert lines == [
+        f"{tmp_path / 'job.yaml'}: spec.algorithm.groupSize: duplicate key; it is also set at line {first} "
+        f"(line {first + 1})"
+    ]
+
+
 def test_yaml_syntax_error_names_line_and_column(tmp_path: Path) -> None:
     text = "apiVersion: omnirl.dev/v1alpha1\nkind: RLJob\nmetadata:\n  name: x\n   bad: [1\n"
     lines = _problems(_write(tmp_path, text))

@@ -64,7 +64,7 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
         (
             {"algorithm": {"flowGrpo": {"rolloutCorrection": {"rejectionSampling": {"band": [1.5, 2.0]}}}}},
             "spec.algorithm.flowGrpo.rolloutCorrection.rejectionSampling.band: [1.5, 2.0] is invalid: "
-            "must satisfy 0 < lo <= 1 <= hi with lo < hi",
+            "must satisfy 0 < lo < 1 < hi (w = 1 is on-policy)",
         ),
         (
             {"roles": {"rollout": {"accelerator": {"type": "nvidia"}}}},

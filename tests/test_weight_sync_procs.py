@@ -19,6 +19,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
+from torch import nn
+
 from omnirl.weight_sync import (
     BindingError,
     ReceiverLost,
@@ -26,8 +29,6 @@ from omnirl.weight_sync import (
     WeightSender,
     named_trainable_tensors,
 )
-from safetensors.torch import load_file, save_file
-from torch import nn
 
 SENDER_TIMEOUT_S = 4.0
 RECEIVER_TIMEOUT_S = 60.0
@@ -56,8 +57,19 @@ def _build(kind: str, worker_id: str) -> nn.Module:
             "lora": _lora, "lora_renamed": lambda: _lora(("to_qkv", "proj", "out"))}[kind]()
 
 
+def _die_before_ack(receiver: WeightReceiver) -> None:
+    """Make the next `receive` take every bucket, then kill the process before it acknowledges."""
+    real = receiver._receive_buckets
+
+    def die(*args: object) -> None:
+        real(*args)
+        os._exit(3)
+
+    receiver._receive_buckets = die  # type: ignore[method-assign]
+
+
 def _worker(port: int, out_dir: str, cmd_q: mp.Queue, res_q: mp.Queue) -> None:
-    """A receiver process: waits for JSON commands ("connect", "receive", "stop"); answers JSON."""
+    """A receiver process: waits for JSON commands (connect, build, receive, stop); answers JSON."""
     torch.set_num_threads(1)
     receiver: WeightReceiver | None = None
     models: dict[str, nn.Module] = {}
@@ -73,10 +85,12 @@ def _worker(port: int, out_dir: str, cmd_q: mp.Queue, res_q: mp.Queue) -> None:
             res_q.put(json.dumps({"ok": True}))
             continue
         assert receiver is not None
-        if cmd.get("die_before_ack"):  # receive every bucket, then die before acknowledging
-            real = receiver._receive_buckets
-            receiver._receive_buckets = lambda *a: (real(*a), os._exit(3))  # type: ignore[method-assign]
         module = models.setdefault(cmd["model"], _build(cmd["model"], receiver.worker_id))
+        if cmd["op"] == "build":  # build (import peft) before the sync, as a rollout worker does
+            res_q.put(json.dumps({"ok": True}))
+            continue
+        if cmd.get("die_before_ack"):
+            _die_before_ack(receiver)
         try:
             report = receiver.receive(module)
         except BindingError as err:
@@ -111,6 +125,11 @@ class Cluster:
         assert self.procs[name].result()["ok"]
 
     def receive(self, names: list[str], **cmd: object) -> None:
+        """Have each named process build its module, then wait in `WeightReceiver.receive`."""
+        for n in names:
+            self.procs[n].send(op="build", model=cmd["model"])
+        for n in names:
+            assert self.procs[n].result(timeout=STARTUP_S)["ok"]
         for n in names:
             self.procs[n].send(op="receive", **cmd)
 

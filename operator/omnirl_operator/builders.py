@@ -28,9 +28,9 @@ import hashlib
 from typing import Any
 
 import yaml
+
 from omnirl.api.loader import dump_rljob
 from omnirl.api.spec import API_GROUP, RLJob
-
 from omnirl_operator.meta import (
     LABEL_METRICS,
     check_job_name,

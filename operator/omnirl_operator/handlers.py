@@ -18,8 +18,11 @@ What is registered (:func:`register`):
   removed by garbage collection through their ownerReferences);
 - startup → watch timeouts, kopf's state in annotations, the API client; a liveness probe.
 
-Status is written once per reconcile through kopf's ``patch.status`` (a merge patch that leaves
-the controller's progress fields alone); an event is posted on every phase transition.
+Status is written once per reconcile, only when it changed, as one merge patch of the ``status``
+subresource that leaves the controller's progress fields alone. It is written inside the
+per-object lock rather than through kopf's ``patch`` (which kopf applies after the handler
+returns, when a timer run may already have read the old status). An event is posted on every
+phase transition.
 """
 
 from __future__ import annotations
@@ -32,9 +35,9 @@ from typing import Any
 
 import kopf
 import redis
+
 from omnirl.api.spec import API_GROUP, API_VERSION
 from omnirl.api.status import TERMINAL_PHASES, utc_now
-
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.reconcile import reconcile
 from omnirl_operator.redis_cleanup import cleanup_job, redacted
@@ -58,6 +61,8 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
         prefix=API_GROUP, key="last-handled-configuration"
     )
     settings.persistence.finalizer = FINALIZER
+    # A deleted RLJob waits for its timer to stop before kopf releases it: check every 2 s, not 60.
+    settings.background.cancellation_polling = 2.0
     settings.posting.level = logging.WARNING  # kopf's own log lines become events only when bad
     settings.posting.reporting_component = "omnirl-operator"
 
@@ -75,17 +80,26 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: l
                 redacted(memo["settings"].default_redis_url or "(none)"))
 
 
-async def _reconcile_once(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: logging.Logger) -> dict:
-    uid = body["metadata"]["uid"]
-    lock = memo["locks"].setdefault(uid, asyncio.Lock())
+async def _reconcile_once(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger) -> dict | None:
+    """Fetch the RLJob fresh (kopf's cached body can lag behind status writes), reconcile it and
+    write its status. Returns the new status, or None when the job is gone."""
+    meta = body["metadata"]
+    lock = memo["locks"].setdefault(meta["uid"], asyncio.Lock())
     async with lock:  # the timer and a change handler may fire together for one object
-        outcome = await reconcile(dict(body), memo["kube"], memo["settings"], utc_now(), logger)
+        fresh = await asyncio.to_thread(memo["kube"].get, f"{API_GROUP}/{API_VERSION}", "RLJob",
+                                        meta["namespace"], meta["name"])
+        if fresh is None or fresh["metadata"].get("uid") != meta["uid"]:
+            return None
+        outcome = await reconcile(fresh, memo["kube"], memo["settings"], utc_now(), logger)
+        if status_differs(fresh, outcome.status):
+            # Written here, inside the lock, not via kopf's `patch` (applied after the handler
+            # returns): a timer run starting in between would otherwise read the old status.
+            await asyncio.to_thread(memo["kube"].patch, f"{API_GROUP}/{API_VERSION}", "RLJob",
+                                    meta["namespace"], meta["name"], {"status": outcome.status}, sub="status")
     memo["reconciles"] = memo.get("reconciles", 0) + 1
     for action in outcome.actions:
         logger.info(action)
-    if status_differs(dict(body), outcome.status):
-        patch.status.update(outcome.status)
-    change = transition(dict(body), outcome.status)
+    change = transition(fresh, outcome.status)
     if change is not None:
         old, new = change
         kind = "Warning" if new == "Failed" else "Normal"
@@ -93,16 +107,19 @@ async def _reconcile_once(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, l
     return outcome.status
 
 
-async def on_change(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: logging.Logger,
-                    **_: Any) -> None:
+async def on_change(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, **_: Any) -> None:
     """create / update / resume: reconcile (returns nothing, so kopf stores no result in status)."""
-    await _reconcile_once(body, patch, memo, logger)
+    await _reconcile_once(body, memo, logger)
 
 
-async def on_timer(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, logger: logging.Logger,
+async def on_timer(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, stopped: Any = None,
                    **_: Any) -> None:
     """Level-triggered safety net: reconcile, then delete a finished job whose TTL ran out."""
-    status = await _reconcile_once(body, patch, memo, logger)
+    if stopped:  # the object is being deleted or the operator is exiting
+        return
+    status = await _reconcile_once(body, memo, logger)
+    if status is None:
+        return
     ttl = ((body.get("spec") or {}).get("failurePolicy") or {}).get("ttlSecondsAfterFinished")
     done = status.get("completionTime")
     if ttl is None or status["phase"] not in TERMINAL_PHASES or not done:
@@ -162,7 +179,8 @@ def register(registry: kopf.OperatorRegistry, resync_seconds: float = 15.0) -> k
     kopf.on.create(*res, registry=registry, id="reconcile")(on_change)
     kopf.on.update(*res, registry=registry, id="reconcile")(on_change)
     kopf.on.resume(*res, registry=registry, id="reconcile")(on_change)
-    kopf.timer(*res, registry=registry, id="resync", interval=resync_seconds, initial_delay=resync_seconds)(on_timer)
+    kopf.timer(*res, registry=registry, id="resync", interval=resync_seconds, initial_delay=resync_seconds,
+               timeout=120)(on_timer)
     kopf.on.delete(*res, registry=registry, id="redis-cleanup", retries=6, backoff=10)(on_delete)
     kopf.on.probe(registry=registry, id="omnirl")(liveness)
     return registry

@@ -160,17 +160,25 @@ class KubeApi:
         return True
 
     def apply(self, obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-        """Create ``obj``, or merge-patch it over the existing object when creation says 409.
+        """Create-or-patch: merge-patch ``obj`` over the stored object, or create it when absent.
 
+        Patch first (one request per child when nothing is missing, the common case of a resync);
+        a 404 creates it, and a 409 on that create (a concurrent creator won) patches again.
         Merge patch replaces lists whole, so containers, env and ports end up exactly as built.
 
         Returns:
             ``("created" | "patched", the object as stored)``.
         """
+        meta = obj["metadata"]
+        args = (obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
+        try:
+            return "patched", self.patch(*args, obj)
+        except KubeError as exc:
+            if exc.status != 404:
+                raise
         try:
             return "created", self.create(obj)
         except KubeError as exc:
             if exc.status != 409:
                 raise
-        meta = obj["metadata"]
-        return "patched", self.patch(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"], obj)
+        return "patched", self.patch(*args, obj)

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any
 
 from omnirl.api.spec import RLJob, RoleSpec
-
 from omnirl_operator.meta import ANNOTATION_SPEC_HASH, child_labels, child_name, deep_merge, selector_labels
 from omnirl_operator.settings import OperatorSettings
 

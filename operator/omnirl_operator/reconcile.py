@@ -14,12 +14,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from omnirl.api.loader import job_from_dict
 from omnirl.api.problems import problem_lines
 from omnirl.api.spec import RLJob
 from omnirl.api.status import TERMINAL_PHASES
-from pydantic import ValidationError
-
 from omnirl_operator.builders import build_children, desired_replicas, label_of
 from omnirl_operator.kube import KubeApi, KubeError
 from omnirl_operator.meta import ANNOTATION_RESTARTED_AT, ANNOTATION_SPEC_HASH, adopt, child_name
@@ -27,6 +27,7 @@ from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
     PROGRESS_FIELDS,
     REASON_INVALID_SPEC,
+    FailureDecision,
     Observed,
     compute_status,
     decide_failure,
@@ -81,59 +82,61 @@ def controller_state(job_obj: dict[str, Any] | None) -> tuple[str, str]:
     return "active", ""
 
 
-async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], log: logging.Logger) -> list[str]:
-    actions = []
+async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], log: logging.Logger
+                     ) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Create-or-patch every child but the Job; returns the actions and the stored objects by
+    ``Kind/name`` (their ``status`` is what the reconcile observes)."""
+    actions, stored = [], {}
     for child in children:
         if child["kind"] == "Job":
             continue
-        verb, _ = await asyncio.to_thread(kube.apply, child)
+        verb, obj = await asyncio.to_thread(kube.apply, child)
         actions.append(f"{verb} {label_of(child)}")
+        stored[label_of(child)] = obj
     log.debug("applied %d children", len(actions))
-    return actions
+    return actions, stored
 
 
 async def _sync_controller(kube: KubeApi, job: RLJob, ns: str, wanted: dict[str, Any] | None,
-                           suspended: bool) -> tuple[str, str, list[str]]:
+                           suspended: bool) -> tuple[dict[str, Any] | None, list[str]]:
     """Create the controller Job if absent; recreate it when its template's spec hash changed;
-    delete it when suspended. Returns (state, message, actions)."""
+    delete it when suspended. Returns (the Job as it now stands or None, actions)."""
     name = child_name(job.metadata.name, "controller")
     current = await asyncio.to_thread(kube.get, "batch/v1", "Job", ns, name)
-    state, message = controller_state(current)
+    state, _ = controller_state(current)
     if suspended:
         if current is not None and await asyncio.to_thread(kube.delete, "batch/v1", "Job", ns, name):
-            return "absent", "", [f"deleted Job/{name} (suspended)"]
-        return "absent", "", []
+            return None, [f"deleted Job/{name} (suspended)"]
+        return None, []
     if wanted is None:  # terminal: leave the finished Job as the record it is
-        return state, message, []
+        return current, []
     if current is None:
-        await asyncio.to_thread(kube.create, wanted)
-        return "active", "", [f"created Job/{name}"]
+        return await asyncio.to_thread(kube.create, wanted), [f"created Job/{name}"]
     have = (current.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations") or {})
     want = wanted["spec"]["template"]["metadata"]["annotations"]
     if state == "active" and have.get(ANNOTATION_SPEC_HASH) != want[ANNOTATION_SPEC_HASH]:
         # A Job's pod template is immutable: replace the Job; the next reconcile creates the new one.
         await asyncio.to_thread(kube.delete, "batch/v1", "Job", ns, name)
-        return "absent", "", [f"deleted Job/{name} (spec changed; recreated next reconcile)"]
-    return state, message, []
+        return None, [f"deleted Job/{name} (spec changed; recreated next reconcile)"]
+    return current, []
 
 
-async def _observe_roles(kube: KubeApi, job: RLJob, ns: str, running: bool, controller: str
-                         ) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
-    """Per role (desired, ready), and the roles whose workload reports a failure."""
+def observe_roles(job: RLJob, stored: dict[str, dict[str, Any]], controller: dict[str, Any] | None,
+                  running: bool) -> tuple[dict[str, tuple[int, int]], dict[str, str]]:
+    """Per role (desired, ready) from the stored workloads' status, and the roles whose workload
+    reports a failure (a Deployment past its progress deadline)."""
     desired = desired_replicas(job, running=running)
     roles: dict[str, tuple[int, int]] = {}
     failures: dict[str, str] = {}
-    for api_version, kind, role in WORKLOADS:
-        obj = await asyncio.to_thread(kube.get, api_version, kind, ns, child_name(job.metadata.name, role))
-        status = (obj or {}).get("status") or {}
+    for _, kind, role in WORKLOADS:
+        status = (stored.get(f"{kind}/{child_name(job.metadata.name, role)}") or {}).get("status") or {}
         roles[role] = (desired[role], int(status.get("readyReplicas") or 0))
         for cond in status.get("conditions") or []:
             if cond.get("type") == "Progressing" and cond.get("reason") == "ProgressDeadlineExceeded":
                 failures[role] = cond.get("message", "ProgressDeadlineExceeded")
-    job_obj = await asyncio.to_thread(kube.get, "batch/v1", "Job", ns, child_name(job.metadata.name, "controller"))
-    job_status = (job_obj or {}).get("status") or {}
-    ready = int(job_status.get("ready") or 0) if controller == "active" else 0
-    roles["controller"] = (desired["controller"] if controller != "succeeded" else 0, ready)
+    state, _ = controller_state(controller)
+    ready = int(((controller or {}).get("status") or {}).get("ready") or 0) if state == "active" else 0
+    roles["controller"] = (desired["controller"] if state != "succeeded" else 0, ready)
     return roles, failures
 
 
@@ -168,29 +171,29 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     suspended = job.spec.suspend and not terminal
     running = not suspended and not terminal
     children = adopt(build_children(job, settings, running=running), job.metadata.name, ns, uid)
-    actions = await _apply_all(kube, children, log)
+    actions, stored = await _apply_all(kube, children, log)
     wanted_job = next((c for c in children if c["kind"] == "Job"), None)
-    state, message, more = await _sync_controller(kube, job, ns, wanted_job, suspended)
+    controller, more = await _sync_controller(kube, job, ns, wanted_job, suspended)
     actions += more
-    roles, failures = await _observe_roles(kube, job, ns, running, state)
+    state, message = controller_state(controller)
+    roles, failures = observe_roles(job, stored, controller, running)
     observed = Observed(roles=roles, controller=state, controller_message=message, suspended=suspended,
                         restarts=int((body.get("status") or {}).get("restarts") or 0))
     failed_role = "controller" if state == "failed" else next(iter(sorted(failures)), None)
+    decision = FailureDecision("none")
     if running and failed_role is not None:
         detail = message if failed_role == "controller" else failures[failed_role]
-        policy = job.spec.failurePolicy.model_dump(mode="json")
-        decision = decide_failure(policy, observed.restarts, failed_role, detail)
-        if decision.action == "restart-job":
-            actions += await _restart_job(kube, job, ns, now)
-            observed = replace(observed, restarts=observed.restarts + 1, controller="absent",
-                               restarted=(decision.reason, decision.message))
-        elif decision.action == "fail":
-            observed = replace(observed, failed=(decision.reason, decision.message))
-            stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
-            actions += await _apply_all(kube, stopped, log)
-            observed = replace(observed, roles={r: (0, ready) for r, (_, ready) in observed.roles.items()})
-    if running and state == "succeeded":  # finished: free the accelerators now, not next reconcile
+        decision = decide_failure(job.spec.failurePolicy.model_dump(mode="json"), observed.restarts,
+                                  failed_role, detail)
+    if decision.action == "restart-job":
+        actions += await _restart_job(kube, job, ns, now)
+        observed = replace(observed, restarts=observed.restarts + 1, controller="absent",
+                           restarted=(decision.reason, decision.message))
+    elif decision.action == "fail":
+        observed = replace(observed, failed=(decision.reason, decision.message))
+    if decision.action == "fail" or (running and state == "succeeded"):
+        # finished: free the accelerators now rather than at the next reconcile
         stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
-        actions += await _apply_all(kube, stopped, log)
+        actions += (await _apply_all(kube, stopped, log))[0]
         observed = replace(observed, roles={r: (0, ready) for r, (_, ready) in observed.roles.items()})
     return Outcome(compute_status(body, observed, progress, now), actions)

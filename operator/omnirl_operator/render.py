@@ -14,9 +14,9 @@ from dataclasses import replace
 from typing import Any, TextIO
 
 import yaml
+
 from omnirl.api.errors import ManifestError
 from omnirl.api.loader import load_rljob
-
 from omnirl_operator.builders import build_children
 from omnirl_operator.meta import PLACEHOLDER_UID, adopt
 from omnirl_operator.settings import OperatorSettings

@@ -5,9 +5,9 @@ stores objects and streams watch events, but has no schema validation, no garbag
 controllers (Deployments never get pods, Jobs never finish) and no label selectors: tests play
 the kubelet by patching children's ``status`` (:meth:`EmulatedCluster.set_status`).
 
-Two emulator quirks are handled here: it does not bump ``resourceVersion`` on patches, so kopf's
-consistency wait is shortened (``consistency_timeout``), and it does not assign ``uid``,
-``resourceVersion`` or ``generation``, so :func:`rljob_body` fills them in.
+Two emulator gaps are filled here: it does not bump ``resourceVersion`` or ``generation`` on
+writes (a thin subclass does, as kopf relies on it), and it does not assign ``uid``, so
+:func:`rljob_body` fills it in.
 
 Example::
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import itertools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -33,6 +34,50 @@ from omnirl_operator.kube import KubeApi
 from omnirl_operator.settings import OperatorSettings
 
 RLJOB_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
+_versions = itertools.count(1000)
+
+
+def _versioned_emulator_class() -> type:
+    """kmock's emulator plus what kopf relies on from a real API server: every write bumps
+    ``metadata.resourceVersion`` (kopf ignores events older than its own last patch, judged by
+    resourceVersion; without bumps it re-runs finished handlers), and a write to ``spec``
+    bumps ``metadata.generation``."""
+    import kmock
+    from kmock._internal import enums
+
+    class VersionedEmulator(kmock.KubernetesEmulator):
+        async def _handle(self, request: Any) -> Any:
+            data = request.data
+            rv = str(next(_versions))
+            if request.resource is not None and request.action == enums.action.CREATE and isinstance(data, dict):
+                data = {**data, "metadata": {**data.get("metadata", {}), "resourceVersion": rv}}
+            elif request.resource is not None and request.action == enums.action.UPDATE and request.name:
+                key = (request.resource, request.namespace, request.name)
+                if isinstance(data, list):  # JSON patch (kopf's finalizers): append our op last
+                    self._check_version_test(key, data)
+                    data = [*data, {"op": "replace", "path": "/metadata/resourceVersion", "value": rv}]
+                elif isinstance(data, dict):
+                    meta: dict[str, Any] = {**(data.get("metadata") or {}), "resourceVersion": rv}
+                    if "spec" in data and not request.subresource and key in self.objects:
+                        current = self.objects[key]
+                        if not current.deleted:
+                            meta["generation"] = int(current.get("metadata", {}).get("generation") or 0) + 1
+                    data = {**data, "metadata": meta}
+            if data is not request.data:
+                object.__setattr__(request, "data", data)  # the parsed body kmock applies
+            return await super()._handle(request)
+
+        def _check_version_test(self, key: Any, ops: list) -> None:
+            """A failed ``test`` of resourceVersion is 422 on a real server (kopf retries later)."""
+            if key not in self.objects or self.objects[key].deleted:
+                return
+            have = self.objects[key].get("metadata", {}).get("resourceVersion")
+            for op in ops:
+                if op.get("op") == "test" and op.get("path") == "/metadata/resourceVersion" and op["value"] != have:
+                    raise kmock.KubernetesError(status=422, reason="Invalid",
+                                                message=f"resourceVersion is {have}, not {op['value']}")
+
+    return VersionedEmulator
 
 
 def rljob_body(manifest: dict[str, Any], generation: int = 1) -> dict[str, Any]:
@@ -60,7 +105,7 @@ class EmulatedCluster:
         import kmock
 
         self._kmock = kmock
-        self.emulator = kmock.KubernetesEmulator()
+        self.emulator = _versioned_emulator_class()()
         self.emulator.resources.load_bundled()
         self.emulator.resources["omnirl.dev/v1alpha1/rljobs"] = kmock.ResourceInfo(
             kind="RLJob", singular="rljob", namespaced=True, subresources={"status"},
@@ -95,7 +140,6 @@ class EmulatedCluster:
             return kopf.ConnectionInfo(server=url, insecure=True)
 
         kopf_settings = kopf.OperatorSettings()
-        kopf_settings.persistence.consistency_timeout = 0.2  # the emulator never bumps resourceVersion
         kopf_settings.background.instant_exit_timeout = 0.5
         self._stop = asyncio.Event()
         memo = kopf.Memo(kube=self.api, settings=settings)

@@ -128,7 +128,7 @@ def _rs_keep(seq_log_is: torch.Tensor, spec: FlowGRPOSpec) -> torch.Tensor:
     rs = spec.rolloutCorrection.rejectionSampling
     if not rs.enabled:
         return torch.ones_like(seq_log_is, dtype=torch.bool)
-    band = auto_band(seq_log_is) if rs.band == "auto" else tuple(rs.band)
+    band = auto_band(seq_log_is) if rs.auto else tuple(rs.band)
     return rs_mask(seq_log_is, band)
 
 

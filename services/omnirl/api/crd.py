@@ -29,43 +29,11 @@ CRD_NAME = f"{PLURAL}.{API_GROUP}"
 
 # Keys of apiextensions/v1 JSONSchemaProps that a generated schema may use.
 ALLOWED_KEYS = frozenset(
-    {
-        "type",
-        "format",
-        "title",
-        "description",
-        "maximum",
-        "exclusiveMaximum",
-        "minimum",
-        "exclusiveMinimum",
-        "maxLength",
-        "minLength",
-        "pattern",
-        "maxItems",
-        "minItems",
-        "multipleOf",
-        "enum",
-        "maxProperties",
-        "minProperties",
-        "required",
-        "items",
-        "allOf",
-        "oneOf",
-        "anyOf",
-        "not",
-        "properties",
-        "additionalProperties",
-        "nullable",
-        "example",
-        "externalDocs",
-        "x-kubernetes-preserve-unknown-fields",
-        "x-kubernetes-int-or-string",
-        "x-kubernetes-embedded-resource",
-        "x-kubernetes-list-type",
-        "x-kubernetes-list-map-keys",
-        "x-kubernetes-map-type",
-        "x-kubernetes-validations",
-    }
+    """type format title description maximum exclusiveMaximum minimum exclusiveMinimum maxLength minLength
+    pattern maxItems minItems multipleOf enum maxProperties minProperties required items allOf oneOf anyOf not
+    properties additionalProperties nullable example externalDocs x-kubernetes-preserve-unknown-fields
+    x-kubernetes-int-or-string x-kubernetes-embedded-resource x-kubernetes-list-type x-kubernetes-list-map-keys
+    x-kubernetes-map-type x-kubernetes-validations""".split()
 )
 _JUNCTORS = ("allOf", "anyOf", "oneOf", "not")
 _PRESERVE = "x-kubernetes-preserve-unknown-fields"

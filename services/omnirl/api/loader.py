@@ -26,7 +26,7 @@ import yaml
 from pydantic import ValidationError
 
 from omnirl.api.errors import ManifestError, format_value
-from omnirl.api.problems import problem_lines
+from omnirl.api.problems import dotted, problem_lines
 from omnirl.api.spec import API_GROUP, API_VERSION, KIND, RLJob
 
 
@@ -139,6 +139,24 @@ def _line_of(node: yaml.Node | None, path: list[str | int]) -> int | None:
     return line
 
 
+def _duplicate_keys(node: yaml.Node | None, path: list[str | int]) -> list[tuple[list[str | int], int, int]]:
+    """(path, first line, repeated line) of every mapping key set twice (PyYAML silently keeps the last)."""
+    found: list[tuple[list[str | int], int, int]] = []
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for k, v in node.value:
+            key = k.value if isinstance(k, yaml.ScalarNode) else None
+            if key is not None and key in seen:
+                found.append(([*path, key], seen[key], k.start_mark.line + 1))
+            elif key is not None:
+                seen[key] = k.start_mark.line + 1
+            found += _duplicate_keys(v, [*path, key if key is not None else "?"])
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found += _duplicate_keys(item, [*path, i])
+    return found
+
+
 def _check_document(path: str, data: Any, node: yaml.Node | None, index: int) -> tuple[RLJob | None, list[str]]:
     """Validate one document: (job, []) or (None, problem lines)."""
     where = f" (document {index + 1})" if index else ""
@@ -154,14 +172,18 @@ def _check_document(path: str, data: Any, node: yaml.Node | None, index: int) ->
             f"{path}: kind: {format_value(data.get('kind'))} is invalid: must be {KIND} "
             f"(apiVersion {API_GROUP}/{API_VERSION}){at}"
         ]
+    lines = [
+        f"{path}: {dotted(loc)}: duplicate key; it is also set at line {first} (line {again})"
+        for loc, first, again in _duplicate_keys(node, [])
+    ]
     try:
-        return job_from_dict(data), []
+        job = job_from_dict(data)
     except ValidationError as e:
-        lines = []
         for loc, text in problem_lines(RLJob, e):
             line = _line_of(node, loc)
             lines.append(f"{path}: {text}" + (f" (line {line})" if line else where))
         return None, lines
+    return (None, lines) if lines else (job, [])
 
 
 def load_rljobs(path: str | os.PathLike[str]) -> list[RLJob]:

@@ -68,14 +68,14 @@ class RSSpec(SpecModel):
     )
     band: tuple[_Positive, _Positive] = Field(
         (0.5, 2.0),
-        description="[lo, hi] band of the IS weight w (dimensionless, lo <= 1 <= hi) used when auto is false.",
+        description="[lo, hi] band of the IS weight w (dimensionless, 0 < lo < 1 < hi) used when auto is false.",
     )
 
     @model_validator(mode="after")
     def _check(self) -> RSSpec:
         lo, hi = self.band
-        if not (lo <= 1.0 <= hi and lo < hi):
-            raise FieldProblem("band", list(self.band), "must satisfy 0 < lo <= 1 <= hi with lo < hi")
+        if not lo < 1.0 < hi:
+            raise FieldProblem("band", list(self.band), "must satisfy 0 < lo < 1 < hi (w = 1 is on-policy)")
         return self
 
 

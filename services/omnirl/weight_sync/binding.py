@@ -3,8 +3,9 @@
 The failure this guards against (references/algorithms.md, "Silent failures users hit"): an engine
 renamed its fused projection, the LoRA update bound zero modules, and rollout kept sampling the base
 policy. Here every received name must land on exactly one parameter/buffer of the module, every
-module name the sync is responsible for must be received, and every tensor's checksum is verified
-twice: on arrival (transport) and after the copy (binding). Anything else raises `BindingError`.
+module name the sync is responsible for must be received, every tensor's checksum is verified on
+arrival (transport), and each slot is compared with what arrived after the copy (binding).
+Anything else raises `BindingError`.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class BindReport:
         version: policy_version of the weights.
         modules_updated: distinct modules (owner of each bound parameter/buffer) that received data.
         tensors_updated: parameters/buffers overwritten.
-        checksum_ok: every tensor matched its manifest checksum on arrival and after the copy.
+        checksum_ok: every tensor matched its manifest checksum on arrival, and every slot equals
+            what arrived after the copy (byte for byte, after casting to the slot's dtype).
         missing: module names the sync was responsible for but did not deliver (sync scope
             ``full``: every state_dict entry; ``adapters``: every entry containing ``lora_``).
         unexpected: received names with no matching slot (``"name -> mapped"`` when renamed by the
@@ -144,21 +146,25 @@ def plan_binding(module: nn.Module, shapes: dict[str, list[int]], scope: str,
 
 
 def copy_verified(plan: BindingPlan, name: str, received: torch.Tensor, checksum: str | None) -> bool:
-    """Copy one received tensor into its slot, checking its checksum before and after.
+    """Copy one received tensor into its slot, checking its checksum before and its content after.
 
     Returns:
         False (and nothing copied) when the arrived bytes do not match `checksum`; False when the
-        slot's content after the copy differs from the received tensor (cast to the slot's dtype);
-        True otherwise. `checksum` None skips the arrival check (in-process use).
+        slot after the copy does not hold the received tensor's bytes (cast to the slot's dtype
+        and device); True otherwise. `checksum` None skips the arrival check.
     """
     if checksum is not None and tensor_checksum(received) != checksum:
         return False
     dst = plan.targets[name]
     with torch.no_grad():
         dst.copy_(received)
-    want = checksum if checksum is not None and dst.dtype == received.dtype else tensor_checksum(
-        received.to(device=dst.device, dtype=dst.dtype))
-    return tensor_checksum(dst) == want
+    return _bit_equal(dst, received.to(device=dst.device, dtype=dst.dtype))
+
+
+def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Same bytes (unlike `torch.equal`, NaN equals the same NaN); a and b share dtype and device."""
+    return torch.equal(a.detach().contiguous().reshape(-1).view(torch.uint8),
+                       b.detach().contiguous().reshape(-1).view(torch.uint8))
 
 
 def finish_report(version: int, plan: BindingPlan, bound: list[str], mismatched: list[str]) -> BindReport:

@@ -43,9 +43,10 @@ def resolve_backend(backend: str | None, device: str | torch.device) -> tuple[st
         memory); nccl/hccl move tensors on `device`.
 
     Raises:
-        ValueError: unknown backend, or nccl/hccl asked for a device of another kind.
+        ValueError: unknown backend, nccl/hccl asked for a device of another kind, or an npu device
+            without torch_npu installed.
     """
-    dev = torch.device(device)
+    dev = _device(device)
     if backend is None:
         backend = {"cpu": "gloo", "cuda": "nccl", "npu": "hccl"}.get(dev.type)
         if backend is None:
@@ -54,8 +55,18 @@ def resolve_backend(backend: str | None, device: str | torch.device) -> tuple[st
         raise ValueError(f"weight sync backend={backend!r}: expected one of {BACKENDS}")
     need = {"nccl": "cuda", "hccl": "npu"}.get(backend)
     if need is not None and dev.type != need:
-        raise ValueError(f"weight sync backend={backend!r} needs a {need} device, got device={dev}")
+        raise ValueError(f"weight sync backend={backend!r} needs a device of type {need!r}, got device={dev}")
     return backend, (torch.device("cpu") if backend == "gloo" else dev)
+
+
+def _device(device: str | torch.device) -> torch.device:
+    """`torch.device`, importing torch_npu first for ``npu`` (it registers that device type)."""
+    if isinstance(device, str) and device.split(":")[0] == "npu":
+        try:
+            import torch_npu  # noqa: F401
+        except ImportError as err:
+            raise ValueError(f"weight sync device={device!r} needs torch_npu (Ascend) installed") from err
+    return torch.device(device)
 
 
 def gloo_hostname(peer_host: str, is_sender: bool) -> str:

@@ -4,15 +4,17 @@ The sender publishes the manifest as JSON in the TCPStore *before* any tensor mo
 travels as raw bytes over the collective, one flat bucket per broadcast. No pickle anywhere.
 
 Checksum (`tensor_checksum`): the tensor's raw bytes are read as 16-bit words u_j (1-byte dtypes:
-bytes), and two position-weighted sums are formed in exact integer arithmetic,
+bytes); with k = j mod 2^20, two position-weighted sums are formed in exact integer arithmetic,
 
-    S1 = Σ_j u_j · (1 + (j · 40503 mod 32749)),   S2 = Σ_j u_j · (1 + (j · 48271 mod 32719)),
+    S1 = Σ_j u_j · (1 + (k · 40503 mod 32749)),   S2 = Σ_j u_j · (1 + (k · 48271 mod 32719)),
 
-each mod 2^64, written as 32 hex digits. Because every weight lies in [1, 2^15] and |Δu| < 2^16, a
+each mod 2^64, written as 32 hex digits. Every weight lies in [1, 2^15] and |Δu| < 2^16, so a
 change of any single word always changes both sums; swapping two words changes them unless both
-weight sequences agree at the two positions (periods 32749 and 32719, coprime). Integer sums are
-associative, so the value is identical on CPU, CUDA or NPU whatever the reduction order — unlike
-float sums — and it is computed where the tensor lives (no device → host copy of the weights).
+weight sequences agree at the two positions (periods 32749 and 32719 are coprime primes). Each
+product is < 2^31 (int32) and each 2^20-word partial sum < 2^51 (int64): no overflow, and integer
+sums are associative, so the value is identical on CPU, CUDA or NPU whatever the reduction order —
+unlike float sums. It is computed where the tensor lives (no device → host copy of the weights);
+the weight table (2 × 2^20 int32, 8 MiB) is built once per device.
 """
 
 from __future__ import annotations
@@ -25,10 +27,21 @@ import torch
 from torch import nn
 
 _WEIGHTS = ((40503, 32749), (48271, 32719))  # (multiplier, prime modulus) per sum
-_CHUNK_WORDS = 1 << 22  # products < 2^31, so a chunk's sum stays < 2^53: exact in int64
+_CHUNK_WORDS = 1 << 20
 _MASK64 = (1 << 64) - 1
+_TABLES: dict[torch.device, torch.Tensor] = {}
 SCOPE_ADAPTERS = "adapters"
 SCOPE_FULL = "full"
+
+
+def _weight_table(device: torch.device) -> torch.Tensor:
+    """``[2, 2^20]`` int32: row i holds 1 + (k · multiplier_i mod modulus_i) for k = 0 … 2^20 − 1."""
+    table = _TABLES.get(device)
+    if table is None:
+        k = torch.arange(_CHUNK_WORDS, dtype=torch.int64, device=device)
+        table = torch.stack([(k * mult) % mod + 1 for mult, mod in _WEIGHTS]).to(torch.int32)
+        _TABLES[device] = table
+    return table
 
 
 def tensor_checksum(t: torch.Tensor) -> str:
@@ -42,17 +55,14 @@ def tensor_checksum(t: torch.Tensor) -> str:
         dtype give equal strings; the shape is not part of it (the manifest carries the shape).
     """
     flat = t.detach().contiguous().reshape(-1)
-    if flat.element_size() >= 2:
-        words = flat.view(torch.int16)
-    else:
-        words = flat.view(torch.uint8)
-    sums = [0, 0]
+    words = flat.view(torch.int16) if flat.element_size() >= 2 else flat.view(torch.uint8)
+    table = _weight_table(words.device)
+    parts = []
     for start in range(0, words.numel(), _CHUNK_WORDS):
-        u = words[start:start + _CHUNK_WORDS].to(torch.int64) & 0xFFFF
-        j = torch.arange(start, start + u.numel(), dtype=torch.int64, device=u.device)
-        for k, (mult, mod) in enumerate(_WEIGHTS):
-            sums[k] = (sums[k] + int((u * ((j * mult) % mod + 1)).sum().item())) & _MASK64
-    return f"{sums[0]:016x}{sums[1]:016x}"
+        u = words[start:start + _CHUNK_WORDS].to(torch.int32) & 0xFFFF
+        parts.append((u * table[:, :u.numel()]).sum(dim=1, dtype=torch.int64))
+    sums = torch.stack(parts).sum(dim=0).tolist() if parts else [0, 0]  # int64 wrap = mod 2^64
+    return f"{sums[0] & _MASK64:016x}{sums[1] & _MASK64:016x}"
 
 
 def named_trainable_tensors(module: nn.Module, adapters_only: bool) -> dict[str, torch.Tensor]:

@@ -8,10 +8,10 @@
 | ``evict/{worker_id}`` | sender | incarnation the sender dropped; that receiver registers again |
 | ``assign/{worker_id}`` | sender | ``{"generation", "version", "incarnation"}``: a sync for this receiver is announced |
 | ``gen/{g}/manifest`` | sender | the `Manifest` of generation g (deleted once g is done) |
-| ``gen/{g}/ready/{worker_id}`` | receiver | its incarnation: it read the manifest and waits for ``go`` |
+| ``gen/{g}/ready/{worker_id}`` | receiver | its incarnation: it read the manifest and waits for ``go`` (deleted once g is done) |
 | ``gen/{g}/go`` | sender | ``{"ranks": [worker ids, rank 1..n], "group": "sync/{gid}"}`` |
 | ``sync/{gid}/...`` | torch | the process group's own rendezvous (PrefixStore) |
-| ``ack/{version}/{worker_id}`` | receiver | ``{"generation", "incarnation", "ok", "error", "report": BindReport}`` |
+| ``ack/{version}/{worker_id}`` | receiver | ``{"generation", "incarnation", "ok", "error", "report": BindReport}`` (deleted once read) |
 
 A generation g is one sync: the sender announces (manifest, assign), waits for ``ready`` (timeout),
 publishes ``go`` with the receivers that are ready, builds (or reuses) the group, broadcasts the

@@ -136,7 +136,8 @@ class WeightReceiver:
         try:
             return self._poll_once()
         except dist.DistError as err:
-            log.warning("worker %s: weight-sync store error (%s); reconnecting", self.worker_id, err)
+            log.warning("worker %s: weight-sync store error (%s); reconnecting", self.worker_id,
+                        str(err).splitlines()[0])
             self._store = None
             self._connect()
             self._register()

@@ -173,7 +173,8 @@ class WeightSender:
             raise ReceiverLost(f"weight sync v{version} (generation {g}): broadcast failed ({err}); "
                                f"lost {sorted(lost + ready)}", lost + ready) from err
         ok, failures, missing = self._collect_acks(version, g, ready)
-        self.store.delete_key(P.manifest_key(g))
+        for key in [P.manifest_key(g), *(P.ready_key(g, w) for w in ready)]:
+            self.store.delete_key(key)  # bounded store memory over many generations
         report = SyncReport(version, ok, manifest.nbytes, time.perf_counter() - t0, len(manifest.buckets),
                             g, group_s)
         if missing:
@@ -233,6 +234,7 @@ class WeightSender:
         failures: dict[str, str] = {}
         for w in acked:
             doc = P.get_json(self.store, P.ack_key(version, w))
+            self.store.delete_key(P.ack_key(version, w))  # read once; the outcome is in the report
             if doc["generation"] != g or doc["incarnation"] != self._members[w].incarnation:
                 missing.append(w)
             elif doc["ok"]:

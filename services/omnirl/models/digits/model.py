@@ -52,6 +52,7 @@ class DigitsConfig:
     depth: int = 6
     heads: int = 4
     mlp_ratio: int = 4
+    reinject_cond: bool = False
 
     def __post_init__(self) -> None:
         if self.height % self.patch or self.slot_width % self.patch:
@@ -223,7 +224,11 @@ class DigitsDiT(nn.Module):
         tokens = self.patch_embed(patches) + self.row_embed[:, None] + self._column_tokens(prompt_ids, cols)[:, None]
         tokens = tokens.reshape(b, rows * cols, cfg.d_model)
         cond = self.sigma_mlp(sigma_embedding(sigma, cfg.d_model).to(x.dtype))
+        if cfg.reinject_cond:
+            pos = (self.row_embed[:, None] + self._column_tokens(prompt_ids, cols)[:, None]).reshape(b, rows * cols, -1)
         for block in self.blocks:
+            if cfg.reinject_cond:
+                tokens = tokens + pos
             tokens = block(tokens, cond)
         shift, scale = self.modulation_out(F.silu(cond)).chunk(2, dim=-1)
         out = self.out_proj(_modulate(self.norm_out(tokens), shift, scale))

@@ -72,13 +72,14 @@ def flow_matching_loss(
     Args:
         x0: `[B, 1, 32, W]` float32 clean latents in [−1, 1].
         prompt_ids: `[B, 8]` int64.
-        generator: source of ε and σ (on x0's device).
+        generator: CPU generator for ε and σ (drawn on the CPU, then moved to x0's device, so a
+            run draws the same numbers on every device).
     Returns:
         Scalar loss.
     """
     b = x0.shape[0]
-    eps = torch.randn(x0.shape, generator=generator, device=x0.device)
-    sigma = torch.sigmoid(torch.randn(b, generator=generator, device=x0.device))
+    eps = torch.randn(x0.shape, generator=generator).to(x0.device)
+    sigma = torch.sigmoid(torch.randn(b, generator=generator)).to(x0.device)
     s = sigma[:, None, None, None]
     x_sigma = (1 - s) * x0 + s * eps
     return F.mse_loss(module(x_sigma, sigma, prompt_ids), eps - x0)
@@ -110,7 +111,7 @@ def pretrain(
     Args:
         out_dir: checkpoint directory (config.json + model.safetensors).
         steps: optimiser steps (≥ 1).
-        seed: seeds the model init, the rendered data, ε and σ.
+        seed: seeds the model init (CPU), the rendered data, ε and σ (CPU generator).
         batch_size: images per step.
         lr: peak AdamW learning rate (linear warm-up over 50 steps, then constant).
         device: torch device.
@@ -129,7 +130,7 @@ def pretrain(
     args = {"out": str(out_dir), "steps": steps, "seed": seed, "batch_size": batch_size, "lr": lr, "device": device}
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    generator = torch.Generator(device=device).manual_seed(seed)
+    generator = torch.Generator().manual_seed(seed)  # CPU: the same ε and σ stream on every device
     module = DigitsDiT(config).to(device)
     ema = copy.deepcopy(module).requires_grad_(False)
     optimizer = torch.optim.AdamW(module.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01)

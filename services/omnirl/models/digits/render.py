@@ -42,6 +42,8 @@ FONT_FILES = (
 )
 FONT_SIZES = (18, 20, 22, 24)
 """Font sizes in pixels (a digit at 24 px is ~15 px wide in DejaVu Sans: it fits a slot)."""
+STROKE_PROB = 0.25
+"""Probability of drawing with a 1-px stroke (heavier glyphs)."""
 
 
 def slots_for(text: str) -> int:
@@ -91,7 +93,7 @@ def render_text(
     if not 0 < len(text) <= width_slots:
         raise ValueError(f"text {text!r} does not fit {width_slots} slots (needs 1..{width_slots} characters)")
     font = _font(FONT_FILES[int(rng.integers(len(FONT_FILES)))], int(rng.choice(FONT_SIZES)))
-    stroke = int(rng.random() < 0.25)
+    stroke = int(rng.random() < STROKE_PROB)
     image = Image.new("L", (SLOT_WIDTH * width_slots, HEIGHT), 255)
     draw = ImageDraw.Draw(image)
     start = first_slot(len(text), width_slots)

@@ -1,0 +1,113 @@
+"""Learning curve of an RLJob's algorithm in ONE process (no Redis, no role processes).
+
+The same engine, scorer, advantages and trainer the roles use, called in a plain loop, so
+hyperparameters can be swept quickly and the distributed run's overhead measured against it:
+
+    python -m benchmarks.learning_curve examples/ocr-nft.yaml --minutes 10 --set algorithm.optimizer.learningRate=2e-4
+
+Prints one JSON line per validation: {"it", "minutes", "val_reward", "exact", "train_reward"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import yaml
+
+from omnirl.actor.batch import TrainSample
+from omnirl.actor.trainer import Trainer
+from omnirl.algorithms import group_advantages, select_window
+from omnirl.api.loader import job_from_dict, load_rljob, resolve_paths
+from omnirl.controller.data import PromptSource, read_prompts
+from omnirl.controller.evaluate import evaluate
+from omnirl.models.registry import load_adapter
+from omnirl.reward.registry import build_scorer
+from omnirl.rollout.engine import RolloutEngine
+from omnirl.rollout.types import SampleRequest
+
+
+def _override(doc: dict, assignment: str) -> None:
+    path, _, raw = assignment.partition("=")
+    *parents, leaf = path.split(".")
+    node = doc["spec"]
+    for key in parents:
+        node = node.setdefault(key, {})
+    node[leaf] = yaml.safe_load(raw)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("job")
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--eval-every", type=int, default=10, help="iterations between held-out evaluations")
+    p.add_argument("--eval-prompts", type=int, default=128)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--set", action="append", default=[], help="spec override, e.g. algorithm.groupSize=16")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    base = load_rljob(args.job)
+    doc = json.loads(base.model_dump_json())
+    for a in args.set:
+        _override(doc, a)
+    job = resolve_paths(job_from_dict(doc), ".")
+    spec = job.spec
+    algo = spec.algorithm
+    adapter = load_adapter(spec.model.family, spec.model.path)
+    trainer = Trainer(adapter, spec)
+    scorer = build_scorer(spec.reward[0])
+    data = PromptSource(read_prompts(spec.data.trainPrompts), adapter.tokenize, seed=spec.seed)
+    held = read_prompts(spec.data.validationPrompts)[: args.eval_prompts]
+    engine = RolloutEngine(adapter, max_batch_size=spec.roles.rollout.maxBatchSize)
+    t0 = time.time()
+
+    def validate(it: int, train_reward: float | None) -> None:
+        adapter.module.eval()
+        with torch.no_grad():
+            r = evaluate(adapter, scorer, held, num_steps=spec.validation.numSteps, seed=spec.validation.seed)
+        adapter.module.train()
+        print(json.dumps({"it": it, "minutes": round((time.time() - t0) / 60, 2), "val_reward": round(r.mean_reward, 4),
+                          "exact": round(r.exact_match, 4), "train_reward": train_reward}), flush=True)
+
+    validate(0, None)
+    it = 0
+    while time.time() - t0 < args.minutes * 60:
+        prompts = data.draw(algo.promptsPerStep)
+        if algo.name == "flow-grpo":
+            g = algo.flowGrpo
+            window = tuple(select_window(spec.seed * 100_003 + it, algo.sampling.numSteps, g.window.size,
+                                         tuple(g.window.range)))
+            noise, sde_type = g.noiseLevel, g.sdeType
+        else:
+            window, noise, sde_type = (), 0.0, "sde"
+        for p_ in prompts:
+            for i in range(algo.groupSize):
+                engine.submit(SampleRequest(f"{it}:{p_.index}:{i}", p_.text, tuple(p_.ids), seed=it * 100_000 + p_.index * 100 + i,
+                                            num_steps=algo.sampling.numSteps, window=window, noise_level=noise,
+                                            sde_type=sde_type, meta={"group": f"{it}:{p_.index}"}))
+        adapter.module.eval()
+        results = engine.run_until_idle()
+        adapter.module.train()
+        images = torch.stack([r.image for r in results]).numpy()
+        rewards = torch.tensor(scorer.score(images, [r.request.prompt for r in results],
+                                            [r.request.sample_id for r in results]))
+        groups = {g: k for k, g in enumerate(dict.fromkeys(r.request.meta["group"] for r in results))}
+        adv = group_advantages(rewards, torch.tensor([groups[r.request.meta["group"]] for r in results]),
+                               std_mode=algo.advantage.stdMode).advantages
+        samples = [TrainSample(r.request.sample_id, r.request.meta["group"], list(r.request.prompt_ids), float(a),
+                               r.x0, r.latents, r.log_probs, r.sigmas, noise, sde_type, 0)
+                   for r, a in zip(results, adv.tolist(), strict=True)]
+        trainer.train_step(samples, it)
+        # rollout samples from the old policy (NFT) or θ: copy what the actor would broadcast
+        if trainer.policies.has_old and not trainer.policies.lora:
+            engine.adapter = trainer.policies._old_adapter
+        it += 1
+        if it % args.eval_every == 0:
+            validate(it, round(float(rewards.mean()), 4))
+    validate(it, None)
+
+
+if __name__ == "__main__":
+    main()
