@@ -20,6 +20,7 @@ import yaml
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.trainer import Trainer
 from omnirl.algorithms import group_advantages, select_window
+from omnirl.api.loader import _Loader as YAML12Loader
 from omnirl.api.loader import job_from_dict, load_rljob, resolve_paths
 from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.controller.evaluate import evaluate
@@ -35,7 +36,7 @@ def _override(doc: dict, assignment: str) -> None:
     node = doc["spec"]
     for key in parents:
         node = node.setdefault(key, {})
-    node[leaf] = yaml.safe_load(raw)
+    node[leaf] = yaml.load(raw, Loader=YAML12Loader)  # 1e-4 is a number, as in manifests
 
 
 def main() -> None:
@@ -90,9 +91,14 @@ def main() -> None:
         adapter.module.eval()
         results = engine.run_until_idle()
         adapter.module.train()
-        images = torch.stack([r.image for r in results]).numpy()
-        rewards = torch.tensor(scorer.score(images, [r.request.prompt for r in results],
-                                            [r.request.sample_id for r in results]))
+        rewards = torch.zeros(len(results))
+        by_shape: dict[tuple, list[int]] = {}
+        for k, r in enumerate(results):
+            by_shape.setdefault(tuple(r.image.shape), []).append(k)
+        for idx in by_shape.values():  # the scorer takes one image size per call
+            images = torch.stack([results[k].image for k in idx]).numpy()
+            rewards[idx] = torch.tensor(scorer.score(images, [results[k].request.prompt for k in idx],
+                                                     [results[k].request.sample_id for k in idx]))
         groups = {g: k for k, g in enumerate(dict.fromkeys(r.request.meta["group"] for r in results))}
         adv = group_advantages(rewards, torch.tensor([groups[r.request.meta["group"]] for r in results]),
                                std_mode=algo.advantage.stdMode).advantages

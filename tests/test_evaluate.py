@@ -11,7 +11,7 @@ from omnirl.controller.evaluate import evaluate, initial_noise
 from omnirl.controller.grid import save_image_grid
 from omnirl.models.digits.adapter import load_digits_adapter
 from omnirl.models.digits.prompts import make_prompt_sets
-from omnirl.reward import OCRScorer
+from omnirl.reward.ocr import OCRScorer
 
 torch.set_num_threads(1)
 

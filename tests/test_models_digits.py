@@ -91,15 +91,19 @@ def test_adapter_shapes_both_widths_and_cond_concat():
     assert isinstance(adapter, ModelAdapter)
     short, long_ = adapter.tokenize('A sign that says "204"'), adapter.tokenize('say "98765"')
     assert adapter.latent_shape(short) == (1, 32, 64) and adapter.latent_shape(long_) == (1, 32, 128)
-    c1, c2 = adapter.encode([short]), adapter.encode([long_, short])
-    cond = {k: torch.cat([c1[k], c2[k]]) for k in c1}
-    assert cond["prompt_ids"].shape == (3, 8) and cond["prompt_ids"].dtype == torch.int64
-    for width in (64, 128):
+    for width, ids in ((64, [short, adapter.tokenize('"7"'), short]), (128, [long_, adapter.tokenize('"12345678"'), long_])):
+        # conditionings of separately encoded requests of one latent shape concatenate along the batch
+        c1, c2 = adapter.encode(ids[:1]), adapter.encode(ids[1:])
+        cond = {k: torch.cat([c1[k], c2[k]]) for k in c1}
+        assert cond["prompt_ids"].shape == (3, 8) and cond["prompt_ids"].dtype == torch.int64
+        assert torch.equal(cond["prompt_ids"], adapter.encode(ids)["prompt_ids"])
         x = torch.randn(3, 1, 32, width)
         v = adapter.velocity(x, torch.rand(3), cond)
         assert v.shape == x.shape and v.dtype == torch.float32
         images = adapter.decode(x)
         assert images.shape == (3, 32, width, 3) and images.dtype == torch.uint8
+    with pytest.raises(ValueError, match="does not fit"):
+        adapter.velocity(torch.randn(1, 1, 32, 64), torch.rand(1), adapter.encode([long_]))
     with pytest.raises(ValueError, match="pad 0 not allowed"):
         adapter.encode([[1, 0, 2]])
 
@@ -136,6 +140,9 @@ def test_pretrain_is_deterministic_and_saves(tmp_path):
     config = DigitsConfig(d_model=32, depth=1, heads=2)
     reports = [pretrain(tmp_path / name, steps=2, batch_size=4, log_every=0, config=config) for name in "ab"]
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    # a longer run's step-N snapshot is the --steps N checkpoint (constant lr after warm-up)
+    pretrain(tmp_path / "c", steps=3, batch_size=4, log_every=0, snapshot_every=2, config=config)
+    assert (tmp_path / "c" / "step-2" / "model.safetensors").read_bytes() == (tmp_path / "a" / "model.safetensors").read_bytes()
     provenance = json.loads((tmp_path / "a" / "config.json").read_text())["provenance"]
     assert provenance["steps"] == 2 and provenance["seed"] == 0
     assert provenance["final_loss"] == pytest.approx(reports[0].final_loss, abs=1e-5)

@@ -6,14 +6,13 @@ writing the children's ``status`` and check what the operator makes of it.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
 import redis
 
 from omnirl_operator.settings import OperatorSettings
-from omnirl_operator.testing import EmulatedCluster, rljob_body
+from omnirl_operator.testing import BackgroundCluster, EmulatedCluster, rljob_body
 
 NS = "team-a"
 RLJOB = ("omnirl.dev/v1alpha1", "RLJob")
@@ -31,15 +30,23 @@ def manifest(name: str = "demo", **spec: Any) -> dict[str, Any]:
             "metadata": {"name": name, "namespace": NS}, "spec": base}
 
 
-def run(scenario, redis_url: str = "redis://127.0.0.1:1/0", resync: float = 0.5) -> None:
-    """Run ``scenario(cluster)`` with the operator started, inside one event loop."""
+@pytest.fixture(scope="module")
+def bg(redis_url):
+    """One emulator + operator for the whole module (its default Redis is the test redis-server)."""
+    with BackgroundCluster(OperatorSettings(default_redis_url=redis_url), resync_seconds=1.5) as cluster:
+        yield cluster
 
-    async def main() -> None:
-        async with EmulatedCluster() as cluster:
-            await cluster.start_operator(OperatorSettings(default_redis_url=redis_url), resync_seconds=resync)
+
+def run(bg: BackgroundCluster, scenario, name: str) -> None:
+    """Run ``scenario(cluster)``, then delete the test's RLJob so the operator stops resyncing it."""
+
+    async def wrapped(cluster: EmulatedCluster) -> None:
+        try:
             await scenario(cluster)
+        finally:
+            await cluster.delete(*RLJOB, NS, name)
 
-    asyncio.run(main())
+    bg.run(wrapped)
 
 
 async def _phase(cluster: EmulatedCluster, name: str, phase: str) -> dict:
@@ -50,6 +57,13 @@ async def _phase(cluster: EmulatedCluster, name: str, phase: str) -> dict:
     return await cluster.wait_for(check, what=f"phase {phase}")
 
 
+async def _exists(cluster: EmulatedCluster, api_version: str, kind: str, name: str) -> dict:
+    async def check():
+        return await cluster.get(api_version, kind, NS, name)
+
+    return await cluster.wait_for(check, what=f"{kind}/{name} exists")
+
+
 async def _replicas(cluster: EmulatedCluster, kind: str, name: str, n: int) -> dict:
     async def check():
         obj = await cluster.get("apps/v1", kind, NS, name)
@@ -58,185 +72,215 @@ async def _replicas(cluster: EmulatedCluster, kind: str, name: str, n: int) -> d
     return await cluster.wait_for(check, what=f"{kind}/{name} replicas={n}")
 
 
-def test_create_builds_children_and_status_follows_readiness():
+def test_create_builds_children_and_status_follows_readiness(bg):
+    name = "create"
+
     async def scenario(cluster: EmulatedCluster) -> None:
-        await cluster.create(rljob_body(manifest()))
-        job = await _phase(cluster, "demo", "Pending")
+        await cluster.create(rljob_body(manifest(name)))
+        job = await _phase(cluster, name, "Pending")
         uid = job["metadata"]["uid"]
         assert job["metadata"]["finalizers"] == ["omnirl.dev/redis-cleanup"]
         assert job["status"]["readyRoles"] == "0/4" and job["status"]["observedGeneration"] == 1
-        children = [("apps/v1", "Deployment", "demo-rollout"), ("apps/v1", "Deployment", "demo-reward"),
-                    ("apps/v1", "StatefulSet", "demo-actor"), ("batch/v1", "Job", "demo-controller"),
-                    ("v1", "ConfigMap", "demo-spec"), ("v1", "Service", "demo-actor"),
-                    ("v1", "ServiceAccount", "demo-controller")]
-        for api_version, kind, name in children:
-            obj = await cluster.get(api_version, kind, NS, name)
-            assert obj is not None, f"{kind}/{name} missing"
+        children = [("apps/v1", "Deployment", f"{name}-rollout"), ("apps/v1", "Deployment", f"{name}-reward"),
+                    ("apps/v1", "StatefulSet", f"{name}-actor"), ("v1", "ConfigMap", f"{name}-spec"),
+                    ("v1", "Service", f"{name}-actor"), ("v1", "ServiceAccount", f"{name}-controller"),
+                    ("rbac.authorization.k8s.io/v1", "Role", f"{name}-controller")]
+        for api_version, kind, child in children:
+            obj = await cluster.get(api_version, kind, NS, child)
+            assert obj is not None, f"{kind}/{child} missing"
             assert obj["metadata"]["ownerReferences"][0]["uid"] == uid
+        await _exists(cluster, "batch/v1", "Job", f"{name}-controller")
 
-        for kind, name in (("Deployment", "demo-rollout"), ("Deployment", "demo-reward"),
-                           ("StatefulSet", "demo-actor")):
-            await cluster.set_status("apps/v1", kind, NS, name, {"readyReplicas": 1})
-        await cluster.set_status("batch/v1", "Job", NS, "demo-controller", {"active": 1, "ready": 1})
-        job = await _phase(cluster, "demo", "Running")
+        for kind, child in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor")):
+            await cluster.set_status("apps/v1", kind, NS, f"{name}-{child}", {"readyReplicas": 1})
+        await cluster.set_status("batch/v1", "Job", NS, f"{name}-controller", {"active": 1, "ready": 1})
+        job = await _phase(cluster, name, "Running")
         assert job["status"]["readyRoles"] == "4/4"
         ready = next(c for c in job["status"]["conditions"] if c["type"] == "Ready")
         assert (ready["status"], ready["reason"]) == ("True", "AllRolesReady")
         assert job["status"]["startTime"]
 
         async def kopf_annotations():  # kopf keeps its own state in annotations, never in status
-            job = await cluster.rljob(NS, "demo")
+            job = await cluster.rljob(NS, name)
             return "omnirl.dev/last-handled-configuration" in (job["metadata"].get("annotations") or {})
 
         await cluster.wait_for(kopf_annotations, what="kopf's diff-base annotation")
         assert "kopf" not in job["status"]
 
-        # the controller reports progress; the operator's resync must leave it alone
-        await cluster.patch(*RLJOB, NS, "demo", {"status": {"step": 3, "rewardMean": 0.5}}, sub="status")
+        # the controller reports progress; the operator's resyncs must leave it alone
+        await cluster.patch(*RLJOB, NS, name, {"status": {"step": 3, "rewardMean": 0.5}}, sub="status")
 
-        async def message_has_step():  # the next resync mentions it, and leaves the fields alone
-            job = await cluster.rljob(NS, "demo")
+        async def message_has_step():
+            job = await cluster.rljob(NS, name)
             return job if "step 3, reward mean 0.5" in job["status"]["message"] else None
 
         job = await cluster.wait_for(message_has_step, what="progress in the status message")
         assert (job["status"]["step"], job["status"]["rewardMean"]) == (3, 0.5)
 
-        await cluster.set_status("batch/v1", "Job", NS, "demo-controller",
+        await cluster.set_status("batch/v1", "Job", NS, f"{name}-controller",
                                  {"conditions": [{"type": "Complete", "status": "True"}]})
-        job = await _phase(cluster, "demo", "Succeeded")
+        job = await _phase(cluster, name, "Succeeded")
         assert job["status"]["completionTime"]
-        await _replicas(cluster, "Deployment", "demo-rollout", 0)  # accelerators are freed
+        assert job["status"]["step"] == 3
+        await _replicas(cluster, "Deployment", f"{name}-rollout", 0)  # accelerators are freed
 
-    run(scenario)
+    run(bg, scenario, name)
 
 
-def test_update_patches_children():
+def test_update_patches_children(bg):
+    name = "update"
+
     async def scenario(cluster: EmulatedCluster) -> None:
-        await cluster.create(rljob_body(manifest()))
-        await _replicas(cluster, "Deployment", "demo-rollout", 1)
-        spec_patch = {"metadata": {"generation": 2}, "spec": {"roles": {"rollout": {"replicas": 3}}}}
-        await cluster.patch(*RLJOB, NS, "demo", spec_patch)
-        await _replicas(cluster, "Deployment", "demo-rollout", 3)
+        await cluster.create(rljob_body(manifest(name)))
+        await _replicas(cluster, "Deployment", f"{name}-rollout", 1)
+        controller = await _exists(cluster, "batch/v1", "Job", f"{name}-controller")
+        await cluster.patch(*RLJOB, NS, name, {"spec": {"roles": {"rollout": {"replicas": 3}}}})
+        await _replicas(cluster, "Deployment", f"{name}-rollout", 3)
 
         async def observed_2():
-            job = await cluster.rljob(NS, "demo")
-            return job["status"].get("observedGeneration") == 2 and job["status"]["roles"]["rollout"]["desired"] == 3
+            status = (await cluster.rljob(NS, name))["status"]
+            return status.get("observedGeneration") == 2 and status["roles"]["rollout"]["desired"] == 3
 
         await cluster.wait_for(observed_2, what="observedGeneration 2")
-        cm = await cluster.get("v1", "ConfigMap", NS, "demo-spec")
+        cm = await cluster.get("v1", "ConfigMap", NS, f"{name}-spec")
         assert "replicas: 3" in cm["data"]["job.yaml"]
+        # scaling a role does not restart the controller
+        assert (await cluster.get("batch/v1", "Job", NS, f"{name}-controller"))["metadata"]["uid"] == \
+            controller["metadata"]["uid"]
+        # a spec change does: the Job's template is immutable, so it is replaced
+        await cluster.patch(*RLJOB, NS, name, {"spec": {"algorithm": {"steps": 9}}})
 
-    run(scenario)
+        async def replaced():
+            job = await cluster.get("batch/v1", "Job", NS, f"{name}-controller")
+            return job if job and job["metadata"]["uid"] != controller["metadata"]["uid"] else None
+
+        await cluster.wait_for(replaced, what="controller Job replaced after a spec change")
+
+    run(bg, scenario, name)
 
 
-def test_suspend_scales_to_zero_and_resume_rebuilds():
+def test_suspend_scales_to_zero_and_resume_rebuilds(bg):
+    name = "suspend"
+
     async def scenario(cluster: EmulatedCluster) -> None:
-        await cluster.create(rljob_body(manifest()))
-        await _replicas(cluster, "StatefulSet", "demo-actor", 1)
-        assert await cluster.get("batch/v1", "Job", NS, "demo-controller")
-        await cluster.patch(*RLJOB, NS, "demo", {"spec": {"suspend": True}})
-        job = await _phase(cluster, "demo", "Suspended")
+        await cluster.create(rljob_body(manifest(name)))
+        await _replicas(cluster, "StatefulSet", f"{name}-actor", 1)
+        await _exists(cluster, "batch/v1", "Job", f"{name}-controller")
+        await cluster.patch(*RLJOB, NS, name, {"spec": {"suspend": True}})
+        job = await _phase(cluster, name, "Suspended")
         assert job["status"]["roles"]["actor"]["desired"] == 0
-        for kind, name in (("Deployment", "demo-rollout"), ("Deployment", "demo-reward"),
-                           ("StatefulSet", "demo-actor")):
-            await _replicas(cluster, kind, name, 0)
-        assert await cluster.get("batch/v1", "Job", NS, "demo-controller") is None
+        for kind, child in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor")):
+            await _replicas(cluster, kind, f"{name}-{child}", 0)
+        assert await cluster.get("batch/v1", "Job", NS, f"{name}-controller") is None
 
-        await cluster.patch(*RLJOB, NS, "demo", {"spec": {"suspend": False}})
-        await _phase(cluster, "demo", "Pending")
-        await _replicas(cluster, "StatefulSet", "demo-actor", 1)
+        await cluster.patch(*RLJOB, NS, name, {"spec": {"suspend": False}})
+        await _phase(cluster, name, "Pending")
+        await _replicas(cluster, "StatefulSet", f"{name}-actor", 1)
+        await _exists(cluster, "batch/v1", "Job", f"{name}-controller")
 
-        async def job_back():
-            return await cluster.get("batch/v1", "Job", NS, "demo-controller")
-
-        await cluster.wait_for(job_back, what="controller Job recreated")
-
-    run(scenario)
+    run(bg, scenario, name)
 
 
-def test_delete_runs_finalizer_that_clears_only_this_jobs_redis_keys(redis_url):
+def test_delete_runs_finalizer_that_clears_only_this_jobs_redis_keys(bg, redis_url):
+    name = "delete"
     client = redis.Redis.from_url(redis_url)
-    client.flushdb()
-    client.xadd("omnirl:demo:samples", {"k": b"v"})
-    client.set("omnirl:demo:tensors:0:0:0", b"x")
-    client.set("omnirl:demo-2:kv:policy_version", b"1")  # another job: must survive
+    client.xadd(f"omnirl:{name}:samples", {"k": b"v"})
+    client.set(f"omnirl:{name}:tensors:0:0:0", b"x")
+    client.set(f"omnirl:{name}-2:kv:policy_version", b"1")  # another job's key: must survive
     try:
         async def scenario(cluster: EmulatedCluster) -> None:
-            await cluster.create(rljob_body(manifest()))
-            await _phase(cluster, "demo", "Pending")
-            await cluster.delete(*RLJOB, NS, "demo")
+            await cluster.create(rljob_body(manifest(name)))
+            await _phase(cluster, name, "Pending")
+            await cluster.delete(*RLJOB, NS, name)
 
             async def gone():
-                return await cluster.rljob(NS, "demo") is None
+                return await cluster.rljob(NS, name) is None
 
             await cluster.wait_for(gone, what="RLJob released by the finalizer")
 
-        run(scenario, redis_url=redis_url)
-        assert sorted(client.keys("omnirl:*")) == [b"omnirl:demo-2:kv:policy_version"]
+        bg.run(scenario)
+        assert sorted(client.keys(f"omnirl:{name}*")) == [f"omnirl:{name}-2:kv:policy_version".encode()]
     finally:
-        client.flushdb()
+        client.delete(f"omnirl:{name}-2:kv:policy_version")
         client.close()
 
 
-def test_invalid_spec_fails_with_condition_naming_the_field():
+def test_invalid_spec_fails_with_condition_naming_the_field(bg):
+    name = "invalid"
+
     async def scenario(cluster: EmulatedCluster) -> None:
-        bad = manifest("bad", algorithm={"groupSize": 1})
-        await cluster.create(rljob_body(bad))
-        job = await _phase(cluster, "bad", "Failed")
+        await cluster.create(rljob_body(manifest(name, algorithm={"groupSize": 1})))
+        job = await _phase(cluster, name, "Failed")
         failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
         assert failed["status"] == "True" and failed["reason"] == "InvalidSpec"
         assert "spec.algorithm.groupSize" in failed["message"]
-        assert await cluster.get("v1", "ConfigMap", NS, "bad-spec") is None
-        assert await cluster.get("apps/v1", "Deployment", NS, "bad-rollout") is None
-
-        async def warning_event():
-            events = [obj.raw for key, obj in cluster.emulator.objects.items()
-                      if key[0].plural == "events" and not obj.deleted]
-            return [e for e in events if e.get("reason") == "Failed" and e.get("type") == "Warning"]
-
-        events = await cluster.wait_for(warning_event, what="a Warning event")
-        assert "spec.algorithm.groupSize" in events[0]["message"]
+        assert await cluster.get("v1", "ConfigMap", NS, f"{name}-spec") is None
+        assert await cluster.get("apps/v1", "Deployment", NS, f"{name}-rollout") is None
 
         # fixing the spec recovers the job
-        await cluster.patch(*RLJOB, NS, "bad", {"spec": {"algorithm": {"groupSize": 4}}})
-        await _phase(cluster, "bad", "Pending")
-        assert await cluster.get("apps/v1", "Deployment", NS, "bad-rollout") is not None
+        await cluster.patch(*RLJOB, NS, name, {"spec": {"algorithm": {"groupSize": 4}}})
+        await _phase(cluster, name, "Pending")
+        await _exists(cluster, "apps/v1", "Deployment", f"{name}-rollout")
 
-    run(scenario)
+    run(bg, scenario, name)
 
 
 @pytest.mark.parametrize("action, phase", [("restart-job", "Pending"), ("fail-job", "Failed")])
-def test_controller_failure_follows_failure_policy(action, phase):
+def test_controller_failure_follows_failure_policy(bg, action, phase):
+    name = f"policy-{action}"
+
     async def scenario(cluster: EmulatedCluster) -> None:
-        await cluster.create(rljob_body(manifest(failurePolicy={"maxRestarts": 1, "controller": action})))
-        await _phase(cluster, "demo", "Pending")
+        await cluster.create(rljob_body(manifest(name, failurePolicy={"maxRestarts": 1, "controller": action})))
+        await _phase(cluster, name, "Pending")
+        await _exists(cluster, "batch/v1", "Job", f"{name}-controller")
         failed = {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
                                   "message": "Job has reached the specified backoff limit"}]}
-        await cluster.set_status("batch/v1", "Job", NS, "demo-controller", failed)
+        await cluster.set_status("batch/v1", "Job", NS, f"{name}-controller", failed)
 
         async def decided():
-            job = await cluster.rljob(NS, "demo")
-            status = job.get("status") or {}
+            status = (await cluster.rljob(NS, name)).get("status") or {}
             done = status.get("restarts") == 1 if action == "restart-job" else status.get("phase") == "Failed"
-            return job if done else None
+            return status if done else None
 
-        job = await cluster.wait_for(decided, what=f"{action} carried out")
-        assert job["status"]["phase"] == phase
+        status = await cluster.wait_for(decided, what=f"{action} carried out")
+        assert status["phase"] == phase
         if action == "fail-job":
-            assert "fail-job" in job["status"]["message"]
-            await _replicas(cluster, "StatefulSet", "demo-actor", 0)
+            assert "fail-job" in status["message"]
+            await _replicas(cluster, "StatefulSet", f"{name}-actor", 0)
             return
-        # restart-job: a fresh controller Job appears, pods are rolled
-        async def fresh_job():
-            obj = await cluster.get("batch/v1", "Job", NS, "demo-controller")
+
+        async def fresh_job():  # restart-job: a new controller Job, and the pods rolled
+            obj = await cluster.get("batch/v1", "Job", NS, f"{name}-controller")
             return obj if obj and not obj.get("status") else None
 
         await cluster.wait_for(fresh_job, what="a new controller Job")
-        sts = await cluster.get("apps/v1", "StatefulSet", NS, "demo-actor")
+        sts = await cluster.get("apps/v1", "StatefulSet", NS, f"{name}-actor")
         assert "omnirl.dev/restarted-at" in sts["spec"]["template"]["metadata"]["annotations"]
-        # the second failure exhausts maxRestarts=1
-        await cluster.set_status("batch/v1", "Job", NS, "demo-controller", failed)
-        job = await _phase(cluster, "demo", "Failed")
+        await cluster.set_status("batch/v1", "Job", NS, f"{name}-controller", failed)  # exhausts maxRestarts=1
+        job = await _phase(cluster, name, "Failed")
         assert next(c for c in job["status"]["conditions"] if c["type"] == "Failed")["reason"] == "RestartsExhausted"
 
-    run(scenario)
+    run(bg, scenario, name)
+
+
+def test_phase_transitions_post_events(bg):
+    """kmock keys events by name and kopf posts them with generateName, so the emulator keeps only
+    the first event of a namespace: this test uses its own namespace and checks that one."""
+    name = "events"
+
+    async def scenario(cluster: EmulatedCluster) -> None:
+        body = rljob_body(manifest(name, algorithm={"groupSize": 1}))
+        body["metadata"]["namespace"] = "events-ns"
+        await cluster.create(body)
+
+        async def warning_event():
+            return [obj.raw for key, obj in cluster.emulator.objects.items()
+                    if key[0].plural == "events" and key[1] == "events-ns" and not obj.deleted]
+
+        events = await cluster.wait_for(warning_event, what="an event")
+        assert (events[0]["type"], events[0]["reason"]) == ("Warning", "Failed")
+        assert "spec.algorithm.groupSize" in events[0]["message"]
+        assert events[0]["involvedObject"]["name"] == name
+        await cluster.delete(*RLJOB, "events-ns", name)
+
+    bg.run(scenario)

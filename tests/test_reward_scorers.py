@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from omnirl.models.digits.render import render_text, slots_for
-from omnirl.reward import JPEGCompressibilityScorer, OCRScorer, Scorer, ScorerError
+from omnirl.reward import Scorer, ScorerError
+from omnirl.reward.jpeg import JPEGCompressibilityScorer
+from omnirl.reward.ocr import OCRScorer
 from omnirl.reward.ocr import ctc_greedy_decode, preprocess
 from omnirl.reward.text import levenshtein, ocr_reward
 

@@ -223,3 +223,13 @@ def test_receiver_reconnects_and_rejoins_after_the_actor_restarts() -> None:
     receiver.close()
     assert second.members() == []
     second.close()
+
+
+def test_receiver_follows_the_actors_backend_or_rejects_a_different_one() -> None:
+    sender = WeightSender("127.0.0.1", 0, backend="gloo", timeout_s=5)
+    with pytest.raises(ValueError, match="broadcasts with 'gloo'"):
+        WeightReceiver("127.0.0.1", sender.port, "w1", backend="nccl", device="cuda:0", timeout_s=5)
+    receiver = WeightReceiver("127.0.0.1", sender.port, "w2", device="cuda:0", timeout_s=5)  # auto: nccl
+    assert (receiver.backend, receiver.transport) == ("gloo", torch.device("cpu"))
+    receiver.close()
+    sender.close()

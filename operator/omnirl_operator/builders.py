@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from omnirl.api.loader import dump_rljob
+from omnirl.api.loader import dump_rljob, resolve_paths
 from omnirl.api.spec import API_GROUP, RLJob
 from omnirl_operator.meta import (
     LABEL_METRICS,
@@ -69,6 +69,17 @@ def job_yaml(job: RLJob) -> str:
 def spec_hash(text: str) -> str:
     """First 16 hex digits of sha256(text): a pod-template annotation that rolls pods on change."""
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def template_digest(job: RLJob) -> str:
+    """Hash of the job manifest without ``suspend`` and role ``replicas``: it annotates every pod
+    template, so a spec change rolls the pods (and replaces the controller Job) while scaling or
+    suspending does not."""
+    roles = job.spec.roles
+    unscaled = roles.model_copy(update={r: getattr(roles, r).model_copy(update={"replicas": 1})
+                                        for r in ("rollout", "reward", "actor", "controller")})
+    spec = job.spec.model_copy(update={"roles": unscaled, "suspend": False})
+    return spec_hash(job_yaml(job.model_copy(update={"spec": spec})))
 
 
 def build_configmap(job: RLJob, text: str) -> dict[str, Any]:
@@ -234,13 +245,17 @@ def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | No
         running: whether pods should run; default ``not spec.suspend``. When false, the workloads
             have 0 replicas and the controller Job is left out (the reconcile deletes it).
 
+    Relative ``spec.data`` and ``spec.model.path`` values are made absolute against
+    ``settings.data_root`` (a directory in the pods) in the ConfigMap the pods read.
+
     Raises:
         ValueError: naming the field, for a job name too long for its children or no Redis URL.
     """
     check_job_name(job.metadata.name)
+    job = resolve_paths(job, settings.data_root)  # relative prompt/model paths, as seen in the pods
     running = (not job.spec.suspend) if running is None else running
     text = job_yaml(job)
-    digest = spec_hash(text)
+    digest = template_digest(job)
     children = [*build_controller_rbac(job), build_configmap(job, text), *build_services(job)]
     children += [build_deployment(job, role, settings, digest, running=running) for role in WORKER_ROLES]
     children.append(build_actor(job, settings, digest, running=running))
@@ -274,4 +289,5 @@ __all__ = [
     "job_yaml",
     "label_of",
     "spec_hash",
+    "template_digest",
 ]

@@ -74,8 +74,9 @@ async def on_startup(settings: kopf.OperatorSettings, memo: kopf.Memo, logger: l
         memo["settings"] = OperatorSettings.from_env()
     if memo.get("kube") is None:
         memo["kube"] = await asyncio.to_thread(KubeApi.from_environment)
+    # Handlers get a shallow copy of this memo per object: share state through mutable values.
     memo["locks"] = {}
-    memo["reconciles"] = 0
+    memo["stats"] = {"reconciles": 0}
     logger.info("omnirl operator ready: images %s, default Redis %s", memo["settings"].image_for("actor"),
                 redacted(memo["settings"].default_redis_url or "(none)"))
 
@@ -88,7 +89,8 @@ async def _reconcile_once(body: kopf.Body, memo: kopf.Memo, logger: logging.Logg
     async with lock:  # the timer and a change handler may fire together for one object
         fresh = await asyncio.to_thread(memo["kube"].get, f"{API_GROUP}/{API_VERSION}", "RLJob",
                                         meta["namespace"], meta["name"])
-        if fresh is None or fresh["metadata"].get("uid") != meta["uid"]:
+        gone = fresh is None or fresh["metadata"].get("uid") != meta["uid"]
+        if gone or fresh["metadata"].get("deletionTimestamp"):
             return None
         outcome = await reconcile(fresh, memo["kube"], memo["settings"], utc_now(), logger)
         if status_differs(fresh, outcome.status):
@@ -96,7 +98,7 @@ async def _reconcile_once(body: kopf.Body, memo: kopf.Memo, logger: logging.Logg
             # returns): a timer run starting in between would otherwise read the old status.
             await asyncio.to_thread(memo["kube"].patch, f"{API_GROUP}/{API_VERSION}", "RLJob",
                                     meta["namespace"], meta["name"], {"status": outcome.status}, sub="status")
-    memo["reconciles"] = memo.get("reconciles", 0) + 1
+    memo["stats"]["reconciles"] += 1
     for action in outcome.actions:
         logger.info(action)
     change = transition(fresh, outcome.status)
@@ -149,6 +151,7 @@ async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, re
     """Finalizer: delete the job's Redis keys. Retried while Redis is unreachable; after the last
     retry kopf releases the object anyway (the error stays in the log and the events)."""
     name = body["metadata"]["name"]
+    memo["locks"].pop(body["metadata"]["uid"], None)
     url = ((body.get("spec") or {}).get("transferQueue") or {}).get("redisUrl") or memo["settings"].default_redis_url
     if not url:
         kopf.warn(body, reason="RedisCleanupSkipped", message="no Redis URL in the spec or the operator settings")
@@ -165,7 +168,7 @@ async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, re
 
 async def liveness(memo: kopf.Memo, **_: Any) -> dict[str, int]:
     """Reported on the liveness endpoint next to kopf's own checks."""
-    return {"reconciles": int(memo.get("reconciles", 0))}
+    return {"reconciles": int(memo["stats"]["reconciles"]) if "stats" in memo else 0}
 
 
 def register(registry: kopf.OperatorRegistry, resync_seconds: float = 15.0) -> kopf.OperatorRegistry:

@@ -140,18 +140,22 @@ def observe_roles(job: RLJob, stored: dict[str, dict[str, Any]], controller: dic
     return roles, failures
 
 
-async def _restart_job(kube: KubeApi, job: RLJob, ns: str, now: datetime) -> list[str]:
-    """Delete the controller Job and roll every workload's pods (``restarted-at`` annotation)."""
+async def _restart(kube: KubeApi, job: RLJob, ns: str, now: datetime, role: str | None = None) -> list[str]:
+    """Roll pods with a ``restarted-at`` template annotation (like ``kubectl rollout restart``):
+    every workload plus a new controller Job when ``role`` is None, else that role's workload."""
     name = job.metadata.name
-    await asyncio.to_thread(kube.delete, "batch/v1", "Job", ns, child_name(name, "controller"))
+    if role is None:
+        await asyncio.to_thread(kube.delete, "batch/v1", "Job", ns, child_name(name, "controller"))
     stamp = {"spec": {"template": {"metadata": {"annotations": {ANNOTATION_RESTARTED_AT: now.isoformat()}}}}}
-    for api_version, kind, role in WORKLOADS:
+    for api_version, kind, workload_role in WORKLOADS:
+        if role is not None and workload_role != role:
+            continue
         try:
-            await asyncio.to_thread(kube.patch, api_version, kind, ns, child_name(name, role), stamp)
+            await asyncio.to_thread(kube.patch, api_version, kind, ns, child_name(name, workload_role), stamp)
         except KubeError as exc:
             if exc.status != 404:
                 raise
-    return [f"restarted job {name}"]
+    return [f"restarted {'job ' + name if role is None else 'role ' + role}"]
 
 
 async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSettings, now: datetime,
@@ -185,9 +189,10 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         detail = message if failed_role == "controller" else failures[failed_role]
         decision = decide_failure(job.spec.failurePolicy.model_dump(mode="json"), observed.restarts,
                                   failed_role, detail)
-    if decision.action == "restart-job":
-        actions += await _restart_job(kube, job, ns, now)
-        observed = replace(observed, restarts=observed.restarts + 1, controller="absent",
+    if decision.action in ("restart-job", "restart-role"):
+        whole = decision.action == "restart-job"
+        actions += await _restart(kube, job, ns, now, None if whole else failed_role)
+        observed = replace(observed, restarts=observed.restarts + 1, controller="absent" if whole else state,
                            restarted=(decision.reason, decision.message))
     elif decision.action == "fail":
         observed = replace(observed, failed=(decision.reason, decision.message))

@@ -16,13 +16,20 @@ from typing import Any, TextIO
 import yaml
 
 from omnirl.api.errors import ManifestError
-from omnirl.api.loader import load_rljob
+from omnirl.api.loader import _Loader, job_from_dict, load_rljob
 from omnirl_operator.builders import build_children
 from omnirl_operator.meta import PLACEHOLDER_UID, adopt
 from omnirl_operator.settings import OperatorSettings
 
 # What the chart's bundled Redis answers to (release `omnirl`), used when nothing else is set.
 RENDER_DEFAULT_REDIS_URL = "redis://omnirl-redis:6379/0"
+
+
+def _read_manifest(path: str) -> dict[str, Any]:
+    """The manifest as written (YAML 1.2 numbers, like the loader); relative paths untouched, so
+    they resolve against the operator's data root as they would in the cluster."""
+    with open(path, encoding="utf-8") as f:
+        return yaml.load(f, Loader=_Loader)  # noqa: S506 - _Loader is a SafeLoader subclass
 
 
 def render_documents(job_path: str, namespace: str | None, settings: OperatorSettings) -> list[dict[str, Any]]:
@@ -34,15 +41,28 @@ def render_documents(job_path: str, namespace: str | None, settings: OperatorSet
         ManifestError: the manifest is invalid (``.problems`` names each field).
         ValueError: the job cannot be built (name too long, no Redis URL), naming the field.
     """
-    job = load_rljob(job_path)
+    load_rljob(job_path)  # validates, with file line numbers in its problems
+    job = job_from_dict(_read_manifest(job_path))  # as written: relative paths stay relative
     ns = namespace or job.metadata.namespace or "default"
     job = job.model_copy(update={"metadata": job.metadata.model_copy(update={"namespace": ns})})
     return adopt(build_children(job, settings), job.metadata.name, ns, PLACEHOLDER_UID)
 
 
+class _Dumper(yaml.SafeDumper):
+    """SafeDumper writing multi-line strings (the ConfigMap's job.yaml) as literal blocks."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def dump_stream(docs: list[dict[str, Any]], out: TextIO) -> None:
     """Write ``docs`` as one YAML stream (``---`` between documents)."""
-    yaml.safe_dump_all(docs, out, sort_keys=False, default_flow_style=False)
+    yaml.dump_all(docs, out, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -47,6 +47,9 @@ class OperatorSettings:
         cpu_request: CPU request of every role container (``OMNIRL_CPU_REQUEST``, e.g. ``"1"``).
         memory_request: memory request of every role container (``OMNIRL_MEMORY_REQUEST``).
         resync_seconds: period of the level-triggered timer (``OMNIRL_RESYNC_SECONDS``), seconds.
+        data_root: directory in the pods that relative ``spec.data`` / ``spec.model.path`` values
+            resolve against (``OMNIRL_DATA_ROOT``); the images ship ``examples/`` there, so the
+            example manifests run unchanged. Mount your own data and use absolute paths.
     """
 
     rollout_image: str = f"ghcr.io/omnirl/rollout:{DEFAULT_VERSION}"
@@ -59,12 +62,15 @@ class OperatorSettings:
     cpu_request: str = "1"
     memory_request: str = "2Gi"
     resync_seconds: float = 15.0
+    data_root: str = "/opt/omnirl/examples"
 
     def __post_init__(self) -> None:
         if self.image_pull_policy not in ("IfNotPresent", "Always", "Never"):
             raise ValueError(
                 f"OMNIRL_IMAGE_PULL_POLICY={self.image_pull_policy!r}: use IfNotPresent, Always or Never"
             )
+        if not self.data_root.startswith("/"):
+            raise ValueError(f"OMNIRL_DATA_ROOT={self.data_root!r} must be an absolute path in the pods")
         for name in ("rollout_image", "reward_image", "trainer_image"):
             if not getattr(self, name):
                 raise ValueError(f"{name} is empty; set OMNIRL_{name.upper()} to an image reference")
@@ -105,4 +111,5 @@ class OperatorSettings:
             cpu_request=env.get("OMNIRL_CPU_REQUEST") or d.cpu_request,
             memory_request=env.get("OMNIRL_MEMORY_REQUEST") or d.memory_request,
             resync_seconds=_positive_float(env, "OMNIRL_RESYNC_SECONDS", d.resync_seconds),
+            data_root=env.get("OMNIRL_DATA_ROOT") or d.data_root,
         )

@@ -60,9 +60,10 @@ class Observed:
 
 @dataclass(frozen=True)
 class FailureDecision:
-    """What to do about a failed child: ``action`` is ``none``, ``restart-job`` or ``fail``."""
+    """What to do about a failed child: ``none``, ``restart-role`` (roll that role's pods),
+    ``restart-job`` (new controller Job, every role rolled) or ``fail``."""
 
-    action: Literal["none", "restart-job", "fail"]
+    action: Literal["none", "restart-role", "restart-job", "fail"]
     reason: str = ""
     message: str = ""
 
@@ -70,7 +71,7 @@ class FailureDecision:
 def decide_failure(
     failure_policy: dict[str, Any], restarts: int, failed_role: str | None, detail: str = ""
 ) -> FailureDecision:
-    """The failure policy applied to one failed role.
+    """The failure policy (``spec.failurePolicy``) applied to one failed role.
 
     Args:
         failure_policy: ``spec.failurePolicy`` as a dict (``maxRestarts`` and one action per role).
@@ -79,9 +80,9 @@ def decide_failure(
         detail: the failure's own message (the Job's or Deployment's condition message).
 
     Returns:
-        ``restart-job`` while ``restarts < maxRestarts`` and the role's action is ``restart-job``
-        (or ``restart-role`` for the controller, whose in-place restarts the Job already used up);
-        ``fail`` otherwise; ``none`` when ``failed_role`` is ``None``.
+        ``fail`` for ``fail-job``, once ``restarts >= maxRestarts``, and for a failed controller
+        Job under ``restart-role`` (its in-place restarts, ``backoffLimit: maxRestarts``, are
+        then used up); otherwise the role's action; ``none`` when ``failed_role`` is ``None``.
     """
     if failed_role is None:
         return FailureDecision("none")
@@ -89,13 +90,16 @@ def decide_failure(
     max_restarts = int(failure_policy.get("maxRestarts", 0))
     what = f"{failed_role} failed" + (f": {detail}" if detail else "")
     if action == "fail-job":
-        return FailureDecision("fail", f"{failed_role.capitalize()}Failed", f"{what} (failurePolicy.{failed_role}: fail-job)")
-    if restarts >= max_restarts:
+        return FailureDecision("fail", f"{failed_role.capitalize()}Failed",
+                               f"{what} (failurePolicy.{failed_role}: fail-job)")
+    in_place_used_up = failed_role == "controller" and action == "restart-role"
+    if restarts >= max_restarts or in_place_used_up:
         return FailureDecision(
-            "fail", "RestartsExhausted", f"{what}; {restarts} of failurePolicy.maxRestarts={max_restarts} used"
+            "fail", "RestartsExhausted", f"{what}; failurePolicy.maxRestarts={max_restarts} restarts used"
         )
-    return FailureDecision("restart-job", f"{failed_role.capitalize()}Failed",
-                           f"{what}; restarting the job ({restarts + 1}/{max_restarts})")
+    scope = "the job" if action == "restart-job" else f"role {failed_role}"
+    return FailureDecision(action, f"{failed_role.capitalize()}Failed",
+                           f"{what}; restarting {scope} ({restarts + 1}/{max_restarts})")
 
 
 def _cond(type_: str, status: bool, reason: str, message: str, generation: int | None) -> Condition:
@@ -118,8 +122,8 @@ def _phase(previous: RLJobStatus, obs: Observed, all_ready: bool) -> tuple[str, 
         return "Succeeded", "ControllerSucceeded", obs.controller_message or "the controller finished the job"
     if obs.suspended:
         return "Suspended", "Suspended", "spec.suspend is true: no pods run"
-    if obs.restarted is not None:
-        return "Pending", obs.restarted[0], obs.restarted[1]
+    if obs.restarted is not None:  # a restarted job that had run counts as running, as KubeRay does
+        return ("Running" if previous.startTime is not None else "Pending"), obs.restarted[0], obs.restarted[1]
     if all_ready:
         return "Running", "AllRolesReady", "every role has all its pods ready"
     waiting = sorted(r for r, (d, ready) in obs.roles.items() if ready < d)

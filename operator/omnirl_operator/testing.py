@@ -20,11 +20,14 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
 import itertools
+import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from datetime import datetime, timezone
 from typing import Any
 
 import kopf
@@ -35,22 +38,61 @@ from omnirl_operator.settings import OperatorSettings
 
 RLJOB_VERBS = ("get", "list", "watch", "create", "update", "patch", "delete", "deletecollection")
 _versions = itertools.count(1000)
+_KEEP_REQUESTS = 64
 
 
-def _versioned_emulator_class() -> type:
+def _jsonpath(obj: dict[str, Any], path: str) -> Any:
+    """The value at a simple ``.a.b.c`` JSONPath (what CRD printer columns use), or None."""
+    for part in path.strip(".").split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return obj
+
+
+def _age(stamp: str | None) -> str:
+    """``kubectl``'s short age (``42s``, ``5m``, ``3h``, ``2d``) of an RFC 3339 timestamp."""
+    if not stamp:
+        return "<unknown>"
+    seconds = int((datetime.now(timezone.utc) - datetime.fromisoformat(stamp.replace("Z", "+00:00"))).total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{max(seconds, 0)}s"
+
+
+def _table(items: list[dict[str, Any]], columns: list[dict[str, Any]]) -> dict[str, Any]:
+    """A ``meta.k8s.io/v1`` Table of ``items`` with a Name column plus the CRD's printer columns."""
+    defs = [{"name": "Name", "type": "string", "format": "name", "priority": 0, "description": "Name"}]
+    defs += [{"name": c["name"], "type": c["type"], "format": c.get("format", ""), "priority": c.get("priority", 0),
+              "description": c.get("description", "")} for c in columns]
+    rows = []
+    for item in items:
+        cells: list[Any] = [item["metadata"]["name"]]
+        for c in columns:
+            value = _jsonpath(item, c["jsonPath"])
+            cells.append(_age(value) if c["type"] == "date" else value)
+        rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                                                "metadata": item["metadata"]}})
+    return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {}, "columnDefinitions": defs, "rows": rows}
+
+
+def _versioned_emulator_class(printer_columns: dict[str, list[dict[str, Any]]]) -> type:
     """kmock's emulator plus what kopf relies on from a real API server: every write bumps
     ``metadata.resourceVersion`` (kopf ignores events older than its own last patch, judged by
-    resourceVersion; without bumps it re-runs finished handlers), and a write to ``spec``
-    bumps ``metadata.generation``."""
+    resourceVersion; without bumps it re-runs finished handlers), a write that changes ``spec``
+    bumps ``metadata.generation``, and a failed resourceVersion ``test`` of a JSON patch is a 422.
+    The request history is trimmed so a long test does not slow down quadratically."""
     import kmock
     from kmock._internal import enums
+    from kmock._internal.dicts import patch_dict
 
     class VersionedEmulator(kmock.KubernetesEmulator):
         async def _handle(self, request: Any) -> Any:
             data = request.data
             rv = str(next(_versions))
             if request.resource is not None and request.action == enums.action.CREATE and isinstance(data, dict):
-                data = {**data, "metadata": {**data.get("metadata", {}), "resourceVersion": rv}}
+                stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                data = {**data, "metadata": {"generation": 1, "uid": str(uuid.uuid4()), "creationTimestamp": stamp,
+                                             **data.get("metadata", {}), "resourceVersion": rv}}
             elif request.resource is not None and request.action == enums.action.UPDATE and request.name:
                 key = (request.resource, request.namespace, request.name)
                 if isinstance(data, list):  # JSON patch (kopf's finalizers): append our op last
@@ -60,12 +102,28 @@ def _versioned_emulator_class() -> type:
                     meta: dict[str, Any] = {**(data.get("metadata") or {}), "resourceVersion": rv}
                     if "spec" in data and not request.subresource and key in self.objects:
                         current = self.objects[key]
-                        if not current.deleted:
+                        if not current.deleted and patch_dict(current.raw, data).get("spec") != current.raw.get("spec"):
                             meta["generation"] = int(current.get("metadata", {}).get("generation") or 0) + 1
                     data = {**data, "metadata": meta}
             if data is not request.data:
                 object.__setattr__(request, "data", data)  # the parsed body kmock applies
+            # kmock matches each request by scanning its whole request history (O(history) per
+            # request, quadratic over a test run): keep only the recent requests (this one last).
+            del self._requests[:-_KEEP_REQUESTS]
             return await super()._handle(request)
+
+        async def _serve_list(self, request: Any) -> Any:
+            """Lists carry ``kind``/``apiVersion`` (kubectl needs them); ``as=Table`` requests for a
+            resource with printer columns get a server-side Table, as ``kubectl get`` asks for."""
+            payload = await super()._serve_list(request)
+            res = request.resource
+            info = self.resources[res]
+            group_version = f"{res.group}/{res.version}" if res.group else res.version
+            payload = {"apiVersion": group_version, "kind": f"{info.kind or 'Object'}List", **payload}
+            columns = printer_columns.get(f"{group_version}/{res.plural}")
+            if columns and "as=Table" in request.headers.get("Accept", ""):
+                return _table(payload["items"], columns)
+            return payload
 
         def _check_version_test(self, key: Any, ops: list) -> None:
             """A failed ``test`` of resourceVersion is 422 on a real server (kopf retries later)."""
@@ -92,6 +150,13 @@ def rljob_body(manifest: dict[str, Any], generation: int = 1) -> dict[str, Any]:
     return body
 
 
+def _rljob_printer_columns() -> list[dict[str, Any]]:
+    """The RLJob CRD's ``additionalPrinterColumns`` (generated from the spec by omnirl.api.crd)."""
+    from omnirl.api.crd import build_crd
+
+    return build_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+
+
 class EmulatedCluster:
     """kmock's emulator on a local port, plus (optionally) the operator as an asyncio task.
 
@@ -105,7 +170,7 @@ class EmulatedCluster:
         import kmock
 
         self._kmock = kmock
-        self.emulator = _versioned_emulator_class()()
+        self.emulator = _versioned_emulator_class({"omnirl.dev/v1alpha1/rljobs": _rljob_printer_columns()})()
         self.emulator.resources.load_bundled()
         self.emulator.resources["omnirl.dev/v1alpha1/rljobs"] = kmock.ResourceInfo(
             kind="RLJob", singular="rljob", namespaced=True, subresources={"status"},
@@ -186,7 +251,7 @@ class EmulatedCluster:
         return await self.get("omnirl.dev/v1alpha1", "RLJob", namespace, name)
 
     @staticmethod
-    async def wait_for(check: Callable[[], Awaitable[Any]], timeout_s: float = 10.0, what: str = "condition"
+    async def wait_for(check: Callable[[], Awaitable[Any]], timeout_s: float = 20.0, what: str = "condition"
                        ) -> Any:
         """Poll ``check`` every 50 ms until it returns a truthy value; return it.
 
@@ -201,3 +266,59 @@ class EmulatedCluster:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{what} not reached within {timeout_s} s")
             await asyncio.sleep(0.05)
+
+
+class BackgroundCluster:
+    """An :class:`EmulatedCluster` with the operator running in its own thread and event loop, so
+    one emulator and operator serve many synchronous tests (start-up is paid once).
+
+    Example::
+
+        with BackgroundCluster(OperatorSettings(default_redis_url=url)) as bg:
+            bg.run(scenario)  # scenario: async def scenario(cluster: EmulatedCluster) -> T
+    """
+
+    def __init__(self, settings: OperatorSettings, resync_seconds: float = 0.5) -> None:
+        self.settings = settings
+        self.resync_seconds = resync_seconds
+        self.cluster: EmulatedCluster | None = None
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="emulated-cluster", daemon=True)
+        self._exit: asyncio.Event | None = None
+        self._main: concurrent.futures.Future | None = None
+
+    def __enter__(self) -> BackgroundCluster:
+        self._thread.start()
+        ready: concurrent.futures.Future = concurrent.futures.Future()
+
+        async def main() -> None:
+            self._exit = asyncio.Event()
+            try:
+                async with EmulatedCluster() as cluster:
+                    await cluster.start_operator(self.settings, self.resync_seconds)
+                    self.cluster = cluster
+                    ready.set_result(cluster)
+                    await self._exit.wait()
+            except BaseException as exc:
+                if not ready.done():
+                    ready.set_exception(exc)
+                raise
+
+        self._main = asyncio.run_coroutine_threadsafe(main(), self._loop)
+        ready.result(timeout=60)
+        return self
+
+    def run(self, scenario: Callable[[EmulatedCluster], Awaitable[Any]], timeout_s: float = 60.0) -> Any:
+        """Run ``scenario(cluster)`` in the cluster's loop; return its result or raise its error."""
+        return asyncio.run_coroutine_threadsafe(scenario(self.cluster), self._loop).result(timeout=timeout_s)
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._exit is not None:
+                self._loop.call_soon_threadsafe(self._exit.set)
+            if self._main is not None:
+                self._main.result(timeout=30)
+        finally:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+            self._loop.close()

@@ -29,7 +29,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from omnirl.controller.evaluate import main as eval_main
+    from omnirl.controller.eval_cli import main as eval_main
 
     return eval_main(args)
 
@@ -79,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompts", required=True, help="file with one prompt per line")
     s.add_argument("--steps", type=int, default=20, help="ODE sampler steps")
     s.add_argument("--sampler", choices=["ode", "sde"], default="ode")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=int, default=None, help="noise seed (default: spec.validation.seed)")
     s.add_argument("--out", default="eval-out", help="directory for grid.png and rewards.json")
     s.set_defaults(fn=_cmd_eval)
 
@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("render", help="print the Kubernetes objects the operator would create")
     s.add_argument("job")
-    s.add_argument("--namespace", default="default")
+    s.add_argument("--namespace", default=None, help="default: the manifest's namespace, else 'default'")
     s.set_defaults(fn=_cmd_render)
     return p
 

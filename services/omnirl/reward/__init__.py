@@ -1,7 +1,9 @@
-"""Reward scorers: images + prompts → float32 rewards, or a `ScorerError` (never a silent 0)."""
+"""Reward scorers: images + prompts → float32 rewards, or a `ScorerError` (never a silent 0).
+
+Scorers live in their own modules (`omnirl.reward.ocr.OCRScorer`,
+`omnirl.reward.jpeg.JPEGCompressibilityScorer`) so importing this package loads no model runtime.
+"""
 
 from omnirl.reward.base import Scorer, ScorerError
-from omnirl.reward.jpeg import JPEGCompressibilityScorer
-from omnirl.reward.ocr import OCRScorer
 
-__all__ = ["JPEGCompressibilityScorer", "OCRScorer", "Scorer", "ScorerError"]
+__all__ = ["Scorer", "ScorerError"]

@@ -87,10 +87,8 @@ class RewardService:
         if self.sync_mode:
             for step in sorted({m.step for m in metas if m.kind == "train"}):
                 self._wait_all_rollouts(step)
-        images = np.stack([self.queue.load_tensors(m)["image"].numpy() for m in msgs])
-        prompts = [m.prompt for m in metas]
-        ids = [m.sample_id for m in metas]
-        results = {name: self._run_scorer(scorer, images, prompts, ids) for name, scorer in self.scorers.items()}
+        images = [self.queue.load_tensors(m)["image"].numpy() for m in msgs]
+        results = {name: self._score_by_shape(scorer, images, metas) for name, scorer in self.scorers.items()}
         now = time.time()
         for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):
             reward, per_name, reason = combine(self.specs, results, i)
@@ -103,6 +101,19 @@ class RewardService:
                                   done_kind="reward") is not None:
                 self._ledger.write(json.dumps({"sample_id": meta.sample_id, "reward": reward}) + "\n")
         self.queue.ack(self.queue.streams.samples, GROUP, [m.id for m in msgs])
+
+    def _score_by_shape(self, scorer: Scorer, images: list[np.ndarray], metas: list[SampleMeta]) -> Outcome:
+        """Score samples of every image size (a scorer call takes one `[B, H, W, 3]` batch)."""
+        outcome = Outcome(np.zeros(len(images), dtype=np.float32))
+        by_shape: dict[tuple, list[int]] = {}
+        for i, image in enumerate(images):
+            by_shape.setdefault(image.shape, []).append(i)
+        for idx in by_shape.values():
+            part = self._run_scorer(scorer, np.stack([images[i] for i in idx]), [metas[i].prompt for i in idx],
+                                    [metas[i].sample_id for i in idx])
+            outcome.values[idx] = part.values
+            outcome.errors.update({idx[k]: err for k, err in part.errors.items()})
+        return outcome
 
     @staticmethod
     def _run_scorer(scorer: Scorer, images: np.ndarray, prompts: list[str], ids: list[str]) -> Outcome:

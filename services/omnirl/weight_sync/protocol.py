@@ -2,7 +2,7 @@
 
 | key | writer | value |
 | --- | --- | --- |
-| ``session`` | sender, at start | ``{"id": uuid}`` — a new one each time the actor (re)starts |
+| ``session`` | sender, at start | ``{"id": uuid, "backend"}`` — a new id each time the actor (re)starts |
 | ``reg/count``, ``reg/log`` | receiver | counter + append-only JSON lines ``{"event": "join"/"leave", "worker_id", "incarnation"}`` |
 | ``members/{worker_id}`` | receiver | ``{"incarnation", "time"}`` (informational) |
 | ``evict/{worker_id}`` | sender | incarnation the sender dropped; that receiver registers again |

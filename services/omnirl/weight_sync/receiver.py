@@ -37,14 +37,15 @@ class WeightReceiver:
     Args:
         host, port: the actor's store (``OMNIRL_WEIGHT_SYNC_ADDR``).
         worker_id: unique, stable id of this replica (``OMNIRL_WORKER_ID``); no ``/`` or spaces.
-        backend: ``gloo``/``nccl``/``hccl`` or None (by device); must match the sender's.
+        backend: ``gloo``/``nccl``/``hccl``, or None to use the actor's (published in the store; e.g.
+            a CUDA rollout worker follows a CPU actor's gloo). An explicit value must match it.
         device: where the received buckets land (nccl/hccl); gloo receives on the CPU and the copy
             into the module moves the data to the module's device.
         timeout_s: bound (s) on connecting, on waiting for ``go``, on each bucket, and on `receive`'s
             wait for an announcement.
 
     Raises:
-        ValueError: a bad worker_id or backend/device pair.
+        ValueError: a bad worker_id or backend/device pair, or a backend unlike the actor's.
         WeightSyncError: the store was not reachable within ``timeout_s``.
     """
 
@@ -55,6 +56,7 @@ class WeightReceiver:
         if timeout_s <= 0:
             raise ValueError(f"WeightReceiver: timeout_s must be > 0, got {timeout_s}")
         self.backend, self.transport = resolve_backend(backend, device)
+        self._backend_arg, self._device = backend, device
         self.host, self.port, self.worker_id, self.timeout_s = host, int(port), worker_id, float(timeout_s)
         self.incarnation = ""
         self._done_generation = 0
@@ -121,6 +123,12 @@ class WeightReceiver:
         except dist.DistError as err:
             raise WeightSyncError(f"worker {self.worker_id}: weight-sync store {self.host}:{self.port} not "
                                   f"reachable within {self.timeout_s:.1f} s: {err}") from err
+        backend = P.get_json(self._store, P.SESSION)["backend"]
+        if backend != self.backend:
+            if self._backend_arg is not None:
+                raise ValueError(f"worker {self.worker_id}: backend={self._backend_arg!r} but the actor "
+                                 f"broadcasts with {backend!r}; pass backend={backend!r} or None")
+            self.backend, self.transport = resolve_backend(backend, self._device)  # follow the actor
 
     def _register(self) -> None:
         """Register a new incarnation: forget generations and groups of the previous one."""
@@ -164,6 +172,10 @@ class WeightReceiver:
         store = self._store
         assert store is not None
         g, version = int(a["generation"]), int(a["version"])
+        if not store.check([P.manifest_key(g)]):  # the sender finished g without this worker
+            log.error("worker %s: generation %d is over (too late); registering again", self.worker_id, g)
+            self._register()
+            return None
         manifest = Manifest.from_json(store.get(P.manifest_key(g)))
         plan = plan_binding(module, {e.name: e.shape for e in manifest.tensors}, manifest.scope, name_map)
         store.set(P.ready_key(g, self.worker_id), self.incarnation)

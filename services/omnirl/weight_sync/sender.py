@@ -82,7 +82,7 @@ class WeightSender:
         self._store: dist.TCPStore | None = dist.TCPStore(
             host, port, is_master=True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
         self.port: int = self._store.port
-        P.set_json(self._store, P.SESSION, {"id": uuid.uuid4().hex})
+        P.set_json(self._store, P.SESSION, {"id": uuid.uuid4().hex, "backend": self.backend})
         self._members: dict[str, _Member] = {}
         self._reg_seen = 0
         self._generation = 0
@@ -168,9 +168,11 @@ class WeightSender:
             for i in range(len(manifest.buckets)):
                 broadcast_bucket(group, pack_bucket(manifest, i, named, self.transport), self.timeout_s)
         except RuntimeError as err:
+            first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
             self._drop_group()
-            self._evict(ready, f"broadcast failed: {err}")
-            raise ReceiverLost(f"weight sync v{version} (generation {g}): broadcast failed ({err}); "
+            self.store.delete_key(P.manifest_key(g))
+            self._evict(ready, f"broadcast failed: {first_line}")
+            raise ReceiverLost(f"weight sync v{version} (generation {g}): broadcast failed ({first_line}); "
                                f"lost {sorted(lost + ready)}", lost + ready) from err
         ok, failures, missing = self._collect_acks(version, g, ready)
         for key in [P.manifest_key(g), *(P.ready_key(g, w) for w in ready)]:
@@ -179,7 +181,7 @@ class WeightSender:
                             g, group_s)
         if missing:
             self._drop_group()
-            self._evict(missing, f"no ack within {self.timeout_s:.1f} s")
+            missing = self._drop_lost(missing, f"no ack within {self.timeout_s:.1f} s")
         if failures:
             lines = "; ".join(f"worker {w}: {why}" for w, why in sorted(failures.items()))
             raise BindingError(f"weight sync v{version}: binding failed on {sorted(failures)}: {lines}", failures)
@@ -198,9 +200,8 @@ class WeightSender:
             store.delete_key(P.ack_key(manifest.version, w))
             P.set_json(store, P.assign_key(w), {"generation": g, "version": manifest.version,
                                                 "incarnation": self._members[w].incarnation})
-        ready, lost = P.wait_keys(store, {w: P.ready_key(g, w) for w in targets}, self.timeout_s)
-        if lost:
-            self._evict(lost, f"not ready within {self.timeout_s:.1f} s")
+        ready, silent = P.wait_keys(store, {w: P.ready_key(g, w) for w in targets}, self.timeout_s)
+        lost = self._drop_lost(silent, f"not ready within {self.timeout_s:.1f} s")
         if not ready:
             store.delete_key(P.manifest_key(g))
         return ready, lost
@@ -257,6 +258,23 @@ class WeightSender:
                 self._members[w] = _Member(inc)
             elif e["event"] == "leave" and w in self._members and self._members[w].incarnation == inc:
                 del self._members[w]
+
+    def _drop_lost(self, silent: list[str], why: str) -> list[str]:
+        """Evict the `silent` members, except those that registered again meanwhile; returns the evicted.
+
+        A receiver whose collective broke, or which reconnected, registers a new incarnation: it is
+        not lost but new (its own `receive` raised), and `serve_new_members` will serve it.
+        """
+        before = {w: self._members[w].incarnation for w in silent if w in self._members}
+        self._refresh()
+        rejoined = [w for w in silent if w in self._members and self._members[w].incarnation != before.get(w)]
+        if rejoined:
+            log.warning("weight sync: %s registered again during the sync (%s); served at the next sync",
+                        rejoined, why)
+        lost = [w for w in silent if w not in rejoined]
+        if lost:
+            self._evict(lost, why)
+        return lost
 
     def _evict(self, workers: list[str], why: str) -> None:
         for w in workers:

@@ -3,7 +3,9 @@
 Architecture (Peebles & Xie 2023, "Scalable Diffusion Models with Transformers", adaLN-Zero):
 8×8 patches → tokens (4 rows × W/8 columns); each token gets learned row and column embeddings
 and, decisive for legibility (demo-task.md), the embedding of the character drawn in its column's
-slot plus an embedding of the column's position inside that slot. Transformer blocks modulated by
+slot plus an embedding of the column's position inside that slot; this layout embedding is added
+again before every block (a GPU sweep: held-out reward 0.25 vs 0.17 after 500 steps with it).
+Transformer blocks modulated by
 adaLN-Zero from a σ embedding (sinusoidal of σ·1000 → MLP). The output head predicts the
 velocity v = ε − x0 per patch (σ convention, DESIGN.md §3).
 
@@ -52,7 +54,6 @@ class DigitsConfig:
     depth: int = 6
     heads: int = 4
     mlp_ratio: int = 4
-    reinject_cond: bool = False
 
     def __post_init__(self) -> None:
         if self.height % self.patch or self.slot_width % self.patch:
@@ -221,15 +222,11 @@ class DigitsDiT(nn.Module):
             )
         rows, cols = h // p, w // p
         patches = x.reshape(b, rows, p, cols, p).permute(0, 1, 3, 2, 4).reshape(b, rows, cols, p * p)
-        tokens = self.patch_embed(patches) + self.row_embed[:, None] + self._column_tokens(prompt_ids, cols)[:, None]
-        tokens = tokens.reshape(b, rows * cols, cfg.d_model)
+        layout = (self.row_embed[:, None] + self._column_tokens(prompt_ids, cols)[:, None]).reshape(b, rows * cols, -1)
+        tokens = self.patch_embed(patches).reshape(b, rows * cols, cfg.d_model)
         cond = self.sigma_mlp(sigma_embedding(sigma, cfg.d_model).to(x.dtype))
-        if cfg.reinject_cond:
-            pos = (self.row_embed[:, None] + self._column_tokens(prompt_ids, cols)[:, None]).reshape(b, rows * cols, -1)
-        for block in self.blocks:
-            if cfg.reinject_cond:
-                tokens = tokens + pos
-            tokens = block(tokens, cond)
+        for block in self.blocks:  # the layout is re-added before every block (faster to become legible)
+            tokens = block(tokens + layout, cond)
         shift, scale = self.modulation_out(F.silu(cond)).chunk(2, dim=-1)
         out = self.out_proj(_modulate(self.norm_out(tokens), shift, scale))
         return out.reshape(b, rows, cols, p, p).permute(0, 1, 3, 2, 4).reshape(b, 1, h, w)

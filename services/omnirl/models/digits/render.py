@@ -3,8 +3,8 @@
 Layout: the image is 32 px high and 16·S px wide, S = `slots_for(text)` (4 slots for up to four
 characters, 8 for five to eight: two image widths, 64 and 128 px). One character per 16-px slot,
 the string centred: its first character sits in slot (S − n)//2. Each character is centred in
-its slot, then jittered by up to ±2 px in x and y. Font face, size and stroke vary per image
-(Debian's DejaVu set). Black ink on white.
+its slot, then jittered by up to ±1 px in x and y. Font face (regular/bold/mono/serif) and size
+vary per image (Debian's DejaVu set). Black ink on white.
 
 `demo-task.md` measured that this fixed layout, with each patch column told which character it
 draws, becomes legible within minutes of CPU pretraining; free placement did not.
@@ -24,26 +24,16 @@ SLOT_WIDTH = 16
 """Width of one character slot in pixels."""
 MAX_SLOTS = 8
 """The widest layout: 8 slots = 128 px."""
-JITTER = 2
-"""Per-character position jitter, ± pixels."""
+JITTER = 1
+"""Per-character position jitter, ± pixels (x and y). ±2 px made pretraining ~2× slower to become
+legible (held-out OCR reward 0.13 vs 0.67 after 1000 steps in a GPU sweep), so ±1 px."""
 
 FONT_DIR = Path("/usr/share/fonts/truetype/dejavu")
-FONT_FILES = (
-    "DejaVuSans.ttf",
-    "DejaVuSans-Bold.ttf",
-    "DejaVuSansCondensed.ttf",
-    "DejaVuSansCondensed-Bold.ttf",
-    "DejaVuSansMono.ttf",
-    "DejaVuSansMono-Bold.ttf",
-    "DejaVuSerif.ttf",
-    "DejaVuSerif-Bold.ttf",
-    "DejaVuSerifCondensed.ttf",
-    "DejaVuSerifCondensed-Bold.ttf",
-)
-FONT_SIZES = (18, 20, 22, 24)
+FONT_FILES = ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf", "DejaVuSansMono.ttf", "DejaVuSerif.ttf")
+"""Four faces: sans, bold (the stroke-weight variation), monospace, serif. All ten upright DejaVu
+faces plus a random 1-px stroke learnt markedly slower (same sweep)."""
+FONT_SIZES = (20, 22, 24)
 """Font sizes in pixels (a digit at 24 px is ~15 px wide in DejaVu Sans: it fits a slot)."""
-STROKE_PROB = 0.25
-"""Probability of drawing with a 1-px stroke (heavier glyphs)."""
 
 
 def slots_for(text: str) -> int:
@@ -80,7 +70,7 @@ def render_text(
     Args:
         text: 1..`width_slots` characters.
         width_slots: S, the number of 16-px slots (image width 16·S px).
-        rng: the randomness source (font, size, stroke, jitter, noise): same seed → same image.
+        rng: the randomness source (font, size, jitter, noise): same seed → same image.
         noise_std: standard deviation of optional additive Gaussian pixel noise, in units of the
             full 0–255 range (0 = none; 0.05 is mild).
     Returns:
@@ -93,16 +83,15 @@ def render_text(
     if not 0 < len(text) <= width_slots:
         raise ValueError(f"text {text!r} does not fit {width_slots} slots (needs 1..{width_slots} characters)")
     font = _font(FONT_FILES[int(rng.integers(len(FONT_FILES)))], int(rng.choice(FONT_SIZES)))
-    stroke = int(rng.random() < STROKE_PROB)
     image = Image.new("L", (SLOT_WIDTH * width_slots, HEIGHT), 255)
     draw = ImageDraw.Draw(image)
     start = first_slot(len(text), width_slots)
     for k, ch in enumerate(text):
-        left, top, right, bottom = draw.textbbox((0, 0), ch, font=font, stroke_width=stroke)
+        left, top, right, bottom = draw.textbbox((0, 0), ch, font=font)
         dx, dy = rng.integers(-JITTER, JITTER + 1, size=2)
         x = (start + k) * SLOT_WIDTH + (SLOT_WIDTH - (right - left)) / 2 - left + dx
         y = (HEIGHT - (bottom - top)) / 2 - top + dy
-        draw.text((x, y), ch, fill=0, font=font, stroke_width=stroke, stroke_fill=0)
+        draw.text((x, y), ch, fill=0, font=font)
     pixels = np.asarray(image, dtype=np.uint8)
     if noise_std > 0:
         noisy = pixels.astype(np.float32) + rng.normal(0.0, noise_std * 255.0, size=pixels.shape)

@@ -1,0 +1,123 @@
+"""The reconcile, the finalizer's Redis cleanup and the controller's StatusReporter, each against
+a real stand-in (kmock's emulator, a real redis-server), without kopf in the way."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from datetime import datetime, timezone
+
+import redis
+from kubernetes.client import ApiClient, Configuration
+
+from omnirl.telemetry.k8s_status import StatusReporter
+from omnirl.transfer import TransferQueue, job_pattern
+from omnirl_operator.reconcile import reconcile
+from omnirl_operator.redis_cleanup import cleanup_job, job_key_pattern, redacted
+from omnirl_operator.settings import OperatorSettings
+from omnirl_operator.testing import EmulatedCluster, rljob_body
+
+NS = "team-b"
+LOG = logging.getLogger("test")
+NOW = datetime(2026, 1, 1, tzinfo=timezone.utc)
+MANIFEST = {
+    "apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "twice", "namespace": NS},
+    "spec": {"data": {"trainPrompts": "/data/train.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}],
+             "transferQueue": {"redisUrl": "redis://redis:6379/0"}},
+}
+
+
+def snapshot(cluster: EmulatedCluster) -> dict:
+    """Every stored object (resourceVersion dropped) by (plural, namespace, name)."""
+    out = {}
+    for (res, ns, name), obj in cluster.emulator.objects.items():
+        if obj.deleted or res.plural in ("events", "rljobs"):
+            continue
+        raw = {**obj.raw, "metadata": {k: v for k, v in obj.raw["metadata"].items() if k != "resourceVersion"}}
+        out[(res.plural, ns, name)] = raw
+    return out
+
+
+def test_reconcile_twice_is_idempotent():
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            body = await cluster.create(rljob_body(MANIFEST))
+            first = await reconcile(body, cluster.api, OperatorSettings(), NOW, LOG)
+            after_first = snapshot(cluster)
+            second = await reconcile(body, cluster.api, OperatorSettings(), NOW, LOG)
+            assert snapshot(cluster) == after_first
+            assert first.status == second.status and first.status["phase"] == "Pending"
+            assert sorted(a.split()[0] for a in first.actions) == ["created"] * 11
+            assert sorted(second.actions) == sorted(a.replace("created", "patched") for a in first.actions
+                                                    if "Job/" not in a)
+            assert len(after_first) == 11
+
+    asyncio.run(main())
+
+
+def test_finalizer_cleanup_matches_transfer_queue_cleanup(redis_url):
+    assert job_key_pattern("demo") == job_pattern("demo")
+    client = redis.Redis.from_url(redis_url)
+    try:
+        for job in ("demo", "demo-other"):
+            queue = TransferQueue(client, job)
+            queue.ensure_group(queue.streams.samples, "reward")
+            queue.publish(queue.streams.samples, {"sample_id": "0:0:0"})
+            queue.set_json("policy_version", 3)
+        before = set(client.keys("omnirl:demo:*"))
+        assert len(before) >= 2
+        assert cleanup_job(redis_url, "demo") == len(before)
+        assert client.keys("omnirl:demo:*") == []
+        assert client.keys("omnirl:demo-other:*")  # other jobs untouched
+        assert cleanup_job(redis_url, "demo") == 0
+        assert TransferQueue(client, "demo-other").cleanup() > 0 and client.keys("omnirl:*") == []
+    finally:
+        client.close()
+    assert redacted("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_status_reporter_merge_patches_progress_and_retries_after_failure():
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(MANIFEST))
+            await cluster.patch("omnirl.dev/v1alpha1", "RLJob", NS, "twice",
+                                {"status": {"phase": "Running", "readyRoles": "4/4"}}, sub="status")
+
+            broken = StatusReporter(NS, "twice", ApiClient(Configuration(host=f"http://127.0.0.1:{_closed_port()}")),
+                                    timeout_s=2)
+            assert await asyncio.to_thread(broken.report, step=1, reward_mean=0.1) is False
+            assert broken.failures == 1 and broken.last_error
+
+            broken._api.api_client.configuration.host = cluster.url  # the API server is back
+            assert await asyncio.to_thread(broken.report, policy_version=2) is True
+            status = (await cluster.rljob(NS, "twice"))["status"]
+            assert (status["step"], status["rewardMean"], status["policyVersion"]) == (1, 0.1, 2)
+            assert (status["phase"], status["readyRoles"]) == ("Running", "4/4")  # the operator's fields stay
+
+            reporter = StatusReporter(NS, "twice", ApiClient(Configuration(host=cluster.url)))
+            assert await asyncio.to_thread(reporter.report, step=5, last_checkpoint="/var/lib/omnirl/ckpt/5")
+            status = (await cluster.rljob(NS, "twice"))["status"]
+            assert (status["step"], status["lastCheckpoint"], status["policyVersion"]) == (
+                5, "/var/lib/omnirl/ckpt/5", 2)
+            assert reporter.failures == 0 and reporter.reports == 1
+
+    asyncio.run(main())
+
+
+def test_status_reporter_rejects_bad_values():
+    reporter = StatusReporter("ns", "job", ApiClient(Configuration(host="http://127.0.0.1:1")))
+    for kwargs in ({"step": -1}, {"reward_mean": float("nan")}, {"policy_version": 1.5}):
+        try:
+            reporter.report(**kwargs)
+        except ValueError as exc:
+            assert str(exc)
+        else:
+            raise AssertionError(f"{kwargs} was accepted")
+    assert reporter.failures == 0
