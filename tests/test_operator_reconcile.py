@@ -6,15 +6,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import subprocess
+import sys
 from datetime import datetime, timezone
 
 import redis
 from kubernetes.client import ApiClient, Configuration
 
 from omnirl.telemetry.k8s_status import StatusReporter
-from omnirl.transfer import TransferQueue, job_pattern
+from omnirl.transfer import TransferQueue
 from omnirl_operator.reconcile import reconcile
-from omnirl_operator.redis_cleanup import cleanup_job, job_key_pattern, redacted
+from omnirl_operator.redis_cleanup import cleanup_job, redacted
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.testing import EmulatedCluster, rljob_body
 
@@ -57,7 +59,6 @@ def test_reconcile_twice_is_idempotent():
 
 
 def test_finalizer_cleanup_matches_transfer_queue_cleanup(redis_url):
-    assert job_key_pattern("demo") == job_pattern("demo")
     client = redis.Redis.from_url(redis_url)
     try:
         for job in ("demo", "demo-other"):
@@ -75,6 +76,24 @@ def test_finalizer_cleanup_matches_transfer_queue_cleanup(redis_url):
     finally:
         client.close()
     assert redacted("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
+
+
+def test_operator_imports_run_without_torch():
+    """The operator image installs omnirl without torch, msgpack or safetensors: importing the
+    handlers (and, through the finalizer, ``omnirl.transfer.keys``) must not need them."""
+    code = (
+        "import sys\n"
+        "class NotInImage:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('torch', 'msgpack', 'safetensors'):\n"
+        "            raise ImportError(name + ' is not in the operator image')\n"
+        "sys.meta_path.insert(0, NotInImage())\n"
+        "import omnirl_operator.handlers, omnirl_operator.redis_cleanup\n"
+        "print(omnirl_operator.redis_cleanup.job_pattern('demo'))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "omnirl:demo:*"
 
 
 def _closed_port() -> int:

@@ -183,6 +183,10 @@ def build_services(job: RLJob) -> list[dict[str, Any]]:
             "metadata": object_meta(name, actor, "actor"),
             "spec": {
                 "type": "ClusterIP",
+                # Rank 0 connects to its own weight-sync store through this Service while it starts
+                # (torch's TCPStore master dials the host it is given), before its readiness probe
+                # passes: without this the Service has no endpoint yet and the actor never starts.
+                "publishNotReadyAddresses": True,
                 "selector": rank0,
                 "ports": [{"name": "weight-sync", "port": WEIGHT_SYNC_PORT, "targetPort": WEIGHT_SYNC_PORT,
                            "protocol": "TCP"}],

@@ -27,6 +27,8 @@ RUN_AS_USER = 1000
 NVIDIA_RESOURCE = "nvidia.com/gpu"
 ASCEND_RESOURCE = "huawei.com/Ascend910"
 ASCEND_NODE_LABEL = ("accelerator", "huawei-Ascend910")
+# OMNIRL_DEVICE (the role's torch device) per accelerator type.
+TORCH_DEVICE = {"cpu": "cpu", "nvidia": "cuda", "ascend": "npu"}
 
 
 def role_spec(job: RLJob, role: str) -> RoleSpec:
@@ -93,6 +95,7 @@ def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str
         {"name": "OMNIRL_OUT", "value": RUN_DIR},
         {"name": "OMNIRL_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "OMNIRL_HEALTH_PORT", "value": str(HEALTH_PORT)},
+        {"name": "OMNIRL_DEVICE", "value": TORCH_DEVICE[role_spec(job, role).accelerator.type]},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     secret = job.spec.transferQueue.passwordSecret or settings.default_redis_password_secret

@@ -1,42 +1,30 @@
 """The finalizer's work: delete every Redis key of one job (``omnirl:{job}:*``).
 
-This mirrors ``omnirl.transfer.TransferQueue.cleanup()`` (SCAN MATCH + UNLINK in batches) without
-importing ``omnirl.transfer``, whose package import pulls in torch (the codec), which the operator
-must not load (import-linter contract; the operator image has no torch). A test runs both against
-a real redis-server and checks they remove the same keys, so the two cannot drift apart.
+The key layout comes from ``omnirl.transfer.keys`` (torch-free; the ``omnirl.transfer`` package
+loads its torch-dependent parts lazily). The SCAN MATCH + UNLINK loop mirrors
+``TransferQueue.cleanup()`` rather than calling it: ``omnirl.transfer.queue`` imports the codec,
+which imports torch, and the operator must not (import-linter contract; its image has no torch).
+A test runs both against a real redis-server and checks they remove the same keys.
 """
 
 from __future__ import annotations
 
-import re
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-# The TransferQueue's key layout (omnirl.transfer.keys): every key of job J starts with "omnirl:J:".
-KEY_PREFIX = "omnirl"
-_JOB_RE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
-
-
-def job_key_pattern(job: str) -> str:
-    """``omnirl:{job}:*``: matches every key of ``job`` and no other job's.
-
-    Raises:
-        ValueError: for a name that is not DNS-1123 (it could match other jobs' keys).
-    """
-    if not isinstance(job, str) or not _JOB_RE.match(job) or len(job) > 253:
-        raise ValueError(f"invalid job name {job!r}: a Kubernetes object name (DNS-1123) is required")
-    return f"{KEY_PREFIX}:{job}:*"
+from omnirl.transfer.keys import job_pattern
 
 
 def delete_job_keys(client: redis.Redis, job: str, batch: int = 500) -> int:
     """UNLINK every key of ``job``; returns how many were removed (0 when none existed).
 
     Raises:
+        ValueError: for a name that is not DNS-1123 (its pattern could match other jobs' keys).
         redis.RedisError: when Redis is unreachable or refuses (the caller retries).
     """
     removed, pending = 0, []
-    for key in client.scan_iter(match=job_key_pattern(job), count=1000):
+    for key in client.scan_iter(match=job_pattern(job), count=1000):
         pending.append(key)
         if len(pending) >= batch:
             removed += int(client.unlink(*pending))

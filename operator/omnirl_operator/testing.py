@@ -125,6 +125,12 @@ def _versioned_emulator_class(printer_columns: dict[str, list[dict[str, Any]]]) 
                 return _table(payload["items"], columns)
             return payload
 
+        async def _serve_version(self, request: Any) -> Any:
+            """kmock names the core group's version ``/v1``; kubectl's discovery needs ``v1`` to map
+            core kinds (``kubectl apply`` of a Secret or ConfigMap fails without it)."""
+            payload = await super()._serve_version(request)
+            return {**payload, "groupVersion": payload["groupVersion"].lstrip("/")}
+
         def _check_version_test(self, key: Any, ops: list) -> None:
             """A failed ``test`` of resourceVersion is 422 on a real server (kopf retries later)."""
             if key not in self.objects or self.objects[key].deleted:

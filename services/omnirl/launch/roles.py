@@ -8,9 +8,12 @@ gRPC health service and `/metrics` when their ports are set, runs the role's ser
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import os
 import sys
+from urllib.parse import quote, urlsplit, urlunsplit
 
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import RoleEnv
@@ -21,14 +24,30 @@ def _setup(env: RoleEnv, role: str) -> None:
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     import torch
 
+    if env.device.split(":")[0] == "npu":
+        import torch_npu  # noqa: F401 - registers the npu device (Ascend images ship it)
     if env.threads:
         torch.set_num_threads(env.threads)
+
+
+def with_redis_password(url: str, password: str | None) -> str:
+    """``url`` with ``password`` in it (percent-encoded), unless the URL already carries one.
+
+    Pods get the password of a protected Redis as ``REDIS_PASSWORD`` (from the Secret named by
+    ``spec.transferQueue.passwordSecret``) next to a password-less ``OMNIRL_REDIS_URL``.
+    """
+    parts = urlsplit(url)
+    if not password or parts.password is not None:
+        return url
+    user = quote(parts.username, safe="") if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"))
 
 
 def run_role(role: str, job_path: str, *, resume: bool = False, steps: int | None = None) -> int:
     """Run one role to completion in this process; returns the exit code."""
     job = load_rljob(job_path)
     env = RoleEnv.from_environ()
+    env = dataclasses.replace(env, redis_url=with_redis_password(env.redis_url, os.environ.get("REDIS_PASSWORD")))
     _setup(env, role)
     health = None
     if env.health_port:
@@ -72,8 +91,6 @@ def _build(role: str, job, env: RoleEnv, *, resume: bool, steps: int | None):
 
 def main(args: argparse.Namespace) -> int:
     """CLI adapter for `omnirl role`."""
-    import os
-
     resume = os.environ.get("OMNIRL_RESUME") == "1"
     steps = int(os.environ["OMNIRL_STEPS"]) if os.environ.get("OMNIRL_STEPS") else None
     if args.out:

@@ -1,0 +1,390 @@
+"""A stand-in kubelet for the Kubernetes e2e test: runs the pods of the workloads the operator
+wrote into kmock's emulator as local processes, and plays the Deployment, StatefulSet and Job
+controllers by writing those workloads' ``status`` back.
+
+Everything a pod runs comes from the emulator: the container's ``command``, ``args`` and ``env``,
+its volumes and ports, its probes. Nothing is rebuilt from the RLJob. What a node would provide is
+substituted, and only this (each is a single function below):
+
+1. **image** → this checkout's virtualenv: ``PATH`` starts with its ``bin/`` (where ``omnirl`` is);
+   the base environment is ``PATH`` and ``HOME`` only, nothing of the test's own environment.
+2. **volumes** (:func:`mount_volumes`) → a directory per volume under the pod's directory:
+   ``configMap`` items are written from the emulator's ConfigMap (``job.yaml`` for
+   ``/etc/omnirl``), ``emptyDir`` is a fresh directory. Every command, argument or env value that
+   starts with a ``mountPath`` is rewritten to the directory.
+3. **downward API** (:func:`field_value`) → the pod's name, namespace and labels (a StatefulSet
+   pod has ``statefulset.kubernetes.io/pod-name`` and ``apps.kubernetes.io/pod-index``);
+   ``secretKeyRef`` → the Secret's value, read from the emulator.
+4. **pod network** → every declared ``containerPort`` gets a free loopback port of its own (pods
+   share loopback here, not a network namespace); env variables named ``*_PORT`` whose value is a
+   declared containerPort, and the gRPC probes, use that port.
+5. **Service DNS and kube-proxy** (:meth:`Kubelet.route`) → ``<svc>[.<ns>[.svc[.cluster.local]]]:<port>``
+   in an env value becomes ``127.0.0.1:<loopback port of the Service's targetPort on the first pod
+   its selector matches>``; a pod waits (as its connections would) until that pod exists.
+6. **service-account token** → a pod with ``automountServiceAccountToken`` and a
+   ``serviceAccountName`` gets ``KUBECONFIG`` pointing at the emulator (in a cluster the kubernetes
+   client reads the mounted token; without ``KUBERNETES_SERVICE_HOST`` it falls back to KUBECONFIG).
+
+Readiness is the real probe: gRPC ``grpc.health.v1`` Check on the probe's port (startup probe,
+then readiness probe). Restarts follow ``restartPolicy`` (``Always``: after 10 s back-off, like
+CrashLoopBackOff; a Job's ``OnFailure`` up to ``backoffLimit``). Not modelled: images, resources,
+scheduling, rolling-update pacing (pods of a changed template are replaced at once).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import grpc
+import yaml
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from omnirl.transfer.redis_server import free_port
+from omnirl_operator.kube import KubeApi, resource_path
+
+JOB_LABEL = "omnirl.dev/job"
+WORKLOADS = (("apps/v1", "Deployment"), ("apps/v1", "StatefulSet"), ("batch/v1", "Job"))
+BACKOFF_S = 10.0  # the kubelet's first CrashLoopBackOff delay
+MAX_GRACE_S = 10.0
+
+
+@dataclass
+class Pod:
+    """One pod of a workload and its single container's process."""
+
+    name: str
+    owner: tuple[str, str]  # (kind, workload name)
+    uid: str  # of the workload: a recreated workload gets new pods
+    template_hash: str
+    labels: dict[str, str]
+    spec: dict[str, Any]
+    root: Path
+    ports: dict[int, int]  # containerPort → loopback port
+    proc: subprocess.Popen | None = None
+    exits: list[int] = field(default_factory=list)  # exit codes of runs that ended on their own
+    restarts: int = 0
+    next_start: float = 0.0
+    ready: bool = False
+    done: bool = False  # a run ended and restartPolicy keeps it down
+
+    @property
+    def container(self) -> dict[str, Any]:
+        return self.spec["containers"][0]
+
+    @property
+    def log(self) -> Path:
+        return self.root / "pod.log"
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def field_value(pod: Pod, namespace: str, path: str) -> str:
+    """A downward-API ``fieldRef.fieldPath`` of ``pod``.
+
+    Raises:
+        ValueError: a field path this stand-in does not know (name it here when a builder needs it).
+    """
+    if path == "metadata.name":
+        return pod.name
+    if path == "metadata.namespace":
+        return namespace
+    label = re.fullmatch(r"metadata\.labels\['(.+)'\]", path)
+    if label and label[1] in pod.labels:
+        return pod.labels[label[1]]
+    raise ValueError(f"pod {pod.name}: downward-API field {path!r} is not provided by the e2e kubelet")
+
+
+def mount_volumes(kube: KubeApi, namespace: str, pod: Pod) -> dict[str, Path]:
+    """Create the pod's volumes under ``pod.root``; returns mountPath → host directory.
+
+    Raises:
+        ValueError: a volume kind other than configMap/emptyDir, or a missing ConfigMap key.
+    """
+    volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
+    mounts: dict[str, Path] = {}
+    for mount in pod.container.get("volumeMounts", []):
+        volume = volumes[mount["name"]]
+        host = pod.root / "volumes" / mount["name"]
+        host.mkdir(parents=True, exist_ok=True)
+        if "configMap" in volume:
+            cm = kube.get("v1", "ConfigMap", namespace, volume["configMap"]["name"]) or {}
+            data = cm.get("data") or {}
+            items = volume["configMap"].get("items") or [{"key": k, "path": k} for k in data]
+            for item in items:
+                if item["key"] not in data:
+                    raise ValueError(f"pod {pod.name}: ConfigMap {volume['configMap']['name']} has no key "
+                                     f"{item['key']!r}")
+                (host / item["path"]).write_text(data[item["key"]])
+        elif "emptyDir" not in volume:
+            raise ValueError(f"pod {pod.name}: volume {mount['name']} ({sorted(volume)}) is not emulated")
+        mounts[mount["mountPath"].rstrip("/")] = host
+    return mounts
+
+
+def remap_path(value: str, mounts: dict[str, Path]) -> str:
+    """``value`` with a leading mountPath replaced by its host directory (longest mount first)."""
+    for mount in sorted(mounts, key=len, reverse=True):
+        if value == mount or value.startswith(mount + "/"):
+            return str(mounts[mount]) + value[len(mount):]
+    return value
+
+
+class NotRoutable(Exception):
+    """A Service named in a pod's environment selects no pod yet: start the pod later."""
+
+
+class Kubelet:
+    """Runs the pods of one RLJob's workloads (see the module docstring for every substitution).
+
+    Args:
+        kube: a client of the emulator.
+        server: the emulator's URL (for the service-account KUBECONFIG).
+        namespace: the RLJob's namespace.
+        job: the RLJob's name (workloads are found by the ``omnirl.dev/job`` label).
+        root: a directory for the pods' volumes and logs.
+        bin_dir: the virtualenv's ``bin/`` (stands in for the image).
+    """
+
+    def __init__(self, kube: KubeApi, server: str, namespace: str, job: str, root: Path, bin_dir: Path) -> None:
+        self.kube, self.server, self.namespace, self.job = kube, server, namespace, job
+        self.root, self.bin_dir = root, bin_dir
+        self.pods: dict[str, Pod] = {}
+        self.deleted: list[Pod] = []
+        self._written: dict[str, dict[str, Any]] = {}  # workload uid → the status last written
+        self._channels: dict[int, grpc.Channel] = {}
+
+    # ------------------------------------------------------------------ the emulator
+    def _list(self, api_version: str, kind: str) -> list[dict[str, Any]]:
+        """This job's objects of a kind (kmock has no label selectors: filtered here)."""
+        items = self.kube.request("GET", resource_path(api_version, kind, self.namespace)).get("items") or []
+        return [o for o in items if (o["metadata"].get("labels") or {}).get(JOB_LABEL) == self.job]
+
+    def sync(self) -> None:
+        """One level-triggered pass: pods follow the workloads, processes follow the pods,
+        probes decide readiness, and the workloads' status is written back."""
+        workloads = {(obj["kind"], obj["metadata"]["name"]): obj
+                     for api_version, kind in WORKLOADS for obj in self._list(api_version, kind)}
+        for key in [k for k, p in self.pods.items() if p.owner not in workloads]:
+            self._delete(key)
+        for obj in workloads.values():
+            self._scale(obj)
+        services = self._list("v1", "Service")
+        for pod in list(self.pods.values()):
+            self._run(pod, workloads[pod.owner], services)
+            pod.ready = pod.running() and self._probe(pod)
+        for key, obj in workloads.items():
+            self._write_status(key, obj)
+
+    # ------------------------------------------------------------------ workload controllers
+    def _scale(self, obj: dict[str, Any]) -> None:
+        """Create or delete pods so the workload has the pods its spec asks for."""
+        kind, name, uid = obj["kind"], obj["metadata"]["name"], obj["metadata"]["uid"]
+        template = obj["spec"]["template"]
+        digest = hashlib.sha256(yaml.safe_dump(template, sort_keys=True).encode()).hexdigest()[:10]
+        if kind == "Job":  # one pod; a Job's template is immutable (the operator replaces the Job)
+            wanted = [f"{name}-{uid[:5]}"]
+        elif kind == "StatefulSet":
+            wanted = [f"{name}-{i}" for i in range(int(obj["spec"].get("replicas", 1)))]
+        else:
+            wanted = [f"{name}-{digest}-{i}" for i in range(int(obj["spec"].get("replicas", 1)))]
+        for key, pod in list(self.pods.items()):
+            stale = pod.uid != uid or (pod.template_hash != digest and kind != "Job")
+            if pod.owner == (kind, name) and (stale or key not in wanted):
+                self._delete(key)
+        for key in wanted:
+            if key not in self.pods:
+                self.pods[key] = self._new_pod(obj, key, digest)
+
+    def _new_pod(self, obj: dict[str, Any], name: str, digest: str) -> Pod:
+        template = obj["spec"]["template"]
+        if len(template["spec"]["containers"]) != 1:
+            raise ValueError(f"{obj['kind']}/{obj['metadata']['name']}: the e2e kubelet runs one container per pod")
+        labels = dict(template["metadata"].get("labels") or {})
+        if obj["kind"] == "StatefulSet":
+            labels["statefulset.kubernetes.io/pod-name"] = name
+            labels["apps.kubernetes.io/pod-index"] = name.rpartition("-")[2]
+        ports = {p["containerPort"]: free_port() for p in template["spec"]["containers"][0].get("ports", [])}
+        return Pod(name=name, owner=(obj["kind"], obj["metadata"]["name"]), uid=obj["metadata"]["uid"],
+                   template_hash=digest, labels=labels, spec=template["spec"], root=self.root / name, ports=ports)
+
+    def _write_status(self, key: tuple[str, str], obj: dict[str, Any]) -> None:
+        """The status a Deployment/StatefulSet/Job controller would write, when it changed."""
+        pods = [p for p in self.pods.values() if p.owner == key and p.uid == obj["metadata"]["uid"]]
+        ready = sum(p.ready for p in pods)
+        if key[0] == "Job":
+            status = self._job_status(obj, pods, ready)
+        else:
+            status = {"observedGeneration": obj["metadata"].get("generation"), "replicas": len(pods),
+                      "updatedReplicas": len(pods), "readyReplicas": ready, "availableReplicas": ready}
+        uid = obj["metadata"]["uid"]
+        if self._written.get(uid) != status:
+            api_version = next(v for v, k in WORKLOADS if k == key[0])
+            self.kube.patch(api_version, key[0], self.namespace, key[1], {"status": status}, sub="status")
+            self._written[uid] = status
+
+    def _job_status(self, obj: dict[str, Any], pods: list[Pod], ready: int) -> dict[str, Any]:
+        previous = obj.get("status") or {}
+        done = [p for p in pods if p.done]
+        status = {"active": sum(p.running() for p in pods), "ready": ready,
+                  "startTime": previous.get("startTime") or _now()}
+        if any(p.exits and p.exits[-1] == 0 for p in done):
+            status.update(active=0, succeeded=1, completionTime=previous.get("completionTime") or _now(),
+                          conditions=[{"type": "SuccessCriteriaMet", "status": "True"},
+                                      {"type": "Complete", "status": "True"}])
+        elif done:
+            status.update(active=0, failed=len(done[0].exits), conditions=[
+                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                 "message": f"pod {done[0].name} exited {done[0].exits[-1]}"}])
+        return status
+
+    # ------------------------------------------------------------------ the kubelet proper
+    def _run(self, pod: Pod, workload: dict[str, Any], services: list[dict[str, Any]]) -> None:
+        """Start the pod's process, notice its exit, and restart it as ``restartPolicy`` says."""
+        if pod.proc is not None and pod.proc.poll() is not None:
+            pod.exits.append(pod.proc.returncode)
+            pod.proc = None
+            policy = pod.spec.get("restartPolicy", "Always")
+            limit = int(workload["spec"].get("backoffLimit", 6)) if workload["kind"] == "Job" else None
+            again = policy == "Always" or (policy == "OnFailure" and pod.exits[-1] != 0
+                                           and (limit is None or pod.restarts < limit))
+            pod.done = not again
+            pod.next_start = time.monotonic() + BACKOFF_S * 2 ** min(pod.restarts, 5)
+            pod.restarts += int(again)
+        if pod.proc is not None or pod.done or time.monotonic() < pod.next_start:
+            return
+        try:
+            cmd, env = self._container(pod, services)
+        except NotRoutable:
+            return
+        with pod.log.open("a") as log:
+            pod.proc = subprocess.Popen(cmd, env=env, cwd=pod.root, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
+
+    def _container(self, pod: Pod, services: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
+        """The command line and environment of the pod's container, every substitution applied.
+
+        Raises:
+            NotRoutable: an env value names a Service that selects no pod yet.
+            ValueError: an env source or volume this stand-in does not emulate, or no executable.
+        """
+        c = pod.container
+        pod.root.mkdir(parents=True, exist_ok=True)
+        mounts = mount_volumes(self.kube, self.namespace, pod)
+        env = {"PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": str(pod.root)}
+        for var in c.get("env", []):
+            value = var.get("value", "")
+            source = var.get("valueFrom") or {}
+            if "fieldRef" in source:
+                value = field_value(pod, self.namespace, source["fieldRef"]["fieldPath"])
+            elif "secretKeyRef" in source:
+                ref = source["secretKeyRef"]
+                secret = self.kube.get("v1", "Secret", self.namespace, ref["name"]) or {}
+                value = base64.b64decode((secret.get("data") or {})[ref["key"]]).decode()
+            elif source:
+                raise ValueError(f"pod {pod.name}: env {var['name']} from {sorted(source)} is not emulated")
+            value = self.route(remap_path(value, mounts), services)
+            if var["name"].endswith("_PORT") and value.isdigit() and int(value) in pod.ports:
+                value = str(pod.ports[int(value)])
+            env[var["name"]] = value
+        if pod.spec.get("automountServiceAccountToken") and pod.spec.get("serviceAccountName"):
+            env["KUBECONFIG"] = str(self._kubeconfig(pod))
+        argv = [remap_path(a, mounts) for a in [*c.get("command", []), *c.get("args", [])]]
+        exe = shutil.which(argv[0], path=env["PATH"])
+        if exe is None:
+            raise ValueError(f"pod {pod.name}: {argv[0]!r} is not on the image's PATH ({env['PATH']})")
+        return [exe, *argv[1:]], env
+
+    def route(self, value: str, services: list[dict[str, Any]]) -> str:
+        """``<svc>[.<ns>[.svc[.cluster.local]]]:<port>`` → ``127.0.0.1:<port of the selected pod>``.
+
+        Raises:
+            NotRoutable: the Service selects no pod yet.
+            ValueError: the Service has no such port (in a cluster the connection would hang).
+        """
+        for svc in services:
+            name = svc["metadata"]["name"]
+            pattern = rf"(?<![\w.-]){re.escape(name)}(?:\.{re.escape(self.namespace)}(?:\.svc(?:\.cluster\.local)?)?)?:(\d+)\b"
+            match = re.search(pattern, value)
+            if not match:
+                continue
+            port = next((p for p in svc["spec"].get("ports", []) if p["port"] == int(match[1])), None)
+            if port is None:
+                raise ValueError(f"Service {name} has no port {match[1]} (named in {value!r})")
+            selector = svc["spec"].get("selector") or {}
+            backends = sorted((p for p in self.pods.values() if selector.items() <= p.labels.items()),
+                              key=lambda p: p.name)
+            if not backends:
+                raise NotRoutable(name)
+            target = port.get("targetPort", port["port"])
+            if isinstance(target, str):
+                target = next(p["containerPort"] for p in backends[0].container["ports"] if p.get("name") == target)
+            value = value[:match.start()] + f"127.0.0.1:{backends[0].ports[target]}" + value[match.end():]
+        return value
+
+    def _kubeconfig(self, pod: Pod) -> Path:
+        path = pod.root / "kubeconfig"
+        account = pod.spec["serviceAccountName"]
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "pod",
+            "clusters": [{"name": "emulator", "cluster": {"server": self.server}}],
+            "users": [{"name": account, "user": {"token": f"service-account-token-of-{account}"}}],
+            "contexts": [{"name": "pod", "context": {"cluster": "emulator", "user": account,
+                                                     "namespace": self.namespace}}],
+        }))
+        return path
+
+    def _probe(self, pod: Pod) -> bool:
+        """The container's gRPC startup/readiness probe (no probe: ready once running)."""
+        c = pod.container
+        probe = c.get("readinessProbe") or c.get("startupProbe")
+        if not probe:
+            return True
+        port = pod.ports.get(probe["grpc"]["port"], probe["grpc"]["port"])
+        channel = self._channels.setdefault(port, grpc.insecure_channel(f"127.0.0.1:{port}"))
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
+        except grpc.RpcError:
+            return False
+        return reply.status == health_pb2.HealthCheckResponse.SERVING
+
+    def _delete(self, key: str) -> None:
+        """Delete a pod: SIGTERM its process group, SIGKILL after the grace period."""
+        pod = self.pods.pop(key)
+        if pod.running():
+            os.killpg(pod.proc.pid, signal.SIGTERM)
+            try:
+                pod.proc.wait(timeout=min(float(pod.spec.get("terminationGracePeriodSeconds", 30)), MAX_GRACE_S))
+            except subprocess.TimeoutExpired:
+                os.killpg(pod.proc.pid, signal.SIGKILL)
+                pod.proc.wait()
+        self.deleted.append(pod)
+
+    def stop(self) -> None:
+        """Delete every pod and close the probe channels."""
+        for key in list(self.pods):
+            self._delete(key)
+        for channel in self._channels.values():
+            channel.close()
+
+    def tails(self, lines: int = 25) -> str:
+        """The last log lines of every pod, for a failure message."""
+        out = []
+        for pod in [*self.pods.values(), *self.deleted]:
+            text = pod.log.read_text().splitlines()[-lines:] if pod.log.exists() else []
+            out.append(f"--- {pod.name} (exits {pod.exits}) ---\n" + "\n".join(text))
+        return "\n".join(out)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
