@@ -20,7 +20,8 @@ substituted, and only this (each is a single function below):
    declared containerPort, and the gRPC probes, use that port.
 5. **Service DNS and kube-proxy** (:meth:`Kubelet.route`) → ``<svc>[.<ns>[.svc[.cluster.local]]]:<port>``
    in an env value becomes ``127.0.0.1:<loopback port of the Service's targetPort on the first pod
-   its selector matches>``; a pod waits (as its connections would) until that pod exists.
+   its selector matches>``; a pod waits (as its connections would) until that pod exists. Per-pod
+   names of headless Services (``<pod>.<svc>``, multi-rank actors) are not routed.
 6. **service-account token** → a pod with ``automountServiceAccountToken`` and a
    ``serviceAccountName`` gets ``KUBECONFIG`` pointing at the emulator (in a cluster the kubernetes
    client reads the mounted token; without ``KUBERNETES_SERVICE_HOST`` it falls back to KUBECONFIG).
@@ -161,8 +162,8 @@ class Kubelet:
         self.root, self.bin_dir = root, bin_dir
         self.pods: dict[str, Pod] = {}
         self.deleted: list[Pod] = []
+        self.events: list[tuple[float, str]] = []  # (time.time(), "pod X started" …): the pods' timeline
         self._written: dict[str, dict[str, Any]] = {}  # workload uid → the status last written
-        self._channels: dict[int, grpc.Channel] = {}
 
     # ------------------------------------------------------------------ the emulator
     def _list(self, api_version: str, kind: str) -> list[dict[str, Any]]:
@@ -182,7 +183,10 @@ class Kubelet:
         services = self._list("v1", "Service")
         for pod in list(self.pods.values()):
             self._run(pod, workloads[pod.owner], services)
-            pod.ready = pod.running() and self._probe(pod)
+            ready = pod.running() and self._probe(pod)
+            if ready != pod.ready:
+                self._event(f"pod {pod.name} {'ready' if ready else 'not ready'}")
+            pod.ready = ready
         for key, obj in workloads.items():
             self._write_status(key, obj)
 
@@ -253,6 +257,7 @@ class Kubelet:
         """Start the pod's process, notice its exit, and restart it as ``restartPolicy`` says."""
         if pod.proc is not None and pod.proc.poll() is not None:
             pod.exits.append(pod.proc.returncode)
+            self._event(f"pod {pod.name} exited {pod.proc.returncode}")
             pod.proc = None
             policy = pod.spec.get("restartPolicy", "Always")
             limit = int(workload["spec"].get("backoffLimit", 6)) if workload["kind"] == "Job" else None
@@ -270,6 +275,7 @@ class Kubelet:
         with pod.log.open("a") as log:
             pod.proc = subprocess.Popen(cmd, env=env, cwd=pod.root, stdout=log, stderr=subprocess.STDOUT,
                                         start_new_session=True)
+        self._event(f"pod {pod.name} started: {' '.join([Path(cmd[0]).name, *cmd[1:]])}")
 
     def _container(self, pod: Pod, services: list[dict[str, Any]]) -> tuple[list[str], dict[str, str]]:
         """The command line and environment of the pod's container, every substitution applied.
@@ -314,7 +320,8 @@ class Kubelet:
         """
         for svc in services:
             name = svc["metadata"]["name"]
-            pattern = rf"(?<![\w.-]){re.escape(name)}(?:\.{re.escape(self.namespace)}(?:\.svc(?:\.cluster\.local)?)?)?:(\d+)\b"
+            domain = rf"(?:\.{re.escape(self.namespace)}(?:\.svc(?:\.cluster\.local)?)?)?"
+            pattern = rf"(?<![\w.-]){re.escape(name)}{domain}:(\d+)\b"
             match = re.search(pattern, value)
             if not match:
                 continue
@@ -351,16 +358,17 @@ class Kubelet:
         if not probe:
             return True
         port = pod.ports.get(probe["grpc"]["port"], probe["grpc"]["port"])
-        channel = self._channels.setdefault(port, grpc.insecure_channel(f"127.0.0.1:{port}"))
-        try:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=""), timeout=0.5)
-        except grpc.RpcError:
-            return False
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            try:
+                reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=0.5)
+            except grpc.RpcError:
+                return False
         return reply.status == health_pb2.HealthCheckResponse.SERVING
 
     def _delete(self, key: str) -> None:
         """Delete a pod: SIGTERM its process group, SIGKILL after the grace period."""
         pod = self.pods.pop(key)
+        self._event(f"pod {pod.name} deleted")
         if pod.running():
             os.killpg(pod.proc.pid, signal.SIGTERM)
             try:
@@ -371,11 +379,12 @@ class Kubelet:
         self.deleted.append(pod)
 
     def stop(self) -> None:
-        """Delete every pod and close the probe channels."""
+        """Delete every pod."""
         for key in list(self.pods):
             self._delete(key)
-        for channel in self._channels.values():
-            channel.close()
+
+    def _event(self, text: str) -> None:
+        self.events.append((time.time(), text))
 
     def tails(self, lines: int = 25) -> str:
         """The last log lines of every pod, for a failure message."""

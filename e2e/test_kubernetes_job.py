@@ -24,9 +24,10 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from e2e.kubelet import Kubelet
+from e2e.kubelet import Kubelet, field_value, remap_path
 from e2e.test_local_job import tiny_job
 
+from omnirl.launch.roles import with_redis_password
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.testing import BackgroundCluster
@@ -38,6 +39,9 @@ NAME = "k8s-tiny"
 SECRET = "e2e-redis"
 RLJOB = ("omnirl.dev/v1alpha1", "RLJob")
 TIMEOUT_S = 240.0
+# kmock serves no Table for built-in kinds, so kubectl would print only NAME and AGE
+COLUMNS = ("KIND:.kind,NAME:.metadata.name,REPLICAS:.spec.replicas,READY:.status.readyReplicas,"
+           "SUCCEEDED:.status.succeeded,COMPLETE:.status.conditions[?(@.type=='Complete')].status")
 
 if not KUBECTL.exists():
     if os.environ.get("CI"):
@@ -90,8 +94,9 @@ def wait_children(kube: KubeApi, timeout_s: float = 30.0) -> None:
 
 
 def run_until_succeeded(kube: KubeApi, kubelet: Kubelet, start: float) -> tuple[dict, list[tuple[float, str, str]]]:
-    """Drive the kubelet until the RLJob is Succeeded and its pods are gone; returns the last
-    RLJob and the phase transitions as (seconds since apply, UTC time, phase)."""
+    """Drive the kubelet until the RLJob is finished and no pod runs any more (the workloads
+    scaled to zero; the controller Job's pod completed); returns the last RLJob and the phase
+    transitions as (seconds since apply, UTC time, phase)."""
     transitions: list[tuple[float, str, str]] = []
     deadline = time.monotonic() + TIMEOUT_S
     while True:
@@ -101,17 +106,32 @@ def run_until_succeeded(kube: KubeApi, kubelet: Kubelet, start: float) -> tuple[
         if phase and (not transitions or transitions[-1][2] != phase):
             stamp = datetime.now(timezone.utc).strftime("%H:%M:%S.%f")[:-3]
             transitions.append((time.monotonic() - start, stamp, phase))
-        if phase in ("Succeeded", "Failed") and not kubelet.pods:  # scaled to zero, pods deleted
+        left = kubelet.pods.values()
+        if phase in ("Succeeded", "Failed") and all(p.owner[0] == "Job" and not p.running() for p in left):
             return job, transitions
         assert time.monotonic() < deadline, f"phase {phase} after {TIMEOUT_S} s\n{kubelet.tails()}"
         time.sleep(0.25)
 
 
+def print_record(transitions: list[tuple[float, str, str]], kubelet: Kubelet, table: str, workloads: str) -> None:
+    """What the closing note quotes: phase transitions, the pods' timeline, `kubectl get` output."""
+    print("\nphase transitions (s since kubectl apply, UTC, phase):")
+    for seconds, stamp, phase in transitions:
+        print(f"  {seconds:6.1f} s  {stamp}  {phase}")
+    print("kubelet events (UTC):")
+    for stamp, text in kubelet.events:
+        print(f"  {datetime.fromtimestamp(stamp, timezone.utc).strftime('%H:%M:%S.%f')[:-3]}  {text}")
+    print(f"\n$ kubectl get rljobs -n {NS}\n{table}\n$ kubectl get deployments,statefulsets,jobs -n {NS} "
+          f"-o custom-columns=...\n{workloads}")
+
+
+@pytest.mark.slow
 def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
+    """The whole path of the module docstring; prints the record (run with ``-s`` to see it)."""
     redis_url, password = protected_redis
     home = tmp_path / "kubectl"
     home.mkdir()
-    with BackgroundCluster(OperatorSettings(), resync_seconds=0.5) as bg:
+    with BackgroundCluster(OperatorSettings(), resync_seconds=1.0) as bg:
         server = bg.cluster.url
         kube = KubeApi.for_server(server)
         kubelet = Kubelet(kube, server, NS, NAME, tmp_path / "pods", Path(sys.executable).parent)
@@ -126,22 +146,20 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
         finally:
             kubelet.stop()
         table = kubectl(server, home, "get", "rljobs")
-        workloads = kubectl(server, home, "get", "deployments,statefulsets,jobs")
-        print("\nphase transitions (s since kubectl apply, UTC, phase):")
-        for seconds, stamp, phase in transitions:
-            print(f"  {seconds:6.1f} s  {stamp}  {phase}")
-        print(f"\n$ kubectl get rljobs -n {NS}\n{table}\n$ kubectl get deployments,statefulsets,jobs -n {NS}\n"
-              f"{workloads}")
+        workloads = kubectl(server, home, "get", "deployments,statefulsets,jobs", f"-o=custom-columns={COLUMNS}")
+        print_record(transitions, kubelet, table, workloads)
 
         assert [phase for _, _, phase in transitions] == ["Pending", "Running", "Succeeded"], kubelet.tails()
         status = job["status"]
         assert (status["step"], status["policyVersion"]) == (3, 3)
-        assert isinstance(status["rewardMean"], float) and 0.0 <= status["rewardMean"] <= 1.0
         assert status["lastCheckpoint"].startswith(str(tmp_path / "pods" / f"{NAME}-actor-0" / "volumes" / "run"))
-        assert status["readyRoles"] == "0/0" and status["startTime"] and status["completionTime"]
+        assert status["startTime"] and status["completionTime"]
+        for api_version, kind, role in (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
+                                        ("apps/v1", "StatefulSet", "actor")):  # accelerators freed
+            assert kube.get(api_version, kind, NS, f"{NAME}-{role}")["spec"]["replicas"] == 0
         header, row = table.splitlines()[:2]
         assert header.split() == ["NAME", "PHASE", "STEP", "REWARD", "READY", "AGE"]
-        assert row.split()[:3] == [NAME, "Succeeded", "3"]
+        assert row.split()[:4] == [NAME, "Succeeded", "3", str(status["rewardMean"])]
         # every pod ran what the operator wrote and ended cleanly (exit 0, or stopped at scale-down)
         by_name = {pod.name: pod for pod in kubelet.deleted}
         assert len(by_name) == 4 and all(pod.exits in ([], [0]) for pod in by_name.values()), kubelet.tails()
@@ -150,6 +168,7 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
         metrics = controller.root / "volumes" / "run" / "metrics.jsonl"
         steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["event"] == "step"]
         assert [(r["step"], r["policy_version"]) for r in steps] == [(0, 1), (1, 2), (2, 3)]
+        assert status["rewardMean"] == round(steps[-1]["reward_mean"], 4)  # the controller's own number
 
         # deleting the RLJob runs the finalizer: the job's Redis keys go (with the Secret's password)
         client = redis.Redis.from_url(redis_url, password=password)
@@ -163,3 +182,38 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
             assert client.keys(f"omnirl:{NAME}:*") == []
         finally:
             client.close()
+
+
+def test_kubelet_substitutions_are_the_documented_ones(tmp_path):
+    """Service DNS → the selected pod's loopback port; downward API; mount paths (no processes)."""
+    kubelet = Kubelet(KubeApi.for_server("http://127.0.0.1:9"), "http://127.0.0.1:9", NS, NAME, tmp_path, tmp_path)
+    actor = {"kind": "StatefulSet", "metadata": {"name": f"{NAME}-actor", "uid": "u1"}, "spec": {"template": {
+        "metadata": {"labels": {"omnirl.dev/role": "actor"}},
+        "spec": {"containers": [{"name": "actor", "ports": [{"name": "weight-sync", "containerPort": 29500}]}]}}}}
+    pod = kubelet._new_pod(actor, f"{NAME}-actor-0", "digest")
+    kubelet.pods[pod.name] = pod
+    services = [{"metadata": {"name": f"{NAME}-actor"}, "spec": {
+        "selector": {"statefulset.kubernetes.io/pod-name": f"{NAME}-actor-0"},
+        "ports": [{"port": 29500, "targetPort": "weight-sync"}]}}]
+    loopback = f"127.0.0.1:{pod.ports[29500]}"
+    assert kubelet.route(f"{NAME}-actor:29500", services) == loopback
+    assert kubelet.route(f"{NAME}-actor.{NS}.svc.cluster.local:29500", services) == loopback
+    assert kubelet.route(f"{NAME}-actor-0.{NAME}-ranks:29400", services) == f"{NAME}-actor-0.{NAME}-ranks:29400"
+    with pytest.raises(ValueError, match="has no port 1234"):
+        kubelet.route(f"{NAME}-actor:1234", services)
+    assert field_value(pod, NS, "metadata.labels['apps.kubernetes.io/pod-index']") == "0"
+    assert field_value(pod, NS, "metadata.namespace") == NS
+    with pytest.raises(ValueError, match="status.hostIP"):
+        field_value(pod, NS, "status.hostIP")
+    mounts = {"/etc/omnirl": tmp_path / "cfg", "/etc": tmp_path / "etc"}
+    assert remap_path("/etc/omnirl/job.yaml", mounts) == f"{tmp_path}/cfg/job.yaml"
+    assert remap_path("/etc/omnirlx", mounts) == f"{tmp_path}/etc/omnirlx"
+    assert remap_path("/var/lib/omnirl", mounts) == "/var/lib/omnirl"
+
+
+def test_role_folds_the_secret_password_into_the_redis_url():
+    """Pods get REDIS_PASSWORD from the Secret next to a password-less OMNIRL_REDIS_URL."""
+    assert with_redis_password("redis://r:6379/0", "p@ss/w:rd") == "redis://:p%40ss%2Fw%3Ard@r:6379/0"
+    assert redis.connection.parse_url(with_redis_password("redis://r:6379/0", "p@ss/w:rd"))["password"] == "p@ss/w:rd"
+    assert with_redis_password("redis://:own@r:6379/0", "other") == "redis://:own@r:6379/0"
+    assert with_redis_password("redis://r:6379/0", None) == "redis://r:6379/0"

@@ -55,6 +55,17 @@ def test_evaluate_groups_by_shape_and_is_reproducible():
     assert not torch.equal(initial_noise((1, 4, 4), 0, 1), initial_noise((1, 4, 4), 1, 0))
 
 
+def test_sde_evaluation_is_batch_independent_and_differs_from_ode():
+    adapter = load_digits_adapter("builtin")
+    prompts = ['"123"', '"4567"', '"89012"']
+    runs = [evaluate(adapter, ConstantScorer(), prompts, num_steps=3, sampler="sde", batch_size=b) for b in (1, 3)]
+    ode = evaluate(adapter, ConstantScorer(), prompts, num_steps=3)
+    for a, b, o in zip(runs[0].images, runs[1].images, ode.images, strict=True):
+        assert np.array_equal(a, b) and not np.array_equal(a, o)
+    with pytest.raises(ValueError, match="sampler"):
+        evaluate(adapter, ConstantScorer(), prompts, sampler="euler")
+
+
 def test_evaluate_rejects_empty():
     with pytest.raises(ValueError, match="empty"):
         evaluate(load_digits_adapter("builtin"), ConstantScorer(), [])

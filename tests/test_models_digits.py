@@ -134,6 +134,10 @@ def test_load_errors_name_the_path(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"format": "other"}))
     with pytest.raises(ValueError, match="not a digits checkpoint"):
         load_digits_adapter(tmp_path)
+    save_digits_checkpoint(DigitsDiT(SMALL), SMALL, tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(ValueError, match="model.safetensors"):
+        load_digits_adapter(tmp_path)
 
 
 def test_pretrain_is_deterministic_and_saves(tmp_path):

@@ -25,6 +25,7 @@ from omnirl_operator.status import Observed, compute_status, decide_failure
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 SETTINGS = OperatorSettings(default_redis_url="redis://redis:6379/0")
+WORKLOAD_KINDS = ("Deployment", "StatefulSet", "Job")
 K8S_VERSIONS = ("1.31", kubernetes_validate.utils.latest_version())
 UID = "4f9d7a52-7f53-4f5a-9d9e-000000000001"
 
@@ -97,6 +98,10 @@ def test_ascend_gets_node_selector_and_toleration_nvidia_a_toleration_cpu_reques
     assert actor["tolerations"][0]["key"] == "nvidia.com/gpu" and "nodeSelector" not in actor
     reward = kids["Deployment/demo-reward"]
     assert container(reward)["resources"] == {"requests": {"cpu": "1", "memory": "2Gi"}}
+    # the role's torch device follows its accelerator
+    devices = {name: env(obj)["OMNIRL_DEVICE"] for name, obj in kids.items() if name.split("/")[0] in WORKLOAD_KINDS}
+    assert devices == {"Deployment/demo-rollout": "npu", "StatefulSet/demo-actor": "cuda",
+                       "Deployment/demo-reward": "cpu", "Job/demo-controller": "cpu"}
 
 
 def test_runtime_contract_env_ports_probes_security():
@@ -167,6 +172,8 @@ def test_multi_rank_actor_rendezvous():
     assert kids["StatefulSet/demo-actor"]["spec"]["serviceName"] == "demo-ranks"
     weight_sync = kids["Service/demo-actor"]["spec"]
     assert weight_sync["selector"]["statefulset.kubernetes.io/pod-name"] == "demo-actor-0"
+    # rank 0 dials its own store through this Service before it is Ready
+    assert weight_sync["publishNotReadyAddresses"] is True
     assert "MASTER_ADDR" not in env(children(job())["StatefulSet/demo-actor"])
 
 

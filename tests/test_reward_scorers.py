@@ -8,8 +8,7 @@ import pytest
 from omnirl.models.digits.render import render_text, slots_for
 from omnirl.reward import Scorer, ScorerError
 from omnirl.reward.jpeg import JPEGCompressibilityScorer
-from omnirl.reward.ocr import OCRScorer
-from omnirl.reward.ocr import ctc_greedy_decode, preprocess
+from omnirl.reward.ocr import OCRScorer, ctc_greedy_decode, preprocess
 from omnirl.reward.text import levenshtein, ocr_reward
 
 

@@ -279,3 +279,20 @@ def test_lag_counts_undelivered_entries_with_and_without_xinfo_lag(
         q.pending_count(s, "nobody")
     with pytest.raises(ValueError, match="does not exist"):
         q.lag(q.streams.control, "reward")
+
+
+def test_touch_renews_the_lease_of_work_in_progress(redis_client):
+    from omnirl.transfer import TransferQueue
+
+    q = TransferQueue(redis_client, "lease", claim_idle_s=0.3)
+    stream = q.streams.requests
+    q.ensure_group(stream, "g")
+    q.publish(stream, {"sample_id": "0:0:0"})
+    (msg,) = q.consume(stream, "g", "alive", count=1, block_ms=0)
+    for _ in range(3):  # the owner keeps renewing: nobody else may take it
+        time.sleep(0.2)
+        q.touch(stream, "g", "alive", [msg.id])
+        assert q.consume(stream, "g", "other", count=1, block_ms=0) == []
+    time.sleep(0.4)  # the owner stopped renewing (died): now it is reclaimed
+    (again,) = q.consume(stream, "g", "other", count=1, block_ms=0)
+    assert again.id == msg.id and again.delivery_count >= 2

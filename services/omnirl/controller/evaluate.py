@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from omnirl.algorithms import ode_step, sigma_schedule
+from omnirl.algorithms import ode_step, sde_step, sigma_schedule
 from omnirl.models.protocol import ModelAdapter
 from omnirl.reward.base import Scorer
 
@@ -73,6 +73,39 @@ def sample_ode(
     return adapter.decode(x).cpu()
 
 
+@torch.no_grad()
+def sample_sde(
+    adapter: ModelAdapter,
+    prompt_ids: list[list[int]],
+    generators: list[torch.Generator],
+    num_steps: int,
+    noise_level: float = 0.7,
+    device: str = "cpu",
+) -> torch.Tensor:
+    """Sample with the Flow-GRPO SDE at every step (as the rollout engine with a full window).
+
+    Each sample draws its initial latent and then one step noise per step from its own CPU
+    generator, exactly like `omnirl.rollout.engine`, so the result does not depend on batching.
+
+    Args:
+        prompt_ids: B prompts' token ids, all of one latent shape.
+        generators: B CPU generators (seeded with `eval_seed`).
+        noise_level: the SDE's a (Flow-GRPO default 0.7).
+    Returns:
+        `[B, H', W', 3]` uint8 images.
+    """
+    shape = tuple(adapter.latent_shape(prompt_ids[0]))
+    cond = adapter.encode(prompt_ids, device=device)
+    x = torch.stack([torch.randn(shape, generator=g) for g in generators]).to(device)
+    sigmas = sigma_schedule(num_steps).to(device)
+    b = x.shape[0]
+    for k in range(num_steps):
+        sigma, sigma_next = sigmas[k].expand(b), sigmas[k + 1].expand(b)
+        noise = torch.stack([torch.randn(shape, generator=g) for g in generators]).to(device)
+        x = sde_step(x, adapter.velocity(x, sigma, cond), sigma, sigma_next, noise_level, noise=noise).x_next
+    return adapter.decode(x).cpu()
+
+
 def evaluate(
     adapter: ModelAdapter,
     scorer: Scorer,
@@ -82,8 +115,10 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 64,
     device: str = "cpu",
+    sampler: str = "ode",
+    noise_level: float = 0.7,
 ) -> EvalResult:
-    """Mean reward of ODE samples for `prompts` (batched by latent shape).
+    """Mean reward of ODE (default) or SDE samples for `prompts` (batched by latent shape).
 
     Args:
         adapter: the model.
@@ -93,9 +128,14 @@ def evaluate(
         seed: noise seed; prompt i always starts from `initial_noise(shape, seed, i)`.
         batch_size: samples per forward pass and per scorer call.
         device: torch device for sampling.
+        sampler: "ode" (deterministic Euler, `sample_ode`) or "sde" (every step stochastic,
+            `sample_sde`; prompt i's generator is seeded with `eval_seed(seed, i)`).
+        noise_level: the SDE's noise level a (sampler "sde" only).
     Raises:
-        ValueError: empty prompts, num_steps or batch_size < 1.
+        ValueError: empty prompts, num_steps or batch_size < 1, unknown sampler.
     """
+    if sampler not in ("ode", "sde"):
+        raise ValueError(f"sampler must be 'ode' or 'sde', got {sampler!r}")
     if not prompts:
         raise ValueError("prompts is empty; pass at least one prompt to evaluate")
     if num_steps < 1 or batch_size < 1:
@@ -109,8 +149,13 @@ def evaluate(
     for shape, indices in by_shape.items():
         for start in range(0, len(indices), batch_size):
             chunk = indices[start : start + batch_size]
-            noise = torch.stack([initial_noise(shape, seed, i) for i in chunk])
-            batch = sample_ode(adapter, [ids[i] for i in chunk], noise, num_steps, device).numpy()
+            chunk_ids = [ids[i] for i in chunk]
+            if sampler == "ode":
+                noise = torch.stack([initial_noise(shape, seed, i) for i in chunk])
+                batch = sample_ode(adapter, chunk_ids, noise, num_steps, device).numpy()
+            else:
+                gens = [torch.Generator().manual_seed(eval_seed(seed, i)) for i in chunk]
+                batch = sample_sde(adapter, chunk_ids, gens, num_steps, noise_level, device).numpy()
             scores = scorer.score(batch, [prompts[i] for i in chunk], [f"eval:{i}" for i in chunk])
             for k, i in enumerate(chunk):
                 images[i], rewards[i] = batch[k], scores[k]

@@ -113,6 +113,10 @@ def init_ray(address: str | None):
 
     if ray.is_initialized():
         return ray
+    if not address:
+        # Ray starts worker processes with niceness 15 by default; our roles are the workload, not
+        # background work, and niced roles starve next to any other busy process.
+        os.environ.setdefault("RAY_worker_niceness", "0")
     kwargs = {"address": address} if address else {"num_cpus": os.cpu_count() or 1, "include_dashboard": False}
     ray.init(log_to_driver=False, configure_logging=False, **kwargs)
     return ray

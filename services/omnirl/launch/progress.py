@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
@@ -66,9 +67,8 @@ def validation_table(records: list[dict]) -> str:
         train = steps.get(v["step"] - 1, {}).get("reward_mean")
         table.add_row(str(v["step"]), str(v["policy_version"]), f"{v['val_reward_mean']:.3f}",
                       f"{v['val_exact_match']:.3f}", "" if train is None else f"{train:.3f}", v["grid"])
-    console = Console(record=True, width=140)
-    with console.capture():
-        console.print(table)
-        console.print(f"held-out reward: {base:.3f} → {vals[-1]['val_reward_mean']:.3f} "
-                      f"({vals[-1]['val_reward_mean'] - base:+.3f})")
-    return console.export_text()
+    console = Console(file=io.StringIO(), width=160)
+    console.print(table)
+    console.print(f"held-out reward: {base:.3f} → {vals[-1]['val_reward_mean']:.3f} "
+                  f"({vals[-1]['val_reward_mean'] - base:+.3f})")
+    return console.file.getvalue()

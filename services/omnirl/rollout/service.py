@@ -52,6 +52,8 @@ class RolloutService:
         self.receiver = WeightReceiver(env.weight_sync_host, env.weight_sync_port, env.worker_id,
                                        device=str(self.device))
         self.pending: dict[str, dict] = {}  # request entry id → {"left": n, "started": t}
+        self._lease_every = spec.transferQueue.claimIdleSeconds / 3
+        self._last_lease = time.monotonic()
         self.ledger = _Ledger(Path(env.out_dir) / "ledger" / f"rollout-{env.worker_id}.jsonl")
 
     def run(self) -> None:
@@ -72,13 +74,23 @@ class RolloutService:
                     self._submit(msg.id, GenerateRequest.model_validate(msg.meta))
             if self.engine.has_work():
                 self._publish(self.engine.step())
+            self._renew_leases()
         self._drain()
+
+    def _renew_leases(self) -> None:
+        """Keep the requests in progress ours: a slow step must not let another worker reclaim them."""
+        if self.pending and time.monotonic() - self._last_lease > self._lease_every:
+            self.queue.touch(self.queue.streams.requests, GROUP, self.env.worker_id, list(self.pending))
+            self._last_lease = time.monotonic()
 
     def _drain(self) -> None:
         while self.engine.has_work():
             self._publish(self.engine.step())
+            self._renew_leases()
 
     def _submit(self, entry_id: str, req: GenerateRequest) -> None:
+        if entry_id in self.pending:  # redelivered to us while we still work on it
+            return
         todo = [s for s in req.samples if not self.queue.is_done("rollout", s.sample_id)]
         if not todo:
             self.queue.ack(self.queue.streams.requests, GROUP, [entry_id])

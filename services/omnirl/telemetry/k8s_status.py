@@ -22,6 +22,7 @@ from omnirl.api.spec import API_GROUP, API_VERSION
 log = logging.getLogger(__name__)
 PLURAL = "rljobs"
 MERGE_PATCH = "application/merge-patch+json"
+REWARD_DECIMALS = 4  # rewardMean as `kubectl get rlj` shows it; metrics.jsonl keeps full precision
 
 
 def _load_api_client() -> Any:
@@ -85,7 +86,7 @@ class StatusReporter:
 
         Args:
             step: training steps completed (>= 0).
-            reward_mean: mean reward of the last step's batch (finite).
+            reward_mean: mean reward of the last step's batch (finite; sent rounded to 4 decimals).
             policy_version: policy version the rollout workers hold (>= 0).
             last_checkpoint: path of the last saved checkpoint.
 
@@ -104,7 +105,8 @@ class StatusReporter:
                 raise ValueError(f"{key} must be an int >= 0, got {fields[key]!r}")
         if reward_mean is not None and not math.isfinite(reward_mean):
             raise ValueError(f"rewardMean must be finite, got {reward_mean!r} (a JSON number cannot be NaN/inf)")
-        self._pending.update({k: (float(v) if k == "rewardMean" else v) for k, v in fields.items() if v is not None})
+        self._pending.update({k: (round(float(v), REWARD_DECIMALS) if k == "rewardMean" else v)
+                              for k, v in fields.items() if v is not None})
         if not self._pending:
             return True
         body = {"status": dict(self._pending)}

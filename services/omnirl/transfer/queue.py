@@ -299,6 +299,13 @@ class TransferQueue:
             self._check_key("tensor key", key)
         return int(self.redis.unlink(*keys)) if keys else 0
 
+    def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> None:
+        """Renew the lease on entries this consumer is still working on (XCLAIM JUSTID, idle → 0),
+        so a live consumer's long work is not reclaimed by another after ``claim_idle_s``."""
+        self._check_key("stream", stream)
+        if ids:
+            self.redis.xclaim(stream, group, consumer, min_idle_time=0, message_ids=ids, justid=True)
+
     def ack(self, stream: str, group: str, ids: list[str]) -> None:
         """XACK ``ids`` in ``group``, then trim what every group has acknowledged (see :meth:`trim`)."""
         self._check_key("stream", stream)

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -140,7 +141,7 @@ def load_digits_adapter(
     try:
         state = load_file(str(weights_path))
         module.load_state_dict(state, strict=True)
-    except (RuntimeError, OSError) as err:
+    except (RuntimeError, OSError, SafetensorError) as err:
         raise ValueError(f"{weights_path} does not match the config in {directory / CONFIG_FILE}: {err}") from err
     module.to(device=device, dtype=dtype).eval()
     return DigitsAdapter(module, provenance=meta.get("provenance"))
