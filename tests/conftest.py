@@ -14,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+
 from omnirl.transfer.redis_server import RedisServer, start_redis_server
 
 

@@ -6,6 +6,7 @@ import copy
 
 import pytest
 import torch
+from tests.helpers import requests, tiny_adapter
 
 from omnirl.actor.batch import TrainSample, micro_batches
 from omnirl.actor.nft_update import group_noise
@@ -13,7 +14,6 @@ from omnirl.actor.trainer import Trainer
 from omnirl.algorithms import group_advantages
 from omnirl.api.spec import RLJobSpec
 from omnirl.rollout.engine import RolloutEngine
-from tests.helpers import requests, tiny_adapter
 
 
 def spec(**algorithm) -> RLJobSpec:

@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 import torch
+from tests.helpers import requests, tiny_adapter
 
 from omnirl.algorithms import gaussian_log_prob, sde_mean_std, sigma_schedule
 from omnirl.rollout.engine import RolloutEngine
-from tests.helpers import requests, tiny_adapter
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 import torch
+
 from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, encode_tensors
 from omnirl.transfer.keys import StreamNames, done_key, job_pattern, kv_key, tensor_key, validate_job
 

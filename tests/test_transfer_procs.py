@@ -9,6 +9,7 @@ import socket
 import pytest
 import redis
 import torch
+
 from omnirl.transfer import RedisServerError, TransferQueue, start_redis_server
 
 N_SAMPLES = 200

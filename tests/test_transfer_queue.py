@@ -8,6 +8,7 @@ import time
 import pytest
 import redis
 import torch
+
 from omnirl.transfer import BackpressureTimeout, MissingTensors, TransferQueue
 
 

@@ -1,0 +1,80 @@
+"""Controller pieces without processes: prompt order and resume, group refills, the reward table."""
+
+from __future__ import annotations
+
+import pytest
+
+from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta
+from omnirl.controller.data import PromptSource, read_prompts
+from omnirl.controller.groups import StepBook, refill_request
+from omnirl.launch.progress import validation_table
+
+
+def source(position=(0, 0)) -> PromptSource:
+    return PromptSource([f'"{i}"' for i in range(5)], lambda t: [ord(c) for c in t], seed=3, position=position)
+
+
+def test_prompt_order_is_seeded_and_resumes_at_the_saved_position():
+    a = source()
+    first = [p.index for p in a.draw(7)]  # crosses into epoch 1
+    assert sorted(first[:5]) == [0, 1, 2, 3, 4] and a.position == (1, 2)
+    rest = [p.index for p in a.draw(6)]
+    b = source(position=(1, 2))
+    assert [p.index for p in b.draw(6)] == rest
+    assert [p.index for p in source().draw(7)] == first
+    assert a.prompts[0].ids == [ord(c) for c in '"0"']  # tokenized once, ids kept
+
+
+def test_read_prompts_errors_name_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match="trainPrompts"):
+        read_prompts(tmp_path / "missing.txt")
+    (tmp_path / "empty.txt").write_text("\n \n")
+    with pytest.raises(ValueError, match="no prompts"):
+        read_prompts(tmp_path / "empty.txt")
+
+
+def request(step=4, prompt=7, g=3) -> GenerateRequest:
+    key = f"{step}:{prompt}"
+    return GenerateRequest(kind="train", step=step, group_id=key, prompt='"1"', prompt_ids=[2], num_steps=4,
+                           samples=[SampleSeed(sample_id=f"{key}:{i}", seed=i) for i in range(g)])
+
+
+def score(sample_id: str, group_id: str, failed=False) -> ScoreMeta:
+    return ScoreMeta(sample_id=sample_id, kind="train", step=4, group_id=group_id, policy_version=0,
+                     reward=None if failed else 0.5, failed=failed, reason="boom" if failed else "",
+                     generated_at=0.0, scored_at=1.0)
+
+
+def test_refill_gets_new_ids_and_seeds_and_old_attempt_is_ignored():
+    book = StepBook(4)
+    book.add("4:7", request())
+    for i in range(3):
+        book.record(score(f"4:7:{i}", "4:7", failed=(i == 1)), f"k{i}")
+    group = book.groups["4:7"]
+    assert group.complete and group.failed_reasons == ["4:7:1: boom"]
+    group.attempt = 1
+    group.request = refill_request(group.request, 1, seed_base=100)
+    group.scores.clear()
+    assert [s.sample_id for s in group.request.samples] == ["4:7:0r1", "4:7:1r1", "4:7:2r1"]
+    assert [s.seed for s in group.request.samples] == [100, 101, 102] and group.request.group_id == "4:7r1"
+    assert book.record(score("4:7:2", "4:7"), "late") is None  # a leftover of attempt 0
+    assert not book.complete
+    for i in range(3):
+        assert book.record(score(f"4:7:{i}r1", "4:7r1"), f"k{i}") is group
+    assert book.complete and group.failed_reasons == []
+    second = refill_request(group.request, 2, seed_base=200)
+    assert second.group_id == "4:7r2" and second.samples[0].sample_id == "4:7:0r2"
+
+
+def test_validation_table_reports_the_change():
+    records = [
+        {"event": "validation", "step": 0, "policy_version": 0, "val_reward_mean": 0.45, "val_exact_match": 0.06,
+         "grid": "g0.png"},
+        {"event": "step", "step": 9, "reward_mean": 0.61},
+        {"event": "validation", "step": 10, "policy_version": 10, "val_reward_mean": 0.70, "val_exact_match": 0.2,
+         "grid": "g10.png"},
+    ]
+    text = validation_table(records)
+    assert "0.450" in text and "0.700" in text and "0.610" in text
+    assert "0.450 → 0.700 (+0.250)" in text
+    assert validation_table([{"event": "step", "step": 0}]) == ""
