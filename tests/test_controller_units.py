@@ -78,3 +78,16 @@ def test_validation_table_reports_the_change():
     assert "0.450" in text and "0.700" in text and "0.610" in text
     assert "0.450 → 0.700 (+0.250)" in text
     assert validation_table([{"event": "step", "step": 0}]) == ""
+
+
+def test_background_darkness_reads_only_the_border_rows():
+    import numpy as np
+
+    from omnirl.controller.validation import background_darkness
+
+    clean = np.full((32, 64, 3), 255, np.uint8)
+    clean[10:20] = 0  # ink in the middle does not count
+    grey = np.full((32, 64, 3), 255, np.uint8)
+    grey[:2] = 127
+    assert background_darkness([clean]) == 0.0
+    assert background_darkness([grey]) == pytest.approx(0.5 * (1 - 127 / 255), abs=1e-6)

@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--steps", type=int, default=3000)
     s.add_argument("--seed", type=int, default=0)
     s.add_argument("--batch-size", type=int, default=64)
-    s.add_argument("--lr", type=float, default=6e-4)
+    s.add_argument("--lr", type=float, default=None, help="peak AdamW lr (default: the shipped checkpoint's, 1.5e-3)")
     s.add_argument("--device", default="cpu", help="cpu | cuda")
     s.set_defaults(fn=_cmd_pretrain)
 

@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
+
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta
 from omnirl.api.spec import RLJobSpec
 from omnirl.controller.data import read_prompts
@@ -20,6 +22,14 @@ from omnirl.controller.grid import save_image_grid
 from omnirl.transfer import TransferQueue
 
 GRID_SIZE = 32
+
+
+def background_darkness(images: list[np.ndarray], rows: int = 2) -> float:
+    """Mean darkness (0 = white, 1 = black) of the top and bottom `rows` pixel rows of `[H, W, 3]`
+    uint8 images: where no glyph is drawn. A reward rising with it is reward hacking (speckle,
+    halos), not better glyphs (`references/demo-task.md`)."""
+    border = [np.concatenate([im[:rows], im[-rows:]]).astype(np.float32) for im in images]
+    return float(np.mean([1.0 - b.mean() / 255.0 for b in border]))
 
 
 class Validator:
@@ -71,15 +81,16 @@ class Validator:
         if failed:
             raise RuntimeError(f"validation sample {failed[0].sample_id} could not be scored: {failed[0].reason}")
         rewards = [self.scores[i].reward for i in range(len(self.prompts))]
+        images = [self.queue.load_tensors(self.keys[i])["image"].numpy() for i in range(len(self.prompts))]
         first = list(range(min(GRID_SIZE, len(self.prompts))))
-        images = [self.queue.load_tensors(self.keys[i])["image"].numpy() for i in first]
         grid = self.out / "samples" / f"step-{self.round:05d}.png"
-        save_image_grid(images, grid, ncols=8, captions=[f"{rewards[i]:.2f}" for i in first])
+        save_image_grid([images[i] for i in first], grid, ncols=8, captions=[f"{rewards[i]:.2f}" for i in first])
         self.queue.delete_tensors(list(self.keys.values()))
         summary = {
             "step": self.round, "policy_version": self.version, "n": len(rewards),
             "val_reward_mean": sum(rewards) / len(rewards),
             "val_exact_match": sum(r >= 1.0 - 1e-6 for r in rewards) / len(rewards),
+            "val_background_darkness": background_darkness(images),
             "val_seconds": time.time() - self.t0, "grid": str(grid),
         }
         self.round = None

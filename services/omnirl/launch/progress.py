@@ -60,13 +60,14 @@ def validation_table(records: list[dict]) -> str:
         return ""
     steps = {r["step"]: r for r in records if r.get("event") == "step"}
     table = Table(title="held-out reward (ODE) by training step")
-    for col in ("step", "policy_version", "held-out reward", "exact match", "train reward", "grid"):
+    for col in ("step", "policy_version", "held-out reward", "exact match", "background", "train reward", "grid"):
         table.add_column(col)
     base = vals[0]["val_reward_mean"]
     for v in vals:
         train = steps.get(v["step"] - 1, {}).get("reward_mean")
         table.add_row(str(v["step"]), str(v["policy_version"]), f"{v['val_reward_mean']:.3f}",
-                      f"{v['val_exact_match']:.3f}", "" if train is None else f"{train:.3f}", v["grid"])
+                      f"{v['val_exact_match']:.3f}", f"{v.get('val_background_darkness', float('nan')):.3f}",
+                      "" if train is None else f"{train:.3f}", v["grid"])
     console = Console(file=io.StringIO(), width=160)
     console.print(table)
     console.print(f"held-out reward: {base:.3f} → {vals[-1]['val_reward_mean']:.3f} "
