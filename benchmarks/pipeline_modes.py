@@ -60,9 +60,11 @@ def main() -> None:
     p.add_argument("job", nargs="?", default="examples/ocr-flowgrpo.yaml")
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--out", default="benchmarks/results")
+    p.add_argument("--only", default=None, help="run only the modes containing this text, e.g. fully-async")
     args = p.parse_args()
+    configs = [(m, c) for m, c in CONFIGS if args.only is None or args.only in m]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [run_config(args.job, m, c, args.steps, Path(tmp)) for m, c in CONFIGS]
+        rows = [run_config(args.job, m, c, args.steps, Path(tmp)) for m, c in configs]
     base = rows[0]["step_seconds"]
     print(f"{'mode':13} {'old log-prob':12} {'step s':>7} {'images/s':>9} {'train s':>8} {'sync s':>7} {'vs sync':>8}")
     for r in rows:
@@ -70,7 +72,7 @@ def main() -> None:
               f"{r['train_seconds']:8.2f} {r['sync_seconds']:7.3f} {base / r['step_seconds']:7.2f}x")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{date.today()}-cpu-pipeline-modes.json"
+    path = out / f"{date.today()}-cpu-pipeline-modes{'-' + args.only if args.only else ''}.json"
     path.write_text(json.dumps({"job": args.job, "steps": args.steps, "rows": rows}, indent=1))
     print(f"wrote {path}")
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 import time
@@ -28,8 +29,14 @@ from omnirl.launch.progress import Progress, validation_table
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
 
-# torch threads per role on a small machine: the rollout and the actor take turns in sync modes
-THREADS = {"rollout": 2, "actor": 2, "reward": 1, "controller": 1}
+
+def role_threads(role: str, mode: str, cores: int) -> int:
+    """torch threads of a local role. In `sync`/`async-reward` the rollout and the actor take turns,
+    so each may use every core; in `fully-async` they run at once and split the cores (threads
+    beyond the cores spin against each other: 4× slower steps measured on 2 cores)."""
+    if role in ("reward", "controller"):
+        return 1
+    return max(1, cores // 2) if mode == "fully-async" else max(1, cores)
 
 
 def role_plan(job: RLJob) -> list[tuple[str, int]]:
@@ -43,11 +50,12 @@ def role_plan(job: RLJob) -> list[tuple[str, int]]:
 def role_env(job: RLJob, role: str, index: int, *, redis_url: str, sync_port: int, out: Path,
              resume: bool, steps: int | None) -> dict[str, str]:
     """The OMNIRL_* environment of one local role process (the same contract pods get)."""
+    threads = role_threads(role, job.spec.pipeline.mode, os.cpu_count() or 1)
     env = {
         "OMNIRL_JOB_NAME": job.metadata.name, "OMNIRL_REDIS_URL": redis_url,
         "OMNIRL_WEIGHT_SYNC_ADDR": f"127.0.0.1:{sync_port}", "OMNIRL_WORKER_ID": f"{role}-{index}",
-        "OMNIRL_OUT": str(out), "OMNIRL_THREADS": str(THREADS[role]), "OMNIRL_RESUME": "1" if resume else "0",
-        "OMP_NUM_THREADS": str(THREADS[role]), "PYTHONUNBUFFERED": "1",
+        "OMNIRL_OUT": str(out), "OMNIRL_THREADS": str(threads), "OMNIRL_RESUME": "1" if resume else "0",
+        "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
     }
     if steps is not None:
         env["OMNIRL_STEPS"] = str(steps)
@@ -116,10 +124,12 @@ def _supervise(procs: list[RoleProcess], queue: TransferQueue, out: Path, job: R
                 return code
             for p in procs:
                 c = p.poll()
-                if c is not None and p is not controller:
-                    progress.close()
-                    print(f"omnirl: role {p.name} failed (exit {c}): {p.last_error()}", flush=True)
-                    return c or 1
+                if c is None or p is controller or (c == 0 and queue.get_json("stop")):
+                    continue  # running, or finished because the controller ended the job
+                progress.close()
+                why = p.last_error() if c else "exited before the job finished"
+                print(f"omnirl: role {p.name} failed (exit {c}): {why}", flush=True)
+                return c or 1
             time.sleep(0.2)
     finally:
         signal.signal(signal.SIGTERM, old)
