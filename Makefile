@@ -12,7 +12,7 @@ install: $(STAMP) k8s-tools
 
 # Debian packages: redis-server (the TransferQueue in local mode and in tests) and DejaVu fonts
 # (the built-in OCR task renders its training images with them).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@if ! command -v redis-server >/dev/null || [ ! -f /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then \
 	  echo "installing redis-server and DejaVu fonts (apt-get)"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server fonts-dejavu-core fonts-dejavu-extra >/dev/null; \
