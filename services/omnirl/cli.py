@@ -107,9 +107,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point of the `omnirl` console script; returns the process exit code."""
+    """Entry point of the `omnirl` console script; returns the process exit code.
+
+    A user error (bad manifest, missing file, bad value) prints one line per problem and exits 2;
+    OMNIRL_DEBUG=1 shows the traceback instead. `omnirl role` reports its own failures.
+    """
+    import os
+
     args = build_parser().parse_args(argv)
-    return int(args.fn(args) or 0)
+    if args.command == "role" or os.environ.get("OMNIRL_DEBUG") == "1":
+        return int(args.fn(args) or 0)
+    try:
+        return int(args.fn(args) or 0)
+    except (FileNotFoundError, ValueError, KeyError) as err:
+        lines = getattr(err, "problems", None) or [str(err).strip("'\"")]
+        for line in lines:
+            print(f"omnirl {args.command}: {line}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -66,6 +66,10 @@ def main(args: argparse.Namespace) -> int:
     """Run a job locally; returns the exit code (0 = finished)."""
     job = load_rljob(args.job)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
+    if not args.resume and (out / "metrics.jsonl").exists():
+        raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
+    if args.resume and not (out / "metrics.jsonl").exists():
+        raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl)")
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
     redis = None

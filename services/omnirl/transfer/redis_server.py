@@ -120,6 +120,8 @@ def _launch(
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
             cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            # its own session: a terminal's Ctrl-C goes to the launcher, which stops the roles first
+            start_new_session=True,
             preexec_fn=_die_with_parent if die_with_parent and sys.platform.startswith("linux") else None,
         )
     return process, log_path
