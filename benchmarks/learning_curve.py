@@ -106,9 +106,7 @@ def main() -> None:
                                r.x0, r.latents, r.log_probs, r.sigmas, noise, sde_type, 0)
                    for r, a in zip(results, adv.tolist(), strict=True)]
         trainer.train_step(samples, it)
-        # rollout samples from the old policy (NFT) or θ: copy what the actor would broadcast
-        if trainer.policies.has_old and not trainer.policies.lora:
-            engine.adapter = trainer.policies._old_adapter
+        engine.adapter = trainer.policies.rollout_adapter  # what the actor would broadcast
         it += 1
         if it % args.eval_every == 0:
             validate(it, round(float(rewards.mean()), 4))

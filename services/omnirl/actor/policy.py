@@ -112,6 +112,14 @@ class PolicySet:
             ema_update_(list(self._old_adapter.module.parameters()),
                         list(self.adapter.module.parameters()), decay)
 
+    @property
+    def rollout_adapter(self) -> ModelAdapter:
+        """The adapter rollout samples from: the old policy's copy (full-weight DiffusionNFT), else θ's.
+
+        With LoRA the old policy is an adapter inside θ's module; use `old()` to evaluate it.
+        """
+        return self._old_adapter if self._old_adapter is not None else self.adapter
+
     def rollout_tensors(self) -> dict[str, torch.Tensor]:
         """What rollout workers must hold: the old policy when there is one, else θ.
 

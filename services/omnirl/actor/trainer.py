@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import torch
@@ -73,7 +72,7 @@ class Trainer:
     def save(self, root: str | Path, step: int, state: dict) -> Path:
         """Checkpoint under `root`; `state` (JSON) gets the optimizer step count and RNG seed added."""
         state = {**state, "optimizer_steps": self.optimizer_steps, "lora": self.policies.lora,
-                 "torch_rng_seed": int(torch.initial_seed()), "python_random": random.random()}
+                 "torch_rng_seed": int(torch.initial_seed())}
         old = self.policies.named_tensors("old") if self.policies.has_old else None
         return save_checkpoint(root, step, policy=self.rollout_tensors(), trained=self.policies.trained_tensors(),
                                old=old, optimizer=self.optimizer, state=state,

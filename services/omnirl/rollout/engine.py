@@ -17,7 +17,6 @@ bit-identical whichever batch it ran in. Latents and the SDE math stay fp32 (DES
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -44,12 +43,11 @@ class _InFlight:
 
 @dataclass
 class EngineStats:
-    """Counters for benchmarks and metrics: forwards, samples and their mean batch size."""
+    """Counters for benchmarks and metrics: forwards, sample-steps, finished samples."""
 
     forwards: int = 0
     sample_steps: int = 0
     finished: int = 0
-    busy_seconds: float = 0.0
 
     @property
     def mean_batch(self) -> float:
@@ -117,11 +115,7 @@ class RolloutEngine:
         self._admit()
         if not self.in_flight:
             return []
-        batch = self._pick_batch()
-        t0 = time.perf_counter()
-        finished = self._advance(batch)
-        self.stats.busy_seconds += time.perf_counter() - t0
-        return finished
+        return self._advance(self._pick_batch())
 
     def run_until_idle(self) -> list[SampleResult]:
         """Step until the queue and the in-flight set are empty; results in finishing order."""
