@@ -20,6 +20,7 @@ from torch import nn
 
 from omnirl.algorithms import ema_update_
 from omnirl.api.spec import LoRASpec
+from omnirl.models.compile import compile_adapter_module
 from omnirl.models.lora import DEFAULT, inject_lora, lora_tensors, tuner_layers
 from omnirl.models.protocol import ModelAdapter
 
@@ -100,6 +101,12 @@ class PolicySet:
                         p.requires_grad_("lora_" in name and f".{DEFAULT}." in name)
             else:
                 yield self._old_adapter
+
+    def compile(self) -> int:
+        """Regionally compile θ's module and the frozen copies (`omnirl.models.compile`); returns
+        the number of blocks compiled. Call once, after construction (LoRA is injected by then)."""
+        adapters = [self.adapter] + [a for a in (self._ref_adapter, self._old_adapter) if a is not None]
+        return sum(compile_adapter_module(a) for a in adapters)
 
     # ------------------------------------------------------------------ state
     def refresh_old(self, decay: float) -> None:

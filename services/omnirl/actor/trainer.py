@@ -32,6 +32,8 @@ class Trainer:
         self.is_nft = algo.name == "diffusion-nft"
         kl = algo.nft.klCoef if self.is_nft else algo.flowGrpo.klCoef
         self.policies = PolicySet(adapter, spec.model.lora, need_ref=kl > 0, need_old=self.is_nft)
+        if spec.model.compile:
+            self.policies.compile()
         o = algo.optimizer
         self.optimizer = torch.optim.AdamW(
             self.policies.trainable_parameters(), lr=o.learningRate, betas=tuple(o.betas), weight_decay=o.weightDecay

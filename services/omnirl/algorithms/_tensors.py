@@ -7,6 +7,8 @@ keep the SDE step, latents and log-probs in fp32).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -47,6 +49,20 @@ def per_sample(t: Tensor | float, batch: int, name: str, like: Tensor) -> Tensor
 def bcast(t: Tensor, like: Tensor) -> Tensor:
     """A `[B]` tensor viewed as `[B, 1, ..., 1]` to broadcast over `like`'s trailing dims."""
     return t.reshape(t.shape[0], *([1] * (like.dim() - 1)))
+
+
+def require(ok: Tensor, message: Callable[[], str]) -> None:
+    """Raise ValueError(message()) unless every element of the bool tensor `ok` is true.
+
+    On the CPU the check is immediate. On an accelerator it is queued (`torch._assert_async`) so
+    the rollout and training loops never wait for the device just to validate: a violation
+    then fails the next synchronising call with a device-side assert naming the check.
+    """
+    if ok.device.type == "cpu":
+        if not bool(ok.all()):
+            raise ValueError(message())
+        return
+    torch._assert_async(ok.all(), "omnirl.algorithms check failed: " + message().split(";")[0])
 
 
 def same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from omnirl.algorithms._tensors import batch_tensor, element_mean, per_sample, same_shape
+from omnirl.algorithms._tensors import batch_tensor, element_mean, per_sample, require, same_shape
 
 
 def gaussian_kl(mean: Tensor, mean_ref: Tensor, std: Tensor) -> Tensor:
@@ -33,7 +33,6 @@ def gaussian_kl(mean: Tensor, mean_ref: Tensor, std: Tensor) -> Tensor:
     mean_ref = batch_tensor(mean_ref, "mean_ref")
     same_shape(mean, mean_ref, "mean", "mean_ref")
     std = per_sample(std, mean.shape[0], "std", mean)
-    if not bool((std > 0).all()):
-        bad = (~(std > 0)).nonzero().flatten().tolist()
-        raise ValueError(f"std must be > 0 for the Gaussian KL; std <= 0 (or NaN) at indices {bad}")
+    require(std > 0, lambda: "std must be > 0 for the Gaussian KL; std <= 0 (or NaN) at indices "
+            f"{(~(std > 0)).nonzero().flatten().tolist()}")
     return element_mean((mean - mean_ref) ** 2) / (2.0 * std**2)

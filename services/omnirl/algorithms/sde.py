@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from omnirl.algorithms._tensors import batch_tensor, bcast, element_mean, per_sample, same_shape
+from omnirl.algorithms._tensors import batch_tensor, bcast, element_mean, per_sample, require, same_shape
 
 SDE_TYPES = ("sde", "cps")
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -63,10 +63,13 @@ def _check_step(x: Tensor, v: Tensor, sigma, sigma_next) -> tuple[Tensor, Tensor
     sigma = per_sample(sigma, x.shape[0], "sigma", x)
     sigma_next = per_sample(sigma_next, x.shape[0], "sigma_next", x)
     ok = (sigma_next >= 0) & (sigma_next < sigma) & (sigma <= 1)
-    if not bool(ok.all()):
+
+    def message() -> str:
         bad = (~ok).nonzero().flatten().tolist()
-        raise ValueError(f"need 0 <= sigma_next < sigma <= 1 per sample; violated at indices {bad} "
-                         f"(sigma={sigma[bad].tolist()}, sigma_next={sigma_next[bad].tolist()})")
+        return (f"need 0 <= sigma_next < sigma <= 1 per sample; violated at indices {bad} "
+                f"(sigma={sigma[bad].tolist()}, sigma_next={sigma_next[bad].tolist()})")
+
+    require(ok, message)
     return x, v, sigma, sigma_next
 
 
@@ -157,9 +160,8 @@ def gaussian_log_prob(x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     mean = batch_tensor(mean, "mean")
     same_shape(x_next, mean, "x_next", "mean")
     std = per_sample(std, x_next.shape[0], "std", x_next)
-    if not bool((std > 0).all()):
-        bad = (~(std > 0)).nonzero().flatten().tolist()
-        raise ValueError(f"std must be > 0 for a log-density; std <= 0 (or NaN) at indices {bad}")
+    require(std > 0, lambda: "std must be > 0 for a log-density; std <= 0 (or NaN) at indices "
+            f"{(~(std > 0)).nonzero().flatten().tolist()}")
     z2 = element_mean((x_next - mean) ** 2)
     return -z2 / (2.0 * std**2) - torch.log(std) - _HALF_LOG_2PI
 

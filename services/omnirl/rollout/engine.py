@@ -11,8 +11,10 @@ step counts or σ positions share a forward: σ is per sample.
 Static (the baseline a diffusers loop runs): take up to `max_batch_size` queued requests with
 the head's key and run them together from the first step to the last.
 
-Every sample draws its noise from its own generator seeded by `request.seed`, so a sample is
-bit-identical whichever batch it ran in. Latents and the SDE math stay fp32 (DESIGN.md §7).
+Every sample draws its noise from its own generator (on the engine's device) seeded by
+`request.seed`, so a sample is bit-identical whichever batch it ran in. Latents and the SDE math
+stay fp32 (DESIGN.md §7). Latents, σ and the recorded trajectory stay on the engine's device
+until the sample finishes: a step launches its work without waiting for the device.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ class _InFlight:
     request: SampleRequest
     key: tuple
     x: torch.Tensor  # [C, H, W] fp32, on the engine's device
-    sigmas: torch.Tensor  # [num_steps + 1]
+    sigmas: torch.Tensor  # [num_steps + 1] fp32, on the engine's device
     cond: dict[str, torch.Tensor]  # leading dim 1
     generator: torch.Generator
     step: int = 0
@@ -148,10 +150,11 @@ class RolloutEngine:
 
     def _start(self, req: SampleRequest) -> _InFlight:
         shape = tuple(self.adapter.latent_shape(list(req.prompt_ids)))
-        gen = torch.Generator().manual_seed(req.seed)
-        x = torch.randn(shape, generator=gen, dtype=torch.float32).to(self.device)
+        # the sample's own generator on the engine's device: its noise never depends on the batch
+        gen = torch.Generator(device=self.device).manual_seed(req.seed)
+        x = torch.randn(shape, generator=gen, dtype=torch.float32, device=self.device)
         cond = self.adapter.encode([list(req.prompt_ids)], device=self.device)
-        sig = sigma_schedule(req.num_steps, req.shift)
+        sig = sigma_schedule(req.num_steps, req.shift).to(self.device, non_blocking=True)
         return _InFlight(req, (shape, req.guidance_scale), x, sig, cond, gen)
 
     def _pick_batch(self) -> list[_InFlight]:
@@ -173,27 +176,16 @@ class RolloutEngine:
         return chosen
 
     def _advance(self, batch: list[_InFlight]) -> list[SampleResult]:
-        dev = self.device
-        x = torch.stack([s.x for s in batch]).to(dev)
-        sigma = torch.stack([s.sigmas[s.step] for s in batch]).to(dev)
-        sigma_next = torch.stack([s.sigmas[s.step + 1] for s in batch]).to(dev)
+        # Everything stays on the engine's device: no host round trip until a sample finishes.
+        x = torch.stack([s.x for s in batch])
+        sigma = torch.stack([s.sigmas[s.step] for s in batch])
+        sigma_next = torch.stack([s.sigmas[s.step + 1] for s in batch])
         cond = {k: torch.cat([s.cond[k] for s in batch]) for k in batch[0].cond}
         v = self.adapter.velocity(x, sigma, cond).float()
         self.stats.forwards += 1
         self.stats.sample_steps += len(batch)
         x_next = ode_step(x, v, sigma, sigma_next)
-        for i, s in enumerate(batch):
-            if s.step in s.request.window:
-                noise = torch.randn(s.x.shape, generator=s.generator, dtype=torch.float32).to(dev)
-                out = sde_step(
-                    x[i : i + 1], v[i : i + 1], sigma[i : i + 1], sigma_next[i : i + 1],
-                    s.request.noise_level, sde_type=s.request.sde_type, noise=noise[None],
-                )
-                if not s.latents:
-                    s.latents.append(s.x.cpu())
-                s.latents.append(out.x_next[0].cpu())
-                s.log_probs.append(out.log_prob[0].cpu())
-                x_next[i] = out.x_next[0]
+        self._sde_rows(batch, x, v, sigma, sigma_next, x_next)
         finished: list[_InFlight] = []
         for i, s in enumerate(batch):
             s.x = x_next[i]
@@ -206,6 +198,27 @@ class RolloutEngine:
         self.in_flight = [s for s in self.in_flight if id(s) not in done]
         return self._finish(finished)
 
+    def _sde_rows(self, batch: list[_InFlight], x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor,
+                  sigma_next: torch.Tensor, x_next: torch.Tensor) -> None:
+        """Replace the ODE step by an SDE step for the rows inside their window, one vectorised
+        `sde_step` per (noise level, SDE type); record their latents and log-probs."""
+        kinds: dict[tuple[float, str], list[int]] = {}
+        for i, s in enumerate(batch):
+            if s.step in s.request.window:
+                kinds.setdefault((s.request.noise_level, s.request.sde_type), []).append(i)
+        for (noise_level, sde_type), rows in kinds.items():
+            idx = torch.tensor(rows, device=self.device)
+            noise = torch.stack([torch.randn(batch[i].x.shape, generator=batch[i].generator, dtype=torch.float32,
+                                             device=self.device) for i in rows])
+            out = sde_step(x[idx], v[idx], sigma[idx], sigma_next[idx], noise_level, sde_type=sde_type, noise=noise)
+            x_next[idx] = out.x_next
+            for j, i in enumerate(rows):
+                s = batch[i]
+                if not s.latents:
+                    s.latents.append(s.x)
+                s.latents.append(out.x_next[j])
+                s.log_probs.append(out.log_prob[j])
+
     def _finish(self, finished: list[_InFlight]) -> list[SampleResult]:
         x0 = torch.stack([s.x for s in finished])
         images = self.adapter.decode(x0).cpu()
@@ -214,9 +227,9 @@ class RolloutEngine:
         for i, s in enumerate(finished):
             w = s.request.window
             shape = tuple(x0[i].shape)
-            latents = torch.stack(s.latents) if s.latents else torch.zeros((0, *shape))
-            log_probs = torch.stack(s.log_probs) if s.log_probs else torch.zeros(0)
-            sig = s.sigmas[w[0] : w[-1] + 2].clone() if w else torch.zeros(0)
+            latents = torch.stack(s.latents).cpu() if s.latents else torch.zeros((0, *shape))
+            log_probs = torch.stack(s.log_probs).cpu() if s.log_probs else torch.zeros(0)
+            sig = s.sigmas[w[0] : w[-1] + 2].cpu() if w else torch.zeros(0)
             results.append(
                 SampleResult(s.request, x0[i], images[i], latents, log_probs, sig, self.policy_version,
                              s.request.num_steps)

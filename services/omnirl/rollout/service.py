@@ -22,6 +22,7 @@ import torch
 from omnirl.api.messages import GenerateRequest, SampleMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
+from omnirl.models.compile import compile_adapter_module
 from omnirl.models.lora import prepare_rollout_module
 from omnirl.models.registry import load_adapter
 from omnirl.rollout.engine import RolloutEngine
@@ -46,6 +47,8 @@ class RolloutService:
         self.device = torch.device(env.device)
         adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype)
         prepare_rollout_module(adapter, spec.model.lora)
+        if spec.model.compile:
+            compile_adapter_module(adapter)
         role = spec.roles.rollout
         self.engine = RolloutEngine(adapter, max_batch_size=role.maxBatchSize, batching=role.batching,
                                     device=self.device)

@@ -119,6 +119,7 @@ class QwenImageAdapter(DiffusersAdapterBase):
         self.max_sequence_length = int(max_sequence_length)
         self.text_bucket = int(text_bucket)
         self.lora_target_modules = list(QWEN_LORA_TARGETS)
+        self.compile_block_types = ["QwenImageTransformerBlock"]
         self.negative_ids = self.tokenize(negative_prompt)
 
     @classmethod

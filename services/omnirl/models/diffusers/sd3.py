@@ -77,6 +77,7 @@ class SD3Adapter(DiffusersAdapterBase):
         self.text_encoders = list(text_encoders)
         self.tokenizers = list(tokenizers)
         self.lora_target_modules = list(SD3_LORA_TARGETS)
+        self.compile_block_types = ["JointTransformerBlock"]
         self.clip_length = int(tokenizers[0].model_max_length)
         self.max_sequence_length = int(max_sequence_length)
         self.negative_ids = self.tokenize(negative_prompt)

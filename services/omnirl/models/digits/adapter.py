@@ -43,6 +43,7 @@ class DigitsAdapter:
         self.config: DigitsConfig = module.config
         self.tokenizer = CharTokenizer(self.config.alphabet, max_length=self.config.max_text_len)
         self.lora_target_modules = list(LORA_TARGET_MODULES)
+        self.compile_block_types = ["Block"]
         self.provenance = dict(provenance or {})
 
     def tokenize(self, text: str) -> list[int]:

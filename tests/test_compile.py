@@ -1,0 +1,53 @@
+"""Regional compilation: same samples as eager, and a changing batch size never recompiles."""
+
+import pytest
+import torch
+from torch import nn
+
+from omnirl.models.compile import block_types, compile_adapter_module, compile_blocks
+from omnirl.models.registry import load_adapter
+from omnirl.rollout.engine import RolloutEngine
+from omnirl.rollout.types import SampleRequest
+
+
+def _rollout(adapter, n: int, max_batch: int) -> list:
+    ids = tuple(adapter.tokenize('"1234"'))
+    engine = RolloutEngine(adapter, max_batch_size=max_batch)
+    for i in range(n):
+        engine.submit(SampleRequest(f"s{i}", "", ids, seed=i, num_steps=4, window=(0, 1), noise_level=0.7))
+    return sorted(engine.run_until_idle(), key=lambda r: r.request.sample_id)
+
+
+@pytest.mark.slow
+def test_compiled_blocks_match_eager_and_do_not_recompile_on_new_batch_sizes():
+    from torch._dynamo.utils import counters
+
+    torch.set_num_threads(1)
+    torch._dynamo.reset()
+    adapter = load_adapter("ocr-digits", "builtin")
+    eager = _rollout(adapter, 6, 4)  # batches of 4 then 2
+    assert compile_adapter_module(adapter) == len(adapter.module.blocks)
+    compiled = _rollout(adapter, 6, 4)
+    for a, b in zip(eager, compiled, strict=True):
+        torch.testing.assert_close(b.x0, a.x0, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(b.log_probs, a.log_probs, atol=1e-5, rtol=1e-5)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1
+    _rollout(adapter, 5, 5)  # batch sizes 5 (and the state dict is untouched by compile)
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert not any("_orig_mod" in k for k in adapter.module.state_dict())
+
+
+def test_block_types_come_from_the_adapter_or_diffusers_attribute():
+    class Model(nn.Module):
+        _repeated_blocks = ["Linear"]
+
+    assert block_types(Model()) == ["Linear"]
+    assert block_types(nn.Sequential(), ["Block"]) == ["Block"]
+    with pytest.raises(ValueError, match="compile_block_types"):
+        block_types(nn.Sequential())
+
+
+def test_compile_blocks_refuses_names_that_match_nothing():
+    with pytest.raises(ValueError, match="nothing to compile"):
+        compile_blocks(nn.Sequential(nn.Linear(2, 2)), ["JointTransformerBlock"])
