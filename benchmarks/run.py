@@ -1,7 +1,8 @@
 """`make bench`: every benchmark that runs on this machine, one after another.
 
 Results are printed as tables with ratios and written to `benchmarks/results/`. On a CUDA machine
-the rollout-batching benchmark also runs on the GPU.
+the GPU suite (`benchmarks.gpu.run`: SD3.5-Medium-sized rollout, compile variants, actor, end to
+end, weight sync; about 25 minutes on one H200) runs first. See benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ BENCHES = [
     ["benchmarks.rollout_batching", "--requests", "256"],
     ["benchmarks.weight_sync_cpu"],
     ["benchmarks.pipeline_modes", "--steps", "6"],
+    ["benchmarks.transfer_overhead"],
 ]
 
 
 def main() -> int:
     benches = list(BENCHES)
     if torch.cuda.is_available():
-        benches.insert(1, ["benchmarks.rollout_batching", "--device", "cuda", "--requests", "1024", "--max-batch", "128"])
+        benches.insert(0, ["benchmarks.gpu.run", "--sections", "rollout,compile,actor,e2e,sync"])
     for bench in benches:
         print(f"\n=== {' '.join(bench)}", flush=True)
         rc = subprocess.call([sys.executable, "-m", *bench])
