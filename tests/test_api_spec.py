@@ -119,3 +119,13 @@ def test_walk_and_dotted_paths() -> None:
     assert parent == dict[str, str | int | float | bool] and ann == str | int | float | bool
     assert walk(RLJob, ("spec", "nosuch", "x"))[1] is None
     assert RLJobSpec.model_fields["reward"].is_required()
+
+
+@pytest.mark.parametrize(("model", "sampling", "field"), [
+    ({"resolution": [512, 512]}, {}, "model.resolution"),
+    ({}, {"guidanceScale": 4.5}, "algorithm.sampling.guidanceScale"),
+])
+def test_digits_rejects_diffusers_only_options(model: dict, sampling: dict, field: str) -> None:
+    with pytest.raises(ValidationError, match=f"{field}: .* is invalid: must be"):
+        RLJobSpec.model_validate({"model": model, "algorithm": {"sampling": sampling},
+                                  "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]})

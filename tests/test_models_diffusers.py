@@ -382,3 +382,23 @@ def test_bf16_on_cuda_keeps_fp32_boundary_and_finite_log_probs(family):
     ratio = torch.exp(gaussian_log_prob(step.x_next, mean, std) - step.log_prob)
     assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0)
     assert adapter.decode(step.x_next).shape == (2, 32, 32, 3)
+
+
+def test_rljob_options_reach_the_adapter(family):
+    """`adapter_options(spec)`: the job's CFG weight and resolution, identical for rollout and actor."""
+    from omnirl.api.spec import RLJobSpec
+    from omnirl.models.registry import adapter_options
+
+    name, path, _, _ = family
+    spec = RLJobSpec.model_validate({
+        "model": {"family": name, "path": str(path), "resolution": [32, 48]},
+        "algorithm": {"sampling": {"guidanceScale": 4.5}},
+        "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]})
+    options = adapter_options(spec)
+    assert options == {"guidance_scale": 4.5, "resolution": (32, 48)}
+    adapter = load_adapter(name, str(path), **options)
+    assert adapter.guidance_scale == 4.5 and adapter.cfg_enabled
+    ids = adapter.tokenize("a red cube")
+    f = adapter.vae_scale_factor
+    assert adapter.latent_shape(ids)[1:] == (32 // f, 48 // f)
+    assert any(k.startswith("negative_") for k in adapter.encode([ids]))

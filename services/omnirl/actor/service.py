@@ -24,7 +24,7 @@ from omnirl.actor.trainer import Trainer
 from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
-from omnirl.models.registry import load_adapter
+from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.transfer import TransferQueue
 from omnirl.weight_sync import WeightSender
 
@@ -43,7 +43,8 @@ class ActorService:
             tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
         )
         self.device = torch.device(env.device)
-        adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype)
+        adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
+                               **adapter_options(spec))
         self.trainer = Trainer(adapter, spec, self.device)
         self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
         self.version = 0

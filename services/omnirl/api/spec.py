@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, PositiveInt, model_validator
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
@@ -108,6 +108,11 @@ class ModelSpec(SpecModel):
         "float32", description="Weight dtype. Latents, SDE math and log-probs always stay float32."
     )
     lora: LoRASpec = Field(default_factory=LoRASpec, description="LoRA settings.")
+    resolution: tuple[PositiveInt, PositiveInt] | None = Field(
+        None,
+        description="Image (height, width) in pixels for the diffusers families (a multiple of 16); null = the "
+        "adapter's default, 512x512. Not for ocr-digits, whose image width follows the text.",
+    )
     compile: bool = Field(False, description="Wrap the denoiser in torch.compile (GPU recommended).")
 
 
@@ -306,6 +311,13 @@ class RLJobSpec(SpecModel):
             if r.name in first:
                 raise FieldProblem(f"reward[{i}].name", r.name, f"must be unique; reward[{first[r.name]}] has it")
             first[r.name] = i
+        if self.model.family == "ocr-digits":
+            if self.model.resolution is not None:
+                raise FieldProblem("model.resolution", list(self.model.resolution),
+                                   "must be null for ocr-digits (its image width follows the text); remove it")
+            if self.algorithm.sampling.guidanceScale != 1.0:
+                raise FieldProblem("algorithm.sampling.guidanceScale", self.algorithm.sampling.guidanceScale,
+                                   "must be 1 for ocr-digits (the model has no unconditional branch)")
         if self.model.family != "ocr-digits" and self.model.path == "builtin":
             raise FieldProblem(
                 "model.path",

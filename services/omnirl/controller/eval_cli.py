@@ -19,7 +19,7 @@ from omnirl.controller.data import read_prompts
 from omnirl.controller.evaluate import evaluate
 from omnirl.controller.grid import save_image_grid
 from omnirl.models.policy_io import load_policy
-from omnirl.models.registry import load_adapter
+from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.reward.registry import build_scorer
 
 
@@ -27,7 +27,7 @@ def main(args: argparse.Namespace) -> int:
     """CLI adapter; returns 0."""
     job = load_rljob(args.job)
     spec = job.spec
-    adapter = load_adapter(spec.model.family, spec.model.path, dtype=spec.model.dtype)
+    adapter = load_adapter(spec.model.family, spec.model.path, dtype=spec.model.dtype, **adapter_options(spec))
     if args.checkpoint:
         state = load_policy(adapter, args.checkpoint, spec.model.lora)
         print(f"checkpoint {args.checkpoint}: step {state.get('step')} policy_version {state.get('policy_version')}")

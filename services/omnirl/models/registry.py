@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from omnirl.api.spec import RLJobSpec
 from omnirl.models.protocol import ModelAdapter
 
 FAMILIES = ("ocr-digits", "sd3", "qwen-image")
@@ -65,6 +66,21 @@ def load_adapter(family: str, path: str, device: torch.device | str = "cpu",
     if family == "flux":
         raise ValueError("model.family 'flux' is not implemented yet; supported: " + ", ".join(FAMILIES))
     raise ValueError(f"unknown model.family {family!r}; supported: {', '.join(FAMILIES)}")
+
+
+def adapter_options(spec: RLJobSpec) -> dict:
+    """The constructor options an RLJob sets on its adapter (`load_adapter(..., **options)`).
+
+    Rollout, actor and eval all load with these, so the guided velocity (CFG weight
+    `algorithm.sampling.guidanceScale`) and the resolution are the same everywhere. ocr-digits
+    takes none (the spec rejects a resolution or CFG for it).
+    """
+    if spec.model.family == "ocr-digits":
+        return {}
+    options: dict = {"guidance_scale": spec.algorithm.sampling.guidanceScale}
+    if spec.model.resolution is not None:
+        options["resolution"] = tuple(spec.model.resolution)
+    return options
 
 
 def load_tokenizer(family: str, path: str):

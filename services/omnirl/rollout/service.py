@@ -24,7 +24,7 @@ from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.compile import compile_adapter_module
 from omnirl.models.lora import prepare_rollout_module
-from omnirl.models.registry import load_adapter
+from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.types import SampleRequest, SampleResult
 from omnirl.transfer import TransferQueue, kv_key
@@ -45,7 +45,8 @@ class RolloutService:
             tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
         )
         self.device = torch.device(env.device)
-        adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype)
+        adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
+                               **adapter_options(spec))
         prepare_rollout_module(adapter, spec.model.lora)
         if spec.model.compile:
             compile_adapter_module(adapter)
