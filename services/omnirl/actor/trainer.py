@@ -9,6 +9,7 @@ import torch
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.checkpoint import load_checkpoint, optimizer_from_flat, save_checkpoint
 from omnirl.actor.flow_grpo_update import flow_grpo_step
+from omnirl.actor.fsdp import enable_activation_checkpointing
 from omnirl.actor.nft_update import nft_step
 from omnirl.actor.policy import PolicySet
 from omnirl.algorithms import old_policy_decay
@@ -32,6 +33,8 @@ class Trainer:
         self.is_nft = algo.name == "diffusion-nft"
         kl = algo.nft.klCoef if self.is_nft else algo.flowGrpo.klCoef
         self.policies = PolicySet(adapter, spec.model.lora, need_ref=kl > 0, need_old=self.is_nft)
+        if spec.model.gradientCheckpointing:
+            enable_activation_checkpointing(adapter.module, getattr(adapter, "compile_block_types", None))
         if spec.model.compile:
             self.policies.compile()
         o = algo.optimizer

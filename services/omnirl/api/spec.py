@@ -113,7 +113,11 @@ class ModelSpec(SpecModel):
         description="Image (height, width) in pixels for the diffusers families (a multiple of 16); null = the "
         "adapter's default, 512x512. Not for ocr-digits, whose image width follows the text.",
     )
-    compile: bool = Field(False, description="Wrap the denoiser in torch.compile (GPU recommended).")
+    compile: bool = Field(
+        False, description="Compile each transformer block with torch.compile (dynamic shapes; GPU recommended).")
+    gradientCheckpointing: bool = Field(
+        False, description="Actor: recompute each transformer block's activations in the backward pass "
+        "(less activation memory for about one extra forward).")
 
 
 # ---------------------------------------------------------------- data

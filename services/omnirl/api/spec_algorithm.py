@@ -25,7 +25,9 @@ class SamplingSpec(SpecModel):
 
     numSteps: int = Field(10, ge=2, le=1000, description="Denoising steps per rollout sample.")
     shift: float = Field(1.0, gt=0, description="SD3-style shift of the σ schedule (1 = no shift).")
-    guidanceScale: float = Field(1.0, ge=1.0, description="Classifier-free guidance scale; 1 disables CFG.")
+    guidanceScale: float = Field(
+        1.0, ge=1.0, description="Classifier-free guidance weight (SD3, Qwen-Image; 1 disables CFG), or FLUX.1-dev's "
+        "embedded guidance value (1 keeps the model's default, 3.5). Rollout and training use the same guided velocity.")
 
 
 class AdvantageSpec(SpecModel):

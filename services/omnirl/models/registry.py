@@ -4,6 +4,7 @@ Families (`RLJob.spec.model.family`):
 - ``"ocr-digits"``: the built-in CPU demo model (`omnirl.models.digits.adapter.load_digits_adapter`).
 - ``"sd3"``: SD3 / SD3.5 from a local diffusers directory (`SD3Adapter.load`).
 - ``"qwen-image"``: Qwen-Image from a local diffusers directory (`QwenImageAdapter.load`).
+- ``"flux"``: FLUX.1 dev/schnell from a local diffusers directory (`FluxAdapter.load`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import torch
 from omnirl.api.spec import RLJobSpec
 from omnirl.models.protocol import ModelAdapter
 
-FAMILIES = ("ocr-digits", "sd3", "qwen-image")
+FAMILIES = ("ocr-digits", "sd3", "qwen-image", "flux")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -44,8 +45,7 @@ def load_adapter(family: str, path: str, device: torch.device | str = "cpu",
             guidance_scale, negative_prompt, max_sequence_length, cache_size; Qwen-Image also
             text_bucket).
     Raises:
-        ValueError: an unknown family (the message lists the supported ones) or dtype;
-            "flux" is named but not implemented yet.
+        ValueError: an unknown family (the message lists the supported ones) or dtype.
         FileNotFoundError / OSError: the path or its layout is wrong (see each loader).
     """
     dtype = resolve_dtype(dtype)
@@ -64,7 +64,9 @@ def load_adapter(family: str, path: str, device: torch.device | str = "cpu",
 
         return QwenImageAdapter.load(path, device=device, dtype=dtype, **kwargs)
     if family == "flux":
-        raise ValueError("model.family 'flux' is not implemented yet; supported: " + ", ".join(FAMILIES))
+        from omnirl.models.diffusers.flux import FluxAdapter
+
+        return FluxAdapter.load(path, device=device, dtype=dtype, **kwargs)
     raise ValueError(f"unknown model.family {family!r}; supported: {', '.join(FAMILIES)}")
 
 
@@ -77,7 +79,11 @@ def adapter_options(spec: RLJobSpec) -> dict:
     """
     if spec.model.family == "ocr-digits":
         return {}
-    options: dict = {"guidance_scale": spec.algorithm.sampling.guidanceScale}
+    guidance = spec.algorithm.sampling.guidanceScale
+    if spec.model.family == "flux" and guidance == 1.0:
+        options: dict = {}  # FLUX-dev's embedded guidance keeps its default (3.5); schnell has none
+    else:
+        options = {"guidance_scale": guidance}
     if spec.model.resolution is not None:
         options["resolution"] = tuple(spec.model.resolution)
     return options

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from omnirl.models.protocol import ModelAdapter
 
-PIPELINES = {"SD3Adapter": "StableDiffusion3Pipeline", "QwenImageAdapter": "QwenImagePipeline"}
+PIPELINES = {"SD3Adapter": "StableDiffusion3Pipeline", "QwenImageAdapter": "QwenImagePipeline", "FluxAdapter": "FluxPipeline"}
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 
 
