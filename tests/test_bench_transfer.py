@@ -76,3 +76,5 @@ def test_put_get_is_exactly_once_and_leaves_nothing(redis_client) -> None:
     assert redis_client.exists(*(tensor_key(JOB, m["sample_id"]) for m, _ in payload)) == 0
     with pytest.raises(RuntimeError, match="0 of 1 samples"):
         get_step(queue, 1, timeout_s=0.3)
+    queue.cleanup()  # the done-markers stay until the job is cleaned up (the Redis is shared by the session)
+    assert redis_client.keys(f"omnirl:{JOB}:*") == []
