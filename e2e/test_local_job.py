@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tiny_job(tmp: Path, name: str, redis_url: str, *, algorithm: str = "flow-grpo", mode: str = "async-reward",
-             steps: int = 3, reward: dict | None = None) -> Path:
+             steps: int = 3, reward: dict | None = None, actor_ranks: int = 1) -> Path:
     doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
     spec = doc["spec"]
     doc["metadata"]["name"] = name
@@ -34,6 +34,7 @@ def tiny_job(tmp: Path, name: str, redis_url: str, *, algorithm: str = "flow-grp
     spec["transferQueue"] = {"redisUrl": redis_url, "claimIdleSeconds": 30}
     if reward is not None:
         spec["reward"] = [reward]
+    spec.setdefault("roles", {})["actor"] = {"replicas": actor_ranks}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -85,6 +86,24 @@ def test_every_sample_scored_once_and_trained_once(tmp_path, redis_url, mode):
                           ("control", "actor"), ("control", "controller")]:
         groups = {g["name"].decode(): g for g in client.xinfo_groups(f"omnirl:{name}:{stream}")}
         assert groups[group]["pending"] == 0, (stream, group)
+    assert list(client.scan_iter(match=f"omnirl:{name}:tensors:*")) == []
+
+
+def test_two_fsdp_actor_ranks_train_the_job(tmp_path, redis_url):
+    name = "two-ranks"
+    out = tmp_path / "out"
+    proc = run(tiny_job(tmp_path, name, redis_url, steps=2, actor_ranks=2), out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    trained = Counter(r["sample_id"] for r in ledger(out, "actor"))  # the leader writes the ledger
+    assert len(trained) == 2 * 2 * 3 and set(trained.values()) == {1}
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in records if r["event"] == "step"]
+    assert [r["step"] for r in steps] == [0, 1] and [r["policy_version"] for r in steps] == [1, 2]
+    state = json.loads((out / "checkpoints" / "latest" / "state.json").read_text())
+    assert state["actor_ranks"] == 2 and state["policy_version"] == 2
+    client = redis.Redis.from_url(redis_url)
+    groups = {g["name"].decode(): g for g in client.xinfo_groups(f"omnirl:{name}:control")}
+    assert groups["actor"]["pending"] == 0 and groups["actor-rank1"]["pending"] == 0  # both ranks read every request
     assert list(client.scan_iter(match=f"omnirl:{name}:tensors:*")) == []
 
 

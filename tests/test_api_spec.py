@@ -103,8 +103,6 @@ def test_field_problem_message_and_direct_construction() -> None:
     assert str(p) == "window.range: [4, 12] is invalid: must be small"
     with pytest.raises(ValidationError, match="controller.replicas: 3 is invalid"):
         RolesSpec.model_validate({"controller": {"replicas": 3}})
-    with pytest.raises(ValidationError, match="actor.replicas: 2 is invalid: must be 1 for now"):
-        RolesSpec.model_validate({"actor": {"replicas": 2}})
     with pytest.raises(ValidationError):
         RSSpec(band=(0.0, 2.0))  # lo must be > 0
     with pytest.raises(ValidationError):

@@ -62,8 +62,8 @@ accelerators = st.one_of(
 @settings(max_examples=25, deadline=None)
 @given(rollout=st.integers(1, 16), actor=st.integers(1, 8), acc=accelerators, suspend=st.booleans())
 def test_every_child_is_owned_labelled_and_sized(rollout, actor, acc, suspend):
-    j = job(roles={"rollout": {"replicas": rollout, "accelerator": acc}}, suspend=suspend)
-    j.spec.roles.actor.replicas = actor  # past validation (which allows 1 today): the operator supports ranks
+    j = job(roles={"rollout": {"replicas": rollout, "accelerator": acc}, "actor": {"replicas": actor}},
+            suspend=suspend)
     kids = children(j)
     for obj in kids.values():
         meta = obj["metadata"]
@@ -163,9 +163,7 @@ def test_controller_job_failure_policy(action, policy, backoff):
 
 
 def test_multi_rank_actor_rendezvous():
-    j = job()
-    j.spec.roles.actor.replicas = 4  # past validation (which allows 1 today): the operator's half is ready
-    kids = children(j)
+    kids = children(job(roles={"actor": {"replicas": 4}}))
     e = env(kids["StatefulSet/demo-actor"])
     assert (e["MASTER_ADDR"], e["MASTER_PORT"], e["WORLD_SIZE"]) == ("demo-actor-0.demo-ranks", "29400", "4")
     assert e["RANK"] == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}

@@ -62,10 +62,11 @@ def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, tor
 
 
 def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tensor], trained: dict[str, torch.Tensor],
-                    old: dict[str, torch.Tensor] | None, optimizer: torch.optim.Optimizer, state: dict,
+                    old: dict[str, torch.Tensor] | None, optimizer: tuple[dict[str, torch.Tensor], dict], state: dict,
                     keep: int = 2) -> Path:
     """Write `root/step-{step:06d}/` atomically, repoint `root/latest`, prune to `keep` + latest.
 
+    `optimizer` is `optimizer_to_flat`'s (tensors, meta), full (unsharded) tensors.
     Returns the checkpoint directory.
     """
     root = Path(root)
@@ -78,8 +79,8 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
     save_file(_contiguous(trained), tmp / "trained.safetensors")
     if old is not None:
         save_file(_contiguous(old), tmp / "old.safetensors")
-    opt_tensors, opt_meta = optimizer_to_flat(optimizer)
-    save_file(opt_tensors, tmp / "optimizer.safetensors")
+    opt_tensors, opt_meta = optimizer
+    save_file(_contiguous(opt_tensors), tmp / "optimizer.safetensors")
     (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
     shutil.rmtree(final, ignore_errors=True)

@@ -15,6 +15,7 @@ import torch
 
 from omnirl.actor.batch import TrainSample, micro_batches, stack_window
 from omnirl.actor.policy import PolicySet
+from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
 from omnirl.algorithms import (
     auto_band,
     flow_grpo_loss,
@@ -51,8 +52,12 @@ def window_log_probs(adapter: ModelAdapter, samples: list[TrainSample], device: 
 
 
 def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
-                   spec: FlowGRPOSpec, opt: OptimizerSpec, *, seed: int, device: torch.device) -> dict:
+                   spec: FlowGRPOSpec, opt: OptimizerSpec, *, seed: int, device: torch.device,
+                   ranks: Ranks = SINGLE) -> dict:
     """Train on one batch; return metrics (loss, kl, clip_fraction, ratio, IS diagnostics, RS).
+
+    With several actor ranks every rank passes the whole batch and trains its `ranks.share` of
+    the micro-batches; metrics are reduced over the ranks, so every rank returns the same.
 
     Raises:
         ValueError: a sample without a window (FlowGRPO needs SDE rollouts) or non-finite loss.
@@ -62,7 +67,7 @@ def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, sample
     rollout_lp = {s.sample_id: s.log_probs for s in samples}
     ids = [s.sample_id for s in samples]
     if spec.rolloutCorrection.mode == "recompute":
-        old_lp = _recompute(policies, samples, opt, device)
+        old_lp = _recompute(policies, samples, opt, device, ranks)
         current = old_lp
     else:  # bypass: the rollout's log-probs are the old ones; no extra forward pass
         old_lp = rollout_lp
@@ -82,24 +87,27 @@ def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, sample
     for m in range(n_mini):
         minibatch = order[m::n_mini]
         optimizer.zero_grad(set_to_none=True)
-        for mb in micro_batches(minibatch, opt.microBatchSize):
+        for mb, share in ranks.share(micro_batches(minibatch, opt.microBatchSize)):
             out, log_prob = _micro_loss(policies, mb, old_lp, keep_by_id, spec, device)
-            if m == 0:
+            if m == 0 and share:
                 live.update({s.sample_id: log_prob[i].detach().cpu() for i, s in enumerate(mb)})
             if not torch.isfinite(out.loss):
                 raise ValueError(f"non-finite FlowGRPO loss {out.loss.item()} (samples {[s.sample_id for s in mb][:4]})")
-            (out.loss * len(mb) / len(minibatch)).backward()
-            w = len(mb) / len(minibatch) / n_mini
+            (out.loss * (len(mb) / len(minibatch) * share * ranks.grad_scale)).backward()
+            w = len(mb) / len(minibatch) / n_mini * share
             sums["loss"] += float(out.loss.detach()) * w
             sums["policy_loss"] += float(out.policy_loss) * w
             sums["kl"] += float(out.kl_loss) * w
             sums["clip_fraction"] += float(out.clip_fraction) * w
-            sums["ratio_max_abs_dev"] = max(sums["ratio_max_abs_dev"], float(out.ratio_max_abs_dev))
-        grad_norm = torch.nn.utils.clip_grad_norm_(policies.trainable_parameters(), opt.gradClip)
-        sums["grad_norm"] += float(grad_norm) / n_mini
+            sums["ratio_max_abs_dev"] = max(sums["ratio_max_abs_dev"], float(out.ratio_max_abs_dev) * share)
+        sums["grad_norm"] += clip_grad_norm(policies.trainable_parameters(), opt.gradClip) / n_mini
         optimizer.step()
+    ratio_dev = ranks.max(sums.pop("ratio_max_abs_dev"))
+    grad_norm = sums.pop("grad_norm")  # already global: FSDP's norm spans every shard
+    sums = {**ranks.sum(sums), "ratio_max_abs_dev": ratio_dev, "grad_norm": grad_norm}
     if diag is None:
-        seen = sorted(live)
+        seen = sorted(s.sample_id for s in order[0::n_mini])
+        live = ranks.merge(live, seen)
         diag = is_diagnostics(torch.stack([live[i] for i in seen]), torch.stack([rollout_lp[i] for i in seen]))
     sums.update(
         is_mean_log_ratio=diag.mean_log_ratio, is_weight_mean=diag.is_weight_mean, is_ess=diag.ess,
@@ -111,17 +119,19 @@ def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, sample
 
 
 def _recompute(policies: PolicySet, samples: list[TrainSample], opt: OptimizerSpec,
-               device: torch.device) -> dict[str, torch.Tensor]:
+               device: torch.device, ranks: Ranks) -> dict[str, torch.Tensor]:
     """Old log-probs from the actor's current weights, before any update (no grad)."""
     module = policies.adapter.module
     out: dict[str, torch.Tensor] = {}
     with torch.no_grad():
         module.eval()
-        for mb in micro_batches(samples, opt.microBatchSize):
+        for mb, share in ranks.share(micro_batches(samples, opt.microBatchSize)):
             lp = window_log_probs(policies.adapter, mb, device).cpu()
-            out.update({s.sample_id: lp[i] for i, s in enumerate(mb)})
+            if share:
+                out.update({s.sample_id: lp[i] for i, s in enumerate(mb)})
         module.train()
-    return out
+    return ranks.merge(out, [s.sample_id for s in samples])
+
 
 
 def _rs_keep(seq_log_is: torch.Tensor, spec: FlowGRPOSpec) -> torch.Tensor:

@@ -18,6 +18,7 @@ import torch
 
 from omnirl.actor.batch import TrainSample, micro_batches
 from omnirl.actor.policy import PolicySet
+from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
 from omnirl.algorithms import nft_loss, optimality_probability
 from omnirl.api.spec import NFTSpec, OptimizerSpec
 
@@ -38,8 +39,11 @@ def group_noise(group_id: str, draw: int, n_draws: int, shape: tuple[int, ...], 
 
 
 def nft_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample], spec: NFTSpec,
-             opt: OptimizerSpec, *, seed: int, device: torch.device) -> dict:
+             opt: OptimizerSpec, *, seed: int, device: torch.device, ranks: Ranks = SINGLE) -> dict:
     """Train on one batch; returns metrics (loss, positive/negative loss, kl, grad_norm, x0 norm).
+
+    Several actor ranks: each passes the whole batch and trains its `ranks.share` of the
+    micro-batches (see `flow_grpo_step`); metrics are reduced, the same on every rank.
 
     Raises:
         ValueError: non-finite loss (with the sample ids).
@@ -55,18 +59,19 @@ def nft_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
     for m in range(n_mini):
         minibatch = [s for g in group_order[m::n_mini] for s in groups[g]]
         optimizer.zero_grad(set_to_none=True)
-        for mb in micro_batches(minibatch, opt.microBatchSize, keep_groups=True):
+        for mb, share in ranks.share(micro_batches(minibatch, opt.microBatchSize, keep_groups=True)):
             for draw in range(k):
                 out = _draw_loss(policies, mb, draw, spec, seed, device)
                 if not torch.isfinite(out["loss"]):
                     raise ValueError(f"non-finite NFT loss (samples {[s.sample_id for s in mb][:4]})")
-                w = len(mb) / len(minibatch) / k
-                (out["loss"] * w).backward()
+                w = len(mb) / len(minibatch) / k * share
+                (out["loss"] * (w * ranks.grad_scale)).backward()
                 for key in ("loss", "positive_loss", "negative_loss", "kl"):
                     sums[key] += float(out[key].detach()) * w / n_mini
-        grad_norm = torch.nn.utils.clip_grad_norm_(policies.trainable_parameters(), opt.gradClip)
-        sums["grad_norm"] += float(grad_norm) / n_mini
+        sums["grad_norm"] += clip_grad_norm(policies.trainable_parameters(), opt.gradClip) / n_mini
         optimizer.step()
+    grad_norm = sums.pop("grad_norm")  # already global
+    sums = {**ranks.sum(sums), "grad_norm": grad_norm}
     sums["x0_norm"] = float(torch.stack([s.x0.float().pow(2).mean().sqrt() for s in samples]).mean())
     sums["optimizer_steps"] = n_mini
     return sums

@@ -18,6 +18,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from omnirl.actor.fsdp import shard_model
+from omnirl.actor.ranks import SINGLE, Ranks
 from omnirl.algorithms import ema_update_
 from omnirl.api.spec import LoRASpec
 from omnirl.models.compile import compile_adapter_module
@@ -56,6 +58,7 @@ class PolicySet:
             self._ref_adapter = self._frozen_copy() if need_ref else None
             self._old_adapter = self._frozen_copy() if need_old else None
         self.has_ref, self.has_old = need_ref, need_old
+        self.ranks = SINGLE
         module.train()
 
     # ------------------------------------------------------------------ views
@@ -102,6 +105,16 @@ class PolicySet:
             else:
                 yield self._old_adapter
 
+    def shard(self, ranks: Ranks, block_types: list[str] | None) -> None:
+        """FSDP2-shard θ's module and the frozen copies over the actor ranks (`omnirl.actor.fsdp`).
+
+        Call before building the optimizer. Afterwards the tensor views below gather full tensors
+        (collectives: every rank calls them in the same order).
+        """
+        for a in [self.adapter] + [a for a in (self._ref_adapter, self._old_adapter) if a is not None]:
+            shard_model(a.module, ranks.world, block_types=block_types)
+        self.ranks = ranks
+
     def compile(self) -> int:
         """Regionally compile θ's module and the frozen copies (`omnirl.models.compile`); returns
         the number of blocks compiled. Call once, after construction (LoRA is injected by then)."""
@@ -133,15 +146,15 @@ class PolicySet:
         Names are the rollout module's names (LoRA adapter named `default`); values detached.
         """
         if self.lora:
-            return {k: v.detach() for k, v in lora_tensors(self.adapter.module, OLD if self.has_old else DEFAULT).items()}
-        module = self._old_adapter.module if self.has_old else self.adapter.module
-        return {k: v.detach() for k, v in module.state_dict().items()}
+            named = lora_tensors(self.adapter.module, OLD if self.has_old else DEFAULT)
+        else:
+            named = (self._old_adapter.module if self.has_old else self.adapter.module).state_dict()
+        return {k: v.detach() for k, v in self.ranks.full(named).items()}
 
     def trained_tensors(self) -> dict[str, torch.Tensor]:
         """θ's trainable tensors (LoRA adapters or the whole state dict), detached."""
-        if self.lora:
-            return {k: v.detach() for k, v in lora_tensors(self.adapter.module, DEFAULT).items()}
-        return {k: v.detach() for k, v in self.adapter.module.state_dict().items()}
+        named = lora_tensors(self.adapter.module, DEFAULT) if self.lora else self.adapter.module.state_dict()
+        return {k: v.detach() for k, v in self.ranks.full(named).items()}
 
     def load_trained_tensors(self, tensors: dict[str, torch.Tensor], old: dict[str, torch.Tensor] | None) -> None:
         """Restore θ (and the old policy) from a checkpoint. Raises KeyError on a name mismatch."""
@@ -173,6 +186,11 @@ def _load_exact(target: dict[str, torch.Tensor], source: dict[str, torch.Tensor]
     unexpected = sorted(set(source) - set(target))
     if missing or unexpected:
         raise KeyError(f"checkpoint tensors do not match the model: missing={missing[:5]} unexpected={unexpected[:5]}")
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
     with torch.no_grad():
         for k, t in target.items():
-            t.copy_(source[k])
+            src = source[k]
+            if isinstance(t, DTensor):  # a sharded parameter takes this rank's shard of the full tensor
+                src = distribute_tensor(src.to(t.device, t.dtype), t.device_mesh, t.placements)
+            t.copy_(src)

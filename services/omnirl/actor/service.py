@@ -7,6 +7,12 @@ bind fails the job before any rollout), then publish `actor_ready`.
 Per `TrainRequest`: load the samples' tensors → one algorithm step → broadcast the new policy to
 every rollout worker (they verify and acknowledge) → checkpoint if asked → `TrainDone` with the
 metrics → delete the batch's tensors. A request seen twice (redelivery) is trained once.
+
+Several actor ranks (RANK / WORLD_SIZE, FSDP2): every rank reads every `TrainRequest` through
+its own consumer group, loads the whole batch and trains its share of the micro-batches
+(`omnirl.actor.ranks`); the gathers for weight sync and checkpoints are collectives. Rank 0, the
+leader, alone hosts the weight-sync store, broadcasts, writes checkpoints and the ledger, and
+publishes `TrainDone`.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import torch
 
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.checkpoint import LATEST
+from omnirl.actor.ranks import Ranks
 from omnirl.actor.trainer import Trainer
 from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
@@ -33,7 +40,7 @@ GROUP = "actor"
 
 
 class ActorService:
-    """The single actor rank (multi-rank FSDP2 actors use `omnirl.actor.fsdp`)."""
+    """One actor rank (the leader, rank 0, or a follower)."""
 
     def __init__(self, job: RLJob, env: RoleEnv, *, resume: bool = False) -> None:
         spec = job.spec
@@ -43,37 +50,52 @@ class ActorService:
             tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
         )
         self.device = torch.device(env.device)
+        if env.world_size > 1 and self.device.type == "cuda" and self.device.index is None \
+                and torch.cuda.device_count() > 1:  # several ranks on one host: one GPU each
+            self.device = torch.device("cuda", env.rank % torch.cuda.device_count())
+        self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device))
         adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
                                **adapter_options(spec))
-        self.trainer = Trainer(adapter, spec, self.device)
+        self.trainer = Trainer(adapter, spec, self.device, ranks=self.ranks)
         self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
         self.version = 0
-        if resume and (self.ckpt_root / LATEST).exists():
+        # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
+        if resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0:
             state = self.trainer.load(self.ckpt_root / LATEST)
             self.version = int(state["policy_version"])
             log.info("resumed from %s at policy_version %d", self.ckpt_root / LATEST, self.version)
-        self.sender = WeightSender(env.weight_sync_host, env.weight_sync_port, device=str(self.device))
-        path = Path(env.out_dir) / "ledger" / f"actor-{env.worker_id}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._ledger = path.open("a", buffering=1)
+        leader = self.ranks.leader
+        self.sender = WeightSender(env.weight_sync_host, env.weight_sync_port, device=str(self.device)) \
+            if leader else None
+        self._rollout: dict[str, torch.Tensor] = {}  # the leader's gathered rollout tensors
+        self._ledger = None
+        if leader:
+            path = Path(env.out_dir) / "ledger" / f"actor-{env.worker_id}.jsonl"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._ledger = path.open("a", buffering=1)
 
     def run(self) -> None:
         """Serve until the `stop` flag is set. Errors are published as `RoleFailure`, then raised."""
         try:
             self._start()
             control = self.queue.streams.control
-            self.queue.ensure_group(control, GROUP)
+            group = GROUP if self.ranks.leader else f"{GROUP}-rank{self.ranks.rank}"  # followers see every request
+            self.queue.ensure_group(control, group)
             while not self.queue.get_json("stop"):
-                self.sender.serve_new_members(self.trainer.rollout_tensors(), self.version)
-                for msg in self.queue.consume(control, GROUP, self.env.worker_id, count=1, block_ms=200):
+                if self.sender is not None:
+                    self.sender.serve_new_members(self._rollout, self.version)
+                for msg in self.queue.consume(control, group, self.env.worker_id, count=1, block_ms=200):
                     if msg.meta.get("type") == "train":
                         self._train(TrainRequest.model_validate(msg.meta))
-                    self.queue.ack(control, GROUP, [msg.id])
+                    self.queue.ack(control, group, [msg.id])
         except Exception as err:
             self._fail(f"{type(err).__name__}: {err}")
             raise
 
     def _start(self) -> None:
+        self._gather_rollout()
+        if self.sender is None:
+            return
         want = self.spec.roles.rollout.replicas
         deadline = time.monotonic() + 600
         while len(self.sender.members()) < want:
@@ -82,7 +104,7 @@ class ActorService:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(self.sender.members())} of {want} rollout workers registered in 600 s")
             time.sleep(0.1)
-        report = self.sender.broadcast(self.trainer.rollout_tensors(), self.version)
+        report = self.sender.broadcast(self._rollout, self.version)
         log.info("initial weights v%d to %s in %.3f s", self.version, report.receivers, report.seconds)
         self.queue.set_json("actor_ready", {"policy_version": self.version})
 
@@ -96,14 +118,18 @@ class ActorService:
         metrics = self.trainer.train_step(samples, req.step)
         t_train = time.perf_counter()
         self.version = req.policy_version + 1
-        report = self.sender.broadcast(self.trainer.rollout_tensors(), self.version)
-        t_sync = time.perf_counter()
+        self._gather_rollout()
         ckpt = None
         if req.checkpoint:
             state = {"step": req.step, "policy_version": self.version, **req.controller_state}
-            ckpt = str(self.trainer.save(self.ckpt_root, req.step, state))
-        metrics.update(load_seconds=t_load - t0, train_seconds=t_train - t_load, sync_seconds=t_sync - t_train,
-                       sync_bytes=float(report.bytes))
+            path = self.trainer.save(self.ckpt_root, req.step, state)
+            ckpt = None if path is None else str(path)
+        if self.sender is None:  # a follower: the leader reports, syncs and cleans up
+            return
+        t_sync = time.perf_counter()
+        report = self.sender.broadcast(self._rollout, self.version)
+        metrics.update(load_seconds=t_load - t0, train_seconds=t_train - t_load,
+                       sync_seconds=time.perf_counter() - t_sync, sync_bytes=float(report.bytes))
         for item in req.items:
             self._ledger.write(json.dumps({"sample_id": item.sample_id, "step": req.step}) + "\n")
         done = TrainDone(step=req.step, policy_version=self.version, checkpoint=ckpt,
@@ -111,6 +137,11 @@ class ActorService:
         self.queue.publish(self.queue.streams.control, done.model_dump())
         self.queue.claim_once("train", f"step-{req.step}")  # marks the step done (after its result exists)
         self.queue.delete_tensors([item.tensor_key for item in req.items])
+
+    def _gather_rollout(self) -> None:
+        """The rollout policy's full tensors (a collective with several ranks); the leader keeps them."""
+        tensors = self.trainer.rollout_tensors()
+        self._rollout = tensors if self.ranks.leader else {}
 
     def _load(self, item: TrainItem) -> TrainSample:
         t = self.queue.load_tensors(item.tensor_key)
@@ -128,8 +159,11 @@ class ActorService:
             log.error("could not publish the actor failure (%s): %s", reason, err)
 
     def close(self) -> None:
-        """Close the weight-sync store, the ledger and the Redis client."""
-        self.sender.close()
-        self._ledger.close()
+        """Close the weight-sync store, the ledger, the Redis client and the ranks' process group."""
+        if self.sender is not None:
+            self.sender.close()
+        if self._ledger is not None:
+            self._ledger.close()
         self.queue.close()
+        self.ranks.close()
 

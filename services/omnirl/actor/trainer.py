@@ -7,11 +7,12 @@ from pathlib import Path
 import torch
 
 from omnirl.actor.batch import TrainSample
-from omnirl.actor.checkpoint import load_checkpoint, optimizer_from_flat, save_checkpoint
+from omnirl.actor.checkpoint import load_checkpoint, optimizer_from_flat, optimizer_to_flat, save_checkpoint
 from omnirl.actor.flow_grpo_update import flow_grpo_step
 from omnirl.actor.fsdp import enable_activation_checkpointing
 from omnirl.actor.nft_update import nft_step
 from omnirl.actor.policy import PolicySet
+from omnirl.actor.ranks import SINGLE, Ranks
 from omnirl.algorithms import old_policy_decay
 from omnirl.api.spec import RLJobSpec
 from omnirl.models.protocol import ModelAdapter
@@ -24,17 +25,23 @@ class Trainer:
         adapter: the model (its module is trained in place).
         spec: the job spec (algorithm, optimizer, LoRA, seed).
         device: where the model runs.
+        ranks: this actor rank among several (FSDP2 data parallel; `Ranks.init` joined them).
     """
 
-    def __init__(self, adapter: ModelAdapter, spec: RLJobSpec, device: str | torch.device = "cpu") -> None:
+    def __init__(self, adapter: ModelAdapter, spec: RLJobSpec, device: str | torch.device = "cpu",
+                 ranks: Ranks = SINGLE) -> None:
         algo = spec.algorithm
         self.spec = spec
         self.device = torch.device(device)
+        self.ranks = ranks
         self.is_nft = algo.name == "diffusion-nft"
         kl = algo.nft.klCoef if self.is_nft else algo.flowGrpo.klCoef
         self.policies = PolicySet(adapter, spec.model.lora, need_ref=kl > 0, need_old=self.is_nft)
+        blocks = getattr(adapter, "compile_block_types", None)
         if spec.model.gradientCheckpointing:
-            enable_activation_checkpointing(adapter.module, getattr(adapter, "compile_block_types", None))
+            enable_activation_checkpointing(adapter.module, blocks)
+        if ranks.world > 1:
+            self.policies.shard(ranks, blocks)
         if spec.model.compile:
             self.policies.compile()
         o = algo.optimizer
@@ -55,10 +62,10 @@ class Trainer:
         seed = self.spec.seed * 1_000_003 + step
         if self.is_nft:
             metrics = nft_step(self.policies, self.optimizer, samples, algo.nft, algo.optimizer,
-                               seed=seed, device=self.device)
+                               seed=seed, device=self.device, ranks=self.ranks)
         else:
             metrics = flow_grpo_step(self.policies, self.optimizer, samples, algo.flowGrpo, algo.optimizer,
-                                     seed=seed, device=self.device)
+                                     seed=seed, device=self.device, ranks=self.ranks)
         before = self.optimizer_steps
         self.optimizer_steps += int(metrics["optimizer_steps"])
         if self.is_nft:
@@ -74,19 +81,44 @@ class Trainer:
         """The tensors rollout workers must bind (see `PolicySet.rollout_tensors`)."""
         return self.policies.rollout_tensors()
 
-    def save(self, root: str | Path, step: int, state: dict) -> Path:
-        """Checkpoint under `root`; `state` (JSON) gets the optimizer step count and RNG seed added."""
+    def save(self, root: str | Path, step: int, state: dict) -> Path | None:
+        """Checkpoint under `root`; `state` (JSON) gets the optimizer step count and RNG seed added.
+
+        With several ranks every rank calls it (sharded tensors are gathered, a collective) and
+        only the leader writes; the others return None.
+        """
         state = {**state, "optimizer_steps": self.optimizer_steps, "lora": self.policies.lora,
-                 "torch_rng_seed": int(torch.initial_seed())}
-        old = self.policies.named_tensors("old") if self.policies.has_old else None
-        return save_checkpoint(root, step, policy=self.rollout_tensors(), trained=self.policies.trained_tensors(),
-                               old=old, optimizer=self.optimizer, state=state,
-                               keep=self.spec.checkpoint.keep)
+                 "torch_rng_seed": int(torch.initial_seed()), "actor_ranks": self.ranks.world}
+        full = self.ranks.full
+        old = full(self.policies.named_tensors("old")) if self.policies.has_old else None
+        policy, trained = self.rollout_tensors(), self.policies.trained_tensors()
+        opt_tensors, opt_meta = optimizer_to_flat(self.optimizer)
+        opt_tensors = full(opt_tensors)
+        if not self.ranks.leader:
+            return None
+        return save_checkpoint(root, step, policy=policy, trained=trained, old=old,
+                               optimizer=(opt_tensors, opt_meta), state=state, keep=self.spec.checkpoint.keep)
 
     def load(self, path: str | Path) -> dict:
         """Restore from a checkpoint directory (or its parent with `latest`); returns its state.json."""
         ck = load_checkpoint(path)
         self.policies.load_trained_tensors(ck["trained"], ck["old"])
-        optimizer_from_flat(self.optimizer, *ck["optimizer"])
+        optimizer_from_flat(self.optimizer, *self._shard_optimizer_state(*ck["optimizer"]))
         self.optimizer_steps = int(ck["state"]["optimizer_steps"])
         return ck["state"]
+
+    def _shard_optimizer_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> tuple[dict, dict]:
+        """Full optimizer-state tensors → this rank's shards, placed like their parameters."""
+        if self.ranks.world == 1:
+            return tensors, meta
+        from torch.distributed.tensor import DTensor, distribute_tensor
+
+        params = [p for g in self.optimizer.param_groups for p in g["params"]]
+        out = {}
+        for key, value in tensors.items():
+            param = params[int(key.split(".", 2)[1])]
+            if isinstance(param, DTensor) and value.shape == param.shape:
+                value = distribute_tensor(value.to(param.device, param.dtype), param.device_mesh, param.placements)
+            out[key] = value
+        return out, meta
+

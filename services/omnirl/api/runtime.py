@@ -26,6 +26,8 @@ class RoleEnv:
         namespace: the RLJob's namespace (Kubernetes).
         device: torch device of this role ("cpu", "cuda", "npu").
         threads: torch intra-op threads (0 = torch's default).
+        rank, world_size, master_addr, master_port: the actor ranks' rendezvous (RANK,
+            WORLD_SIZE, MASTER_ADDR, MASTER_PORT; one rank when unset).
     """
 
     job_name: str
@@ -40,6 +42,10 @@ class RoleEnv:
     namespace: str = "default"
     device: str = "cpu"
     threads: int = 0
+    rank: int = 0
+    world_size: int = 1
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29400
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> RoleEnv:
@@ -73,4 +79,8 @@ class RoleEnv:
             namespace=env.get("OMNIRL_NAMESPACE", "default"),
             device=env.get("OMNIRL_DEVICE", "cpu"),
             threads=int(env.get("OMNIRL_THREADS", "0")),
+            rank=int(env.get("RANK", "0")),
+            world_size=int(env.get("WORLD_SIZE", "1")),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", "29400")),
         )

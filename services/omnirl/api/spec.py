@@ -242,19 +242,14 @@ class RolesSpec(SpecModel):
 
     rollout: RolloutRoleSpec = Field(default_factory=RolloutRoleSpec, description="Rollout workers.")
     reward: RewardRoleSpec = Field(default_factory=RewardRoleSpec, description="Reward workers.")
-    actor: RoleSpec = Field(default_factory=RoleSpec, description="Actor (trainer) ranks; 1 for now.")
+    actor: RoleSpec = Field(default_factory=RoleSpec, description="Actor ranks: > 1 shards the model with FSDP2 "
+                            "and splits each batch's micro-batches over them (one GPU each).")
     controller: RoleSpec = Field(default_factory=RoleSpec, description="The single controller (replicas 1).")
 
     @model_validator(mode="after")
     def _check(self) -> RolesSpec:
         if self.controller.replicas != 1:
             raise FieldProblem("controller.replicas", self.controller.replicas, "must be 1 (one controller per job)")
-        if self.actor.replicas != 1:
-            # the operator already gives ranks a rendezvous (RANK, WORLD_SIZE, MASTER_ADDR), but the actor
-            # service does not shard the batch across ranks yet: N ranks would train N times
-            raise FieldProblem("actor.replicas", self.actor.replicas,
-                               "must be 1 for now: multi-rank (FSDP2) actors are not wired into the actor service "
-                               "yet; train LoRA or give the single actor rank a larger GPU")
         return self
 
 

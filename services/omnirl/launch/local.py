@@ -44,11 +44,11 @@ def role_plan(job: RLJob) -> list[tuple[str, int]]:
     r = job.spec.roles
     plan = [("rollout", i) for i in range(r.rollout.replicas)]
     plan += [("reward", i) for i in range(r.reward.replicas)]
-    return plan + [("actor", 0), ("controller", 0)]
+    return plan + [("actor", i) for i in range(r.actor.replicas)] + [("controller", 0)]
 
 
 def role_env(job: RLJob, role: str, index: int, *, redis_url: str, sync_port: int, out: Path,
-             resume: bool, steps: int | None) -> dict[str, str]:
+             resume: bool, steps: int | None, dist_port: int = 0) -> dict[str, str]:
     """The OMNIRL_* environment of one local role process (the same contract pods get)."""
     threads = role_threads(role, job.spec.pipeline.mode, os.cpu_count() or 1)
     env = {
@@ -59,6 +59,9 @@ def role_env(job: RLJob, role: str, index: int, *, redis_url: str, sync_port: in
     }
     if steps is not None:
         env["OMNIRL_STEPS"] = str(steps)
+    world = job.spec.roles.actor.replicas
+    if role == "actor" and world > 1:  # the actor ranks' rendezvous, as the operator gives pods
+        env.update(RANK=str(index), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(dist_port))
     return env
 
 
@@ -83,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
     else:
         for flag in ("stop", "actor_ready"):
             queue.redis.delete(f"omnirl:{job.metadata.name}:kv:{flag}")
-    sync_port = free_port()
+    sync_port, dist_port = free_port(), free_port()
     procs: list[RoleProcess] = []
     ray_ctx = None
     if not args.no_ray:
@@ -95,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         for role, index in role_plan(job):
             env = role_env(job, role, index, redis_url=redis_url, sync_port=sync_port, out=out,
-                           resume=args.resume, steps=args.steps)
+                           resume=args.resume, steps=args.steps, dist_port=dist_port)
             procs.append(start_role(role, index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None))
         code = _supervise(procs, queue, out, job, args.steps or job.spec.algorithm.steps)
     except KeyboardInterrupt:

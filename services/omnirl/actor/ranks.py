@@ -1,0 +1,141 @@
+"""This actor rank among the job's actor ranks: data-parallel shares and metric reductions.
+
+With one rank (`SINGLE`) every method is the identity, so the update functions read the same
+either way. With W ranks (FSDP2, `omnirl.actor.fsdp`) each rank holds the whole batch, trains
+`share(...)` of its micro-batches and joins the reductions; FSDP averages gradients over ranks,
+so `grad_scale` = W turns the ranks' local sums back into the batch mean. Every method that
+talks to the other ranks is a collective: all ranks call it in the same order.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """rank in [0, world); `device` is where reduction tensors live (cpu for gloo, cuda for nccl)."""
+
+    rank: int = 0
+    world: int = 1
+    device: str = "cpu"
+
+    @property
+    def leader(self) -> bool:
+        """Rank 0: the one that talks to the controller, the rollout workers and the disk."""
+        return self.rank == 0
+
+    @property
+    def grad_scale(self) -> float:
+        """Multiply each local loss by this before backward (FSDP averages gradients over ranks)."""
+        return float(self.world)
+
+    @classmethod
+    def init(cls, rank: int, world: int, master_addr: str, master_port: int, device: str) -> Ranks:
+        """Join the actor ranks' process group (gloo on cpu, nccl on cuda); world 1 joins nothing.
+
+        Raises:
+            ValueError: rank outside [0, world).
+            RuntimeError / DistStoreError: the other ranks did not join (torch's timeout).
+        """
+        if not 0 <= rank < world:
+            raise ValueError(f"actor rank {rank} is outside [0, {world}) (RANK / WORLD_SIZE)")
+        if world > 1 and not dist.is_initialized():
+            backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
+            # ranks wait in collectives while the controller gathers a whole rollout: be patient
+            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                                    world_size=world, timeout=datetime.timedelta(hours=2))
+        return cls(rank, world, device)
+
+    def share(self, micro_batches: Sequence[T]) -> list[tuple[T, float]]:
+        """This rank's micro-batches with a weight: 1, or 0 for padding.
+
+        Every rank gets ⌈n/W⌉ of them (round robin), so all ranks run the same number of forward
+        and backward passes and FSDP's collectives stay in step; the slots past n repeat the last
+        micro-batch with weight 0 (computed, contributes nothing).
+        """
+        n = len(micro_batches)
+        if self.world == 1 or n == 0:
+            return [(mb, 1.0) for mb in micro_batches]
+        total = math.ceil(n / self.world) * self.world
+        return [(micro_batches[min(i, n - 1)], 1.0 if i < n else 0.0) for i in range(self.rank, total, self.world)]
+
+    def sum(self, values: dict[str, float]) -> dict[str, float]:
+        """Sum each value over the ranks (float64)."""
+        if self.world == 1:
+            return dict(values)
+        keys = sorted(values)
+        t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return dict(zip(keys, t.tolist(), strict=True))
+
+    def max(self, value: float) -> float:
+        """The largest value over the ranks."""
+        if self.world == 1:
+            return value
+        t = torch.tensor([float(value)], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    def merge(self, per_sample: dict[str, torch.Tensor], ids: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Per-sample tensors computed on different ranks (each id on exactly one) → all of them.
+
+        Every rank passes the same `ids`; each fills its own. Tensors are float32 of one shape, CPU.
+        Raises:
+            ValueError: an id none of the ranks (or several) computed.
+        """
+        if self.world == 1:
+            return dict(per_sample)
+        like = self._shape_of(per_sample)
+        buf = torch.zeros((len(ids), *like), dtype=torch.float32, device=self.device)
+        count = torch.zeros(len(ids), dtype=torch.float32, device=self.device)
+        for i, sid in enumerate(ids):
+            if sid in per_sample:
+                buf[i] = per_sample[sid].to(self.device, torch.float32)
+                count[i] = 1
+        dist.all_reduce(buf)
+        dist.all_reduce(count)
+        if not bool((count == 1).all()):
+            bad = [ids[i] for i in (count != 1).nonzero().flatten().tolist()][:4]
+            raise ValueError(f"per-sample results must come from exactly one actor rank; ids {bad} did not")
+        return {sid: buf[i].cpu() for i, sid in enumerate(ids)}
+
+    def _shape_of(self, per_sample: dict[str, torch.Tensor]) -> list[int]:
+        """The common per-sample shape, agreed over the ranks (a rank may hold no sample)."""
+        mine = list(next(iter(per_sample.values())).shape) if per_sample else []
+        t = torch.tensor([len(mine), *mine, *([0] * (8 - len(mine)))], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t[1:1 + int(t[0])].tolist()
+
+    def close(self) -> None:
+        """Leave the ranks' process group (no-op with one rank)."""
+        if self.world > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+    def full(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Sharded (`DTensor`) values gathered to full tensors on every rank, in dict order (collective)."""
+        from torch.distributed.tensor import DTensor
+
+        return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in tensors.items()}
+
+
+def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Clip the global gradient L2 norm to `max_norm`; returns the norm before clipping.
+
+    With FSDP2 the norm of sharded (`DTensor`) gradients spans every shard; it is gathered to a
+    plain float here.
+    """
+    norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+
+SINGLE = Ranks()
