@@ -140,7 +140,7 @@ class PolicySet:
         """
         return self._old_adapter if self._old_adapter is not None else self.adapter
 
-    def rollout_tensors(self) -> dict[str, torch.Tensor]:
+    def rollout_tensors(self, keep: bool = True) -> dict[str, torch.Tensor]:
         """What rollout workers must hold: the old policy when there is one, else θ.
 
         Names are the rollout module's names (LoRA adapter named `default`); values detached.
@@ -149,12 +149,12 @@ class PolicySet:
             named = lora_tensors(self.adapter.module, OLD if self.has_old else DEFAULT)
         else:
             named = (self._old_adapter.module if self.has_old else self.adapter.module).state_dict()
-        return {k: v.detach() for k, v in self.ranks.full(named).items()}
+        return {k: v.detach() for k, v in self.ranks.full(named, keep).items()}
 
-    def trained_tensors(self) -> dict[str, torch.Tensor]:
+    def trained_tensors(self, keep: bool = True) -> dict[str, torch.Tensor]:
         """θ's trainable tensors (LoRA adapters or the whole state dict), detached."""
         named = lora_tensors(self.adapter.module, DEFAULT) if self.lora else self.adapter.module.state_dict()
-        return {k: v.detach() for k, v in self.ranks.full(named).items()}
+        return {k: v.detach() for k, v in self.ranks.full(named, keep).items()}
 
     def load_trained_tensors(self, tensors: dict[str, torch.Tensor], old: dict[str, torch.Tensor] | None) -> None:
         """Restore θ (and the old policy) from a checkpoint. Raises KeyError on a name mismatch."""

@@ -121,11 +121,20 @@ class Ranks:
         if self.world > 1 and dist.is_initialized():
             dist.destroy_process_group()
 
-    def full(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Sharded (`DTensor`) values gathered to full tensors on every rank, in dict order (collective)."""
+    def full(self, tensors: dict[str, torch.Tensor], keep: bool = True) -> dict[str, torch.Tensor]:
+        """Sharded (`DTensor`) values gathered to full tensors, in dict order (a collective).
+
+        `keep=False` (ranks that only take part) drops each gathered tensor at once, so such a rank
+        never holds more than one full tensor; it returns an empty dict.
+        """
         from torch.distributed.tensor import DTensor
 
-        return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in tensors.items()}
+        out = {}
+        for k, v in tensors.items():
+            t = v.full_tensor() if isinstance(v, DTensor) else v
+            if keep:
+                out[k] = t
+        return out
 
 
 def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> float:

@@ -140,8 +140,7 @@ class ActorService:
 
     def _gather_rollout(self) -> None:
         """The rollout policy's full tensors (a collective with several ranks); the leader keeps them."""
-        tensors = self.trainer.rollout_tensors()
-        self._rollout = tensors if self.ranks.leader else {}
+        self._rollout = self.trainer.rollout_tensors(keep=self.ranks.leader)
 
     def _load(self, item: TrainItem) -> TrainSample:
         t = self.queue.load_tensors(item.tensor_key)

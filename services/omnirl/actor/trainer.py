@@ -77,9 +77,10 @@ class Trainer:
                 metrics["old_policy_decay"] = decay
         return metrics
 
-    def rollout_tensors(self) -> dict[str, torch.Tensor]:
-        """The tensors rollout workers must bind (see `PolicySet.rollout_tensors`)."""
-        return self.policies.rollout_tensors()
+    def rollout_tensors(self, keep: bool = True) -> dict[str, torch.Tensor]:
+        """The tensors rollout workers must bind (see `PolicySet.rollout_tensors`; `keep=False`
+        on ranks that only join the gather)."""
+        return self.policies.rollout_tensors(keep)
 
     def save(self, root: str | Path, step: int, state: dict) -> Path | None:
         """Checkpoint under `root`; `state` (JSON) gets the optimizer step count and RNG seed added.
@@ -89,11 +90,11 @@ class Trainer:
         """
         state = {**state, "optimizer_steps": self.optimizer_steps, "lora": self.policies.lora,
                  "torch_rng_seed": int(torch.initial_seed()), "actor_ranks": self.ranks.world}
-        full = self.ranks.full
-        old = full(self.policies.named_tensors("old")) if self.policies.has_old else None
-        policy, trained = self.rollout_tensors(), self.policies.trained_tensors()
+        keep = self.ranks.leader  # the others only join the gathers
+        old = self.ranks.full(self.policies.named_tensors("old"), keep) if self.policies.has_old else None
+        policy, trained = self.rollout_tensors(keep), self.policies.trained_tensors(keep)
         opt_tensors, opt_meta = optimizer_to_flat(self.optimizer)
-        opt_tensors = full(opt_tensors)
+        opt_tensors = self.ranks.full(opt_tensors, keep)
         if not self.ranks.leader:
             return None
         return save_checkpoint(root, step, policy=policy, trained=trained, old=old,
