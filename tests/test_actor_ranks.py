@@ -91,6 +91,13 @@ def _rank(rank: int, port: int, out: str, adapter, samples) -> None:
                     "resumed_loss_diff": abs(m2["loss"] - m2_fresh["loss"])}))
             else:
                 assert path is None
+        skip = ranks.agree(5, 12, done=rank == 0)  # the leader's "already done" decides for every rank
+        try:
+            ranks.agree(5 + rank, 12, done=False)
+            mismatch = ""
+        except RuntimeError as err:
+            mismatch = str(err)
+        Path(out, f"agree-{rank}.json").write_text(json.dumps({"skip": skip, "mismatch": mismatch}))
     finally:
         dist.destroy_process_group()
 
@@ -107,6 +114,9 @@ def test_two_actor_ranks_train_like_one(tmp_path):
     adapter, samples = _samples()
     mp.start_processes(_rank, args=(_free_port(), str(tmp_path), adapter, samples), nprocs=WORLD, join=True,
                        start_method="fork")
+    for rank in range(WORLD):
+        agree = json.loads((tmp_path / f"agree-{rank}.json").read_text())
+        assert agree["skip"] is True and "disagree on the train request: steps 5..6" in agree["mismatch"]
     for case in CASES:
         reference = _train(adapter, samples, case, SINGLE)
         ref_metrics = reference.train_step(samples, step=0)

@@ -84,7 +84,7 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
         ),
         (
             {"model": {"family": "flux"}},
-            'spec.model.path: "builtin" is invalid: must name a model directory for family flux (builtin is ocr-digits only)',
+            'spec.model.path: "builtin" is invalid: must name a model directory for family flux (builtin, the default, is ocr-digits only)',
         ),
         ({"reward": []}, "spec.reward: [] is invalid: must have at least 1 item(s)"),
     ],
@@ -126,4 +126,10 @@ def test_walk_and_dotted_paths() -> None:
 def test_digits_rejects_diffusers_only_options(model: dict, sampling: dict, field: str) -> None:
     with pytest.raises(ValidationError, match=f"{field}: .* is invalid: must be"):
         RLJobSpec.model_validate({"model": model, "algorithm": {"sampling": sampling},
+                                  "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]})
+
+
+def test_diffusers_resolution_must_fit_the_latent_grid() -> None:
+    with pytest.raises(ValidationError, match=r"model.resolution: \[500, 512\] is invalid: .*\[496, 512\]"):
+        RLJobSpec.model_validate({"model": {"family": "sd3", "path": "/m", "resolution": [500, 512]},
                                   "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]})

@@ -50,10 +50,16 @@ class Ranks:
         if not 0 <= rank < world:
             raise ValueError(f"actor rank {rank} is outside [0, {world}) (RANK / WORLD_SIZE)")
         if world > 1 and not dist.is_initialized():
-            backend = "nccl" if torch.device(device).type == "cuda" else "gloo"
-            # ranks wait in collectives while the controller gathers a whole rollout: be patient
+            kind = torch.device(device).type
+            backend = {"cuda": "nccl", "npu": "hccl"}.get(kind, "gloo")
+            if kind == "cuda":
+                torch.cuda.set_device(torch.device(device))
+            elif kind == "npu":
+                import torch_npu  # noqa: F401  (registers the hccl backend)
+            # between steps the ranks wait in Redis, not in collectives: a collective that takes
+            # this long means a rank is gone (NCCL would otherwise wait for it indefinitely)
             dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                                    world_size=world, timeout=datetime.timedelta(hours=2))
+                                    world_size=world, timeout=datetime.timedelta(minutes=15))
         return cls(rank, world, device)
 
     def share(self, micro_batches: Sequence[T]) -> list[tuple[T, float]]:
@@ -116,6 +122,22 @@ class Ranks:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t[1:1 + int(t[0])].tolist()
 
+    def agree(self, step: int, items: int, done: bool) -> bool:
+        """Check every rank is on the same train request; return whether to skip it (already done).
+
+        The leader's view of `done` decides for all. Raises:
+            RuntimeError: the ranks hold different requests (step or batch size), naming both.
+        """
+        if self.world == 1:
+            return done
+        t = torch.tensor([step, -step, items, -items, int(done)], dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        hi_step, lo_step, hi_items, lo_items = int(t[0]), -int(t[1]), int(t[2]), -int(t[3])
+        if (hi_step, hi_items) != (lo_step, lo_items):
+            raise RuntimeError(f"actor ranks disagree on the train request: steps {lo_step}..{hi_step}, "
+                               f"batch sizes {lo_items}..{hi_items} (rank {self.rank} has step {step})")
+        return bool(t[4])
+
     def close(self) -> None:
         """Leave the ranks' process group (no-op with one rank)."""
         if self.world > 1 and dist.is_initialized():
@@ -124,16 +146,21 @@ class Ranks:
     def full(self, tensors: dict[str, torch.Tensor], keep: bool = True) -> dict[str, torch.Tensor]:
         """Sharded (`DTensor`) values gathered to full tensors, in dict order (a collective).
 
-        `keep=False` (ranks that only take part) drops each gathered tensor at once, so such a rank
-        never holds more than one full tensor; it returns an empty dict.
+        `keep=False` (ranks that only take part) drops each gathered tensor at once and returns an
+        empty dict. With several ranks the kept full tensors move to host memory one by one, so no
+        device ever holds the unsharded model (that is what sharding saved).
         """
         from torch.distributed.tensor import DTensor
 
         out = {}
         for k, v in tensors.items():
-            t = v.full_tensor() if isinstance(v, DTensor) else v
+            if not isinstance(v, DTensor):
+                if keep:
+                    out[k] = v
+                continue
+            t = v.full_tensor()
             if keep:
-                out[k] = t
+                out[k] = t.cpu()
         return out
 
 

@@ -109,7 +109,8 @@ class ActorService:
         self.queue.set_json("actor_ready", {"policy_version": self.version})
 
     def _train(self, req: TrainRequest) -> None:
-        if self.queue.is_done("train", f"step-{req.step}"):
+        done = self.ranks.leader and self.queue.is_done("train", f"step-{req.step}")
+        if self.ranks.agree(req.step, len(req.items), done):  # the leader decides; all ranks on one request
             log.warning("step %d already trained (redelivered request) — skipped", req.step)
             return
         t0 = time.perf_counter()

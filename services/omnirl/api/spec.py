@@ -321,8 +321,13 @@ class RLJobSpec(SpecModel):
             raise FieldProblem(
                 "model.path",
                 "builtin",
-                f"must name a model directory for family {self.model.family} (builtin is ocr-digits only)",
+                f"must name a model directory for family {self.model.family} (builtin, the default, is ocr-digits "
+                "only)",
             )
+        res = self.model.resolution
+        if self.model.family != "ocr-digits" and res is not None and (res[0] % 16 or res[1] % 16):
+            raise FieldProblem("model.resolution", list(res), "must be multiples of 16 (VAE 8x times patch 2); use "
+                               f"e.g. [{res[0] // 16 * 16 or 16}, {res[1] // 16 * 16 or 16}]")
         return self
 
 

@@ -136,6 +136,8 @@ def _supervise(procs: list[RoleProcess], queue: TransferQueue, out: Path, job: R
                 progress.close()
                 why = p.last_error() if c else "exited before the job finished"
                 print(f"omnirl: role {p.name} failed (exit {c}): {why}", flush=True)
+                if c < 0:  # killed by signal N: 128 + N, as a shell reports it
+                    return 128 - c
                 return c or 1
             time.sleep(0.2)
     finally:

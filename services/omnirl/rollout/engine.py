@@ -207,7 +207,7 @@ class RolloutEngine:
             if s.step in s.request.window:
                 kinds.setdefault((s.request.noise_level, s.request.sde_type), []).append(i)
         for (noise_level, sde_type), rows in kinds.items():
-            idx = torch.tensor(rows, device=self.device)
+            idx = self._rows(rows)
             noise = torch.stack([torch.randn(batch[i].x.shape, generator=batch[i].generator, dtype=torch.float32,
                                              device=self.device) for i in rows])
             out = sde_step(x[idx], v[idx], sigma[idx], sigma_next[idx], noise_level, sde_type=sde_type, noise=noise)
@@ -215,9 +215,19 @@ class RolloutEngine:
             for j, i in enumerate(rows):
                 s = batch[i]
                 if not s.latents:
-                    s.latents.append(s.x)
-                s.latents.append(out.x_next[j])
+                    s.latents.append(s.x.clone())  # a copy: a view would keep the whole batch tensor alive
+                s.latents.append(out.x_next[j].clone())
                 s.log_probs.append(out.log_prob[j])
+
+    def _rows(self, rows: list[int]) -> slice | torch.Tensor:
+        """An index for `rows` that never waits for the device: a slice when they are consecutive
+        (the usual case), else an index copied from pinned memory without blocking."""
+        if rows == list(range(rows[0], rows[-1] + 1)):
+            return slice(rows[0], rows[-1] + 1)
+        index = torch.tensor(rows)
+        if self.device.type == "cuda":
+            return index.pin_memory().to(self.device, non_blocking=True)
+        return index.to(self.device)
 
     def _finish(self, finished: list[_InFlight]) -> list[SampleResult]:
         x0 = torch.stack([s.x for s in finished])
