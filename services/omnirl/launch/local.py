@@ -56,6 +56,8 @@ def role_env(job: RLJob, role: str, index: int, *, redis_url: str, sync_port: in
         "OMNIRL_WEIGHT_SYNC_ADDR": f"127.0.0.1:{sync_port}", "OMNIRL_WORKER_ID": f"{role}-{index}",
         "OMNIRL_OUT": str(out), "OMNIRL_THREADS": str(threads), "OMNIRL_RESUME": "1" if resume else "0",
         "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+        # c10d logs a C++ stack trace as a *warning* when a peer's store closes at shutdown
+        "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
     }
     if steps is not None:
         env["OMNIRL_STEPS"] = str(steps)
