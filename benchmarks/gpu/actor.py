@@ -66,7 +66,8 @@ def measure_update(adapter, samples: list[TrainSample], *, lora: bool, mode: str
             out["compile_warmup_seconds"], out["compile_graphs"] = warm, compiled_graphs() - graphs
         else:
             update(samples)
-        torch.cuda.reset_peak_memory_stats(device) if device.type == "cuda" else None
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
         graphs = compiled_graphs()
         _, seconds = timed(lambda: [update(samples) for _ in range(repeats)], device)
         seconds /= repeats

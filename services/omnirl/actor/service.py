@@ -123,7 +123,7 @@ class ActorService:
         ckpt = None
         if req.checkpoint:
             state = {"step": req.step, "policy_version": self.version, **req.controller_state}
-            path = self.trainer.save(self.ckpt_root, req.step, state)
+            path = self.trainer.save(self.ckpt_root, req.step, state, policy=self._rollout)  # gathered above
             ckpt = None if path is None else str(path)
         if self.sender is None:  # a follower: the leader reports, syncs and cleans up
             return

@@ -82,17 +82,20 @@ class Trainer:
         on ranks that only join the gather)."""
         return self.policies.rollout_tensors(keep)
 
-    def save(self, root: str | Path, step: int, state: dict) -> Path | None:
+    def save(self, root: str | Path, step: int, state: dict,
+             policy: dict[str, torch.Tensor] | None = None) -> Path | None:
         """Checkpoint under `root`; `state` (JSON) gets the optimizer step count and RNG seed added.
 
         With several ranks every rank calls it (sharded tensors are gathered, a collective) and
-        only the leader writes; the others return None.
+        only the leader writes; the others return None. `policy`: the rollout tensors when the
+        caller already gathered them (every rank must then pass it, so none gathers again).
         """
         state = {**state, "optimizer_steps": self.optimizer_steps, "lora": self.policies.lora,
                  "torch_rng_seed": int(torch.initial_seed()), "actor_ranks": self.ranks.world}
         keep = self.ranks.leader  # the others only join the gathers
         old = self.ranks.full(self.policies.named_tensors("old"), keep) if self.policies.has_old else None
-        policy, trained = self.rollout_tensors(keep), self.policies.trained_tensors(keep)
+        policy = self.rollout_tensors(keep) if policy is None else policy
+        trained = self.policies.trained_tensors(keep)
         opt_tensors, opt_meta = optimizer_to_flat(self.optimizer)
         opt_tensors = self.ranks.full(opt_tensors, keep)
         if not self.ranks.leader:
