@@ -24,6 +24,7 @@ def main() -> int:
     benches = list(BENCHES)
     if torch.cuda.is_available():
         benches.insert(0, ["benchmarks.gpu.run", "--sections", "rollout,compile,actor,e2e,sync"])
+        benches.insert(1, ["benchmarks.gpu.service", "--configs", "omnirl,baseline,omnirl-2gpu"])
     for bench in benches:
         print(f"\n=== {' '.join(bench)}", flush=True)
         rc = subprocess.call([sys.executable, "-m", *bench])

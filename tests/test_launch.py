@@ -1,22 +1,94 @@
-"""Local launcher planning (pure parts)."""
+"""Local launcher planning (pure parts): placement on accelerators, threads, the role environment."""
 
 from __future__ import annotations
 
+import pytest
+
 from omnirl.api.loader import load_rljob
-from omnirl.launch.local import role_env, role_plan, role_threads
+from omnirl.api.runtime import sync_backend
+from omnirl.launch.local import role_env
+from omnirl.launch.placement import cpu_role_threads, place, role_plan, weight_sync_backend
+from omnirl.launch.roles import resolve_device
+
+
+def _gpu_job(tmp_path, rollout=1, actor=1, reward_type="cpu"):
+    """examples/ocr-nft.yaml with rollout and actor on NVIDIA GPUs."""
+    import yaml
+
+    doc = yaml.safe_load(open("examples/ocr-nft.yaml"))
+    roles = doc["spec"].setdefault("roles", {})
+    roles["rollout"] = {"replicas": rollout, "accelerator": {"type": "nvidia", "count": 1}}
+    roles["actor"] = {"replicas": actor, "accelerator": {"type": "nvidia", "count": 1}}
+    roles["reward"] = {"replicas": 2, "accelerator": {"type": reward_type}}
+    doc["spec"]["data"] = {k: str((__import__("pathlib").Path("examples") / v).resolve())
+                           for k, v in doc["spec"]["data"].items()}
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_rljob(path)
 
 
 def test_threads_split_the_cores_only_when_rollout_and_training_overlap():
-    assert role_threads("rollout", "async-reward", 2) == 2 and role_threads("actor", "sync", 8) == 8
-    assert role_threads("rollout", "fully-async", 2) == 1 and role_threads("actor", "fully-async", 8) == 4
-    assert role_threads("reward", "fully-async", 8) == 1 and role_threads("controller", "sync", 1) == 1
+    assert cpu_role_threads("rollout", "async-reward", 2) == 2 and cpu_role_threads("actor", "sync", 8) == 8
+    assert cpu_role_threads("rollout", "fully-async", 2) == 1 and cpu_role_threads("actor", "fully-async", 8) == 4
+    assert cpu_role_threads("reward", "fully-async", 8) == 1 and cpu_role_threads("controller", "sync", 1) == 1
 
 
 def test_every_role_gets_the_process_contract(tmp_path):
     job = load_rljob("examples/ocr-nft.yaml")
     plan = role_plan(job)
     assert plan[-1] == ("controller", 0) and ("actor", 0) in plan and len(plan) == 4
-    env = role_env(job, "rollout", 0, redis_url="redis://127.0.0.1:1/0", sync_port=29500, out=tmp_path,
-                   resume=False, steps=3)
+    placements = place(job, cores=2)
+    assert [p.device for p in placements] == ["cpu"] * 4 and [p.threads for p in placements] == [2, 1, 2, 1]
+    env = role_env(job, placements[0], redis_url="redis://127.0.0.1:1/0", sync_port=29500, out=tmp_path,
+                   resume=False, steps=3, sync_backend=weight_sync_backend(placements))
     assert env["OMNIRL_JOB_NAME"] == "ocr-nft" and env["OMNIRL_WEIGHT_SYNC_ADDR"] == "127.0.0.1:29500"
     assert env["OMNIRL_WORKER_ID"] == "rollout-0" and env["OMNIRL_STEPS"] == "3" and env["OMNIRL_RESUME"] == "0"
+    assert env["OMNIRL_DEVICE"] == "cpu" and env["OMNIRL_THREADS"] == "2" and env["OMNIRL_WEIGHT_SYNC_BACKEND"] == "gloo"
+    assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_gpu_roles_get_a_device_each_and_the_scorers_get_the_spare_cores(tmp_path):
+    job = _gpu_job(tmp_path, rollout=2, actor=2)
+    by_name = {p.name: p for p in place(job, cores=16, available={"nvidia": ["0", "1", "2", "3"]})}
+    # actor ranks first, then the rollout workers; each sees one GPU as cuda:0
+    assert by_name["actor-0"].visible == ("0",) and by_name["actor-1"].visible == ("1",)
+    assert by_name["rollout-0"].visible == ("2",) and by_name["rollout-1"].visible == ("3",)
+    assert by_name["rollout-0"].device == "cuda:0" and by_name["rollout-0"].environ()["CUDA_VISIBLE_DEVICES"] == "2"
+    # 16 cores - 4 GPU processes × 2 - controller 1 = 7, split over 2 reward workers
+    assert by_name["reward-0"].threads == 3 and by_name["controller-0"].threads == 1
+    assert weight_sync_backend(list(by_name.values())) == ""  # NCCL across GPUs
+
+
+def test_more_gpus_than_the_machine_has_is_refused_with_the_numbers(tmp_path):
+    job = _gpu_job(tmp_path)
+    with pytest.raises(ValueError, match=r"asks for 2 NVIDIA GPUs \(rollout 1×1, actor 1×1\); this machine has 1: "
+                                         r"pass --share-gpus"):
+        place(job, available={"nvidia": ["0"]})
+    with pytest.raises(ValueError, match="this machine has none: run it with --device cpu"):
+        place(job, available={"nvidia": []})
+
+
+def test_shared_gpu_falls_back_to_gloo_and_cpu_override(tmp_path):
+    job = _gpu_job(tmp_path)
+    shared = place(job, share=True, cores=4, available={"nvidia": ["3"]})
+    assert {p.name: p.visible for p in shared if p.kind == "nvidia"} == {"actor-0": ("3",), "rollout-0": ("3",)}
+    assert weight_sync_backend(shared) == "gloo"
+    on_cpu = place(job, device="cpu", cores=2, available={"nvidia": []})
+    assert {p.device for p in on_cpu} == {"cpu"} and weight_sync_backend(on_cpu) == "gloo"
+    with pytest.raises(ValueError, match=r"roles.actor: 2 ranks × 1 NVIDIA GPUs need a device each"):
+        place(_gpu_job(tmp_path, actor=2), share=True, available={"nvidia": ["0"]})
+
+
+def test_sync_backend_by_where_the_members_are():
+    assert sync_backend("nvidia", ["nvidia", "nvidia"]) == ""
+    assert sync_backend("nvidia", ["nvidia"], shared_device=True) == "gloo"
+    assert sync_backend("nvidia", ["cpu"]) == "gloo" and sync_backend("cpu", ["nvidia"]) == "gloo"
+    assert sync_backend("ascend", ["ascend"]) == ""
+
+
+def test_role_device_gets_an_index():
+    assert resolve_device("cuda", {}) == "cuda:0" and resolve_device("cuda", {"LOCAL_RANK": "3"}) == "cuda:3"
+    assert resolve_device("cuda:1", {"LOCAL_RANK": "3"}) == "cuda:1" and resolve_device("cpu", {}) == "cpu"
+    assert resolve_device("npu", {}) == "npu:0"
+    with pytest.raises(ValueError, match="OMNIRL_DEVICE='tpu': expected cpu, cuda"):
+        resolve_device("tpu", {})

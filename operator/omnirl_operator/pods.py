@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from omnirl.api.runtime import sync_backend
 from omnirl.api.spec import RLJob, RoleSpec
 from omnirl_operator.meta import ANNOTATION_SPEC_HASH, child_labels, child_name, deep_merge, selector_labels
 from omnirl_operator.settings import OperatorSettings
@@ -98,6 +99,10 @@ def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str
         {"name": "OMNIRL_DEVICE", "value": TORCH_DEVICE[role_spec(job, role).accelerator.type]},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
+    roles = job.spec.roles
+    backend = sync_backend(roles.actor.accelerator.type, [roles.rollout.accelerator.type])
+    if backend:  # each pod has devices of its own: only a CPU/GPU mix needs gloo
+        env.append({"name": "OMNIRL_WEIGHT_SYNC_BACKEND", "value": backend})
     secret = job.spec.transferQueue.passwordSecret or settings.default_redis_password_secret
     if secret:
         env.append(

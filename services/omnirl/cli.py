@@ -90,6 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--resume", action="store_true", help="resume from OUT/checkpoints/latest")
     s.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local one)")
     s.add_argument("--no-ray", action="store_true", help="place roles as plain subprocesses")
+    s.add_argument("--device", choices=["auto", "cpu"], default="auto",
+                   help="auto: roles on the accelerators their manifest asks for; cpu: every role on the CPU")
+    s.add_argument("--share-gpus", action="store_true",
+                   help="let roles share accelerators when the manifest asks for more than this machine has")
     s.set_defaults(fn=_cmd_run)
 
     s = sub.add_parser("role", help="run one role of a job (the container entrypoint)")

@@ -50,9 +50,6 @@ class ActorService:
             tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
         )
         self.device = torch.device(env.device)
-        if env.world_size > 1 and self.device.type == "cuda" and self.device.index is None \
-                and torch.cuda.device_count() > 1:  # several ranks on one host: one GPU each
-            self.device = torch.device("cuda", env.rank % torch.cuda.device_count())
         self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device))
         adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
                                **adapter_options(spec))
@@ -65,8 +62,11 @@ class ActorService:
             self.version = int(state["policy_version"])
             log.info("resumed from %s at policy_version %d", self.ckpt_root / LATEST, self.version)
         leader = self.ranks.leader
-        self.sender = WeightSender(env.weight_sync_host, env.weight_sync_port, device=str(self.device)) \
+        self.sender = WeightSender(env.weight_sync_host, env.weight_sync_port, device=str(self.device),
+                                   backend=env.weight_sync_backend or None) \
             if leader else None
+        if self.sender is not None:
+            log.info("actor rank 0 on %s: weight sync over %s", self.device, self.sender.backend)
         self._rollout: dict[str, torch.Tensor] = {}  # the leader's gathered rollout tensors
         self._ledger = None
         if leader:

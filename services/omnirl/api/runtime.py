@@ -24,7 +24,11 @@ class RoleEnv:
         health_port: gRPC health port (0 = none).
         report_status: "kubernetes" to patch the RLJob's status, "" otherwise.
         namespace: the RLJob's namespace (Kubernetes).
-        device: torch device of this role ("cpu", "cuda", "npu").
+        device: torch device of this role: "cpu", "cuda" / "npu" (the process's first visible
+            device, or LOCAL_RANK's when set; see `omnirl.launch.roles.resolve_device`) or an
+            indexed one ("cuda:1").
+        weight_sync_backend: the actor's broadcast transport ("gloo", "nccl", "hccl"), or ""
+            to choose by device (see `sync_backend`).
         threads: torch intra-op threads (0 = torch's default).
         rank, world_size, master_addr, master_port: the actor ranks' rendezvous (RANK,
             WORLD_SIZE, MASTER_ADDR, MASTER_PORT; one rank when unset).
@@ -41,6 +45,7 @@ class RoleEnv:
     report_status: str = ""
     namespace: str = "default"
     device: str = "cpu"
+    weight_sync_backend: str = ""
     threads: int = 0
     rank: int = 0
     world_size: int = 1
@@ -78,9 +83,26 @@ class RoleEnv:
             report_status=env.get("OMNIRL_REPORT_STATUS", ""),
             namespace=env.get("OMNIRL_NAMESPACE", "default"),
             device=env.get("OMNIRL_DEVICE", "cpu"),
+            weight_sync_backend=env.get("OMNIRL_WEIGHT_SYNC_BACKEND", ""),
             threads=int(env.get("OMNIRL_THREADS", "0")),
             rank=int(env.get("RANK", "0")),
             world_size=int(env.get("WORLD_SIZE", "1")),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", "29400")),
         )
+
+
+def sync_backend(actor: str, rollouts: list[str], shared_device: bool = False) -> str:
+    """`OMNIRL_WEIGHT_SYNC_BACKEND` for a job: ``"gloo"`` when the actor runs on the CPU, when a
+    rollout worker runs on another kind of device than the actor, or when actor rank 0 shares its
+    device with a rollout worker (NCCL refuses two ranks on one GPU); else ``""`` — the actor then
+    picks NCCL (nvidia) or HCCL (ascend).
+
+    Args:
+        actor: the actor's accelerator type (``"cpu"``, ``"nvidia"``, ``"ascend"``).
+        rollouts: each rollout worker's accelerator type.
+        shared_device: actor rank 0 and some rollout worker use the same physical device.
+    """
+    if actor == "cpu" or shared_device or any(r != actor for r in rollouts):
+        return "gloo"
+    return ""

@@ -24,52 +24,40 @@ import yaml
 
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.spec import RLJob
+from omnirl.launch.placement import Placement, describe, place, weight_sync_backend
 from omnirl.launch.procs import RoleProcess, start_role
 from omnirl.launch.progress import Progress, validation_table
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
 
 
-def role_threads(role: str, mode: str, cores: int) -> int:
-    """torch threads of a local role. In `sync`/`async-reward` the rollout and the actor take turns,
-    so each may use every core; in `fully-async` they run at once and split the cores (threads
-    beyond the cores spin against each other: 4× slower steps measured on 2 cores)."""
-    if role in ("reward", "controller"):
-        return 1
-    return max(1, cores // 2) if mode == "fully-async" else max(1, cores)
-
-
-def role_plan(job: RLJob) -> list[tuple[str, int]]:
-    """(role, replica index) for every process of the job, controller last."""
-    r = job.spec.roles
-    plan = [("rollout", i) for i in range(r.rollout.replicas)]
-    plan += [("reward", i) for i in range(r.reward.replicas)]
-    return plan + [("actor", i) for i in range(r.actor.replicas)] + [("controller", 0)]
-
-
-def role_env(job: RLJob, role: str, index: int, *, redis_url: str, sync_port: int, out: Path,
-             resume: bool, steps: int | None, dist_port: int = 0) -> dict[str, str]:
-    """The OMNIRL_* environment of one local role process (the same contract pods get)."""
-    threads = role_threads(role, job.spec.pipeline.mode, os.cpu_count() or 1)
+def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, out: Path, resume: bool,
+             steps: int | None, dist_port: int = 0, sync_backend: str = "") -> dict[str, str]:
+    """The OMNIRL_* environment of one local role process (the same contract pods get), with its
+    device, visible accelerators and threads from `place`."""
     env = {
         "OMNIRL_JOB_NAME": job.metadata.name, "OMNIRL_REDIS_URL": redis_url,
-        "OMNIRL_WEIGHT_SYNC_ADDR": f"127.0.0.1:{sync_port}", "OMNIRL_WORKER_ID": f"{role}-{index}",
-        "OMNIRL_OUT": str(out), "OMNIRL_THREADS": str(threads), "OMNIRL_RESUME": "1" if resume else "0",
-        "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+        "OMNIRL_WEIGHT_SYNC_ADDR": f"127.0.0.1:{sync_port}", "OMNIRL_WORKER_ID": place.name,
+        "OMNIRL_OUT": str(out), "OMNIRL_RESUME": "1" if resume else "0", "PYTHONUNBUFFERED": "1",
         # c10d logs a C++ stack trace as a *warning* when a peer's store closes at shutdown
         "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
+        **place.environ(),
     }
+    if sync_backend:
+        env["OMNIRL_WEIGHT_SYNC_BACKEND"] = sync_backend
     if steps is not None:
         env["OMNIRL_STEPS"] = str(steps)
     world = job.spec.roles.actor.replicas
-    if role == "actor" and world > 1:  # the actor ranks' rendezvous, as the operator gives pods
-        env.update(RANK=str(index), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(dist_port))
+    if place.role == "actor" and world > 1:  # the actor ranks' rendezvous, as the operator gives pods
+        env.update(RANK=str(place.index), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(dist_port))
     return env
 
 
 def main(args: argparse.Namespace) -> int:
     """Run a job locally; returns the exit code (0 = finished)."""
     job = load_rljob(args.job)
+    placements = place(job, device=getattr(args, "device", "auto"), share=getattr(args, "share_gpus", False))
+    backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
     if not args.resume and (out / "metrics.jsonl").exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
@@ -97,11 +85,12 @@ def main(args: argparse.Namespace) -> int:
         ray_ctx = init_ray(args.ray_address)
     print(f"omnirl: job {job.metadata.name} → {out} (redis {redis_url}, {'ray' if ray_ctx else 'subprocesses'})",
           flush=True)
+    print(describe(placements, backend), flush=True)
     try:
-        for role, index in role_plan(job):
-            env = role_env(job, role, index, redis_url=redis_url, sync_port=sync_port, out=out,
-                           resume=args.resume, steps=args.steps, dist_port=dist_port)
-            procs.append(start_role(role, index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None))
+        for p in placements:
+            env = role_env(job, p, redis_url=redis_url, sync_port=sync_port, out=out, resume=args.resume,
+                           steps=args.steps, dist_port=dist_port, sync_backend=backend)
+            procs.append(start_role(p.role, p.index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None))
         code = _supervise(procs, queue, out, job, args.steps or job.spec.algorithm.steps)
     except KeyboardInterrupt:
         print("omnirl: interrupted — stopping every role", flush=True)

@@ -19,15 +19,50 @@ from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import RoleEnv
 
 
-def _setup(env: RoleEnv, role: str) -> None:
+def resolve_device(device: str, environ: dict[str, str] | None = None) -> str:
+    """The indexed torch device of a role process: ``"cuda"`` → ``"cuda:N"``.
+
+    N is ``LOCAL_RANK`` when set (torchrun and several ranks sharing one host's devices), else 0:
+    the process's first visible device — in a pod the device plugin exposes only the pod's own
+    devices, and `omnirl run` sets ``CUDA_VISIBLE_DEVICES`` per process. ``"cpu"`` and indexed
+    devices are returned unchanged. NCCL/HCCL need the index (``torch.cuda.set_device("cuda")``
+    raises "Expected a torch.device with a specified index").
+
+    Raises:
+        ValueError: an unknown device type (names the variable and the allowed values).
+    """
+    env = os.environ if environ is None else environ
+    kind, _, index = device.partition(":")
+    if kind not in ("cpu", "cuda", "npu"):
+        raise ValueError(f"OMNIRL_DEVICE={device!r}: expected cpu, cuda[:N] or npu[:N]")
+    if kind == "cpu" or index:
+        return device
+    local = env.get("LOCAL_RANK", "0")
+    if not local.isdigit():
+        raise ValueError(f"LOCAL_RANK={local!r} must be a non-negative integer")
+    return f"{kind}:{int(local)}"
+
+
+def _setup(env: RoleEnv, role: str) -> RoleEnv:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"%(asctime)s {role} %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     import torch
 
-    if env.device.split(":")[0] == "npu":
+    env = dataclasses.replace(env, device=resolve_device(env.device))
+    kind, _, index = env.device.partition(":")
+    if kind == "npu":
         import torch_npu  # noqa: F401 - registers the npu device (Ascend images ship it)
+
+        torch.npu.set_device(env.device)
+    elif kind == "cuda":
+        if int(index) >= torch.cuda.device_count():
+            raise ValueError(f"OMNIRL_DEVICE={env.device}: this process sees {torch.cuda.device_count()} CUDA "
+                             f"device(s) (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})")
+        torch.cuda.set_device(env.device)  # NCCL, compile and default allocations use it
     if env.threads:
         torch.set_num_threads(env.threads)
+    logging.getLogger("omnirl").info("%s on %s, %d threads", role, env.device, torch.get_num_threads())
+    return env
 
 
 def with_redis_password(url: str, password: str | None) -> str:
@@ -48,7 +83,7 @@ def run_role(role: str, job_path: str, *, resume: bool = False, steps: int | Non
     job = load_rljob(job_path)
     env = RoleEnv.from_environ()
     env = dataclasses.replace(env, redis_url=with_redis_password(env.redis_url, os.environ.get("REDIS_PASSWORD")))
-    _setup(env, role)
+    env = _setup(env, role)
     health = None
     if env.health_port:
         from omnirl.telemetry.health import HealthServer

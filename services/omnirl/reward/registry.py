@@ -6,8 +6,13 @@ from omnirl.api.spec import RewardSpec
 from omnirl.reward.base import Scorer
 
 
-def build_scorer(spec: RewardSpec) -> Scorer:
+def build_scorer(spec: RewardSpec, threads: int = 1) -> Scorer:
     """Construct the scorer a `RewardSpec` names.
+
+    Args:
+        spec: the reward entry.
+        threads: CPU threads of the reward process (`OMNIRL_THREADS`): the default of CPU scorers'
+            own `threads` parameter, so a scorer on a GPU machine uses the cores it was given.
 
     Raises:
         ValueError: an unknown parameter for the scorer kind, or a kind this build does not ship.
@@ -17,7 +22,7 @@ def build_scorer(spec: RewardSpec) -> Scorer:
         from omnirl.reward.ocr import OCRScorer
 
         _only(spec, params, {"alphabet", "threads", "batch_size"})
-        return OCRScorer(alphabet=str(params.get("alphabet", "0123456789")), threads=int(params.get("threads", 1)),
+        return OCRScorer(alphabet=str(params.get("alphabet", "0123456789")), threads=int(params.get("threads", threads)),
                          batch_size=int(params.get("batch_size", 64)))
     if spec.kind == "jpeg":
         from omnirl.reward.jpeg import JPEGCompressibilityScorer

@@ -67,7 +67,7 @@ class RewardService:
             env.redis_url, env.job_name, max_stream_length=spec.transferQueue.maxStreamLength,
             tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
         )
-        self.scorers: dict[str, Scorer] = {r.name: build_scorer(r) for r in self.specs}
+        self.scorers: dict[str, Scorer] = {r.name: build_scorer(r, threads=env.threads or 1) for r in self.specs}
         path = Path(env.out_dir) / "ledger" / f"reward-{env.worker_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._ledger = path.open("a", buffering=1)

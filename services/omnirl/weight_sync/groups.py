@@ -107,14 +107,19 @@ def new_group(store: dist.Store, prefix: str, rank: int, size: int, backend: str
         opts._devices = [device_]
         return dist.ProcessGroupGloo(pstore, rank, size, opts)
     if backend == "nccl":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(_indexed(device, torch.cuda.current_device))
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
         return dist.ProcessGroupNCCL(pstore, rank, size, opts)
     import torch_npu  # noqa: F401  (registers torch.distributed.ProcessGroupHCCL and the npu device)
 
-    torch.npu.set_device(device)
+    torch.npu.set_device(_indexed(device, torch.npu.current_device))
     return dist.ProcessGroupHCCL(pstore, rank, size, timeout)
+
+
+def _indexed(device: torch.device, current) -> torch.device:
+    """`device` with an index (``cuda`` → the current ``cuda:N``): set_device needs one."""
+    return device if device.index is not None else torch.device(device.type, current())
 
 
 def broadcast_bucket(group: dist.ProcessGroup, flat: torch.Tensor, timeout_s: float) -> None:
