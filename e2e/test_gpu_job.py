@@ -2,7 +2,8 @@
 
 `omnirl run` places rollout and actor on GPUs as the manifest asks (`accelerator: nvidia`), with
 a real redis-server, the real weight broadcast and real scorers on the CPU:
-- one GPU (`--share-gpus`): rollout and actor share it, the broadcast goes over gloo;
+- one GPU (`--share-gpus`): rollout and actor share it, the broadcast goes through CUDA IPC
+  handles (`cuda-ipc`, device to device);
 - two GPUs: actor on one, rollout on the other, the broadcast goes over NCCL.
 For the built-in model (OCR reward) and for a diffusers SD3 pipeline built from a tiny random
 configuration and saved locally (JPEG reward). Marked `gpu`: CI (no GPU) skips them.
@@ -70,7 +71,7 @@ def check_job(out: Path, proc, steps: int, backend: str, gpus: dict[str, str]) -
 def test_job_on_one_shared_gpu(tmp_path, redis_url, family):
     out = tmp_path / "out"
     proc = run(gpu_job(tmp_path, f"gpu1-{family}", redis_url, family), out, "--share-gpus", timeout=900)
-    check_job(out, proc, 2, "gloo", {"actor-0": "0", "rollout-0": "0"})
+    check_job(out, proc, 2, "cuda-ipc", {"actor-0": "0", "rollout-0": "0"})
 
 
 @two_gpus

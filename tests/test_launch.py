@@ -68,11 +68,15 @@ def test_more_gpus_than_the_machine_has_is_refused_with_the_numbers(tmp_path):
         place(job, available={"nvidia": []})
 
 
-def test_shared_gpu_falls_back_to_gloo_and_cpu_override(tmp_path):
+def test_shared_gpu_syncs_over_cuda_ipc_and_cpu_override(tmp_path):
     job = _gpu_job(tmp_path)
     shared = place(job, share=True, cores=4, available={"nvidia": ["3"]})
     assert {p.name: p.visible for p in shared if p.kind == "nvidia"} == {"actor-0": ("3",), "rollout-0": ("3",)}
-    assert weight_sync_backend(shared) == "gloo"
+    assert weight_sync_backend(shared) == "cuda-ipc"
+    # 2 GPUs for actor + 2 rollouts: rollout-1 wraps onto the actor's GPU, rollout-0 has its own → gloo
+    partly = place(_gpu_job(tmp_path, rollout=2), share=True, cores=4, available={"nvidia": ["0", "1"]})
+    assert [p.visible for p in partly if p.kind == "nvidia"] == [("1",), ("0",), ("0",)]
+    assert weight_sync_backend(partly) == "gloo"
     on_cpu = place(job, device="cpu", cores=2, available={"nvidia": []})
     assert {p.device for p in on_cpu} == {"cpu"} and weight_sync_backend(on_cpu) == "gloo"
     with pytest.raises(ValueError, match=r"roles.actor: 2 ranks × 1 NVIDIA GPUs need a device each"):
@@ -82,6 +86,8 @@ def test_shared_gpu_falls_back_to_gloo_and_cpu_override(tmp_path):
 def test_sync_backend_by_where_the_members_are():
     assert sync_backend("nvidia", ["nvidia", "nvidia"]) == ""
     assert sync_backend("nvidia", ["nvidia"], shared_device=True) == "gloo"
+    assert sync_backend("nvidia", ["nvidia"], shared_device=True, all_shared=True) == "cuda-ipc"
+    assert sync_backend("ascend", ["ascend"], shared_device=True, all_shared=True) == "gloo"
     assert sync_backend("nvidia", ["cpu"]) == "gloo" and sync_backend("cpu", ["nvidia"]) == "gloo"
     assert sync_backend("ascend", ["ascend"]) == ""
 

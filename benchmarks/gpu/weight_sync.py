@@ -21,8 +21,9 @@ syncs. Before every sync the actor negates its tensors in place, so each version
 values and a receiver that missed one would not match.
 
 Placement: on one GPU the two processes share it, and NCCL refuses two ranks on one device, so
-the backend is gloo (buckets staged in host memory, receiver on the same GPU); with ≥ 2 GPUs it is
-nccl with the receiver on the next GPU. On CPU it is gloo; the child runs with one torch thread.
+the backend is cuda-ipc (device-to-device through CUDA IPC handles, what `omnirl run --share-gpus`
+uses) or, with ``--backend gloo``, gloo (buckets staged in host memory); with ≥ 2 GPUs it is nccl
+with the receiver on the next GPU. On CPU it is gloo; the child runs with one torch thread.
 MB here are 10^6 bytes. A failing receiver raises `RolloutChildError` carrying the child's
 traceback; every wait is bounded by ``timeout_s``.
 """
@@ -73,7 +74,7 @@ class Placement:
 
 
 def plan_placement(device: str, backend: str | None = None) -> Placement:
-    """Choose backend and devices: cpu → gloo; one GPU → gloo on that GPU; ≥ 2 GPUs → nccl, receiver on the next GPU.
+    """Choose backend and devices: cpu → gloo; one GPU → cuda-ipc on that GPU; ≥ 2 GPUs → nccl, receiver on the next GPU.
 
     Raises:
         ValueError: a device that is neither cpu nor cuda, cuda without a GPU, a backend other than
@@ -81,11 +82,11 @@ def plan_placement(device: str, backend: str | None = None) -> Placement:
             ``backend='gloo'`` or None).
     """
     dev = torch.device(device)
-    if backend not in (None, "gloo", "nccl"):
-        raise ValueError(f"backend={backend!r}: expected 'gloo', 'nccl' or None (chosen by the device)")
+    if backend not in (None, "gloo", "nccl", "cuda-ipc"):
+        raise ValueError(f"backend={backend!r}: expected 'gloo', 'nccl', 'cuda-ipc' or None (chosen by the device)")
     if dev.type == "cpu":
-        if backend == "nccl":
-            raise ValueError("backend='nccl' needs device='cuda'; on CPU use backend='gloo' or None")
+        if backend in ("nccl", "cuda-ipc"):
+            raise ValueError(f"backend={backend!r} needs device='cuda'; on CPU use backend='gloo' or None")
         return Placement("gloo", "cpu", "cpu")
     if dev.type != "cuda":
         raise ValueError(f"device={device!r}: expected 'cpu' or 'cuda[:i]'")
@@ -93,7 +94,7 @@ def plan_placement(device: str, backend: str | None = None) -> Placement:
     if count == 0:
         raise ValueError(f"device={device!r} but torch sees no CUDA GPU; pass device='cpu'")
     index = dev.index or 0
-    chosen = backend or ("nccl" if count >= 2 else "gloo")
+    chosen = backend or ("nccl" if count >= 2 else "cuda-ipc")
     if chosen == "nccl" and count < 2:
         raise ValueError("backend='nccl' needs 2 GPUs (NCCL refuses two ranks on one GPU); pass backend='gloo' or None")
     rollout = f"cuda:{(index + 1) % count}" if chosen == "nccl" else f"cuda:{index}"
@@ -316,7 +317,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="the TINY config (CPU-sized) instead of SD3.5-Medium")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], default=None)
+    parser.add_argument("--backend", choices=["gloo", "nccl", "cuda-ipc"], default=None)
     parser.add_argument("--lora-rank", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--bucket-mb", type=float, default=64.0)

@@ -92,17 +92,23 @@ class RoleEnv:
         )
 
 
-def sync_backend(actor: str, rollouts: list[str], shared_device: bool = False) -> str:
-    """`OMNIRL_WEIGHT_SYNC_BACKEND` for a job: ``"gloo"`` when the actor runs on the CPU, when a
-    rollout worker runs on another kind of device than the actor, or when actor rank 0 shares its
-    device with a rollout worker (NCCL refuses two ranks on one GPU); else ``""`` — the actor then
-    picks NCCL (nvidia) or HCCL (ascend).
+def sync_backend(actor: str, rollouts: list[str], shared_device: bool = False, all_shared: bool = False) -> str:
+    """`OMNIRL_WEIGHT_SYNC_BACKEND` for a job.
+
+    - ``"cuda-ipc"``: actor rank 0 and every rollout worker share one NVIDIA GPU (device-to-device
+      copies through CUDA IPC handles; NCCL refuses two ranks on one GPU);
+    - ``"gloo"`` (through host memory): the actor runs on the CPU, a rollout worker runs on another
+      kind of device, or only some rollout workers share the actor's device;
+    - ``""`` otherwise: the actor picks NCCL (nvidia) or HCCL (ascend) by its device.
 
     Args:
         actor: the actor's accelerator type (``"cpu"``, ``"nvidia"``, ``"ascend"``).
         rollouts: each rollout worker's accelerator type.
         shared_device: actor rank 0 and some rollout worker use the same physical device.
+        all_shared: every rollout worker uses actor rank 0's device.
     """
-    if actor == "cpu" or shared_device or any(r != actor for r in rollouts):
+    if actor == "cpu" or any(r != actor for r in rollouts):
         return "gloo"
-    return ""
+    if all_shared and actor == "nvidia":
+        return "cuda-ipc"
+    return "gloo" if shared_device else ""

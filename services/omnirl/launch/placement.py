@@ -8,7 +8,8 @@ user asks to share (`--share-gpus`: processes take the devices round-robin, acto
 that every rank still has a device of its own) or to run on the CPU (`--device cpu`).
 
 When rank 0 of the actor and a rollout worker share a device, NCCL/HCCL cannot connect them
-("Duplicate GPU detected"), so the weight broadcast uses gloo through host memory for that job.
+("Duplicate GPU detected"): when every rollout worker shares the actor's GPU the broadcast uses
+CUDA IPC handles (device-to-device), otherwise gloo through host memory.
 """
 
 from __future__ import annotations
@@ -180,8 +181,8 @@ def weight_sync_backend(placements: list[Placement]) -> str:
     """`omnirl.api.runtime.sync_backend` for this placement (a shared device forces gloo)."""
     actor = next(p for p in placements if p.role == "actor" and p.index == 0)
     rollouts = [p for p in placements if p.role == "rollout"]
-    shared = any(p.kind == actor.kind != "cpu" and p.visible[:1] == actor.visible[:1] for p in rollouts)
-    return sync_backend(actor.kind, [p.kind for p in rollouts], shared)
+    same = [p.kind == actor.kind != "cpu" and p.visible[:1] == actor.visible[:1] for p in rollouts]
+    return sync_backend(actor.kind, [p.kind for p in rollouts], any(same), all(same))
 
 
 def describe(placements: list[Placement], backend: str) -> str:

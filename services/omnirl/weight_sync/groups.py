@@ -12,6 +12,7 @@ fixed world. So a group is constructed directly from a `PrefixStore(f"sync/{gid}
   ``ProcessGroupNCCL.Options()._timeout``; the current CUDA device must be set first.
 - hccl: ``torch.distributed.ProcessGroupHCCL(store, rank, size, timeout)``, registered into
   ``torch.distributed`` by ``import torch_npu`` (Ascend's documented constructor).
+- cuda-ipc: `omnirl.weight_sync.ipc.IpcGroup` (same interface): actor and receivers on one GPU.
 
 Only gloo is exercised by the tests here (CPU machine).
 """
@@ -26,7 +27,9 @@ import socket
 import torch
 import torch.distributed as dist
 
-BACKENDS = ("gloo", "nccl", "hccl")
+from omnirl.weight_sync.ipc import IpcGroup
+
+BACKENDS = ("gloo", "nccl", "hccl", "cuda-ipc")
 IFNAME_ENV = "OMNIRL_WEIGHT_SYNC_IFNAME"  # optional: network interface gloo binds to (e.g. eth0)
 
 
@@ -34,8 +37,8 @@ def resolve_backend(backend: str | None, device: str | torch.device) -> tuple[st
     """Choose the collective backend and the device the buckets travel on.
 
     Args:
-        backend: ``"gloo"``, ``"nccl"``, ``"hccl"`` or None (by device: cpu → gloo, cuda → nccl,
-            npu → hccl).
+        backend: ``"gloo"``, ``"nccl"``, ``"hccl"``, ``"cuda-ipc"`` (every member on one shared
+            GPU, `omnirl.weight_sync.ipc`) or None (by device: cpu → gloo, cuda → nccl, npu → hccl).
         device: the caller's device (``"cpu"``, ``"cuda:0"``, ``"npu:0"``).
 
     Returns:
@@ -53,7 +56,7 @@ def resolve_backend(backend: str | None, device: str | torch.device) -> tuple[st
             raise ValueError(f"weight sync: no default backend for device {dev}; pass backend='gloo'")
     if backend not in BACKENDS:
         raise ValueError(f"weight sync backend={backend!r}: expected one of {BACKENDS}")
-    need = {"nccl": "cuda", "hccl": "npu"}.get(backend)
+    need = {"nccl": "cuda", "hccl": "npu", "cuda-ipc": "cuda"}.get(backend)
     if need is not None and dev.type != need:
         raise ValueError(f"weight sync backend={backend!r} needs a device of type {need!r}, got device={dev}")
     return backend, (torch.device("cpu") if backend == "gloo" else dev)
@@ -90,7 +93,7 @@ def gloo_hostname(peer_host: str, is_sender: bool) -> str:
 
 
 def new_group(store: dist.Store, prefix: str, rank: int, size: int, backend: str, device: torch.device,
-              timeout_s: float, peer_host: str) -> dist.ProcessGroup:
+              timeout_s: float, peer_host: str) -> dist.ProcessGroup | IpcGroup:
     """Construct one group from `PrefixStore(prefix, store)`; blocks until all `size` ranks joined.
 
     Raises:
@@ -106,6 +109,8 @@ def new_group(store: dist.Store, prefix: str, rank: int, size: int, backend: str
                    dist.ProcessGroupGloo.create_device(hostname=gloo_hostname(peer_host, rank == 0)))
         opts._devices = [device_]
         return dist.ProcessGroupGloo(pstore, rank, size, opts)
+    if backend == "cuda-ipc":
+        return IpcGroup(pstore, rank, size, _indexed(device, torch.cuda.current_device), timeout_s)
     if backend == "nccl":
         torch.cuda.set_device(_indexed(device, torch.cuda.current_device))
         opts = dist.ProcessGroupNCCL.Options()
@@ -122,7 +127,7 @@ def _indexed(device: torch.device, current) -> torch.device:
     return device if device.index is not None else torch.device(device.type, current())
 
 
-def broadcast_bucket(group: dist.ProcessGroup, flat: torch.Tensor, timeout_s: float) -> None:
+def broadcast_bucket(group: dist.ProcessGroup | IpcGroup, flat: torch.Tensor, timeout_s: float) -> None:
     """Broadcast `flat` (shape ``[numel]``, any dtype) from rank 0, in place: rank 0 sends, others receive.
 
     The bucket is viewed as uint8 on the wire, so any dtype (bf16, fp8, bool) travels even where
@@ -138,6 +143,6 @@ def broadcast_bucket(group: dist.ProcessGroup, flat: torch.Tensor, timeout_s: fl
         torch.cuda.current_stream(raw.device).synchronize()
 
 
-def shutdown_group(group: dist.ProcessGroup) -> None:
+def shutdown_group(group: dist.ProcessGroup | IpcGroup) -> None:
     """Release a group's connections (communicators for nccl/hccl)."""
     group.shutdown()
