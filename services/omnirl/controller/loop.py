@@ -98,6 +98,8 @@ class Controller:
             self.reporter.step(step, self.version, stats, done)
             if self.validator and self._validation_due(step):
                 self._validate(step + 1)
+            if done.checkpoint and self.env.export:  # after the validation of these weights, which it includes
+                self._export(done.checkpoint)
         if self.validator and not self._validation_due(self.total_steps - 1):
             self._validate(self.total_steps)
         return self.reporter.finished()
@@ -259,6 +261,14 @@ class Controller:
         while not self.validator.complete:
             self._pump()
         self.reporter.validation(self.validator.finish())
+
+    def _export(self, checkpoint: str) -> None:
+        from omnirl.models.export import export_run_checkpoint
+
+        # the checkpoint's name under our own mount of the run directory (the actor's path may differ)
+        path = export_run_checkpoint(self.job, self.out, self.out / self.spec.checkpoint.dir / Path(checkpoint).name,
+                                     keep=self.spec.checkpoint.keep)
+        log.info("exported %s", path)
 
     def stop(self) -> None:
         """Tell every role to finish (sets the job's `stop` flag)."""
