@@ -16,8 +16,10 @@ from omnirl.api.problems import problem_lines
 from omnirl.api.spec import RLJob
 from omnirl.api.spec_storage import quantity_bytes
 from omnirl_operator.builders import build_children
+from omnirl_operator.kube import KubeApi, KubeError
 from omnirl_operator.meta import PLACEHOLDER_UID, adopt
 from omnirl_operator.settings import OperatorSettings
+from omnirl_operator.storage import ensure_claim
 from omnirl_operator.testing import BackgroundCluster, EmulatedCluster, rljob_body
 
 NS = "team"
@@ -238,3 +240,18 @@ def test_operator_creates_keeps_and_deletes_the_claim_per_when_deleted(bg):
     assert left["drop"] is None
     assert left["keep"]["spec"]["resources"]["requests"]["storage"] == "1Gi"
     assert left["switch"] is not None
+
+
+def test_a_claim_of_that_name_that_is_not_the_jobs_is_never_adopted(bg):
+    """Adopting it with whenDeleted: Delete would let garbage collection delete someone's data."""
+    kube = KubeApi.for_server(bg.cluster.url)
+    foreign = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "other-run", "namespace": NS},
+               "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "7Gi"}}}}
+    kube.create(foreign)
+    job = job_from_dict(manifest("other", {"size": "1Gi", "whenDeleted": "Delete"}))
+    (claim,) = [c for c in adopt(build_children(job, SETTINGS), "other", NS, PLACEHOLDER_UID)
+                if c["kind"] == "PersistentVolumeClaim"]
+    with pytest.raises(KubeError, match="is not RLJob other's .* mount it with spec.storage.claimName"):
+        ensure_claim(kube, claim)
+    stored = kube.get(*PVC, NS, "other-run")
+    assert "ownerReferences" not in stored["metadata"] and stored["spec"]["resources"]["requests"]["storage"] == "7Gi"
