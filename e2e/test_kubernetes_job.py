@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from e2e.kubelet import Kubelet, field_value, remap_path
+from e2e.kubelet import Kubelet, NotClaimed, field_value, mount_volumes, remap_path
 from e2e.test_local_job import tiny_job
 
 from omnirl.launch.roles import with_redis_password
@@ -235,6 +235,30 @@ def test_kubelet_substitutions_are_the_documented_ones(tmp_path):
     assert remap_path("/etc/omnirl/job.yaml", mounts) == f"{tmp_path}/cfg/job.yaml"
     assert remap_path("/etc/omnirlx", mounts) == f"{tmp_path}/etc/omnirlx"
     assert remap_path("/var/lib/omnirl", mounts) == "/var/lib/omnirl"
+
+
+def test_kubelet_maps_a_claim_to_one_directory_that_outlives_its_pods(tmp_path):
+    """Every pod mounting a claim sees one directory, kept when a pod is replaced; a pod whose claim
+    does not exist yet is not started (it would stay Pending)."""
+    with BackgroundCluster(OperatorSettings(), resync_seconds=60.0) as bg:
+        kube = KubeApi.for_server(bg.cluster.url)
+        kubelet = Kubelet(kube, bg.cluster.url, NS, NAME, tmp_path, tmp_path)
+        template = {"metadata": {"labels": {}}, "spec": {
+            "volumes": [{"name": "run", "persistentVolumeClaim": {"claimName": "results"}}],
+            "containers": [{"name": "c", "volumeMounts": [{"name": "run", "mountPath": "/var/lib/omnirl"}]}]}}
+        workload = {"kind": "StatefulSet", "metadata": {"name": "w", "uid": "u1"}, "spec": {"template": template}}
+        first, second = (kubelet._new_pod(workload, name, "d") for name in ("w-0", "w-1"))
+        with pytest.raises(NotClaimed):
+            mount_volumes(kube, NS, first, tmp_path / "claims")
+        kube.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "results",
+                     "namespace": NS}, "spec": {"accessModes": ["ReadWriteOnce"],
+                                                "resources": {"requests": {"storage": "1Gi"}}}})
+        mounted = mount_volumes(kube, NS, first, tmp_path / "claims")["/var/lib/omnirl"]
+        (mounted / "checkpoint").write_text("step 7")
+        replaced = kubelet._new_pod(workload, "w-0", "d2")  # the same pod, recreated
+        for pod in (second, replaced):
+            assert (mount_volumes(kube, NS, pod, tmp_path / "claims")["/var/lib/omnirl"] / "checkpoint").read_text() \
+                == "step 7"
 
 
 def test_role_folds_the_secret_password_into_the_redis_url():

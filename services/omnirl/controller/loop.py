@@ -58,6 +58,9 @@ class Controller:
                                  shuffle=spec.data.shuffle, position=tuple(state.get("data_position", (0, 0))))
         self.validator = Validator(self.queue, spec, tokenize, self.out) if spec.data.validationPrompts else None
         self.reporter = Reporter(self.out, env, job)
+        if not env.export:
+            log.info("no exports (OMNIRL_EXPORT=0: the actor's checkpoints are not on a volume shared with the "
+                     "controller; on Kubernetes set spec.storage)")
         self.books: dict[int, StepBook] = {}
         self.inbox: list[tuple[ScoreMeta, str | None]] = []
         self.trained: dict[int, TrainDone] = {}
