@@ -149,6 +149,17 @@ def test_existing_claim_is_mounted_not_created_and_no_storage_keeps_the_empty_di
     assert env["OMNIRL_EXPORT"] == "0"  # the controller cannot see the actor's checkpoints
 
 
+def test_claim_settings_the_pods_never_see_do_not_roll_them():
+    def digests(storage):
+        return {k: v["spec"]["template"]["metadata"]["annotations"]["omnirl.dev/spec-hash"]
+                for k, v in kids(storage).items() if "template" in v.get("spec", {})}
+
+    base = digests({"size": "1Gi"})
+    assert digests({"size": "2Gi", "whenDeleted": "Delete"}) == base
+    assert not set(digests({"size": "1Gi", "accessModes": ["ReadWriteMany"]}).values()) & set(base.values())
+    assert not set(digests(None).values()) & set(base.values())
+
+
 def test_render_shows_the_claim_and_its_mounts(tmp_path, capsys):
     from omnirl.cli import main
 

@@ -74,13 +74,16 @@ def spec_hash(text: str) -> str:
 
 
 def template_digest(job: RLJob) -> str:
-    """Hash of the job manifest without ``suspend`` and role ``replicas``: it annotates every pod
-    template, so a spec change rolls the pods (and replaces the controller Job) while scaling or
-    suspending does not."""
+    """Hash of the job manifest without ``suspend``, role ``replicas`` and the claim's ``size`` and
+    ``whenDeleted``: it annotates every pod template, so a spec change rolls the pods (and replaces
+    the controller Job) while scaling, suspending or a claim setting the pods never see does not."""
     roles = job.spec.roles
     unscaled = roles.model_copy(update={r: getattr(roles, r).model_copy(update={"replicas": 1})
                                         for r in ("rollout", "reward", "actor", "controller")})
-    spec = job.spec.model_copy(update={"roles": unscaled, "suspend": False})
+    storage = job.spec.storage
+    if storage is not None:
+        storage = storage.model_copy(update={"size": None, "whenDeleted": "Retain"})
+    spec = job.spec.model_copy(update={"roles": unscaled, "suspend": False, "storage": storage})
     return spec_hash(job_yaml(job.model_copy(update={"spec": spec})))
 
 
