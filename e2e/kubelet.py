@@ -7,11 +7,15 @@ its volumes and ports, its probes. Nothing is rebuilt from the RLJob. What a nod
 substituted, and only this (each is a single function below):
 
 1. **image** → this checkout's virtualenv: ``PATH`` starts with its ``bin/`` (where ``omnirl`` is);
-   the base environment is ``PATH`` and ``HOME`` only, nothing of the test's own environment.
+   the base environment is ``PATH`` and ``HOME`` only (and the test's ``PYTHONPATH`` when set, so a
+   checkout sharing another's virtualenv runs its own code), nothing else of the test's environment.
 2. **volumes** (:func:`mount_volumes`) → a directory per volume under the pod's directory:
    ``configMap`` items are written from the emulator's ConfigMap (``job.yaml`` for
-   ``/etc/omnirl``), ``emptyDir`` is a fresh directory. Every command, argument or env value that
-   starts with a ``mountPath`` is rewritten to the directory.
+   ``/etc/omnirl``), ``emptyDir`` is a fresh directory. A ``persistentVolumeClaim`` is the
+   directory ``<root>/claims/<claimName>``, one per claim, shared by every pod that mounts it and
+   kept across pod restarts and deletions (a bound volume); the pod waits until the claim exists
+   in the emulator, as it would stay Pending. Every command, argument or env value that starts
+   with a ``mountPath`` is rewritten to the directory.
 3. **downward API** (:func:`field_value`) → the pod's name, namespace and labels (a StatefulSet
    pod has ``statefulset.kubernetes.io/pod-name`` and ``apps.kubernetes.io/pod-index``);
    ``secretKeyRef`` → the Secret's value, read from the emulator.
@@ -106,17 +110,23 @@ def field_value(pod: Pod, namespace: str, path: str) -> str:
     raise ValueError(f"pod {pod.name}: downward-API field {path!r} is not provided by the e2e kubelet")
 
 
-def mount_volumes(kube: KubeApi, namespace: str, pod: Pod) -> dict[str, Path]:
-    """Create the pod's volumes under ``pod.root``; returns mountPath → host directory.
+def mount_volumes(kube: KubeApi, namespace: str, pod: Pod, claims: Path) -> dict[str, Path]:
+    """Create the pod's volumes under ``pod.root`` (claims under ``claims``); returns mountPath → host directory.
 
     Raises:
-        ValueError: a volume kind other than configMap/emptyDir, or a missing ConfigMap key.
+        NotClaimed: a persistentVolumeClaim that does not exist (yet).
+        ValueError: a volume kind other than configMap/emptyDir/persistentVolumeClaim, or a missing ConfigMap key.
     """
     volumes = {v["name"]: v for v in pod.spec.get("volumes", [])}
     mounts: dict[str, Path] = {}
     for mount in pod.container.get("volumeMounts", []):
         volume = volumes[mount["name"]]
         host = pod.root / "volumes" / mount["name"]
+        if "persistentVolumeClaim" in volume:
+            name = volume["persistentVolumeClaim"]["claimName"]
+            if kube.get("v1", "PersistentVolumeClaim", namespace, name) is None:
+                raise NotClaimed(name)
+            host = claims / name
         host.mkdir(parents=True, exist_ok=True)
         if "configMap" in volume:
             cm = kube.get("v1", "ConfigMap", namespace, volume["configMap"]["name"]) or {}
@@ -127,7 +137,7 @@ def mount_volumes(kube: KubeApi, namespace: str, pod: Pod) -> dict[str, Path]:
                     raise ValueError(f"pod {pod.name}: ConfigMap {volume['configMap']['name']} has no key "
                                      f"{item['key']!r}")
                 (host / item["path"]).write_text(data[item["key"]])
-        elif "emptyDir" not in volume:
+        elif "emptyDir" not in volume and "persistentVolumeClaim" not in volume:
             raise ValueError(f"pod {pod.name}: volume {mount['name']} ({sorted(volume)}) is not emulated")
         mounts[mount["mountPath"].rstrip("/")] = host
     return mounts
@@ -143,6 +153,10 @@ def remap_path(value: str, mounts: dict[str, Path]) -> str:
 
 class NotRoutable(Exception):
     """A Service named in a pod's environment selects no pod yet: start the pod later."""
+
+
+class NotClaimed(Exception):
+    """A PersistentVolumeClaim the pod mounts does not exist yet: start the pod later."""
 
 
 class Kubelet:
@@ -270,7 +284,7 @@ class Kubelet:
             return
         try:
             cmd, env = self._container(pod, services)
-        except NotRoutable:
+        except (NotRoutable, NotClaimed):
             return
         with pod.log.open("a") as log:
             pod.proc = subprocess.Popen(cmd, env=env, cwd=pod.root, stdout=log, stderr=subprocess.STDOUT,
@@ -282,12 +296,15 @@ class Kubelet:
 
         Raises:
             NotRoutable: an env value names a Service that selects no pod yet.
+            NotClaimed: a claim the pod mounts does not exist yet.
             ValueError: an env source or volume this stand-in does not emulate, or no executable.
         """
         c = pod.container
         pod.root.mkdir(parents=True, exist_ok=True)
-        mounts = mount_volumes(self.kube, self.namespace, pod)
+        mounts = mount_volumes(self.kube, self.namespace, pod, self.root / "claims")
         env = {"PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": str(pod.root)}
+        if os.environ.get("PYTHONPATH"):  # the checkout under test is the image's code (worktrees share a venv)
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         for var in c.get("env", []):
             value = var.get("value", "")
             source = var.get("valueFrom") or {}

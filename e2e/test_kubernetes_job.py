@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from e2e.kubelet import Kubelet, field_value, remap_path
+from e2e.kubelet import Kubelet, NotClaimed, field_value, mount_volumes, remap_path
 from e2e.test_local_job import tiny_job
 
 from omnirl.launch.roles import with_redis_password
@@ -60,11 +60,13 @@ def kubectl(server: str, home: Path, *args: str) -> str:
 
 def manifest(tmp: Path, redis_url: str) -> Path:
     """The local e2e's tiny job (3 steps × 2 prompts × group 3, 4 sampling steps, validation every
-    2 steps on 4 prompts) in namespace NS, its Redis password in Secret SECRET."""
+    2 steps on 4 prompts) in namespace NS, its Redis password in Secret SECRET, its run directory
+    on a claim the operator creates (``<job>-run``, kept when the RLJob goes)."""
     path = tiny_job(tmp, NAME, redis_url)
     doc = yaml.safe_load(path.read_text())
     doc["metadata"]["namespace"] = NS
     doc["spec"]["transferQueue"]["passwordSecret"] = SECRET
+    doc["spec"]["storage"] = {"size": "1Gi"}
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -86,7 +88,8 @@ def wait_children(kube: KubeApi, timeout_s: float = 30.0) -> None:
                 ("rbac.authorization.k8s.io/v1", "Role", f"{NAME}-controller"),
                 ("rbac.authorization.k8s.io/v1", "RoleBinding", f"{NAME}-controller"),
                 ("apps/v1", "Deployment", f"{NAME}-rollout"), ("apps/v1", "Deployment", f"{NAME}-reward"),
-                ("apps/v1", "StatefulSet", f"{NAME}-actor"), ("batch/v1", "Job", f"{NAME}-controller")]
+                ("apps/v1", "StatefulSet", f"{NAME}-actor"), ("batch/v1", "Job", f"{NAME}-controller"),
+                ("v1", "PersistentVolumeClaim", f"{NAME}-run")]
     deadline = time.monotonic() + timeout_s
     while missing := [f"{kind}/{name}" for v, kind, name in children if kube.get(v, kind, NS, name) is None]:
         assert time.monotonic() < deadline, f"the operator did not create {missing}"
@@ -152,7 +155,8 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
         assert [phase for _, _, phase in transitions] == ["Pending", "Running", "Succeeded"], kubelet.tails()
         status = job["status"]
         assert (status["step"], status["policyVersion"]) == (3, 3)
-        assert status["lastCheckpoint"].startswith(str(tmp_path / "pods" / f"{NAME}-actor-0" / "volumes" / "run"))
+        claim = tmp_path / "pods" / "claims" / f"{NAME}-run"  # the kubelet's stand-in for the bound volume
+        assert status["lastCheckpoint"] == str(claim / "checkpoints" / "step-000002")
         assert status["startTime"] and status["completionTime"]
         for api_version, kind, role in (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
                                         ("apps/v1", "StatefulSet", "actor")):  # accelerators freed
@@ -165,10 +169,17 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
         assert len(by_name) == 4 and all(pod.exits in ([], [0]) for pod in by_name.values()), kubelet.tails()
         controller = next(pod for pod in by_name.values() if pod.owner == ("Job", f"{NAME}-controller"))
         assert controller.exits == [0]
-        metrics = controller.root / "volumes" / "run" / "metrics.jsonl"
-        steps = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["event"] == "step"]
+        records = [json.loads(line) for line in (claim / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in records if r["event"] == "step"]
         assert [(r["step"], r["policy_version"]) for r in steps] == [(0, 1), (1, 2), (2, 3)]
         assert status["rewardMean"] == round(steps[-1]["reward_mean"], 4)  # the controller's own number
+        # the result on the claim: the controller exported the actor's last checkpoint, and the built-in
+        # model's export scores what the run's last validation reported
+        export = claim / "exports" / "latest"
+        assert json.loads((export / "export.json").read_text())["policy_version"] == 3
+        last = [r for r in records if r["event"] == "validation"][-1]
+        assert json.loads((export / "validation.json").read_text())["validation"] == last
+        assert export_reward(export) == pytest.approx(last["val_reward_mean"], abs=1e-6)
 
         # deleting the RLJob runs the finalizer: the job's Redis keys go (with the Secret's password)
         client = redis.Redis.from_url(redis_url, password=password)
@@ -182,6 +193,21 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
             assert client.keys(f"omnirl:{NAME}:*") == []
         finally:
             client.close()
+
+
+def export_reward(export: Path) -> float:
+    """Held-out reward of an export of the built-in model, sampled as the run's validation was."""
+    from omnirl.api.loader import load_rljob
+    from omnirl.controller.data import read_prompts
+    from omnirl.controller.evaluate import evaluate
+    from omnirl.models.digits.adapter import load_digits_adapter
+    from omnirl.reward.registry import build_scorer
+
+    spec = load_rljob(export / "job.yaml").spec
+    v = spec.validation
+    prompts = read_prompts(spec.data.validationPrompts)[: v.maxPrompts]
+    return evaluate(load_digits_adapter(export), build_scorer(spec.reward[0]), prompts, num_steps=v.numSteps,
+                    seed=v.seed).mean_reward
 
 
 def test_kubelet_substitutions_are_the_documented_ones(tmp_path):
@@ -209,6 +235,30 @@ def test_kubelet_substitutions_are_the_documented_ones(tmp_path):
     assert remap_path("/etc/omnirl/job.yaml", mounts) == f"{tmp_path}/cfg/job.yaml"
     assert remap_path("/etc/omnirlx", mounts) == f"{tmp_path}/etc/omnirlx"
     assert remap_path("/var/lib/omnirl", mounts) == "/var/lib/omnirl"
+
+
+def test_kubelet_maps_a_claim_to_one_directory_that_outlives_its_pods(tmp_path):
+    """Every pod mounting a claim sees one directory, kept when a pod is replaced; a pod whose claim
+    does not exist yet is not started (it would stay Pending)."""
+    with BackgroundCluster(OperatorSettings(), resync_seconds=60.0) as bg:
+        kube = KubeApi.for_server(bg.cluster.url)
+        kubelet = Kubelet(kube, bg.cluster.url, NS, NAME, tmp_path, tmp_path)
+        template = {"metadata": {"labels": {}}, "spec": {
+            "volumes": [{"name": "run", "persistentVolumeClaim": {"claimName": "results"}}],
+            "containers": [{"name": "c", "volumeMounts": [{"name": "run", "mountPath": "/var/lib/omnirl"}]}]}}
+        workload = {"kind": "StatefulSet", "metadata": {"name": "w", "uid": "u1"}, "spec": {"template": template}}
+        first, second = (kubelet._new_pod(workload, name, "d") for name in ("w-0", "w-1"))
+        with pytest.raises(NotClaimed):
+            mount_volumes(kube, NS, first, tmp_path / "claims")
+        kube.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "results",
+                     "namespace": NS}, "spec": {"accessModes": ["ReadWriteOnce"],
+                                                "resources": {"requests": {"storage": "1Gi"}}}})
+        mounted = mount_volumes(kube, NS, first, tmp_path / "claims")["/var/lib/omnirl"]
+        (mounted / "checkpoint").write_text("step 7")
+        replaced = kubelet._new_pod(workload, "w-0", "d2")  # the same pod, recreated
+        for pod in (second, replaced):
+            assert (mount_volumes(kube, NS, pod, tmp_path / "claims")["/var/lib/omnirl"] / "checkpoint").read_text() \
+                == "step 7"
 
 
 def test_role_folds_the_secret_password_into_the_redis_url():

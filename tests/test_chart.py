@@ -116,6 +116,7 @@ def test_default_render_is_namespaced_least_privilege_and_valid():
                   ("rbac.authorization.k8s.io", "rolebindings")):
         assert rules[child] == {"create", "get", "list", "watch", "patch", "delete"}, child
     assert rules[("", "events")] == {"create", "patch"} and rules[("", "secrets")] == {"get"}
+    assert rules[("", "persistentvolumeclaims")] == {"create", "get", "patch"}  # spec.storage; GC deletes
     assert ("", "pods") not in rules and ("", "*") not in rules
     # escalation check: the operator holds every permission of the per-job Role it creates
     job_role = next(c for c in build_controller_rbac(RLJob.model_validate(

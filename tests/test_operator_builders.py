@@ -295,9 +295,11 @@ def test_render_examples_pass_strict_kubernetes_validation(example, monkeypatch)
     assert render.main(argparse.Namespace(job=str(example), namespace="team"), out, err) == 0, err.getvalue()
     docs = list(yaml.safe_load_all(out.getvalue()))
     name = load_rljob(example).metadata.name
-    kinds = sorted(d["kind"] for d in docs)
+    kinds = sorted(d["kind"] for d in docs if d["kind"] != "PersistentVolumeClaim")
     assert kinds == ["ConfigMap", "Deployment", "Deployment", "Job", "Role", "RoleBinding", "Service", "Service",
                      "Service", "ServiceAccount", "StatefulSet"]
+    claims = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]  # spec.storage with a size
+    assert len(claims) == int(bool(load_rljob(example).spec.storage))
     for doc in docs:
         assert doc["metadata"]["namespace"] == "team" and doc["metadata"]["labels"]["omnirl.dev/job"] == name
         for version in K8S_VERSIONS:

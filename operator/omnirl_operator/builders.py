@@ -15,6 +15,7 @@ name                           kind               what
 ``J-rollout``, ``J-reward``    Deployment         stateless workers
 ``J-actor``                    StatefulSet        trainer ranks; rank = pod ordinal
 ``J-controller``               Job (batch/v1)     the single controller
+``J-run``                      PVC                the run directory (``spec.storage`` with ``size``)
 =============================  =================  ===============================================
 
 The actor is a StatefulSet, not a Deployment: torch.distributed needs one stable rank-0 address
@@ -47,6 +48,7 @@ from omnirl_operator.pods import (
     role_spec,
 )
 from omnirl_operator.settings import OperatorSettings
+from omnirl_operator.storage import build_claim
 
 WORKER_ROLES = ("rollout", "reward")
 PROGRESS_DEADLINE_SECONDS = 900
@@ -72,13 +74,16 @@ def spec_hash(text: str) -> str:
 
 
 def template_digest(job: RLJob) -> str:
-    """Hash of the job manifest without ``suspend`` and role ``replicas``: it annotates every pod
-    template, so a spec change rolls the pods (and replaces the controller Job) while scaling or
-    suspending does not."""
+    """Hash of the job manifest without ``suspend``, role ``replicas`` and the claim's ``size`` and
+    ``whenDeleted``: it annotates every pod template, so a spec change rolls the pods (and replaces
+    the controller Job) while scaling, suspending or a claim setting the pods never see does not."""
     roles = job.spec.roles
     unscaled = roles.model_copy(update={r: getattr(roles, r).model_copy(update={"replicas": 1})
                                         for r in ("rollout", "reward", "actor", "controller")})
-    spec = job.spec.model_copy(update={"roles": unscaled, "suspend": False})
+    storage = job.spec.storage
+    if storage is not None:
+        storage = storage.model_copy(update={"size": None, "whenDeleted": "Retain"})
+    spec = job.spec.model_copy(update={"roles": unscaled, "suspend": False, "storage": storage})
     return spec_hash(job_yaml(job.model_copy(update={"spec": spec})))
 
 
@@ -261,6 +266,9 @@ def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | No
     text = job_yaml(job)
     digest = template_digest(job)
     children = [*build_controller_rbac(job), build_configmap(job, text), *build_services(job)]
+    claim = build_claim(job)  # kept when suspended or finished: it holds the results
+    if claim is not None:
+        children.append(claim)
     children += [build_deployment(job, role, settings, digest, running=running) for role in WORKER_ROLES]
     children.append(build_actor(job, settings, digest, running=running))
     if running:

@@ -17,6 +17,8 @@ LABEL_ROLE = f"{API_GROUP}/role"
 LABEL_METRICS = f"{API_GROUP}/metrics"
 ANNOTATION_SPEC_HASH = f"{API_GROUP}/spec-hash"
 ANNOTATION_RESTARTED_AT = f"{API_GROUP}/restarted-at"
+# "Retain" on a child (the run claim) means: no ownerReference, garbage collection leaves it alone.
+ANNOTATION_WHEN_DELETED = f"{API_GROUP}/when-deleted"
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 # Longest child name is the actor StatefulSet `<job>-actor`: the StatefulSet controller labels its
@@ -91,6 +93,7 @@ def adopt(children: Iterable[dict[str, Any]], job: str, namespace: str, uid: str
     """Copies of ``children`` with the RLJob's namespace and its controller ownerReference.
 
     An existing ownerReference to another controller is an error: a child has one controller.
+    A child annotated ``omnirl.dev/when-deleted: Retain`` gets no ownerReference (it outlives the RLJob).
 
     Raises:
         ValueError: when ``uid`` is empty, or a child is already controlled by another object.
@@ -101,6 +104,9 @@ def adopt(children: Iterable[dict[str, Any]], job: str, namespace: str, uid: str
         child = copy.deepcopy(child)
         meta = child.setdefault("metadata", {})
         meta["namespace"] = namespace
+        if (meta.get("annotations") or {}).get(ANNOTATION_WHEN_DELETED) == "Retain":
+            adopted.append(child)
+            continue
         refs = [r for r in meta.get("ownerReferences", []) if r.get("uid") != uid]
         others = [r for r in refs if r.get("controller")]
         if others:

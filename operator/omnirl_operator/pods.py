@@ -1,7 +1,8 @@
 """The PodTemplateSpec of one role: the container contract of `.notes/RUNTIME.md` in manifest form.
 
 Every role runs ``omnirl role <role> --job /etc/omnirl/job.yaml`` with the job's ConfigMap mounted
-at ``/etc/omnirl``, the run volume at ``/var/lib/omnirl``, Prometheus ``/metrics`` on 9090 and the
+at ``/etc/omnirl``, the run volume at ``/var/lib/omnirl`` (``spec.storage``'s claim on the
+controller and the actor, see :mod:`omnirl_operator.storage`), Prometheus ``/metrics`` on 9090 and the
 gRPC health service on 8081 (probed by the kubelet). The user's ``roles.<role>.template`` is
 merged over the generated template last (user fields win), except the selector labels, which
 the workload needs to find its pods.
@@ -15,6 +16,7 @@ from omnirl.api.runtime import sync_backend
 from omnirl.api.spec import RLJob, RoleSpec
 from omnirl_operator.meta import ANNOTATION_SPEC_HASH, child_labels, child_name, deep_merge, selector_labels
 from omnirl_operator.settings import OperatorSettings
+from omnirl_operator.storage import pod_affinity, run_volume
 
 JOB_FILE = "/etc/omnirl/job.yaml"
 CONFIG_DIR = "/etc/omnirl"
@@ -94,6 +96,8 @@ def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str
         {"name": "OMNIRL_REDIS_URL", "value": redis_url(job, settings)},
         {"name": "OMNIRL_WEIGHT_SYNC_ADDR", "value": f"{child_name(name, 'actor')}:{WEIGHT_SYNC_PORT}"},
         {"name": "OMNIRL_OUT", "value": RUN_DIR},
+        # the controller exports checkpoints it can read: only when it shares the run volume with the actor
+        {"name": "OMNIRL_EXPORT", "value": "1" if job.spec.storage is not None else "0"},
         {"name": "OMNIRL_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "OMNIRL_HEALTH_PORT", "value": str(HEALTH_PORT)},
         {"name": "OMNIRL_DEVICE", "value": TORCH_DEVICE[role_spec(job, role).accelerator.type]},
@@ -174,12 +178,12 @@ def role_container(job: RLJob, role: str, settings: OperatorSettings) -> dict[st
 
 
 def role_volumes(job: RLJob, role: str) -> list[dict[str, Any]]:
-    """The job ConfigMap, the run directory (an emptyDir; override ``run`` in the template for a
-    PVC) and, for rollout and actor, a memory-backed /dev/shm for NCCL/HCCL and data loaders."""
+    """The job ConfigMap, the run directory (:func:`omnirl_operator.storage.run_volume`) and, for
+    rollout and actor, a memory-backed /dev/shm for NCCL/HCCL and data loaders."""
     volumes: list[dict[str, Any]] = [
         {"name": "job-spec", "configMap": {"name": child_name(job.metadata.name, suffix="spec"),
                                            "items": [{"key": "job.yaml", "path": "job.yaml"}]}},
-        {"name": "run", "emptyDir": {}},
+        run_volume(job, role),
     ]
     if role in ("rollout", "actor"):
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
@@ -222,6 +226,7 @@ def pod_template(
         "containers": [role_container(job, role, settings)],
         "volumes": role_volumes(job, role),
         **accelerator_scheduling(role_spec(job, role)),
+        **pod_affinity(job, role),
     }
     if service_account is not None:
         spec["serviceAccountName"] = service_account

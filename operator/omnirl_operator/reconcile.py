@@ -32,6 +32,7 @@ from omnirl_operator.status import (
     compute_status,
     decide_failure,
 )
+from omnirl_operator.storage import ensure_claim
 
 WORKLOADS = (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
              ("apps/v1", "StatefulSet", "actor"))
@@ -90,7 +91,10 @@ async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], log: logging
     for child in children:
         if child["kind"] == "Job":
             continue
-        verb, obj = await asyncio.to_thread(kube.apply, child)
+        if child["kind"] == "PersistentVolumeClaim":  # created once: a claim's spec is immutable
+            verb, obj = await asyncio.to_thread(ensure_claim, kube, child)
+        else:
+            verb, obj = await asyncio.to_thread(kube.apply, child)
         actions.append(f"{verb} {label_of(child)}")
         stored[label_of(child)] = obj
     log.debug("applied %d children", len(actions))

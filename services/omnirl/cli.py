@@ -46,6 +46,12 @@ def _cmd_role(args: argparse.Namespace) -> int:
     return role_main(args)
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    from omnirl.models.export_cli import main as export_main
+
+    return export_main(args)
+
+
 def _cmd_render(args: argparse.Namespace) -> int:
     from omnirl_operator.render import main as render_main
 
@@ -102,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="run output directory")
     s.add_argument("--index", type=int, default=0, help="replica index of this role")
     s.set_defaults(fn=_cmd_role)
+
+    s = sub.add_parser("export", help="export a run's checkpoint in the form its users load (diffusers LoRA, "
+                       "the family's weights layout)")
+    s.add_argument("run_dir", help="the run directory (omnirl run --out, or the job's storage claim)")
+    s.add_argument("--out", required=True, help="the export directory to create (must not exist)")
+    s.add_argument("--checkpoint", default=None, help="a checkpoint directory (default: RUN_DIR/checkpoints/latest)")
+    s.add_argument("--job", default=None, help="the run's manifest (default: RUN_DIR/job.yaml)")
+    s.set_defaults(fn=_cmd_export)
 
     s = sub.add_parser("render", help="print the Kubernetes objects the operator would create")
     s.add_argument("job")

@@ -32,6 +32,8 @@ class RoleEnv:
         threads: torch intra-op threads (0 = torch's default).
         rank, world_size, master_addr, master_port: the actor ranks' rendezvous (RANK,
             WORLD_SIZE, MASTER_ADDR, MASTER_PORT; one rank when unset).
+        export: the controller exports each checkpoint to `out_dir/exports/` (OMNIRL_EXPORT,
+            default 1; the operator sets 0 when the run directory is not shared with the actor).
     """
 
     job_name: str
@@ -51,6 +53,7 @@ class RoleEnv:
     world_size: int = 1
     master_addr: str = "127.0.0.1"
     master_port: int = 29400
+    export: bool = True
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> RoleEnv:
@@ -89,6 +92,7 @@ class RoleEnv:
             world_size=int(env.get("WORLD_SIZE", "1")),
             master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
             master_port=int(env.get("MASTER_PORT", "29400")),
+            export=env.get("OMNIRL_EXPORT", "1") != "0",
         )
 
 

@@ -31,6 +31,7 @@ from omnirl.api.spec_algorithm import (
     SamplingSpec,
     WindowSpec,
 )
+from omnirl.api.spec_storage import StorageSpec, check_storage
 
 API_GROUP = "omnirl.dev"
 API_VERSION = "v1alpha1"
@@ -72,6 +73,7 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "TransferQueueSpec",
     "CheckpointSpec",
     "FailurePolicySpec",
+    "StorageSpec",
     "RLJobSpec",
     "ObjectMeta",
     "RLJob",
@@ -300,6 +302,9 @@ class RLJobSpec(SpecModel):
     transferQueue: TransferQueueSpec = Field(default_factory=TransferQueueSpec, description="Redis queue.")
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec, description="Checkpointing.")
     failurePolicy: FailurePolicySpec = Field(default_factory=FailurePolicySpec, description="Failure handling.")
+    storage: StorageSpec | None = Field(
+        None, description="Kubernetes: the PersistentVolumeClaim holding the run directory (checkpoints, metrics, "
+        "samples, the exported model); unset = an emptyDir, lost with the pods. Locally: `omnirl run --out`.")
     seed: int = Field(0, description="Global seed (data order, SDE windows, sampling noise).")
     suspend: bool = Field(False, description="Suspended jobs have no running pods (Kueue admission).")
 
@@ -310,6 +315,7 @@ class RLJobSpec(SpecModel):
             if r.name in first:
                 raise FieldProblem(f"reward[{i}].name", r.name, f"must be unique; reward[{first[r.name]}] has it")
             first[r.name] = i
+        check_storage(self.storage, self.roles.actor.replicas)
         if self.model.family == "ocr-digits":
             if self.model.resolution is not None:
                 raise FieldProblem("model.resolution", list(self.model.resolution),

@@ -58,6 +58,9 @@ class Controller:
                                  shuffle=spec.data.shuffle, position=tuple(state.get("data_position", (0, 0))))
         self.validator = Validator(self.queue, spec, tokenize, self.out) if spec.data.validationPrompts else None
         self.reporter = Reporter(self.out, env, job)
+        if not env.export:
+            log.info("no exports (OMNIRL_EXPORT=0: the actor's checkpoints are not on a volume shared with the "
+                     "controller; on Kubernetes set spec.storage)")
         self.books: dict[int, StepBook] = {}
         self.inbox: list[tuple[ScoreMeta, str | None]] = []
         self.trained: dict[int, TrainDone] = {}
@@ -98,6 +101,8 @@ class Controller:
             self.reporter.step(step, self.version, stats, done)
             if self.validator and self._validation_due(step):
                 self._validate(step + 1)
+            if done.checkpoint and self.env.export:  # after the validation of these weights, which it includes
+                self._export(done.checkpoint)
         if self.validator and not self._validation_due(self.total_steps - 1):
             self._validate(self.total_steps)
         return self.reporter.finished()
@@ -259,6 +264,14 @@ class Controller:
         while not self.validator.complete:
             self._pump()
         self.reporter.validation(self.validator.finish())
+
+    def _export(self, checkpoint: str) -> None:
+        from omnirl.models.export import export_run_checkpoint
+
+        # the checkpoint's name under our own mount of the run directory (the actor's path may differ)
+        path = export_run_checkpoint(self.job, self.out, self.out / self.spec.checkpoint.dir / Path(checkpoint).name,
+                                     keep=self.spec.checkpoint.keep)
+        log.info("exported %s", path)
 
     def stop(self) -> None:
         """Tell every role to finish (sets the job's `stop` flag)."""

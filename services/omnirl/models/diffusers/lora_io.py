@@ -18,6 +18,7 @@ from torch import Tensor
 from omnirl.models.protocol import ModelAdapter
 
 PIPELINES = {"SD3Adapter": "StableDiffusion3Pipeline", "QwenImageAdapter": "QwenImagePipeline", "FluxAdapter": "FluxPipeline"}
+FAMILY_PIPELINES = {"sd3": "StableDiffusion3Pipeline", "qwen-image": "QwenImagePipeline", "flux": "FluxPipeline"}
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 
 
@@ -59,8 +60,6 @@ def save_lora(adapter: ModelAdapter, out_dir: str | Path, *, adapter_name: str =
         ValueError: unsupported adapter class, no LoRA layer, or LoRA layers with different
             rank/alpha (diffusers' metadata holds one pair here).
     """
-    import diffusers
-
     kind = type(adapter).__name__
     if kind not in PIPELINES:
         raise ValueError(f"save_lora supports {sorted(PIPELINES)}; got {kind}")
@@ -75,14 +74,41 @@ def save_lora(adapter: ModelAdapter, out_dir: str | Path, *, adapter_name: str =
     expected = 2 * len(layers)
     if len(state) != expected:
         raise ValueError(f"found {len(state)} LoRA tensors for {len(layers)} LoRA layers (expected {expected})")
+    return save_lora_state(PIPELINES[kind], state, rank, alpha, out_dir)
+
+
+def save_lora_state(pipeline: str, state: dict[str, Tensor], rank: int, alpha: float, out_dir: str | Path) -> Path:
+    """Write diffusers-named LoRA tensors (`X.lora_A.weight`, `X.lora_B.weight`, see
+    `diffusers_lora_state`) as `out_dir/pytorch_lora_weights.safetensors` with the LoRA config
+    (rank, alpha, target modules) as metadata, through `<pipeline>.save_lora_weights`.
+
+    Args:
+        pipeline: the diffusers pipeline class name, e.g. "StableDiffusion3Pipeline".
+        state: the tensors, without a `transformer.` prefix (the pipeline adds it).
+        rank, alpha: the LoRA rank r and alpha (the update is scaled by alpha / r).
+    Returns:
+        The file written.
+    Raises:
+        ValueError: a tensor name that is not `<module>.lora_A.weight` / `.lora_B.weight`, or a
+            lora_A whose row count is not `rank`.
+    """
+    import diffusers
     from peft import LoraConfig
 
-    metadata = LoraConfig(r=rank, lora_alpha=alpha, target_modules=sorted(layers), lora_dropout=0.0,
+    modules = set()
+    for name, tensor in state.items():
+        module, sep, part = name.rpartition(".lora_")
+        if not sep or part not in ("A.weight", "B.weight"):
+            raise ValueError(f"LoRA tensor {name!r} is not named <module>.lora_A.weight or <module>.lora_B.weight")
+        if part == "A.weight" and tensor.shape[0] != rank:
+            raise ValueError(f"LoRA tensor {name!r} has rank {tensor.shape[0]}, the config says {rank}")
+        modules.add(module)
+    metadata = LoraConfig(r=rank, lora_alpha=alpha, target_modules=sorted(modules), lora_dropout=0.0,
                           init_lora_weights=True).to_dict()
-    metadata["target_modules"] = sorted(layers)
-    pipeline_cls = getattr(diffusers, PIPELINES[kind])
+    metadata["target_modules"] = sorted(modules)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    pipeline_cls.save_lora_weights(str(out), transformer_lora_layers=state, weight_name=WEIGHT_NAME,
-                                   transformer_lora_adapter_metadata=metadata, safe_serialization=True)
+    getattr(diffusers, pipeline).save_lora_weights(str(out), transformer_lora_layers=state, weight_name=WEIGHT_NAME,
+                                                   transformer_lora_adapter_metadata=metadata,
+                                                   safe_serialization=True)
     return out / WEIGHT_NAME

@@ -107,7 +107,12 @@ def save_digits_checkpoint(module: DigitsDiT, config: DigitsConfig, out_dir: str
     return out
 
 
-def _read_config(directory: Path) -> dict:
+def read_digits_config(directory: Path) -> dict:
+    """The parsed `config.json` of a digits checkpoint directory.
+
+    Raises:
+        FileNotFoundError: no config.json. ValueError: not JSON, or not a digits config.
+    """
     config_path = directory / CONFIG_FILE
     if not config_path.is_file():
         raise FileNotFoundError(
@@ -134,7 +139,7 @@ def load_digits_adapter(
     directory = BUILTIN_DIR if str(path) == "builtin" else Path(path)
     if not directory.is_dir():
         raise FileNotFoundError(f"digits checkpoint directory {directory} not found (expected {CONFIG_FILE} + {WEIGHTS_FILE})")
-    meta = _read_config(directory)
+    meta = read_digits_config(directory)
     weights_path = directory / WEIGHTS_FILE
     if not weights_path.is_file():
         raise FileNotFoundError(f"{weights_path} not found; a digits checkpoint needs {WEIGHTS_FILE} beside {CONFIG_FILE}")

@@ -1,0 +1,103 @@
+"""The run volume of a job: an emptyDir, or the PersistentVolumeClaim of ``spec.storage``.
+
+- :func:`build_claim`: the claim ``<job>-run`` the operator creates from ``size``,
+  ``storageClassName`` and ``accessModes`` (none for an existing ``claimName``).
+- :func:`run_volume`: the ``run`` volume of a role's pod; the controller and the actor ranks
+  mount the claim, rollout and reward keep an emptyDir (they write only their ledgers).
+- :func:`pod_affinity`: with a claim that is not ReadWriteMany (or ``singleNode``), the
+  controller and the actor ranks must share one node: a required pod affinity on
+  ``kubernetes.io/hostname`` towards each other (the first of them may go anywhere).
+- :func:`ensure_claim`: create the claim once, never patch its spec (a claim's spec is immutable
+  but for a size increase), and keep its ownerReference in line with ``whenDeleted``.
+
+Retention is the Kubernetes way, as a StatefulSet's ``persistentVolumeClaimRetentionPolicy``:
+``Delete`` gives the claim the RLJob's controller ownerReference, so garbage collection removes
+it with the RLJob; ``Retain`` gives it none, so it outlives the RLJob even if the operator is
+gone (nothing has to run at deletion time). The claim carries the annotation
+``omnirl.dev/when-deleted`` saying which, and :func:`omnirl_operator.meta.adopt` honours it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from omnirl.api.spec import RLJob
+from omnirl_operator.meta import ANNOTATION_WHEN_DELETED, LABEL_JOB, LABEL_ROLE, child_name, object_meta
+
+if TYPE_CHECKING:  # kube imports the builders, which import this module
+    from omnirl_operator.kube import KubeApi
+
+CLAIM_ROLES = ("controller", "actor")
+HOSTNAME = "kubernetes.io/hostname"
+
+
+def claim_name(job: RLJob) -> str | None:
+    """The claim the run directory lives on: ``spec.storage.claimName``, ``<job>-run``, or None (emptyDir)."""
+    storage = job.spec.storage
+    if storage is None:
+        return None
+    return storage.claimName or child_name(job.metadata.name, suffix="run")
+
+
+def build_claim(job: RLJob) -> dict[str, Any] | None:
+    """PersistentVolumeClaim ``<job>-run`` when the operator creates one, else None."""
+    storage = job.spec.storage
+    if storage is None or storage.claimName is not None:
+        return None
+    name = job.metadata.name
+    meta = object_meta(name, child_name(name, suffix="run"))
+    meta["annotations"] = {ANNOTATION_WHEN_DELETED: storage.whenDeleted}
+    spec: dict[str, Any] = {"accessModes": list(storage.accessModes),
+                            "resources": {"requests": {"storage": storage.size}}}
+    if storage.storageClassName is not None:
+        spec["storageClassName"] = storage.storageClassName
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
+
+
+def run_volume(job: RLJob, role: str) -> dict[str, Any]:
+    """The ``run`` volume of ``role``'s pods: the claim for the controller and the actor, else an emptyDir."""
+    claim = claim_name(job)
+    if claim is None or role not in CLAIM_ROLES:
+        return {"name": "run", "emptyDir": {}}
+    return {"name": "run", "persistentVolumeClaim": {"claimName": claim}}
+
+
+def pod_affinity(job: RLJob, role: str) -> dict[str, Any]:
+    """``{"affinity": ...}`` pinning the claim's pods to one node when the claim needs it, else ``{}``."""
+    storage = job.spec.storage
+    if storage is None or role not in CLAIM_ROLES or not storage.pinned:
+        return {}
+    selector = {"matchLabels": {LABEL_JOB: job.metadata.name},
+                "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(CLAIM_ROLES)}]}
+    term = {"labelSelector": selector, "topologyKey": HOSTNAME}
+    return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
+def ensure_claim(kube: KubeApi, claim: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Create the adopted claim when absent; otherwise only bring its ownerReferences in line.
+
+    Returns:
+        ``("created" | "patched" | "unchanged", the stored claim)``.
+    Raises:
+        KubeError: an API call failed, or (409) a claim of that name exists that is not this job's
+            (no ``omnirl.dev/job`` label naming it): it is never adopted, so never garbage-collected.
+    """
+    from omnirl_operator.kube import KubeError
+
+    meta = claim["metadata"]
+    stored = kube.get("v1", "PersistentVolumeClaim", meta["namespace"], meta["name"])
+    if stored is None:
+        return "created", kube.create(claim)
+    job = meta["labels"][LABEL_JOB]
+    if (stored["metadata"].get("labels") or {}).get(LABEL_JOB) != job:
+        raise KubeError(409, f"adopt PersistentVolumeClaim/{meta['name']}", f"it exists and is not RLJob {job}'s "
+                        f"(no label {LABEL_JOB}={job}); mount it with spec.storage.claimName, or rename the RLJob")
+    want = meta.get("ownerReferences", [])
+    have = stored["metadata"].get("ownerReferences", [])
+    kept = [r for r in have if not (r.get("kind") == "RLJob" and r.get("name") == job)]
+    refs = kept + want
+    if {r.get("uid") for r in have} == {r.get("uid") for r in refs}:
+        return "unchanged", stored
+    patch = {"metadata": {"ownerReferences": refs,
+                          "annotations": {ANNOTATION_WHEN_DELETED: meta["annotations"][ANNOTATION_WHEN_DELETED]}}}
+    return "patched", kube.patch("v1", "PersistentVolumeClaim", meta["namespace"], meta["name"], patch)

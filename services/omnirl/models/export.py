@@ -1,0 +1,224 @@
+"""A checkpoint's policy in the form its users load, beside the manifest and the validation numbers.
+
+What an export directory holds (safetensors and JSON only):
+
+| run | files | load it with |
+| --- | --- | --- |
+| diffusers family, LoRA | `pytorch_lora_weights.safetensors` (LoRA config in its metadata) | `pipe.load_lora_weights(DIR)` |
+| diffusers family, full weights | `transformer/config.json` + `transformer/diffusion_pytorch_model.safetensors` (`save_pretrained` layout) | `<Transformer>.from_pretrained(DIR/transformer)` |
+| ocr-digits (LoRA merged into the weights) | `config.json` + `model.safetensors` (the built-in layout) | `load_digits_adapter(DIR)`, `model.path: DIR` |
+
+and always `export.json` (what was exported, from which checkpoint), `job.yaml` (the run's
+manifest) and `validation.json` (this policy's validation, when the run validated it, and every
+validation of the run up to it, from `metrics.jsonl`).
+
+The policy exported is the checkpoint's `policy.safetensors`: the weights rollout sampled from
+and validation scored (DiffusionNFT's old policy), so `validation.json` describes exactly these
+weights. Full weights are hard-linked from the checkpoint when the file system allows (no copy).
+
+Every export is written into a temporary sibling directory and renamed into place. In a run the
+controller exports each checkpoint to `OUT/exports/step-NNNNNN/` and repoints `OUT/exports/latest`
+(pruned like the checkpoints); `omnirl export` does the same for any checkpoint (`export_cli`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+import yaml
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from omnirl.api.loader import dump_rljob
+from omnirl.api.spec import RLJob
+from omnirl.models.policy_io import checkpoint_dir
+
+EXPORT_FORMAT = "omnirl-export-v1"
+EXPORTS = "exports"
+LATEST = "latest"
+DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
+
+
+def validations(run_dir: Path) -> list[dict]:
+    """The `validation` records of `run_dir/metrics.jsonl`, in order ([] when there is none)."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
+    return [r for r in records if r.get("event") == "validation"]
+
+
+def export_checkpoint(job: RLJob, checkpoint: str | Path, out: str | Path, *, run_dir: str | Path | None = None) -> Path:
+    """Export `checkpoint` of `job` into the new directory `out` (written as a temporary sibling, then renamed).
+
+    Args:
+        job: the run's manifest (family, base model path, LoRA settings).
+        checkpoint: a checkpoint directory, or a checkpoints root holding `latest`.
+        out: the export directory; must not exist yet.
+        run_dir: the run directory whose `metrics.jsonl` holds the validations (None: none).
+    Returns:
+        `out`.
+    Raises:
+        FileExistsError: `out` exists.
+        FileNotFoundError: not a checkpoint, or the base model's files are missing.
+        ValueError: the checkpoint's tensors do not fit the base model.
+    """
+    out = Path(out)
+    if out.exists():
+        raise FileExistsError(f"{out} already exists; choose another --out or remove it")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".tmp-{out.name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _write(job, checkpoint_dir(checkpoint), tmp, None if run_dir is None else Path(run_dir))
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def export_run_checkpoint(job: RLJob, run_dir: str | Path, checkpoint: str | Path, keep: int) -> Path:
+    """Export `checkpoint` to `run_dir/exports/<its name>/`, repoint `exports/latest`, keep `keep` + latest.
+
+    Returns:
+        The export directory. Raises as `export_checkpoint`.
+    """
+    root = Path(run_dir) / EXPORTS
+    final = root / checkpoint_dir(checkpoint).name
+    shutil.rmtree(final, ignore_errors=True)  # a re-export of a resumed step
+    export_checkpoint(job, checkpoint, final, run_dir=run_dir)
+    link, tmp_link = root / LATEST, root / f".{LATEST}-{os.getpid()}"
+    if tmp_link.is_symlink() or tmp_link.exists():
+        tmp_link.unlink()
+    tmp_link.symlink_to(final.name)
+    tmp_link.replace(link)
+    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
+        if old != final:
+            shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def _write(job: RLJob, ckpt: Path, out: Path, run_dir: Path | None) -> None:
+    spec = job.spec
+    state = json.loads((ckpt / "state.json").read_text())
+    lora = bool(state.get("lora"))
+    if lora != spec.model.lora.enabled:
+        raise ValueError(f"{ckpt} holds {'LoRA adapters' if lora else 'full weights'} but the manifest's "
+                         f"model.lora.enabled is {spec.model.lora.enabled}; pass the run's own manifest")
+    policy = ckpt / "policy.safetensors"
+    if spec.model.family == "ocr-digits":
+        files = _digits(job, policy, lora, out, state)
+    elif lora:
+        files = _diffusers_lora(job, policy, out)
+    else:
+        files = _diffusers_full(job, policy, out)
+    (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
+    version = int(state["policy_version"])
+    history = [v for v in validations(run_dir) if int(v["policy_version"]) <= version] if run_dir else []
+    mine = [v for v in history if int(v["policy_version"]) == version]
+    (out / "validation.json").write_text(json.dumps(
+        {"policy_version": version, "validation": mine[-1] if mine else None, "history": history}, indent=1) + "\n")
+    manifest = {
+        "format": EXPORT_FORMAT, "job": job.metadata.name, "family": spec.model.family, "base_model": spec.model.path,
+        "algorithm": spec.algorithm.name, "step": int(state["step"]), "policy_version": version,
+        "checkpoint": str(ckpt), "weights": "lora" if lora and spec.model.family != "ocr-digits" else "full",
+        "lora": {"rank": spec.model.lora.rank, "alpha": spec.model.lora.alpha,
+                 "merged": spec.model.family == "ocr-digits"} if lora else None,
+        "files": sorted(files + ["job.yaml", "validation.json"]),
+    }
+    (out / "export.json").write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link `src` to `dst` (checkpoint files are never rewritten in place), else copy it."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def _keys(files: list[Path]) -> set[str]:
+    keys: set[str] = set()
+    for f in files:
+        with safe_open(str(f), framework="pt") as handle:
+            keys.update(handle.keys())
+    return keys
+
+
+def _same_keys(got: set[str], want: set[str], what: str) -> None:
+    missing, unexpected = sorted(want - got), sorted(got - want)
+    if missing or unexpected:
+        raise ValueError(f"the checkpoint's policy does not fit {what}: missing {missing[:3]}, unexpected "
+                         f"{unexpected[:3]} (wrong model.family or model.path?)")
+
+
+def _digits(job: RLJob, policy: Path, lora: bool, out: Path, state: dict) -> list[str]:
+    """The built-in layout: config.json (the base's model config) + model.safetensors; LoRA merged in."""
+    from omnirl.models.digits.adapter import BUILTIN_DIR, CONFIG_FILE, WEIGHTS_FILE, read_digits_config
+
+    base = BUILTIN_DIR if job.spec.model.path == "builtin" else Path(job.spec.model.path)
+    meta = read_digits_config(base)
+    base_weights = base / WEIGHTS_FILE
+    if lora:
+        merged = _merge_lora(load_file(str(base_weights)), load_file(str(policy)), job.spec.model.lora.alpha)
+        save_file(merged, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+    else:
+        _same_keys(_keys([policy]), _keys([base_weights]), f"the digits model in {base}")
+        _link_or_copy(policy, out / WEIGHTS_FILE)
+    provenance = {"base": str(job.spec.model.path), "base_provenance": meta.get("provenance", {}),
+                  "post_trained_by": f"omnirl {job.spec.algorithm.name}, job {job.metadata.name}",
+                  "step": int(state["step"]), "policy_version": int(state["policy_version"]), "lora_merged": lora}
+    config = {"format": meta["format"], "model": meta["model"], "provenance": provenance}
+    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return [CONFIG_FILE, WEIGHTS_FILE]
+
+
+def _merge_lora(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], alpha: float
+                ) -> dict[str, torch.Tensor]:
+    """W ← W + (alpha / r)·B·A for every peft LoRA pair `X.lora_A.default.weight` [r, in],
+    `X.lora_B.default.weight` [out, r] over base weight `X.weight` [out, in] (float32 math).
+
+    Raises:
+        ValueError: a LoRA pair without its base weight, or tensors left unpaired.
+    """
+    merged = {k: v.float().clone() for k, v in base.items()}
+    a_names = [k for k in adapters if ".lora_A." in k]
+    if 2 * len(a_names) != len(adapters):
+        raise ValueError(f"{len(adapters)} LoRA tensors do not form {len(a_names)} lora_A/lora_B pairs")
+    for a_name in a_names:
+        module = a_name.split(".lora_A.")[0]
+        a, b = adapters[a_name].float(), adapters[a_name.replace(".lora_A.", ".lora_B.")].float()
+        if f"{module}.weight" not in merged:
+            raise ValueError(f"LoRA on {module!r}, which the base model has no weight for (wrong model.path?)")
+        merged[f"{module}.weight"] += (alpha / a.shape[0]) * (b @ a)
+    return {k: v.contiguous() for k, v in merged.items()}
+
+
+def _diffusers_lora(job: RLJob, policy: Path, out: Path) -> list[str]:
+    from omnirl.models.diffusers.lora_io import FAMILY_PIPELINES, WEIGHT_NAME, diffusers_lora_state, save_lora_state
+
+    lora = job.spec.model.lora
+    state = diffusers_lora_state(load_file(str(policy)).items())
+    save_lora_state(FAMILY_PIPELINES[job.spec.model.family], state, lora.rank, lora.alpha, out)
+    return [WEIGHT_NAME]
+
+
+def _diffusers_full(job: RLJob, policy: Path, out: Path) -> list[str]:
+    """The transformer's `save_pretrained` layout: the base's config.json + the policy's weights."""
+    base = Path(job.spec.model.path) / "transformer"
+    config = base / "config.json"
+    if not config.is_file():
+        raise FileNotFoundError(f"{config} not found: model.path must be the run's diffusers model directory "
+                                "(with transformer/config.json)")
+    shards = sorted(base.glob("diffusion_pytorch_model*.safetensors"))
+    _same_keys(_keys([policy]), _keys(shards), f"the transformer in {base}")
+    (out / "transformer").mkdir()
+    shutil.copyfile(config, out / "transformer" / "config.json")
+    _link_or_copy(policy, out / "transformer" / DIFFUSERS_WEIGHTS)
+    return ["transformer/config.json", f"transformer/{DIFFUSERS_WEIGHTS}"]

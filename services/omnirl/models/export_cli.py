@@ -1,0 +1,51 @@
+"""`omnirl export RUN_DIR --out DIR [--checkpoint PATH] [--job JOB.yaml]`: export any checkpoint.
+
+The manifest is `--job`, else the run's own (`RUN_DIR/job.yaml`, which `omnirl run` writes, else
+the one in `RUN_DIR/exports/latest/`, which a Kubernetes run's controller writes); the checkpoint
+is `--checkpoint`, else `RUN_DIR/<checkpoint.dir>/latest`. See `omnirl.models.export` for what
+DIR holds. A problem prints one line naming the fix and exits 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from omnirl.api.errors import ManifestError
+from omnirl.api.loader import load_rljob
+from omnirl.models.export import EXPORTS, LATEST, export_checkpoint
+
+
+def _manifest(run_dir: Path, job: str | None) -> Path:
+    if job is not None:
+        return Path(job)
+    for candidate in (run_dir / "job.yaml", run_dir / EXPORTS / LATEST / "job.yaml"):
+        if candidate.is_file():
+            return candidate
+    raise FileNotFoundError(f"{run_dir} holds no job.yaml (nor {EXPORTS}/{LATEST}/job.yaml); pass the run's "
+                            "manifest with --job JOB.yaml")
+
+
+def main(args: argparse.Namespace) -> int:
+    """CLI adapter; returns 0, or 2 with one line on stderr."""
+    run_dir = Path(args.run_dir)
+    try:
+        if not run_dir.is_dir():
+            raise FileNotFoundError(f"{run_dir} is not a directory; pass a run directory (omnirl run --out, or the "
+                                    "mounted spec.storage claim)")
+        job = load_rljob(_manifest(run_dir, args.job))
+        checkpoint = Path(args.checkpoint) if args.checkpoint else run_dir / job.spec.checkpoint.dir / LATEST
+        if not args.checkpoint and not checkpoint.exists():
+            raise FileNotFoundError(f"{run_dir} has no checkpoint ({checkpoint} is missing); pass --checkpoint "
+                                    "PATH, or let the run reach its first checkpoint")
+        out = export_checkpoint(job, checkpoint, args.out, run_dir=run_dir)
+    except ManifestError as err:
+        for line in err.problems:
+            print(f"omnirl export: {line}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError, KeyError) as err:
+        print(f"omnirl export: {str(err).strip(chr(39) + chr(34))}", file=sys.stderr)
+        return 2
+    print(f"exported {checkpoint} → {out}")
+    return 0

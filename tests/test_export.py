@@ -1,0 +1,201 @@
+"""Exports of checkpoints in the form users load: a diffusers LoRA file `load_lora_weights` takes,
+the transformer's `save_pretrained` layout, the digits model's own layout (LoRA merged), and the
+`omnirl export` CLI's one-line errors. Tiny models built locally; nothing is downloaded."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from omnirl.actor.checkpoint import save_checkpoint
+from omnirl.api.loader import dump_rljob, job_from_dict
+from omnirl.api.spec import LoRASpec, RLJob
+from omnirl.cli import main
+from omnirl.models.digits.adapter import load_digits_adapter
+from omnirl.models.export import export_checkpoint, export_run_checkpoint
+from omnirl.models.lora import inject_lora, lora_tensors
+
+LORA = {"enabled": True, "rank": 4, "alpha": 8.0}
+
+
+def rljob(family: str = "ocr-digits", path: str = "builtin", lora: dict | None = None) -> RLJob:
+    return job_from_dict({"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "exp"},
+                          "spec": {"model": {"family": family, "path": path, "lora": lora or {"enabled": False}},
+                                   "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]}})
+
+
+def checkpoint(run: Path, policy: dict[str, torch.Tensor], *, lora: bool, step: int = 3) -> Path:
+    """A checkpoint as the actor writes it (only the policy matters to an export) + a metrics.jsonl
+    holding validations of this policy's version and of an earlier one."""
+    state = {"step": step, "policy_version": step + 1, "lora": lora}
+    ckpt = save_checkpoint(run / "checkpoints", step, policy=policy, trained=policy, old=None,
+                           optimizer=({}, {"param_groups": [], "scalars": {}}), state=state)
+    rows = [{"event": "validation", "step": 0, "policy_version": 0, "val_reward_mean": 0.4},
+            {"event": "step", "step": step, "policy_version": step + 1},
+            {"event": "validation", "step": step + 1, "policy_version": step + 1, "val_reward_mean": 0.7}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return ckpt
+
+
+def _randomize_lora_b(module: torch.nn.Module) -> None:
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if "lora_B.default" in name:
+                p.normal_(0, 0.1)
+
+
+# ---------------------------------------------------------------- diffusers (SD3)
+
+
+@pytest.fixture(scope="module")
+def sd3(tmp_path_factory):
+    pytest.importorskip("diffusers")
+    from tests.test_models_diffusers import RES, _sd3_pipeline
+
+    from omnirl.models.registry import load_adapter
+
+    torch.set_num_threads(1)
+    path = tmp_path_factory.mktemp("sd3")
+    _sd3_pipeline().save_pretrained(path)
+    return path, load_adapter("sd3", str(path), "cpu", "float32", resolution=RES, max_sequence_length=16)
+
+
+def test_sd3_lora_export_loads_with_load_lora_weights(sd3, tmp_path):
+    from diffusers import StableDiffusion3Pipeline
+
+    path, adapter = sd3
+    original = adapter.module
+    adapter.module = module = copy.deepcopy(original)  # the fixture's module stays LoRA-free
+    try:
+        inject_lora(module, LoRASpec(**LORA), adapter.lora_target_modules)
+        _randomize_lora_b(module)
+        policy = {k: v.detach().clone() for k, v in lora_tensors(module).items()}
+        ckpt = checkpoint(tmp_path / "run", policy, lora=True)
+        out = export_checkpoint(rljob("sd3", str(path), LORA), ckpt, tmp_path / "export", run_dir=tmp_path / "run")
+        manifest = json.loads((out / "export.json").read_text())
+        assert (manifest["weights"], manifest["lora"], manifest["step"], manifest["policy_version"]) == \
+            ("lora", {"rank": 4, "alpha": 8.0, "merged": False}, 3, 4)
+        assert sorted(p.name for p in out.iterdir()) == ["export.json", "job.yaml", "pytorch_lora_weights.safetensors",
+                                                         "validation.json"]
+        validation = json.loads((out / "validation.json").read_text())
+        assert validation["validation"]["val_reward_mean"] == 0.7 and len(validation["history"]) == 2
+
+        pipe = StableDiffusion3Pipeline.from_pretrained(path, local_files_only=True)
+        pipe.load_lora_weights(str(out))
+        loaded = {n.replace(".default_0.", "."): p for n, p in pipe.transformer.named_parameters() if "lora_" in n}
+        ours = {n.replace(".default.", "."): t for n, t in policy.items()}
+        assert loaded.keys() == ours.keys() and len(ours) >= 16
+        assert all(torch.equal(loaded[n], ours[n]) for n in ours)
+        # rank and alpha restored: the loaded pipeline's transformer computes our velocity
+        cond = adapter.encode([adapter.tokenize('a sign that says "hi"')])
+        x = torch.randn((1, *adapter.latent_shape([])), generator=torch.Generator().manual_seed(0))
+        sigma = torch.tensor([0.5])
+        with torch.no_grad():
+            ours_v = adapter.velocity(x, sigma, cond)
+            adapter.module = pipe.transformer
+            theirs_v = adapter.velocity(x, sigma, cond)
+        assert torch.allclose(ours_v, theirs_v, atol=1e-5, rtol=0)
+    finally:
+        adapter.module = original
+
+
+def test_sd3_full_weights_export_is_the_transformer_save_pretrained_layout(sd3, tmp_path):
+    from diffusers import SD3Transformer2DModel
+
+    path, adapter = sd3
+    policy = {k: v.detach().clone() + 0.01 for k, v in adapter.module.state_dict().items()}  # "trained"
+    ckpt = checkpoint(tmp_path / "run", policy, lora=False)
+    out = export_checkpoint(rljob("sd3", str(path)), ckpt, tmp_path / "export", run_dir=tmp_path / "run")
+    assert json.loads((out / "export.json").read_text())["weights"] == "full"
+    loaded = SD3Transformer2DModel.from_pretrained(out / "transformer", local_files_only=True)
+    state = loaded.state_dict()
+    assert state.keys() == policy.keys() and all(torch.equal(state[k], policy[k]) for k in policy)
+    # hard-linked from the checkpoint, not copied, where the file system allows it
+    assert (out / "transformer" / "diffusion_pytorch_model.safetensors").stat().st_ino == \
+        (ckpt / "policy.safetensors").stat().st_ino
+
+
+# ---------------------------------------------------------------- the built-in digits model
+
+
+def test_digits_lora_export_is_merged_into_the_builtin_layout(tmp_path):
+    adapter = load_digits_adapter()
+    inject_lora(adapter.module, LoRASpec(**LORA), adapter.lora_target_modules)
+    _randomize_lora_b(adapter.module)
+    policy = {k: v.detach().clone() for k, v in lora_tensors(adapter.module).items()}
+    ckpt = checkpoint(tmp_path / "run", policy, lora=True)
+    job = rljob(lora=LORA)
+    final = export_run_checkpoint(job, tmp_path / "run", ckpt, keep=1)
+    assert final == tmp_path / "run" / "exports" / "step-000003"
+    assert (tmp_path / "run" / "exports" / "latest").resolve() == final
+    exported = load_digits_adapter(final / "")
+    config = json.loads((final / "config.json").read_text())
+    assert config["provenance"]["lora_merged"] is True and config["provenance"]["policy_version"] == 4
+    ids = [adapter.tokenize('A sign that says "2048"')]
+    x = torch.randn((1, *adapter.latent_shape(ids[0])), generator=torch.Generator().manual_seed(0))
+    sigma = torch.tensor([0.7])
+    with torch.no_grad():
+        lora_v = adapter.velocity(x, sigma, adapter.encode(ids))
+        merged_v = exported.velocity(x, sigma, exported.encode(ids))
+        base_v = load_digits_adapter().velocity(x, sigma, exported.encode(ids))
+    assert torch.allclose(merged_v, lora_v, atol=1e-4, rtol=0)
+    assert not torch.allclose(base_v, lora_v, atol=1e-3, rtol=0)  # the LoRA did change the model
+    # a later checkpoint's export replaces `latest` and prunes to `keep`
+    later = checkpoint(tmp_path / "run", policy, lora=True, step=5)
+    export_run_checkpoint(job, tmp_path / "run", later, keep=1)
+    assert sorted(p.name for p in (tmp_path / "run" / "exports").iterdir()) == ["latest", "step-000005"]
+
+
+# ---------------------------------------------------------------- omnirl export
+
+
+@pytest.fixture()
+def run_dir(tmp_path) -> Path:
+    """A run directory like `omnirl run` leaves: job.yaml, metrics.jsonl, a full-weights digits checkpoint."""
+    run = tmp_path / "run"
+    policy = {k: v.clone() for k, v in load_digits_adapter().module.state_dict().items()}
+    checkpoint(run, policy, lora=False)
+    (run / "job.yaml").write_text(yaml.safe_dump(dump_rljob(rljob())))
+    return run
+
+
+def _export(capsys, *args: str) -> tuple[int, list[str]]:
+    code = main(["export", *map(str, args)])
+    return code, capsys.readouterr().err.splitlines()
+
+
+def test_export_cli_writes_the_latest_checkpoint(run_dir, tmp_path, capsys):
+    code = main(["export", str(run_dir), "--out", str(tmp_path / "x")])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads((tmp_path / "x" / "export.json").read_text())["policy_version"] == 4
+    assert load_digits_adapter(tmp_path / "x").config.d_model == 128
+
+
+def test_export_cli_errors_are_one_line_naming_the_fix(run_dir, tmp_path, capsys):
+    cases = [
+        ((tmp_path / "nope", "--out", tmp_path / "a"), "is not a directory; pass a run directory"),
+        ((tmp_path, "--out", tmp_path / "a"), "holds no job.yaml (nor exports/latest/job.yaml); pass the run's "
+         "manifest with --job JOB.yaml"),
+        ((run_dir, "--out", tmp_path / "a", "--checkpoint", tmp_path), "no policy.safetensors; pass a run's checkpoint "
+         "dir"),
+        ((run_dir, "--out", run_dir), "already exists; choose another --out or remove it"),
+    ]
+    for args, fix in cases:
+        code, lines = _export(capsys, *args)
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("omnirl export: ") and fix in lines[0], lines
+    empty = tmp_path / "empty"
+    (empty / "checkpoints").mkdir(parents=True)
+    (empty / "job.yaml").write_text((run_dir / "job.yaml").read_text())
+    code, lines = _export(capsys, empty, "--out", tmp_path / "a")
+    assert code == 2 and len(lines) == 1 and "has no checkpoint" in lines[0] and "pass --checkpoint" in lines[0]
+    # a manifest that does not describe the checkpoint: one line, and nothing half-written left behind
+    lora_job = tmp_path / "lora.yaml"
+    lora_job.write_text(yaml.safe_dump(dump_rljob(rljob(lora=LORA))))
+    code, lines = _export(capsys, run_dir, "--out", tmp_path / "out" / "b", "--job", lora_job)
+    assert code == 2 and len(lines) == 1 and "pass the run's own manifest" in lines[0]
+    assert list((tmp_path / "out").iterdir()) == []

@@ -1,0 +1,268 @@
+"""`spec.storage`: validation naming the field, the claim and mounts the builders write (checked with
+`kubernetes-validate --strict`), and the operator creating, keeping and deleting the claim per
+`whenDeleted` against kmock's emulator (which has no garbage collector: the test plays it)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from omnirl.api.loader import job_from_dict
+from omnirl.api.problems import problem_lines
+from omnirl.api.spec import RLJob
+from omnirl.api.spec_storage import quantity_bytes
+from omnirl_operator.builders import build_children
+from omnirl_operator.kube import KubeApi, KubeError
+from omnirl_operator.meta import PLACEHOLDER_UID, adopt
+from omnirl_operator.settings import OperatorSettings
+from omnirl_operator.storage import ensure_claim
+from omnirl_operator.testing import BackgroundCluster, EmulatedCluster, rljob_body
+
+NS = "team"
+SETTINGS = OperatorSettings(default_redis_url="redis://redis:6379/0")
+K8S_VERSIONS = ("1.31", kubernetes_validate.utils.latest_version())
+PVC = ("v1", "PersistentVolumeClaim")
+
+
+def manifest(name: str = "demo", storage: dict | None = None, actor: int = 1) -> dict[str, Any]:
+    spec: dict[str, Any] = {"data": {"trainPrompts": "/data/train.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}],
+                            "roles": {"actor": {"replicas": actor}}}
+    if storage is not None:
+        spec["storage"] = storage
+    return {"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": name, "namespace": NS},
+            "spec": spec}
+
+
+def problems(storage: dict, actor: int = 1) -> list[str]:
+    with pytest.raises(ValidationError) as info:
+        RLJob.model_validate(manifest(storage=storage, actor=actor))
+    return [text for _, text in problem_lines(RLJob, info.value)]
+
+
+@pytest.mark.parametrize(("storage", "actor", "expected"), [
+    ({"claimName": "runs", "size": "10Gi"}, 1, "spec.storage.size: \"10Gi\" is invalid: must not be set together "
+     "with claimName"),
+    ({"storageClassName": "fast"}, 1, "spec.storage.size: null is invalid: required when claimName is not set"),
+    ({"size": "ten gigs"}, 1, "spec.storage.size: \"ten gigs\" is invalid: must be a positive Kubernetes quantity"),
+    ({"size": "0Gi"}, 1, "spec.storage.size: \"0Gi\" is invalid: must be a positive Kubernetes quantity"),
+    ({"claimName": "runs", "whenDeleted": "Delete"}, 1, "spec.storage.whenDeleted: \"Delete\" is invalid: applies "
+     "only to a claim the operator creates"),
+    ({"claimName": "runs", "storageClassName": "fast"}, 1, "spec.storage.storageClassName: \"fast\" is invalid"),
+    ({"size": "1Gi", "accessModes": ["ReadWriteOncePod"]}, 1, "spec.storage.accessModes: [\"ReadWriteOncePod\"] is "
+     "invalid: must not hold ReadWriteOncePod"),
+    ({"size": "1Gi", "accessModes": ["ReadOnlyMany"]}, 1, "spec.storage.accessModes: [\"ReadOnlyMany\"] is invalid: "
+     "must hold ReadWriteOnce or ReadWriteMany"),
+    ({"size": "1Gi"}, 2, "spec.storage.accessModes: [\"ReadWriteOnce\"] is invalid: must hold ReadWriteMany for "
+     "roles.actor.replicas=2"),
+    ({"claimName": "runs", "accessModes": ["ReadWriteOnce"]}, 4, "spec.storage.accessModes: [\"ReadWriteOnce\"] is "
+     "invalid: must hold ReadWriteMany for roles.actor.replicas=4"),
+])
+def test_impossible_storage_is_rejected_naming_the_field(storage, actor, expected):
+    lines = problems(storage, actor)
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+@pytest.mark.parametrize(("storage", "actor"), [
+    ({"size": "50Gi"}, 1),
+    ({"size": "1.5Ti", "accessModes": ["ReadWriteMany"]}, 8),
+    ({"size": "500M", "singleNode": True}, 4),  # ReadWriteOnce with every rank on one node
+    ({"claimName": "team-runs", "accessModes": ["ReadWriteMany"]}, 2),
+])
+def test_possible_storage_is_accepted(storage, actor):
+    RLJob.model_validate(manifest(storage=storage, actor=actor))
+
+
+def test_quantities():
+    assert quantity_bytes("50Gi") == 50 * 2**30 and quantity_bytes("500M") == 5e8 and quantity_bytes("1.5Ki") == 1536
+    with pytest.raises(ValueError, match="not a quantity"):
+        quantity_bytes("5 GB")
+
+
+def kids(storage: dict | None, actor: int = 1) -> dict[str, dict]:
+    job = job_from_dict(manifest(storage=storage, actor=actor))
+    built = adopt(build_children(job, SETTINGS), "demo", NS, PLACEHOLDER_UID)
+    return {f"{c['kind']}/{c['metadata']['name']}": c for c in built}
+
+
+def volumes(obj: dict) -> tuple[dict, list]:
+    pod = obj["spec"]["template"]["spec"]
+    return {v["name"]: v for v in pod["volumes"]}["run"], pod["containers"][0]["volumeMounts"]
+
+
+def test_created_claim_is_mounted_by_the_controller_and_every_actor_rank_and_validates_strictly():
+    children = kids({"size": "20Gi", "storageClassName": "fast-rwx", "accessModes": ["ReadWriteMany"],
+                     "whenDeleted": "Delete"}, actor=2)
+    claim = children["PersistentVolumeClaim/demo-run"]
+    assert claim["spec"] == {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "20Gi"}},
+                             "storageClassName": "fast-rwx"}
+    assert claim["metadata"]["annotations"] == {"omnirl.dev/when-deleted": "Delete"}
+    assert [r["kind"] for r in claim["metadata"]["ownerReferences"]] == ["RLJob"]  # garbage-collected with the job
+    for name in ("StatefulSet/demo-actor", "Job/demo-controller"):
+        volume, mounts = volumes(children[name])
+        assert volume == {"name": "run", "persistentVolumeClaim": {"claimName": "demo-run"}}
+        assert {"name": "run", "mountPath": "/var/lib/omnirl"} in mounts
+        assert "affinity" not in children[name]["spec"]["template"]["spec"]  # ReadWriteMany: ranks spread
+        env = {e["name"]: e.get("value") for e in children[name]["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["OMNIRL_EXPORT"] == "1"
+    for name in ("Deployment/demo-rollout", "Deployment/demo-reward"):  # they write only their ledgers
+        assert volumes(children[name])[0] == {"name": "run", "emptyDir": {}}
+    for version in K8S_VERSIONS:
+        for obj in children.values():
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_retained_claim_has_no_owner_and_read_write_once_pins_to_one_node():
+    children = kids({"size": "1Gi"})
+    claim = children["PersistentVolumeClaim/demo-run"]
+    assert "ownerReferences" not in claim["metadata"]  # outlives the RLJob, whatever happens to the operator
+    assert claim["metadata"]["annotations"] == {"omnirl.dev/when-deleted": "Retain"}
+    assert "storageClassName" not in claim["spec"]  # the cluster's default class
+    term = {"labelSelector": {"matchLabels": {"omnirl.dev/job": "demo"}, "matchExpressions": [
+        {"key": "omnirl.dev/role", "operator": "In", "values": ["controller", "actor"]}]},
+        "topologyKey": "kubernetes.io/hostname"}
+    for name in ("StatefulSet/demo-actor", "Job/demo-controller"):
+        pod = children[name]["spec"]["template"]["spec"]
+        assert pod["affinity"] == {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}
+        # the term selects the pod itself, so the first of them may go anywhere (the scheduler's rule)
+        labels = children[name]["spec"]["template"]["metadata"]["labels"]
+        assert labels["omnirl.dev/job"] == "demo" and labels["omnirl.dev/role"] in ("controller", "actor")
+    assert "affinity" not in children["Deployment/demo-rollout"]["spec"]["template"]["spec"]
+    for version in K8S_VERSIONS:
+        for obj in children.values():
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_existing_claim_is_mounted_not_created_and_no_storage_keeps_the_empty_dir():
+    children = kids({"claimName": "team-runs", "accessModes": ["ReadWriteMany"]}, actor=2)
+    assert not [k for k in children if k.startswith("PersistentVolumeClaim/")]
+    assert volumes(children["StatefulSet/demo-actor"])[0]["persistentVolumeClaim"] == {"claimName": "team-runs"}
+    plain = kids(None)
+    assert not [k for k in plain if k.startswith("PersistentVolumeClaim/")]
+    volume, _ = volumes(plain["Job/demo-controller"])
+    assert volume == {"name": "run", "emptyDir": {}}
+    env = {e["name"]: e.get("value") for e in plain["Job/demo-controller"]["spec"]["template"]["spec"]["containers"][0]
+           ["env"]}
+    assert env["OMNIRL_EXPORT"] == "0"  # the controller cannot see the actor's checkpoints
+
+
+def test_claim_settings_the_pods_never_see_do_not_roll_them():
+    def digests(storage):
+        return {k: v["spec"]["template"]["metadata"]["annotations"]["omnirl.dev/spec-hash"]
+                for k, v in kids(storage).items() if "template" in v.get("spec", {})}
+
+    base = digests({"size": "1Gi"})
+    assert digests({"size": "2Gi", "whenDeleted": "Delete"}) == base
+    assert not set(digests({"size": "1Gi", "accessModes": ["ReadWriteMany"]}).values()) & set(base.values())
+    assert not set(digests(None).values()) & set(base.values())
+
+
+def test_render_shows_the_claim_and_its_mounts(tmp_path, capsys):
+    from omnirl.cli import main
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(manifest(storage={"size": "5Gi"})))
+    assert main(["render", str(path)]) == 0
+    docs = {f"{d['kind']}/{d['metadata']['name']}": d for d in yaml.safe_load_all(capsys.readouterr().out)}
+    assert docs["PersistentVolumeClaim/demo-run"]["spec"]["resources"]["requests"]["storage"] == "5Gi"
+    for name in ("StatefulSet/demo-actor", "Job/demo-controller"):
+        assert volumes(docs[name])[0]["persistentVolumeClaim"] == {"claimName": "demo-run"}
+
+
+# ---------------------------------------------------------------- the operator, in the emulator
+
+
+@pytest.fixture(scope="module")
+def bg(redis_url):
+    with BackgroundCluster(OperatorSettings(default_redis_url=redis_url), resync_seconds=1.0) as cluster:
+        yield cluster
+
+
+async def _claim(cluster: EmulatedCluster, name: str, owned: bool) -> dict:
+    async def check():
+        obj = await cluster.get(*PVC, NS, f"{name}-run")
+        return obj if obj is not None and bool(obj["metadata"].get("ownerReferences")) == owned else None
+
+    return await cluster.wait_for(check, what=f"claim {name}-run {'owned' if owned else 'not owned'}")
+
+
+async def _collect_garbage(cluster: EmulatedCluster, uids: set[str]) -> None:
+    """What the garbage collector does once the RLJobs are gone: delete claims they controlled."""
+    for name in ("keep", "drop", "switch"):
+        obj = await cluster.get(*PVC, NS, f"{name}-run")
+        if obj and any(r["uid"] in uids and r.get("controller") for r in obj["metadata"].get("ownerReferences", [])):
+            await cluster.delete(*PVC, NS, f"{name}-run")
+
+
+def test_operator_creates_keeps_and_deletes_the_claim_per_when_deleted(bg):
+    bodies = {
+        "keep": rljob_body(manifest("keep", {"size": "1Gi"})),
+        "drop": rljob_body(manifest("drop", {"size": "2Gi", "whenDeleted": "Delete"})),
+        "switch": rljob_body(manifest("switch", {"size": "3Gi", "whenDeleted": "Delete"})),
+        "existing": rljob_body(manifest("existing", {"claimName": "shared-runs"})),
+    }
+    uids = {b["metadata"]["uid"] for b in bodies.values()}
+
+    async def scenario(cluster: EmulatedCluster) -> dict:
+        for body in bodies.values():
+            await cluster.create(body)
+        keep = await _claim(cluster, "keep", owned=False)
+        drop = await _claim(cluster, "drop", owned=True)
+        await _claim(cluster, "switch", owned=True)
+        assert drop["metadata"]["ownerReferences"][0]["uid"] == bodies["drop"]["metadata"]["uid"]
+        assert (keep["spec"]["resources"]["requests"]["storage"], drop["spec"]["resources"]["requests"]["storage"]) \
+            == ("1Gi", "2Gi")
+
+        async def actor(name: str):
+            return await cluster.get("apps/v1", "StatefulSet", NS, f"{name}-actor")
+
+        sts = await cluster.wait_for(lambda: actor("existing"), what="StatefulSet existing-actor")
+        run = {v["name"]: v for v in sts["spec"]["template"]["spec"]["volumes"]}["run"]
+        assert run["persistentVolumeClaim"] == {"claimName": "shared-runs"}
+        assert await cluster.get(*PVC, NS, "existing-run") is None and await cluster.get(*PVC, NS, "shared-runs") is None
+        # the policy may change while the job lives (as a StatefulSet's): Delete → Retain drops the owner
+        await cluster.patch(*("omnirl.dev/v1alpha1", "RLJob"), NS, "switch", {"spec": {"storage": {
+            "whenDeleted": "Retain"}}})
+        switched = await _claim(cluster, "switch", owned=False)
+        assert switched["metadata"]["annotations"]["omnirl.dev/when-deleted"] == "Retain"
+        # a claim's spec is never patched: a new size is for a new claim (or `kubectl edit pvc`)
+        await cluster.patch("omnirl.dev/v1alpha1", "RLJob", NS, "keep", {"spec": {"storage": {"size": "9Gi"}}})
+
+        async def reconciled():
+            cm = await cluster.get("v1", "ConfigMap", NS, "keep-spec")
+            return "9Gi" in cm["data"]["job.yaml"]
+
+        await cluster.wait_for(reconciled, what="the new size reconciled")
+        assert (await cluster.get(*PVC, NS, "keep-run"))["spec"]["resources"]["requests"]["storage"] == "1Gi"
+        for name in bodies:
+            await cluster.delete("omnirl.dev/v1alpha1", "RLJob", NS, name)
+
+        async def all_gone():
+            return all([await cluster.rljob(NS, name) is None for name in bodies])
+
+        await cluster.wait_for(all_gone, what="RLJobs released by the finalizer")
+        await _collect_garbage(cluster, uids)
+        return {name: await cluster.get(*PVC, NS, f"{name}-run") for name in ("keep", "drop", "switch")}
+
+    left = bg.run(scenario)
+    assert left["drop"] is None
+    assert left["keep"]["spec"]["resources"]["requests"]["storage"] == "1Gi"
+    assert left["switch"] is not None
+
+
+def test_a_claim_of_that_name_that_is_not_the_jobs_is_never_adopted(bg):
+    """Adopting it with whenDeleted: Delete would let garbage collection delete someone's data."""
+    kube = KubeApi.for_server(bg.cluster.url)
+    foreign = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "other-run", "namespace": NS},
+               "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "7Gi"}}}}
+    kube.create(foreign)
+    job = job_from_dict(manifest("other", {"size": "1Gi", "whenDeleted": "Delete"}))
+    (claim,) = [c for c in adopt(build_children(job, SETTINGS), "other", NS, PLACEHOLDER_UID)
+                if c["kind"] == "PersistentVolumeClaim"]
+    with pytest.raises(KubeError, match="is not RLJob other's .* mount it with spec.storage.claimName"):
+        ensure_claim(kube, claim)
+    stored = kube.get(*PVC, NS, "other-run")
+    assert "ownerReferences" not in stored["metadata"] and stored["spec"]["resources"]["requests"]["storage"] == "7Gi"
