@@ -187,6 +187,9 @@ def test_backend_follows_the_device_and_rejects_mismatches() -> None:
         resolve_backend("nccl", "cpu")
     with pytest.raises(ValueError, match="needs a device of type .npu."):
         resolve_backend("hccl", "cpu")
+    assert resolve_backend("cuda-ipc", "cuda:0") == ("cuda-ipc", torch.device("cuda:0"))  # stays on the GPU
+    with pytest.raises(ValueError, match="backend='cuda-ipc' needs a device of type .cuda."):
+        resolve_backend("cuda-ipc", "cpu")
     with pytest.raises(ValueError, match="expected one of"):
         resolve_backend("mpi", "cpu")
 
