@@ -46,6 +46,12 @@ def _cmd_role(args: argparse.Namespace) -> int:
     return role_main(args)
 
 
+def _cmd_scorer_serve(args: argparse.Namespace) -> int:
+    from omnirl.reward.serve import main as serve_main
+
+    return serve_main(args)
+
+
 def _cmd_render(args: argparse.Namespace) -> int:
     from omnirl_operator.render import main as render_main
 
@@ -98,6 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", default=None, help="run output directory")
     s.add_argument("--index", type=int, default=0, help="replica index of this role")
     s.set_defaults(fn=_cmd_role)
+
+    s = sub.add_parser("scorer", help="scorer servers (the scorer protocol, see services/omnirl/reward/protocol)")
+    scorer_sub = s.add_subparsers(dest="scorer_command", required=True)
+    s = scorer_sub.add_parser("serve", help="serve a built-in scorer over gRPC (with gRPC health) or HTTP/JSON")
+    s.add_argument("--reward", required=True, choices=["ocr", "jpeg"], help="the built-in scorer to serve")
+    s.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    s.add_argument("--host", default="0.0.0.0", help="address to listen on (default all interfaces)")
+    s.add_argument("--port", type=int, default=50051, help="TCP port (0 picks a free one, printed on start)")
+    s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a scorer parameter as in spec.reward[].params, e.g. --param threads=2 (repeatable)")
+    s.set_defaults(fn=_cmd_scorer_serve)
 
     s = sub.add_parser("render", help="print the Kubernetes objects the operator would create")
     s.add_argument("job")
