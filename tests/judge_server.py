@@ -12,7 +12,7 @@ reply is one token `yes` with top log-probabilities {yes: log p, no: log(1 − p
 The request's `model` selects a behaviour, to exercise a client's failure handling:
 `judge` (the above), `judge-no-logprobs` (never returns logprobs), `slow:S` (sleeps S seconds
 first), `flaky:N` (HTTP 503 to the first N requests per seed, then answers), `malformed` (HTTP 200
-with a body that is not JSON), `no-choices` (HTTP 200 JSON without `choices`).
+with a body that is not JSON), `no-choices` (HTTP 200 JSON without `choices`), `reject` (HTTP 400).
 """
 
 from __future__ import annotations
@@ -100,6 +100,9 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(float(model.split(":")[1]))
         if model.startswith("flaky:") and attempt <= int(model.split(":")[1]):
             self._json(503, {"error": {"message": "overloaded, try again"}})
+            return
+        if model == "reject":
+            self._json(400, {"error": {"message": "the model does not exist"}})
             return
         if model == "malformed":
             self._send(200, b'{"id": "chatcmpl-test", "choices": [{"mess')

@@ -131,6 +131,13 @@ def test_5xx_past_the_retries_fails_the_sample(judge):
     assert len([r for r in stats(judge, "flaky:5") if r["seed"] == request_seed("f1")]) == 2  # 1 try + 1 retry
 
 
+def test_4xx_is_not_retried(judge):
+    scorer = as_model(vlm(judge, template="rate", maxRetries=3), "reject")
+    outcome = scorer.score_each(image("4")[None], ['"x"'], ["b0"])
+    assert "HTTP 400" in outcome.errors[0].reason and "does not exist" in outcome.errors[0].reason
+    assert len([r for r in stats(judge, "reject") if r["seed"] == request_seed("b0")]) == 1
+
+
 def test_timeout_is_retried_then_fails(judge):
     scorer = as_model(vlm(judge, timeout=0.5, template="rate", maxRetries=1), "slow:5")
     outcome = scorer.score_each(image("4")[None], ['"x"'], ["t0"])

@@ -150,10 +150,10 @@ class VLMScorer:
                                                        {"type": "text", "text": question}]}],
                 **extra,
             )
-        except openai.APIStatusError as err:
+        except openai.APIStatusError as err:  # 408/409/429/5xx only after the retries; others at once
             return ScorerError(sample_id, f"{self.name}: {self.base_url} answered HTTP {err.status_code} "
-                                          f"(after {self.params.maxRetries} retries): {err.response.text[:300]!r}")
-        except (openai.APIConnectionError, openai.APIError) as err:  # APITimeoutError is an APIConnectionError
+                                          f"(maxRetries {self.params.maxRetries}): {err.response.text[:300]!r}")
+        except openai.APIError as err:  # connection errors and timeouts (APITimeoutError), after the retries
             return ScorerError(sample_id, f"{self.name}: {self.base_url} failed after {self.params.maxRetries} "
                                           f"retries: {type(err).__name__}: {err}")
         text = raw.http_response.text
