@@ -2,7 +2,8 @@
 
 `python tests/judge_server.py` listens on a free loopback port and prints `listening on PORT`.
 It serves `POST /v1/chat/completions` and `GET /v1/models` in the OpenAI wire format, plus
-`GET /stats` (every request it received, for the tests' assertions).
+`GET /stats` (every request it received and the most requests in flight at once per model, for
+the tests' assertions).
 
 Its "model" reads the answer from the image it is sent (a base64 PNG data URL), so a test
 controls the reply through pixels alone: the text is the ASCII codes in the red channel of the
@@ -33,6 +34,8 @@ from PIL import Image
 _lock = threading.Lock()
 _requests: list[dict] = []
 _attempts: Counter = Counter()
+_in_flight: Counter = Counter()
+_max_in_flight: Counter = Counter()
 
 
 def encoded_text(data_url: str) -> str:
@@ -74,7 +77,7 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802
         if self.path == "/stats":
             with _lock:
-                self._json(200, {"requests": _requests})
+                self._json(200, {"requests": _requests, "max_in_flight": dict(_max_in_flight)})
         elif self.path == "/v1/models":
             self._json(200, {"object": "list", "data": [{"id": "judge", "object": "model", "owned_by": "tests"}]})
         else:
@@ -86,13 +89,24 @@ class Handler(BaseHTTPRequestHandler):
             return
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         model, seed = body["model"], body.get("seed")
+        with _lock:
+            _attempts[(model, seed)] += 1
+            _in_flight[model] += 1
+            _max_in_flight[model] = max(_max_in_flight[model], _in_flight[model])
+            attempt = _attempts[(model, seed)]
+        try:
+            self._complete(body, model, attempt)
+        finally:
+            with _lock:
+                _in_flight[model] -= 1
+
+    def _complete(self, body: dict, model: str, attempt: int) -> None:
+        """Record the request and answer it as its model's behaviour says."""
         parts = body["messages"][0]["content"]
         image_url = next(p["image_url"]["url"] for p in parts if p["type"] == "image_url")
         question = next(p["text"] for p in parts if p["type"] == "text")
         with _lock:
-            _attempts[(model, seed)] += 1
-            attempt = _attempts[(model, seed)]
-            _requests.append({"model": model, "seed": seed, "temperature": body.get("temperature"),
+            _requests.append({"model": model, "seed": body.get("seed"), "temperature": body.get("temperature"),
                               "max_tokens": body.get("max_tokens"), "logprobs": body.get("logprobs"),
                               "top_logprobs": body.get("top_logprobs"), "question": question,
                               "attempt": attempt, "retry_header": self.headers.get("x-stainless-retry-count")})
@@ -100,29 +114,26 @@ class Handler(BaseHTTPRequestHandler):
             time.sleep(float(model.split(":")[1]))
         if model.startswith("flaky:") and attempt <= int(model.split(":")[1]):
             self._json(503, {"error": {"message": "overloaded, try again"}})
-            return
-        if model == "reject":
+        elif model == "reject":
             self._json(400, {"error": {"message": "the model does not exist"}})
-            return
-        if model == "malformed":
+        elif model == "malformed":
             self._send(200, b'{"id": "chatcmpl-test", "choices": [{"mess')
-            return
-        if model == "no-choices":
+        elif model == "no-choices":
             self._json(200, {"id": "chatcmpl-test", "object": "chat.completion"})
-            return
-        try:
-            text = encoded_text(image_url)
-        except ValueError as err:
-            self._json(400, {"error": {"message": str(err)}})
-            return
-        logprobs = None
-        if body.get("logprobs") and model != "judge-no-logprobs":
-            p = float(text)
-            top = [{"token": "yes", "logprob": math.log(p)}, {"token": "no", "logprob": math.log(1 - p)},
-                   {"token": "maybe", "logprob": math.log(1e-3)}][: body.get("top_logprobs") or 1]
-            logprobs = {"content": [{"token": "yes", "logprob": math.log(p), "top_logprobs": top}]}
-            text = "yes"
-        self._json(200, completion(model, text, logprobs))
+        else:
+            try:
+                text = encoded_text(image_url)
+            except ValueError as err:
+                self._json(400, {"error": {"message": str(err)}})
+                return
+            logprobs = None
+            if body.get("logprobs") and model != "judge-no-logprobs":
+                p = float(text)
+                top = [{"token": "yes", "logprob": math.log(p)}, {"token": "no", "logprob": math.log(1 - p)},
+                       {"token": "maybe", "logprob": math.log(1e-3)}][: body.get("top_logprobs") or 1]
+                logprobs = {"content": [{"token": "yes", "logprob": math.log(p), "top_logprobs": top}]}
+                text = "yes"
+            self._json(200, completion(model, text, logprobs))
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002
         """Quiet."""

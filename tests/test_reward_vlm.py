@@ -34,9 +34,13 @@ def judge() -> Iterator[str]:
         proc.wait(timeout=30)
 
 
-def stats(base_url: str, model: str) -> list[dict]:
+def all_stats(base_url: str) -> dict:
     with urllib.request.urlopen(base_url.removesuffix("/v1") + "/stats", timeout=30) as resp:
-        return [r for r in json.loads(resp.read())["requests"] if r["model"] == model]
+        return json.loads(resp.read())
+
+
+def stats(base_url: str, model: str) -> list[dict]:
+    return [r for r in all_stats(base_url)["requests"] if r["model"] == model]
 
 
 def image(text: str, seed: int = 0) -> np.ndarray:
@@ -129,6 +133,15 @@ def test_5xx_past_the_retries_fails_the_sample(judge):
     outcome = scorer.score_each(image("4")[None], ['"x"'], ["f1"])
     assert "HTTP 503" in outcome.errors[0].reason and "overloaded" in outcome.errors[0].reason
     assert len([r for r in stats(judge, "flaky:5") if r["seed"] == request_seed("f1")]) == 2  # 1 try + 1 retry
+
+
+@pytest.mark.parametrize("limits, model", [({"concurrency": 2}, "slow:0.3"), ({"batchSize": 3}, "slow:0.31")])
+def test_requests_in_flight_stay_within_the_limits(judge, limits, model):
+    scorer = as_model(vlm(judge, template="rate", **limits), model)
+    rewards = scorer.score(np.stack([image(str(k)) for k in range(1, 8)]), ['"x"'] * 7, [f"c{k}" for k in range(7)])
+    np.testing.assert_allclose(rewards, [k / 9 for k in range(7)], rtol=1e-6)  # in order despite the threads
+    assert len(stats(judge, model)) == 7
+    assert 1 <= all_stats(judge)["max_in_flight"][model] <= min(limits.get("concurrency", 8), limits.get("batchSize", 64))
 
 
 def test_4xx_is_not_retried(judge):
