@@ -22,6 +22,8 @@ $(STAMP): pyproject.toml Makefile
 	# torch first and pinned: the CPU build on disk; nothing after this may pull another torch.
 	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[dev,diffusers]'
+	# the scorer protocol's gRPC stubs, from services/omnirl/reward/protocol/scorer.proto (not committed)
+	$(BIN)/python -m omnirl.reward.protocol.stubs
 	@$(BIN)/python -c "import torch; assert torch.__version__.startswith('2.13.0'), torch.__version__"
 	@touch $(STAMP)
 

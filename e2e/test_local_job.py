@@ -128,3 +128,25 @@ def test_a_dead_required_scorer_fails_the_job_with_its_reason(tmp_path, redis_ur
     assert proc.returncode != 0
     text = proc.stdout + proc.stderr
     assert "controller" in text and "unreachable" in text
+
+
+@pytest.mark.slow
+def test_a_grpc_scorer_served_by_omnirl_scorer_serve_scores_the_job(tmp_path, redis_url):
+    server = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "scorer", "serve", "--reward", "ocr", "--protocol",
+                               "grpc", "--host", "127.0.0.1", "--port", "0"], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("serving ocr over grpc on 127.0.0.1:"), line
+        reward = {"name": "ocr", "kind": "grpc", "url": line.strip().rsplit(" ", 1)[1]}
+        out = tmp_path / "out"
+        proc = run(tiny_job(tmp_path, "grpcscorer", redis_url, steps=2, reward=reward), out)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    finally:
+        server.terminate()
+        assert server.wait(timeout=60) == 0
+    generated = {r["sample_id"] for r in ledger(out, "rollout")}
+    scored = ledger(out, "reward")
+    assert {r["sample_id"] for r in scored} == generated and len(scored) == len(generated)
+    assert all(r["reward"] is not None and 0.0 <= r["reward"] <= 1.0 for r in scored)
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "step"] == [0, 1]

@@ -76,7 +76,7 @@ def test_non_root_cuda_default_and_ascend_build_arg(image):
     ascend = dockerfile.read_text().split("AS base-ascend")[1].split("FROM ")[0]
     assert "torch-npu" in ascend
     run = " ".join(rest for w, rest in steps if w == "RUN")
-    assert "pip install /src" in run
+    assert "pip install /src && python -m omnirl.reward.protocol.stubs" in run  # gRPC stubs built in the image
     copies = [rest for w, rest in steps if w == "COPY"]
     assert "examples /opt/omnirl/examples" in copies
     assert OperatorSettings().data_root == "/opt/omnirl/examples"  # what the operator resolves against

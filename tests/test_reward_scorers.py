@@ -7,6 +7,7 @@ import pytest
 
 from omnirl.models.digits.render import render_text, slots_for
 from omnirl.reward import Scorer, ScorerError
+from omnirl.reward.base import score_each
 from omnirl.reward.jpeg import JPEGCompressibilityScorer
 from omnirl.reward.ocr import OCRScorer, ctc_greedy_decode, preprocess
 from omnirl.reward.text import levenshtein, ocr_reward
@@ -93,3 +94,30 @@ def test_jpeg_flat_beats_noise():
     assert rewards[1] < -5.0  # 64×64×3 random bytes barely compress: > 5 kB
     with pytest.raises(ScorerError):
         scorer.score(flat.astype(np.int32), [""], ["f"])
+
+
+class _FailsOn:
+    """Scores 1.0, except sample `bad` (a ScorerError naming it) or the whole call (`down`)."""
+
+    name = "fails-on"
+
+    def __init__(self, bad: str = "", down: bool = False) -> None:
+        self.bad, self.down, self.calls = bad, down, 0
+
+    def score(self, images, prompts, sample_ids):
+        self.calls += 1
+        if self.down:
+            raise ScorerError("", "endpoint down")
+        if self.bad in sample_ids:
+            raise ScorerError(self.bad, "cannot read")
+        return np.ones(len(sample_ids), dtype=np.float32)
+
+
+def test_score_each_isolates_a_bad_sample_and_fails_all_on_a_batch_error():
+    images = np.zeros((3, 4, 4, 3), np.uint8)
+    scorer = _FailsOn(bad="b")
+    outcome = score_each(scorer, images, ["", "", ""], ["a", "b", "c"])
+    assert outcome.values.tolist() == [1.0, 0.0, 1.0] and list(outcome.errors) == [1]
+    assert outcome.errors[1].reason == "cannot read" and scorer.calls == 4  # the batch, then one by one
+    outcome = score_each(_FailsOn(down=True), images, ["", "", ""], ["a", "b", "c"])
+    assert set(outcome.errors) == {0, 1, 2} and outcome.errors[2].reason == "endpoint down"

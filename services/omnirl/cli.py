@@ -50,6 +50,10 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from omnirl.models.export_cli import main as export_main
 
     return export_main(args)
+def _cmd_scorer_serve(args: argparse.Namespace) -> int:
+    from omnirl.reward.serve import main as serve_main
+
+    return serve_main(args)
 
 
 def _cmd_render(args: argparse.Namespace) -> int:
@@ -116,6 +120,16 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoint", default=None, help="a checkpoint directory (default: RUN_DIR/checkpoints/latest)")
     s.add_argument("--job", default=None, help="the run's manifest (default: RUN_DIR/job.yaml)")
     s.set_defaults(fn=_cmd_export)
+    s = sub.add_parser("scorer", help="scorer servers (the scorer protocol, see services/omnirl/reward/protocol)")
+    scorer_sub = s.add_subparsers(dest="scorer_command", required=True)
+    s = scorer_sub.add_parser("serve", help="serve a built-in scorer over gRPC (with gRPC health) or HTTP/JSON")
+    s.add_argument("--reward", required=True, choices=["ocr", "jpeg"], help="the built-in scorer to serve")
+    s.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    s.add_argument("--host", default="0.0.0.0", help="address to listen on (default all interfaces)")
+    s.add_argument("--port", type=int, default=50051, help="TCP port (0 picks a free one, printed on start)")
+    s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                   help="a scorer parameter as in spec.reward[].params, e.g. --param threads=2 (repeatable)")
+    s.set_defaults(fn=_cmd_scorer_serve)
 
     s = sub.add_parser("render", help="print the Kubernetes objects the operator would create")
     s.add_argument("job")

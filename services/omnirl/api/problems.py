@@ -136,7 +136,7 @@ def _describe_union(ann: Any) -> str:
     return "must be one of the types: " + ", ".join(names)
 
 
-def _requirement(err: dict[str, Any], ann: Any) -> str:
+def requirement_text(err: dict[str, Any], ann: Any) -> str:
     """What is allowed at the erroneous field, phrased to follow 'is invalid:'."""
     kind = err["type"]
     if kind in ("literal_error", "enum") and get_origin(ann) is Literal:
@@ -177,7 +177,7 @@ def _one_line(root: type[BaseModel], err: dict[str, Any]) -> tuple[list[str | in
     elif kind == "value_error":
         requirement = err["msg"].removeprefix("Value error, ")
     else:
-        requirement = _requirement(err, ann)
+        requirement = requirement_text(err, ann)
     return path, f"{dotted(path)}: {format_value(value)} is invalid: {requirement}"
 
 

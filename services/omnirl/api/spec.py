@@ -31,6 +31,7 @@ from omnirl.api.spec_algorithm import (
     SamplingSpec,
     WindowSpec,
 )
+from omnirl.api.spec_reward import check_url, parse_params
 from omnirl.api.spec_storage import StorageSpec, check_storage
 
 API_GROUP = "omnirl.dev"
@@ -157,18 +158,28 @@ class RewardSpec(SpecModel):
     required: bool = Field(
         True, description="A failure of a required scorer fails the sample (its group is refilled or dropped)."
     )
-    url: str | None = Field(None, min_length=1, description="Endpoint for `http`, `grpc` and `vlm` scorers.")
+    url: str | None = Field(
+        None, min_length=1,
+        description="Endpoint: `http` an http(s) score URL, `vlm` the OpenAI API base URL (http://judge:8000/v1), "
+        "`grpc` host:port; not set for in-process kinds.",
+    )
     params: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
-        description="Scorer-specific parameters, values string/integer/number/boolean (e.g. `alphabet` for ocr).",
+        description="Scorer-specific parameters, checked per kind: ocr {alphabet, threads, batchSize}, "
+        "jpeg {quality}, http/grpc {maxRetries}, vlm {model, template, instruction, scale, maxTokens, "
+        "topLogprobs, concurrency, batchSize, maxRetries, apiKeyEnv}.",
     )
-    timeoutSeconds: float = Field(30.0, gt=0, description="Per-batch scorer timeout, seconds.")
+    timeoutSeconds: float = Field(30.0, gt=0, description="Per-request scorer timeout, seconds.")
 
     @model_validator(mode="after")
     def _check(self) -> RewardSpec:
-        if self.kind in ("http", "grpc", "vlm") and not self.url:
-            raise FieldProblem("url", self.url, f"required for kind {self.kind} (the scorer's endpoint)")
+        check_url(self.kind, self.url)
+        parse_params(self.kind, self.params)
         return self
+
+    def typed_params(self) -> SpecModel:
+        """`params` as the kind's model (`omnirl.api.spec_reward.PARAMS_BY_KIND`), defaults filled in."""
+        return parse_params(self.kind, self.params)
 
 
 # ---------------------------------------------------------------- pipeline, roles, infra

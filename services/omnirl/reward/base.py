@@ -7,6 +7,7 @@ sample's group.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 import numpy as np
@@ -50,6 +51,57 @@ class Scorer(Protocol):
             ScorerError: a malformed input or a sample that cannot be scored.
         """
         ...
+
+
+@dataclass
+class Outcome:
+    """A scorer's result on a batch: values `[B]` float32 (0 where failed) and the failed samples by index."""
+
+    values: np.ndarray
+    errors: dict[int, ScorerError] = field(default_factory=dict)
+
+
+@runtime_checkable
+class PerSampleScorer(Scorer, Protocol):
+    """A scorer that reports one score or one error per sample in one call (remote scorers, judges)."""
+
+    def score_each(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:
+        """Like `Scorer.score`, but a failed sample is an entry of `Outcome.errors`, not an exception.
+
+        Raises:
+            ScorerError: only for a failure of the whole call (sample id ""), e.g. an unreachable server.
+        """
+        ...
+
+
+def score_each(scorer: Scorer, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:
+    """One score or one error per sample from any scorer.
+
+    A `PerSampleScorer` answers per sample itself. Any other scorer scores the batch; when that
+    raises for one sample, the samples are scored one at a time so a bad sample fails alone. A
+    failure of the whole call (sample id "") fails every sample with that reason.
+    """
+    try:
+        if isinstance(scorer, PerSampleScorer):
+            return scorer.score_each(images, prompts, sample_ids)
+        return Outcome(scorer.score(images, prompts, sample_ids))
+    except ScorerError as err:
+        if len(sample_ids) == 1 or not err.sample_id:
+            return Outcome(np.zeros(len(sample_ids), np.float32), dict.fromkeys(range(len(sample_ids)), err))
+    outcome = Outcome(np.zeros(len(sample_ids), dtype=np.float32))
+    for i in range(len(sample_ids)):
+        try:
+            outcome.values[i] = scorer.score(images[i : i + 1], prompts[i : i + 1], sample_ids[i : i + 1])[0]
+        except ScorerError as err:
+            outcome.errors[i] = err
+    return outcome
+
+
+def raise_first(outcome: Outcome) -> np.ndarray:
+    """`outcome.values`, or the ScorerError of its first failed sample (`Scorer.score` from `score_each`)."""
+    if outcome.errors:
+        raise outcome.errors[min(outcome.errors)]
+    return outcome.values
 
 
 def check_batch(images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> None:

@@ -1,4 +1,4 @@
-"""RewardSpec → scorer."""
+"""RewardSpec → scorer. The params were checked when the spec was validated (`omnirl.api.spec_reward`)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from omnirl.reward.base import Scorer
 
 
 def build_scorer(spec: RewardSpec, threads: int = 1) -> Scorer:
-    """Construct the scorer a `RewardSpec` names.
+    """Construct the scorer a `RewardSpec` names, from its typed params.
 
     Args:
         spec: the reward entry.
@@ -15,32 +15,27 @@ def build_scorer(spec: RewardSpec, threads: int = 1) -> Scorer:
             own `threads` parameter, so a scorer on a GPU machine uses the cores it was given.
 
     Raises:
-        ValueError: an unknown parameter for the scorer kind, or a kind this build does not ship.
+        ValueError: a scorer cannot be built (e.g. an OCR alphabet the recogniser does not know).
     """
-    params = dict(spec.params)
+    params = spec.typed_params()
     if spec.kind == "ocr":
         from omnirl.reward.ocr import OCRScorer
 
-        _only(spec, params, {"alphabet", "threads", "batch_size"})
-        return OCRScorer(alphabet=str(params.get("alphabet", "0123456789")), threads=int(params.get("threads", threads)),
-                         batch_size=int(params.get("batch_size", 64)))
+        return OCRScorer(alphabet=params.alphabet, threads=params.threads or threads, batch_size=params.batchSize)
     if spec.kind == "jpeg":
         from omnirl.reward.jpeg import JPEGCompressibilityScorer
 
-        _only(spec, params, {"quality"})
-        return JPEGCompressibilityScorer(quality=int(params.get("quality", 95)))
+        return JPEGCompressibilityScorer(quality=params.quality)
     if spec.kind == "http":
-        from omnirl.reward.http import HTTPScorer
+        from omnirl.reward.remote import HTTPScorer
 
-        _only(spec, params, set())
-        return HTTPScorer(spec.name, spec.url, timeout_s=spec.timeoutSeconds)
-    raise ValueError(
-        f"reward {spec.name!r}: kind {spec.kind!r} is not available in this build; use ocr, jpeg or http "
-        "(an HTTP scorer can front a gRPC model or a VLM judge)"
-    )
+        return HTTPScorer(spec.name, spec.url, timeout_s=spec.timeoutSeconds, max_retries=params.maxRetries)
+    if spec.kind == "grpc":
+        from omnirl.reward.remote import GRPCScorer
 
+        return GRPCScorer(spec.name, spec.url, timeout_s=spec.timeoutSeconds, max_retries=params.maxRetries)
+    if spec.kind == "vlm":
+        from omnirl.reward.vlm import VLMScorer
 
-def _only(spec: RewardSpec, params: dict, allowed: set[str]) -> None:
-    unknown = sorted(set(params) - allowed)
-    if unknown:
-        raise ValueError(f"reward {spec.name!r} (kind {spec.kind}): unknown params {unknown}; allowed: {sorted(allowed)}")
+        return VLMScorer(spec.name, spec.url, params, timeout_s=spec.timeoutSeconds)
+    raise AssertionError(f"kind {spec.kind!r} has a params model but no scorer")  # RewardSpec.kind is a Literal

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -22,20 +21,12 @@ import numpy as np
 from omnirl.api.messages import SampleMeta, ScoreMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RewardSpec, RLJob
-from omnirl.reward.base import Scorer, ScorerError
+from omnirl.reward.base import Outcome, Scorer, score_each
 from omnirl.reward.registry import build_scorer
 from omnirl.transfer import Message, TransferQueue, kv_key
 
 log = logging.getLogger("omnirl.reward")
 GROUP = "reward"
-
-
-@dataclass
-class Outcome:
-    """One scorer's result on a batch: values `[B]` float32 and the samples that failed."""
-
-    values: np.ndarray
-    errors: dict[int, ScorerError] = field(default_factory=dict)
 
 
 def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -> tuple[float | None, dict[str, float], str]:
@@ -109,26 +100,10 @@ class RewardService:
         for i, image in enumerate(images):
             by_shape.setdefault(image.shape, []).append(i)
         for idx in by_shape.values():
-            part = self._run_scorer(scorer, np.stack([images[i] for i in idx]), [metas[i].prompt for i in idx],
-                                    [metas[i].sample_id for i in idx])
+            part = score_each(scorer, np.stack([images[i] for i in idx]), [metas[i].prompt for i in idx],
+                              [metas[i].sample_id for i in idx])
             outcome.values[idx] = part.values
             outcome.errors.update({idx[k]: err for k, err in part.errors.items()})
-        return outcome
-
-    @staticmethod
-    def _run_scorer(scorer: Scorer, images: np.ndarray, prompts: list[str], ids: list[str]) -> Outcome:
-        """Score a batch; when it fails, score sample by sample so one bad sample fails alone."""
-        try:
-            return Outcome(scorer.score(images, prompts, ids))
-        except ScorerError as err:
-            if len(ids) == 1 or not err.sample_id:  # batch-level failure (e.g. endpoint down): all fail
-                return Outcome(np.zeros(len(ids), np.float32), dict.fromkeys(range(len(ids)), err))
-        outcome = Outcome(np.zeros(len(ids), dtype=np.float32))
-        for i in range(len(ids)):
-            try:
-                outcome.values[i] = scorer.score(images[i : i + 1], prompts[i : i + 1], ids[i : i + 1])[0]
-            except ScorerError as err:
-                outcome.errors[i] = err
         return outcome
 
     def _wait_all_rollouts(self, step: int, timeout_s: float = 3600.0) -> None:

@@ -1,0 +1,184 @@
+"""`kind: vlm`: a vision-language judge behind an OpenAI-compatible chat-completions endpoint
+(vLLM's `vllm serve`, or any server of the OpenAI API), called through the official `openai` client.
+
+One request per image: a user message with the image as a base64 PNG data URL and the template's
+question; temperature 0 and a seed derived from the sample id, so an image gets the same score
+every time. Templates (`VLMParams.template`):
+
+- `read-text`: the reply is the text the judge reads; reward = Flow-GRPO's OCR rule against the
+  prompt's quoted text (`omnirl.reward.text.ocr_reward`).
+- `rate`: the reply must be one integer k in 1..scale (nothing else); reward = (k − 1)/(scale − 1).
+- `yes-no`: one token with its top log-probabilities; reward = P(yes) / (P(yes) + P(no)), summing
+  the probabilities of the alternatives that read `yes` / `no` (case and spaces ignored). A server
+  that returns no log-probabilities is an error: the score cannot be computed without them.
+
+Retries are the openai client's: `maxRetries` more attempts after a connection error, a timeout
+(`timeoutSeconds` per attempt), 408, 409, 429 or 5xx, waiting 0.5 s · 2^k (at most 8 s, jittered, or
+the server's Retry-After). An unparseable reply fails its sample with the raw text — never 0, never NaN.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import math
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import openai
+
+from omnirl.api.prompts import target_text
+from omnirl.api.spec_reward import VLMParams
+from omnirl.reward.base import Outcome, ScorerError, check_batch, raise_first
+from omnirl.reward.protocol.codec import encode_png
+from omnirl.reward.text import ocr_reward
+
+INSTRUCTIONS = {
+    "read-text": "What text is written in this image? Reply with the text only, exactly as written.",
+    "rate": "Rate how well this image matches the description: {prompt}\n"
+            "Reply with one integer from 1 to {scale}, where {scale} is best, and nothing else.",
+    "yes-no": "Does this image match the description: {prompt}\nAnswer yes or no.",
+}
+"""Default question of each template (`VLMParams.instruction` replaces it)."""
+MAX_TOKENS = {"read-text": 64, "rate": 8, "yes-no": 1}
+_INTEGER = re.compile(r"\s*(\d{1,4})\s*")
+
+
+def request_seed(sample_id: str) -> int:
+    """The request's `seed`: the first 31 bits of SHA-256(sample id) (stable across processes)."""
+    return int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:4], "big") & 0x7FFFFFFF
+
+
+def parse_rating(text: str, scale: int) -> float:
+    """(k − 1)/(scale − 1) of a reply that is exactly one integer k in 1..scale (spaces allowed).
+
+    Raises:
+        ValueError: anything else (words, decimals, several numbers, out of range).
+    """
+    match = _INTEGER.fullmatch(text)
+    if not match:
+        raise ValueError(f"expected one integer 1..{scale}")
+    k = int(match.group(1))
+    if not 1 <= k <= scale:
+        raise ValueError(f"rating {k} is outside 1..{scale}")
+    return (k - 1) / (scale - 1)
+
+
+def p_yes(top_logprobs: list[Any]) -> float:
+    """P(yes)/(P(yes) + P(no)) over the alternatives of the first reply token.
+
+    Args:
+        top_logprobs: the token's alternatives, each with `.token` and `.logprob` (natural log).
+    Raises:
+        ValueError: neither a yes nor a no token is among the alternatives.
+    """
+    yes = no = 0.0
+    for alt in top_logprobs:
+        word = alt.token.strip().lower()
+        if word == "yes":
+            yes += math.exp(alt.logprob)
+        elif word == "no":
+            no += math.exp(alt.logprob)
+    if yes + no == 0.0:
+        raise ValueError(f"neither yes nor no among the top tokens {[a.token for a in top_logprobs]}")
+    return yes / (yes + no)
+
+
+class VLMScorer:
+    """A VLM judge over the OpenAI chat-completions API.
+
+    Args:
+        name: reward name (metric label, error prefix).
+        base_url: the API's base URL, e.g. `http://judge:8000/v1`.
+        params: the checked `spec.reward[].params`.
+        timeout_s: timeout of one attempt, seconds.
+    Raises:
+        ValueError: `params.apiKeyEnv` names an unset environment variable.
+    """
+
+    def __init__(self, name: str, base_url: str, params: VLMParams, *, timeout_s: float = 30.0) -> None:
+        api_key = "EMPTY"  # vLLM accepts any key unless started with --api-key
+        if params.apiKeyEnv is not None:
+            api_key = os.environ.get(params.apiKeyEnv, "")
+            if not api_key:
+                raise ValueError(f"reward {name!r}: params.apiKeyEnv names {params.apiKeyEnv}, which is not set")
+        self.name, self.base_url, self.params = name, base_url, params
+        self.instruction = params.instruction or INSTRUCTIONS[params.template]
+        self.max_tokens = params.maxTokens or MAX_TOKENS[params.template]
+        self.client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s,
+                                    max_retries=params.maxRetries)
+        self.pool = ThreadPoolExecutor(max_workers=params.concurrency, thread_name_prefix=f"vlm-{name}")
+
+    def score_each(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:
+        """One score or error per sample; at most `concurrency` requests in flight, `batchSize` images per wave."""
+        check_batch(images, prompts, sample_ids)
+        outcome = Outcome(np.zeros(len(sample_ids), dtype=np.float32))
+        step = self.params.batchSize
+        for start in range(0, len(sample_ids), step):
+            idx = range(start, min(start + step, len(sample_ids)))
+            results = self.pool.map(lambda i: self._one(images[i], prompts[i], sample_ids[i]), idx)
+            for i, result in zip(idx, results, strict=True):
+                if isinstance(result, ScorerError):
+                    outcome.errors[i] = result
+                else:
+                    outcome.values[i] = result
+        return outcome
+
+    def score(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> np.ndarray:
+        """`[B]` float32 rewards; the first failed sample raises ScorerError."""
+        return raise_first(self.score_each(images, prompts, sample_ids))
+
+    def _one(self, image: np.ndarray, prompt: str, sample_id: str) -> float | ScorerError:
+        """The reward of one image, or the ScorerError saying why there is none."""
+        template = self.params.template
+        try:
+            target = target_text(prompt) if template == "read-text" else ""
+        except (TypeError, ValueError) as err:
+            return ScorerError(sample_id, f"{self.name}: bad prompt: {err}")
+        if template == "read-text" and not target.replace(" ", ""):
+            return ScorerError(sample_id, f"{self.name}: prompt {prompt!r} has no text to read; quote it, e.g. \"2048\"")
+        question = self.instruction.format(prompt=prompt, scale=self.params.scale)
+        url = "data:image/png;base64," + base64.b64encode(encode_png(image)).decode()
+        extra = {"logprobs": True, "top_logprobs": self.params.topLogprobs} if template == "yes-no" else {}
+        try:
+            raw = self.client.chat.completions.with_raw_response.create(
+                model=self.params.model, temperature=0, seed=request_seed(sample_id), max_tokens=self.max_tokens,
+                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                       {"type": "text", "text": question}]}],
+                **extra,
+            )
+        except openai.APIStatusError as err:  # 408/409/429/5xx only after the retries; others at once
+            return ScorerError(sample_id, f"{self.name}: {self.base_url} answered HTTP {err.status_code} "
+                                          f"(maxRetries {self.params.maxRetries}): {err.response.text[:300]!r}")
+        except openai.APIError as err:  # connection errors and timeouts (APITimeoutError), after the retries
+            return ScorerError(sample_id, f"{self.name}: {self.base_url} failed after {self.params.maxRetries} "
+                                          f"retries: {type(err).__name__}: {err}")
+        text = raw.http_response.text
+        try:
+            choice = raw.parse().choices[0]
+            content = choice.message.content
+        except (ValueError, TypeError, AttributeError, IndexError) as err:  # not JSON, or not a completion
+            return ScorerError(sample_id, f"{self.name}: malformed reply ({type(err).__name__}): {text[:500]!r}")
+        if not isinstance(content, str):
+            return ScorerError(sample_id, f"{self.name}: the reply has no text content: {text[:500]!r}")
+        try:
+            if template == "read-text":
+                return ocr_reward(target, content)
+            if template == "rate":
+                return parse_rating(content, self.params.scale)
+            tokens = choice.logprobs.content if choice.logprobs is not None else None
+            if not tokens:
+                return ScorerError(sample_id, f"{self.name}: {self.base_url} returned no logprobs, which template yes-no "
+                                              "needs (P(yes)); use a server that supports `logprobs` (vLLM does) or "
+                                              f"template rate: {text[:300]!r}")
+            return p_yes(tokens[0].top_logprobs or [])
+        except ValueError as err:
+            return ScorerError(sample_id, f"{self.name}: unparseable reply ({err}): {content[:500]!r}")
+
+    def close(self) -> None:
+        """Close the HTTP client and the request threads."""
+        self.pool.shutdown(wait=False)
+        self.client.close()

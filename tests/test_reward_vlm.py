@@ -1,0 +1,179 @@
+"""`kind: vlm` against a real OpenAI-compatible server process (tests/judge_server.py, see its doc)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from omnirl.api.spec import RewardSpec
+from omnirl.reward import ScorerError
+from omnirl.reward.base import score_each
+from omnirl.reward.registry import build_scorer
+from omnirl.reward.vlm import VLMScorer, parse_rating, request_seed
+
+SERVER = Path(__file__).with_name("judge_server.py")
+
+
+@pytest.fixture(scope="module")
+def judge() -> Iterator[str]:
+    """Base URL (`http://127.0.0.1:PORT/v1`) of a judge server process of this module."""
+    proc = subprocess.Popen([sys.executable, str(SERVER)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        yield f"http://127.0.0.1:{int(line.split()[-1])}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def all_stats(base_url: str) -> dict:
+    with urllib.request.urlopen(base_url.removesuffix("/v1") + "/stats", timeout=30) as resp:
+        return json.loads(resp.read())
+
+
+def stats(base_url: str, model: str) -> list[dict]:
+    return [r for r in all_stats(base_url)["requests"] if r["model"] == model]
+
+
+def image(text: str, seed: int = 0) -> np.ndarray:
+    """An `[8, 32, 3]` uint8 image whose first row carries `text` for the judge to "read"."""
+    im = np.random.default_rng(seed).integers(1, 256, size=(8, 32, 3), dtype=np.uint8)
+    codes = list(text.encode("ascii")) + [0]
+    im[0, : len(codes), 0] = codes
+    return im
+
+
+def vlm(url: str, timeout: float = 30.0, **params) -> VLMScorer:
+    spec = RewardSpec(name="judge", kind="vlm", url=url, timeoutSeconds=timeout,
+                      params={"model": "judge", **params})
+    scorer = build_scorer(spec)
+    assert isinstance(scorer, VLMScorer)
+    return scorer
+
+
+def test_read_text_is_scored_with_the_ocr_rule(judge):
+    scorer = vlm(judge, template="read-text")
+    images = np.stack([image("2048"), image("2047"), image("x2048y")])
+    prompts = ['A sign that says "2048"'] * 3
+    ids = ["0:0:0", "0:0:1", "0:0:2"]
+    np.testing.assert_allclose(scorer.score(images, prompts, ids), [1.0, 0.75, 1.0])
+    sent = {r["seed"]: r for r in stats(judge, "judge")}
+    for sid in ids:  # temperature 0 and the sample's own seed, on every request
+        req = sent[request_seed(sid)]
+        assert req["temperature"] == 0 and req["max_tokens"] == 64 and req["logprobs"] is None
+        assert req["question"].startswith("What text is written")
+
+
+def test_rate_parses_strictly_and_fails_the_bad_sample_alone(judge):
+    scorer = vlm(judge, template="rate", scale=10)
+    images = np.stack([image("7"), image("seven"), image("11"), image(" 10 ")])
+    outcome = scorer.score_each(images, ['"a dog"'] * 4, ["r0", "r1", "r2", "r3"])
+    assert set(outcome.errors) == {1, 2}
+    np.testing.assert_allclose(outcome.values[[0, 3]], [6 / 9, 1.0], rtol=1e-6)
+    assert "unparseable reply" in outcome.errors[1].reason and "'seven'" in outcome.errors[1].reason
+    assert outcome.errors[1].sample_id == "r1"
+    assert "outside 1..10" in outcome.errors[2].reason and "'11'" in outcome.errors[2].reason
+    with pytest.raises(ScorerError, match="seven"):
+        scorer.score(images, ['"a dog"'] * 4, ["r0", "r1", "r2", "r3"])
+    for bad in ["7.5", "7/10", "7 8", "", "Rating: 7"]:
+        with pytest.raises(ValueError):
+            parse_rating(bad, 10)
+
+
+def test_yes_no_is_p_yes_from_logprobs(judge):
+    scorer = vlm(judge, template="yes-no", topLogprobs=3)
+    rewards = scorer.score(np.stack([image("0.8"), image("0.25")]), ['"a dog"', '"a cat"'], ["y0", "y1"])
+    # p_yes / (p_yes + p_no); the judge's "maybe" alternative is ignored
+    np.testing.assert_allclose(rewards, [0.8, 0.25], rtol=1e-6)
+    sent = [r for r in stats(judge, "judge") if r["logprobs"]]
+    assert {r["top_logprobs"] for r in sent} == {3} and {r["max_tokens"] for r in sent} == {1}
+    assert {r["question"] for r in sent} == {f'Does this image match the description: "a {x}"\nAnswer yes or no.'
+                                             for x in ("dog", "cat")}
+
+
+def test_yes_no_without_logprobs_is_a_clear_error(judge):
+    scorer = vlm(judge, template="yes-no")
+    scorer.params = scorer.params.model_copy(update={"model": "judge-no-logprobs"})
+    outcome = scorer.score_each(image("0.8")[None], ['"a dog"'], ["n0"])
+    assert outcome.errors[0].sample_id == "n0" and "returned no logprobs" in outcome.errors[0].reason
+
+
+def test_same_image_same_score(judge):
+    scorer = vlm(judge, template="yes-no")
+    images = np.stack([image("0.6", seed=3)] * 3)
+    first = scorer.score(images, ['"x"'] * 3, ["d0", "d1", "d2"])
+    again = vlm(judge, template="yes-no").score(images, ['"x"'] * 3, ["d0", "d1", "d2"])
+    assert first.tolist() == again.tolist() and len(set(first.tolist())) == 1
+    assert len({request_seed(s) for s in ["d0", "d1", "d2"]}) == 3 and request_seed("d0") == request_seed("d0")
+
+
+def as_model(scorer: VLMScorer, model: str) -> VLMScorer:
+    scorer.params = scorer.params.model_copy(update={"model": model})
+    return scorer
+
+
+def test_5xx_is_retried_then_succeeds(judge):
+    scorer = as_model(vlm(judge, template="rate", maxRetries=3), "flaky:2")
+    assert scorer.score(image("4")[None], ['"x"'], ["f0"]).tolist() == pytest.approx([3 / 9])
+    attempts = [r for r in stats(judge, "flaky:2") if r["seed"] == request_seed("f0")]
+    assert [r["attempt"] for r in attempts] == [1, 2, 3]  # two 503s, then the answer
+    assert [r["retry_header"] for r in attempts] == ["0", "1", "2"]
+
+
+def test_5xx_past_the_retries_fails_the_sample(judge):
+    scorer = as_model(vlm(judge, template="rate", maxRetries=1), "flaky:5")
+    outcome = scorer.score_each(image("4")[None], ['"x"'], ["f1"])
+    assert "HTTP 503" in outcome.errors[0].reason and "overloaded" in outcome.errors[0].reason
+    assert len([r for r in stats(judge, "flaky:5") if r["seed"] == request_seed("f1")]) == 2  # 1 try + 1 retry
+
+
+@pytest.mark.parametrize("limits, model", [({"concurrency": 2}, "slow:0.3"), ({"batchSize": 3}, "slow:0.31")])
+def test_requests_in_flight_stay_within_the_limits(judge, limits, model):
+    scorer = as_model(vlm(judge, template="rate", **limits), model)
+    rewards = scorer.score(np.stack([image(str(k)) for k in range(1, 8)]), ['"x"'] * 7, [f"c{k}" for k in range(7)])
+    np.testing.assert_allclose(rewards, [k / 9 for k in range(7)], rtol=1e-6)  # in order despite the threads
+    assert len(stats(judge, model)) == 7
+    assert 1 <= all_stats(judge)["max_in_flight"][model] <= min(limits.get("concurrency", 8), limits.get("batchSize", 64))
+
+
+def test_4xx_is_not_retried(judge):
+    scorer = as_model(vlm(judge, template="rate", maxRetries=3), "reject")
+    outcome = scorer.score_each(image("4")[None], ['"x"'], ["b0"])
+    assert "HTTP 400" in outcome.errors[0].reason and "does not exist" in outcome.errors[0].reason
+    assert len([r for r in stats(judge, "reject") if r["seed"] == request_seed("b0")]) == 1
+
+
+def test_timeout_is_retried_then_fails(judge):
+    scorer = as_model(vlm(judge, timeout=0.5, template="rate", maxRetries=1), "slow:5")
+    outcome = scorer.score_each(image("4")[None], ['"x"'], ["t0"])
+    assert "APITimeoutError" in outcome.errors[0].reason
+    assert len([r for r in stats(judge, "slow:5") if r["seed"] == request_seed("t0")]) == 2
+
+
+def test_unreachable_server_fails_every_sample():
+    scorer = vlm("http://127.0.0.1:9/v1", template="rate", maxRetries=0)
+    outcome = score_each(scorer, np.stack([image("4"), image("5")]), ['"x"', '"y"'], ["u0", "u1"])
+    assert set(outcome.errors) == {0, 1} and "APIConnectionError" in outcome.errors[0].reason
+
+
+@pytest.mark.parametrize("model, raw", [("malformed", '{"id": "chatcmpl-test", "choices": [{"mess'),
+                                        ("no-choices", '"object": "chat.completion"')])
+def test_malformed_reply_is_an_error_with_the_raw_text(judge, model, raw):
+    scorer = as_model(vlm(judge, template="rate"), model)
+    outcome = scorer.score_each(image("4")[None], ['"x"'], ["m0"])
+    assert "malformed reply" in outcome.errors[0].reason and raw in outcome.errors[0].reason
+    assert outcome.values[0] == 0.0 and not np.isnan(outcome.values).any()
+
+
+def test_prompt_without_text_to_read_fails_before_any_request(judge):
+    scorer = vlm(judge, template="read-text")
+    outcome = scorer.score_each(image("1")[None], ['A sign that says ""'], ["p0"])
+    assert "no text to read" in outcome.errors[0].reason
