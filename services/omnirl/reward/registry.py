@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omnirl.api.spec import RewardSpec
-from omnirl.reward.base import Scorer
+from omnirl.reward.base import GroupScorer, Scorer
 
 
 def build_scorer(spec: RewardSpec) -> Scorer:
@@ -33,6 +33,20 @@ def build_scorer(spec: RewardSpec) -> Scorer:
         f"reward {spec.name!r}: kind {spec.kind!r} is not available in this build; use ocr, jpeg or http "
         "(an HTTP scorer can front a gRPC model or a VLM judge)"
     )
+
+
+def build_group_scorer(spec: RewardSpec) -> GroupScorer:
+    """Construct the group-level scorer a `RewardSpec` of a group kind names.
+
+    Raises:
+        ValueError: an unknown parameter, or a kind that is not group-level.
+    """
+    if spec.kind == "pairwise-contrast":
+        from omnirl.reward.pairwise import PairwiseContrastScorer
+
+        _only(spec, dict(spec.params), set())
+        return PairwiseContrastScorer()
+    raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is not a group-level scorer")
 
 
 def _only(spec: RewardSpec, params: dict, allowed: set[str]) -> None:
