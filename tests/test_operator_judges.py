@@ -53,7 +53,8 @@ def test_judge_children_validate_and_the_pods_read_the_service_url():
     assert deploy["metadata"]["ownerReferences"][0]["uid"] == UID and svc["metadata"]["ownerReferences"][0]["uid"] == UID
     c = deploy["spec"]["template"]["spec"]["containers"][0]
     assert c["image"] == "vllm/vllm-openai:v0.11.0"
-    assert c["command"] == ["vllm", "serve", "/models", "--port", "8001", "--max-model-len", "4096"]
+    assert c["command"] == ["vllm", "serve", "/models", "--port", "$(OMNIRL_JUDGE_PORT)", "--max-model-len", "4096"]
+    assert {"name": "OMNIRL_JUDGE_PORT", "value": "8001"} in c["env"]  # the kubelet expands $(VAR) from env
     assert c["resources"]["limits"] == {"nvidia.com/gpu": 1}
     assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
     assert c["volumeMounts"] == [{"name": "model", "mountPath": "/models", "readOnly": True}]

@@ -27,6 +27,7 @@ LABEL_JUDGE_OF = "omnirl.dev/judge-of"
 LABEL_REWARD = "omnirl.dev/reward"
 ROLE = "judge"
 MAX_NAME = 63  # a Service name is a DNS-1035 label
+PORT_ENV = "OMNIRL_JUDGE_PORT"
 
 
 def judge_name(job: str, reward: RewardSpec) -> str:
@@ -85,8 +86,9 @@ def build_judge(job: RLJob, reward: RewardSpec, settings: OperatorSettings, *, r
         "name": ROLE,
         "image": server.image or settings.image_for("reward"),
         "imagePullPolicy": settings.image_pull_policy,
-        "command": argv(server, server.port),
-        "env": [{"name": "PORT", "value": str(server.port)}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        # `{port}` becomes $(OMNIRL_JUDGE_PORT), which the kubelet expands from the env (one source)
+        "command": argv(server, f"$({PORT_ENV})"),
+        "env": [{"name": PORT_ENV, "value": str(server.port)}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
         "ports": [{"name": "http", "containerPort": server.port, "protocol": "TCP"}],
         "resources": accelerator_resources(server, settings),
         "volumeMounts": mounts,

@@ -28,7 +28,7 @@ def model_path(server: RewardServerSpec) -> str | None:
     return VOLUME_MOUNT if server.volume is not None else server.modelPath
 
 
-def argv(server: RewardServerSpec, port: int) -> list[str]:
+def argv(server: RewardServerSpec, port: int | str) -> list[str]:
     """`command + args` with `{port}` and `{modelPath}` substituted (plain text replacement, so
     other braces, e.g. JSON in an argument, pass through)."""
     model = model_path(server) or ""
