@@ -40,7 +40,7 @@ class GroupScoring:
         ids = sorted(group.scores)
         try:
             images = np.stack([self.queue.load_tensors(group.tensor_keys[i])["image"].numpy() for i in ids])
-        except (KeyError, ValueError) as err:  # a lost tensor, or members of different image sizes
+        except (LookupError, ValueError) as err:  # lost tensors (MissingTensors), or members of different sizes
             return [f"group {group.request.group_id}: cannot load its images: {err}"]
         reasons = []
         for spec in self.specs:
