@@ -52,6 +52,8 @@ def role_env(job: RLJob, role: str, index: int, *, redis_url: str, sync_port: in
              resume: bool, steps: int | None, dist_port: int = 0) -> dict[str, str]:
     """The OMNIRL_* environment of one local role process (the same contract pods get)."""
     threads = role_threads(role, job.spec.pipeline.mode, os.cpu_count() or 1)
+    if os.environ.get("OMNIRL_LOCAL_THREADS"):  # a fixed count for every role (benchmarks on shared machines)
+        threads = int(os.environ["OMNIRL_LOCAL_THREADS"])
     env = {
         "OMNIRL_JOB_NAME": job.metadata.name, "OMNIRL_REDIS_URL": redis_url,
         "OMNIRL_WEIGHT_SYNC_ADDR": f"127.0.0.1:{sync_port}", "OMNIRL_WORKER_ID": f"{role}-{index}",
