@@ -116,7 +116,7 @@ def main() -> None:
               f"{r['train_seconds']:8.2f} {100 * (1 - r['wall_seconds'] / base):13.1f}%")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"{date.today()}-cpu-slow-judge.json"
+    path = out / f"{date.today()}-cpu-slow-judge-{args.prompts * args.group}-samples.json"
     path.write_text(json.dumps({"job": args.job, "steps": args.steps, "shape": shape, "judge_delay_ms": delay,
                                 "threads": args.threads,
                                 "rows": rows}, indent=1))
