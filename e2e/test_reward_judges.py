@@ -8,10 +8,12 @@ import json
 import socket
 import sys
 
+import pytest
 import yaml
 from e2e.test_local_job import run, tiny_job
 
 
+@pytest.mark.slow  # a 2-step local job: about 100 s on 2 cores
 def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path, redis_url):
     name = "judged-local"
     path = tiny_job(tmp_path, name, redis_url, steps=2)
