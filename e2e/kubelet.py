@@ -11,7 +11,8 @@ substituted, and only this (each is a single function below):
    checkout sharing another's virtualenv runs its own code), nothing else of the test's environment.
 2. **volumes** (:func:`mount_volumes`) → a directory per volume under the pod's directory:
    ``configMap`` items are written from the emulator's ConfigMap (``job.yaml`` for
-   ``/etc/omnirl``), ``emptyDir`` is a fresh directory. A ``persistentVolumeClaim`` is the
+   ``/etc/omnirl``; Service addresses in them are routed as in 5, as cluster DNS would resolve
+   them), ``emptyDir`` is a fresh directory. A ``persistentVolumeClaim`` is the
    directory ``<root>/claims/<claimName>``, one per claim, shared by every pod that mounts it and
    kept across pod restarts and deletions (a bound volume); the pod waits until the claim exists
    in the emulator, as it would stay Pending. Every command, argument or env value that starts
@@ -21,7 +22,8 @@ substituted, and only this (each is a single function below):
    ``secretKeyRef`` → the Secret's value, read from the emulator.
 4. **pod network** → every declared ``containerPort`` gets a free loopback port of its own (pods
    share loopback here, not a network namespace); env variables named ``*_PORT`` whose value is a
-   declared containerPort, and the gRPC probes, use that port.
+   declared containerPort, and the probes, use that port. ``$(VAR)`` in ``command``/``args`` is
+   expanded from the container's env, as the kubelet does.
 5. **Service DNS and kube-proxy** (:meth:`Kubelet.route`) → ``<svc>[.<ns>[.svc[.cluster.local]]]:<port>``
    in an env value becomes ``127.0.0.1:<loopback port of the Service's targetPort on the first pod
    its selector matches>``; a pod waits (as its connections would) until that pod exists. Per-pod
@@ -30,8 +32,8 @@ substituted, and only this (each is a single function below):
    ``serviceAccountName`` gets ``KUBECONFIG`` pointing at the emulator (in a cluster the kubernetes
    client reads the mounted token; without ``KUBERNETES_SERVICE_HOST`` it falls back to KUBECONFIG).
 
-Readiness is the real probe: gRPC ``grpc.health.v1`` Check on the probe's port (startup probe,
-then readiness probe). Restarts follow ``restartPolicy`` (``Always``: after 10 s back-off, like
+Readiness is the real probe: gRPC ``grpc.health.v1`` Check, ``httpGet`` (status 200–399) or
+``tcpSocket`` on the probe's port (startup probe, then readiness probe). Restarts follow ``restartPolicy`` (``Always``: after 10 s back-off, like
 CrashLoopBackOff; a Job's ``OnFailure`` up to ``backoffLimit``). Not modelled: images, resources,
 scheduling, rolling-update pacing (pods of a changed template are replaced at once).
 """
@@ -44,8 +46,10 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,8 +114,10 @@ def field_value(pod: Pod, namespace: str, path: str) -> str:
     raise ValueError(f"pod {pod.name}: downward-API field {path!r} is not provided by the e2e kubelet")
 
 
-def mount_volumes(kube: KubeApi, namespace: str, pod: Pod, claims: Path) -> dict[str, Path]:
+def mount_volumes(kube: KubeApi, namespace: str, pod: Pod, claims: Path, route: Any = None) -> dict[str, Path]:
     """Create the pod's volumes under ``pod.root`` (claims under ``claims``); returns mountPath → host directory.
+
+    ``route`` (text → text) rewrites Service addresses in ConfigMap files (cluster DNS).
 
     Raises:
         NotClaimed: a persistentVolumeClaim that does not exist (yet).
@@ -136,7 +142,8 @@ def mount_volumes(kube: KubeApi, namespace: str, pod: Pod, claims: Path) -> dict
                 if item["key"] not in data:
                     raise ValueError(f"pod {pod.name}: ConfigMap {volume['configMap']['name']} has no key "
                                      f"{item['key']!r}")
-                (host / item["path"]).write_text(data[item["key"]])
+                text = data[item["key"]]
+                (host / item["path"]).write_text(route(text) if route else text)
         elif "emptyDir" not in volume and "persistentVolumeClaim" not in volume:
             raise ValueError(f"pod {pod.name}: volume {mount['name']} ({sorted(volume)}) is not emulated")
         mounts[mount["mountPath"].rstrip("/")] = host
@@ -301,7 +308,8 @@ class Kubelet:
         """
         c = pod.container
         pod.root.mkdir(parents=True, exist_ok=True)
-        mounts = mount_volumes(self.kube, self.namespace, pod, self.root / "claims")
+        mounts = mount_volumes(self.kube, self.namespace, pod, self.root / "claims",
+                               lambda text: self.route(text, services))
         env = {"PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": str(pod.root)}
         if os.environ.get("PYTHONPATH"):  # the checkout under test is the image's code (worktrees share a venv)
             env["PYTHONPATH"] = os.environ["PYTHONPATH"]
@@ -322,7 +330,7 @@ class Kubelet:
             env[var["name"]] = value
         if pod.spec.get("automountServiceAccountToken") and pod.spec.get("serviceAccountName"):
             env["KUBECONFIG"] = str(self._kubeconfig(pod))
-        argv = [remap_path(a, mounts) for a in [*c.get("command", []), *c.get("args", [])]]
+        argv = [remap_path(expand(a, env), mounts) for a in [*c.get("command", []), *c.get("args", [])]]
         exe = shutil.which(argv[0], path=env["PATH"])
         if exe is None:
             raise ValueError(f"pod {pod.name}: {argv[0]!r} is not on the image's PATH ({env['PATH']})")
@@ -369,11 +377,26 @@ class Kubelet:
         return path
 
     def _probe(self, pod: Pod) -> bool:
-        """The container's gRPC startup/readiness probe (no probe: ready once running)."""
+        """The container's startup/readiness probe: gRPC health, httpGet or tcpSocket (no probe:
+        ready once running)."""
         c = pod.container
         probe = c.get("readinessProbe") or c.get("startupProbe")
         if not probe:
             return True
+        if "httpGet" in probe or "tcpSocket" in probe:
+            action = probe.get("httpGet") or probe["tcpSocket"]
+            port = action["port"]
+            if isinstance(port, str):
+                port = next(p["containerPort"] for p in c.get("ports", []) if p.get("name") == port)
+            port = pod.ports.get(port, port)
+            try:
+                if "tcpSocket" in probe:
+                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                    return True
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{action.get('path', '/')}", timeout=0.5) as r:
+                    return 200 <= r.status < 400
+            except OSError:
+                return False
         port = pod.ports.get(probe["grpc"]["port"], probe["grpc"]["port"])
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
             try:
@@ -410,6 +433,12 @@ class Kubelet:
             text = pod.log.read_text().splitlines()[-lines:] if pod.log.exists() else []
             out.append(f"--- {pod.name} (exits {pod.exits}) ---\n" + "\n".join(text))
         return "\n".join(out)
+
+
+def expand(value: str, env: dict[str, str]) -> str:
+    """``$(VAR)`` → ``env[VAR]`` (left as is when unset), ``$$`` → ``$``: the kubelet's expansion
+    of a container's command and args."""
+    return re.sub(r"\$\$|\$\((\w+)\)", lambda m: "$" if m[0] == "$$" else env.get(m[1], m[0]), value)
 
 
 def _now() -> str:

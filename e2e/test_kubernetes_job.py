@@ -7,7 +7,9 @@ stored in the emulator, and writes their status back as the workload controllers
 roles train 3 steps through a real, password-protected redis-server (the Secret path of the
 chart's bundled Redis) → the controller patches the RLJob's status → the operator takes the job
 Pending → Running → Succeeded and scales the workloads to zero → deleting the RLJob runs the
-finalizer, which empties the job's Redis keys.
+finalizer, which empties the job's Redis keys. The job's second reward is a judge server the RLJob
+deploys itself (`reward[].server`: the HTTP scorer `omnirl.reward.delay_server` as Deployment and
+Service `k8s-tiny-judge-judge`); the controller Job appears only once the judge pod is Ready.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ NAME = "k8s-tiny"
 SECRET = "e2e-redis"
 RLJOB = ("omnirl.dev/v1alpha1", "RLJob")
 TIMEOUT_S = 240.0
+JUDGE = {"command": ["python", "-m", "omnirl.reward.delay_server", "--port", "{port}", "--reward", "jpeg"],
+         "urlPath": "/score", "healthPath": "/health"}
 # kmock serves no Table for built-in kinds, so kubectl would print only NAME and AGE
 COLUMNS = ("KIND:.kind,NAME:.metadata.name,REPLICAS:.spec.replicas,READY:.status.readyReplicas,"
            "SUCCEEDED:.status.succeeded,COMPLETE:.status.conditions[?(@.type=='Complete')].status")
@@ -67,6 +71,7 @@ def manifest(tmp: Path, redis_url: str) -> Path:
     doc["metadata"]["namespace"] = NS
     doc["spec"]["transferQueue"]["passwordSecret"] = SECRET
     doc["spec"]["storage"] = {"size": "1Gi"}
+    doc["spec"]["reward"].append({"name": "judge", "kind": "http", "weight": 0.5, "server": JUDGE})
     path.write_text(yaml.safe_dump(doc))
     return path
 
@@ -81,15 +86,16 @@ def secret(tmp: Path, password: str) -> Path:
 
 
 def wait_children(kube: KubeApi, timeout_s: float = 30.0) -> None:
-    """Until every child the operator builds exists."""
+    """Until every child the operator builds at once exists (the controller Job comes later)."""
     children = [("v1", "ConfigMap", f"{NAME}-spec"), ("v1", "Service", f"{NAME}-actor"),
                 ("v1", "Service", f"{NAME}-ranks"), ("v1", "Service", f"{NAME}-metrics"),
                 ("v1", "ServiceAccount", f"{NAME}-controller"),
                 ("rbac.authorization.k8s.io/v1", "Role", f"{NAME}-controller"),
                 ("rbac.authorization.k8s.io/v1", "RoleBinding", f"{NAME}-controller"),
                 ("apps/v1", "Deployment", f"{NAME}-rollout"), ("apps/v1", "Deployment", f"{NAME}-reward"),
-                ("apps/v1", "StatefulSet", f"{NAME}-actor"), ("batch/v1", "Job", f"{NAME}-controller"),
-                ("v1", "PersistentVolumeClaim", f"{NAME}-run")]
+                ("apps/v1", "StatefulSet", f"{NAME}-actor"), ("v1", "PersistentVolumeClaim", f"{NAME}-run"),
+                ("apps/v1", "Deployment", f"{NAME}-judge-judge"),
+                ("v1", "Service", f"{NAME}-judge-judge")]  # the controller Job waits for the judge pod
     deadline = time.monotonic() + timeout_s
     while missing := [f"{kind}/{name}" for v, kind, name in children if kube.get(v, kind, NS, name) is None]:
         assert time.monotonic() < deadline, f"the operator did not create {missing}"
@@ -159,19 +165,27 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
         assert status["lastCheckpoint"] == str(claim / "checkpoints" / "step-000002")
         assert status["startTime"] and status["completionTime"]
         for api_version, kind, role in (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
-                                        ("apps/v1", "StatefulSet", "actor")):  # accelerators freed
+                                        ("apps/v1", "StatefulSet", "actor"),
+                                        ("apps/v1", "Deployment", "judge-judge")):  # accelerators freed
             assert kube.get(api_version, kind, NS, f"{NAME}-{role}")["spec"]["replicas"] == 0
         header, row = table.splitlines()[:2]
         assert header.split() == ["NAME", "PHASE", "STEP", "REWARD", "READY", "AGE"]
         assert row.split()[:4] == [NAME, "Succeeded", "3", str(status["rewardMean"])]
         # every pod ran what the operator wrote and ended cleanly (exit 0, or stopped at scale-down)
         by_name = {pod.name: pod for pod in kubelet.deleted}
-        assert len(by_name) == 4 and all(pod.exits in ([], [0]) for pod in by_name.values()), kubelet.tails()
+        assert len(by_name) == 5 and all(pod.exits in ([], [0]) for pod in by_name.values()), kubelet.tails()
+        # the controller started only once the judge pod was ready
+        judge_ready = next(t for t, text in kubelet.events if text.startswith(f"pod {NAME}-judge-judge") and
+                           text.endswith(" ready"))
+        controller_start = next(t for t, text in kubelet.events if text.startswith(f"pod {NAME}-controller") and
+                                " started: " in text)
+        assert judge_ready <= controller_start, kubelet.events
         controller = next(pod for pod in by_name.values() if pod.owner == ("Job", f"{NAME}-controller"))
         assert controller.exits == [0]
         records = [json.loads(line) for line in (claim / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in records if r["event"] == "step"]
         assert [(r["step"], r["policy_version"]) for r in steps] == [(0, 1), (1, 2), (2, 3)]
+        assert all(r["reward_judge"] < 0 and r["component_missing_judge"] == 0 for r in steps)  # −JPEG kB
         assert status["rewardMean"] == round(steps[-1]["reward_mean"], 4)  # the controller's own number
         # the result on the claim: the controller exported the actor's last checkpoint, and the built-in
         # model's export scores what the run's last validation reported

@@ -97,7 +97,7 @@ BAD = [
     (
         "spec.reward.0.kind",
         "clip",
-        'spec.reward[0].kind: "clip" is invalid: must be one of: ocr, jpeg, http, grpc, vlm',
+        'spec.reward[0].kind: "clip" is invalid: must be one of: ocr, jpeg, http, grpc, vlm, pairwise-contrast',
     ),
     (
         "spec.reward.0.params.alphabet",

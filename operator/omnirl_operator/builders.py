@@ -16,6 +16,7 @@ name                           kind               what
 ``J-actor``                    StatefulSet        trainer ranks; rank = pod ordinal
 ``J-controller``               Job (batch/v1)     the single controller
 ``J-run``                      PVC                the run directory (``spec.storage`` with ``size``)
+``J-judge-R``                  Deployment, Service  judge server of reward ``R`` (``reward[].server``)
 =============================  =================  ===============================================
 
 The actor is a StatefulSet, not a Deployment: torch.distributed needs one stable rank-0 address
@@ -32,6 +33,7 @@ import yaml
 
 from omnirl.api.loader import dump_rljob, resolve_paths
 from omnirl.api.spec import API_GROUP, RLJob
+from omnirl_operator.judges import build_judges, wired
 from omnirl_operator.meta import (
     LABEL_METRICS,
     check_job_name,
@@ -263,9 +265,11 @@ def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | No
     check_job_name(job.metadata.name)
     job = resolve_paths(job, settings.data_root)  # relative prompt/model paths, as seen in the pods
     running = (not job.spec.suspend) if running is None else running
+    judges = build_judges(job, settings, running=running)
+    job = wired(job)  # the pods read judge rewards with their Service URL (omnirl_operator.judges)
     text = job_yaml(job)
     digest = template_digest(job)
-    children = [*build_controller_rbac(job), build_configmap(job, text), *build_services(job)]
+    children = [*build_controller_rbac(job), build_configmap(job, text), *build_services(job), *judges]
     claim = build_claim(job)  # kept when suspended or finished: it holds the results
     if claim is not None:
         children.append(claim)

@@ -20,7 +20,9 @@ from omnirl.api.loader import job_from_dict
 from omnirl.api.problems import problem_lines
 from omnirl.api.spec import RLJob
 from omnirl.api.status import TERMINAL_PHASES
+from omnirl_operator.autoscale import autoscale_reward
 from omnirl_operator.builders import build_children, desired_replicas, label_of
+from omnirl_operator.judges import judge_roles, judges_ready
 from omnirl_operator.kube import KubeApi, KubeError
 from omnirl_operator.meta import ANNOTATION_RESTARTED_AT, ANNOTATION_SPEC_HASH, adopt, child_name
 from omnirl_operator.settings import OperatorSettings
@@ -179,12 +181,20 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     suspended = job.spec.suspend and not terminal
     running = not suspended and not terminal
     children = adopt(build_children(job, settings, running=running), job.metadata.name, ns, uid)
-    actions, stored = await _apply_all(kube, children, log)
+    scaled, actions = await autoscale_reward(kube, job, ns, children, settings, now)
+    more, stored = await _apply_all(kube, children, log)
+    actions += more
+    judges = judge_roles(job, stored, running)
     wanted_job = next((c for c in children if c["kind"] == "Job"), None)
+    if not judges_ready(judges):  # the controller starts scoring only once every judge answers
+        wanted_job = None
     controller, more = await _sync_controller(kube, job, ns, wanted_job, suspended)
     actions += more
     state, message = controller_state(controller)
     roles, failures = observe_roles(job, stored, controller, running)
+    roles.update(judges)
+    if scaled is not None:  # status.roles.reward.desired: what the autoscaler asks for
+        roles["reward"] = (scaled, roles["reward"][1])
     observed = Observed(roles=roles, controller=state, controller_message=message, suspended=suspended,
                         restarts=int((body.get("status") or {}).get("restarts") or 0))
     failed_role = "controller" if state == "failed" else next(iter(sorted(failures)), None)

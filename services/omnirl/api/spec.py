@@ -40,6 +40,10 @@ KIND = "RLJob"
 
 AcceleratorType = Literal["nvidia", "ascend", "cpu"]
 FailureAction = Literal["restart-role", "restart-job", "fail-job"]
+NormalizeMode = Literal["none", "group", "batch", "minmax"]
+# Scorer kinds that see a whole group at once (run by the controller once a group is complete).
+GROUP_KINDS: tuple[str, ...] = ("pairwise-contrast",)
+REMOTE_KINDS: tuple[str, ...] = ("http", "grpc", "vlm")
 ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
 
 __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and are re-exported here
@@ -64,6 +68,9 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "ModelSpec",
     "DataSpec",
     "RewardSpec",
+    "RewardServerSpec",
+    "RewardAutoscaleSpec",
+    "NormalizeMode",
     "PipelineSpec",
     "ValidationSpec",
     "AcceleratorSpec",
@@ -148,12 +155,14 @@ class DataSpec(SpecModel):
 
 
 class RewardSpec(SpecModel):
-    """One weighted reward function; the sample's reward is Σ weight · score."""
+    """One weighted reward function; the sample's reward is Σ weight · normalize(score)."""
 
     name: str = Field(
         ..., pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=63, description="Unique reward name (metric label)."
     )
-    kind: Literal["ocr", "jpeg", "http", "grpc", "vlm"] = Field(..., description="Scorer implementation.")
+    kind: Literal["ocr", "jpeg", "http", "grpc", "vlm", "pairwise-contrast"] = Field(
+        ..., description="Scorer implementation. `pairwise-contrast` is a group-level scorer (it sees a whole "
+        "group at once; a toy for testing and demonstration).")
     weight: float = Field(1.0, description="Weight in the summed reward.")
     required: bool = Field(
         True, description="A failure of a required scorer fails the sample (its group is refilled or dropped)."
@@ -170,10 +179,25 @@ class RewardSpec(SpecModel):
         "topLogprobs, concurrency, batchSize, maxRetries, apiKeyEnv}.",
     )
     timeoutSeconds: float = Field(30.0, gt=0, description="Per-request scorer timeout, seconds.")
+    normalize: NormalizeMode = Field(
+        "none", description="Per-reward normalisation before weighting, over each training step's batch: `none`, "
+        "`group` (z-score within each prompt's group), `batch` (z-score over the step) or `minmax` (to [0, 1] over "
+        "the step). Applied by the controller; validation reports raw rewards.")
+    server: RewardServerSpec | None = Field(
+        None, description="A judge server the job runs itself (a Deployment and Service on Kubernetes, a local "
+        "process under `omnirl run`); its URL is wired into this reward, so leave `url` unset.")
 
     @model_validator(mode="after")
     def _check(self) -> RewardSpec:
-        check_url(self.kind, self.url)
+        if self.server is not None:
+            if self.kind not in REMOTE_KINDS:
+                raise FieldProblem("server", {"command": self.server.command}, f"only for kinds {', '.join(REMOTE_KINDS)} (kind {self.kind} "
+                                   "scores in the reward workers); remove server or change kind")
+            if self.url:
+                raise FieldProblem("url", self.url, "must be unset when server is given (the URL of the server "
+                                   "the job runs is wired in); remove url or server")
+        else:
+            check_url(self.kind, self.url)
         parse_params(self.kind, self.params)
         return self
 
@@ -223,6 +247,77 @@ class AcceleratorSpec(SpecModel):
         return self
 
 
+class RewardServerSpec(SpecModel):
+    """A judge server run by the job beside its roles (`reward[].server`).
+
+    `{port}` and `{modelPath}` in `command`/`args` are replaced by the port the server must listen
+    on and the model directory it sees. On Kubernetes: Deployment and Service `<job>-judge-<name>`,
+    the controller starts once a judge pod is Ready; locally: a process on a free port.
+    """
+
+    image: str | None = Field(None, min_length=1, description="Container image; null = the omnirl reward image "
+                              "(for scorers served from omnirl itself). Ignored by `omnirl run`.")
+    command: list[str] = Field(..., min_length=1, description="Command line of the server (e.g. `[vllm, serve, "
+                               "{modelPath}, --port, '{port}']`); `{port}` and `{modelPath}` are substituted.")
+    args: list[str] = Field(default_factory=list, description="Arguments after command (same substitutions).")
+    modelPath: str | None = Field(None, min_length=1, description="Model directory on the node (a read-only "
+                                  "hostPath mounted at the same path) or, locally, on this machine.")
+    volume: dict[str, Any] | None = Field(
+        None, description="A Kubernetes volume source holding the model (e.g. `{persistentVolumeClaim: {claimName: "
+        "judge-model}}`), mounted read-only at /models; `{modelPath}` is then /models. Not for `omnirl run`.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+    accelerator: AcceleratorSpec = Field(default_factory=AcceleratorSpec, description="Accelerator sugar.")
+    replicas: int = Field(1, ge=1, le=64, description="Judge pods behind the Service.")
+    port: int = Field(8000, ge=1024, le=65535, description="Port the server listens on in its pod.")
+    urlPath: str = Field("/", pattern=r"^/", description="Path appended to the wired URL (`/score` for the HTTP "
+                         "scorer protocol, `/v1` for an OpenAI-compatible server).")
+    healthPath: str | None = Field(None, pattern=r"^/", description="HTTP path answering 200 when the server is "
+                                   "ready (`/health` on vLLM); null = ready once the port accepts connections.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardServerSpec:
+        if self.modelPath is not None and self.volume is not None:
+            raise FieldProblem("volume", self.volume, "give modelPath (a directory on the node) or volume (a volume "
+                               "source mounted at /models), not both")
+        if self.modelPath is not None and not self.modelPath.startswith("/"):
+            raise FieldProblem("modelPath", self.modelPath, "must be an absolute path (it is mounted at the "
+                               "same path in the pod)")
+        if self.volume is not None and len(self.volume) != 1:
+            raise FieldProblem("volume", sorted(self.volume), "must hold exactly one volume source, e.g. "
+                               "{persistentVolumeClaim: {claimName: NAME}}")
+        uses_model = any("{modelPath}" in a for a in [*self.command, *self.args])
+        if uses_model and self.modelPath is None and self.volume is None:
+            raise FieldProblem("args", "{modelPath}", "is used but neither modelPath nor volume is given")
+        return self
+
+
+class RewardAutoscaleSpec(SpecModel):
+    """Reward workers follow the samples backlog (`roles.reward.autoscale`, Kubernetes only).
+
+    The operator counts the samples not yet scored (undelivered plus delivered-but-unacknowledged
+    entries of the samples stream) and asks for `ceil(backlog / targetBacklogPerReplica)` workers,
+    scaling up at most once per `scaleUpCooldownSeconds` and down at most once per
+    `scaleDownCooldownSeconds`, and down only while the backlog would fit the smaller count at
+    `scaleDownRatio` of its target (hysteresis: no flapping around a boundary).
+    """
+
+    minReplicas: int = Field(1, ge=1, le=1024, description="Fewest reward workers.")
+    maxReplicas: int = Field(..., ge=1, le=1024, description="Most reward workers.")
+    targetBacklogPerReplica: int = Field(64, ge=1, description="Unscored samples one worker should hold.")
+    scaleUpCooldownSeconds: float = Field(30.0, ge=0, description="Least time between scale-ups, seconds.")
+    scaleDownCooldownSeconds: float = Field(300.0, ge=0, description="Least time after any scaling before a "
+                                            "scale-down, seconds.")
+    scaleDownRatio: float = Field(0.5, gt=0, le=1, description="Scale down only while the backlog is below this "
+                                  "fraction of the smaller count's capacity.")
+
+    @model_validator(mode="after")
+    def _check(self) -> RewardAutoscaleSpec:
+        if self.maxReplicas < self.minReplicas:
+            raise FieldProblem("maxReplicas", self.maxReplicas, f"must be >= minReplicas ({self.minReplicas})")
+        return self
+
+
 class RoleSpec(SpecModel):
     """A role: its pods (or local processes) and their resources."""
 
@@ -248,6 +343,17 @@ class RewardRoleSpec(RoleSpec):
     """Reward workers (the scorers)."""
 
     batchSize: int = Field(32, ge=1, description="Max samples per scorer call.")
+    autoscale: RewardAutoscaleSpec | None = Field(
+        None, description="Scale the reward workers with the samples backlog (Kubernetes); `replicas` is then "
+        "the starting count. Null: fixed `replicas`.")
+
+    @model_validator(mode="after")
+    def _check_autoscale(self) -> RewardRoleSpec:
+        a = self.autoscale
+        if a is not None and not a.minReplicas <= self.replicas <= a.maxReplicas:
+            raise FieldProblem("replicas", self.replicas, f"must lie in autoscale [minReplicas, maxReplicas] = "
+                               f"[{a.minReplicas}, {a.maxReplicas}] (it is the starting count)")
+        return self
 
 
 class RolesSpec(SpecModel):
@@ -327,6 +433,15 @@ class RLJobSpec(SpecModel):
                 raise FieldProblem(f"reward[{i}].name", r.name, f"must be unique; reward[{first[r.name]}] has it")
             first[r.name] = i
         check_storage(self.storage, self.roles.actor.replicas)
+        judges: dict[str, int] = {}
+        for i, r in enumerate(self.reward):
+            if r.server is None:
+                continue
+            dns = r.name.replace("_", "-")
+            if dns in judges:
+                raise FieldProblem(f"reward[{i}].name", r.name, f"names the same judge server as reward[{judges[dns]}] "
+                                   "('_' becomes '-' in Kubernetes names); rename one")
+            judges[dns] = i
         if self.model.family == "ocr-digits":
             if self.model.resolution is not None:
                 raise FieldProblem("model.resolution", list(self.model.resolution),
@@ -371,3 +486,6 @@ class RLJob(SpecModel):
     metadata: ObjectMeta
     spec: RLJobSpec
     status: dict[str, Any] | None = None
+
+
+RewardSpec.model_rebuild()  # `server` refers to RewardServerSpec, defined after it

@@ -93,8 +93,13 @@ class VLMParams(SpecModel):
         return self
 
 
+class PairwiseContrastParams(SpecModel):
+    """`kind: pairwise-contrast`: the built-in group-level test scorer; no parameters."""
+
+
 PARAMS_BY_KIND: dict[str, type[SpecModel]] = {
     "ocr": OCRParams, "jpeg": JPEGParams, "http": RemoteParams, "grpc": RemoteParams, "vlm": VLMParams,
+    "pairwise-contrast": PairwiseContrastParams,
 }
 """The params model of each scorer kind."""
 
@@ -134,7 +139,7 @@ def check_url(kind: str, url: str | None) -> None:
     Raises:
         FieldProblem: naming `url` and the expected form.
     """
-    if kind in ("ocr", "jpeg"):
+    if kind in ("ocr", "jpeg", "pairwise-contrast"):
         if url is not None:
             raise FieldProblem("url", url, f"must not be set for kind {kind} (it scores in-process)")
         return

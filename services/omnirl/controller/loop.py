@@ -23,7 +23,9 @@ from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDon
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.controller.data import PromptSource, read_prompts
+from omnirl.controller.group_scoring import GroupScoring
 from omnirl.controller.groups import StepBook, refill_request
+from omnirl.controller.normalize import combine_step, component_stats, needs_recombination
 from omnirl.controller.report import Reporter
 from omnirl.controller.validation import Validator
 from omnirl.models.registry import load_tokenizer
@@ -64,6 +66,8 @@ class Controller:
         self.books: dict[int, StepBook] = {}
         self.inbox: list[tuple[ScoreMeta, str | None]] = []
         self.trained: dict[int, TrainDone] = {}
+        self.group_scoring = GroupScoring(spec.reward, self.queue)
+        self.recombine = needs_recombination(spec.reward) or bool(self.group_scoring.specs)
 
     def _resume_state(self) -> dict:
         path = self.out / self.spec.checkpoint.dir / "latest" / "state.json"
@@ -189,7 +193,7 @@ class Controller:
         for key, group in list(book.groups.items()):
             if not group.complete:
                 continue
-            reasons = group.failed_reasons
+            reasons = group.failed_reasons or self.group_scoring.apply(group)
             stale = [s.sample_id for s in group.scores.values() if self.version - s.policy_version > limit]
             if stale and self.spec.pipeline.mode == "fully-async":
                 reasons = reasons + [f"{len(stale)} samples staler than maxStaleness={limit}"]
@@ -211,7 +215,11 @@ class Controller:
     def _advantages(self, book: StepBook) -> tuple[list[TrainItem], dict]:
         scores = [(key, s) for key, g in book.groups.items() for s in g.scores.values()]
         gids = {key: i for i, key in enumerate(book.groups)}
-        rewards = torch.tensor([s.reward for _, s in scores], dtype=torch.float32)
+        if self.recombine:  # normalised components and/or group-level ones: the totals are the controller's
+            rewards = torch.from_numpy(combine_step(self.spec.reward, [s.rewards for _, s in scores],
+                                                    [gids[k] for k, _ in scores]))
+        else:
+            rewards = torch.tensor([s.reward for _, s in scores], dtype=torch.float32)
         adv = group_advantages(rewards, torch.tensor([gids[k] for k, _ in scores]),
                                std_mode=self.spec.algorithm.advantage.stdMode,
                                eps=self.spec.algorithm.advantage.eps, clip=self.spec.algorithm.advantage.clip)
@@ -233,8 +241,10 @@ class Controller:
             "staleness_mean": sum(self.version - v for v in versions) / len(versions),
             "staleness_max": max(self.version - v for v in versions),
         }
-        for name in scores[0][1].rewards:
-            stats[f"reward_{name}"] = sum(s.rewards.get(name, 0.0) for _, s in scores) / len(scores)
+        stats.update(component_stats(self.spec.reward, [s.rewards for _, s in scores]))
+        replicas = self.queue.get_json("reward_replicas")  # written by the operator's autoscaler
+        if replicas is not None:
+            stats["scorer_replicas"] = int(replicas)
         del self.books[book.step]
         return items, stats
 

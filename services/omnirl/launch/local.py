@@ -27,6 +27,7 @@ from omnirl.api.spec import RLJob
 from omnirl.launch.placement import Placement, describe, place, weight_sync_backend
 from omnirl.launch.procs import RoleProcess, start_role
 from omnirl.launch.progress import Progress, validation_table
+from omnirl.launch.servers import JudgeFailed, check_local, start_judges, stop_judges
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
 
@@ -63,9 +64,10 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     if args.resume and not (out / "metrics.jsonl").exists():
         raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl)")
+    check_local(job)  # judge servers this machine cannot run (launch/servers.py)
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
-    redis = None
+    redis, judges = None, []
     redis_url = job.spec.transferQueue.redisUrl
     if not redis_url:
         redis = start_redis_server(dir=str(out / "redis"))
@@ -87,6 +89,8 @@ def main(args: argparse.Namespace) -> int:
           flush=True)
     print(describe(placements, backend), flush=True)
     try:
+        judges, wired = start_judges(job, out / "logs")  # reward[].server: local processes, URLs wired in
+        (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
         for p in placements:
             env = role_env(job, p, redis_url=redis_url, sync_port=sync_port, out=out, resume=args.resume,
                            steps=args.steps, dist_port=dist_port, sync_backend=backend)
@@ -95,9 +99,13 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("omnirl: interrupted — stopping every role", flush=True)
         code = 130
+    except JudgeFailed as err:
+        print(f"omnirl: {err}", flush=True)
+        code = 1
     finally:
         queue.set_json("stop", True)
         _stop_all(procs)
+        stop_judges(judges)
         queue.close()
         if redis is not None:
             redis.stop()

@@ -14,6 +14,7 @@ CUDA IPC handles (device-to-device), otherwise gloo through host memory.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -149,6 +150,11 @@ def place(job: RLJob, *, device: str = "auto", share: bool = False, cores: int |
         else:  # the accelerators do the heavy work: the CPU roles (scorers) split what is left
             threads = 1 if role == "controller" else max(1, spare // max(1, len(cpu_workers)))
         out.append(Placement(role, index, "cpu", "cpu", (), threads))
+    fixed = os.environ.get("OMNIRL_LOCAL_THREADS")  # one count for every role (benchmarks on shared machines)
+    if fixed:
+        if not fixed.isdigit() or int(fixed) < 1:
+            raise ValueError(f"OMNIRL_LOCAL_THREADS={fixed!r} must be a positive integer")
+        out = [dataclasses.replace(p, threads=int(fixed)) for p in out]
     return out
 
 

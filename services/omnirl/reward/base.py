@@ -130,3 +130,33 @@ def check_rewards(rewards: np.ndarray, sample_ids: list[str]) -> np.ndarray:
     if bad.size:
         raise ScorerError(sample_ids[bad[0]], f"reward is {rewards[bad[0]]} (not finite)")
     return rewards
+
+
+@runtime_checkable
+class GroupScorer(Protocol):
+    """A scorer that sees one prompt's whole group at once (e.g. a pairwise preference model).
+
+    The controller calls it once per complete group of a training step (every member generated
+    and scored by the per-sample rewards), before advantages; validation samples are not group-
+    scored. A failure fails the whole group (refilled, or dropped after its attempts) when the
+    reward is `required`.
+
+    Attributes:
+        name: short name used in metrics and configs.
+    """
+
+    name: str
+
+    def score_group(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> np.ndarray:
+        """Rewards of the G members of one group.
+
+        Args:
+            images: `[G, H, W, 3]` uint8 RGB, the group's samples in `sample_ids` order.
+            prompts: G prompt lines (one prompt repeated).
+            sample_ids: G sample ids.
+        Returns:
+            `[G]` float32, every value finite.
+        Raises:
+            ScorerError: the group cannot be scored (sample id "" when no single member is at fault).
+        """
+        ...

@@ -20,7 +20,7 @@ import numpy as np
 
 from omnirl.api.messages import SampleMeta, ScoreMeta
 from omnirl.api.runtime import RoleEnv
-from omnirl.api.spec import RewardSpec, RLJob
+from omnirl.api.spec import GROUP_KINDS, RewardSpec, RLJob
 from omnirl.reward.base import Outcome, Scorer, score_each
 from omnirl.reward.registry import build_scorer
 from omnirl.transfer import Message, TransferQueue, kv_key
@@ -51,7 +51,8 @@ class RewardService:
     def __init__(self, job: RLJob, env: RoleEnv) -> None:
         spec = job.spec
         self.env = env
-        self.specs = spec.reward
+        # group-level scorers run in the controller, which holds whole groups
+        self.specs = [r for r in spec.reward if r.kind not in GROUP_KINDS]
         self.sync_mode = spec.pipeline.mode == "sync"
         self.batch_size = spec.roles.reward.batchSize
         self.queue = TransferQueue.from_url(

@@ -51,6 +51,7 @@ class Meters:
             N.POLICY_VERSION: "policy_version", N.POLICY_STALENESS: "staleness_mean", N.KL: "kl",
             N.CLIP_FRACTION: "clip_fraction", N.IS_WEIGHT: "is_weight_mean", N.IS_ESS: "is_ess",
             N.RS_MASKED_FRACTION: "rs_masked_fraction", N.GRAD_NORM: "grad_norm", N.LOSS: "loss",
+            N.REWARD_REPLICAS: "scorer_replicas",
         }
         for name, key in gauge_keys.items():
             if key in s:
@@ -61,6 +62,11 @@ class Meters:
             if key.startswith("reward_") and key not in ("reward_mean", "reward_std", "reward_seconds",
                                                           "reward_latency_seconds"):
                 self.gauges[N.REWARD_MEAN].set(float(value), {**a, "reward": key.removeprefix("reward_")})
+        for prefix, name in (("component_std_", N.REWARD_COMPONENT_STD),
+                             ("component_missing_", N.REWARD_COMPONENT_MISSING)):
+            for key, value in s.items():
+                if key.startswith(prefix):
+                    self.gauges[name].set(float(value), {**a, "reward": key.removeprefix(prefix)})
         counter_keys = {N.GROUPS_DROPPED: "dropped_groups", N.GROUPS_REFILLED: "refills",
                         N.ZERO_STD_GROUPS: "zero_std_groups", N.SAMPLES_TRAINED: "samples"}
         for name, key in counter_keys.items():

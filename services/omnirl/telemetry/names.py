@@ -12,6 +12,9 @@ STEP_SECONDS = "omnirl_step_seconds"  # histogram, label phase=total|rollout|rew
 IMAGES_PER_SECOND = "omnirl_images_per_second"  # gauge
 REWARD_MEAN = "omnirl_reward_mean"  # gauge, label reward=<name>|total
 REWARD_STD = "omnirl_reward_std"  # gauge
+REWARD_COMPONENT_STD = "omnirl_reward_component_std"  # gauge, label reward=<name> (raw score spread)
+REWARD_COMPONENT_MISSING = "omnirl_reward_component_missing"  # gauge, label reward=<name> (samples without it)
+REWARD_REPLICAS = "omnirl_reward_replicas"  # gauge (reward workers the operator's autoscaler asks for)
 VALIDATION_REWARD = "omnirl_validation_reward_mean"  # gauge
 TRAINING_STEP = "omnirl_training_step"  # gauge
 POLICY_VERSION = "omnirl_policy_version"  # gauge
@@ -33,7 +36,8 @@ ZERO_STD_GROUPS = "omnirl_zero_std_groups_total"  # counter
 SAMPLES_TRAINED = "omnirl_samples_trained_total"  # counter
 
 ALL = [
-    STEP_SECONDS, IMAGES_PER_SECOND, REWARD_MEAN, REWARD_STD, VALIDATION_REWARD, TRAINING_STEP, POLICY_VERSION,
+    STEP_SECONDS, IMAGES_PER_SECOND, REWARD_MEAN, REWARD_STD, REWARD_COMPONENT_STD, REWARD_COMPONENT_MISSING,
+    REWARD_REPLICAS, VALIDATION_REWARD, TRAINING_STEP, POLICY_VERSION,
     POLICY_STALENESS, KL, CLIP_FRACTION, IS_WEIGHT, IS_ESS, RS_MASKED_FRACTION, GRAD_NORM, LOSS,
     WEIGHT_SYNC_SECONDS, REWARD_LATENCY_SECONDS, QUEUE_DEPTH, QUEUE_LAG, GROUPS_DROPPED, GROUPS_REFILLED,
     ZERO_STD_GROUPS, SAMPLES_TRAINED,

@@ -1,0 +1,49 @@
+"""Rewards as jobs use them, locally: a judge server `omnirl run` starts itself (`reward[].server`:
+the HTTP scorer of `omnirl.reward.delay_server` on a free port, its URL wired into the roles'
+manifest, stopped at the end), per-reward normalisation and a group-level scorer, in one tiny job."""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+
+import pytest
+import yaml
+from e2e.test_local_job import run, tiny_job
+
+
+@pytest.mark.slow  # a 2-step local job: about 100 s on 2 cores
+def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path, redis_url):
+    name = "judged-local"
+    path = tiny_job(tmp_path, name, redis_url, steps=2)
+    doc = yaml.safe_load(path.read_text())
+    server = {"command": [sys.executable, "-m", "omnirl.reward.delay_server", "--port", "{port}", "--host",
+                         "127.0.0.1", "--reward", "jpeg"], "urlPath": "/score", "healthPath": "/health"}
+    doc["spec"]["reward"] = [
+        {"name": "ocr", "kind": "ocr", "normalize": "group"},
+        {"name": "judge", "kind": "http", "weight": 0.5, "normalize": "batch", "server": server},
+        {"name": "contrast", "kind": "pairwise-contrast", "weight": 0.2},
+    ]
+    path.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    proc = run(path, out)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    wired = yaml.safe_load((out / "job.yaml").read_text())["spec"]["reward"][1]
+    assert wired["server"] is None and wired["url"].startswith("http://127.0.0.1:") and wired["url"].endswith("/score")
+    port = int(wired["url"].split(":")[2].split("/")[0])
+    with socket.socket() as s:  # the judge was stopped with the job
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+    assert "delay_server: jpeg" in (out / "logs" / "judge-judge.log").read_text()
+
+    steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["event"] == "step"]
+    assert [r["step"] for r in steps] == [0, 1]
+    for r in steps:
+        assert r["dropped_groups"] == 0
+        # group z-scores sum to 0 in each group, batch z-scores to 0 over the step, and a pairwise
+        # win rate averages 1/2 in each group: the mean reward is 0.2 · 1/2 exactly (up to float32)
+        assert abs(r["reward_mean"] - 0.1) < 1e-5, r
+        assert r["reward_judge"] < 0.0 and r["component_std_judge"] > 0.0  # the raw score: −JPEG kB
+        assert abs(r["reward_contrast"] - 0.5) < 1e-6
+        assert r["component_missing_ocr"] == r["component_missing_judge"] == 0.0

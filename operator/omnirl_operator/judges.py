@@ -1,0 +1,151 @@
+"""Judge servers of an RLJob (`reward[].server`): their Deployment and Service, and readiness.
+
+For reward ``R`` of job ``J``: Deployment and Service ``J-judge-R`` (``_`` → ``-``), port
+``server.port`` named ``http``. The pods carry ``omnirl.dev/judge-of: J`` and
+``omnirl.dev/reward: R`` instead of ``omnirl.dev/job`` so the job's metrics Service (which
+selects every pod of the job on 9090) does not list them. The reward workers read the URL
+``http://J-judge-R:<port><urlPath>`` from the wired manifest (:func:`omnirl.api.judges.wire`).
+
+Start order: the controller Job is created only once every judge Deployment has a Ready pod
+(:func:`judges_ready`), so no sample is scored against a judge that is still loading its model;
+the rollout, reward and actor pods start meanwhile. A judge that later loses its pods leaves
+the controller running: the reward workers' scorer errors fail the samples, and the groups are
+refilled or dropped as for any scorer failure.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnirl.api.judges import VOLUME_MOUNT, argv, dns_name, judge_rewards, url, wire
+from omnirl.api.spec import RewardSpec, RLJob
+from omnirl_operator.meta import child_labels, child_name, object_meta
+from omnirl_operator.pods import accelerator_resources, accelerator_scheduling
+from omnirl_operator.settings import OperatorSettings
+
+LABEL_JUDGE_OF = "omnirl.dev/judge-of"
+LABEL_REWARD = "omnirl.dev/reward"
+ROLE = "judge"
+MAX_NAME = 63  # a Service name is a DNS-1035 label
+PORT_ENV = "OMNIRL_JUDGE_PORT"
+
+
+def judge_name(job: str, reward: RewardSpec) -> str:
+    """``<job>-judge-<reward>``: the judge's Deployment and Service."""
+    return child_name(job, suffix=f"judge-{dns_name(reward)}")
+
+
+def check_names(job: RLJob) -> None:
+    """Raise when a judge's Service name would be too long.
+
+    Raises:
+        ValueError: naming ``spec.reward[i].name``.
+    """
+    for i, r in enumerate(job.spec.reward):
+        if r.server is not None and len(name := judge_name(job.metadata.name, r)) > MAX_NAME:
+            raise ValueError(f"spec.reward[{i}].name: the judge Service {name!r} has {len(name)} characters, at "
+                             f"most {MAX_NAME} fit; shorten the reward or job name")
+
+
+def wired(job: RLJob) -> RLJob:
+    """``job`` with each judge reward pointing at its Service (what the pods read)."""
+    return wire(job, {r.name: url(r, judge_name(job.metadata.name, r), r.server.port) for r in judge_rewards(job)})
+
+
+def _pod_labels(job: str, reward: RewardSpec) -> dict[str, str]:
+    labels = {k: v for k, v in child_labels(job, ROLE).items() if not k.startswith("omnirl.dev/")}
+    return {**labels, LABEL_JUDGE_OF: job, LABEL_REWARD: dns_name(reward)}
+
+
+def _probe(reward: RewardSpec) -> dict[str, Any]:
+    server = reward.server
+    action = ({"httpGet": {"path": server.healthPath, "port": "http"}} if server.healthPath
+              else {"tcpSocket": {"port": "http"}})
+    return {**action, "periodSeconds": 5, "failureThreshold": 3, "timeoutSeconds": 5}
+
+
+def _volumes(reward: RewardSpec) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    server = reward.server
+    if server.volume is not None:
+        return [{"name": "model", **server.volume}], [{"name": "model", "mountPath": VOLUME_MOUNT, "readOnly": True}]
+    if server.modelPath is not None:
+        return ([{"name": "model", "hostPath": {"path": server.modelPath, "type": "Directory"}}],
+                [{"name": "model", "mountPath": server.modelPath, "readOnly": True}])
+    return [], []
+
+
+def build_judge(job: RLJob, reward: RewardSpec, settings: OperatorSettings, *, running: bool = True
+                ) -> list[dict[str, Any]]:
+    """Deployment and Service of one judge (``running=False``: 0 replicas)."""
+    name, server = job.metadata.name, reward.server
+    child = judge_name(name, reward)
+    labels = _pod_labels(name, reward)
+    selector = {LABEL_JUDGE_OF: name, LABEL_REWARD: dns_name(reward)}
+    volumes, mounts = _volumes(reward)
+    container: dict[str, Any] = {
+        "name": ROLE,
+        "image": server.image or settings.image_for("reward"),
+        "imagePullPolicy": settings.image_pull_policy,
+        # `{port}` becomes $(OMNIRL_JUDGE_PORT), which the kubelet expands from the env (one source)
+        "command": argv(server, f"$({PORT_ENV})"),
+        "env": [{"name": PORT_ENV, "value": str(server.port)}, {"name": "PYTHONUNBUFFERED", "value": "1"}],
+        "ports": [{"name": "http", "containerPort": server.port, "protocol": "TCP"}],
+        "resources": accelerator_resources(server, settings),
+        "volumeMounts": mounts,
+        # a judge may load a large model: 15 minutes before liveness counts
+        "startupProbe": {**_probe(reward), "periodSeconds": 10, "failureThreshold": 90},
+        "livenessProbe": {**_probe(reward), "periodSeconds": 20},
+        "readinessProbe": _probe(reward),
+        "securityContext": {"allowPrivilegeEscalation": False},
+    }
+    spec: dict[str, Any] = {
+        "containers": [container],
+        "volumes": volumes,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,
+        "terminationGracePeriodSeconds": 30,
+        **accelerator_scheduling(server),
+    }
+    meta = object_meta(name, child, ROLE)
+    meta["labels"][LABEL_REWARD] = dns_name(reward)
+    return [
+        {
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": meta,
+            "spec": {
+                "replicas": server.replicas if running else 0,
+                "selector": {"matchLabels": selector},
+                "progressDeadlineSeconds": 1800,
+                "revisionHistoryLimit": 3,
+                "template": {"metadata": {"labels": labels}, "spec": spec},
+            },
+        },
+        {
+            "apiVersion": "v1", "kind": "Service", "metadata": object_meta(name, child, ROLE),
+            "spec": {"type": "ClusterIP", "selector": selector,
+                     "ports": [{"name": "http", "port": server.port, "targetPort": "http", "protocol": "TCP"}]},
+        },
+    ]
+
+
+def build_judges(job: RLJob, settings: OperatorSettings, *, running: bool = True) -> list[dict[str, Any]]:
+    """Every judge's Deployment and Service."""
+    check_names(job)
+    return [obj for r in judge_rewards(job) for obj in build_judge(job, r, settings, running=running)]
+
+
+def judge_roles(job: RLJob, stored: dict[str, dict[str, Any]], running: bool) -> dict[str, tuple[int, int]]:
+    """``{"judge-<reward>": (desired, ready)}`` from the stored Deployments (for ``status.roles``)."""
+    roles = {}
+    for r in judge_rewards(job):
+        status = (stored.get(f"Deployment/{judge_name(job.metadata.name, r)}") or {}).get("status") or {}
+        roles[f"{ROLE}-{dns_name(r)}"] = (r.server.replicas if running else 0, int(status.get("readyReplicas") or 0))
+    return roles
+
+
+def judges_ready(roles: dict[str, tuple[int, int]]) -> bool:
+    """Every judge has at least one Ready pod (the controller may start)."""
+    return all(ready >= 1 for role, (_, ready) in roles.items() if role.startswith(f"{ROLE}-"))
+
+
+__all__ = ["build_judge", "build_judges", "check_names", "judge_name", "judge_roles", "judges_ready",
+           "wired"]

@@ -1,0 +1,133 @@
+"""Judge servers an RLJob deploys itself (`reward[].server`): spec checks, the Deployment and
+Service the operator builds (checked with `kubernetes-validate --strict`), the wired URL, render."""
+
+from __future__ import annotations
+
+import argparse
+import io
+
+import kubernetes_validate
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from omnirl.api.judges import argv, wire
+from omnirl.api.loader import job_from_dict
+from omnirl.api.problems import problem_lines
+from omnirl.api.spec import RLJob
+from omnirl_operator import render
+from omnirl_operator.builders import build_children
+from omnirl_operator.judges import judge_roles, judges_ready
+from omnirl_operator.meta import adopt
+from omnirl_operator.settings import OperatorSettings
+
+SETTINGS = OperatorSettings(default_redis_url="redis://redis:6379/0")
+K8S_VERSIONS = ("1.31", kubernetes_validate.utils.latest_version())
+UID = "4f9d7a52-7f53-4f5a-9d9e-000000000001"
+VLLM = {"image": "vllm/vllm-openai:v0.11.0", "command": ["vllm", "serve", "{modelPath}"],
+        "args": ["--port", "{port}", "--max-model-len", "4096"], "volume": {"persistentVolumeClaim": {"claimName": "qwen"}},
+        "accelerator": {"type": "nvidia", "count": 1}, "port": 8001, "urlPath": "/v1", "healthPath": "/health"}
+
+
+def job(rewards: list[dict], name: str = "demo"):
+    return job_from_dict({"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob",
+                          "metadata": {"name": name, "namespace": "team"},
+                          "spec": {"data": {"trainPrompts": "/p.txt"}, "reward": rewards}})
+
+
+def kids(j, **kw) -> dict[str, dict]:
+    return {f"{c['kind']}/{c['metadata']['name']}": c
+            for c in adopt(build_children(j, SETTINGS, **kw), j.metadata.name, "team", UID)}
+
+
+def test_judge_children_validate_and_the_pods_read_the_service_url():
+    j = job([{"name": "ocr", "kind": "ocr"},
+             {"name": "vlm_judge", "kind": "http", "weight": 0.5, "server": VLLM},
+             {"name": "small", "kind": "http", "server": {"command": ["python", "-m", "x", "--port", "{port}"],
+                                                         "modelPath": "/mnt/models/small", "urlPath": "/score"}}])
+    built = kids(j)
+    for doc in built.values():
+        for version in K8S_VERSIONS:
+            kubernetes_validate.validate(doc, version, strict=True)
+    deploy, svc = built["Deployment/demo-judge-vlm-judge"], built["Service/demo-judge-vlm-judge"]
+    assert deploy["metadata"]["ownerReferences"][0]["uid"] == UID and svc["metadata"]["ownerReferences"][0]["uid"] == UID
+    c = deploy["spec"]["template"]["spec"]["containers"][0]
+    assert c["image"] == "vllm/vllm-openai:v0.11.0"
+    assert c["command"] == ["vllm", "serve", "/models", "--port", "$(OMNIRL_JUDGE_PORT)", "--max-model-len", "4096"]
+    assert {"name": "OMNIRL_JUDGE_PORT", "value": "8001"} in c["env"]  # the kubelet expands $(VAR) from env
+    assert c["resources"]["limits"] == {"nvidia.com/gpu": 1}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": "http"}
+    assert c["volumeMounts"] == [{"name": "model", "mountPath": "/models", "readOnly": True}]
+    assert deploy["spec"]["template"]["spec"]["volumes"] == [{"name": "model", "persistentVolumeClaim": {"claimName": "qwen"}}]
+    # the Service selects exactly the judge's pods, and not through the job label the metrics Service uses
+    pod_labels = deploy["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert "omnirl.dev/job" not in pod_labels
+    small = built["Deployment/demo-judge-small"]["spec"]["template"]["spec"]
+    assert small["containers"][0]["image"] == SETTINGS.image_for("reward")
+    assert small["containers"][0]["readinessProbe"]["tcpSocket"] == {"port": "http"}
+    assert small["volumes"] == [{"name": "model", "hostPath": {"path": "/mnt/models/small", "type": "Directory"}}]
+    # the ConfigMap's manifest: URL wired in, no server left (the pods never see one)
+    spec = yaml.safe_load(built["ConfigMap/demo-spec"]["data"]["job.yaml"])["spec"]
+    assert [(r["name"], r["url"], r["server"]) for r in spec["reward"]] == [
+        ("ocr", None, None), ("vlm_judge", "http://demo-judge-vlm-judge:8001/v1", None),
+        ("small", "http://demo-judge-small:8000/score", None)]
+    # suspended or finished: the judges free their accelerators too
+    assert kids(j, running=False)["Deployment/demo-judge-vlm-judge"]["spec"]["replicas"] == 0
+
+
+def test_judge_readiness_gates_the_controller():
+    j = job([{"name": "j", "kind": "http", "server": {"command": ["srv"], "replicas": 2}}])
+    assert judge_roles(j, {}, True) == {"judge-j": (2, 0)}
+    assert not judges_ready(judge_roles(j, {}, True))
+    stored = {"Deployment/demo-judge-j": {"status": {"readyReplicas": 1}}}
+    assert judges_ready(judge_roles(j, stored, True))
+    assert judges_ready({"rollout": (1, 0)})  # no judges: nothing to wait for
+
+
+@pytest.mark.parametrize(("reward", "line"), [
+    ({"name": "o", "kind": "ocr", "server": {"command": ["x"]}}, "reward[0].server"),
+    ({"name": "h", "kind": "http", "url": "http://x", "server": {"command": ["x"]}}, "reward[0].url"),
+    ({"name": "h", "kind": "http", "server": {"command": ["x"], "modelPath": "/m", "volume": {"emptyDir": {}}}},
+     "reward[0].server.volume"),
+    ({"name": "h", "kind": "http", "server": {"command": ["x"], "modelPath": "rel/dir"}}, "reward[0].server.modelPath"),
+    ({"name": "h", "kind": "http", "server": {"command": ["x", "{modelPath}"]}}, "reward[0].server.args"),
+    ({"name": "h", "kind": "http", "server": {"command": []}}, "reward[0].server.command"),
+    ({"name": "h", "kind": "http", "server": {"command": ["x"], "volume": {"emptyDir": {}, "hostPath": {}}}},
+     "reward[0].server.volume"),
+])
+def test_impossible_server_settings_name_the_field(reward, line):
+    with pytest.raises(ValidationError) as err:
+        job([reward])
+    lines = [text for _, text in problem_lines(RLJob, err.value)]
+    assert len(lines) == 1 and lines[0].startswith(f"spec.{line}: "), lines
+
+
+def test_name_clash_and_length_are_refused():
+    with pytest.raises(ValidationError, match=r"reward\[1\].name"):
+        job([{"name": "a_b", "kind": "http", "server": {"command": ["x"]}},
+             {"name": "a-b", "kind": "http", "server": {"command": ["x"]}}])
+    with pytest.raises(ValueError, match=r"spec.reward\[0\].name: the judge Service"):
+        build_children(job([{"name": "r" * 20, "kind": "http", "server": {"command": ["x"]}}], name="j" * 40), SETTINGS)
+
+
+def test_substitution_and_wiring_are_plain():
+    j = job([{"name": "h", "kind": "http", "server": {"command": ["s", "--port={port}", '{"a": 1}'],
+                                                      "modelPath": "/m"}}])
+    assert argv(j.spec.reward[0].server, 9) == ["s", "--port=9", '{"a": 1}']
+    w = wire(j, {"h": "http://127.0.0.1:9/"})
+    assert (w.spec.reward[0].url, w.spec.reward[0].server) == ("http://127.0.0.1:9/", None)
+    assert j.spec.reward[0].server is not None  # the original is untouched
+
+
+def test_render_shows_the_judge(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "r"},
+                                    "spec": {"data": {"trainPrompts": "/p.txt"},
+                                             "reward": [{"name": "vlm", "kind": "vlm", "server": VLLM,
+                                                             "params": {"model": "qwen3-vl", "template": "rate"}}]}}))
+    out, err = io.StringIO(), io.StringIO()
+    assert render.main(argparse.Namespace(job=str(path), namespace="ns"), out, err) == 0, err.getvalue()
+    names = {(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(out.getvalue())}
+    assert {("Deployment", "r-judge-vlm"), ("Service", "r-judge-vlm")} <= names
