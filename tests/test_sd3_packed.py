@@ -142,3 +142,22 @@ def test_engine_packed_needs_an_adapter_that_packs():
 
     with pytest.raises(ValueError, match="velocity_packed"):
         RolloutEngine(NoPacking(), batching="packed")
+
+
+@pytest.mark.slow
+def test_compiled_stages_trace_whole_and_match(sd3):
+    """The per-token stages compile as whole graphs (no graph break, LoRA included) over varying
+    token counts; dynamo's eager backend keeps the test cheap, inductor is what `compile_packed` uses."""
+    from omnirl.models.diffusers.sd3_packed import PackedBlock
+
+    xs, sigma, cond = _inputs(sd3)
+    with torch.no_grad():
+        eager = sd3.velocity_packed(xs, sigma, cond)
+        sd3._packed_block = PackedBlock({"backend": "eager", "dynamic": True, "fullgraph": True})
+        try:
+            traced = sd3.velocity_packed(xs, sigma, cond)
+            fewer = sd3.velocity_packed(xs[1:], sigma[1:], {k: v[1:] for k, v in cond.items()})
+        finally:
+            del sd3._packed_block  # back to the class default (eager)
+    for a, b in zip(eager + eager[1:], traced + fewer, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)

@@ -31,7 +31,7 @@ from omnirl.models.diffusers._common import (
     to_uint8_images,
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
-from omnirl.models.diffusers.sd3_packed import sd3_packed_forward
+from omnirl.models.diffusers.sd3_packed import EAGER_BLOCK, PackedBlock, sd3_packed_forward
 from omnirl.models.protocol import Conditioning
 
 SD3_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
@@ -59,6 +59,7 @@ class SD3Adapter(DiffusersAdapterBase):
 
     latent_channels: int
     patch_size: int
+    _packed_block: PackedBlock = EAGER_BLOCK  # `compile_packed` swaps in compiled stages
 
     def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler_config: dict,
                  text_encoders: Sequence[nn.Module | None], tokenizers: Sequence, *,
@@ -226,11 +227,20 @@ class SD3Adapter(DiffusersAdapterBase):
             embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
             pooled = torch.cat([cond["negative_pooled_prompt_embeds"], pooled])
             timestep = torch.cat([timestep, timestep])
-        out = [o.float() for o in sd3_packed_forward(self.module, hidden, embeds, pooled, timestep)]
+        out = [o.float() for o in sd3_packed_forward(self.module, hidden, embeds, pooled, timestep,
+                                                     block_fn=self._packed_block)]
         if not cfg:
             return out
         n = len(xs)
         return [guided(out[n + i], out[i], self.guidance_scale, detach_uncond) for i in range(n)]
+
+    def compile_packed(self, *, dynamic: bool = True, mode: str | None = None) -> None:
+        """`torch.compile` the per-token stages of the packed blocks `velocity_packed` runs (lazily).
+
+        The packed path calls the blocks' submodules, not the (regionally compiled) blocks, so it
+        needs its own compiled function; `omnirl.models.compile.compile_adapter_module` calls this.
+        """
+        self._packed_block = PackedBlock({"dynamic": dynamic, "mode": mode})
 
     @torch.no_grad()
     def decode(self, x0: Tensor) -> Tensor:

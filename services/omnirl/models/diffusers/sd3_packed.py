@@ -63,76 +63,111 @@ def _heads(attn: nn.Module, x: Tensor, proj: str, norm: str | None) -> Tensor:
     return norm_layer(y) if norm_layer is not None else y
 
 
-def _attention(attn: nn.Module, x: Tensor, c: Tensor | None, spans: Sequence[tuple[int, int, int]]
-               ) -> tuple[Tensor, Tensor | None]:
-    """Joint (c given) or image-only attention over packed image tokens.
-
-    Args:
-        x: packed image tokens `[N, D]`, samples contiguous in `spans` order.
-        c: text tokens `[B, S, D]` or None (SD3.5's image-only `attn2`).
-        spans: per shape group (first sample, samples b, tokens per sample L).
-    Returns:
-        (image output `[N, D]` after `to_out`, text output `[B, S, D]` after `to_add_out`, or
-        None when `c` is None; the raw attention output when `attn.context_pre_only`).
-    """
-    q, k, v = _heads(attn, x, "to_q", "norm_q"), _heads(attn, x, "to_k", "norm_k"), _heads(attn, x, "to_v", None)
-    if c is not None:
-        cq = _heads(attn, c, "add_q_proj", "norm_added_q")
-        ck = _heads(attn, c, "add_k_proj", "norm_added_k")
-        cv = _heads(attn, c, "add_v_proj", None)
-    outs_x, outs_c, offset = [], [], 0
-    for first, b, length in spans:
-        rows = slice(offset, offset + b * length)
-        parts = [t[rows].view(b, length, *t.shape[1:]) for t in (q, k, v)]
-        if c is not None:
-            parts = [torch.cat([p, t[first:first + b]], dim=1) for p, t in zip(parts, (cq, ck, cv), strict=True)]
-        qs, ks, vs = (p.transpose(1, 2) for p in parts)  # [b, H, L (+ S), d]
-        o = F.scaled_dot_product_attention(qs, ks, vs, dropout_p=0.0, is_causal=False)
-        o = o.transpose(1, 2).flatten(2).to(qs.dtype)  # [b, L (+ S), H·d]
-        outs_x.append(o[:, :length].reshape(b * length, -1))
-        if c is not None:
-            outs_c.append(o[:, length:])
-        offset += b * length
-    out_x = attn.to_out[1](attn.to_out[0](torch.cat(outs_x)))
-    if c is None:
-        return out_x, None
-    out_c = torch.cat(outs_c)
-    if not attn.context_pre_only:
-        out_c = attn.to_add_out(out_c)
-    return out_x, out_c
-
-
-def _block(block: nn.Module, x: Tensor, c: Tensor, temb: Tensor, seg: Tensor,
-           spans: Sequence[tuple[int, int, int]]) -> tuple[Tensor | None, Tensor]:
-    """`JointTransformerBlock.forward` on packed image tokens `x` `[N, D]` (seg: token → sample)."""
-    norm1 = block.norm1
+def _pre(block: nn.Module, x: Tensor, c: Tensor, temb: Tensor, seg: Tensor) -> tuple:
+    """Per-token first half of a block: modulation, Q/K/V (image, text, SD3.5's attn2)."""
+    norm1, attn = block.norm1, block.attn
     emb = norm1.linear(norm1.silu(temb))
     if block.use_dual_attention:  # SD35AdaLayerNormZeroX
         shift, scale, gate, shift_mlp, scale_mlp, gate_mlp, shift2, scale2, gate2 = emb.chunk(9, dim=1)
     else:  # AdaLayerNormZero
         shift, scale, gate, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+        gate2 = None
     normed = norm1.norm(x)
     h = normed * (1 + scale[seg]) + shift[seg]
     if block.context_pre_only:
-        hc = block.norm1_context(c, temb)
+        hc, c_mods = block.norm1_context(c, temb), None
     else:
-        hc, c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = block.norm1_context(c, emb=temb)
-    attn_x, attn_c = _attention(block.attn, h, hc, spans)
-    x = x + gate[seg] * attn_x
+        hc, *c_mods = block.norm1_context(c, emb=temb)
+    qkv = (_heads(attn, h, "to_q", "norm_q"), _heads(attn, h, "to_k", "norm_k"), _heads(attn, h, "to_v", None))
+    cqkv = (_heads(attn, hc, "add_q_proj", "norm_added_q"), _heads(attn, hc, "add_k_proj", "norm_added_k"),
+            _heads(attn, hc, "add_v_proj", None))
+    qkv2 = None
     if block.use_dual_attention:
-        attn_x2, _ = _attention(block.attn2, normed * (1 + scale2[seg]) + shift2[seg], None, spans)
-        x = x + gate2[seg] * attn_x2
+        h2, attn2 = normed * (1 + scale2[seg]) + shift2[seg], block.attn2
+        qkv2 = (_heads(attn2, h2, "to_q", "norm_q"), _heads(attn2, h2, "to_k", "norm_k"), _heads(attn2, h2, "to_v", None))
+    return qkv, cqkv, qkv2, (gate, shift_mlp, scale_mlp, gate_mlp, gate2), c_mods
+
+
+def _sdpa(spans: Sequence[tuple[int, int, int]], qkv: tuple, cqkv: tuple | None) -> tuple[Tensor, Tensor | None]:
+    """Attention of each sample over [its image tokens ‖ its text tokens] (text: `cqkv` given).
+
+    One `scaled_dot_product_attention` per shape group on `[b, H, L (+ S), d]`, no mask.
+    Returns (image part `[N, H·d]`, text part `[B, S, H·d]` or None).
+    """
+    outs_x, outs_c, offset = [], [], 0
+    for first, b, length in spans:
+        rows = slice(offset, offset + b * length)
+        parts = [t[rows].view(b, length, *t.shape[1:]) for t in qkv]
+        if cqkv is not None:
+            parts = [torch.cat([p, t[first:first + b]], dim=1) for p, t in zip(parts, cqkv, strict=True)]
+        qs, ks, vs = (p.transpose(1, 2) for p in parts)  # [b, H, L (+ S), d]
+        o = F.scaled_dot_product_attention(qs, ks, vs, dropout_p=0.0, is_causal=False)
+        o = o.transpose(1, 2).flatten(2).to(qs.dtype)  # [b, L (+ S), H·d]
+        outs_x.append(o[:, :length].reshape(b * length, -1))
+        if cqkv is not None:
+            outs_c.append(o[:, length:])
+        offset += b * length
+    return torch.cat(outs_x), (torch.cat(outs_c) if cqkv is not None else None)
+
+
+def _post(block: nn.Module, x: Tensor, c: Tensor, seg: Tensor, attn_x: Tensor, attn_c: Tensor, attn_x2: Tensor | None,
+          mods: tuple, c_mods: list | None) -> tuple[Tensor | None, Tensor]:
+    """Per-token second half of a block: output projections, gated residuals, MLPs."""
+    gate, shift_mlp, scale_mlp, gate_mlp, gate2 = mods
+    attn = block.attn
+    x = x + gate[seg] * attn.to_out[1](attn.to_out[0](attn_x))
+    if attn_x2 is not None:
+        x = x + gate2[seg] * block.attn2.to_out[1](block.attn2.to_out[0](attn_x2))
     h = block.norm2(x) * (1 + scale_mlp[seg]) + shift_mlp[seg]
     x = x + gate_mlp[seg] * block.ff(h)
     if block.context_pre_only:
         return None, x
-    c = c + c_gate.unsqueeze(1) * attn_c
+    c_gate, c_shift_mlp, c_scale_mlp, c_gate_mlp = c_mods
+    c = c + c_gate.unsqueeze(1) * attn.to_add_out(attn_c)
     hc = block.norm2_context(c) * (1 + c_scale_mlp[:, None]) + c_shift_mlp[:, None]
     return c + c_gate_mlp.unsqueeze(1) * block.ff_context(hc), x
 
 
+class PackedBlock:
+    """`JointTransformerBlock.forward` on packed image tokens, as three stages: the per-token
+    halves (`_pre`, `_post`, optionally `torch.compile`d — their sizes are only N and B) around
+    the per-shape attention calls (`_sdpa`, eager: a loop over a varying number of shapes would
+    make a compiled graph per combination).
+
+    Args:
+        compile_options: None (eager) or `torch.compile` kwargs (e.g. `{"dynamic": True}`).
+    """
+
+    def __init__(self, compile_options: dict | None = None) -> None:
+        wrap = (lambda fn: torch.compile(fn, **compile_options)) if compile_options is not None else (lambda fn: fn)
+        self.pre, self.post = wrap(_pre), wrap(_post)
+
+    def __call__(self, block: nn.Module, x: Tensor, c: Tensor, temb: Tensor, seg: Tensor,
+                 spans: Sequence[tuple[int, int, int]]) -> tuple[Tensor | None, Tensor]:
+        """One block.
+
+        Args:
+            block: a diffusers `JointTransformerBlock` (its submodules are called, LoRA included).
+            x: packed image tokens `[N, D]`, each sample's contiguous, samples in `spans` order.
+            c: text tokens `[B, S, D]` in the same sample order.
+            temb: `[B, D]` time + pooled-text embedding.
+            seg: `[N]` int64, the sample of each image token.
+            spans: per shape group (first sample, samples b, tokens per sample L).
+        Returns:
+            (c `[B, S, D]`, or None after the last, `context_pre_only` block; x `[N, D]`).
+        """
+        qkv, cqkv, qkv2, mods, c_mods = self.pre(block, x, c, temb, seg)
+        attn_x, attn_c = _sdpa(spans, qkv, cqkv)
+        attn_x2 = _sdpa(spans, qkv2, None)[0] if qkv2 is not None else None
+        return self.post(block, x, c, seg, attn_x, attn_c, attn_x2, mods, c_mods)
+
+
+EAGER_BLOCK = PackedBlock()
+
+
 def sd3_packed_forward(module: nn.Module, latents: Sequence[Tensor], encoder_hidden_states: Tensor,
-                       pooled_projections: Tensor, timestep: Tensor) -> list[Tensor]:
+                       pooled_projections: Tensor, timestep: Tensor, *,
+                       block_fn: PackedBlock = EAGER_BLOCK) -> list[Tensor]:
     """`SD3Transformer2DModel` outputs for samples of different latent sizes, in one forward.
 
     Args:
@@ -143,6 +178,7 @@ def sd3_packed_forward(module: nn.Module, latents: Sequence[Tensor], encoder_hid
         encoder_hidden_states: `[B, S, joint_attention_dim]` (one S for every sample).
         pooled_projections: `[B, pooled_projection_dim]`.
         timestep: `[B]` (σ·1000 for SD3).
+        block_fn: how a block runs (`PackedBlock(compile_options)` for compiled stages).
     Returns:
         B tensors `[out_channels, H_i, W_i]` in the module's dtype, in the order of `latents`;
         sample i's equals `module(latents[i][None], ...)[0][0]` up to rounding.
@@ -182,7 +218,7 @@ def sd3_packed_forward(module: nn.Module, latents: Sequence[Tensor], encoder_hid
     temb = module.time_text_embed(t, pooled)
     c = module.context_embedder(embeds)
     for block in module.transformer_blocks:
-        c, x = _block(block, x, c, temb, seg, spans)
+        c, x = block_fn(block, x, c, temb, seg, spans)
 
     norm = module.norm_out  # AdaLayerNormContinuous
     scale, shift = norm.linear(norm.silu(temb).to(x.dtype)).chunk(2, dim=1)
