@@ -39,6 +39,14 @@ def _group_by_shape(latents: Sequence[Tensor]) -> list[list[int]]:
     return list(groups.values())
 
 
+def _index(values: list[int], device: torch.device) -> Tensor:
+    """An int64 tensor on `device` without waiting for it (a blocking copy would sync the stream)."""
+    t = torch.tensor(values, dtype=torch.long)
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _check_supported(module: nn.Module) -> None:
     for i, block in enumerate(module.transformer_blocks):
         for name in ("attn", "attn2"):
@@ -202,7 +210,7 @@ def sd3_packed_forward(module: nn.Module, latents: Sequence[Tensor], encoder_hid
     groups = _group_by_shape(latents)
     order = [i for g in groups for i in g]
     device = latents[0].device
-    perm = torch.tensor(order, device=device)
+    perm = _index(order, device)
     embeds, pooled, t = (v.index_select(0, perm) for v in (encoder_hidden_states, pooled_projections, timestep))
 
     tokens, spans, first = [], [], 0
@@ -212,7 +220,7 @@ def sd3_packed_forward(module: nn.Module, latents: Sequence[Tensor], encoder_hid
         tokens.append(h.reshape(-1, h.shape[-1]))
         first += len(g)
     x = torch.cat(tokens)
-    lengths = torch.tensor([length for _, b, length in spans for _ in range(b)], device=device)
+    lengths = _index([length for _, b, length in spans for _ in range(b)], device)
     seg = torch.arange(n, device=device).repeat_interleave(lengths, output_size=x.shape[0])
 
     temb = module.time_text_embed(t, pooled)
