@@ -49,7 +49,7 @@ def _inputs(adapter, device="cpu"):
     return xs, sigma, cond
 
 
-def _check_packed_equals_unpacked(adapter, cfg: bool, atol: float, rtol: float, device="cpu"):
+def _check_packed_equals_unpacked(adapter, cfg: bool, atol: float, rtol: float | None, device="cpu"):
     xs, sigma, cond = _inputs(adapter, device)
     if not cfg:
         cond = {k: v for k, v in cond.items() if not k.startswith("negative_")}
@@ -60,7 +60,10 @@ def _check_packed_equals_unpacked(adapter, cfg: bool, atol: float, rtol: float, 
             row = {k: v[i:i + 1] for k, v in cond.items()}
             alone = adapter.velocity(x[None], sigma[i:i + 1], row)[0]
             assert packed[i].shape == x.shape and packed[i].dtype == torch.float32
-            torch.testing.assert_close(packed[i], alone, atol=atol, rtol=rtol)
+            if rtol is None:  # bf16: GEMMs of other shapes round differently; bound the relative error norm
+                assert (packed[i] - alone).norm() / alone.norm() < atol
+            else:
+                torch.testing.assert_close(packed[i], alone, atol=atol, rtol=rtol)
 
 
 @pytest.mark.parametrize("cfg", [False, True])
@@ -97,7 +100,7 @@ def test_packed_velocity_equals_unpacked_bf16_cuda(cfg):
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     adapter = _adapter(torch.bfloat16, "cuda")
-    _check_packed_equals_unpacked(adapter, cfg, atol=3e-2, rtol=3e-2, device="cuda")
+    _check_packed_equals_unpacked(adapter, cfg, atol=2e-2, rtol=None, device="cuda")  # ‖Δ‖/‖v‖ < 2%
 
 
 def _requests(adapter, sides, guidance=1.0):
