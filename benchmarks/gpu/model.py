@@ -51,8 +51,8 @@ class BenchSD3Adapter(SD3Adapter):
 
     Args:
         transformer: an `SD3Transformer2DModel` (see `build_transformer`).
-        resolution: default `(height, width)` in pixels (a request's prompt may not change it:
-            `latent_shape` reads a `@768` suffix in the prompt text, see `tokenize`).
+        resolution: default `(height, width)` in pixels (a request's prompt may change it:
+            `latent_shape` reads a `@768` or `@768x512` suffix in the prompt text, see `tokenize`).
         text_tokens: conditioning length (333 = SD3.5's 2·77 CLIP + 256 T5).
     """
 
@@ -69,14 +69,15 @@ class BenchSD3Adapter(SD3Adapter):
         self.negative_ids = [0]
 
     def tokenize(self, text: str) -> list[int]:
-        """UTF-8 bytes of the prompt, then the image side in pixels (`"... @768"` → 768, else the default)."""
-        side = int(text.rsplit("@", 1)[1]) if "@" in text else self.resolution[0]
-        return [*text.encode(), side]
+        """UTF-8 bytes of the prompt, then the image height and width in pixels (`"... @768"` → 768×768,
+        `"... @768x512"` → 768 high, 512 wide; no `@`: the default resolution)."""
+        size = text.rsplit("@", 1)[1] if "@" in text else "x".join(map(str, self.resolution))
+        h, _, w = size.partition("x")
+        return [*text.encode(), int(h), int(w or h)]
 
     def latent_shape(self, prompt_ids: list[int], resolution: Sequence[int] | None = None) -> tuple[int, int, int]:
-        """`(16, side/8, side/8)`: the side travels as the last id (see `tokenize`)."""
-        side = int(prompt_ids[-1])
-        return super().latent_shape(prompt_ids, resolution or (side, side))
+        """`(16, height/8, width/8)`: height and width travel as the last two ids (see `tokenize`)."""
+        return super().latent_shape(prompt_ids, resolution or (int(prompt_ids[-2]), int(prompt_ids[-1])))
 
     def _encode_one(self, ids: list[int], device: torch.device) -> dict[str, Tensor]:
         """Seeded random embeddings `[1, 333, 4096]` and pooled `[1, 2048]` (seed = CRC32 of the ids)."""

@@ -7,6 +7,10 @@ first 6 steps, CPS noise 0.8):
 - uniform: 512², 10 steps;
 - mixed: 512² or 768² and 10 or 20 steps per group (training requests next to validation-length
   ones and a second resolution), shuffled.
+- fragmented: groups of 4, each at one of 6 sizes (512², 640², 768², 768×512, 512×768,
+  576×1024; several aspect ratios, few requests each; the first 6 groups cover every size, later
+  ones pick at random), 10 steps — the case for packing
+  (`batching="packed"`: mixed shapes in one forward) over shape buckets.
 Arrival: `burst` (the whole batch queued at once, as the sync controller sends a step) and
 `stream` (one group joins before every engine step, as fully-async refills arrive).
 """
@@ -39,12 +43,33 @@ def requests(adapter, n: int, mixed: bool, seed: int = 0) -> list[SampleRequest]
     return out
 
 
+FRAGMENTED_SIZES = [(512, 512), (640, 640), (768, 768), (768, 512), (512, 768), (576, 1024)]
+FRAGMENTED_GROUP = 4
+
+
+def fragmented_requests(adapter, n: int, seed: int = 0, sizes: list[tuple[int, int]] | None = None
+                        ) -> list[SampleRequest]:
+    """`n` requests in groups of 4, each group at a random one of `sizes` (default FRAGMENTED_SIZES)."""
+    rng = random.Random(seed)
+    sizes = sizes or FRAGMENTED_SIZES
+    out: list[SampleRequest] = []
+    for g in range(n // FRAGMENTED_GROUP):
+        h, w = sizes[g % len(sizes)] if g < len(sizes) else rng.choice(sizes)  # every size at least once
+        start = rng.randrange(0, 4)
+        ids = tuple(adapter.tokenize(f"prompt {seed}-{g} @{h}x{w}"))
+        out += [SampleRequest(f"{g}:{i}", f"prompt {g}", ids, seed=seed * 100_000 + g * FRAGMENTED_GROUP + i,
+                              num_steps=10, window=tuple(range(start, start + 3)), noise_level=0.8, sde_type="cps",
+                              shift=3.0) for i in range(FRAGMENTED_GROUP)]
+    return out
+
+
 def run_engine(adapter, reqs: list[SampleRequest], batching: str, max_batch: int, arrival: str,
-               device: torch.device, peak_tflops: float, config: dict) -> dict:
-    """Denoise every request; images/s, forwards, mean batch, MFU and graphs compiled meanwhile."""
+               device: torch.device, peak_tflops: float, config: dict, group: int = GROUP) -> dict:
+    """Denoise every request (`stream`: `group` join before every engine step); images/s, forwards,
+    mean batch, MFU and graphs compiled meanwhile."""
     engine = RolloutEngine(adapter, max_batch_size=max_batch, batching=batching, device=device)
     pending = list(reqs)
-    per_step = len(pending) if arrival == "burst" else GROUP
+    per_step = len(pending) if arrival == "burst" else group
     graphs = compiled_graphs()
 
     def go() -> int:

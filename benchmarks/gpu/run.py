@@ -3,11 +3,12 @@ SD3.5-Medium-sized transformer (random weights, bf16), printed as tables and wri
 `benchmarks/results/<date>-<gpu>.json` (sections merge into the day's file, so a run may do
 some sections and a later run the rest).
 
-    python -m benchmarks.gpu.run [--sections rollout,actor,e2e,sync] [--tiny] [--no-compile]
+    python -m benchmarks.gpu.run [--sections rollout,packing,actor,e2e,sync] [--tiny] [--no-compile]
 
 `--tiny` runs the same code on a small configuration (CPU smoke test, numbers meaningless).
 Headline keys (definitions in benchmarks/README.md): rollout_speedup_uniform / _mixed (step-wise
-÷ static images/s, same compiled kernels, streamed arrival), rollout_mfu (step-wise, uniform),
+÷ static images/s, same compiled kernels, streamed arrival), rollout_speedup_fragmented (packed ÷
+static, `packing` section), rollout_mfu (step-wise, uniform),
 actor_mfu (compiled LoRA FlowGRPO update, bypass), end_to_end_speedup (baseline ÷ omnirl step
 seconds), lora_sync_seconds (cross-process weight sync of the LoRA adapters).
 """
@@ -129,7 +130,39 @@ def compile_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
     return out
 
 
-SECTIONS = {"rollout": rollout_section, "compile": compile_section, "actor": actor_section, "e2e": e2e_section, "sync": sync_section}
+def packing_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
+    """Static vs step-wise (shape buckets) vs packed (mixed shapes in one forward), same compiled
+    kernels, on the fragmented, mixed and uniform workloads, stream and burst arrival; each (workload, batching) runs once unmeasured first (compiled graphs, prompt cache, allocator)."""
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16  # CPU bf16 matmuls crawl
+    adapter = BenchSD3Adapter(build_transformer(cfg, device, dtype))
+    if args.compile:
+        compile_adapter_module(adapter)
+    frag = rollout.FRAGMENTED_GROUP
+    if args.tiny:  # CPU smoke test: a quarter of each side, every workload in groups of 4
+        sizes = [(h // 4, w // 4) for h, w in rollout.FRAGMENTED_SIZES]
+        workloads = {name: (rollout.fragmented_requests(adapter, args.requests // 2, seed=5, sizes=s), frag)
+                     for name, s in (("fragmented", sizes), ("mixed", sizes[:3:2]), ("uniform", sizes[:1]))}
+    else:
+        workloads = {
+            "fragmented": (rollout.fragmented_requests(adapter, args.requests // 2, seed=5), frag),
+            "mixed": (rollout.requests(adapter, args.requests // 2, mixed=True, seed=2), rollout.GROUP),
+            "uniform": (rollout.requests(adapter, args.requests, mixed=False, seed=2), rollout.GROUP),
+        }
+    runs = []
+    for workload, (reqs, group) in workloads.items():
+        for batching in ("static", "stepwise", "packed"):
+            rollout.run_engine(adapter, reqs, batching, 32, "stream", device, peak, cfg, group)
+            for arrival in ("stream", "burst"):
+                row = {"workload": workload, **rollout.run_engine(adapter, reqs, batching, 32, arrival, device, peak,
+                                                                  cfg, group)}
+                runs.append(row)
+                print(f"  {workload:10} {arrival:7} {batching:9} {row['images_per_second']:7.2f} img/s "
+                      f"MFU {row['mfu']:.1%} mean batch {row['mean_batch']:.1f} recompiles {row['recompiles']}",
+                      flush=True)
+    return {"runs": runs, "fragmented_sizes": rollout.FRAGMENTED_SIZES}
+
+
+SECTIONS = {"rollout": rollout_section, "packing": packing_section, "compile": compile_section, "actor": actor_section, "e2e": e2e_section, "sync": sync_section}
 
 
 def headline(res: dict) -> dict:
@@ -149,6 +182,17 @@ def headline(res: dict) -> dict:
                                 == ("uniform", "stream", "stepwise"))
         h["rollout_vs_eager_diffusers"] = ips("uniform", "stream", "stepwise") / \
             res["rollout"]["eager_diffusers"]["images_per_second"]
+    packing = res.get("packing", {}).get("runs", [])
+    if packing:
+        def pips(workload, arrival, batching):
+            return next(r["images_per_second"] for r in packing
+                        if (r["workload"], r["arrival"], r["batching"]) == (workload, arrival, batching))
+
+        h["rollout_speedup_fragmented"] = pips("fragmented", "stream", "packed") / pips("fragmented", "stream", "static")
+        for w in ("fragmented", "mixed", "uniform"):
+            for arrival, suffix in (("stream", ""), ("burst", "_burst")):
+                h[f"rollout_packed_vs_static_{w}{suffix}"] = pips(w, arrival, "packed") / pips(w, arrival, "static")
+                h[f"rollout_packed_vs_stepwise_{w}{suffix}"] = pips(w, arrival, "packed") / pips(w, arrival, "stepwise")
     act = res.get("actor", {})
     if "lora_bypass" in act:
         best = act["lora_bypass"].get("compiled", act["lora_bypass"]["eager"])

@@ -51,6 +51,10 @@ def compile_blocks(module: nn.Module, names: Sequence[str], *, dynamic: bool = T
 
 
 def compile_adapter_module(adapter, *, dynamic: bool = True, mode: str | None = None) -> int:
-    """`compile_blocks` on `adapter.module` with the adapter's declared block types."""
+    """`compile_blocks` on `adapter.module` with the adapter's declared block types, and the
+    adapter's packed (mixed-shape) forward when it has one (`compile_packed`)."""
     names = block_types(adapter.module, getattr(adapter, "compile_block_types", None))
-    return compile_blocks(adapter.module, names, dynamic=dynamic, mode=mode)
+    count = compile_blocks(adapter.module, names, dynamic=dynamic, mode=mode)
+    if hasattr(adapter, "compile_packed"):
+        adapter.compile_packed(dynamic=dynamic, mode=mode)
+    return count

@@ -8,6 +8,11 @@ bucket of the oldest waiter (age-based fairness, so a rare shape is never starve
 that takes its last step leaves at once and is returned, out of order. Samples of different
 step counts or σ positions share a forward: σ is per sample.
 
+Packed (step-wise scheduling past shape buckets): buckets by guidance scale only, so samples of
+different resolutions share one forward through the adapter's `velocity_packed` (concatenated
+image tokens, attention per sample; the SD3 family has it). A step whose samples all have one
+shape takes the step-wise path unchanged; the ODE/SDE update runs per shape group.
+
 Static (the baseline a diffusers loop runs): take up to `max_batch_size` queued requests with
 the head's key and run them together from the first step to the last.
 
@@ -63,12 +68,12 @@ class RolloutEngine:
     Args:
         adapter: the model.
         max_batch_size: max samples in one denoiser forward.
-        batching: "stepwise" or "static".
+        batching: "stepwise", "packed" (needs `adapter.velocity_packed`) or "static".
         max_wait_steps: step-wise fairness bound, in engine steps.
         device: where the denoiser runs; results are returned on the CPU.
         policy_version: stamped on every result; `set_policy_version` after a weight sync.
     Raises:
-        ValueError: unknown batching mode, or a request whose window is not contiguous or
+        ValueError: unknown batching mode, "packed" with an adapter lacking `velocity_packed`, or a request whose window is not contiguous or
             includes the last step.
     """
 
@@ -82,8 +87,11 @@ class RolloutEngine:
         device: str | torch.device = "cpu",
         policy_version: int = 0,
     ) -> None:
-        if batching not in ("stepwise", "static"):
-            raise ValueError(f"batching must be 'stepwise' or 'static', got {batching!r}")
+        if batching not in ("stepwise", "packed", "static"):
+            raise ValueError(f"batching must be 'stepwise', 'packed' or 'static', got {batching!r}")
+        if batching == "packed" and not hasattr(adapter, "velocity_packed"):
+            raise ValueError(f"batching='packed' needs an adapter with velocity_packed (mixed shapes in one forward); "
+                             f"{type(adapter).__name__} has none: use batching='stepwise'")
         self.adapter = adapter
         self.max_batch_size = max_batch_size
         self.batching = batching
@@ -160,12 +168,13 @@ class RolloutEngine:
     def _pick_batch(self) -> list[_InFlight]:
         if self.batching == "static":
             return list(self.in_flight)
+        bucket_key = (lambda s: s.key[1:]) if self.batching == "packed" else (lambda s: s.key)  # packed: no shape
         buckets: dict[tuple, list[_InFlight]] = {}
         for s in self.in_flight:
-            buckets.setdefault(s.key, []).append(s)
+            buckets.setdefault(bucket_key(s), []).append(s)
         oldest = max(self.in_flight, key=lambda s: s.waited)
         if oldest.waited >= self.max_wait_steps:
-            key = oldest.key
+            key = bucket_key(oldest)
         else:
             key = max(buckets, key=lambda k: min(len(buckets[k]), self.max_batch_size))
         # within a bucket, the longest-waiting first
@@ -177,26 +186,35 @@ class RolloutEngine:
 
     def _advance(self, batch: list[_InFlight]) -> list[SampleResult]:
         # Everything stays on the engine's device: no host round trip until a sample finishes.
-        x = torch.stack([s.x for s in batch])
         sigma = torch.stack([s.sigmas[s.step] for s in batch])
-        sigma_next = torch.stack([s.sigmas[s.step + 1] for s in batch])
         cond = {k: torch.cat([s.cond[k] for s in batch]) for k in batch[0].cond}
-        v = self.adapter.velocity(x, sigma, cond).float()
+        groups = _shape_groups(batch)
+        if len(groups) == 1:
+            x = torch.stack([s.x for s in batch])
+            self._update(batch, x, self.adapter.velocity(x, sigma, cond).float(), sigma)
+        else:  # mixed shapes (packed): one forward, then the update per shape group
+            vs = self.adapter.velocity_packed([s.x for s in batch], sigma, cond)
+            for rows in groups:
+                group = [batch[i] for i in rows]
+                self._update(group, torch.stack([s.x for s in group]), torch.stack([vs[i] for i in rows]).float(),
+                             torch.stack([s.sigmas[s.step] for s in group]))
         self.stats.forwards += 1
         self.stats.sample_steps += len(batch)
-        x_next = ode_step(x, v, sigma, sigma_next)
-        self._sde_rows(batch, x, v, sigma, sigma_next, x_next)
-        finished: list[_InFlight] = []
-        for i, s in enumerate(batch):
-            s.x = x_next[i]
-            s.step += 1
-            if s.step == s.request.num_steps:
-                finished.append(s)
+        finished = [s for s in batch if s.step == s.request.num_steps]
         if not finished:
             return []
         done = {id(s) for s in finished}
         self.in_flight = [s for s in self.in_flight if id(s) not in done]
         return self._finish(finished)
+
+    def _update(self, batch: list[_InFlight], x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor) -> None:
+        """One ODE/SDE step for `batch` (one latent shape): x `[B, C, H, W]`, v alike, σ `[B]`."""
+        sigma_next = torch.stack([s.sigmas[s.step + 1] for s in batch])
+        x_next = ode_step(x, v, sigma, sigma_next)
+        self._sde_rows(batch, x, v, sigma, sigma_next, x_next)
+        for i, s in enumerate(batch):
+            s.x = x_next[i]
+            s.step += 1
 
     def _sde_rows(self, batch: list[_InFlight], x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor,
                   sigma_next: torch.Tensor, x_next: torch.Tensor) -> None:
@@ -230,6 +248,13 @@ class RolloutEngine:
         return index.to(self.device)
 
     def _finish(self, finished: list[_InFlight]) -> list[SampleResult]:
+        results = []
+        for rows in _shape_groups(finished):  # decode batches by shape (packed steps finish mixed shapes)
+            results += self._finish_group([finished[i] for i in rows])
+        self.stats.finished += len(results)
+        return results
+
+    def _finish_group(self, finished: list[_InFlight]) -> list[SampleResult]:
         x0 = torch.stack([s.x for s in finished])
         images = self.adapter.decode(x0).cpu()
         x0 = x0.cpu()
@@ -244,8 +269,15 @@ class RolloutEngine:
                 SampleResult(s.request, x0[i], images[i], latents, log_probs, sig, self.policy_version,
                              s.request.num_steps)
             )
-        self.stats.finished += len(results)
         return results
+
+
+def _shape_groups(batch: list[_InFlight]) -> list[list[int]]:
+    """Row indices of `batch` grouped by latent shape, in first-appearance order."""
+    groups: dict[tuple, list[int]] = {}
+    for i, s in enumerate(batch):
+        groups.setdefault(tuple(s.x.shape), []).append(i)
+    return list(groups.values())
 
 
 def _check_window(req: SampleRequest) -> None:

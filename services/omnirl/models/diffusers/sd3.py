@@ -31,6 +31,7 @@ from omnirl.models.diffusers._common import (
     to_uint8_images,
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
+from omnirl.models.diffusers.sd3_packed import EAGER_BLOCK, PackedBlock, sd3_packed_forward
 from omnirl.models.protocol import Conditioning
 
 SD3_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
@@ -58,6 +59,7 @@ class SD3Adapter(DiffusersAdapterBase):
 
     latent_channels: int
     patch_size: int
+    _packed_block: PackedBlock = EAGER_BLOCK  # `compile_packed` swaps in compiled stages
 
     def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler_config: dict,
                  text_encoders: Sequence[nn.Module | None], tokenizers: Sequence, *,
@@ -193,6 +195,52 @@ class SD3Adapter(DiffusersAdapterBase):
             return out
         v_uncond, v_cond = out.chunk(2)
         return guided(v_cond, v_uncond, self.guidance_scale, detach_uncond)
+
+    def velocity_packed(self, xs: Sequence[Tensor], sigma: Tensor, cond: Conditioning, *,
+                        detach_uncond: bool = False) -> list[Tensor]:
+        """`velocity` for samples of different latent sizes in ONE transformer forward.
+
+        Args:
+            xs: B latents `[C, H_i, W_i]` float32, any mix of sizes.
+            sigma: `[B]` σ per sample.
+            cond: conditioning with leading dimension B (as `encode` returns; one text length).
+        Returns:
+            B velocities `[C, H_i, W_i]` float32; sample i's equals `velocity(xs[i][None], ...)`
+            up to rounding (see `sd3_packed`). CFG as in `velocity`: the [uncond; cond] rows
+            share the one packed forward.
+        Raises:
+            ValueError: an empty list, wrong shapes/dtypes, or `cond` lacking the SD3 keys.
+        """
+        if not xs:
+            raise ValueError("xs is empty; velocity_packed needs at least one latent")
+        if sigma.ndim != 1 or sigma.shape[0] != len(xs):
+            raise ValueError(f"sigma must be [B] = [{len(xs)}]; got shape {tuple(sigma.shape)}")
+        for i, x in enumerate(xs):
+            check_latents(x[None], sigma[i:i + 1], self.latent_channels)
+        embeds, pooled = cond["prompt_embeds"], cond["pooled_prompt_embeds"]
+        timestep = sigma.to(torch.float32) * 1000.0
+        cfg = self.has_negative(cond)
+        dtype = self.compute_dtype()
+        hidden = [x.to(dtype) for x in xs]
+        if cfg:
+            hidden = hidden + hidden
+            embeds = torch.cat([cond["negative_prompt_embeds"], embeds])
+            pooled = torch.cat([cond["negative_pooled_prompt_embeds"], pooled])
+            timestep = torch.cat([timestep, timestep])
+        out = [o.float() for o in sd3_packed_forward(self.module, hidden, embeds, pooled, timestep,
+                                                     block_fn=self._packed_block)]
+        if not cfg:
+            return out
+        n = len(xs)
+        return [guided(out[n + i], out[i], self.guidance_scale, detach_uncond) for i in range(n)]
+
+    def compile_packed(self, *, dynamic: bool = True, mode: str | None = None) -> None:
+        """`torch.compile` the per-token stages of the packed blocks `velocity_packed` runs (lazily).
+
+        The packed path calls the blocks' submodules, not the (regionally compiled) blocks, so it
+        needs its own compiled function; `omnirl.models.compile.compile_adapter_module` calls this.
+        """
+        self._packed_block = PackedBlock({"dynamic": dynamic, "mode": mode})
 
     @torch.no_grad()
     def decode(self, x0: Tensor) -> Tensor:
