@@ -1,5 +1,5 @@
 """What `async-reward` hides when the judge is slow: step time of a small CPU job whose only reward
-is a judge server the job starts itself (`reward[].server`: `omnirl.reward.delay_server`, JPEG
+is a judge server the job starts itself (`reward[].server`: `omnirl scorer serve --delay-ms`, JPEG
 compressibility plus a sleep per sample, requests served one at a time), in `sync`,
 `async-reward` and `fully-async`.
 
@@ -57,9 +57,9 @@ def run_mode(job_path: str, mode: str, delay_ms: float, steps: int, work: Path, 
     # samples finish in waves of maxBatchSize, so a streaming judge has something to overlap with
     spec["roles"]["rollout"]["maxBatchSize"] = shape["maxBatchSize"]
     spec["reward"] = [{"name": "judge", "kind": "http", "timeoutSeconds": 300, "server": {
-        "command": [sys.executable, "-m", "omnirl.reward.delay_server", "--port", "{port}", "--host", "127.0.0.1",
-                    "--reward", "jpeg", "--delay-ms", str(delay_ms)],
-        "urlPath": "/score", "healthPath": "/health"}}]
+        "command": [sys.executable, "-m", "omnirl.cli", "scorer", "serve", "--reward", "jpeg", "--protocol", "http",
+                    "--port", "{port}", "--host", "127.0.0.1", "--delay-ms", str(delay_ms)],
+        "urlPath": "/v1/score", "healthPath": "/healthz"}}]
     manifest = work / f"{mode}-{int(delay_ms)}.yaml"
     manifest.write_text(yaml.safe_dump(doc))
     out = work / f"out-{mode}-{int(delay_ms)}"

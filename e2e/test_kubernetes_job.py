@@ -8,7 +8,7 @@ roles train 3 steps through a real, password-protected redis-server (the Secret 
 chart's bundled Redis) → the controller patches the RLJob's status → the operator takes the job
 Pending → Running → Succeeded and scales the workloads to zero → deleting the RLJob runs the
 finalizer, which empties the job's Redis keys. The job's second reward is a judge server the RLJob
-deploys itself (`reward[].server`: the HTTP scorer `omnirl.reward.delay_server` as Deployment and
+deploys itself (`reward[].server`: the HTTP scorer `omnirl scorer serve` as Deployment and
 Service `k8s-tiny-judge-judge`); the controller Job appears only once the judge pod is Ready.
 """
 
@@ -41,8 +41,8 @@ NAME = "k8s-tiny"
 SECRET = "e2e-redis"
 RLJOB = ("omnirl.dev/v1alpha1", "RLJob")
 TIMEOUT_S = 240.0
-JUDGE = {"command": ["python", "-m", "omnirl.reward.delay_server", "--port", "{port}", "--reward", "jpeg"],
-         "urlPath": "/score", "healthPath": "/health"}
+JUDGE = {"command": ["omnirl", "scorer", "serve", "--reward", "jpeg", "--protocol", "http", "--port", "{port}"],
+         "urlPath": "/v1/score", "healthPath": "/healthz"}
 # kmock serves no Table for built-in kinds, so kubectl would print only NAME and AGE
 COLUMNS = ("KIND:.kind,NAME:.metadata.name,REPLICAS:.spec.replicas,READY:.status.readyReplicas,"
            "SUCCEEDED:.status.succeeded,COMPLETE:.status.conditions[?(@.type=='Complete')].status")
@@ -72,7 +72,8 @@ def manifest(tmp: Path, redis_url: str) -> Path:
     doc["spec"]["transferQueue"]["passwordSecret"] = SECRET
     doc["spec"]["storage"] = {"size": "1Gi"}
     doc["spec"]["reward"].append({"name": "judge", "kind": "http", "weight": 0.5, "server": JUDGE})
-    path.write_text(yaml.safe_dump(doc))
+    # JSON, not YAML: PyYAML writes the alphabet 0123456789 unquoted and kubectl (YAML 1.1) reads an int
+    path.write_text(json.dumps(doc))
     return path
 
 

@@ -1,5 +1,5 @@
 """Rewards as jobs use them, locally: a judge server `omnirl run` starts itself (`reward[].server`:
-the HTTP scorer of `omnirl.reward.delay_server` on a free port, its URL wired into the roles'
+the HTTP scorer of `omnirl scorer serve` on a free port, its URL wired into the roles'
 manifest, stopped at the end), per-reward normalisation and a group-level scorer, in one tiny job."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path,
     name = "judged-local"
     path = tiny_job(tmp_path, name, redis_url, steps=2)
     doc = yaml.safe_load(path.read_text())
-    server = {"command": [sys.executable, "-m", "omnirl.reward.delay_server", "--port", "{port}", "--host",
-                         "127.0.0.1", "--reward", "jpeg"], "urlPath": "/score", "healthPath": "/health"}
+    server = {"command": [sys.executable, "-m", "omnirl.cli", "scorer", "serve", "--reward", "jpeg", "--protocol", "http",
+                         "--port", "{port}", "--host", "127.0.0.1"], "urlPath": "/v1/score", "healthPath": "/healthz"}
     doc["spec"]["reward"] = [
         {"name": "ocr", "kind": "ocr", "normalize": "group"},
         {"name": "judge", "kind": "http", "weight": 0.5, "normalize": "batch", "server": server},
@@ -31,11 +31,11 @@ def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path,
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
     wired = yaml.safe_load((out / "job.yaml").read_text())["spec"]["reward"][1]
-    assert wired["server"] is None and wired["url"].startswith("http://127.0.0.1:") and wired["url"].endswith("/score")
+    assert wired["server"] is None and wired["url"].startswith("http://127.0.0.1:") and wired["url"].endswith("/v1/score")
     port = int(wired["url"].split(":")[2].split("/")[0])
     with socket.socket() as s:  # the judge was stopped with the job
         assert s.connect_ex(("127.0.0.1", port)) != 0
-    assert "delay_server: jpeg" in (out / "logs" / "judge-judge.log").read_text()
+    assert " over http on 127.0.0.1:" in (out / "logs" / "judge-judge.log").read_text()
 
     steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["event"] == "step"]
     assert [r["step"] for r in steps] == [0, 1]

@@ -129,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--port", type=int, default=50051, help="TCP port (0 picks a free one, printed on start)")
     s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
                    help="a scorer parameter as in spec.reward[].params, e.g. --param threads=2 (repeatable)")
+    s.add_argument("--delay-ms", type=float, default=0.0,
+                   help="sleep this many ms per sample before scoring (a slow judge for tests and benchmarks)")
     s.set_defaults(fn=_cmd_scorer_serve)
 
     s = sub.add_parser("render", help="print the Kubernetes objects the operator would create")

@@ -6,7 +6,9 @@ JSON twin: `POST /v1/score` (a `ScoreRequest` in proto3 JSON → a `ScoreRespons
 A malformed request is gRPC INVALID_ARGUMENT / HTTP 400; a sample that cannot be scored gets its
 error in the response. Scorer calls are serialised (scorers are not assumed thread-safe).
 Once listening, the process prints one line `serving NAME over PROTOCOL on HOST:PORT` (with the
-bound port, also for `--port 0`) and serves until SIGTERM or SIGINT.
+bound port, also for `--port 0`) and serves until SIGTERM or SIGINT. `--delay-ms D` sleeps D ms per
+sample before scoring (requests are serialised, as a GPU judge serialises its batches): a stand-in
+for a slow judge in tests and benchmarks.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import json
 import signal
 import sys
 import threading
+import time
 from concurrent import futures
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -131,6 +134,20 @@ def parse_param(text: str) -> tuple[str, str | int | float | bool]:
     return key, {"true": True, "false": False}.get(raw.lower(), raw)
 
 
+class DelayedScorer(Scorer):
+    """`scorer` after a sleep of `delay_s` seconds per sample (a slow judge for tests and benchmarks)."""
+
+    def __init__(self, scorer: Scorer, delay_s: float) -> None:
+        if delay_s < 0:
+            raise ValueError(f"--delay-ms must be >= 0, got {delay_s * 1000:g}")
+        self.inner, self.delay_s, self.name = scorer, delay_s, scorer.name
+
+    def score(self, images, prompts, sample_ids):
+        """As the inner scorer's `score`, `len(images) × delay_s` seconds later."""
+        time.sleep(self.delay_s * len(images))
+        return self.inner.score(images, prompts, sample_ids)
+
+
 def main(args: argparse.Namespace) -> int:
     """`omnirl scorer serve`: build the scorer (params checked as in a manifest), serve until a signal."""
     params = dict(parse_param(p) for p in args.param)
@@ -139,6 +156,8 @@ def main(args: argparse.Namespace) -> int:
     except ValidationError as err:  # the CLI prints ManifestError's lines and exits 2
         raise ManifestError([f"--param {text}" for _, text in problem_lines(RewardSpec, err)]) from None
     scorer = build_scorer(spec)
+    if getattr(args, "delay_ms", 0):
+        scorer = DelayedScorer(scorer, args.delay_ms / 1000.0)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
