@@ -40,6 +40,14 @@ class Reporter:
         self.last_checkpoint: str | None = None
         self.total = 0
 
+    def has_validation(self, step: int) -> bool:
+        """Whether `metrics.jsonl` already holds a validation round at `step` (a predecessor's)."""
+        for line in self.path.read_text().splitlines():
+            rec = json.loads(line) if line.strip() else {}
+            if rec.get("event") == "validation" and rec.get("step") == step:
+                return True
+        return False
+
     def _write(self, record: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self._f.write(json.dumps(clean) + "\n")
