@@ -48,7 +48,7 @@ def chaos_job(tmp: Path, name: str, steps: int) -> Path:
     spec["pipeline"] = {"mode": "async-reward"}
     spec["checkpoint"] = {"everySteps": 2, "keep": 1}
     spec["transferQueue"] = {"claimIdleSeconds": 5}
-    spec["failurePolicy"] = {"maxRestarts": 100, "progressDeadlineSeconds": 25, "terminationGracePeriodSeconds": 30}
+    spec["failurePolicy"] = {"maxRestarts": 100, "progressDeadlineSeconds": 60, "terminationGracePeriodSeconds": 30}
     path = tmp / f"{name}.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path

@@ -84,7 +84,8 @@ class ActorService:
         elif resume:
             raise FileNotFoundError(f"resume: no checkpoint at {self.ckpt_root / LATEST} "
                                     "(OMNIRL_RESUME=auto starts fresh when there is none)")
-        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "actor", env.worker_id)
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "actor", env.worker_id,
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
         self._trainreqs = kv_key(env.job_name, "trainreqs")
         self._run_id = f"{env.worker_id}-{os.getpid()}-{int(time.time() * 1000)}"
@@ -188,6 +189,9 @@ class ActorService:
         if replay:
             if req.checkpoint:
                 self._save(req.step, self.data_position)
+            if self.ranks.leader:  # for a metrics line the dead controller may not have written
+                self._note_trained(TrainDone(step=req.step, policy_version=self.version,
+                                             metrics={k: float(v) for k, v in metrics.items()}))
             return
         self._gather_rollout()
         ckpt = None
@@ -203,7 +207,12 @@ class ActorService:
         self._publish_state()
         done = TrainDone(step=req.step, policy_version=self.version, checkpoint=ckpt,
                          metrics={k: float(v) for k, v in metrics.items()})
+        self._note_trained(done)
         self.queue.publish(self.queue.streams.control, done.model_dump())
+
+    def _note_trained(self, done: TrainDone) -> None:
+        """`kv:trained` keeps each step's result until the controller has written its metrics line."""
+        self.queue.redis.hset(kv_key(self.env.job_name, "trained"), str(done.step), json.dumps(done.model_dump()))
 
     def _save(self, step: int, data_position: list, gathered: bool = False) -> Path | None:
         """Checkpoint `step` (a collective with several ranks); then the batches it covers are

@@ -38,7 +38,7 @@ from omnirl.controller.report import Reporter
 from omnirl.controller.validation import Validator
 from omnirl.models.registry import load_tokenizer
 from omnirl.transfer import Message, TransferQueue, kv_key
-from omnirl.transfer.heartbeat import Heartbeat
+from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
 
 log = logging.getLogger("omnirl.controller")
 GROUP = "controller"
@@ -46,7 +46,11 @@ MAX_ATTEMPTS = 3
 
 
 class JobFailed(RuntimeError):
-    """The job cannot go on (a role failed, every group of a step failed...)."""
+    """The job cannot go on (every group of a step failed, a validation sample failed...)."""
+
+
+class RoleFailed(JobFailed):
+    """A role reported its failure: the failure policy decides (a restart may help)."""
 
 
 class Terminated(Exception):
@@ -77,9 +81,12 @@ class Controller:
         self.books: dict[int, StepBook] = {}
         self.inbox: dict[int, list[Message]] = {}  # scores of steps whose book does not exist yet
         self.trained: dict[int, TrainDone] = {}
-        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id)
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
         self._trainreqs = kv_key(env.job_name, "trainreqs")
+        self._stepstats, self._trained_hash = kv_key(env.job_name, "stepstats"), kv_key(env.job_name, "trained")
+        self._stalled, self._beats_read = "", 0.0
 
     def terminate(self) -> None:
         """SIGTERM: leave at the next wait; everything needed to continue is in Redis already."""
@@ -100,6 +107,7 @@ class Controller:
         q.ensure_group(streams.control, GROUP)
         self._wait_actor_ready()
         self._continue_from_actor()
+        self._report_missing()
         self.reporter.started(self.total_steps, self.start_step)
         for m in q.take_over(streams.scores, GROUP, self.env.worker_id):  # a dead predecessor's scores
             self._file_score(m)
@@ -129,6 +137,7 @@ class Controller:
                                    controller_state={"data_position": list(self.data.position)})
                 self.queue.redis.hset(self._trainreqs, str(step),
                                       json.dumps({"request": req.model_dump(), "stats": stats}))
+                self.queue.redis.hset(self._stepstats, str(step), json.dumps(stats))
                 self.queue.publish(streams.control, req.model_dump())
                 self.queue.ack(streams.scores, GROUP, entry_ids)  # the batch is durable in kv:trainreqs now
             t_handed = time.time()
@@ -137,12 +146,31 @@ class Controller:
             done = self._wait_trained(step)
             self.version = done.policy_version
             stats.update(step_seconds=time.time() - t0, handoff_to_trained_seconds=time.time() - t_handed)
-            self.reporter.step(step, self.version, stats, done)
+            self._report(step, stats, done)
             if self.validator and self._validation_due(step):
                 self._validate(step + 1)
         if self.validator and not self._validation_due(self.total_steps - 1):
             self._validate(self.total_steps)
         return self.reporter.finished()
+
+    def _report(self, step: int, stats: dict, done: TrainDone) -> None:
+        """Write the step's line, then forget the step's numbers kept for a successor."""
+        self.reporter.step(step, done.policy_version, stats, done)
+        self.queue.redis.hdel(self._stepstats, str(step))
+        self.queue.redis.hdel(self._trained_hash, str(step))
+
+    def _report_missing(self) -> None:
+        """Lines for steps trained before this controller started that its predecessor did not
+        write (it died between the actor's result and the line); their wall-clock numbers are
+        the predecessor's, measured up to its hand-off."""
+        r = self.queue.redis
+        for raw_step, raw in sorted(r.hgetall(self._trained_hash).items(), key=lambda kv: int(kv[0])):
+            step, stats = int(raw_step), r.hget(self._stepstats, raw_step)
+            if step >= self.start_step or self.reporter.has_step(step) or stats is None:
+                continue
+            stats = json.loads(stats)
+            stats.setdefault("step_seconds", 0.0)
+            self._report(step, stats, TrainDone.model_validate(json.loads(raw)))
 
     def _continue_from_actor(self) -> None:
         """Start at the step after the actor's last trained one, from its data position and version."""
@@ -211,6 +239,7 @@ class Controller:
         """Read scores and control messages into the books."""
         q, streams = self.queue, self.queue.streams
         self.heartbeat.beat()
+        self._watch_roles()
         msgs = q.consume(streams.scores, GROUP, self.env.worker_id, count=256, block_ms=block_ms)
         for m in msgs:
             self._file_score(m)
@@ -222,7 +251,7 @@ class Controller:
                 self.trained[done.step] = done
             elif kind == "failure":
                 q.ack(streams.control, GROUP, [m.id])
-                raise JobFailed(f"{m.meta['role']} {m.meta['worker']} failed: {m.meta['reason']}")
+                raise RoleFailed(f"{m.meta['role']} {m.meta['worker']} failed: {m.meta['reason']}")
         if ctl:
             q.ack(streams.control, GROUP, [m.id for m in ctl])
 
@@ -320,7 +349,7 @@ class Controller:
             if ctl:
                 self.queue.ack(self.queue.streams.control, GROUP, [m.id for m in ctl])
             if failures:
-                raise JobFailed(f"{failures[0]['role']} {failures[0]['worker']} failed: {failures[0]['reason']}")
+                raise RoleFailed(f"{failures[0]['role']} {failures[0]['worker']} failed: {failures[0]['reason']}")
             if time.monotonic() - start > timeout_s:
                 raise JobFailed(f"the actor was not ready after {timeout_s:.0f} s (no rollout worker registered?)")
 
@@ -329,6 +358,20 @@ class Controller:
             self._check_terminated()
             self._pump(block_ms=100)
         return self.trained.pop(step)
+
+    def _watch_roles(self, every_s: float = 10.0) -> None:
+        """Name roles whose heartbeat is older than progressDeadlineSeconds (log and RLJob status);
+        acting on them is the supervisor's or the kubelet's job (liveness probe)."""
+        if time.monotonic() - self._beats_read < every_s:
+            return
+        self._beats_read = time.monotonic()
+        deadline = self.spec.failurePolicy.progressDeadlineSeconds
+        stale = stale_roles(read_heartbeats(self.queue.redis, self.env.job_name), deadline)
+        text = "; ".join(f"{w}: no heartbeat for {age:.0f} s" for w, age in sorted(stale.items())
+                         if w != self.env.worker_id)
+        if text != self._stalled:
+            self._stalled = text
+            self.reporter.stalled(text)
 
     def _check_terminated(self) -> None:
         if self.terminated:

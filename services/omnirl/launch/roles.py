@@ -52,6 +52,9 @@ def with_redis_password(url: str, password: str | None) -> str:
 
 
 RESUME_MODES = ("0", "1", "auto")
+# the controller's exit status when the job itself failed (every group of a step failed, a role
+# reported a failure): restarting cannot help, so the supervisor stops the job at once
+JOB_FAILED_EXIT = 3
 
 
 def resume_mode(value: str | None) -> str:
@@ -136,6 +139,9 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as err:
+        if args.role == "controller" and type(err).__name__ == "JobFailed":  # a verdict, not a crash
+            print(f"omnirl role controller: the job failed: {err}", file=sys.stderr, flush=True)
+            return JOB_FAILED_EXIT
         logging.getLogger("omnirl").exception("role %s failed", args.role)
         print(f"omnirl role {args.role} failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         return 1

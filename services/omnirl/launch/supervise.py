@@ -13,6 +13,9 @@ process: it is SIGKILLed first). Then, per `spec.failurePolicy.{role}`:
   batches after it, the controller from the actor's state, reusing the scored groups in Redis.
 - `fail-job`: the job stops with the role's exit code.
 
+A controller that exits with `JOB_FAILED_EXIT` (the job itself failed: a required scorer is down,
+every group of a step failed) stops the job at once: restarting cannot help.
+
 Each replica's restarts and the job's restarts count against `maxRestarts` separately; one more
 fails the job. The embedded Redis (AOF) is restarted on its port and directory when it dies.
 Every action is printed (`omnirl: …`) and appended to `OUT/events.jsonl`; `OUT/roles.json` names
@@ -32,6 +35,7 @@ from pathlib import Path
 from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
+from omnirl.launch.roles import JOB_FAILED_EXIT
 from omnirl.transfer import RedisServer, TransferQueue, start_redis_server
 from omnirl.transfer.heartbeat import read_heartbeats
 
@@ -134,6 +138,8 @@ class Supervisor:
         code = controller.poll()
         if code == 0:
             return 0
+        if code == JOB_FAILED_EXIT:
+            raise JobFailure(code, f"role controller failed: {controller.last_error()}")
         if code is not None:
             self._failed(controller, f"exit {_describe(code)}: {controller.last_error()}", code)
             return None

@@ -76,7 +76,8 @@ class RewardService:
         path = Path(env.out_dir) / "ledger" / f"reward-{env.worker_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._ledger = path.open("a", buffering=1)
-        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "reward", env.worker_id)
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "reward", env.worker_id,
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
 
     def terminate(self) -> None:

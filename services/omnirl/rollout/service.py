@@ -66,7 +66,8 @@ class RolloutService:
         self._lease_every = spec.transferQueue.claimIdleSeconds / 3
         self._last_lease = time.monotonic()
         self.ledger = _Ledger(Path(env.out_dir) / "ledger" / f"rollout-{env.worker_id}.jsonl")
-        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id)
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id,
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
         self._bound = False
 

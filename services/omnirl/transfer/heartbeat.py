@@ -29,10 +29,13 @@ class Heartbeat:
         role: ``rollout``, ``reward``, ``actor`` or ``controller``.
         worker: the replica id (``OMNIRL_WORKER_ID``).
         every_s: the least seconds between two writes.
+        ttl_s: seconds a beat lives: pass twice `progressDeadlineSeconds`, so a replaced replica's
+            (a new pod name) last beat is reported stale for a while, then disappears.
     """
 
-    def __init__(self, client: redis.Redis, job: str, role: str, worker: str, every_s: float = 1.0) -> None:
-        self.client, self.role, self.worker, self.every_s = client, role, worker, every_s
+    def __init__(self, client: redis.Redis, job: str, role: str, worker: str, every_s: float = 1.0,
+                 ttl_s: float = 1200.0) -> None:
+        self.client, self.role, self.worker, self.every_s, self.ttl_s = client, role, worker, every_s, ttl_s
         self.key = kv_key(job, f"{HEARTBEAT}:{worker}")
         self.progress = 0
         self.last = 0.0  # monotonic time of the last write
@@ -45,7 +48,7 @@ class Heartbeat:
             return
         doc = {"role": self.role, "worker": self.worker, "pid": os.getpid(), "t": time.time(),
                "progress": self.progress}
-        self.client.set(self.key, json.dumps(doc).encode(), ex=24 * 3600)
+        self.client.set(self.key, json.dumps(doc).encode(), px=int(self.ttl_s * 1000))
         self.last = now
 
     def age_s(self) -> float:
