@@ -129,10 +129,21 @@ class ActorService:
             raise
 
     def _replay(self) -> None:
-        """Train the stored requests after the checkpoint this rank started from (see the module doc)."""
+        """Train the stored requests after the checkpoint this rank started from (see the module doc).
+
+        Raises:
+            RuntimeError: a predecessor trained further than this checkpoint plus the stored
+                batches reach (the checkpoint directory is not the one it wrote: a lost volume).
+        """
         while True:
             raw = self.queue.redis.hget(self._trainreqs, str(self.trained_step + 1))
             if self.ranks.max(float(raw is not None)) == 0:  # the ranks share one Redis: they agree
+                before = self.queue.get_json("actor_state")
+                if before is not None and int(before["step"]) > self.trained_step:
+                    raise RuntimeError(
+                        f"the job's actor had trained step {before['step']}, but {self.ckpt_root} and the stored "
+                        f"batches reach step {self.trained_step} only: the checkpoint directory was lost "
+                        "(mount it from a persistent volume) or belongs to another run")
                 return
             req = TrainRequest.model_validate(json.loads(raw)["request"])
             log.info("replaying step %d from its stored request (after checkpoint step %d)", req.step,
@@ -151,8 +162,9 @@ class ActorService:
         want = self.spec.roles.rollout.replicas
         deadline = time.monotonic() + 600
         while len(self.sender.members()) < want:
-            if self.queue.get_json("stop"):
+            if self.queue.get_json("stop") or self.terminated:
                 return
+            self.heartbeat.beat()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(self.sender.members())} of {want} rollout workers registered in 600 s")
             time.sleep(0.1)

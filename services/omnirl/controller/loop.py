@@ -327,8 +327,9 @@ class Controller:
             "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
             "samples": len(scores), "groups": len(book.groups), "zero_std_groups": adv.zero_std_groups,
             "dropped_groups": len(book.dropped), "refills": book.refills,
-            "rollout_seconds": max(s.generated_at for _, s in scores) - t_pub,
-            "reward_seconds": max(s.scored_at for _, s in scores) - t_pub,
+            # ≥ 0: a successor controller's book is younger than the samples it reuses
+            "rollout_seconds": max(0.0, max(s.generated_at for _, s in scores) - t_pub),
+            "reward_seconds": max(0.0, max(s.scored_at for _, s in scores) - t_pub),
             "reward_latency_seconds": sum(s.scored_at - s.generated_at for _, s in scores) / len(scores),
             "staleness_mean": sum(self.version - v for v in versions) / len(versions),
             "staleness_max": max(self.version - v for v in versions),
