@@ -288,6 +288,8 @@ class Kubelet:
         pod.root.mkdir(parents=True, exist_ok=True)
         mounts = mount_volumes(self.kube, self.namespace, pod)
         env = {"PATH": f"{self.bin_dir}:/usr/local/bin:/usr/bin:/bin", "HOME": str(pod.root)}
+        if os.environ.get("PYTHONPATH"):  # the "image" runs this checkout's code (a worktree's, in development)
+            env["PYTHONPATH"] = os.environ["PYTHONPATH"]
         for var in c.get("env", []):
             value = var.get("value", "")
             source = var.get("valueFrom") or {}

@@ -224,7 +224,7 @@ def test_rljob_survives_a_killed_controller_pod_and_a_replaced_rollout_pod(tmp_p
         finally:
             kubelet.stop()
         print_record(transitions, kubelet, "", "")
-        assert len(killed) == 2, killed
+        assert len(killed) == 2, f"{killed}\n{kubelet.tails()}"
         assert transitions[-1][2] == "Succeeded", kubelet.tails()
         status = job["status"]
         assert status["step"] == 3 and status["policyVersion"] == 3 and status["restarts"] >= 1
