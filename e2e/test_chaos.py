@@ -7,6 +7,7 @@ from e2e.chaos import check_ledger, suite
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)  # real jobs under faults: minutes on 2 busy cores
 def test_chaos_short_run_loses_and_duplicates_nothing(tmp_path):
     total = suite(tmp_path, runs=2, seed=7, steps=4, max_kills=12)
     assert total.problems == []
