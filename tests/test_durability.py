@@ -65,6 +65,7 @@ def test_take_over_and_recover_return_a_dead_consumers_entries(redis_client):
     assert [m.id for m in taken] == ids and q.pending_count(s, "g") == 3
     q.ack(s, "g", ids)
     assert q.take_over(s, "g", "successor") == []
+    q.cleanup()  # the session's Redis is shared: leave no keys of this job
 
 
 def test_heartbeats_name_the_stale_role_and_veto_the_health_probe(redis_client):
@@ -88,6 +89,7 @@ def test_heartbeats_name_the_stale_role_and_veto_the_health_probe(redis_client):
                 health_pb2.HealthCheckResponse.NOT_SERVING
     finally:
         server.stop()
+        TransferQueue(redis_client, "dur").cleanup()
 
 
 def test_a_sigkilled_redis_comes_back_with_its_aof_and_a_client_rides_it_out(tmp_path):
