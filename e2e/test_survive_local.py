@@ -1,5 +1,6 @@
 """Faults on one machine, compared with a run without them: the job heals itself and ends where an
-uninterrupted one ends (`sync` mode, CPU, the same seed)."""
+uninterrupted one ends (`sync` mode, CPU, the same seed): the same samples, rewards and groups at
+every step, the same weights up to float32 rounding (see the test's comment for why not bitwise)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
-from e2e.chaos import chaos_job, check_ledger
+from e2e.chaos import chaos_job, check_ledger, final_lineage
 from safetensors.torch import load_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,9 +88,24 @@ def test_sigterm_of_the_controller_and_sigkill_of_the_actor_end_with_the_uninter
     counts = check_ledger(hurt, total_steps=4, group_size=3, prompts_per_step=2)
     assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 24, [])
 
-    # the same numbers, step by step, and the same final weights as the run without faults
-    strip = [{k: v for k, v in r.items() if k not in TIMING} for r in steps(calm)]
-    assert [{k: v for k, v in r.items() if k not in TIMING} for r in steps(hurt)] == strip
+    # the same samples, rewards and groups, step by step, and the same final weights as the run
+    # without faults — up to float32 rounding: after a restart the rollout engine batches the
+    # recovered requests differently, and a CPU matmul rounds differently at another batch size
+    # (seen: bitwise equal, or weights within 6e-8 of |w| <= 0.36, loss/kl in the 8th digit)
+    calm_steps, hurt_steps = steps(calm), steps(hurt)
+    assert [r["step"] for r in hurt_steps] == [r["step"] for r in calm_steps] == [0, 1, 2, 3]
+    for a_rec, b_rec in zip(calm_steps, hurt_steps, strict=True):
+        keys = (set(a_rec) | set(b_rec)) - TIMING
+        exact = {k for k in keys if not isinstance(a_rec.get(k), float) or k.startswith("reward")}
+        assert {k: a_rec.get(k) for k in exact} == {k: b_rec.get(k) for k in exact}
+        for k in keys - exact:
+            assert b_rec[k] == pytest.approx(a_rec[k], rel=1e-4, abs=1e-6), (a_rec["step"], k)
+    assert Counter(r["sample_id"] for r in _actor_rows(calm)) == Counter(
+        r["sample_id"] for r in final_lineage(hurt, 4))
     wa = load_file(calm / "checkpoints" / "latest" / "policy.safetensors")
     wb = load_file(hurt / "checkpoints" / "latest" / "policy.safetensors")
-    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert wa.keys() == wb.keys() and all(torch.allclose(wa[k], wb[k], rtol=0, atol=1e-6) for k in wa)
+
+
+def _actor_rows(out: Path) -> list[dict]:
+    return [json.loads(line) for line in (out / "ledger" / "actor-actor-0.jsonl").read_text().splitlines()]
