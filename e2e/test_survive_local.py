@@ -99,7 +99,7 @@ def test_sigterm_of_the_controller_and_sigkill_of_the_actor_end_with_the_uninter
         exact = {k for k in keys if not isinstance(a_rec.get(k), float) or k.startswith("reward")}
         assert {k: a_rec.get(k) for k in exact} == {k: b_rec.get(k) for k in exact}
         for k in keys - exact:
-            assert b_rec[k] == pytest.approx(a_rec[k], rel=1e-4, abs=1e-6), (a_rec["step"], k)
+            assert b_rec[k] == pytest.approx(a_rec[k], rel=1e-4, abs=5e-7), (a_rec["step"], k)  # 5e-7: a few float32 ulps of 1
     assert Counter(r["sample_id"] for r in _actor_rows(calm)) == Counter(
         r["sample_id"] for r in final_lineage(hurt, 4))
     wa = load_file(calm / "checkpoints" / "latest" / "policy.safetensors")
