@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= runs/demo
 
-.PHONY: install test lint demo demo-flowgrpo bench chart e2e crd clean k8s-tools
+.PHONY: install test lint demo demo-flowgrpo bench chart e2e chaos crd clean k8s-tools
 
 install: $(STAMP) k8s-tools
 
@@ -60,6 +60,11 @@ chart: install
 
 e2e: install
 	$(BIN)/pytest -q e2e
+
+# Faults (SIGKILL of every role, Redis restarts, SIGSTOP) over CHAOS_RUNS tiny jobs; the last line is
+# `kills=K generated=G scored=S trained=T lost=L duplicated=D wasted=W`; fails unless lost=0 duplicated=0.
+chaos: install
+	PYTHONPATH=$(CURDIR)/services:$(CURDIR)/operator:$(CURDIR) $(BIN)/python -m e2e.chaos
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

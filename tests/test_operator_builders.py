@@ -114,6 +114,7 @@ def test_runtime_contract_env_ports_probes_security():
     assert e["OMNIRL_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert (e["OMNIRL_OUT"], e["OMNIRL_METRICS_PORT"], e["OMNIRL_HEALTH_PORT"]) == ("/var/lib/omnirl", "9090", "8081")
     assert "OMNIRL_REPORT_STATUS" not in e and env(ctrl)["OMNIRL_REPORT_STATUS"] == "kubernetes"
+    assert e["OMNIRL_RESUME"] == env(ctrl)["OMNIRL_RESUME"] == "auto"  # a replaced pod continues by itself
     assert {p["containerPort"] for p in container(rollout)["ports"]} == {9090, 8081}
     assert {p["containerPort"] for p in container(actor)["ports"]} == {9090, 8081, 29500}
     assert container(rollout)["livenessProbe"]["grpc"] == {"port": 8081}

@@ -101,6 +101,8 @@ def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str
         {"name": "OMNIRL_METRICS_PORT", "value": str(METRICS_PORT)},
         {"name": "OMNIRL_HEALTH_PORT", "value": str(HEALTH_PORT)},
         {"name": "OMNIRL_DEVICE", "value": TORCH_DEVICE[role_spec(job, role).accelerator.type]},
+        # a restarted pod continues from the job's latest complete checkpoint, if there is one
+        {"name": "OMNIRL_RESUME", "value": "auto"},
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     roles = job.spec.roles
@@ -215,7 +217,7 @@ def pod_template(
         "restartPolicy": restart_policy,
         "automountServiceAccountToken": service_account is not None,
         "enableServiceLinks": False,
-        "terminationGracePeriodSeconds": 60,
+        "terminationGracePeriodSeconds": job.spec.failurePolicy.terminationGracePeriodSeconds,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": RUN_AS_USER,

@@ -11,8 +11,11 @@ newest):
 | `optimizer.safetensors` + `optimizer.json` | AdamW state tensors; param groups and scalars |
 | `state.json` | step, policy_version, optimizer steps, RNG seeds, the controller's data position, the LoRA flag |
 
-A checkpoint is written to a temporary directory and renamed into place, so a crash never leaves
-a half-written `latest`.
+| `COMPLETE` | written last: a checkpoint without it is ignored |
+
+A checkpoint is complete or absent: it is written to a temporary directory, the `COMPLETE` marker
+last, renamed into place and only then is `latest` repointed, so a crash (SIGKILL mid-write, a
+full disk) never leaves a half-written `latest`.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 LATEST = "latest"
+COMPLETE = "COMPLETE"
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -73,7 +77,8 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step-{step:06d}"
     tmp = root / f".tmp-step-{step:06d}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
+    for stale in root.glob(".tmp-step-*"):  # a killed writer's leftovers (one writer per job: rank 0)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir()
     save_file(_contiguous(policy), tmp / "policy.safetensors")
     save_file(_contiguous(trained), tmp / "trained.safetensors")
@@ -83,6 +88,8 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
     save_file(_contiguous(opt_tensors), tmp / "optimizer.safetensors")
     (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
     (tmp / "state.json").write_text(json.dumps(state, indent=1))
+    _fsync_dir(tmp)
+    (tmp / COMPLETE).write_text(str(step))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     link = root / LATEST
@@ -93,6 +100,19 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
     tmp_link.replace(link)
     _prune(root, keep, final)
     return final
+
+
+def _fsync_dir(path: Path) -> None:
+    """Flush the files of `path` to disk before the marker says they are whole."""
+    for f in path.iterdir():
+        with f.open("rb") as fh:
+            os.fsync(fh.fileno())
+
+
+def has_checkpoint(root: str | Path) -> bool:
+    """True when `root/latest` is a complete checkpoint (what `OMNIRL_RESUME=auto` resumes from)."""
+    latest = Path(root) / LATEST
+    return (latest / COMPLETE).is_file() and (latest / "policy.safetensors").is_file()
 
 
 def _prune(root: Path, keep: int, newest: Path) -> None:
@@ -110,6 +130,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     p = p.resolve()
     if not (p / "policy.safetensors").is_file():
         raise FileNotFoundError(f"{path}: not a checkpoint (no policy.safetensors); expected OUT/checkpoints/latest")
+    if not (p / COMPLETE).is_file():
+        raise FileNotFoundError(f"{path}: an incomplete checkpoint (no {COMPLETE} marker: its writer died); "
+                                "use an older step-* directory")
     return p
 
 

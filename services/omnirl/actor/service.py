@@ -8,6 +8,15 @@ Per `TrainRequest`: load the samples' tensors → one algorithm step → broadca
 every rollout worker (they verify and acknowledge) → checkpoint if asked → `TrainDone` with the
 metrics → delete the batch's tensors. A request seen twice (redelivery) is trained once.
 
+Durability: the actor's state is the authority on progress. It trains step n only right after
+n - 1 (a redelivered or replayed request of a trained step is skipped), and after every step
+sets `kv:actor_state` = {step, policy_version, data_position}, which a (re)started controller
+continues from. A batch's tensors and its `TrainRequest` (hash `kv:trainreqs`, written by the
+controller before it hands the batch over) are kept until a checkpoint covers the step; an actor
+that starts from checkpoint c (`OMNIRL_RESUME`) first replays the stored requests c+1, c+2, … —
+the same samples and advantages, so the same updates — before it broadcasts its weights. SIGTERM:
+the step in hand finishes, a checkpoint of the last trained step is written, `run` returns.
+
 Several actor ranks (RANK / WORLD_SIZE, FSDP2): every rank reads every `TrainRequest` through
 its own consumer group, loads the whole batch and trains its share of the micro-batches
 (`omnirl.actor.ranks`); the gathers for weight sync and checkpoints are collectives. Rank 0, the
@@ -19,6 +28,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -32,7 +42,8 @@ from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.registry import adapter_options, load_adapter
-from omnirl.transfer import TransferQueue
+from omnirl.transfer import TransferQueue, kv_key
+from omnirl.transfer.heartbeat import Heartbeat
 from omnirl.weight_sync import WeightSender
 
 log = logging.getLogger("omnirl.actor")
@@ -56,11 +67,26 @@ class ActorService:
         self.trainer = Trainer(adapter, spec, self.device, ranks=self.ranks)
         self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
         self.version = 0
+        self.trained_step = -1  # the last step whose update is in the weights
+        self.checkpointed_step = -1
+        self.data_position: list = [0, 0]
         # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
         if resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0:
             state = self.trainer.load(self.ckpt_root / LATEST)
             self.version = int(state["policy_version"])
-            log.info("resumed from %s at policy_version %d", self.ckpt_root / LATEST, self.version)
+            self.trained_step = self.checkpointed_step = int(state["step"])
+            self.data_position = list(state.get("data_position", [0, 0]))
+            log.info("resumed from %s at step %d, policy_version %d", self.ckpt_root / LATEST, self.trained_step,
+                     self.version)
+        elif resume:
+            raise FileNotFoundError(f"resume: no checkpoint at {self.ckpt_root / LATEST} "
+                                    "(OMNIRL_RESUME=auto starts fresh when there is none)")
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "actor", env.worker_id,
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
+        self.terminated = False
+        self._trainreqs = kv_key(env.job_name, "trainreqs")
+        self._run_id = f"{env.worker_id}-{os.getpid()}-{int(time.time() * 1000)}"
+        self._base_step = self.trained_step
         leader = self.ranks.leader
         self.sender = WeightSender(env.weight_sync_host, env.weight_sync_port, device=str(self.device),
                                    backend=env.weight_sync_backend or None) \
@@ -73,15 +99,25 @@ class ActorService:
             path = Path(env.out_dir) / "ledger" / f"actor-{env.worker_id}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
             self._ledger = path.open("a", buffering=1)
+            self._ckpt_ledger = (path.parent / f"checkpoints-{env.worker_id}.jsonl").open("a", buffering=1)
+
+    def terminate(self) -> None:
+        """SIGTERM: finish the step in hand, checkpoint the last trained step, return from `run`."""
+        self.terminated = True
 
     def run(self) -> None:
         """Serve until the `stop` flag is set. Errors are published as `RoleFailure`, then raised."""
         try:
+            self._replay()
             self._start()
             control = self.queue.streams.control
             group = GROUP if self.ranks.leader else f"{GROUP}-rank{self.ranks.rank}"  # followers see every request
             self.queue.ensure_group(control, group)
             while not self.queue.get_json("stop"):
+                if self.ranks.max(float(self.terminated)) > 0:
+                    self._checkpoint_on_terminate()
+                    return
+                self.heartbeat.beat()
                 if self.sender is not None:
                     self.sender.serve_new_members(self._rollout, self.version)
                 for msg in self.queue.consume(control, group, self.env.worker_id, count=1, block_ms=200):
@@ -92,6 +128,33 @@ class ActorService:
             self._fail(f"{type(err).__name__}: {err}")
             raise
 
+    def _replay(self) -> None:
+        """Train the stored requests after the checkpoint this rank started from (see the module doc).
+
+        Raises:
+            RuntimeError: a predecessor trained further than this checkpoint plus the stored
+                batches reach (the checkpoint directory is not the one it wrote: a lost volume).
+        """
+        while True:
+            raw = self.queue.redis.hget(self._trainreqs, str(self.trained_step + 1))
+            if self.ranks.max(float(raw is not None)) == 0:  # the ranks share one Redis: they agree
+                before = self.queue.get_json("actor_state")
+                if before is not None and int(before["step"]) > self.trained_step:
+                    raise RuntimeError(
+                        f"the job's actor had trained step {before['step']}, but {self.ckpt_root} and the stored "
+                        f"batches reach step {self.trained_step} only: the checkpoint directory was lost "
+                        "(mount it from a persistent volume) or belongs to another run")
+                return
+            req = TrainRequest.model_validate(json.loads(raw)["request"])
+            log.info("replaying step %d from its stored request (after checkpoint step %d)", req.step,
+                     self.checkpointed_step)
+            self._train(req, replay=True)
+
+    def _checkpoint_on_terminate(self) -> None:
+        if self.trained_step > self.checkpointed_step:
+            self._save(self.trained_step, self.data_position)
+            log.info("SIGTERM: checkpoint of step %d written", self.trained_step)
+
     def _start(self) -> None:
         self._gather_rollout()
         if self.sender is None:
@@ -99,31 +162,53 @@ class ActorService:
         want = self.spec.roles.rollout.replicas
         deadline = time.monotonic() + 600
         while len(self.sender.members()) < want:
-            if self.queue.get_json("stop"):
+            if self.queue.get_json("stop") or self.terminated:
                 return
+            self.heartbeat.beat()
             if time.monotonic() > deadline:
                 raise TimeoutError(f"only {len(self.sender.members())} of {want} rollout workers registered in 600 s")
             time.sleep(0.1)
         report = self.sender.broadcast(self._rollout, self.version)
         log.info("initial weights v%d to %s in %.3f s", self.version, report.receivers, report.seconds)
-        self.queue.set_json("actor_ready", {"policy_version": self.version})
+        self._publish_state()
+        self.queue.set_json("actor_ready", {"policy_version": self.version, "step": self.trained_step})
 
-    def _train(self, req: TrainRequest) -> None:
-        done = self.ranks.leader and self.queue.is_done("train", f"step-{req.step}")
+    def _publish_state(self) -> None:
+        self.queue.set_json("actor_state", {"step": self.trained_step, "policy_version": self.version,
+                                            "data_position": self.data_position})
+
+    def _train(self, req: TrainRequest, replay: bool = False) -> None:
+        done = req.step <= self.trained_step
         if self.ranks.agree(req.step, len(req.items), done):  # the leader decides; all ranks on one request
             log.warning("step %d already trained (redelivered request) — skipped", req.step)
             return
+        if req.step != self.trained_step + 1:
+            raise RuntimeError(f"train request for step {req.step} after step {self.trained_step}: a step is "
+                               "missing (its stored request expired?)")
         t0 = time.perf_counter()
         samples = [self._load(item) for item in req.items]
         t_load = time.perf_counter()
         metrics = self.trainer.train_step(samples, req.step)
         t_train = time.perf_counter()
         self.version = req.policy_version + 1
+        self.trained_step = req.step
+        self.data_position = list(req.controller_state.get("data_position", self.data_position))
+        self.heartbeat.beat(progressed=True)
+        if self._ledger is not None:
+            for item in req.items:
+                self._ledger.write(json.dumps({"sample_id": item.sample_id, "step": req.step, "run": self._run_id,
+                                               "base": self._base_step}) + "\n")
+        if replay:
+            if req.checkpoint:
+                self._save(req.step, self.data_position)
+            if self.ranks.leader:  # for a metrics line the dead controller may not have written
+                self._note_trained(TrainDone(step=req.step, policy_version=self.version,
+                                             metrics={k: float(v) for k, v in metrics.items()}))
+            return
         self._gather_rollout()
         ckpt = None
         if req.checkpoint:
-            state = {"step": req.step, "policy_version": self.version, **req.controller_state}
-            path = self.trainer.save(self.ckpt_root, req.step, state, policy=self._rollout)  # gathered above
+            path = self._save(req.step, self.data_position, gathered=True)
             ckpt = None if path is None else str(path)
         if self.sender is None:  # a follower: the leader reports, syncs and cleans up
             return
@@ -131,13 +216,36 @@ class ActorService:
         report = self.sender.broadcast(self._rollout, self.version)
         metrics.update(load_seconds=t_load - t0, train_seconds=t_train - t_load,
                        sync_seconds=time.perf_counter() - t_sync, sync_bytes=float(report.bytes))
-        for item in req.items:
-            self._ledger.write(json.dumps({"sample_id": item.sample_id, "step": req.step}) + "\n")
+        self._publish_state()
         done = TrainDone(step=req.step, policy_version=self.version, checkpoint=ckpt,
                          metrics={k: float(v) for k, v in metrics.items()})
+        self._note_trained(done)
         self.queue.publish(self.queue.streams.control, done.model_dump())
-        self.queue.claim_once("train", f"step-{req.step}")  # marks the step done (after its result exists)
-        self.queue.delete_tensors([item.tensor_key for item in req.items])
+
+    def _note_trained(self, done: TrainDone) -> None:
+        """`kv:trained` keeps each step's result until the controller has written its metrics line."""
+        self.queue.redis.hset(kv_key(self.env.job_name, "trained"), str(done.step), json.dumps(done.model_dump()))
+
+    def _save(self, step: int, data_position: list, gathered: bool = False) -> Path | None:
+        """Checkpoint `step` (a collective with several ranks); then the batches it covers are
+        no longer needed for a replay: their stored requests and tensors are deleted."""
+        if not gathered:
+            self._gather_rollout()
+        state = {"step": step, "policy_version": self.version, "data_position": data_position}
+        path = self.trainer.save(self.ckpt_root, step, state, policy=self._rollout)
+        self.checkpointed_step = step
+        if self.ranks.leader:
+            self._ckpt_ledger.write(json.dumps({"checkpoint": step, "run": self._run_id}) + "\n")
+            self._forget_through(step)
+        return path
+
+    def _forget_through(self, step: int) -> None:
+        r = self.queue.redis
+        for field, raw in r.hgetall(self._trainreqs).items():
+            if int(field) <= step:
+                req = TrainRequest.model_validate(json.loads(raw)["request"])
+                self.queue.delete_tensors([item.tensor_key for item in req.items])
+                r.hdel(self._trainreqs, field)
 
     def _gather_rollout(self) -> None:
         """The rollout policy's full tensors (a collective with several ranks); the leader keeps them."""
@@ -164,6 +272,7 @@ class ActorService:
             self.sender.close()
         if self._ledger is not None:
             self._ledger.close()
+            self._ckpt_ledger.close()
         self.queue.close()
         self.ranks.close()
 

@@ -395,12 +395,24 @@ class CheckpointSpec(SpecModel):
 class FailurePolicySpec(SpecModel):
     """What to do when pods fail, and deadlines."""
 
-    maxRestarts: int = Field(3, ge=0, description="Restarts allowed before the job fails.")
+    maxRestarts: int = Field(
+        3, ge=0, description="Restarts allowed before the job fails: each restart of the whole job (from the latest "
+        "checkpoint), and each role replica's own restarts, count against it separately."
+    )
     rollout: FailureAction = Field("restart-role", description="Action when a rollout pod fails.")
     reward: FailureAction = Field("restart-role", description="Action when a reward pod fails.")
     actor: FailureAction = Field("restart-job", description="Action when an actor pod fails.")
     controller: FailureAction = Field("restart-job", description="Action when the controller fails.")
     activeDeadlineSeconds: int | None = Field(None, ge=1, description="Fail the job after this many seconds.")
+    progressDeadlineSeconds: float = Field(
+        600.0, gt=0, description="A role whose main loop has not beaten (heartbeat in Redis, gRPC health) for this "
+        "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
+        "single unit of work (one scorer call, one training step, one checkpoint write)."
+    )
+    terminationGracePeriodSeconds: int = Field(
+        60, ge=1, description="SIGTERM to SIGKILL: the time a role gets to finish or hand back its work and the actor "
+        "to write a checkpoint (the pods' terminationGracePeriodSeconds)."
+    )
     ttlSecondsAfterFinished: int | None = Field(
         None, ge=0, description="Delete the job this many seconds after it finishes."
     )

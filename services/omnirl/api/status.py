@@ -89,6 +89,10 @@ class RLJobStatus(_Status):
     completionTime: AwareDatetime | None = Field(None, description="When the job finished (RFC 3339, UTC).")
     restarts: int = Field(0, ge=0, description="Job or role restarts so far (bounded by failurePolicy.maxRestarts).")
     message: str = Field("", description="Human-readable summary of the current phase.")
+    stalled: str = Field(
+        "", description="Roles whose heartbeat is older than failurePolicy.progressDeadlineSeconds, with its age, as "
+        "the controller last saw them (e.g. `reward-7f9c: no heartbeat for 640 s`); empty when every role beats."
+    )
 
 
 def utc_now() -> datetime:

@@ -68,6 +68,11 @@ class PromptSource:
             self.offset += 1
         return out
 
+    def seek(self, position: tuple[int, int]) -> None:
+        """Continue from `position` (epoch, offset), as `position` returned it."""
+        self.epoch, self.offset = int(position[0]), int(position[1])
+        self._order = self._epoch_order(self.epoch)
+
     @property
     def position(self) -> tuple[int, int]:
         """(epoch, offset) — saved in checkpoints so a resumed job draws the same prompts."""

@@ -8,6 +8,7 @@ partially (DESIGN.md §7): it is refilled whole — a new request with new sampl
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from omnirl.api.messages import GenerateRequest, ScoreMeta
@@ -48,6 +49,8 @@ class StepBook:
     dropped: list[str] = field(default_factory=list)
     refills: int = 0
     failures: list[str] = field(default_factory=list)
+    entry_ids: list[str] = field(default_factory=list)  # score entries to acknowledge at hand-off
+    leftover_keys: list[str] = field(default_factory=list)  # tensors of superseded attempts, to delete
 
     def add(self, key: str, request: GenerateRequest) -> None:
         """Register a group's first request."""
@@ -58,12 +61,26 @@ class StepBook:
         key = group_id.split("r", 1)[0] if "r" in group_id.split(":")[-1] else group_id
         return key if key in self.groups else None
 
-    def record(self, score: ScoreMeta, tensor_key: str | None) -> Group | None:
-        """File a score; returns its group, or None for a stale attempt's leftover."""
+    def record(self, score: ScoreMeta, tensor_key: str | None,
+               refill: Callable[[StepBook, str, int], GenerateRequest] | None = None) -> Group | None:
+        """File a score; returns its group, or None for a stale attempt's leftover.
+
+        A score of a later attempt than the group's (a dead controller's refill, met by its
+        successor) moves the group to that attempt first, with `refill(book, key, attempt)`'s
+        request; earlier attempts' scores are then leftovers.
+        """
         key = self.owner(score.group_id)
         if key is None:
             return None
         group = self.groups[key]
+        attempt = attempt_of(score.group_id)
+        if refill is not None and attempt > group.attempt:
+            for stale in group.tensor_keys.values():
+                self.leftover_keys.append(stale)
+            group.attempt, group.request = attempt, refill(self, key, attempt)
+            group.scores.clear()
+            group.tensor_keys.clear()
+            self.refills += 1
         if score.sample_id not in group.expected:
             return None  # a member of an attempt that was already refilled
         group.scores[score.sample_id] = score
@@ -81,6 +98,12 @@ class StepBook:
         self.dropped.append(key)
         self.failures.append(reason)
         return self.groups.pop(key)
+
+
+def attempt_of(group_id: str) -> int:
+    """The attempt number in a group id: `{step}:{prompt}` → 0, `{step}:{prompt}r{n}` → n."""
+    last = group_id.split(":")[-1]
+    return int(last.split("r", 1)[1]) if "r" in last else 0
 
 
 def refill_request(request: GenerateRequest, attempt: int, seed_base: int) -> GenerateRequest:

@@ -7,6 +7,16 @@ Pipelining (`spec.pipeline.mode`):
 - `fully-async`: step n+1's requests go out as soon as step n's batch is handed to the actor,
   so rollout overlaps training; every sample carries its policy_version and a group staler than
   `maxStaleness` is refilled (`drop`), or requests are never published ahead (`wait`).
+
+Restarts (DESIGN.md §7, README "What survives what"): the controller keeps no state of its own
+that Redis (AOF) and the actor do not hold. It starts at the step after the actor's last trained
+one (`kv:actor_state`: step, policy version, data position — the checkpoint's after an actor
+restart); it redraws that step's prompts from the same data position, so group and sample ids and
+seeds are the predecessor's; requests already published (`kv:expected:{step}`) are not published
+again; the predecessor's scores stay pending in the `controller` group until their step is handed
+to the actor and are taken over at start, so generated and scored groups are reused, not
+regenerated. Before a batch is handed over, its `TrainRequest` (and the step's numbers) is stored
+in `kv:trainreqs`; the actor drops it once a checkpoint covers the step.
 """
 
 from __future__ import annotations
@@ -29,7 +39,8 @@ from omnirl.controller.normalize import combine_step, component_stats, needs_rec
 from omnirl.controller.report import Reporter
 from omnirl.controller.validation import Validator
 from omnirl.models.registry import load_tokenizer
-from omnirl.transfer import Message, TransferQueue
+from omnirl.transfer import Message, TransferQueue, kv_key
+from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
 
 log = logging.getLogger("omnirl.controller")
 GROUP = "controller"
@@ -37,7 +48,15 @@ MAX_ATTEMPTS = 3
 
 
 class JobFailed(RuntimeError):
-    """The job cannot go on (a role failed, every group of a step failed...)."""
+    """The job cannot go on (every group of a step failed, a validation sample failed...)."""
+
+
+class RoleFailed(JobFailed):
+    """A role reported its failure: the failure policy decides (a restart may help)."""
+
+
+class Terminated(Exception):
+    """SIGTERM arrived; `run` returns early (the role exits 143, the work stays in Redis)."""
 
 
 class Controller:
@@ -53,56 +72,88 @@ class Controller:
         self.total_steps = steps if steps is not None else spec.algorithm.steps
         tokenize = load_tokenizer(spec.model.family, spec.model.path)
         self.out = Path(env.out_dir)
-        state = self._resume_state() if resume else {}
-        self.start_step = int(state.get("step", -1)) + 1
-        self.version = int(state.get("policy_version", 0))
+        self.start_step, self.version = 0, 0  # set from the actor's state in run()
+        self.next_unpublished = 0  # the first step without a book: its scores wait in the inbox
         self.data = PromptSource(read_prompts(spec.data.trainPrompts), tokenize, seed=spec.seed,
-                                 shuffle=spec.data.shuffle, position=tuple(state.get("data_position", (0, 0))))
-        self.validator = Validator(self.queue, spec, tokenize, self.out) if spec.data.validationPrompts else None
+                                 shuffle=spec.data.shuffle)
+        self.incarnation = int(self.queue.redis.incr(kv_key(env.job_name, "controller_runs"))) - 1
+        self.validator = Validator(self.queue, spec, tokenize, self.out, nonce=self.incarnation) \
+            if spec.data.validationPrompts else None
         self.reporter = Reporter(self.out, env, job)
         if not env.export:
             log.info("no exports (OMNIRL_EXPORT=0: the actor's checkpoints are not on a volume shared with the "
                      "controller; on Kubernetes set spec.storage)")
         self.books: dict[int, StepBook] = {}
-        self.inbox: list[tuple[ScoreMeta, str | None]] = []
+        self.inbox: dict[int, list[Message]] = {}  # scores of steps whose book does not exist yet
         self.trained: dict[int, TrainDone] = {}
         self.group_scoring = GroupScoring(spec.reward, self.queue)
         self.recombine = needs_recombination(spec.reward) or bool(self.group_scoring.specs)
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
+        self.terminated = False
+        self._trainreqs = kv_key(env.job_name, "trainreqs")
+        self._stepstats, self._trained_hash = kv_key(env.job_name, "stepstats"), kv_key(env.job_name, "trained")
+        self._stalled, self._beats_read = "", 0.0
 
-    def _resume_state(self) -> dict:
-        path = self.out / self.spec.checkpoint.dir / "latest" / "state.json"
-        if not path.exists():
-            raise FileNotFoundError(f"--resume: no checkpoint at {path.parent} (run without --resume to start fresh)")
-        return json.loads(path.read_text())
+    def terminate(self) -> None:
+        """SIGTERM: leave at the next wait; everything needed to continue is in Redis already."""
+        self.terminated = True
 
     # ------------------------------------------------------------------ main loop
-    def run(self) -> dict:
-        """Train `total_steps` steps; returns {'validation': [...], 'steps': n}. Raises JobFailed."""
+    def run(self) -> dict | None:
+        """Train `total_steps` steps; returns {'validation': [...], 'steps': n}, or None after
+        SIGTERM. Raises JobFailed."""
+        try:
+            return self._run()
+        except Terminated:
+            return None
+
+    def _run(self) -> dict:
         q, streams = self.queue, self.queue.streams
         q.ensure_group(streams.scores, GROUP)
         q.ensure_group(streams.control, GROUP)
         self._wait_actor_ready()
+        self._continue_from_actor()
+        self._report_missing()
         self.reporter.started(self.total_steps, self.start_step)
-        if self.validator and self.start_step == 0:
-            self._validate(0)
+        for m in q.take_over(streams.scores, GROUP, self.env.worker_id):  # a dead predecessor's scores
+            self._file_score(m)
+        q.take_over(streams.control, GROUP, self.env.worker_id)  # its control messages are history
+        if self.validator and not self.reporter.has_validation(self.start_step) and (
+                self.start_step == 0 or self._validation_due(self.start_step - 1)):
+            self._validate(self.start_step)  # step 0, or a round the predecessor did not finish
         mode = self.spec.pipeline
         ahead = mode.mode == "fully-async" and mode.staleAction == "drop" and mode.maxStaleness >= 1
         for step in range(self.start_step, self.total_steps):
-            if step not in self.books:
-                self._publish_step(step)
-            t0 = self.books[step].t_published
-            items, stats = self._collect(step)
-            checkpoint = self._checkpoint_due(step)
-            req = TrainRequest(step=step, policy_version=self.version, items=items, checkpoint=checkpoint,
-                               controller_state={"data_position": list(self.data.position)})
-            self.queue.publish(streams.control, req.model_dump())
+            stored = self.queue.redis.hget(self._trainreqs, str(step))
+            if stored is not None:  # handed over by the predecessor, not yet trained: hand it again
+                doc = json.loads(stored)
+                req, stats, t0 = TrainRequest.model_validate(doc["request"]), doc["stats"], time.time()
+                self.data.seek(tuple(req.controller_state["data_position"]))
+                self.next_unpublished = step + 1
+                self.queue.publish(streams.control, req.model_dump())
+                self.queue.ack(streams.scores, GROUP, [m.id for m in self.inbox.pop(step, [])])
+            else:
+                if step not in self.books:
+                    self._publish_step(step)
+                t0 = self.books[step].t_published
+                entry_ids = self.books[step].entry_ids
+                items, stats = self._collect(step)
+                checkpoint = self._checkpoint_due(step)
+                req = TrainRequest(step=step, policy_version=self.version, items=items, checkpoint=checkpoint,
+                                   controller_state={"data_position": list(self.data.position)})
+                self.queue.redis.hset(self._trainreqs, str(step),
+                                      json.dumps({"request": req.model_dump(), "stats": stats}))
+                self.queue.redis.hset(self._stepstats, str(step), json.dumps(stats))
+                self.queue.publish(streams.control, req.model_dump())
+                self.queue.ack(streams.scores, GROUP, entry_ids)  # the batch is durable in kv:trainreqs now
             t_handed = time.time()
-            if ahead and step + 1 < self.total_steps:
+            if ahead and step + 1 < self.total_steps and step + 1 not in self.books:
                 self._publish_step(step + 1)
             done = self._wait_trained(step)
             self.version = done.policy_version
             stats.update(step_seconds=time.time() - t0, handoff_to_trained_seconds=time.time() - t_handed)
-            self.reporter.step(step, self.version, stats, done)
+            self._report(step, stats, done)
             if self.validator and self._validation_due(step):
                 self._validate(step + 1)
             if done.checkpoint and self.env.export:  # after the validation of these weights, which it includes
@@ -111,11 +162,44 @@ class Controller:
             self._validate(self.total_steps)
         return self.reporter.finished()
 
+    def _report(self, step: int, stats: dict, done: TrainDone) -> None:
+        """Write the step's line, then forget the step's numbers kept for a successor."""
+        self.reporter.step(step, done.policy_version, stats, done)
+        self.queue.redis.hdel(self._stepstats, str(step))
+        self.queue.redis.hdel(self._trained_hash, str(step))
+
+    def _report_missing(self) -> None:
+        """Lines for steps trained before this controller started that its predecessor did not
+        write (it died between the actor's result and the line); their wall-clock numbers are
+        the predecessor's, measured up to its hand-off."""
+        r = self.queue.redis
+        for raw_step, raw in sorted(r.hgetall(self._trained_hash).items(), key=lambda kv: int(kv[0])):
+            step, stats = int(raw_step), r.hget(self._stepstats, raw_step)
+            if step >= self.start_step or self.reporter.has_step(step) or stats is None:
+                continue
+            stats = json.loads(stats)
+            stats.setdefault("step_seconds", 0.0)
+            self._report(step, stats, TrainDone.model_validate(json.loads(raw)))
+
+    def _continue_from_actor(self) -> None:
+        """Start at the step after the actor's last trained one, from its data position and version."""
+        state = self.queue.get_json("actor_state") or {"step": -1, "policy_version": 0, "data_position": [0, 0]}
+        self.start_step = self.next_unpublished = int(state["step"]) + 1
+        self.version = int(state["policy_version"])
+        self.data.seek(tuple(state["data_position"]))
+        if self.start_step:
+            log.info("continuing at step %d (policy_version %d) from the actor's state", self.start_step,
+                     self.version)
+
     # ------------------------------------------------------------------ dispatch
     def _publish_step(self, step: int) -> None:
+        """Draw the step's prompts and publish its requests — unless a predecessor published them
+        (`expected:{step}` exists): then only the book is rebuilt (same ids, same seeds)."""
         algo = self.spec.algorithm
         prompts = self.data.draw(algo.promptsPerStep)
+        published = self.queue.get_json(f"expected:{step}") is not None
         book = StepBook(step, t_published=time.time())
+        self.next_unpublished = step + 1
         if algo.name == "flow-grpo":
             g = algo.flowGrpo
             window = select_window(self.spec.seed * 100_003 + step, algo.sampling.numSteps, g.window.size,
@@ -136,10 +220,13 @@ class Controller:
                 continue
             book.add(key, req)
             expected += len(seeds)
-        self.queue.set_json(f"expected:{step}", expected)
-        for group in book.groups.values():
-            self.queue.publish(self.queue.streams.requests, group.request.model_dump())
         self.books[step] = book
+        if not published:
+            for group in book.groups.values():
+                self.queue.publish(self.queue.streams.requests, group.request.model_dump())
+            self.queue.set_json(f"expected:{step}", expected)  # last: the requests are all out
+        for m in self.inbox.pop(step, []):
+            self._file_score(m)
 
     def _seed(self, step: int, prompt: int, index: int, attempt: int) -> int:
         return (self.spec.seed * 1_000_003 + step * 10_007 + prompt * 101 + index + attempt * 7) % (2**62)
@@ -148,6 +235,7 @@ class Controller:
     def _collect(self, step: int) -> tuple[list[TrainItem], dict]:
         book = self.books[step]
         while True:
+            self._check_terminated()
             self._pump()
             self._settle(book)
             if book.complete:
@@ -159,11 +247,11 @@ class Controller:
     def _pump(self, block_ms: int = 200) -> None:
         """Read scores and control messages into the books."""
         q, streams = self.queue, self.queue.streams
+        self.heartbeat.beat()
+        self._watch_roles()
         msgs = q.consume(streams.scores, GROUP, self.env.worker_id, count=256, block_ms=block_ms)
         for m in msgs:
             self._file_score(m)
-        if msgs:
-            q.ack(streams.scores, GROUP, [m.id for m in msgs])
         ctl = q.consume(streams.control, GROUP, self.env.worker_id, count=16, block_ms=0)
         for m in ctl:
             kind = m.meta.get("type")
@@ -172,20 +260,37 @@ class Controller:
                 self.trained[done.step] = done
             elif kind == "failure":
                 q.ack(streams.control, GROUP, [m.id])
-                raise JobFailed(f"{m.meta['role']} {m.meta['worker']} failed: {m.meta['reason']}")
+                raise RoleFailed(f"{m.meta['role']} {m.meta['worker']} failed: {m.meta['reason']}")
         if ctl:
             q.ack(streams.control, GROUP, [m.id for m in ctl])
 
     def _file_score(self, m: Message) -> None:
+        """File one score entry. A training score stays pending in the `controller` group until its
+        step is handed to the actor (so a successor can take it over); everything else is acked."""
         score = ScoreMeta.model_validate(m.meta)
+        scores = self.queue.streams.scores
         if score.kind == "val":
             if self.validator:
                 self.validator.record(score, m.tensor_key)
+            self.queue.ack(scores, GROUP, [m.id])
+            return
+        if score.step >= self.next_unpublished:
+            self.inbox.setdefault(score.step, []).append(m)  # the predecessor ran ahead (fully-async)
             return
         book = self.books.get(score.step)
-        if book is None or book.record(score, m.tensor_key) is None:
-            if m.tensor_key:  # a leftover of a refilled/dropped attempt
-                self.queue.delete_tensors([m.tensor_key])
+        if book is None:  # a step already trained: a redelivered score (its tensors belong to the batch)
+            self.queue.ack(scores, GROUP, [m.id])
+            return
+        book.entry_ids.append(m.id)
+        if book.record(score, m.tensor_key, self._refill_for) is None and m.tensor_key:
+            self.queue.delete_tensors([m.tensor_key])  # a leftover of a refilled/dropped attempt
+        if book.leftover_keys:
+            self.queue.delete_tensors(book.leftover_keys)
+            book.leftover_keys.clear()
+
+    def _refill_for(self, book: StepBook, key: str, attempt: int) -> GenerateRequest:
+        """The request of attempt `attempt` of group `key` (deterministic: what the predecessor sent)."""
+        return refill_request(book.groups[key].request, attempt, self._seed(book.step, int(key.split(":")[1]), 0, attempt))
 
     def _settle(self, book: StepBook) -> None:
         """Refill or drop complete groups that failed or are too stale."""
@@ -235,8 +340,9 @@ class Controller:
             "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std(unbiased=False)),
             "samples": len(scores), "groups": len(book.groups), "zero_std_groups": adv.zero_std_groups,
             "dropped_groups": len(book.dropped), "refills": book.refills,
-            "rollout_seconds": max(s.generated_at for _, s in scores) - t_pub,
-            "reward_seconds": max(s.scored_at for _, s in scores) - t_pub,
+            # ≥ 0: a successor controller's book is younger than the samples it reuses
+            "rollout_seconds": max(0.0, max(s.generated_at for _, s in scores) - t_pub),
+            "reward_seconds": max(0.0, max(s.scored_at for _, s in scores) - t_pub),
             "reward_latency_seconds": sum(s.scored_at - s.generated_at for _, s in scores) / len(scores),
             "staleness_mean": sum(self.version - v for v in versions) / len(versions),
             "staleness_max": max(self.version - v for v in versions),
@@ -252,14 +358,40 @@ class Controller:
     def _wait_actor_ready(self, timeout_s: float = 900.0) -> None:
         start = time.monotonic()
         while self.queue.get_json("actor_ready") is None:
-            self._pump(block_ms=100)
+            self._check_terminated()
+            self.heartbeat.beat()
+            ctl = self.queue.consume(self.queue.streams.control, GROUP, self.env.worker_id, count=16, block_ms=100)
+            failures = [m.meta for m in ctl if m.meta.get("type") == "failure"]
+            if ctl:
+                self.queue.ack(self.queue.streams.control, GROUP, [m.id for m in ctl])
+            if failures:
+                raise RoleFailed(f"{failures[0]['role']} {failures[0]['worker']} failed: {failures[0]['reason']}")
             if time.monotonic() - start > timeout_s:
                 raise JobFailed(f"the actor was not ready after {timeout_s:.0f} s (no rollout worker registered?)")
 
     def _wait_trained(self, step: int) -> TrainDone:
         while step not in self.trained:
+            self._check_terminated()
             self._pump(block_ms=100)
         return self.trained.pop(step)
+
+    def _watch_roles(self, every_s: float = 10.0) -> None:
+        """Name roles whose heartbeat is older than progressDeadlineSeconds (log and RLJob status);
+        acting on them is the supervisor's or the kubelet's job (liveness probe)."""
+        if time.monotonic() - self._beats_read < every_s:
+            return
+        self._beats_read = time.monotonic()
+        deadline = self.spec.failurePolicy.progressDeadlineSeconds
+        stale = stale_roles(read_heartbeats(self.queue.redis, self.env.job_name), deadline)
+        text = "; ".join(f"{w}: no heartbeat for {age:.0f} s" for w, age in sorted(stale.items())
+                         if w != self.env.worker_id)
+        if text != self._stalled:
+            self._stalled = text
+            self.reporter.stalled(text)
+
+    def _check_terminated(self) -> None:
+        if self.terminated:
+            raise Terminated("SIGTERM")
 
     def _checkpoint_due(self, step: int) -> bool:
         every = self.spec.checkpoint.everySteps
@@ -272,6 +404,7 @@ class Controller:
     def _validate(self, at_step: int) -> None:
         self.validator.publish(at_step, self.version)
         while not self.validator.complete:
+            self._check_terminated()
             self._pump()
         self.reporter.validation(self.validator.finish())
 

@@ -40,6 +40,21 @@ class Reporter:
         self.last_checkpoint: str | None = None
         self.total = 0
 
+    def has_validation(self, step: int) -> bool:
+        """Whether `metrics.jsonl` already holds a validation round at `step` (a predecessor's)."""
+        return self._has("validation", step)
+
+    def has_step(self, step: int) -> bool:
+        """Whether `metrics.jsonl` already holds the line of training step `step`."""
+        return self._has("step", step)
+
+    def _has(self, event: str, step: int) -> bool:
+        for line in self.path.read_text().splitlines():
+            rec = json.loads(line) if line.strip() else {}
+            if rec.get("event") == event and rec.get("step") == step:
+                return True
+        return False
+
     def _write(self, record: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         self._f.write(json.dumps(clean) + "\n")
@@ -73,6 +88,13 @@ class Reporter:
         log.info("validation at step %d: reward %.3f exact %.3f (n=%d, %.1f s) grid %s", summary["step"],
                  summary["val_reward_mean"], summary["val_exact_match"], summary["n"], summary["val_seconds"],
                  summary["grid"])
+
+    def stalled(self, text: str) -> None:
+        """Name the roles without a recent heartbeat (log, and the RLJob's `status.stalled`)."""
+        if text:
+            log.warning("stalled roles: %s", text)
+        if self.status is not None:
+            self.status.report(stalled=text)
 
     def finished(self) -> dict:
         """Final record; returns {'validation': [...]}."""

@@ -33,10 +33,17 @@ def background_darkness(images: list[np.ndarray], rows: int = 2) -> float:
 
 
 class Validator:
-    """Publishes a validation round and collects its scores."""
+    """Publishes a validation round and collects its scores.
 
-    def __init__(self, queue: TransferQueue, spec: RLJobSpec, tokenize: Callable[[str], list[int]], out: Path) -> None:
-        self.queue, self.spec, self.out = queue, spec, out
+    `nonce` tells this controller's rounds from a dead predecessor's: sample ids are
+    `val{step}:{prompt}:{nonce}`, so a round redone after a controller restart is generated anew
+    (the rollout's exactly-once markers would otherwise skip it) and the old round's late scores are
+    dropped.
+    """
+
+    def __init__(self, queue: TransferQueue, spec: RLJobSpec, tokenize: Callable[[str], list[int]], out: Path,
+                 nonce: int = 0) -> None:
+        self.queue, self.spec, self.out, self.nonce = queue, spec, out, nonce
         self.prompts = read_prompts(spec.data.validationPrompts)[: spec.validation.maxPrompts]
         self.ids = [list(tokenize(p)) for p in self.prompts]
         self.round: int | None = None
@@ -53,7 +60,7 @@ class Validator:
         for i, (prompt, ids) in enumerate(zip(self.prompts, self.ids, strict=True)):
             gid = f"val{at_step}:{i}"
             req = GenerateRequest(kind="val", step=at_step, group_id=gid, prompt=prompt, prompt_ids=ids,
-                                  samples=[SampleSeed(sample_id=f"{gid}:0", seed=eval_seed(v.seed, i))],
+                                  samples=[SampleSeed(sample_id=f"{gid}:{self.nonce}", seed=eval_seed(v.seed, i))],
                                   num_steps=v.numSteps, window=[], noise_level=0.0,
                                   shift=self.spec.algorithm.sampling.shift,
                                   guidance_scale=self.spec.algorithm.sampling.guidanceScale)
@@ -61,7 +68,7 @@ class Validator:
 
     def record(self, score: ScoreMeta, tensor_key: str | None) -> None:
         """File a validation score (ignores leftovers of an earlier round)."""
-        if self.round is None or score.step != self.round:
+        if self.round is None or score.step != self.round or score.sample_id.rsplit(":", 1)[1] != str(self.nonce):
             if tensor_key:
                 self.queue.delete_tensors([tensor_key])
             return
@@ -93,5 +100,8 @@ class Validator:
             "val_background_darkness": background_darkness(images),
             "val_seconds": time.time() - self.t0, "grid": str(grid),
         }
+        for name in self.scores[0].rewards:  # each component's raw mean, e.g. val_reward_ocr
+            parts = [s.rewards[name] for s in self.scores.values() if name in s.rewards]
+            summary[f"val_reward_{name}"] = sum(parts) / len(parts)
         self.round = None
         return summary

@@ -3,8 +3,9 @@
 An embedded `redis-server` when the manifest names none; each role (rollout ×R, reward ×R, actor,
 controller) as its own process running `omnirl role …` — exactly what a pod runs — placed by Ray
 (a local instance by default, `--ray-address` for a cluster) or as plain subprocesses
-(`--no-ray`). Logs stream with a role prefix; a progress bar follows `OUT/metrics.jsonl`. Ctrl-C
-or a failing role stops everything; the exit code is non-zero and names the role and reason.
+(`--no-ray`). Logs stream with a role prefix; a progress bar follows `OUT/metrics.jsonl`. Roles
+are supervised per `failurePolicy` (`omnirl.launch.supervise`); Ctrl-C or a failure the policy
+gives up on stops everything; the exit code is non-zero and names the role and reason.
 
 Outputs: `OUT/job.yaml` (the resolved manifest the roles read), `OUT/metrics.jsonl`,
 `OUT/samples/step-*.png`, `OUT/checkpoints/latest/`, `OUT/ledger/`, `OUT/logs/<role>.log`.
@@ -16,18 +17,17 @@ import argparse
 import json
 import os
 import signal
-import sys
-import time
 from pathlib import Path
 
 import yaml
 
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.spec import RLJob
-from omnirl.launch.placement import Placement, describe, place, weight_sync_backend
-from omnirl.launch.procs import RoleProcess, start_role
-from omnirl.launch.progress import Progress, validation_table
+from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
+from omnirl.launch.procs import start_role
+from omnirl.launch.progress import validation_table
 from omnirl.launch.servers import JudgeFailed, check_local, start_judges, stop_judges
+from omnirl.launch.supervise import Supervisor
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
 
@@ -69,8 +69,8 @@ def main(args: argparse.Namespace) -> int:
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
     redis, judges = None, []
     redis_url = job.spec.transferQueue.redisUrl
-    if not redis_url:
-        redis = start_redis_server(dir=str(out / "redis"))
+    if not redis_url:  # AOF on: the supervisor restarts it on the same port and directory if it dies
+        redis = start_redis_server(dir=str(out / "redis"), aof=True)
         redis_url = redis.url
     queue = TransferQueue.from_url(redis_url, job.metadata.name)
     if not args.resume:
@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
         for flag in ("stop", "actor_ready"):
             queue.redis.delete(f"omnirl:{job.metadata.name}:kv:{flag}")
     sync_port, dist_port = free_port(), free_port()
-    procs: list[RoleProcess] = []
+    supervisor = None
     ray_ctx = None
     if not args.no_ray:
         from omnirl.launch.procs import init_ray
@@ -88,23 +88,38 @@ def main(args: argparse.Namespace) -> int:
     print(f"omnirl: job {job.metadata.name} → {out} (redis {redis_url}, {'ray' if ray_ctx else 'subprocesses'})",
           flush=True)
     print(describe(placements, backend), flush=True)
+    where = {(p.role, p.index): p for p in placements}
+
+    def start(role: str, index: int, resume: str):
+        env = role_env(job, where[role, index], redis_url=redis_url, sync_port=sync_port, out=out,
+                       resume=args.resume, steps=args.steps, dist_port=dist_port, sync_backend=backend)
+        env["OMNIRL_RESUME"] = resume
+        return start_role(role, index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None)
+
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         judges, wired = start_judges(job, out / "logs")  # reward[].server: local processes, URLs wired in
         (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
-        for p in placements:
-            env = role_env(job, p, redis_url=redis_url, sync_port=sync_port, out=out, resume=args.resume,
-                           steps=args.steps, dist_port=dist_port, sync_backend=backend)
-            procs.append(start_role(p.role, p.index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None))
-        code = _supervise(procs, queue, out, job, args.steps or job.spec.algorithm.steps)
+        supervisor = Supervisor(job, role_plan(job), start, queue, out, args.steps or job.spec.algorithm.steps,
+                                resume="1" if args.resume else "0", redis=redis)
+        code = supervisor.run()
+        redis = supervisor.redis  # it may have restarted the server
+        if code == 0:
+            queue.set_json("stop", True)  # the controller set it already; every role exits 0
+            supervisor.stop_all(grace_s=20.0)
     except KeyboardInterrupt:
-        print("omnirl: interrupted — stopping every role", flush=True)
+        print("omnirl: interrupted — stopping every role (the actor writes a checkpoint; --resume continues)",
+              flush=True)
         code = 130
     except JudgeFailed as err:
         print(f"omnirl: {err}", flush=True)
         code = 1
     finally:
-        queue.set_json("stop", True)
-        _stop_all(procs)
+        signal.signal(signal.SIGTERM, old)
+        if supervisor is not None:
+            redis = supervisor.redis
+            supervisor.stop_all()
+            supervisor.close()
         stop_judges(judges)
         queue.close()
         if redis is not None:
@@ -113,49 +128,8 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
-def _supervise(procs: list[RoleProcess], queue: TransferQueue, out: Path, job: RLJob, total: int) -> int:
-    controller = next(p for p in procs if p.role == "controller")
-    progress = Progress(out / "metrics.jsonl", total)
-    old = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        while True:
-            for p in procs:
-                p.pump_logs(sys.stdout)
-            progress.update()
-            code = controller.poll()
-            if code is not None:
-                progress.close()
-                if code != 0:
-                    print(f"omnirl: role controller failed (exit {code}): {controller.last_error()}", flush=True)
-                return code
-            for p in procs:
-                c = p.poll()
-                if c is None or p is controller or (c == 0 and queue.get_json("stop")):
-                    continue  # running, or finished because the controller ended the job
-                progress.close()
-                why = p.last_error() if c else "exited before the job finished"
-                print(f"omnirl: role {p.name} failed (exit {c}): {why}", flush=True)
-                if c < 0:  # killed by signal N: 128 + N, as a shell reports it
-                    return 128 - c
-                return c or 1
-            time.sleep(0.2)
-    finally:
-        signal.signal(signal.SIGTERM, old)
-
-
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the job like Ctrl-C
-
-
-def _stop_all(procs: list[RoleProcess], grace_s: float = 20.0) -> None:
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-        for p in procs:
-            p.pump_logs(sys.stdout)
-        time.sleep(0.2)
-    for p in procs:
-        p.pump_logs(sys.stdout)
-        p.kill()
 
 
 def _summary(out: Path) -> None:

@@ -53,11 +53,18 @@ class _Child:
             self._reader.join(timeout=2)
         return code
 
-    def kill(self) -> None:
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def send_signal(self, sig: int) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def kill(self, grace_s: float = 5.0) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
@@ -93,18 +100,27 @@ class RoleProcess:
         tail = self._call("get_tail")
         return next((line.strip() for line in reversed(tail) if line.strip()), "no output")
 
-    def kill(self) -> None:
-        """Terminate (then kill) the process."""
-        self._call("kill")
+    def kill(self, grace_s: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after `grace_s` seconds."""
+        self._call("kill", grace_s)
 
-    def _call(self, method: str):
+    @property
+    def pid(self) -> int:
+        """The role's process id (on its node)."""
+        return self._call("pid")
+
+    def send_signal(self, sig: int) -> None:
+        """Send `sig` to the role process (no-op once it exited)."""
+        self._call("send_signal", sig)
+
+    def _call(self, method: str, *args):
         if self._remote:
             import ray
 
-            return ray.get(getattr(self.child, method).remote())
+            return ray.get(getattr(self.child, method).remote(*args))
         if method == "get_tail":
             return list(self.child.tail)
-        return getattr(self.child, method)()
+        return getattr(self.child, method)(*args)
 
 
 def init_ray(address: str | None):
@@ -141,8 +157,14 @@ def _role_host_class():
         def get_tail(self) -> list[str]:
             return list(self.child.tail)
 
-        def kill(self) -> None:
-            self.child.kill()
+        def kill(self, grace_s: float = 5.0) -> None:
+            self.child.kill(grace_s)
+
+        def pid(self) -> int:
+            return self.child.pid()
+
+        def send_signal(self, sig: int) -> None:
+            self.child.send_signal(sig)
 
     return RoleHost
 

@@ -3,6 +3,12 @@
 It reads the job manifest and the OMNIRL_* environment (`omnirl.api.runtime.RoleEnv`), serves the
 gRPC health service and `/metrics` when their ports are set, runs the role's service, and exits
 0 when the job finished or non-zero with the reason as its last stderr line.
+
+`OMNIRL_RESUME`: `1` resume from the latest checkpoint (an error without one), `auto` resume when a
+complete checkpoint exists and start fresh otherwise (what pods and the local supervisor's restarts
+use), `0` or unset start fresh. SIGTERM asks the service to finish or hand back its work (the actor
+writes a checkpoint) and exits 143; the health service reports NOT_SERVING once the role's main
+loop has not beaten for `failurePolicy.progressDeadlineSeconds`.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
+from pathlib import Path
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from omnirl.api.loader import load_rljob
@@ -78,27 +86,58 @@ def with_redis_password(url: str, password: str | None) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"))
 
 
-def run_role(role: str, job_path: str, *, resume: bool = False, steps: int | None = None) -> int:
-    """Run one role to completion in this process; returns the exit code."""
+RESUME_MODES = ("0", "1", "auto")
+# the controller's exit status when the job itself failed (every group of a step failed, a role
+# reported a failure): restarting cannot help, so the supervisor stops the job at once
+JOB_FAILED_EXIT = 3
+
+
+def resume_mode(value: str | None) -> str:
+    """`OMNIRL_RESUME` → "0", "1" or "auto"; raises ValueError naming the variable otherwise."""
+    value = (value or "0").strip().lower()
+    if value not in RESUME_MODES:
+        raise ValueError(f"OMNIRL_RESUME={value!r}: expected 0, 1 or auto (resume when a complete checkpoint exists)")
+    return value
+
+
+def should_resume(mode: str, checkpoint_root: Path) -> bool:
+    """Whether this role process resumes: `1` always (the service then errors without a
+    checkpoint), `auto` when `checkpoint_root/latest` is complete, `0` never."""
+    from omnirl.actor.checkpoint import has_checkpoint
+
+    return mode == "1" or (mode == "auto" and has_checkpoint(checkpoint_root))
+
+
+def run_role(role: str, job_path: str, *, resume: bool | str = False, steps: int | None = None) -> int:
+    """Run one role to completion in this process; returns the exit code (143 after SIGTERM)."""
     job = load_rljob(job_path)
     env = RoleEnv.from_environ()
     env = dataclasses.replace(env, redis_url=with_redis_password(env.redis_url, os.environ.get("REDIS_PASSWORD")))
     env = _setup(env, role)
+    mode = resume if isinstance(resume, str) else ("1" if resume else "0")
+    resume = should_resume(mode, Path(env.out_dir) / job.spec.checkpoint.dir)
     health = None
     if env.health_port:
         from omnirl.telemetry.health import HealthServer
 
         health = HealthServer(env.health_port)
     service = _build(role, job, env, resume=resume, steps=steps)
+    old = signal.signal(signal.SIGTERM, lambda signum, frame: service.terminate())
     if health:
+        deadline = job.spec.failurePolicy.progressDeadlineSeconds
+        health.set_liveness(lambda: service.heartbeat.age_s() <= deadline)
         health.set_serving(True)
     try:
         result = service.run()
+        if service.terminated:
+            print(f"omnirl role {role}: stopped by SIGTERM, work handed back", file=sys.stderr, flush=True)
+            return 143
         if role == "controller":
             service.stop()
             print(json.dumps({"event": "controller-finished", **(result or {})}), flush=True)
         return 0
     finally:
+        signal.signal(signal.SIGTERM, old)
         if health:
             health.stop()
         service.close()
@@ -126,7 +165,7 @@ def _build(role: str, job, env: RoleEnv, *, resume: bool, steps: int | None):
 
 def main(args: argparse.Namespace) -> int:
     """CLI adapter for `omnirl role`."""
-    resume = os.environ.get("OMNIRL_RESUME") == "1"
+    resume = resume_mode(os.environ.get("OMNIRL_RESUME"))
     steps = int(os.environ["OMNIRL_STEPS"]) if os.environ.get("OMNIRL_STEPS") else None
     if args.out:
         os.environ["OMNIRL_OUT"] = args.out
@@ -135,6 +174,9 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as err:
+        if args.role == "controller" and type(err).__name__ == "JobFailed":  # a verdict, not a crash
+            print(f"omnirl role controller: the job failed: {err}", file=sys.stderr, flush=True)
+            return JOB_FAILED_EXIT
         logging.getLogger("omnirl").exception("role %s failed", args.role)
         print(f"omnirl role {args.role} failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         return 1

@@ -7,6 +7,10 @@ and its failure is recorded in the score's `reason`.
 
 In `sync` pipeline mode a training sample of step n is scored only once every rollout of step n
 exists (the baseline: reward starts after all rollouts).
+
+A restarted worker first scores its predecessor's pending samples (same worker id); SIGTERM lets
+the batch in hand finish, then `run` returns. Scores are published with `done_kind="reward"`, so a
+sample is scored once however often it is delivered.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from omnirl.api.spec import GROUP_KINDS, RewardSpec, RLJob
 from omnirl.reward.base import Outcome, Scorer, score_each
 from omnirl.reward.registry import build_scorer
 from omnirl.transfer import Message, TransferQueue, kv_key
+from omnirl.transfer.heartbeat import Heartbeat
 
 log = logging.getLogger("omnirl.reward")
 GROUP = "reward"
@@ -63,15 +68,27 @@ class RewardService:
         path = Path(env.out_dir) / "ledger" / f"reward-{env.worker_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._ledger = path.open("a", buffering=1)
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "reward", env.worker_id,
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
+        self.terminated = False
+
+    def terminate(self) -> None:
+        """SIGTERM: finish the batch in hand, then return from `run`."""
+        self.terminated = True
 
     def run(self) -> None:
-        """Serve until the `stop` flag is set."""
+        """Serve until the `stop` flag is set (or SIGTERM)."""
         samples = self.queue.streams.samples
         self.queue.ensure_group(samples, GROUP)
-        while not self.queue.get_json("stop"):
-            msgs = self.queue.consume(samples, GROUP, self.env.worker_id, count=self.batch_size, block_ms=200)
+        backlog = self.queue.recover(samples, GROUP, self.env.worker_id)
+        while not self.terminated and not self.queue.get_json("stop"):
+            self.heartbeat.beat()
+            msgs, backlog = backlog[: self.batch_size], backlog[self.batch_size:]
+            if not msgs:
+                msgs = self.queue.consume(samples, GROUP, self.env.worker_id, count=self.batch_size, block_ms=200)
             if msgs:
                 self.score_batch(msgs)
+                self.heartbeat.beat(progressed=True)
 
     def score_batch(self, msgs: list[Message]) -> None:
         """Score messages from the samples stream, publish their scores, acknowledge them."""
@@ -114,8 +131,9 @@ class RewardService:
             raw = self.queue.redis.get(kv_key(self.env.job_name, f"generated:{step}"))
             if expected is not None and raw is not None and int(raw) >= int(expected):
                 return
-            if self.queue.get_json("stop"):
+            if self.queue.get_json("stop") or self.terminated:
                 return
+            self.heartbeat.beat()
             if time.monotonic() - start > timeout_s:
                 raise TimeoutError(f"sync mode: rollouts of step {step} incomplete after {timeout_s} s")
             time.sleep(0.02)

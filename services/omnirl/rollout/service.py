@@ -8,6 +8,12 @@ no sample mixes two weight versions), binds the new weights, verifies them, and 
 
 Exactly-once effect: samples are published with `done_kind="rollout"`, so a request redelivered
 after a crash publishes only what was missing; seeds make the regenerated samples identical.
+
+Restarts: a worker reads no request before it has bound the actor's current weights (a restarted
+worker must never sample with the base model), then first takes back its own pending requests
+(a predecessor with the same worker id). SIGTERM: it stops at the next engine step and exits; its
+unfinished requests stay pending (handed back): a successor with the same worker id takes them
+at once, another replica after `claimIdleSeconds`. Samples already published are never redone.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.types import SampleRequest, SampleResult
 from omnirl.transfer import TransferQueue, kv_key
+from omnirl.transfer.heartbeat import Heartbeat
 from omnirl.weight_sync import WeightReceiver
 
 log = logging.getLogger("omnirl.rollout")
@@ -59,18 +66,34 @@ class RolloutService:
         self._lease_every = spec.transferQueue.claimIdleSeconds / 3
         self._last_lease = time.monotonic()
         self.ledger = _Ledger(Path(env.out_dir) / "ledger" / f"rollout-{env.worker_id}.jsonl")
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id,
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
+        self.terminated = False
+        self._bound = False
+
+    def terminate(self) -> None:
+        """SIGTERM: stop at the next engine step, leave unfinished requests pending, return from `run`."""
+        self.terminated = True
 
     def run(self) -> None:
         """Serve until the job's `stop` flag is set; raises on a weight-binding failure."""
         streams = self.queue.streams
         self.queue.ensure_group(streams.requests, GROUP)
-        while not self.queue.get_json("stop"):
+        while not self.terminated and not self.queue.get_json("stop"):
+            self.heartbeat.beat()
             if self.receiver.pending_version() is not None:
                 self._drain()
                 report = self.receiver.receive(self.engine.adapter.module)
                 self.engine.set_policy_version(report.version)
                 log.info("bound weights v%d: %d modules, %d tensors", report.version, report.modules_updated,
                          report.tensors_updated)
+                if not self._bound:  # a predecessor's requests (same worker id) come back first
+                    self._bound = True
+                    for msg in self.queue.recover(streams.requests, GROUP, self.env.worker_id):
+                        self._submit(msg.id, GenerateRequest.model_validate(msg.meta))
+                continue
+            if not self._bound:
+                time.sleep(0.05)
                 continue
             if len(self.engine.waiting) < self.engine.max_batch_size:
                 block = 0 if self.engine.has_work() else 200
@@ -79,7 +102,8 @@ class RolloutService:
             if self.engine.has_work():
                 self._publish(self.engine.step())
             self._renew_leases()
-        self._drain()
+        if not self.terminated:
+            self._drain()  # every request in flight is finished, published and acknowledged
 
     def _renew_leases(self) -> None:
         """Keep the requests in progress ours: a slow step must not let another worker reclaim them."""
@@ -91,6 +115,7 @@ class RolloutService:
         while self.engine.has_work():
             self._publish(self.engine.step())
             self._renew_leases()
+            self.heartbeat.beat()
 
     def _submit(self, entry_id: str, req: GenerateRequest) -> None:
         if entry_id in self.pending:  # redelivered to us while we still work on it
@@ -121,6 +146,7 @@ class RolloutService:
             tensors = {"image": r.image, "x0": r.x0, "latents": r.latents, "log_probs": r.log_probs,
                        "sigmas": r.sigmas}
             published = self.queue.publish(self.queue.streams.samples, meta, tensors, done_kind="rollout")
+            self.heartbeat.beat(progressed=True)
             if published is not None:
                 self.ledger.write(r.request.sample_id, r.policy_version)
                 if m["kind"] == "train":

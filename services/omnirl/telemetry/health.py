@@ -1,11 +1,32 @@
-"""The standard gRPC health service (grpc.health.v1), for Kubernetes gRPC probes."""
+"""The standard gRPC health service (grpc.health.v1), for Kubernetes gRPC probes.
+
+Readiness is set by the role (`set_serving`); liveness follows the role's main loop: with
+`set_liveness(check)`, every Check answers NOT_SERVING while `check()` is false (the loop has not
+beaten for `failurePolicy.progressDeadlineSeconds`), so the kubelet's liveness probe restarts a
+hung role — a thread answering probes alone does not keep it alive.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+
+class _LiveHealthServicer(health.HealthServicer):
+    """HealthServicer whose SERVING answers are vetoed by a liveness check."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.live: Callable[[], bool] = lambda: True
+
+    def Check(self, request, context):  # noqa: N802 - the gRPC method name
+        reply = super().Check(request, context)
+        if reply.status == health_pb2.HealthCheckResponse.SERVING and not self.live():
+            return health_pb2.HealthCheckResponse(status=health_pb2.HealthCheckResponse.NOT_SERVING)
+        return reply
 
 
 class HealthServer:
@@ -16,7 +37,7 @@ class HealthServer:
     """
 
     def __init__(self, port: int) -> None:
-        self.servicer = health.HealthServicer()
+        self.servicer = _LiveHealthServicer()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, self.server)
         self.port = self.server.add_insecure_port(f"[::]:{port}")
@@ -27,6 +48,10 @@ class HealthServer:
         """SERVING once the role is ready; NOT_SERVING while it starts or after it failed."""
         status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
         self.servicer.set("", status)
+
+    def set_liveness(self, check: Callable[[], bool]) -> None:
+        """`check()` → False makes every Check answer NOT_SERVING (called on each probe; keep it cheap)."""
+        self.servicer.live = check
 
     def stop(self) -> None:
         """Stop serving at once."""

@@ -81,7 +81,8 @@ class StatusReporter:
         return cls(env.get("OMNIRL_NAMESPACE", ""), env.get("OMNIRL_JOB_NAME", ""))
 
     def report(self, step: int | None = None, reward_mean: float | None = None,
-               policy_version: int | None = None, last_checkpoint: str | None = None) -> bool:
+               policy_version: int | None = None, last_checkpoint: str | None = None,
+               stalled: str | None = None) -> bool:
         """Send the given fields (plus any left over from a failed report); ``None`` means unchanged.
 
         Args:
@@ -89,6 +90,7 @@ class StatusReporter:
             reward_mean: mean reward of the last step's batch (finite; sent rounded to 4 decimals).
             policy_version: policy version the rollout workers hold (>= 0).
             last_checkpoint: path of the last saved checkpoint.
+            stalled: the roles without a recent heartbeat and why ("" once all beat again).
 
         Returns:
             True when the API server accepted the patch; False when it failed (logged, counted in
@@ -99,7 +101,7 @@ class StatusReporter:
                 transient failure).
         """
         fields = {"step": step, "rewardMean": reward_mean, "policyVersion": policy_version,
-                  "lastCheckpoint": last_checkpoint}
+                  "lastCheckpoint": last_checkpoint, "stalled": stalled}
         for key in ("step", "policyVersion"):
             if fields[key] is not None and (not isinstance(fields[key], int) or fields[key] < 0):
                 raise ValueError(f"{key} must be an int >= 0, got {fields[key]!r}")

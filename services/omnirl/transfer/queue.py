@@ -24,6 +24,8 @@ from typing import Any
 
 import redis
 import torch
+from redis.backoff import ExponentialWithJitterBackoff
+from redis.retry import Retry
 
 from omnirl.transfer import _scripts
 from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, encode_tensors
@@ -96,9 +98,14 @@ class TransferQueue:
         self._owns_client = False
 
     @classmethod
-    def from_url(cls, url: str, job: str, **kwargs: Any) -> TransferQueue:
-        """Connect to ``url`` (``redis://host:port/db``); :meth:`close` closes this client."""
-        queue = cls(redis.Redis.from_url(url, decode_responses=False), job, **kwargs)
+    def from_url(cls, url: str, job: str, *, reconnect_s: float = 120.0, **kwargs: Any) -> TransferQueue:
+        """Connect to ``url`` (``redis://host:port/db``); :meth:`close` closes this client.
+
+        Every command is retried on connection errors, timeouts and "loading the dataset" with
+        exponential backoff (50 ms doubling to 2 s, jittered) for about ``reconnect_s`` seconds, so a
+        Redis restart (AOF replay) is ridden out; after that the error is raised.
+        """
+        queue = cls(redis_client(url, reconnect_s), job, **kwargs)
         queue._owns_client = True
         return queue
 
@@ -299,6 +306,33 @@ class TransferQueue:
             self._check_key("tensor key", key)
         return int(self.redis.unlink(*keys)) if keys else 0
 
+    def recover(self, stream: str, group: str, consumer: str, count: int = 1000) -> list[Message]:
+        """This consumer's own pending entries (XREADGROUP id ``0``): the work a previous process
+        with the same consumer name (a restarted replica) had read and not acknowledged."""
+        self._check_key("stream", stream)
+        if (stream, group) not in self._groups:
+            self.ensure_group(stream, group)
+        reply = self.redis.xreadgroup(group, consumer, {stream: "0"}, count=count)
+        return [self._message(stream, entry_id, fields, 2)
+                for _name, entries in reply or [] for entry_id, fields in entries if fields]
+
+    def take_over(self, stream: str, group: str, consumer: str) -> list[Message]:
+        """Move every pending entry of ``group`` to ``consumer`` at once (XAUTOCLAIM, idle >= 0).
+
+        For a group with a single consumer (the controller): its predecessor is dead, so there is
+        no reason to wait ``claim_idle_s``.
+        """
+        self._check_key("stream", stream)
+        if (stream, group) not in self._groups:
+            self.ensure_group(stream, group)
+        out, cursor = [], "0-0"
+        while True:
+            reply = self.redis.xautoclaim(stream, group, consumer, min_idle_time=0, start_id=cursor, count=1000)
+            out += [self._message(stream, entry_id, fields, 2) for entry_id, fields in reply[1] if fields]
+            cursor = _s(reply[0])
+            if cursor == "0-0":
+                return out
+
     def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> None:
         """Renew the lease on entries this consumer is still working on (XCLAIM JUSTID, idle → 0),
         so a live consumer's long work is not reclaimed by another after ``claim_idle_s``."""
@@ -427,3 +461,12 @@ class TransferQueue:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def redis_client(url: str, reconnect_s: float = 120.0) -> redis.Redis:
+    """A bytes client for ``url`` that rides out a Redis restart (see :meth:`TransferQueue.from_url`)."""
+    retries = max(1, int(reconnect_s) + 6)  # 50 ms … 2 s jittered (≈ 1 s each): ~6 quick tries, then ~1 s each
+    # the builtin ConnectionError (refused, reset) too: redis-py retries a failed connect with these
+    errors = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, TimeoutError)
+    retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=2.0), retries, supported_errors=errors)
+    return redis.Redis.from_url(url, decode_responses=False, retry=retry, retry_on_error=list(errors))

@@ -1,7 +1,10 @@
 """Start a throw-away ``redis-server`` process: the embedded Redis of local mode and of the tests.
 
-The server keeps nothing on disk (``--save '' --appendonly no``), listens on 127.0.0.1 only, and
-writes its log to ``{dir}/redis-{port}.log``. ``start_redis_server`` returns only once the server
+By default the server keeps nothing on disk (``--save '' --appendonly no``); with ``aof=True`` (the
+local launcher's embedded Redis) it logs every write to an append-only file in ``dir`` and fsyncs
+it per write (``appendfsync always``), so a server restarted on the same ``dir`` — even after
+SIGKILL — comes back with every stream, consumer group and marker. It listens on 127.0.0.1 only
+and writes its log to ``{dir}/redis-{port}.log``. ``start_redis_server`` returns only once the server
 answers PING, and raises with the log's tail when it does not.
 """
 
@@ -110,11 +113,12 @@ def _log_tail(path: Path, lines: int = 20) -> str:
 
 
 def _launch(
-    binary: str, port: int, workdir: Path, extra_args: Sequence[str], die_with_parent: bool
+    binary: str, port: int, workdir: Path, extra_args: Sequence[str], die_with_parent: bool, aof: bool = False
 ) -> tuple[subprocess.Popen, Path]:
     log_path = workdir / f"redis-{port}.log"
+    persistence = ["--appendonly", "yes", "--appendfsync", "always"] if aof else ["--appendonly", "no"]
     cmd = [
-        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence,
         "--dir", str(workdir), "--daemonize", "no", "--logfile", "", *extra_args,
     ]
     with open(log_path, "ab") as log:
@@ -158,9 +162,10 @@ def start_redis_server(
     port: int | None = None,
     dir: str | None = None,
     *,
-    timeout_s: float = 10.0,
+    timeout_s: float = 30.0,
     extra_args: Sequence[str] = (),
     die_with_parent: bool = True,
+    aof: bool = False,
 ) -> RedisServer:
     """Start ``redis-server`` on 127.0.0.1 and wait until it answers PING.
 
@@ -171,6 +176,8 @@ def start_redis_server(
             :meth:`RedisServer.stop` removes.
         timeout_s: seconds to wait for PING before giving up.
         extra_args: more ``redis-server`` arguments, e.g. ``("--maxmemory", "2gb")``.
+        aof: persist every write to an append-only file in ``dir`` (fsync per write); a server
+            started again on the same ``dir`` reloads it.
         die_with_parent: on Linux, the server gets SIGTERM when the thread that started it exits
             (so a crashed launcher leaves nothing behind); start it from the main thread.
 
@@ -191,7 +198,7 @@ def start_redis_server(
     attempts = 5 if port is None else 1
     for attempt in range(attempts):
         chosen = free_port() if port is None else port
-        process, log_path = _launch(binary, chosen, workdir, extra_args, die_with_parent)
+        process, log_path = _launch(binary, chosen, workdir, extra_args, die_with_parent, aof)
         try:
             _wait_ready(process, f"redis://127.0.0.1:{chosen}/0", log_path, timeout_s)
         except RedisServerError:

@@ -1,0 +1,232 @@
+"""The local launcher's supervisor: it heals roles the way Kubernetes would, per `failurePolicy`.
+
+A role replica fails when its process exits before the job finished (a crash, SIGKILL, SIGTERM)
+or when its heartbeat in Redis is older than `progressDeadlineSeconds` (a hung or SIGSTOPped
+process: it is SIGKILLed first). Then, per `spec.failurePolicy.{role}`:
+
+- `restart-role` (rollout, reward by default): that replica is started again with the same worker
+  id; it takes back its own pending entries, rejoins the weight broadcast and gets the current
+  version (`WeightSender.serve_new_members`). Like a Deployment.
+- `restart-job` (actor, controller by default): every role is stopped (SIGTERM, the actor writes a
+  checkpoint, SIGKILL after `terminationGracePeriodSeconds`) and started again with
+  `OMNIRL_RESUME=auto`: the actor continues from the latest checkpoint and replays the handed-over
+  batches after it, the controller from the actor's state, reusing the scored groups in Redis.
+- `fail-job`: the job stops with the role's exit code.
+
+A controller that exits with `JOB_FAILED_EXIT` (the job itself failed: a required scorer is down,
+every group of a step failed) stops the job at once: restarting cannot help.
+
+Each replica's restarts and the job's restarts count against `maxRestarts` separately; one more
+fails the job. The embedded Redis (AOF) is restarted on its port and directory when it dies.
+Every action is printed (`omnirl: …`) and appended to `OUT/events.jsonl`; `OUT/roles.json` names
+the current process ids (the chaos suite reads it).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from omnirl.api.spec import RLJob
+from omnirl.launch.procs import RoleProcess
+from omnirl.launch.progress import Progress
+from omnirl.launch.roles import JOB_FAILED_EXIT
+from omnirl.transfer import RedisServer, TransferQueue, start_redis_server
+from omnirl.transfer.heartbeat import read_heartbeats
+
+STATELESS_GRACE_S = 3.0
+# (role, index, OMNIRL_RESUME) -> a started role process
+StartRole = Callable[[str, int, str], RoleProcess]
+
+
+class JobFailure(Exception):
+    """The failure policy gave up: `code` is the launcher's exit code, `reason` names role and cause."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code, self.reason = code, reason
+
+
+class Supervisor:
+    """Runs one local job's roles until the controller finishes.
+
+    Args:
+        job: the RLJob (its `failurePolicy`).
+        plan: (role, index) of every process, controller last (`placement.role_plan`).
+        start: starts one role process with an `OMNIRL_RESUME` value.
+        queue: the job's TransferQueue (stop flag, heartbeats).
+        out: the run directory (`events.jsonl`, `roles.json`, `metrics.jsonl`).
+        total_steps: for the progress bar.
+        resume: `OMNIRL_RESUME` of the first start ("1" with `--resume`, else "0").
+        redis: the embedded Redis to keep alive, or None for an external one.
+    """
+
+    def __init__(self, job: RLJob, plan: list[tuple[str, int]], start: StartRole, queue: TransferQueue, out: Path,
+                 total_steps: int, resume: str = "0", redis: RedisServer | None = None) -> None:
+        self.job, self.plan, self.start, self.queue, self.out = job, plan, start, queue, out
+        self.policy = job.spec.failurePolicy
+        self.redis = redis
+        self.progress = Progress(out / "metrics.jsonl", total_steps)
+        self.procs: dict[str, RoleProcess] = {}
+        self.restarts: dict[str, int] = {}  # replica name or "job" → restarts so far
+        self._resume = resume
+        self._last_beats = 0.0
+        self._events = (out / "events.jsonl").open("a", buffering=1)
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        # its own thread: the main loop may sit in a Redis call retrying while the server is down
+        self._watchdog = threading.Thread(target=self._watch_redis, daemon=True)
+        self._watchdog.start()
+
+    # ------------------------------------------------------------------ lifecycle
+    def run(self) -> int:
+        """Start every role and supervise until the job finishes; returns the exit code."""
+        for role, index in self.plan:
+            self.procs[f"{role}-{index}"] = self.start(role, index, self._resume)
+        self._write_pids()
+        try:
+            while True:
+                self._pump()
+                done = self._check_exits()
+                if done is not None:
+                    return done
+                self._check_heartbeats()
+                time.sleep(0.2)
+        except JobFailure as failure:
+            print(f"omnirl: {failure.reason}", flush=True)
+            return failure.code
+        finally:
+            self.progress.close()
+
+    def stop_all(self, grace_s: float | None = None) -> None:
+        """SIGTERM every role, SIGKILL what is left after the grace period: the actor gets
+        `terminationGracePeriodSeconds` to write its checkpoint, the others at most
+        `STATELESS_GRACE_S` (their work stays pending in Redis for their successors)."""
+        grace = self.policy.terminationGracePeriodSeconds if grace_s is None else grace_s
+        for p in self.procs.values():
+            p.send_signal(signal.SIGTERM)
+        start = time.monotonic()
+        while any(p.poll() is None and time.monotonic() - start < (grace if p.role == "actor" else
+                                                                     min(grace, STATELESS_GRACE_S))
+                  for p in self.procs.values()):
+            self._pump()
+            time.sleep(0.2)
+        for p in self.procs.values():
+            p.pump_logs(sys.stdout)
+            p.kill(grace_s=0.1)
+
+    def close(self) -> None:
+        """Stop watching Redis, close the events file."""
+        self._closed.set()
+        self._watchdog.join(timeout=5)
+        self._events.close()
+
+    # ------------------------------------------------------------------ checks
+    def _pump(self) -> None:
+        for p in self.procs.values():
+            p.pump_logs(sys.stdout)
+        self.progress.update()
+
+    def _check_exits(self) -> int | None:
+        """The job's exit code once the controller finished; handles every other exit."""
+        controller = self.procs["controller-0"]
+        code = controller.poll()
+        if code == 0:
+            return 0
+        if code == JOB_FAILED_EXIT:
+            raise JobFailure(code, f"role controller failed: {controller.last_error()}")
+        if code is not None:
+            self._failed(controller, f"exit {_describe(code)}: {controller.last_error()}", code)
+            return None
+        for p in list(self.procs.values()):
+            c = p.poll()
+            if c is None or (c == 0 and self.queue.get_json("stop")):
+                continue  # running, or finished because the controller ended the job
+            why = p.last_error() if c else "exited before the job finished"
+            self._failed(p, f"exit {_describe(c)}: {why}", c)
+            return None
+        return None
+
+    def _check_heartbeats(self, every_s: float = 2.0) -> None:
+        if time.monotonic() - self._last_beats < every_s:
+            return
+        self._last_beats = time.monotonic()
+        beats = read_heartbeats(self.queue.redis, self.job.metadata.name)
+        deadline = self.policy.progressDeadlineSeconds
+        now = time.time()
+        for name, p in list(self.procs.items()):
+            beat = beats.get(name)
+            if beat is None or beat["pid"] != p.pid or p.poll() is not None:
+                continue  # still starting (no beat of this process yet), or already handled as an exit
+            age = now - beat["t"]
+            if age > deadline:
+                p.send_signal(signal.SIGKILL)
+                self._failed(p, f"no progress for {age:.0f} s (progressDeadlineSeconds={deadline:g})", 137)
+                return
+
+    def _watch_redis(self) -> None:
+        while not self._closed.wait(0.2):
+            if self.redis is None or self.redis.alive():
+                continue
+            code = self.redis.process.returncode
+            self._event("redis", f"redis-server exited ({_describe(code)})", "restart-redis")
+            self.redis = start_redis_server(port=self.redis.port, dir=str(self.redis.dir), aof=True,
+                                            die_with_parent=False)
+            self._write_pids()
+
+    # ------------------------------------------------------------------ actions
+    def _failed(self, p: RoleProcess, reason: str, code: int) -> None:
+        action = getattr(self.policy, p.role)
+        scope = "job" if action == "restart-job" else p.name
+        used = self.restarts.get(scope, 0)
+        if action == "fail-job":
+            raise JobFailure(_exit_code(code), f"role {p.name} failed ({reason}); failurePolicy.{p.role}=fail-job")
+        if used >= self.policy.maxRestarts:
+            raise JobFailure(_exit_code(code), f"role {p.name} failed ({reason}); {scope} restarted "
+                                               f"{used} times already (failurePolicy.maxRestarts={self.policy.maxRestarts})")
+        self.restarts[scope] = used + 1
+        self._event(p.name, reason, action, restarts=used + 1)
+        if action == "restart-role":
+            p.kill(grace_s=0.1)
+            self.procs[p.name] = self.start(p.role, p.index, "auto")
+        else:
+            self.stop_all()
+            for flag in ("stop", "actor_ready"):
+                self.queue.redis.delete(f"omnirl:{self.job.metadata.name}:kv:{flag}")
+            for role, index in self.plan:
+                self.procs[f"{role}-{index}"] = self.start(role, index, "auto")
+        self._write_pids()
+
+    def _event(self, who: str, reason: str, action: str, restarts: int = 0) -> None:
+        limit = f" ({restarts}/{self.policy.maxRestarts})" if restarts else ""
+        print(f"omnirl: {who}: {reason} → {action}{limit}", flush=True)
+        with self._lock:
+            self._events.write(json.dumps({"time": time.time(), "role": who, "reason": reason, "action": action,
+                                           "restarts": restarts}) + "\n")
+
+    def _write_pids(self) -> None:
+        with self._lock:
+            pids = {name: p.pid for name, p in list(self.procs.items())}
+            if self.redis is not None:
+                pids["redis"] = self.redis.pid
+            tmp = self.out / ".roles.json.tmp"
+            tmp.write_text(json.dumps(pids))
+            tmp.replace(self.out / "roles.json")
+
+
+def _describe(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"signal {signal.Signals(-code).name}"
+    return str(code)
+
+
+def _exit_code(code: int) -> int:
+    """A role's exit status as the launcher's: killed by signal N → 128 + N, as a shell reports it."""
+    if code < 0:
+        return 128 - code
+    return code or 1

@@ -1,0 +1,146 @@
+"""Durability pieces against real parts: atomic checkpoints, OMNIRL_RESUME, taking over a dead
+consumer's entries, heartbeats and the liveness probe, a SIGKILLed Redis coming back with its AOF
+while a client retries, and a successor controller meeting a dead one's refill."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import grpc
+import pytest
+import redis
+import torch
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tests.test_controller_units import request, score
+
+from omnirl.actor.checkpoint import COMPLETE, has_checkpoint, resolve_checkpoint, save_checkpoint
+from omnirl.controller.groups import StepBook, attempt_of, refill_request
+from omnirl.launch.roles import resume_mode, should_resume
+from omnirl.telemetry.health import HealthServer
+from omnirl.transfer import TransferQueue, start_redis_server
+from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
+from omnirl.transfer.queue import redis_client
+
+
+def _save(root, step):
+    t = {"w": torch.full((2,), float(step))}
+    return save_checkpoint(root, step, policy=t, trained=t, old=None, optimizer=({}, {"param_groups": [],
+                           "scalars": {}}), state={"step": step}, keep=2)
+
+
+def test_a_checkpoint_without_its_marker_is_not_resumed(tmp_path):
+    root = tmp_path / "checkpoints"
+    assert not has_checkpoint(root) and not should_resume("auto", root)
+    final = _save(root, 3)
+    assert has_checkpoint(root) and should_resume("auto", root) and (final / COMPLETE).read_text() == "3"
+    (final / COMPLETE).unlink()  # as if the writer died before its last file
+    assert not has_checkpoint(root) and not should_resume("auto", root)
+    with pytest.raises(FileNotFoundError, match="incomplete checkpoint"):
+        resolve_checkpoint(root)
+    assert should_resume("1", root)  # explicit: the actor then fails loudly
+    (root / ".tmp-step-000004-1").mkdir()  # a killed writer's leftovers are removed by the next save
+    _save(root, 4)
+    assert not list(root.glob(".tmp-*")) and has_checkpoint(root)
+
+
+def test_resume_mode_accepts_0_1_auto_only():
+    assert [resume_mode(v) for v in (None, "0", "1", "AUTO")] == ["0", "0", "1", "auto"]
+    with pytest.raises(ValueError, match="OMNIRL_RESUME"):
+        resume_mode("yes")
+
+
+def test_take_over_and_recover_return_a_dead_consumers_entries(redis_client):
+    q = TransferQueue(redis_client, "dur", claim_idle_s=3600)
+    s = q.streams.scores
+    q.ensure_group(s, "g")
+    ids = [q.publish(s, {"i": i}) for i in range(3)]
+    assert [m.id for m in q.consume(s, "g", "dead", count=3, block_ms=0)] == ids
+    assert [m.meta["i"] for m in q.recover(s, "g", "dead")] == [0, 1, 2]  # a restart with the same name
+    assert q.consume(s, "g", "other", count=3, block_ms=0) == []  # not idle long enough to reclaim
+    taken = q.take_over(s, "g", "successor")
+    assert [m.id for m in taken] == ids and q.pending_count(s, "g") == 3
+    q.ack(s, "g", ids)
+    assert q.take_over(s, "g", "successor") == []
+    q.cleanup()  # the session's Redis is shared: leave no keys of this job
+
+
+def test_heartbeats_name_the_stale_role_and_veto_the_health_probe(redis_client):
+    hb = Heartbeat(redis_client, "dur", "reward", "reward-0", every_s=0.0)
+    hb.beat(progressed=True)
+    beats = read_heartbeats(redis_client, "dur")
+    assert beats["reward-0"]["progress"] == 1 and beats["reward-0"]["pid"] == os.getpid()
+    t = beats["reward-0"]["t"]
+    assert stale_roles(beats, 10.0, now=t + 5) == {}
+    assert stale_roles(beats, 10.0, now=t + 11) == pytest.approx({"reward-0": 11.0})
+    server = HealthServer(0)
+    live = {"ok": True}
+    server.set_liveness(lambda: live["ok"])
+    server.set_serving(True)
+    try:
+        with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            assert stub.Check(health_pb2.HealthCheckRequest(service="")).status == health_pb2.HealthCheckResponse.SERVING
+            live["ok"] = False  # the main loop stopped beating
+            assert stub.Check(health_pb2.HealthCheckRequest(service="")).status == \
+                health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        server.stop()
+        TransferQueue(redis_client, "dur").cleanup()
+
+
+def test_a_sigkilled_redis_comes_back_with_its_aof_and_a_client_rides_it_out(tmp_path):
+    server = start_redis_server(dir=str(tmp_path), aof=True)
+    port = server.port
+    client = redis_client(server.url, reconnect_s=60)
+    q = TransferQueue(client, "aof")
+    q.ensure_group(q.streams.samples, "reward")
+    q.publish(q.streams.samples, {"sample_id": "0:0:0"}, {"x": torch.arange(3)}, done_kind="rollout")
+    os.kill(server.pid, signal.SIGKILL)
+    server.process.wait()
+    restarted = []
+
+    def restart_later():
+        time.sleep(1.0)
+        restarted.append(start_redis_server(port=port, dir=str(tmp_path), aof=True, die_with_parent=False))
+
+    thread = threading.Thread(target=restart_later)
+    thread.start()
+    try:
+        msgs = q.consume(q.streams.samples, "reward", "w", count=4, block_ms=0)  # retried until it is back
+        thread.join()
+        assert [m.meta["sample_id"] for m in msgs] == ["0:0:0"]
+        assert q.load_tensors(msgs[0])["x"].tolist() == [0, 1, 2] and q.is_done("rollout", "0:0:0")
+    finally:
+        thread.join()
+        client.close()
+        for s in [server, *restarted]:
+            s.stop()
+    with pytest.raises(redis.ConnectionError):  # no server: the retries give up and the error is raised
+        redis_client(f"redis://127.0.0.1:{port}/0", reconnect_s=0).ping()
+
+
+def test_a_successor_meets_a_dead_controllers_refill():
+    """The predecessor refilled group 4:7 (attempt 1); its successor, which only knows attempt 0,
+    files an attempt-1 score: the group moves to attempt 1 with the same request, and attempt-0
+    scores are then leftovers whose tensors are deleted."""
+    book = StepBook(4)
+    book.add("4:7", request())
+    book.record(score("4:7:0", "4:7"), "old0")
+    assert attempt_of("4:7") == 0 and attempt_of("4:7r2") == 2
+
+    def refill(b, key, attempt):
+        return refill_request(b.groups[key].request, attempt, seed_base=100 + attempt)
+
+    group = book.record(score("4:7:1r1", "4:7r1"), "new1", refill)
+    assert group is not None and group.attempt == 1 and group.request.group_id == "4:7r1"
+    assert [s.seed for s in group.request.samples] == [101, 102, 103]
+    assert book.leftover_keys == ["old0"] and book.refills == 1
+    assert book.record(score("4:7:2", "4:7"), "old2", refill) is None  # attempt 0: a leftover
+    for i in (0, 2):
+        book.record(score(f"4:7:{i}r1", "4:7r1"), f"new{i}", refill)
+    assert book.complete and sorted(group.tensor_keys.values()) == ["new0", "new1", "new2"]
+    assert json.loads(json.dumps(group.request.model_dump()))["group_id"] == "4:7r1"
