@@ -1,4 +1,4 @@
-"""Shared test helpers: a small real digits model (random weights) and requests for it."""
+"""Shared test helpers: a small real digits model (random weights, every layer live) and requests for it."""
 
 from __future__ import annotations
 
@@ -11,10 +11,23 @@ from omnirl.rollout.types import SampleRequest
 PROMPTS = ['A sign that says "123"', 'A sign that says "98765"', 'A sign that says "4071"']
 
 
-def tiny_adapter(seed: int = 0) -> DigitsAdapter:
-    """The real digits DiT at a small width (d 32, depth 2), random weights."""
+def tiny_adapter(seed: int = 0, *, std: float = 0.05) -> DigitsAdapter:
+    """The real digits DiT at a small width (d 32, depth 2) with random weights that compute something.
+
+    The model zero-initialises its adaLN modulations and output projection (adaLN-Zero), so a
+    freshly built one has velocity exactly 0 and no block or LoRA weight ever gets a gradient: a
+    test on it passes whether the feature it names works or not. Here those layers are redrawn
+    from N(0, std²) with a generator seeded by `seed`, so the velocity depends on x, σ and the
+    prompt and every linear layer gets a gradient. The shipped checkpoint is untouched.
+    """
     torch.manual_seed(seed)
-    return DigitsAdapter(DigitsDiT(DigitsConfig(d_model=32, depth=2, heads=2, mlp_ratio=2)))
+    module = DigitsDiT(DigitsConfig(d_model=32, depth=2, heads=2, mlp_ratio=2))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in [b.modulation for b in module.blocks] + [module.modulation_out, module.out_proj]:
+            layer.weight.copy_(torch.randn(layer.weight.shape, generator=g) * std)
+            layer.bias.copy_(torch.randn(layer.bias.shape, generator=g) * std)
+    return DigitsAdapter(module)
 
 
 def requests(adapter: DigitsAdapter, n_per_prompt: int = 3, *, num_steps: int = 6, window=(1, 2),
