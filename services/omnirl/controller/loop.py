@@ -96,11 +96,24 @@ class Controller:
             self.version = done.policy_version
             stats.update(step_seconds=time.time() - t0, handoff_to_trained_seconds=time.time() - t_handed)
             self.reporter.step(step, self.version, stats, done)
+            self._record_queues()
             if self.validator and self._validation_due(step):
                 self._validate(step + 1)
         if self.validator and not self._validation_due(self.total_steps - 1):
             self._validate(self.total_steps)
         return self.reporter.finished()
+
+    def _record_queues(self) -> None:
+        """Depth (entries held) and lag (not yet delivered to the consumer group) of each data stream,
+        for the pipeline dashboard's queue panels; a group its consumer has not created yet is skipped."""
+        s = self.queue.streams
+        for name, stream, group in (("requests", s.requests, "rollout"), ("samples", s.samples, "reward"),
+                                    ("scores", s.scores, GROUP)):
+            try:
+                lag = self.queue.lag(stream, group)
+            except ValueError:
+                continue
+            self.reporter.meters.record_queue(name, self.queue.stream_length(stream), lag)
 
     # ------------------------------------------------------------------ dispatch
     def _publish_step(self, step: int) -> None:
