@@ -233,7 +233,7 @@ def test_kv_json(redis_client: redis.Redis) -> None:
     assert q.get_json("policy_version") == 4
     assert q.get_json("stop") == {"reason": "done", "step": 10}
     assert 0 < redis_client.pttl("omnirl:test-job:kv:stop") <= 60_000
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="Out of range float values are not JSON compliant"):
         q.set_json("bad", float("nan"))
 
 
