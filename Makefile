@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= runs/demo
 
-.PHONY: install test lint demo demo-flowgrpo bench chart e2e crd clean k8s-tools
+.PHONY: install test lint demo demo-flowgrpo bench chart e2e crd clean k8s-tools mutation
 
 install: $(STAMP) k8s-tools
 
@@ -58,6 +58,11 @@ chart: install
 
 e2e: install
 	$(BIN)/pytest -q e2e
+
+# Mutation testing of omnirl.algorithms and the actor's loss code with mutmut (not in CI; ~1 h on
+# 2 cores). Report: build/mutation/summary.txt, surviving mutants' diffs in survivors-diff.txt.
+mutation: install
+	tools/mutation.sh
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

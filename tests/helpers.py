@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+
 import torch
 
 from omnirl.models.digits.adapter import DigitsAdapter
@@ -40,3 +43,13 @@ def requests(adapter: DigitsAdapter, n_per_prompt: int = 3, *, num_steps: int = 
             out.append(SampleRequest(sample_id=f"0:{p}:{i}", prompt=text, prompt_ids=ids, seed=1000 * p + i,
                                      num_steps=num_steps, window=tuple(window), noise_level=0.7))
     return out
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 60.0, poll_s: float = 0.05):
+    """Poll `condition` until it returns a truthy value and return it; AssertionError naming `what`
+    after `timeout_s` seconds (generous: the shared CI box may stall; only a hang reaches it)."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(poll_s)
+    return value

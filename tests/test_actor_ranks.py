@@ -104,6 +104,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # ~2 min on 2 shared cores
 @pytest.mark.timeout(300)
 def test_two_actor_ranks_train_like_one(tmp_path):
     torch.set_num_threads(1)
