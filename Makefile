@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= runs/demo
 
-.PHONY: install test lint demo demo-flowgrpo bench chart e2e chaos crd clean k8s-tools
+.PHONY: install test lint demo demo-flowgrpo bench chart e2e chaos crd clean k8s-tools mutation
 
 install: $(STAMP) k8s-tools
 
@@ -65,6 +65,11 @@ e2e: install
 # `kills=K generated=G scored=S trained=T lost=L duplicated=D wasted=W`; fails unless lost=0 duplicated=0.
 chaos: install
 	PYTHONPATH=$(CURDIR)/services:$(CURDIR)/operator:$(CURDIR) $(BIN)/python -m e2e.chaos
+
+# Mutation testing of omnirl.algorithms and the actor's loss code with mutmut (not in CI; ~1 h on
+# 2 cores). Report: build/mutation/summary.txt, surviving mutants' diffs in survivors-diff.txt.
+mutation: install
+	tools/mutation.sh
 
 clean:
 	rm -rf $(VENV) runs build *.egg-info

@@ -14,6 +14,7 @@ import redis
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # every test runs a whole job: 1-4 min each on 2 cores
 
 
 def tiny_job(tmp: Path, name: str, redis_url: str, *, algorithm: str = "flow-grpo", mode: str = "async-reward",

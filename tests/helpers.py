@@ -1,6 +1,9 @@
-"""Shared test helpers: a small real digits model (random weights) and requests for it."""
+"""Shared test helpers: a small real digits model (random weights, every layer live) and requests for it."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -11,10 +14,23 @@ from omnirl.rollout.types import SampleRequest
 PROMPTS = ['A sign that says "123"', 'A sign that says "98765"', 'A sign that says "4071"']
 
 
-def tiny_adapter(seed: int = 0) -> DigitsAdapter:
-    """The real digits DiT at a small width (d 32, depth 2), random weights."""
+def tiny_adapter(seed: int = 0, *, std: float = 0.05) -> DigitsAdapter:
+    """The real digits DiT at a small width (d 32, depth 2) with random weights that compute something.
+
+    The model zero-initialises its adaLN modulations and output projection (adaLN-Zero), so a
+    freshly built one has velocity exactly 0 and no block or LoRA weight ever gets a gradient: a
+    test on it passes whether the feature it names works or not. Here those layers are redrawn
+    from N(0, std²) with a generator seeded by `seed`, so the velocity depends on x, σ and the
+    prompt and every linear layer gets a gradient. The shipped checkpoint is untouched.
+    """
     torch.manual_seed(seed)
-    return DigitsAdapter(DigitsDiT(DigitsConfig(d_model=32, depth=2, heads=2, mlp_ratio=2)))
+    module = DigitsDiT(DigitsConfig(d_model=32, depth=2, heads=2, mlp_ratio=2))
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for layer in [b.modulation for b in module.blocks] + [module.modulation_out, module.out_proj]:
+            layer.weight.copy_(torch.randn(layer.weight.shape, generator=g) * std)
+            layer.bias.copy_(torch.randn(layer.bias.shape, generator=g) * std)
+    return DigitsAdapter(module)
 
 
 def requests(adapter: DigitsAdapter, n_per_prompt: int = 3, *, num_steps: int = 6, window=(1, 2),
@@ -27,3 +43,13 @@ def requests(adapter: DigitsAdapter, n_per_prompt: int = 3, *, num_steps: int = 
             out.append(SampleRequest(sample_id=f"0:{p}:{i}", prompt=text, prompt_ids=ids, seed=1000 * p + i,
                                      num_steps=num_steps, window=tuple(window), noise_level=0.7))
     return out
+
+
+def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 60.0, poll_s: float = 0.05):
+    """Poll `condition` until it returns a truthy value and return it; AssertionError naming `what`
+    after `timeout_s` seconds (generous: the shared CI box may stall; only a hang reaches it)."""
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(poll_s)
+    return value

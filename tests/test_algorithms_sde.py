@@ -23,9 +23,12 @@ def test_sigma_schedule_hand_values():
     assert grid[0] == 1.0 and grid[-1] == 0.0 and bool((grid[1:] < grid[:-1]).all())
 
 
-@pytest.mark.parametrize("num_steps, shift", [(0, 1.0), (4, 0.0), (4, -1.0), (4, math.inf)])
-def test_sigma_schedule_rejects_bad_input(num_steps, shift):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("num_steps, shift, message", [(0, 1.0, "num_steps must be an int >= 1, got 0"),
+                                                       (4, 0.0, "shift must be a finite number > 0, got 0.0"),
+                                                       (4, -1.0, "shift must be a finite number > 0, got -1.0"),
+                                                       (4, math.inf, "shift must be a finite number > 0, got inf")])
+def test_sigma_schedule_rejects_bad_input(num_steps, shift, message):
+    with pytest.raises(ValueError, match=message):
         sigma_schedule(num_steps, shift)
 
 

@@ -103,9 +103,9 @@ def test_field_problem_message_and_direct_construction() -> None:
     assert str(p) == "window.range: [4, 12] is invalid: must be small"
     with pytest.raises(ValidationError, match="controller.replicas: 3 is invalid"):
         RolesSpec.model_validate({"controller": {"replicas": 3}})
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match=r"band.0\n  Input should be greater than 0"):
         RSSpec(band=(0.0, 2.0))  # lo must be > 0
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match=r"sigmaRange.0\n  Input should be greater than 0"):
         NFTSpec(sigmaRange=(0.0, 0.5))
     with pytest.raises(ValueError, match="at least one problem"):
         ManifestError([])

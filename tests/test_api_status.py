@@ -108,7 +108,7 @@ def test_status_round_trip_and_phases() -> None:
     assert d["startTime"] == "2026-05-09T07:00:00Z" and d["completionTime"] is None
     assert RLJobStatus.model_validate(d) == st
     assert PHASES == ("Pending", "Running", "Suspended", "Succeeded", "Failed")
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match="phase\n  Input should be 'Pending', 'Running'"):
         RLJobStatus(phase="Done")
-    with pytest.raises(ValidationError):
+    with pytest.raises(ValidationError, match=r"readyRoles\n  String should match pattern"):
         RLJobStatus(readyRoles="four")

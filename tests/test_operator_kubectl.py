@@ -40,7 +40,7 @@ def kubectl(cluster: BackgroundCluster, tmp_path: Path, *args: str) -> subproces
     return subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
 
 
-def wait_for_output(cluster, tmp_path, args: tuple[str, ...], needle: str, timeout_s: float = 20.0) -> str:
+def wait_for_output(cluster, tmp_path, args: tuple[str, ...], needle: str, timeout_s: float = 60.0) -> str:
     deadline = time.monotonic() + timeout_s
     while True:
         out = kubectl(cluster, tmp_path, *args)

@@ -73,7 +73,7 @@ def test_scorer_errors_carry_the_sample_id(ocr):
     assert err.value.sample_id == "7:1:0" and "uint8" in err.value.reason
     with pytest.raises(ScorerError, match=r"\[B, H, W, 3\]"):
         ocr.score(good[..., 0], ['"12"', '"34"'], ["a", "b"])
-    with pytest.raises(ScorerError) as err:
+    with pytest.raises(ScorerError, match="has one double quote; quote the target text on both sides") as err:
         ocr.score(good, ['"12"', 'A sign that says "34'], ["a", "b"])
     assert err.value.sample_id == "b"
     with pytest.raises(ScorerError, match="2 prompts but 1"):
@@ -92,7 +92,7 @@ def test_jpeg_flat_beats_noise():
     rewards = scorer.score(np.concatenate([flat, noise]), ["", ""], ["f", "n"])
     assert rewards.dtype == np.float32 and rewards[0] > rewards[1] and rewards.max() < 0
     assert rewards[1] < -5.0  # 64×64×3 random bytes barely compress: > 5 kB
-    with pytest.raises(ScorerError):
+    with pytest.raises(ScorerError, match="images must be uint8"):
         scorer.score(flat.astype(np.int32), [""], ["f"])
 
 

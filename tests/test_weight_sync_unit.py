@@ -122,7 +122,7 @@ def test_apply_casts_into_a_module_of_another_dtype() -> None:
 def test_renamed_module_binds_zero_tensors_and_raises_naming_it() -> None:
     src, dst = _mlp(), _mlp(("to_qkv", "proj"), seed=1)
     before = dst.proj.weight.clone()
-    with pytest.raises(BindingError) as info:
+    with pytest.raises(BindingError, match="bound 0 tensors") as info:
         apply_to_module(dst, named_trainable_tensors(src, False), version=5)
     report = info.value.report
     assert report is not None and report.tensors_updated == 0 and report.modules_updated == 0
@@ -150,7 +150,7 @@ def test_missing_shape_mismatch_duplicates_and_checksum_mismatch_are_errors() ->
         apply_to_module(_mlp(seed=1), src, name_map=lambda n: "qkv.bias" if n == "proj.bias" else n)
     sums = {k: tensor_checksum(v) for k, v in src.items()}
     sums["qkv.weight"] = "0" * 32  # what the manifest said differs from what arrived
-    with pytest.raises(BindingError) as info:
+    with pytest.raises(BindingError, match="checksum mismatch: qkv.weight") as info:
         apply_to_module(_mlp(seed=1), src, checksums=sums)
     assert info.value.report is not None and info.value.report.mismatched == ["qkv.weight"]
     assert not info.value.report.checksum_ok and "checksum mismatch: qkv.weight" in str(info.value)

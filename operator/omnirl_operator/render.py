@@ -78,9 +78,12 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
         settings = OperatorSettings.from_env()
         if settings.default_redis_url is None:
             settings = replace(settings, default_redis_url=RENDER_DEFAULT_REDIS_URL)
-            err.write(f"# OMNIRL_DEFAULT_REDIS_URL unset: jobs without spec.transferQueue.redisUrl use "
-                      f"{RENDER_DEFAULT_REDIS_URL}\n")
+            note = (f"# OMNIRL_DEFAULT_REDIS_URL unset: jobs without spec.transferQueue.redisUrl use "
+                    f"{RENDER_DEFAULT_REDIS_URL}\n")
+        else:
+            note = ""
         docs = render_documents(args.job, getattr(args, "namespace", None), settings)
+        err.write(note)  # only once the manifest rendered: an error stays one line
     except ManifestError as exc:
         for line in exc.problems:
             err.write(line + "\n")

@@ -24,7 +24,11 @@ from omnirl.reward.registry import build_scorer
 
 
 def main(args: argparse.Namespace) -> int:
-    """CLI adapter; returns 0."""
+    """CLI adapter; returns 0. Raises ValueError naming the flag for a bad --steps or --seed."""
+    if args.steps < 1:
+        raise ValueError(f"--steps {args.steps}: must be >= 1 (ODE sampler steps)")
+    if args.seed is not None and args.seed < 0:
+        raise ValueError(f"--seed {args.seed}: must be >= 0")
     job = load_rljob(args.job)
     spec = job.spec
     adapter = load_adapter(spec.model.family, spec.model.path, dtype=spec.model.dtype, **adapter_options(spec))

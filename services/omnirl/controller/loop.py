@@ -154,6 +154,7 @@ class Controller:
             self.version = done.policy_version
             stats.update(step_seconds=time.time() - t0, handoff_to_trained_seconds=time.time() - t_handed)
             self._report(step, stats, done)
+            self._record_queues()
             if self.validator and self._validation_due(step):
                 self._validate(step + 1)
             if done.checkpoint and self.env.export:  # after the validation of these weights, which it includes
@@ -190,6 +191,17 @@ class Controller:
         if self.start_step:
             log.info("continuing at step %d (policy_version %d) from the actor's state", self.start_step,
                      self.version)
+    def _record_queues(self) -> None:
+        """Depth (entries held) and lag (not yet delivered to the consumer group) of each data stream,
+        for the pipeline dashboard's queue panels; a group its consumer has not created yet is skipped."""
+        s = self.queue.streams
+        for name, stream, group in (("requests", s.requests, "rollout"), ("samples", s.samples, "reward"),
+                                    ("scores", s.scores, GROUP)):
+            try:
+                lag = self.queue.lag(stream, group)
+            except ValueError:
+                continue
+            self.reporter.meters.record_queue(name, self.queue.stream_length(stream), lag)
 
     # ------------------------------------------------------------------ dispatch
     def _publish_step(self, step: int) -> None:

@@ -56,6 +56,12 @@ def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, ou
 
 def main(args: argparse.Namespace) -> int:
     """Run a job locally; returns the exit code (0 = finished)."""
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps {args.steps}: must be >= 1 (the total number of training steps)")
+    if args.ray_address and not args.no_ray:
+        from omnirl.launch.procs import check_ray_address
+
+        check_ray_address(args.ray_address)  # before anything is started that would need stopping
     job = load_rljob(args.job)
     placements = place(job, device=getattr(args, "device", "auto"), share=getattr(args, "share_gpus", False))
     backend = weight_sync_backend(placements)

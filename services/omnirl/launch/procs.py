@@ -9,6 +9,7 @@ back to the driver, which prints them with the role's prefix.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -136,6 +137,26 @@ def init_ray(address: str | None):
     kwargs = {"address": address} if address else {"num_cpus": os.cpu_count() or 1, "include_dashboard": False}
     ray.init(log_to_driver=False, configure_logging=False, **kwargs)
     return ray
+
+
+def check_ray_address(address: str) -> None:
+    """Fail fast on a Ray address nothing answers at: ray.init would otherwise retry for minutes.
+
+    `auto` and `ray://` addresses pass unchecked; host:port must accept a TCP connection.
+
+    Raises:
+        ValueError: naming --ray-address and the fix.
+    """
+    if address == "auto" or "://" in address:
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--ray-address {address}: expected host:port (the head node's GCS address), 'auto' or ray://...")
+    try:
+        socket.create_connection((host, int(port)), timeout=5).close()
+    except OSError as err:
+        raise ValueError(f"--ray-address {address}: nothing accepts connections there ({err.strerror or err}); "
+                         "start a cluster with `ray start --head`, or leave --ray-address out for a local one") from None
 
 
 def _role_host_class():

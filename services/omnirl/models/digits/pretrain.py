@@ -194,6 +194,12 @@ def main(args) -> int:
     import json
     import os
 
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device {args.device}: not a torch device; use cpu or cuda[:N]") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: no CUDA device on this machine; use --device cpu")
     if args.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
         torch.set_num_threads(2)
     lr = DEFAULT_LR if args.lr is None else args.lr

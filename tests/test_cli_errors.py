@@ -1,0 +1,78 @@
+"""The CLI's user-error paths: exit code 2 and exactly one stderr line that names the flag or field
+and the fix, never a traceback (`omnirl run`, `eval`, `pretrain`, `render`).
+
+Each case fails before any model, Redis or Ray is started, so they run in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from omnirl.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+NFT = str(ROOT / "examples" / "ocr-nft.yaml")
+HELDOUT = str(ROOT / "examples" / "prompts" / "ocr-heldout.txt")
+
+
+def bad_manifest(tmp: Path) -> str:
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["algorithm"]["groupSize"] = 1
+    path = tmp / "bad.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def existing_run(tmp: Path) -> str:
+    (tmp / "run").mkdir()
+    (tmp / "run" / "metrics.jsonl").write_text("{}\n")
+    return str(tmp / "run")
+
+
+CASES = {
+    "run-missing-manifest": (lambda t: ["run", str(t / "nope.yaml")], "omnirl run: ", "nope.yaml: cannot read"),
+    "run-invalid-manifest": (lambda t: ["run", bad_manifest(t)], "omnirl run: ", "spec.algorithm.groupSize"),
+    "run-zero-steps": (lambda t: ["run", NFT, "--steps", "0"], "omnirl run: ", "--steps 0: must be >= 1"),
+    "run-out-holds-a-run": (lambda t: ["run", NFT, "--out", existing_run(t)], "omnirl run: ", "pass --resume"),
+    "run-resume-nothing": (lambda t: ["run", NFT, "--resume", "--out", str(t / "empty")], "omnirl run: ",
+                           "--resume: "),
+    "run-dead-ray-address": (lambda t: ["run", NFT, "--ray-address", "127.0.0.1:1", "--out", str(t / "o")],
+                             "omnirl run: ", "ray start --head"),
+    "eval-not-a-checkpoint": (lambda t: ["eval", NFT, "--checkpoint", str(t), "--prompts", HELDOUT],
+                              "omnirl eval: ", "pass a run's checkpoint dir"),
+    "eval-missing-prompts": (lambda t: ["eval", NFT, "--prompts", str(t / "p.txt")], "omnirl eval: ",
+                             "p.txt not found"),
+    "eval-zero-steps": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--steps", "0"], "omnirl eval: ",
+                        "--steps 0: must be >= 1"),
+    "eval-negative-seed": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--seed", "-1"], "omnirl eval: ",
+                           "--seed -1: must be >= 0"),
+    "eval-invalid-manifest": (lambda t: ["eval", bad_manifest(t), "--prompts", HELDOUT], "omnirl eval: ",
+                              "spec.algorithm.groupSize"),
+    "pretrain-zero-steps": (lambda t: ["pretrain", "--out", str(t / "p"), "--steps", "0"], "omnirl pretrain: ",
+                            "steps (0)"),
+    "pretrain-unknown-device": (lambda t: ["pretrain", "--out", str(t / "p"), "--device", "tpu"],
+                                "omnirl pretrain: ", "--device tpu: not a torch device; use cpu"),
+    "pretrain-no-cuda": (lambda t: ["pretrain", "--out", str(t / "p"), "--device", "cuda"], "omnirl pretrain: ",
+                         "use --device cpu"),
+    "render-missing-manifest": (lambda t: ["render", str(t / "nope.yaml")], "", "nope.yaml: cannot read"),
+    "render-invalid-manifest": (lambda t: ["render", bad_manifest(t)], "", "spec.algorithm.groupSize"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_user_errors_exit_2_with_one_line_naming_the_fix(case, tmp_path, capsys, monkeypatch):
+    argv, prefix, fix = CASES[case]
+    monkeypatch.delenv("OMNIRL_DEBUG", raising=False)
+    if case == "pretrain-no-cuda":
+        import torch
+
+        if torch.cuda.is_available():
+            pytest.skip("this machine has CUDA: --device cuda is valid here")
+    code = main(argv(tmp_path))
+    err = capsys.readouterr().err
+    lines = err.splitlines()
+    assert code == 2, err
+    assert len(lines) == 1 and lines[0].startswith(prefix) and fix in lines[0], err
+    assert not (tmp_path / "o").exists()  # a dead --ray-address is refused before the run dir is made
