@@ -156,7 +156,7 @@ class AWMSpec(SpecModel):
 
     timestepsPerSample: int = Field(
         6, ge=1, le=64, description="Training timesteps per sample per update (paper: 6). Each draw re-noises "
-        "x0 at one σ: x_σ = (1−σ)·x0 + σ·ε.")
+        "x0 at one σ: x_σ = (1−σ)·x0 + σ·ε; a micro-batch's draws share one forward of K × microBatchSize rows.")
     timeSampling: Literal["grid", "uniform"] = Field(
         "grid", description="Where the σ draws come from. `grid` (paper: discrete_wo_init): one index per "
         "stratum of the rollout σ grid's steps [1, ⌊numSteps·timestepFraction⌋), σ = that grid value (skips "
