@@ -108,8 +108,9 @@ def test_two_fsdp_actor_ranks_train_the_job(tmp_path, redis_url):
     assert list(client.scan_iter(match=f"omnirl:{name}:tensors:*")) == []
 
 
-def test_resume_continues_from_the_latest_checkpoint(tmp_path, redis_url):
-    job = tiny_job(tmp_path, "resume", redis_url, steps=2)
+@pytest.mark.parametrize("algorithm", ["flow-grpo", "awm"])
+def test_resume_continues_from_the_latest_checkpoint(tmp_path, redis_url, algorithm):
+    job = tiny_job(tmp_path, f"resume-{algorithm}", redis_url, algorithm=algorithm, steps=2)
     out = tmp_path / "out"
     first = run(job, out)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
@@ -121,6 +122,9 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, redis_url):
     assert steps[-1]["policy_version"] == 3
     state = json.loads((out / "checkpoints" / "latest" / "state.json").read_text())
     assert state["step"] == 2 and state["policy_version"] == 3
+    if algorithm == "awm":  # ODE rollouts, the AWM update, its EMA anchor in the checkpoint
+        assert "matching_error" in steps[-1] and steps[-1]["old_policy_decay"] == pytest.approx(0.003)
+        assert (out / "checkpoints" / "latest" / "old.safetensors").exists()
 
 
 def test_a_dead_required_scorer_fails_the_job_with_its_reason(tmp_path, redis_url):

@@ -35,6 +35,9 @@ CASES = {
     "flow-grpo-lora-bypass": {"name": "flow-grpo", "lora": True, "optimizer": {"microBatchSize": 3},
                               "flowGrpo": {"rolloutCorrection": {"mode": "bypass"}}},
     "nft-lora": {"name": "diffusion-nft", "lora": True, "optimizer": {"microBatchSize": 3, "learningRate": 1e-3}},
+    # two minibatches: the second one's old log-probs are recomputed on both ranks' shares and merged
+    "awm-lora": {"name": "awm", "lora": True, "awm": {"timestepsPerSample": 2},
+                 "optimizer": {"microBatchSize": 3, "updatesPerStep": 2, "learningRate": 1e-3}},
 }
 
 

@@ -17,7 +17,7 @@ from omnirl.models.digits.adapter import (
 )
 from omnirl.models.digits.model import DigitsConfig, DigitsDiT, column_char_ids
 from omnirl.models.digits.pretrain import flow_matching_loss, pretrain, sample_batch
-from omnirl.models.digits.prompts import make_prompt_sets
+from omnirl.models.digits.prompts import make_prompt_sets, make_train_pool
 from omnirl.models.digits.render import render_text, slots_for
 from omnirl.models.protocol import ModelAdapter
 from omnirl.models.tokenizer import CharTokenizer
@@ -178,3 +178,18 @@ def test_prompt_sets_deterministic_disjoint_and_shipped():
     root = Path(__file__).resolve().parents[1] / "examples" / "prompts"
     assert (root / "ocr-train.txt").read_text().splitlines() == train
     assert (root / "ocr-heldout.txt").read_text().splitlines() == heldout
+
+
+def test_train_pool_is_large_deterministic_shipped_and_never_held_out():
+    from pathlib import Path
+
+    pool = make_train_pool()
+    assert pool == make_train_pool() and len(pool) == len(set(pool)) == 1024
+    heldout = {target_text(p) for p in make_prompt_sets(0)[1]}
+    numbers = [target_text(p) for p in pool]
+    assert not heldout & set(numbers)  # held-out prompts are never trained on
+    assert all(3 <= len(n) <= 5 and n[0] != "0" for n in numbers)
+    root = Path(__file__).resolve().parents[1] / "examples" / "prompts"
+    assert (root / "ocr-train-pool.txt").read_text().splitlines() == pool
+    with pytest.raises(ValueError, match="size"):
+        make_train_pool(0)

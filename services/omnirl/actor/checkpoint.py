@@ -7,7 +7,7 @@ newest):
 | --- | --- |
 | `policy.safetensors` | the weights rollout samples from (full state dict, or LoRA adapters) — what `omnirl eval --checkpoint` loads |
 | `trained.safetensors` | θ's trainable tensors |
-| `old.safetensors` | DiffusionNFT's old policy (when present) |
+| `old.safetensors` | DiffusionNFT's old policy or AWM's EMA anchor (when present) |
 | `optimizer.safetensors` + `optimizer.json` | AdamW state tensors; param groups and scalars |
 | `state.json` | step, policy_version, optimizer steps, RNG seeds, the controller's data position, the LoRA flag |
 

@@ -22,6 +22,7 @@ from omnirl.algorithms import (
     gaussian_kl,
     gaussian_log_prob,
     is_diagnostics,
+    per_step_abs_log_ratio,
     rs_mask,
     sde_mean_std,
 )
@@ -53,8 +54,12 @@ def window_log_probs(adapter: ModelAdapter, samples: list[TrainSample], device: 
 
 def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
                    spec: FlowGRPOSpec, opt: OptimizerSpec, *, seed: int, device: torch.device,
-                   ranks: Ranks = SINGLE) -> dict:
-    """Train on one batch; return metrics (loss, kl, clip_fraction, ratio, IS diagnostics, RS).
+                   ranks: Ranks = SINGLE, grid: torch.Tensor | None = None) -> dict:
+    """Train on one batch; return metrics (loss, kl, clip_fraction, ratio, IS diagnostics, RS, and the
+    rollout-vs-actor log-prob mismatch: `logprob_mismatch_max`, `logprob_mismatch_mean` and
+    `logprob_mismatch_step{k}` = mean |Δ log_prob| at denoising step k, before any update).
+
+    `grid`: the rollout σ grid `[N+1]`; it names the steps k (window position j otherwise).
 
     With several actor ranks every rank passes the whole batch and trains its `ranks.share` of
     the micro-batches; metrics are reduced over the ranks, so every rank returns the same.
@@ -108,7 +113,9 @@ def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, sample
     if diag is None:
         seen = sorted(s.sample_id for s in order[0::n_mini])
         live = ranks.merge(live, seen)
+        current = {i: live[i] for i in seen}
         diag = is_diagnostics(torch.stack([live[i] for i in seen]), torch.stack([rollout_lp[i] for i in seen]))
+    sums.update(_mismatch(current, rollout_lp, {s.sample_id: s for s in samples}, grid))
     sums.update(
         is_mean_log_ratio=diag.mean_log_ratio, is_weight_mean=diag.is_weight_mean, is_ess=diag.ess,
         is_max_abs_log_ratio=diag.max_abs_log_ratio,
@@ -132,6 +139,18 @@ def _recompute(policies: PolicySet, samples: list[TrainSample], opt: OptimizerSp
         module.train()
     return ranks.merge(out, [s.sample_id for s in samples])
 
+
+
+def _mismatch(current: dict[str, torch.Tensor], rollout_lp: dict[str, torch.Tensor],
+              by_id: dict[str, TrainSample], grid: torch.Tensor | None) -> dict[str, float]:
+    """Mean |Δ log_prob| per denoising step (keyed by the step's index on `grid`), plus max and mean."""
+    ids = sorted(current)
+    gap = per_step_abs_log_ratio(torch.stack([current[i] for i in ids]), torch.stack([rollout_lp[i] for i in ids]))
+    sigmas = by_id[ids[0]].sigmas[:-1]  # one window per training step: every sample shares it
+    steps = [int((grid - s).abs().argmin()) for s in sigmas] if grid is not None else range(len(gap))
+    out = {f"logprob_mismatch_step{k}": float(g) for k, g in zip(steps, gap, strict=True)}
+    full = torch.stack([(current[i] - rollout_lp[i]).abs() for i in ids])
+    return {**out, "logprob_mismatch_max": float(full.max()), "logprob_mismatch_mean": float(full.mean())}
 
 
 def _rs_keep(seq_log_is: torch.Tensor, spec: FlowGRPOSpec) -> torch.Tensor:

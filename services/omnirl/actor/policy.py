@@ -2,8 +2,9 @@
 
 - θ: the adapter's module (all weights, or LoRA adapters injected with peft).
 - reference (KL anchor): LoRA off, or a frozen copy of the base module for full fine-tuning.
-- old (DiffusionNFT's v_old, the rollout policy): a second LoRA adapter named "old", or a
-  copy of the module; refreshed by copy or EMA (`omnirl.algorithms.old_policy_decay`).
+- old (DiffusionNFT's v_old, the rollout policy; AWM's EMA anchor, not rolled out): a second
+  LoRA adapter named "old", or a copy of the module; refreshed by copy or EMA
+  (`omnirl.algorithms.old_policy_decay`).
 
 Rollout workers build the same structure with `omnirl.models.lora.prepare_rollout_module`, so
 the tensor names the actor broadcasts are the names the workers bind (DESIGN.md §7).
@@ -36,10 +37,13 @@ class PolicySet:
         adapter: the model; its module becomes θ (trainable).
         lora: LoRA settings (off → all weights train).
         need_ref: keep a reference policy (KL coefficient > 0).
-        need_old: keep an old policy (DiffusionNFT).
+        need_old: keep an old policy (DiffusionNFT's v_old, AWM's EMA anchor).
+        rollout_old: rollout samples from the old policy (DiffusionNFT); default `need_old`.
+            AWM keeps an old policy but rolls out θ.
     """
 
-    def __init__(self, adapter: ModelAdapter, lora: LoRASpec, *, need_ref: bool, need_old: bool) -> None:
+    def __init__(self, adapter: ModelAdapter, lora: LoRASpec, *, need_ref: bool, need_old: bool,
+                 rollout_old: bool | None = None) -> None:
         self.adapter = adapter
         self.lora = lora.enabled
         module = adapter.module
@@ -50,6 +54,8 @@ class PolicySet:
             if need_old:
                 inject_lora(module, lora, targets, adapter_name=OLD)
                 self._copy_lora(DEFAULT, OLD)
+                for m in tuner_layers(module):  # injecting "old" made it the active adapter: θ is
+                    m.set_adapter(DEFAULT)
             for name, p in module.named_parameters():
                 p.requires_grad_("lora_" in name and f".{DEFAULT}." in name)
             self._ref_adapter = self._old_adapter = None
@@ -58,6 +64,9 @@ class PolicySet:
             self._ref_adapter = self._frozen_copy() if need_ref else None
             self._old_adapter = self._frozen_copy() if need_old else None
         self.has_ref, self.has_old = need_ref, need_old
+        self.rollout_old = need_old if rollout_old is None else rollout_old
+        if self.rollout_old and not need_old:
+            raise ValueError("rollout_old=True needs need_old=True (there is no old policy to roll out)")
         self.ranks = SINGLE
         module.train()
 
@@ -138,17 +147,17 @@ class PolicySet:
 
         With LoRA the old policy is an adapter inside θ's module; use `old()` to evaluate it.
         """
-        return self._old_adapter if self._old_adapter is not None else self.adapter
+        return self._old_adapter if self.rollout_old and self._old_adapter is not None else self.adapter
 
     def rollout_tensors(self, keep: bool = True) -> dict[str, torch.Tensor]:
-        """What rollout workers must hold: the old policy when there is one, else θ.
+        """What rollout workers must hold: the old policy when rollout samples from it, else θ.
 
         Names are the rollout module's names (LoRA adapter named `default`); values detached.
         """
         if self.lora:
-            named = lora_tensors(self.adapter.module, OLD if self.has_old else DEFAULT)
+            named = lora_tensors(self.adapter.module, OLD if self.rollout_old else DEFAULT)
         else:
-            named = (self._old_adapter.module if self.has_old else self.adapter.module).state_dict()
+            named = (self._old_adapter.module if self.rollout_old else self.adapter.module).state_dict()
         return {k: v.detach() for k, v in self.ranks.full(named, keep).items()}
 
     def trained_tensors(self, keep: bool = True) -> dict[str, torch.Tensor]:

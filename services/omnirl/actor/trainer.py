@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from omnirl.actor.awm_update import awm_step
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.checkpoint import load_checkpoint, optimizer_from_flat, optimizer_to_flat, save_checkpoint
 from omnirl.actor.flow_grpo_update import flow_grpo_step
@@ -13,13 +14,13 @@ from omnirl.actor.fsdp import enable_activation_checkpointing
 from omnirl.actor.nft_update import nft_step
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks
-from omnirl.algorithms import old_policy_decay
+from omnirl.algorithms import old_policy_decay, sigma_schedule
 from omnirl.api.spec import RLJobSpec
 from omnirl.models.protocol import ModelAdapter
 
 
 class Trainer:
-    """Runs FlowGRPO or DiffusionNFT updates on one adapter.
+    """Runs FlowGRPO, DiffusionNFT or AWM updates on one adapter.
 
     Args:
         adapter: the model (its module is trained in place).
@@ -34,9 +35,13 @@ class Trainer:
         self.spec = spec
         self.device = torch.device(device)
         self.ranks = ranks
-        self.is_nft = algo.name == "diffusion-nft"
-        kl = algo.nft.klCoef if self.is_nft else algo.flowGrpo.klCoef
-        self.policies = PolicySet(adapter, spec.model.lora, need_ref=kl > 0, need_old=self.is_nft)
+        self.is_nft, self.is_awm = algo.name == "diffusion-nft", algo.name == "awm"
+        kl = algo.nft.klCoef if self.is_nft else algo.awm.klCoef if self.is_awm else algo.flowGrpo.klCoef
+        # the old policy: DiffusionNFT's v_old (rolled out), AWM's EMA anchor (θ is rolled out)
+        self.old_policy = algo.nft.oldPolicy if self.is_nft else algo.awm.anchor if self.is_awm else None
+        need_old = self.is_nft or (self.is_awm and algo.awm.emaKlCoef > 0)
+        self.policies = PolicySet(adapter, spec.model.lora, need_ref=kl > 0, need_old=need_old,
+                                  rollout_old=self.is_nft)
         blocks = getattr(adapter, "compile_block_types", None)
         if spec.model.gradientCheckpointing:
             enable_activation_checkpointing(adapter.module, blocks)
@@ -60,18 +65,23 @@ class Trainer:
             raise ValueError(f"step {step}: empty training batch")
         algo = self.spec.algorithm
         seed = self.spec.seed * 1_000_003 + step
+        grid = sigma_schedule(algo.sampling.numSteps, algo.sampling.shift)  # the rollout engine's σ grid
         if self.is_nft:
             metrics = nft_step(self.policies, self.optimizer, samples, algo.nft, algo.optimizer,
                                seed=seed, device=self.device, ranks=self.ranks)
+        elif self.is_awm:
+            metrics = awm_step(self.policies, self.optimizer, samples, algo.awm, algo.optimizer,
+                               advantage_clip=algo.advantage.clip, grid=grid, seed=seed, device=self.device,
+                               ranks=self.ranks)
         else:
             metrics = flow_grpo_step(self.policies, self.optimizer, samples, algo.flowGrpo, algo.optimizer,
-                                     seed=seed, device=self.device, ranks=self.ranks)
+                                     seed=seed, device=self.device, ranks=self.ranks, grid=grid)
         before = self.optimizer_steps
         self.optimizer_steps += int(metrics["optimizer_steps"])
-        if self.is_nft:
-            k = algo.nft.oldPolicy.refreshEvery
+        if self.policies.has_old:
+            p = self.old_policy
+            k = p.refreshEvery
             if self.optimizer_steps // k > before // k:
-                p = algo.nft.oldPolicy
                 decay = old_policy_decay(self.optimizer_steps, p.schedule, p.decayMax, p.rampSteps)
                 self.policies.refresh_old(decay)
                 metrics["old_policy_decay"] = decay

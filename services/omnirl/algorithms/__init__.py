@@ -3,10 +3,19 @@
 Modules: `sigmas` (σ grid), `sde` (ODE / Flow-GRPO SDE / CPS step and log-prob), `window`
 (stochastic step window), `advantages` (group-relative advantages), `flow_grpo` (PPO-clip loss),
 `kl` (closed-form Gaussian KL), `rollout_correction` (IS diagnostics, RS mask), `nft`
-(DiffusionNFT loss and old-policy EMA).
+(DiffusionNFT loss and old-policy EMA), `awm` (Advantage Weighted Matching loss and σ draws).
 """
 
 from omnirl.algorithms.advantages import AdvantageResult, group_advantages
+from omnirl.algorithms.awm import (
+    AWMLoss,
+    awm_advantages,
+    awm_loss,
+    grid_indices,
+    matching_error,
+    stratified_sigmas,
+    weighted_matching,
+)
 from omnirl.algorithms.flow_grpo import GRPOLoss, flow_grpo_loss
 from omnirl.algorithms.kl import gaussian_kl
 from omnirl.algorithms.nft import (
@@ -17,32 +26,46 @@ from omnirl.algorithms.nft import (
     old_policy_decay,
     optimality_probability,
 )
-from omnirl.algorithms.rollout_correction import ISDiagnostics, auto_band, is_diagnostics, rs_mask
+from omnirl.algorithms.rollout_correction import (
+    ISDiagnostics,
+    auto_band,
+    is_diagnostics,
+    per_step_abs_log_ratio,
+    rs_mask,
+)
 from omnirl.algorithms.sde import SDEStep, gaussian_log_prob, ode_step, sde_mean_std, sde_step
 from omnirl.algorithms.sigmas import sigma_schedule
 from omnirl.algorithms.window import select_window
 
 __all__ = [
+    "AWMLoss",
     "AdvantageResult",
     "GRPOLoss",
     "ISDiagnostics",
     "NFTLoss",
     "SDEStep",
     "auto_band",
+    "awm_advantages",
+    "awm_loss",
     "ema_update_",
     "flow_grpo_loss",
     "gaussian_kl",
     "gaussian_log_prob",
+    "grid_indices",
     "group_advantages",
     "implicit_velocities",
     "is_diagnostics",
+    "matching_error",
     "nft_loss",
     "ode_step",
     "old_policy_decay",
     "optimality_probability",
+    "per_step_abs_log_ratio",
     "rs_mask",
     "sde_mean_std",
     "sde_step",
     "select_window",
     "sigma_schedule",
+    "stratified_sigmas",
+    "weighted_matching",
 ]

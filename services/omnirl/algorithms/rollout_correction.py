@@ -90,6 +90,31 @@ def is_diagnostics(log_prob: Tensor, rollout_log_prob: Tensor) -> ISDiagnostics:
                          max_abs_log_ratio=float(log_ratio.abs().max()))
 
 
+def per_step_abs_log_ratio(log_prob: Tensor, rollout_log_prob: Tensor) -> Tensor:
+    """|Δ log_prob| per trained step: mean over samples of |log_prob − rollout_log_prob|, `[T]` float32.
+
+    The rollout-vs-actor log-prob mismatch by denoising step (0 when both engines compute the
+    same transition density; bf16 kernels or batch-dependent ops show up here first).
+
+    Args:
+        log_prob: `[B, T]` the actor's log-probs of the trained steps; rollout_log_prob: `[B, T]`
+            the rollout engine's for the same transitions.
+    Returns:
+        `[T]` float32 ≥ 0, detached (computed in float64).
+    Raises:
+        ValueError: shapes differ or are not [B, T] with B, T ≥ 1, or a log-prob is NaN/inf.
+    """
+    log_prob = f32(log_prob, "log_prob").detach()
+    rollout_log_prob = f32(rollout_log_prob, "rollout_log_prob").detach()
+    same_shape(log_prob, rollout_log_prob, "log_prob", "rollout_log_prob")
+    if log_prob.dim() != 2 or 0 in log_prob.shape:
+        raise ValueError(f"log_prob must have shape [B, T] with B, T >= 1, got {tuple(log_prob.shape)}")
+    gap = (log_prob.double() - rollout_log_prob.double()).abs()
+    if not bool(gap.isfinite().all()):
+        raise ValueError(f"log-probs must be finite; NaN/inf at (sample, step) {(~gap.isfinite()).nonzero().tolist()}")
+    return gap.mean(dim=0).float()
+
+
 def _check_band(band: tuple[float, float]) -> tuple[float, float]:
     lo, hi = (float(b) for b in band)
     if not (0.0 < lo < 1.0 < hi):

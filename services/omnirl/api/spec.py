@@ -22,6 +22,7 @@ from omnirl.api.errors import FieldProblem
 from omnirl.api.spec_algorithm import (
     AdvantageSpec,
     AlgorithmSpec,
+    AWMSpec,
     FlowGRPOSpec,
     NFTSpec,
     OldPolicySpec,
@@ -49,6 +50,7 @@ ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
 __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and are re-exported here
     "AdvantageSpec",
     "AlgorithmSpec",
+    "AWMSpec",
     "FlowGRPOSpec",
     "NFTSpec",
     "OldPolicySpec",

@@ -1,8 +1,9 @@
-"""The `spec.algorithm` part of an RLJob: sampler, advantages, optimiser, FlowGRPO and DiffusionNFT.
+"""The `spec.algorithm` part of an RLJob: sampler, advantages, optimiser, FlowGRPO, DiffusionNFT, AWM.
 
 Split from `omnirl.api.spec` (which re-exports every class here) to keep files small. Defaults
-follow the published recipes: Flow-GRPO (arXiv 2505.05470) and DiffusionNFT (arXiv 2509.16117);
-see `references/algorithms.md`.
+follow the published recipes: Flow-GRPO (arXiv 2505.05470), DiffusionNFT (arXiv 2509.16117) and
+Advantage Weighted Matching (arXiv 2509.25050, its authors' SD3.5 OCR config); see
+`references/algorithms.md`.
 """
 
 from __future__ import annotations
@@ -141,6 +142,62 @@ class NFTSpec(SpecModel):
         return self
 
 
+def _awm_anchor() -> OldPolicySpec:
+    return OldPolicySpec(refreshEvery=1, schedule="ema", decayMax=0.3, rampSteps=300)
+
+
+class AWMSpec(SpecModel):
+    """Advantage Weighted Matching (arXiv 2509.25050) parameters; defaults = the authors' SD3.5 OCR recipe.
+
+    Sampler: rollouts use the deterministic (ODE, Euler) sampler of `sampling` from the current
+    policy — AWM needs no likelihoods, only the clean x0 and the prompt. (The authors roll out
+    with SA-Solver, noise 0.4, 14 steps; any solver is valid, the loss never looks at the path.)
+    """
+
+    timestepsPerSample: int = Field(
+        6, ge=1, le=64, description="Training timesteps per sample per update (paper: 6). Each draw re-noises "
+        "x0 at one σ: x_σ = (1−σ)·x0 + σ·ε; a micro-batch's draws share one forward of K × microBatchSize rows.")
+    timeSampling: Literal["grid", "uniform"] = Field(
+        "grid", description="Where the σ draws come from. `grid` (paper: discrete_wo_init): one index per "
+        "stratum of the rollout σ grid's steps [1, ⌊numSteps·timestepFraction⌋), σ = that grid value (skips "
+        "σ = 1). `uniform`: one σ per stratum of sigmaRange, uniform inside it.")
+    timestepFraction: float = Field(
+        0.9, gt=0, le=1, description="`grid` only: train on the first ⌊numSteps·fraction⌋ grid steps "
+        "(paper: 0.9, never the nearly clean tail).")
+    sigmaRange: tuple[_UnitFloat, _UnitFloat] = Field(
+        (0.02, 0.98), description="`uniform` only: [lo, hi] the σ draws are stratified over (0 < lo < hi < 1).")
+    groupSharedNoise: bool = Field(
+        False, description="Every member of a group shares each draw's σ and ε (the advantage-weighted common "
+        "part then cancels: lower-variance gradient). Paper: false (ε per sample, σ per micro-batch); σ is "
+        "always shared within a group here.")
+    weighting: Literal["uniform", "t", "t2", "huber", "ghuber"] = Field(
+        "ghuber", description="w(ℓ, σ) applied to the per-sample matching error ℓ = mean (v_θ − (ε − x0))²: "
+        "uniform ℓ; t σ·ℓ; t2 σ²·ℓ; huber σ·(√(ℓ+δ) − δ); ghuber σ/p·((ℓ+δ)^p − δ^p), δ = 1e-10 (paper: ghuber).")
+    ghuberPower: float = Field(0.25, gt=0, le=1, description="p of the `ghuber` weighting (paper: 0.25).")
+    advantageMax: float = Field(
+        1.0, gt=0, description="Advantages (already clamped to ±advantage.clip) are rescaled to "
+        "±advantageMax: A·advantageMax/advantage.clip (paper: 1 with clip 5, so A ∈ [−1, 1]).")
+    clipRange: float = Field(
+        1.0, gt=0, description="PPO clip ε on ratio = exp(log p − log p_old), log p = −w(ℓ, σ) (paper: 1, i.e. "
+        "off; the ratio is exactly 1 with one optimiser step per batch).")
+    klCoef: float = Field(
+        0.003, ge=0, description="Weight of the velocity KL mean (v_θ − v_ref)² to the base model (paper: 0.003).")
+    emaKlCoef: float = Field(
+        1.0, ge=0, description="Weight of the velocity KL mean (v_θ − v_ema)² to the EMA anchor (paper: 1; "
+        "0 drops the anchor and its second copy of the weights).")
+    anchor: OldPolicySpec = Field(
+        default_factory=_awm_anchor, description="EMA anchor refresh θ_ema ← d·θ_ema + (1−d)·θ after every "
+        "`refreshEvery` optimiser steps, d = min(decayMax, steps/rampSteps·decayMax) (paper: min(0.3, "
+        "0.001·steps): schedule ema, decayMax 0.3, rampSteps 300).")
+
+    @model_validator(mode="after")
+    def _check(self) -> AWMSpec:
+        lo, hi = self.sigmaRange
+        if lo >= hi:
+            raise FieldProblem("sigmaRange", list(self.sigmaRange), "must satisfy 0 < lo < hi < 1")
+        return self
+
+
 class OptimizerSpec(SpecModel):
     """AdamW settings and how a training step's batch is split."""
 
@@ -163,7 +220,8 @@ class OptimizerSpec(SpecModel):
 class AlgorithmSpec(SpecModel):
     """The RL algorithm and its settings."""
 
-    name: Literal["flow-grpo", "diffusion-nft"] = Field("flow-grpo", description="RL algorithm.")
+    name: Literal["flow-grpo", "diffusion-nft", "awm"] = Field(
+        "flow-grpo", description="RL algorithm: FlowGRPO, DiffusionNFT or Advantage Weighted Matching.")
     steps: int = Field(100, ge=1, description="Training steps (one batch of promptsPerStep × groupSize samples each).")
     groupSize: int = Field(
         8, ge=2, le=1024, description="Samples per prompt (G), sharing the prompt's advantage baseline."
@@ -174,6 +232,7 @@ class AlgorithmSpec(SpecModel):
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec, description="Optimiser.")
     flowGrpo: FlowGRPOSpec = Field(default_factory=FlowGRPOSpec, description="FlowGRPO parameters (name flow-grpo).")
     nft: NFTSpec = Field(default_factory=NFTSpec, description="DiffusionNFT parameters (name diffusion-nft).")
+    awm: AWMSpec = Field(default_factory=AWMSpec, description="Advantage Weighted Matching parameters (name awm).")
 
     @model_validator(mode="after")
     def _check(self) -> AlgorithmSpec:
@@ -185,6 +244,11 @@ class AlgorithmSpec(SpecModel):
                 [lo, hi],
                 f"hi must be <= sampling.numSteps - 1 = {last} (the last denoising step is never trained)",
             )
+        if self.name == "awm" and self.awm.timeSampling == "grid" \
+                and int(self.sampling.numSteps * self.awm.timestepFraction) < 2:
+            raise FieldProblem("awm.timestepFraction", self.awm.timestepFraction,
+                               f"leaves no grid step to train with sampling.numSteps = {self.sampling.numSteps} "
+                               "(need ⌊numSteps·fraction⌋ >= 2)")
         batch = self.promptsPerStep * self.groupSize
         if batch % self.optimizer.updatesPerStep:
             raise FieldProblem(

@@ -217,7 +217,7 @@ class Controller:
             window = select_window(self.spec.seed * 100_003 + step, algo.sampling.numSteps, g.window.size,
                                    tuple(g.window.range))
             noise, sde_type = g.noiseLevel, g.sdeType
-        else:  # DiffusionNFT samples with the deterministic solver
+        else:  # DiffusionNFT and AWM sample with the deterministic solver (they train on x0 alone)
             window, noise, sde_type = [], 0.0, "sde"
         expected = 0
         for p in prompts:

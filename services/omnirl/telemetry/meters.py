@@ -12,6 +12,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 
 from omnirl.telemetry import names as N
 
+MISMATCH_PREFIX = "logprob_mismatch_step"
+
 
 class Meters:
     """The job's instruments.
@@ -52,6 +54,7 @@ class Meters:
             N.CLIP_FRACTION: "clip_fraction", N.IS_WEIGHT: "is_weight_mean", N.IS_ESS: "is_ess",
             N.RS_MASKED_FRACTION: "rs_masked_fraction", N.GRAD_NORM: "grad_norm", N.LOSS: "loss",
             N.REWARD_REPLICAS: "scorer_replicas",
+            N.LOGPROB_MISMATCH_MAX: "logprob_mismatch_max",
         }
         for name, key in gauge_keys.items():
             if key in s:
@@ -67,6 +70,9 @@ class Meters:
             for key, value in s.items():
                 if key.startswith(prefix):
                     self.gauges[name].set(float(value), {**a, "reward": key.removeprefix(prefix)})
+        for key, value in s.items():  # FlowGRPO: logprob_mismatch_step{k}
+            if key.startswith(MISMATCH_PREFIX):
+                self.gauges[N.LOGPROB_MISMATCH].set(float(value), {**a, "step": key.removeprefix(MISMATCH_PREFIX)})
         counter_keys = {N.GROUPS_DROPPED: "dropped_groups", N.GROUPS_REFILLED: "refills",
                         N.ZERO_STD_GROUPS: "zero_std_groups", N.SAMPLES_TRAINED: "samples"}
         for name, key in counter_keys.items():

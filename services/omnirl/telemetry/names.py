@@ -24,6 +24,8 @@ CLIP_FRACTION = "omnirl_clip_fraction"  # gauge
 IS_WEIGHT = "omnirl_is_weight_mean"  # gauge
 IS_ESS = "omnirl_is_effective_sample_size"  # gauge
 RS_MASKED_FRACTION = "omnirl_rs_masked_fraction"  # gauge
+LOGPROB_MISMATCH = "omnirl_logprob_mismatch"  # gauge, label step=<denoising step>: mean |Δ log_prob| rollout vs actor
+LOGPROB_MISMATCH_MAX = "omnirl_logprob_mismatch_max"  # gauge: max |Δ log_prob| over (sample, step)
 GRAD_NORM = "omnirl_grad_norm"  # gauge
 LOSS = "omnirl_loss"  # gauge
 WEIGHT_SYNC_SECONDS = "omnirl_weight_sync_seconds"  # histogram
@@ -38,7 +40,8 @@ SAMPLES_TRAINED = "omnirl_samples_trained_total"  # counter
 ALL = [
     STEP_SECONDS, IMAGES_PER_SECOND, REWARD_MEAN, REWARD_STD, REWARD_COMPONENT_STD, REWARD_COMPONENT_MISSING,
     REWARD_REPLICAS, VALIDATION_REWARD, TRAINING_STEP, POLICY_VERSION,
-    POLICY_STALENESS, KL, CLIP_FRACTION, IS_WEIGHT, IS_ESS, RS_MASKED_FRACTION, GRAD_NORM, LOSS,
+    POLICY_STALENESS, KL, CLIP_FRACTION, IS_WEIGHT, IS_ESS, RS_MASKED_FRACTION, LOGPROB_MISMATCH,
+    LOGPROB_MISMATCH_MAX, GRAD_NORM, LOSS,
     WEIGHT_SYNC_SECONDS, REWARD_LATENCY_SECONDS, QUEUE_DEPTH, QUEUE_LAG, GROUPS_DROPPED, GROUPS_REFILLED,
     ZERO_STD_GROUPS, SAMPLES_TRAINED,
 ]

@@ -1,0 +1,164 @@
+"""One Advantage Weighted Matching training step on the actor (AWM, arXiv 2509.25050).
+
+Needs only each sample's clean x0, prompt and advantage (ODE rollouts from the current policy).
+Each sample gets `timestepsPerSample` draws (σ_k, ε_k), seeded by (seed, group, draw) — σ always
+shared by a group, ε too with `groupSharedNoise` — so every actor rank and every recompute sees
+the same draws. All draws of a micro-batch go through one forward: x_σ `[K·b, C, H, W]`.
+
+Old log-probs (the ratio's denominator) are the policy's before this batch's first optimiser
+step: the first minibatch reuses its own forward (detached: ratio exactly 1), later minibatches
+are recomputed without grad before any update, with the same micro-batches, so the ratio they
+see is the drift from the earlier updates only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+
+import torch
+
+from omnirl.actor.batch import TrainSample, micro_batches
+from omnirl.actor.policy import PolicySet
+from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
+from omnirl.algorithms import (
+    awm_advantages,
+    awm_loss,
+    grid_indices,
+    matching_error,
+    stratified_sigmas,
+    weighted_matching,
+)
+from omnirl.api.spec import AWMSpec, OptimizerSpec
+
+
+def _generator(seed: int, key: str) -> torch.Generator:
+    digest = hashlib.sha256(f"awm:{seed}:{key}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+def draw_sigmas(group_id: str, spec: AWMSpec, grid: torch.Tensor, seed: int) -> torch.Tensor:
+    """The K σ values `[K]` fp32 of a group's draws (stratified; `grid` = the rollout σ grid `[N+1]`)."""
+    k = spec.timestepsPerSample
+    u = torch.rand(k, generator=_generator(seed, f"sigma:{group_id}"), dtype=torch.float64)
+    if spec.timeSampling == "grid":
+        return grid[grid_indices(grid.numel() - 1, spec.timestepFraction, k, u)].float()
+    return stratified_sigmas(tuple(spec.sigmaRange), k, u)
+
+
+def draw_noise(sample: TrainSample, spec: AWMSpec, seed: int) -> torch.Tensor:
+    """ε `[K, C, H, W]` fp32 of a sample's K draws (the group's when `groupSharedNoise`)."""
+    key = sample.group_id if spec.groupSharedNoise else sample.sample_id
+    shape = (spec.timestepsPerSample, *sample.x0.shape)
+    return torch.randn(shape, generator=_generator(seed, f"eps:{key}"), dtype=torch.float32)
+
+
+def awm_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample], spec: AWMSpec,
+             opt: OptimizerSpec, *, advantage_clip: float, grid: torch.Tensor, seed: int, device: torch.device,
+             ranks: Ranks = SINGLE) -> dict:
+    """Train on one batch; returns metrics (loss, policy_loss, kl, ema_kl, matching_error, clip_fraction,
+    ratio_max_abs_dev, grad_norm, x0_norm, optimizer_steps).
+
+    Minibatches keep groups whole (`updatesPerStep` of them, groups shuffled by `seed`). Several
+    actor ranks: each passes the whole batch and trains its `ranks.share` of the micro-batches;
+    metrics are reduced, the same on every rank.
+
+    Args:
+        advantage_clip: the controller's advantage clamp c (`spec.algorithm.advantage.clip`).
+        grid: `[N+1]` the rollout σ grid (`sigma_schedule(numSteps, shift)`), for `timeSampling: grid`.
+    Raises:
+        ValueError: non-finite loss (with the sample ids).
+    """
+    groups: dict[str, list[TrainSample]] = {}
+    for s in samples:
+        groups.setdefault(s.group_id, []).append(s)
+    order = list(groups)
+    random.Random(seed).shuffle(order)
+    n_mini = min(opt.updatesPerStep, len(order))
+    plan = [micro_batches([s for g in order[m::n_mini] for s in groups[g]], opt.microBatchSize, keep_groups=True)
+            for m in range(n_mini)]
+    sizes = [sum(len(mb) for mb in mbs) for mbs in plan]
+    sigmas = {g: draw_sigmas(g, spec, grid, seed) for g in groups}
+    old = _old_log_probs(policies, plan[1:], spec, sigmas, seed, device, ranks) if n_mini > 1 else {}
+    sums = {k: 0.0 for k in ("loss", "policy_loss", "kl", "ema_kl", "matching_error", "clip_fraction", "grad_norm")}
+    dev = 0.0
+    for m, mbs in enumerate(plan):
+        optimizer.zero_grad(set_to_none=True)
+        for mb, share in ranks.share(mbs):
+            out = _micro(policies, mb, spec, sigmas, seed, device, advantage_clip, old if m else None)
+            if not torch.isfinite(out["loss"]):
+                raise ValueError(f"non-finite AWM loss (samples {[s.sample_id for s in mb][:4]})")
+            w = len(mb) / sizes[m] * share
+            (out["loss"] * (w * ranks.grad_scale)).backward()
+            for key in ("loss", "policy_loss", "kl", "ema_kl", "matching_error", "clip_fraction"):
+                sums[key] += float(out[key].detach()) * w / n_mini
+            dev = max(dev, float(out["ratio_max_abs_dev"]) * share)
+        sums["grad_norm"] += clip_grad_norm(policies.trainable_parameters(), opt.gradClip) / n_mini
+        optimizer.step()
+    grad_norm = sums.pop("grad_norm")  # already global
+    metrics = {**ranks.sum(sums), "grad_norm": grad_norm, "ratio_max_abs_dev": ranks.max(dev)}
+    metrics["x0_norm"] = float(torch.stack([s.x0.float().pow(2).mean().sqrt() for s in samples]).mean())
+    metrics["optimizer_steps"] = n_mini
+    return metrics
+
+
+def _forward(adapter, mb: list[TrainSample], spec: AWMSpec, sigmas: dict, seed: int, device: torch.device):
+    """v `[K·b, ...]` at the K draws of every sample (draw-major), with x0, ε and σ laid out alike."""
+    k = spec.timestepsPerSample
+    x0 = torch.stack([s.x0 for s in mb]).to(device)
+    eps = torch.stack([draw_noise(s, spec, seed) for s in mb], dim=1).to(device)  # [K, b, ...]
+    sigma = torch.stack([sigmas[s.group_id] for s in mb], dim=1).to(device)  # [K, b]
+    x0 = x0.unsqueeze(0).expand(k, *x0.shape).reshape(-1, *x0.shape[1:])
+    eps, sigma = eps.reshape(-1, *eps.shape[2:]), sigma.reshape(-1)
+    s4 = sigma.view(-1, *([1] * (x0.dim() - 1)))
+    x_t = (1.0 - s4) * x0 + s4 * eps
+    cond = adapter.encode([s.prompt_ids for s in mb] * k, device=device)
+    return x_t, x0, eps, sigma, cond
+
+
+def _log_prob(v: torch.Tensor, x0, eps, sigma, spec: AWMSpec, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p = −w(ℓ, σ) `[b, K]`, ℓ `[b, K]`) from draw-major velocities `[K·b, ...]`."""
+    err = matching_error(v, x0, eps)
+    lp = -weighted_matching(err, sigma, spec.weighting, spec.ghuberPower)
+    return lp.view(-1, b).t(), err.view(-1, b).t()
+
+
+def _old_log_probs(policies: PolicySet, plans: list[list[list[TrainSample]]], spec: AWMSpec, sigmas: dict,
+                   seed: int, device: torch.device, ranks: Ranks) -> dict[str, torch.Tensor]:
+    """log p `[K]` per sample of minibatches 1.. under the weights before any update (no grad)."""
+    out: dict[str, torch.Tensor] = {}
+    ids = [s.sample_id for mbs in plans for mb in mbs for s in mb]
+    with torch.no_grad():
+        for mbs in plans:
+            for mb, share in ranks.share(mbs):
+                x_t, x0, eps, sigma, cond = _forward(policies.adapter, mb, spec, sigmas, seed, device)
+                lp, _ = _log_prob(policies.adapter.velocity(x_t, sigma, cond).float(), x0, eps, sigma, spec, len(mb))
+                if share:
+                    out.update({s.sample_id: lp[i].cpu() for i, s in enumerate(mb)})
+    return ranks.merge(out, ids)
+
+
+def _micro(policies: PolicySet, mb: list[TrainSample], spec: AWMSpec, sigmas: dict, seed: int,
+           device: torch.device, advantage_clip: float, old: dict | None) -> dict:
+    adapter = policies.adapter
+    x_t, x0, eps, sigma, cond = _forward(adapter, mb, spec, sigmas, seed, device)
+    v = adapter.velocity(x_t, sigma, cond).float()
+    lp, err = _log_prob(v, x0, eps, sigma, spec, len(mb))
+    old_lp = lp.detach() if old is None else torch.stack([old[s.sample_id] for s in mb]).to(device)
+    adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
+    adv = awm_advantages(adv, advantage_clip, spec.advantageMax)
+    kl = ema_kl = None
+    if spec.klCoef > 0:
+        with policies.reference() as ref:
+            kl = _velocity_gap(v, ref.velocity(x_t, sigma, cond).float(), len(mb))
+    if spec.emaKlCoef > 0:
+        with policies.old() as anchor:
+            ema_kl = _velocity_gap(v, anchor.velocity(x_t, sigma, cond).float(), len(mb))
+    out = awm_loss(lp, old_lp, adv, spec.clipRange, kl=kl, kl_coef=spec.klCoef, ema_kl=ema_kl,
+                   ema_kl_coef=spec.emaKlCoef)
+    return {**out._asdict(), "matching_error": err.detach().mean()}
+
+
+def _velocity_gap(v: torch.Tensor, v_other: torch.Tensor, b: int) -> torch.Tensor:
+    """mean_i (v − v_other)² per (sample, draw) `[b, K]`, v_other detached."""
+    return (v - v_other.detach()).pow(2).flatten(1).mean(dim=1).view(-1, b).t()
