@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= runs/demo
 
-.PHONY: install test lint demo demo-flowgrpo bench chart e2e chaos crd clean k8s-tools mutation
+.PHONY: install test lint demo demo-nft demo-flowgrpo bench chart e2e chaos crd clean k8s-tools mutation
 
 install: $(STAMP) k8s-tools
 
@@ -36,8 +36,12 @@ test: install lint
 	$(BIN)/pytest -q -m "not gpu"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected"; exit 1; fi; exit $$rc
 
+# The best algorithm on the built-in task (AWM); the other two for comparison.
 demo: install
-	$(BIN)/omnirl run examples/ocr-nft.yaml --out $(DEMO_OUT)
+	$(BIN)/omnirl run examples/ocr-awm.yaml --out $(DEMO_OUT)
+
+demo-nft: install
+	$(BIN)/omnirl run examples/ocr-nft.yaml --out runs/demo-nft
 
 demo-flowgrpo: install
 	$(BIN)/omnirl run examples/ocr-flowgrpo.yaml --out runs/demo-flowgrpo
