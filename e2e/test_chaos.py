@@ -9,11 +9,11 @@ from e2e.chaos import check_ledger, suite
 @pytest.mark.slow
 @pytest.mark.timeout(1800)  # real jobs under faults: minutes on 2 busy cores
 def test_chaos_short_run_loses_and_duplicates_nothing(tmp_path):
-    total = suite(tmp_path, runs=2, seed=7, steps=4, max_kills=12)
+    total = suite(tmp_path, runs=2, seed=7, steps=6, max_kills=12)
     assert total.problems == []
     assert total.lost == 0 and total.duplicated == 0
     assert total.kills >= 20
-    assert total.trained == 2 * 4 * 2 * 3  # runs × steps × prompts × group size, all in the final weights
+    assert total.trained == 2 * 6 * 2 * 3  # runs × steps × prompts × group size, all in the final weights
 
 
 def test_ledger_check_counts_a_doubled_and_a_partial_group(tmp_path):

@@ -36,7 +36,8 @@ def ink(png_b64: str) -> float:
 
 
 class RewardModel(ThreadingHTTPServer):
-    """`POST /score` → {"rewards": [ink share per image]}; remembers every sample id and reward."""
+    """The scorer protocol's HTTP twin (`POST /v1/score`, proto3 JSON with field names as in
+    `reward/protocol/scorer.proto`): one `score` (ink share) per sample; remembers every id and score."""
 
     def __init__(self) -> None:
         self.seen: dict[str, float] = {}
@@ -46,10 +47,12 @@ class RewardModel(ThreadingHTTPServer):
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:  # noqa: N802 (http.server's name)
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                rewards = [ink(b) for b in body["images"]]
+                ids = [s["sample_id"] for s in body["samples"]]
+                rewards = [ink(s["image_png"]) for s in body["samples"]]
                 server.posts += 1
-                server.seen.update(zip(body["sample_ids"], rewards, strict=True))
-                reply = json.dumps({"rewards": rewards}).encode()
+                server.seen.update(zip(ids, rewards, strict=True))
+                reply = json.dumps({"results": [{"sample_id": i, "score": r} for i, r in zip(ids, rewards, strict=True)],
+                                    "scorer": "ink"}).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(reply)))
@@ -97,7 +100,7 @@ def scrape_until_exit(port: int, proc: subprocess.Popen, seen: dict[str, float])
 def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url):
     server = RewardModel()
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    url = f"http://127.0.0.1:{server.server_address[1]}/score"
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1/score"
     job = tiny_job(tmp_path, "userpaths", redis_url, mode="sync", steps=2,
                    reward={"name": "ocr", "kind": "ocr", "weight": 1.0})
     doc = yaml.safe_load(job.read_text())

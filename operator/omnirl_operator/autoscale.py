@@ -6,7 +6,7 @@ and not yet acknowledged — and :func:`decide_replicas` (pure) picks the reward
 replica count. When the count changes the Deployment gets the annotation
 ``omnirl.dev/scaled-at`` (the cool-down clock, kept on the object so an operator restart
 remembers it), the count goes to ``status.roles.reward.desired``, and to the job's Redis key
-``kv:reward_replicas``, which the controller reports as ``scorer_replicas`` in metrics.jsonl and
+``kv:reward_replicas``, which the controller reports as ``scorer_replicas`` (else `roles.reward.replicas`) in metrics.jsonl and
 ``omnirl_reward_replicas`` in Prometheus. When Redis cannot be read the count is held (and the
 reconcile says so in its log); it is never guessed.
 

@@ -361,8 +361,7 @@ class Controller:
         }
         stats.update(component_stats(self.spec.reward, [s.rewards for _, s in scores]))
         replicas = self.queue.get_json("reward_replicas")  # written by the operator's autoscaler
-        if replicas is not None:
-            stats["scorer_replicas"] = int(replicas)
+        stats["scorer_replicas"] = int(replicas) if replicas is not None else self.spec.roles.reward.replicas
         del self.books[book.step]
         return items, stats
 
