@@ -25,6 +25,16 @@ def bad_manifest(tmp: Path) -> str:
     return str(path)
 
 
+def missing_prompts(tmp: Path) -> str:
+    """The NFT example with a training prompt file that does not exist (valid as a manifest: a pod's
+    paths are not checked on this machine; `omnirl run` checks its own)."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"]["trainPrompts"] = str(tmp / "nope.txt")
+    path = tmp / "missing-prompts.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def existing_run(tmp: Path) -> str:
     (tmp / "run").mkdir()
     (tmp / "run" / "metrics.jsonl").write_text("{}\n")
@@ -34,6 +44,8 @@ def existing_run(tmp: Path) -> str:
 CASES = {
     "run-missing-manifest": (lambda t: ["run", str(t / "nope.yaml")], "omnirl run: ", "nope.yaml: cannot read"),
     "run-invalid-manifest": (lambda t: ["run", bad_manifest(t)], "omnirl run: ", "spec.algorithm.groupSize"),
+    "run-missing-prompt-file": (lambda t: ["run", missing_prompts(t), "--out", str(t / "o")], "omnirl run: ",
+                                "spec.data.trainPrompts: "),
     "run-zero-steps": (lambda t: ["run", NFT, "--steps", "0"], "omnirl run: ", "--steps 0: must be >= 1"),
     "run-out-holds-a-run": (lambda t: ["run", NFT, "--out", existing_run(t)], "omnirl run: ", "pass --resume"),
     "run-resume-nothing": (lambda t: ["run", NFT, "--resume", "--out", str(t / "empty")], "omnirl run: ",

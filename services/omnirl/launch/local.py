@@ -63,6 +63,7 @@ def main(args: argparse.Namespace) -> int:
 
         check_ray_address(args.ray_address)  # before anything is started that would need stopping
     job = load_rljob(args.job)
+    _check_local_paths(job)
     placements = place(job, device=getattr(args, "device", "auto"), share=getattr(args, "share_gpus", False))
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
@@ -132,6 +133,24 @@ def main(args: argparse.Namespace) -> int:
             redis.stop()
     _summary(out)
     return code
+
+
+def _check_local_paths(job: RLJob) -> None:
+    """The files a local run reads, checked before any process starts (a pod's paths are the
+    operator's business: `omnirl validate` does not require them on this machine).
+
+    Raises:
+        FileNotFoundError: naming the field and the missing path.
+    """
+    spec = job.spec
+    paths = [("spec.data.trainPrompts", spec.data.trainPrompts),
+             ("spec.data.validationPrompts", spec.data.validationPrompts)]
+    if spec.model.path != "builtin":
+        paths.append(("spec.model.path", spec.model.path))
+    for field, path in paths:
+        if path and not Path(path).exists():
+            raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
+                                    "file or directory (relative paths resolve against the manifest's folder)")
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

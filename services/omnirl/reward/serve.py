@@ -150,6 +150,8 @@ class DelayedScorer(Scorer):
 
 def main(args: argparse.Namespace) -> int:
     """`omnirl scorer serve`: build the scorer (params checked as in a manifest), serve until a signal."""
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port {args.port}: must be 0..65535 (0 picks a free port)")
     params = dict(parse_param(p) for p in args.param)
     try:
         spec = RewardSpec.model_validate({"name": args.reward, "kind": args.reward, "params": params})
@@ -161,12 +163,16 @@ def main(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    if args.protocol == "grpc":
-        server, port = serve_grpc(scorer, args.host, args.port)
-        shutdown = lambda: server.stop(grace=2).wait()  # noqa: E731
-    else:
-        server, port = serve_http(scorer, args.host, args.port)
-        shutdown = server.shutdown
+    try:
+        if args.protocol == "grpc":
+            server, port = serve_grpc(scorer, args.host, args.port)
+            shutdown = lambda: server.stop(grace=2).wait()  # noqa: E731
+        else:
+            server, port = serve_http(scorer, args.host, args.port)
+            shutdown = server.shutdown
+    except (OSError, RuntimeError) as err:  # the port is taken or the address is not ours
+        raise ValueError(f"--host {args.host} --port {args.port}: cannot listen there ({err}); "
+                         "choose a free port, or --port 0 for any") from None
     print(f"serving {scorer.name} over {args.protocol} on {args.host}:{port}", flush=True)
     stop.wait()
     shutdown()
