@@ -14,11 +14,10 @@ see is the drift from the earlier updates only.
 from __future__ import annotations
 
 import hashlib
-import random
 
 import torch
 
-from omnirl.actor.batch import TrainSample, micro_batches
+from omnirl.actor.batch import TrainSample, group_minibatches, micro_batches
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
 from omnirl.algorithms import (
@@ -69,16 +68,11 @@ def awm_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
     Raises:
         ValueError: non-finite loss (with the sample ids).
     """
-    groups: dict[str, list[TrainSample]] = {}
-    for s in samples:
-        groups.setdefault(s.group_id, []).append(s)
-    order = list(groups)
-    random.Random(seed).shuffle(order)
-    n_mini = min(opt.updatesPerStep, len(order))
-    plan = [micro_batches([s for g in order[m::n_mini] for s in groups[g]], opt.microBatchSize, keep_groups=True)
-            for m in range(n_mini)]
+    plan = [micro_batches(mini, opt.microBatchSize, keep_groups=True)
+            for mini in group_minibatches(samples, opt.updatesPerStep, seed)]
+    n_mini = len(plan)
     sizes = [sum(len(mb) for mb in mbs) for mbs in plan]
-    sigmas = {g: draw_sigmas(g, spec, grid, seed) for g in groups}
+    sigmas = {g: draw_sigmas(g, spec, grid, seed) for g in dict.fromkeys(s.group_id for s in samples)}
     old = _old_log_probs(policies, plan[1:], spec, sigmas, seed, device, ranks) if n_mini > 1 else {}
     sums = {k: 0.0 for k in ("loss", "policy_loss", "kl", "ema_kl", "matching_error", "clip_fraction", "grad_norm")}
     dev = 0.0

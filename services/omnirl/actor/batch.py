@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -67,6 +68,19 @@ def micro_batches(samples: list[TrainSample], size: int, *, keep_groups: bool = 
         if cur:
             out.append(cur)
     return out
+
+
+def group_minibatches(samples: list[TrainSample], updates: int, seed: int) -> list[list[TrainSample]]:
+    """Split a batch into `min(updates, groups)` minibatches of whole groups (one optimiser step
+    each): groups in first-seen order, shuffled by `seed`, dealt round-robin (minibatch m takes
+    groups m, m + n, …). Shared by the DiffusionNFT and AWM updates."""
+    groups: dict[str, list[TrainSample]] = {}
+    for s in samples:
+        groups.setdefault(s.group_id, []).append(s)
+    order = list(groups)
+    random.Random(seed).shuffle(order)
+    n_mini = min(updates, len(order))
+    return [[s for g in order[m::n_mini] for s in groups[g]] for m in range(n_mini)]
 
 
 def stack_window(samples: list[TrainSample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

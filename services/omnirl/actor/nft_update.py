@@ -12,11 +12,10 @@ reward-weighted difference. Draws are seeded by (seed, group, draw), so they are
 from __future__ import annotations
 
 import hashlib
-import random
 
 import torch
 
-from omnirl.actor.batch import TrainSample, micro_batches
+from omnirl.actor.batch import TrainSample, group_minibatches, micro_batches
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
 from omnirl.algorithms import nft_loss, optimality_probability
@@ -48,16 +47,11 @@ def nft_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
     Raises:
         ValueError: non-finite loss (with the sample ids).
     """
-    groups: dict[str, list[TrainSample]] = {}
-    for s in samples:
-        groups.setdefault(s.group_id, []).append(s)
-    group_order = list(groups)
-    random.Random(seed).shuffle(group_order)
-    n_mini = min(opt.updatesPerStep, len(group_order))
+    minibatches = group_minibatches(samples, opt.updatesPerStep, seed)
+    n_mini = len(minibatches)
     k = spec.timestepsPerSample
     sums = {"loss": 0.0, "positive_loss": 0.0, "negative_loss": 0.0, "kl": 0.0, "grad_norm": 0.0}
-    for m in range(n_mini):
-        minibatch = [s for g in group_order[m::n_mini] for s in groups[g]]
+    for minibatch in minibatches:
         optimizer.zero_grad(set_to_none=True)
         for mb, share in ranks.share(micro_batches(minibatch, opt.microBatchSize, keep_groups=True)):
             for draw in range(k):
