@@ -11,6 +11,9 @@ first 6 steps, CPS noise 0.8):
   576×1024; several aspect ratios, few requests each; the first 6 groups cover every size, later
   ones pick at random), 10 steps — the case for packing
   (`batching="packed"`: mixed shapes in one forward) over shape buckets.
+- sparse: groups of 1 or 2 over 8 sizes (SPARSE_SIZES: the 6 above, 1024×576 and 896×640) —
+  validation prompts next to training, one or two samples per prompt and resolution: the
+  per-shape batches a shape-bucketing engine can form stay at 1–4 samples.
 Arrival: `burst` (the whole batch queued at once, as the sync controller sends a step) and
 `stream` (one group joins before every engine step, as fully-async refills arrive).
 """
@@ -45,21 +48,23 @@ def requests(adapter, n: int, mixed: bool, seed: int = 0) -> list[SampleRequest]
 
 FRAGMENTED_SIZES = [(512, 512), (640, 640), (768, 768), (768, 512), (512, 768), (576, 1024)]
 FRAGMENTED_GROUP = 4
+SPARSE_SIZES = [*FRAGMENTED_SIZES, (1024, 576), (896, 640)]
 
 
-def fragmented_requests(adapter, n: int, seed: int = 0, sizes: list[tuple[int, int]] | None = None
-                        ) -> list[SampleRequest]:
-    """`n` requests in groups of 4, each group at a random one of `sizes` (default FRAGMENTED_SIZES)."""
+def fragmented_requests(adapter, n: int, seed: int = 0, sizes: list[tuple[int, int]] | None = None,
+                        group: int = FRAGMENTED_GROUP) -> list[SampleRequest]:
+    """`n` requests in groups of `group` (default 4), each group at one of `sizes` (default
+    FRAGMENTED_SIZES; the first groups cover every size, later ones pick at random)."""
     rng = random.Random(seed)
     sizes = sizes or FRAGMENTED_SIZES
     out: list[SampleRequest] = []
-    for g in range(n // FRAGMENTED_GROUP):
+    for g in range(n // group):
         h, w = sizes[g % len(sizes)] if g < len(sizes) else rng.choice(sizes)  # every size at least once
         start = rng.randrange(0, 4)
         ids = tuple(adapter.tokenize(f"prompt {seed}-{g} @{h}x{w}"))
-        out += [SampleRequest(f"{g}:{i}", f"prompt {g}", ids, seed=seed * 100_000 + g * FRAGMENTED_GROUP + i,
+        out += [SampleRequest(f"{g}:{i}", f"prompt {g}", ids, seed=seed * 100_000 + g * group + i,
                               num_steps=10, window=tuple(range(start, start + 3)), noise_level=0.8, sde_type="cps",
-                              shift=3.0) for i in range(FRAGMENTED_GROUP)]
+                              shift=3.0) for i in range(group)]
     return out
 
 

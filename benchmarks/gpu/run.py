@@ -148,6 +148,25 @@ def packing_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
             "mixed": (rollout.requests(adapter, args.requests // 2, mixed=True, seed=2), rollout.GROUP),
             "uniform": (rollout.requests(adapter, args.requests, mixed=False, seed=2), rollout.GROUP),
         }
+    runs = _batching_runs(adapter, workloads, device, peak, cfg)
+    return {"runs": runs, "fragmented_sizes": rollout.FRAGMENTED_SIZES}
+
+
+def packing_sparse_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
+    """Static vs step-wise vs packed on the sparse workloads: groups of 1 and of 2 over the 8
+    SPARSE_SIZES (`--requests`/2 images each), same compiled kernels."""
+    adapter = BenchSD3Adapter(build_transformer(cfg, device, torch.float32 if device.type == "cpu" else torch.bfloat16))
+    if args.compile:
+        compile_adapter_module(adapter)
+    sizes = [(h // 4, w // 4) for h, w in rollout.SPARSE_SIZES] if args.tiny else rollout.SPARSE_SIZES
+    workloads = {f"sparse-g{g}": (rollout.fragmented_requests(adapter, args.requests // 2, seed=7, sizes=sizes, group=g), g)
+                 for g in (1, 2)}
+    return {"runs": _batching_runs(adapter, workloads, device, peak, cfg), "sizes": rollout.SPARSE_SIZES}
+
+
+def _batching_runs(adapter, workloads: dict, device: torch.device, peak: float, cfg: dict) -> list[dict]:
+    """Each workload under static, step-wise and packed batching, stream and burst arrival; each
+    (workload, batching) first runs once unmeasured (compiled graphs, prompt cache, allocator)."""
     runs = []
     for workload, (reqs, group) in workloads.items():
         for batching in ("static", "stepwise", "packed"):
@@ -159,10 +178,10 @@ def packing_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
                 print(f"  {workload:10} {arrival:7} {batching:9} {row['images_per_second']:7.2f} img/s "
                       f"MFU {row['mfu']:.1%} mean batch {row['mean_batch']:.1f} recompiles {row['recompiles']}",
                       flush=True)
-    return {"runs": runs, "fragmented_sizes": rollout.FRAGMENTED_SIZES}
+    return runs
 
 
-SECTIONS = {"rollout": rollout_section, "packing": packing_section, "compile": compile_section, "actor": actor_section, "e2e": e2e_section, "sync": sync_section}
+SECTIONS = {"rollout": rollout_section, "packing": packing_section, "packing_sparse": packing_sparse_section, "compile": compile_section, "actor": actor_section, "e2e": e2e_section, "sync": sync_section}
 
 
 def headline(res: dict) -> dict:
@@ -193,6 +212,12 @@ def headline(res: dict) -> dict:
             for arrival, suffix in (("stream", ""), ("burst", "_burst")):
                 h[f"rollout_packed_vs_static_{w}{suffix}"] = pips(w, arrival, "packed") / pips(w, arrival, "static")
                 h[f"rollout_packed_vs_stepwise_{w}{suffix}"] = pips(w, arrival, "packed") / pips(w, arrival, "stepwise")
+    sparse = res.get("packing_sparse", {}).get("runs", [])
+    for g in (1, 2):
+        rows = {(r["arrival"], r["batching"]): r["images_per_second"] for r in sparse if r["workload"] == f"sparse-g{g}"}
+        if rows:
+            h[f"rollout_speedup_sparse_g{g}"] = rows[("stream", "packed")] / rows[("stream", "static")]
+            h[f"rollout_packed_vs_stepwise_sparse_g{g}"] = rows[("stream", "packed")] / rows[("stream", "stepwise")]
     act = res.get("actor", {})
     if "lora_bypass" in act:
         best = act["lora_bypass"].get("compiled", act["lora_bypass"]["eager"])
