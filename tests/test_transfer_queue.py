@@ -10,6 +10,7 @@ import redis
 import torch
 from tests.helpers import wait_until
 
+from omnirl.api.spec import TransferQueueSpec
 from omnirl.transfer import BackpressureTimeout, MissingTensors, TransferQueue
 
 
@@ -258,6 +259,13 @@ def test_from_url_owns_its_client(redis_url: str, redis_client: redis.Redis) -> 
     with TransferQueue.from_url(redis_url, "url-job") as q:
         q.set_json("x", [1, 2])
         assert q.get_json("x") == [1, 2]
+
+
+def test_for_job_takes_the_bounds_from_the_spec(redis_url: str) -> None:
+    settings = TransferQueueSpec(maxStreamLength=7, tensorTtlSeconds=12.5, claimIdleSeconds=3.0)
+    with TransferQueue.for_job("spec-job", settings, redis_url) as q:
+        assert (q.job, q.max_stream_length, q.tensor_ttl_s, q.claim_idle_s) == ("spec-job", 7, 12.5, 3.0)
+        assert q.redis.connection_pool.connection_kwargs["port"] == int(redis_url.rsplit(":", 1)[1].split("/")[0])
 
 
 def test_lag_counts_undelivered_entries_with_and_without_xinfo_lag(

@@ -47,10 +47,7 @@ class RolloutService:
     def __init__(self, job: RLJob, env: RoleEnv) -> None:
         spec = job.spec
         self.env = env
-        self.queue = TransferQueue.from_url(
-            env.redis_url, env.job_name, max_stream_length=spec.transferQueue.maxStreamLength,
-            tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
-        )
+        self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
         adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
                                **adapter_options(spec))
@@ -63,7 +60,7 @@ class RolloutService:
         self.receiver = WeightReceiver(env.weight_sync_host, env.weight_sync_port, env.worker_id,
                                        device=str(self.device))
         self.pending: dict[str, dict] = {}  # request entry id → {"left": n, "started": t}
-        self._lease_every = spec.transferQueue.claimIdleSeconds / 3
+        self._lease_every = self.queue.claim_idle_s / 3
         self._last_lease = time.monotonic()
         self.ledger = _Ledger(Path(env.out_dir) / "ledger" / f"rollout-{env.worker_id}.jsonl")
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id,

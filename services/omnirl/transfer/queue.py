@@ -27,6 +27,7 @@ import torch
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from omnirl.api.spec import TransferQueueSpec
 from omnirl.transfer import _scripts
 from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, encode_tensors
 from omnirl.transfer.errors import BackpressureTimeout, MissingTensors
@@ -108,6 +109,20 @@ class TransferQueue:
         queue = cls(redis_client(url, reconnect_s), job, **kwargs)
         queue._owns_client = True
         return queue
+
+    @classmethod
+    def for_job(cls, job: str, settings: TransferQueueSpec, url: str) -> TransferQueue:
+        """The queue every role and the launcher use: :meth:`from_url` with the job's
+        ``spec.transferQueue`` bounds (``maxStreamLength``, ``tensorTtlSeconds``, ``claimIdleSeconds``).
+
+        Args:
+            job: the RLJob name.
+            settings: the job's ``spec.transferQueue``.
+            url: the Redis the roles reach (``RoleEnv.redis_url``; the launcher's embedded one or
+                ``settings.redisUrl``), which may differ from ``settings.redisUrl``.
+        """
+        return cls.from_url(url, job, max_stream_length=settings.maxStreamLength,
+                            tensor_ttl_s=settings.tensorTtlSeconds, claim_idle_s=settings.claimIdleSeconds)
 
     # ------------------------------------------------------------------ names and groups
     def _check_key(self, what: str, key: str) -> str:
