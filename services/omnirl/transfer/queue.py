@@ -29,9 +29,10 @@ from redis.retry import Retry
 
 from omnirl.api.spec import TransferQueueSpec
 from omnirl.transfer import _scripts
+from omnirl.transfer.cleanup import delete_job_keys
 from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, encode_tensors
 from omnirl.transfer.errors import BackpressureTimeout, MissingTensors
-from omnirl.transfer.keys import StreamNames, done_key, job_pattern, job_prefix, kv_key
+from omnirl.transfer.keys import StreamNames, done_key, job_prefix, kv_key
 from omnirl.transfer.keys import tensor_key as make_tensor_key
 from omnirl.transfer.message import Message
 
@@ -450,18 +451,9 @@ class TransferQueue:
 
     # ------------------------------------------------------------------ lifecycle
     def cleanup(self) -> int:
-        """UNLINK every key of this job (``SCAN MATCH omnirl:{job}:*``); returns how many.
-
-        The operator's finalizer calls this when an RLJob is deleted. Other jobs are untouched.
-        """
-        removed, batch = 0, []
-        for key in self.redis.scan_iter(match=job_pattern(self.job), count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                removed += int(self.redis.unlink(*batch))
-                batch = []
-        if batch:
-            removed += int(self.redis.unlink(*batch))
+        """UNLINK every key of this job (:func:`~omnirl.transfer.cleanup.delete_job_keys`, shared
+        with the operator's finalizer); returns how many. Other jobs are untouched."""
+        removed = delete_job_keys(self.redis, self.job)
         self._groups.clear()
         self._claim_cursor.clear()
         return removed
