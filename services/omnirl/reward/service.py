@@ -93,7 +93,7 @@ class RewardService:
         if self.sync_mode:
             for step in sorted({m.step for m in metas if m.kind == "train"}):
                 self._wait_all_rollouts(step)
-        images = [self.queue.load_tensors(m)["image"].numpy() for m in msgs]
+        images = [self.queue.load_image(m).numpy() for m in msgs]
         results = {name: self._score_by_shape(scorer, images, metas) for name, scorer in self.scorers.items()}
         now = time.time()
         for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):

@@ -2,7 +2,7 @@
 
 Loop: reclaim/read generate requests → expand each into its G samples → feed the engine one
 denoising step at a time → publish every finished sample at once (out of order) with its
-trajectory tensors → acknowledge a request when all its samples are published. Between engine
+trajectory and image (two keys) → acknowledge a request when all its samples are published. Between engine
 steps it checks for an announced weight sync: it stops admitting, drains what is in flight (so
 no sample mixes two weight versions), binds the new weights, verifies them, and goes on.
 
@@ -140,9 +140,9 @@ class RolloutService:
                 noise_level=r.request.noise_level, sde_type=r.request.sde_type, worker=self.env.worker_id,
                 generated_at=now, rollout_seconds=now - self.pending[m["entry"]]["started"],
             ).model_dump()
-            tensors = {"image": r.image, "x0": r.x0, "latents": r.latents, "log_probs": r.log_probs,
-                       "sigmas": r.sigmas}
-            published = self.queue.publish(self.queue.streams.samples, meta, tensors, done_kind="rollout")
+            tensors = {"x0": r.x0, "latents": r.latents, "log_probs": r.log_probs, "sigmas": r.sigmas}
+            published = self.queue.publish(self.queue.streams.samples, meta, tensors, image=r.image,
+                                           done_kind="rollout")
             self.heartbeat.beat(progressed=True)
             if published is not None:
                 self.ledger.write(r.request.sample_id, r.policy_version)

@@ -32,7 +32,7 @@ from omnirl.transfer import _scripts
 from omnirl.transfer.cleanup import delete_job_keys
 from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, encode_tensors
 from omnirl.transfer.errors import BackpressureTimeout, MissingTensors
-from omnirl.transfer.keys import StreamNames, done_key, job_prefix, kv_key
+from omnirl.transfer.keys import StreamNames, done_key, image_key, job_prefix, kv_key
 from omnirl.transfer.keys import tensor_key as make_tensor_key
 from omnirl.transfer.message import Message
 
@@ -151,19 +151,24 @@ class TransferQueue:
         meta: dict,
         tensors: dict[str, torch.Tensor] | None = None,
         *,
+        image: torch.Tensor | None = None,
         tensor_key: str | None = None,
         done_kind: str | None = None,
     ) -> str | None:
-        """Append one entry; store ``tensors`` (if any) under a key with a TTL.
+        """Append one entry; store ``tensors`` and ``image`` (if any) under two keys with a TTL.
 
         Args:
             stream: a stream key of this job (``queue.streams.samples``).
             meta: plain metadata (see :func:`~omnirl.transfer.codec.encode_meta`); needs
                 ``meta["sample_id"]`` when tensors come without ``tensor_key`` or with ``done_kind``.
-            tensors: name → tensor (any shape/dtype), stored as safetensors bytes under
-                ``tensor_key`` (default ``omnirl:{job}:tensors:{sample_id}``) for ``tensor_ttl_s``.
-            tensor_key: where to store them; with ``tensors=None`` the entry just names this
-                existing key (e.g. a score entry pointing at its sample's tensors).
+            tensors: name → tensor (any shape/dtype; a sample's trajectory), stored as safetensors
+                bytes under ``tensor_key`` (default ``omnirl:{job}:tensors:{sample_id}``) for
+                ``tensor_ttl_s``; read back with :meth:`load_tensors`.
+            image: the sample's image (any shape/dtype, e.g. uint8 ``[H, W, 3]``), stored alone
+                under :func:`~omnirl.transfer.keys.image_key` of the tensor key with the same TTL,
+                so that a scorer reads it (:meth:`load_image`) without the trajectory. Needs ``tensors``.
+            tensor_key: where to store them (``omnirl:{job}:tensors:…``); with ``tensors=None`` the
+                entry just names this existing key (e.g. a score entry pointing at its sample).
             done_kind: when given, set the marker ``done:{done_kind}:{sample_id}`` atomically with
                 the append; if it already exists nothing is written (a duplicate result).
 
@@ -172,21 +177,27 @@ class TransferQueue:
 
         Raises:
             TypeError: metadata or tensors that cannot be encoded (names the key).
-            ValueError: a key outside this job, or a missing ``meta["sample_id"]``.
+            ValueError: a key outside this job, a tensor key not under ``tensors:``, an image
+                without tensors, or a missing ``meta["sample_id"]``.
             BackpressureTimeout: the stream stayed full for ``backpressure_timeout_s`` seconds.
 
         Back-pressure waits while XLEN >= ``max_stream_length``; the check and the append are two
         steps, so P concurrent producers may overshoot the bound by at most P - 1 entries.
         """
         self._check_key("stream", stream)
+        if image is not None and tensors is None:
+            raise ValueError("publish(image=...) needs the sample's tensors too (the image key is named after them)")
         meta_bytes = encode_meta(meta)
         tensor_bytes = encode_tensors(tensors) if tensors is not None else None
+        image_bytes = encode_tensors({"image": image}) if image is not None else None
         if tensor_key is None and tensors is not None:
             tensor_key = make_tensor_key(self.job, self._sample_id(meta, "tensors without tensor_key"))
         keys, flags = [stream], ["0", "0"]
         if tensor_key is not None:
-            keys.append(self._check_key("tensor_key", tensor_key))
+            keys.append(self._check_tensor_key(tensor_key))
             flags = ["1", "1" if tensor_bytes is not None else "0"]
+        if image_bytes is not None:
+            keys.append(image_key(tensor_key))
         marker = None
         if done_kind is not None:
             marker = done_key(self.job, done_kind, self._sample_id(meta, "done_kind"))
@@ -195,6 +206,7 @@ class TransferQueue:
         args = [
             meta_bytes, *flags, tensor_bytes or b"", int(self.tensor_ttl_s * 1000),
             "1" if marker else "0", int(self.done_ttl_s * 1000),
+            "1" if image_bytes is not None else "0", image_bytes or b"",
         ]
         entry_id = self._publish_script(keys=keys, args=args)
         return None if entry_id is None else _s(entry_id)
@@ -297,30 +309,48 @@ class TransferQueue:
         return Message(_s(entry_id), stream, decode_meta(fields[b"m"]), None if key is None else _s(key),
                        delivery_count)
 
-    def load_tensors(self, msg_or_key: Message | str) -> dict[str, torch.Tensor]:
-        """The tensors a message (or a tensor key) names, as CPU tensors.
+    def _check_tensor_key(self, key: str) -> str:
+        """``key`` if it is a tensor key of this job (``omnirl:{job}:tensors:…``), else ValueError."""
+        if not isinstance(key, str) or not key.startswith(f"{self._prefix}tensors:"):
+            raise ValueError(f"tensor key {key!r} is not under {self._prefix}tensors: (see keys.tensor_key)")
+        return key
 
-        Raises:
-            MissingTensors: the key expired or was deleted (never an empty dict).
-            ValueError: the message carries no tensor key.
-        """
+    def _tensor_key_of(self, msg_or_key: Message | str) -> str:
         if isinstance(msg_or_key, Message):
             if msg_or_key.tensor_key is None:
                 raise ValueError(f"message {msg_or_key.id} of {msg_or_key.stream!r} carries no tensors")
-            key = msg_or_key.tensor_key
-        else:
-            key = self._check_key("tensor key", msg_or_key)
+            return msg_or_key.tensor_key
+        return self._check_tensor_key(msg_or_key)
+
+    def _get(self, key: str) -> dict[str, torch.Tensor]:
         data = self.redis.get(key)
         if data is None:
             raise MissingTensors(key)
         return decode_tensors(data)
 
+    def load_tensors(self, msg_or_key: Message | str) -> dict[str, torch.Tensor]:
+        """The tensors a message (or a tensor key) names, as CPU tensors; without the image.
+
+        Raises:
+            MissingTensors: the key expired or was deleted (never an empty dict).
+            ValueError: the message carries no tensor key, or the key is not a tensor key.
+        """
+        return self._get(self._tensor_key_of(msg_or_key))
+
+    def load_image(self, msg_or_key: Message | str) -> torch.Tensor:
+        """The image published with a message's tensors (one GET of the image key alone).
+
+        Raises:
+            MissingTensors: the image key expired, was deleted, or was never written.
+            ValueError: the message carries no tensor key, or the key is not a tensor key.
+        """
+        return self._get(image_key(self._tensor_key_of(msg_or_key)))["image"]
+
     def delete_tensors(self, keys: list[str] | str) -> int:
-        """UNLINK tensor keys (a str or a list); returns how many existed."""
+        """UNLINK tensor keys (a str or a list) and their image keys; returns how many keys existed."""
         keys = [keys] if isinstance(keys, str) else list(keys)
-        for key in keys:
-            self._check_key("tensor key", key)
-        return int(self.redis.unlink(*keys)) if keys else 0
+        names = [name for key in keys for name in (self._check_tensor_key(key), image_key(key))]
+        return int(self.redis.unlink(*names)) if names else 0
 
     def recover(self, stream: str, group: str, consumer: str, count: int = 1000) -> list[Message]:
         """This consumer's own pending entries (XREADGROUP id ``0``): the work a previous process
