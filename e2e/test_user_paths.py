@@ -1,7 +1,7 @@
 """User-facing paths of a local run that the ledger tests do not take, in one short job:
 `omnirl run` with Ray placement (the default of `make demo`), the `sync` pipeline mode, two weighted
 rewards one of which is an HTTP reward model (a real server in this process), the controller's
-`/metrics` scraped while the job runs (its values; `e2e/test_dashboards.py` checks every dashboard
+`/metrics` scraped while the job runs (its values; `e2e/test_dashboard_data.py` checks every dashboard
 panel gets data), then `omnirl eval --checkpoint` on the run's checkpoint."""
 
 from __future__ import annotations
@@ -9,8 +9,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +19,7 @@ import pytest
 import yaml
 from e2e.test_local_job import ROOT, ledger, tiny_job
 from PIL import Image
-from tests.dashboards import scrape_until_exit
+from tests.dashboards import run_scraped
 
 HTTP_WEIGHT = 0.5
 
@@ -62,12 +60,6 @@ class RewardModel(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url):
     server = RewardModel()
@@ -80,21 +72,12 @@ def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url):
                                   "timeoutSeconds": 60})
     doc["spec"]["algorithm"]["optimizer"]["learningRate"] = 3e-3
     job.write_text(json.dumps(doc))
-    out, port = tmp_path / "out", free_port()
-    env = {**os.environ, "OMNIRL_METRICS_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", str(job), "--out", str(out)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    scraped: dict[str, float] = {}
-    scraper = threading.Thread(target=scrape_until_exit, args=(port, proc, set(), scraped), daemon=True)
-    scraper.start()
+    out = tmp_path / "out"
     try:
-        log, _ = proc.communicate(timeout=540)
+        code, log, _, scraped = run_scraped(job, out, timeout_s=540)
     finally:
-        if proc.poll() is None:
-            proc.kill()
         server.shutdown()
-    scraper.join()
-    assert proc.returncode == 0, log[-4000:]
+    assert code == 0, log[-4000:]
     assert any(line.startswith("omnirl: job userpaths") and line.endswith(", ray)") for line in log.splitlines())
 
     # two weighted rewards: every sample went to the HTTP model once, and the total is the weighted sum

@@ -9,8 +9,10 @@ value. The `job` variable's own query (`label_values(omnirl_training_step, job)`
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
+import sys
 import threading
 import urllib.request
 from dataclasses import dataclass
@@ -18,7 +20,10 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-DASHBOARDS = Path(__file__).resolve().parents[1] / "charts" / "omnirl" / "files" / "dashboards"
+from omnirl.transfer.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+DASHBOARDS = ROOT / "charts" / "omnirl" / "files" / "dashboards"
 SELECTOR_RE = re.compile(r"\b(omnirl_[a-z0-9_]+)\b\s*(\{[^}]*\})?")
 MATCHER_RE = re.compile(r'\s*([A-Za-z_][A-Za-z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*')
 Series = tuple[str, frozenset[tuple[str, str]]]  # (sample name, labels)
@@ -94,7 +99,33 @@ def parse_scrape(text: str) -> set[Series]:
             for family in text_string_to_metric_families(text) for s in family.samples}
 
 
-def scrape_until_exit(port: int, proc: subprocess.Popen, seen: set[Series], values: dict[str, float]) -> None:
+def run_scraped(job: Path, out: Path, *extra: str, timeout_s: float) -> tuple[int, str, set[Series], dict[str, float]]:
+    """``omnirl run JOB --out OUT *extra`` with the controller's ``/metrics`` on a free port
+    (``OMNIRL_METRICS_PORT``), scraped every 0.2 s until the job exits (killed after ``timeout_s``).
+
+    Returns:
+        (exit code, the job's combined stdout and stderr, every series ever served, each
+        ``omnirl_*`` sample name's latest value).
+    """
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", str(job), "--out", str(out), *extra],
+                            cwd=ROOT, env={**os.environ, "OMNIRL_METRICS_PORT": str(port)},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen: set[Series] = set()
+    values: dict[str, float] = {}
+    scraper = threading.Thread(target=_scrape_until_exit, args=(port, proc, seen, values), daemon=True)
+    scraper.start()
+    try:
+        log, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        scraper.join()
+    return proc.returncode, log, seen, values
+
+
+def _scrape_until_exit(port: int, proc: subprocess.Popen, seen: set[Series], values: dict[str, float]) -> None:
     """Scrape `http://127.0.0.1:{port}/metrics` every 0.2 s until `proc` exits; `seen` collects every
     series ever served, `values` each `omnirl_*` sample name's latest value (any labels)."""
     while proc.poll() is None:

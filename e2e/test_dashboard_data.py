@@ -5,16 +5,10 @@ scraped until it exits; each panel's selectors, labels included, must match a se
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-import threading
-
 import pytest
 import yaml
-from e2e.test_local_job import ROOT, tiny_job
-from e2e.test_user_paths import free_port
-from tests.dashboards import empty_panels, scrape_until_exit
+from e2e.test_local_job import tiny_job
+from tests.dashboards import empty_panels, run_scraped
 
 # (dashboard file, panel title) → why this job cannot fill it. None today: FlowGRPO reports every
 # actor gauge, the controller every queue, reward and step meter.
@@ -28,21 +22,8 @@ def test_every_dashboard_panel_gets_data_from_a_short_job(tmp_path, redis_url):
     doc = yaml.safe_load(job.read_text())
     doc["spec"]["validation"]["maxPrompts"] = 2
     job.write_text(yaml.safe_dump(doc))
-    port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", str(job), "--out", str(tmp_path / "out"),
-                             "--no-ray"], cwd=ROOT, env={**os.environ, "OMNIRL_METRICS_PORT": str(port)},
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    seen: set = set()
-    values: dict[str, float] = {}
-    scraper = threading.Thread(target=scrape_until_exit, args=(port, proc, seen, values), daemon=True)
-    scraper.start()
-    try:
-        log, _ = proc.communicate(timeout=420)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    scraper.join()
-    assert proc.returncode == 0, log[-4000:]
+    code, log, seen, values = run_scraped(job, tmp_path / "out", "--no-ray", timeout_s=420)
+    assert code == 0, log[-4000:]
     assert values["omnirl_training_step"] == 0 and values["omnirl_samples_trained_total"] == 2 * 3
     empty = empty_panels(seen, {"job": name})
     assert set(empty) == set(EXEMPT), f"panels without data (missing series): {empty}"
