@@ -10,7 +10,7 @@ duplicate publish writes nothing and returns ``None``), then acknowledge.
 Memory stays bounded three ways: (1) after every :meth:`~TransferQueue.ack` the stream is trimmed
 with ``XTRIM MINID`` to the oldest entry some group still needs (its oldest pending entry, or the
 first one not yet delivered), an atomic Lua script that is correct for any number of groups;
-(2) tensor keys and done markers carry TTLs; (3) :meth:`~TransferQueue.publish` waits while the
+(2) tensor and image keys and done markers carry TTLs; (3) :meth:`~TransferQueue.publish` waits while the
 stream holds ``max_stream_length`` entries (back-pressure). A group created after entries were
 trimmed never sees them, so create every group (:meth:`~TransferQueue.ensure_group`) before
 consuming starts; groups start at id ``0`` and so see entries published before they existed.
