@@ -11,10 +11,11 @@ a VAE-decoded 512² image would add 0.79 MB), plus its `SampleMeta` (msgpack) wi
 Timed per step, sequentially in one process over two Redis connections (no overlap, so the sum is
 what a step pays if nothing hides it):
 
-- put (rollout): `TransferQueue.publish(streams.samples, meta, tensors, done_kind="rollout")` per
-  sample — safetensors encode, the Lua append, the tensor key with its TTL, the done marker;
-- get (actor): `consume` until every sample arrived, `load_tensors` (GET + safetensors decode),
-  `ack` (XACK + trim) and `delete_tensors`, as the reward/actor services do.
+- put (rollout): `TransferQueue.publish(streams.samples, meta, trajectory, image=image, done_kind="rollout")`
+  per sample — safetensors encode, the Lua append, the trajectory and image keys with their TTL, the
+  done marker;
+- get (reward + actor): `consume` until every sample arrived, `load_image` (the reward's GET) and
+  `load_tensors` (the actor's GET, + safetensors decode), `ack` (XACK + trim) and `delete_tensors`.
 
 Then, untimed, every decoded tensor is compared bit for bit with what was put, and the stream, its
 pending list and the tensor keys are checked to be empty. MB are 10^6 bytes; the wire MB count the
@@ -33,7 +34,7 @@ import torch
 from omnirl.api.messages import SampleMeta
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.codec import encode_meta
-from omnirl.transfer.keys import tensor_key
+from omnirl.transfer.keys import image_key, tensor_key
 
 MB = 1e6
 JOB = "bench-transfer"
@@ -99,13 +100,15 @@ def put_step(queue: TransferQueue, payload: list[tuple[dict, dict[str, torch.Ten
     re-putting a payload publishes 0 entries.
     """
     t0 = time.perf_counter()
-    published = sum(queue.publish(queue.streams.samples, meta, tensors, done_kind="rollout") is not None
+    published = sum(queue.publish(queue.streams.samples, meta, {k: t for k, t in tensors.items() if k != "image"},
+                                  image=tensors["image"], done_kind="rollout") is not None
                     for meta, tensors in payload)
     return time.perf_counter() - t0, published
 
 
 def get_step(queue: TransferQueue, expected: int, timeout_s: float = 60.0) -> tuple[float, dict[str, dict]]:
-    """Consume, load, ack and delete `expected` samples as the actor does; returns (seconds, sample_id → tensors).
+    """Consume, load (image and trajectory), ack and delete `expected` samples as the reward and the
+    actor do; returns (seconds, sample_id → tensors, the image included).
 
     Raises:
         RuntimeError: a sample delivered twice, or fewer than `expected` within `timeout_s` (names counts).
@@ -121,19 +124,25 @@ def get_step(queue: TransferQueue, expected: int, timeout_s: float = 60.0) -> tu
         for msg in msgs:
             if msg.sample_id in received:
                 raise RuntimeError(f"get_step: sample {msg.sample_id} delivered twice (entry {msg.id})")
-            received[msg.sample_id] = queue.load_tensors(msg)
+            received[msg.sample_id] = {**queue.load_tensors(msg), "image": queue.load_image(msg)}
         queue.ack(stream, GROUP, [m.id for m in msgs])
         queue.delete_tensors([m.tensor_key for m in msgs if m.tensor_key is not None])
     return time.perf_counter() - t0, received
 
 
 def _wire_bytes(queue: TransferQueue, payload: list[tuple[dict, dict]]) -> tuple[int, int]:
-    """(stored safetensors bytes, msgpack metadata bytes) of a published payload."""
+    """(stored safetensors bytes of trajectories and images, msgpack metadata bytes) of a published payload."""
     with queue.redis.pipeline(transaction=False) as pipe:
-        for meta, _ in payload:
-            pipe.strlen(tensor_key(queue.job, meta["sample_id"]))
+        for key in _keys(queue, payload):
+            pipe.strlen(key)
         tensor_bytes = sum(pipe.execute())
     return tensor_bytes, sum(len(encode_meta(meta)) for meta, _ in payload)
+
+
+def _keys(queue: TransferQueue, payload: list[tuple[dict, dict]]) -> list[str]:
+    """The trajectory and image keys of a payload's samples."""
+    keys = [tensor_key(queue.job, meta["sample_id"]) for meta, _ in payload]
+    return keys + [image_key(key) for key in keys]
 
 
 def _check_step(queue: TransferQueue, payload: list[tuple[dict, dict]], received: dict[str, dict]) -> None:
@@ -145,8 +154,7 @@ def _check_step(queue: TransferQueue, payload: list[tuple[dict, dict]], received
             raise RuntimeError(f"sample {meta['sample_id']}: tensors {bad or sorted(set(got) ^ set(tensors))} "
                                "differ after the round trip")
     stream = queue.streams.samples
-    keys = [tensor_key(queue.job, meta["sample_id"]) for meta, _ in payload]
-    left = (queue.pending_count(stream, GROUP), queue.stream_length(stream), queue.redis.exists(*keys))
+    left = (queue.pending_count(stream, GROUP), queue.stream_length(stream), queue.redis.exists(*_keys(queue, payload)))
     if left != (0, 0, 0):
         raise RuntimeError(f"after the step: pending={left[0]}, stream length={left[1]}, tensor keys={left[2]} "
                            "(all must be 0)")

@@ -81,13 +81,13 @@ def test_every_sample_scored_once_and_trained_once(tmp_path, redis_url, mode):
     assert [v["step"] for v in vals] == [0, 2, 3] and all(v["n"] == 4 for v in vals)
     assert (out / "samples" / "step-00003.png").exists()
     assert (out / "checkpoints" / "latest" / "policy.safetensors").exists()
-    # nothing pending, no tensors left behind
+    # nothing pending, no trajectories or images left behind
     client = redis.Redis.from_url(redis_url)
     for stream, group in [("requests", "rollout"), ("samples", "reward"), ("scores", "controller"),
                           ("control", "actor"), ("control", "controller")]:
         groups = {g["name"].decode(): g for g in client.xinfo_groups(f"omnirl:{name}:{stream}")}
         assert groups[group]["pending"] == 0, (stream, group)
-    assert list(client.scan_iter(match=f"omnirl:{name}:tensors:*")) == []
+    assert [k for kind in ("tensors", "images") for k in client.scan_iter(match=f"omnirl:{name}:{kind}:*")] == []
 
 
 def test_two_fsdp_actor_ranks_train_the_job(tmp_path, redis_url):
@@ -105,7 +105,7 @@ def test_two_fsdp_actor_ranks_train_the_job(tmp_path, redis_url):
     client = redis.Redis.from_url(redis_url)
     groups = {g["name"].decode(): g for g in client.xinfo_groups(f"omnirl:{name}:control")}
     assert groups["actor"]["pending"] == 0 and groups["actor-rank1"]["pending"] == 0  # both ranks read every request
-    assert list(client.scan_iter(match=f"omnirl:{name}:tensors:*")) == []
+    assert [k for kind in ("tensors", "images") for k in client.scan_iter(match=f"omnirl:{name}:{kind}:*")] == []
 
 
 @pytest.mark.parametrize("algorithm", ["flow-grpo", "awm"])

@@ -1,21 +1,17 @@
 """User-facing paths of a local run that the ledger tests do not take, in one short job:
 `omnirl run` with Ray placement (the default of `make demo`), the `sync` pipeline mode, two weighted
 rewards one of which is an HTTP reward model (a real server in this process), the controller's
-`/metrics` scraped while the job runs (every series the shipped Grafana dashboards query must have
-data), then `omnirl eval --checkpoint` on the run's checkpoint."""
+`/metrics` scraped while the job runs (its values; `e2e/test_dashboard_data.py` checks every dashboard
+panel gets data), then `omnirl eval --checkpoint` on the run's checkpoint."""
 
 from __future__ import annotations
 
 import base64
 import io
 import json
-import os
-import re
-import socket
 import subprocess
 import sys
 import threading
-import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
@@ -23,9 +19,8 @@ import pytest
 import yaml
 from e2e.test_local_job import ROOT, ledger, tiny_job
 from PIL import Image
+from tests.dashboards import run_scraped
 
-DASHBOARDS = ROOT / "charts" / "omnirl" / "files" / "dashboards"
-SERIES_RE = re.compile(r"omnirl_[a-z0-9_]+")
 HTTP_WEIGHT = 0.5
 
 
@@ -65,37 +60,6 @@ class RewardModel(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def dashboard_series() -> set[str]:
-    """Every `omnirl_*` series the shipped dashboards' panel queries name."""
-    names = set()
-    for path in DASHBOARDS.glob("*.json"):
-        for panel in json.loads(path.read_text())["panels"]:
-            for target in panel.get("targets", []):
-                names |= set(SERIES_RE.findall(target["expr"]))
-    return names
-
-
-def scrape_until_exit(port: int, proc: subprocess.Popen, seen: dict[str, float]) -> None:
-    """Scrape /metrics until the job exits; `seen` keeps each series' latest sample value."""
-    while proc.poll() is None:
-        try:
-            text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-        except OSError:  # not serving yet, or already gone
-            threading.Event().wait(0.2)
-            continue
-        for line in text.splitlines():
-            if line.startswith("omnirl_"):
-                name, value = re.split(r"[{ ]", line, maxsplit=1)[0], float(line.rsplit(" ", 1)[1])
-                seen[name] = value
-        threading.Event().wait(0.2)
-
-
 @pytest.mark.slow
 def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url):
     server = RewardModel()
@@ -108,21 +72,12 @@ def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url):
                                   "timeoutSeconds": 60})
     doc["spec"]["algorithm"]["optimizer"]["learningRate"] = 3e-3
     job.write_text(json.dumps(doc))
-    out, port = tmp_path / "out", free_port()
-    env = {**os.environ, "OMNIRL_METRICS_PORT": str(port)}
-    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", str(job), "--out", str(out)], cwd=ROOT,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    scraped: dict[str, float] = {}
-    scraper = threading.Thread(target=scrape_until_exit, args=(port, proc, scraped), daemon=True)
-    scraper.start()
+    out = tmp_path / "out"
     try:
-        log, _ = proc.communicate(timeout=540)
+        code, log, _, scraped = run_scraped(job, out, timeout_s=540)
     finally:
-        if proc.poll() is None:
-            proc.kill()
         server.shutdown()
-    scraper.join()
-    assert proc.returncode == 0, log[-4000:]
+    assert code == 0, log[-4000:]
     assert any(line.startswith("omnirl: job userpaths") and line.endswith(", ray)") for line in log.splitlines())
 
     # two weighted rewards: every sample went to the HTTP model once, and the total is the weighted sum
@@ -138,11 +93,7 @@ def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url):
         assert r["reward_mean"] == pytest.approx(r["reward_ocr"] + HTTP_WEIGHT * r["reward_judge"], abs=1e-5)
         assert r["reward_judge"] > 0
 
-    # every series a dashboard panel queries had data on /metrics while the job ran
-    wanted = dashboard_series()
-    assert len(wanted) >= 20
-    missing = sorted(wanted - set(scraped))
-    assert not missing, f"dashboard series never exported: {missing}"
+    # the controller's /metrics served the job's numbers while it ran
     assert scraped["omnirl_training_step"] == 1 and scraped["omnirl_policy_version"] == 2
     assert scraped["omnirl_samples_trained_total"] == 2 * 2 * 3
 

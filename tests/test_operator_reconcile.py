@@ -14,7 +14,8 @@ import redis
 from kubernetes.client import ApiClient, Configuration
 
 from omnirl.telemetry.k8s_status import StatusReporter
-from omnirl.transfer import TransferQueue
+from omnirl.transfer import TransferQueue, cleanup
+from omnirl_operator import redis_cleanup
 from omnirl_operator.reconcile import reconcile
 from omnirl_operator.redis_cleanup import cleanup_job, redacted
 from omnirl_operator.settings import OperatorSettings
@@ -58,7 +59,7 @@ def test_reconcile_twice_is_idempotent():
     asyncio.run(main())
 
 
-def test_finalizer_cleanup_matches_transfer_queue_cleanup(redis_url):
+def test_finalizer_cleanup_removes_exactly_the_jobs_keys(redis_url):
     client = redis.Redis.from_url(redis_url)
     try:
         for job in ("demo", "demo-other"):
@@ -73,6 +74,8 @@ def test_finalizer_cleanup_matches_transfer_queue_cleanup(redis_url):
         assert client.keys("omnirl:demo-other:*")  # other jobs untouched
         assert cleanup_job(redis_url, "demo") == 0
         assert TransferQueue(client, "demo-other").cleanup() > 0 and client.keys("omnirl:demo-other:*") == []  # other tests share the server
+        # one cleanup: the queue's and the finalizer's are the same torch-free function
+        assert redis_cleanup.delete_job_keys is cleanup.delete_job_keys
     finally:
         client.close()
     assert redacted("redis://:s3cret@h:6379/0") == "redis://:***@h:6379/0"
@@ -80,7 +83,8 @@ def test_finalizer_cleanup_matches_transfer_queue_cleanup(redis_url):
 
 def test_operator_imports_run_without_torch():
     """The operator image installs omnirl without torch, msgpack or safetensors: importing the
-    handlers (and, through the finalizer, ``omnirl.transfer.keys``) must not need them."""
+    handlers (and, through the finalizer, the shared ``omnirl.transfer.cleanup`` and
+    ``omnirl.transfer.keys``) must not need them, and must not load them either."""
     code = (
         "import sys\n"
         "class NotInImage:\n"
@@ -88,12 +92,13 @@ def test_operator_imports_run_without_torch():
         "        if name.split('.')[0] in ('torch', 'msgpack', 'safetensors'):\n"
         "            raise ImportError(name + ' is not in the operator image')\n"
         "sys.meta_path.insert(0, NotInImage())\n"
-        "import omnirl_operator.handlers, omnirl_operator.redis_cleanup\n"
-        "print(omnirl_operator.redis_cleanup.job_pattern('demo'))\n"
+        "import omnirl_operator.handlers, omnirl_operator.redis_cleanup, omnirl.transfer.cleanup\n"
+        "assert not {'torch', 'msgpack', 'safetensors'} & {m.split('.')[0] for m in sys.modules}\n"
+        "print(omnirl_operator.redis_cleanup.delete_job_keys.__module__)\n"
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.strip() == "omnirl:demo:*"
+    assert proc.stdout.strip() == "omnirl.transfer.cleanup"
 
 
 def _closed_port() -> int:

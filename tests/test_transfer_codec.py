@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, encode_tensors
-from omnirl.transfer.keys import StreamNames, done_key, job_pattern, kv_key, tensor_key, validate_job
+from omnirl.transfer.keys import StreamNames, done_key, image_key, job_pattern, kv_key, tensor_key, validate_job
 
 
 def _bits(t: torch.Tensor) -> bytes:
@@ -131,6 +131,11 @@ def test_key_names() -> None:
     assert names.control == "omnirl:demo-ocr:control"
     assert names.all() == (names.requests, names.samples, names.scores, names.control)
     assert tensor_key("demo-ocr", "3:1:0") == "omnirl:demo-ocr:tensors:3:1:0"
+    assert image_key(tensor_key("demo-ocr", "3:1:0")) == "omnirl:demo-ocr:images:3:1:0"
+    assert image_key("omnirl:j:tensors:val:tensors:1") == "omnirl:j:images:val:tensors:1"  # only the job's segment
+    for bad in ("omnirl:j:kv:x", "other:j:tensors:1", "omnirl:a:b:tensors:1", None):
+        with pytest.raises(ValueError, match="is not a tensor key"):
+            image_key(bad)
     assert job_pattern("demo-ocr") == "omnirl:demo-ocr:*"
     assert done_key("j", "reward", "0:0:1") == "omnirl:j:done:reward:0:0:1"
     assert kv_key("j", "policy_version") == "omnirl:j:kv:policy_version"

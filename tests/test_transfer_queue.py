@@ -10,7 +10,9 @@ import redis
 import torch
 from tests.helpers import wait_until
 
-from omnirl.transfer import BackpressureTimeout, MissingTensors, TransferQueue
+from omnirl.api.spec import TransferQueueSpec
+from omnirl.transfer import BackpressureTimeout, MissingTensors, TransferQueue, image_key
+from omnirl.transfer.codec import decode_tensors, encode_tensors
 
 
 def _queue(client: redis.Redis, job: str = "test-job", **kwargs) -> TransferQueue:
@@ -40,6 +42,44 @@ def test_publish_consume_load_round_trip(redis_client: redis.Redis) -> None:
     assert torch.equal(q.load_tensors(msg)["latents"], latents)
     assert torch.equal(q.load_tensors(msg.tensor_key)["latents"], latents)
     assert q.consume(s, "reward", "w0", block_ms=0) == []
+
+
+def test_image_and_trajectory_live_under_separate_keys(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client, tensor_ttl_s=60)
+    s = q.streams.samples
+    image = torch.randint(0, 256, (16, 16, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    trajectory = {"latents": torch.randn(3, 4, 16, 16), "log_probs": torch.randn(2), "x0": torch.randn(4, 16, 16)}
+    q.publish(s, {"sample_id": "1:0:2"}, trajectory, image=image, done_kind="rollout")
+    [msg] = q.consume(s, "reward", "w", block_ms=0)
+    assert (msg.tensor_key, image_key(msg.tensor_key)) == ("omnirl:test-job:tensors:1:0:2", "omnirl:test-job:images:1:0:2")
+    # the image key holds the image alone: what a scorer fetches is 16·16·3 bytes plus one header
+    stored = redis_client.get(image_key(msg.tensor_key))
+    assert stored == encode_tensors({"image": image}) and set(decode_tensors(stored)) == {"image"}
+    assert len(stored) < 768 + 256
+    assert len(redis_client.get(msg.tensor_key)) == len(encode_tensors(trajectory)) > 10 * len(stored)
+    assert torch.equal(q.load_image(msg), image) and torch.equal(q.load_image(msg.tensor_key), image)
+    got = q.load_tensors(msg)
+    assert set(got) == set(trajectory) and all(torch.equal(got[k], trajectory[k]) for k in trajectory)
+    # one TTL for both; a duplicate publish writes neither; delete_tensors removes both
+    assert 50_000 < redis_client.pttl(image_key(msg.tensor_key)) <= 60_000
+    assert 50_000 < redis_client.pttl(msg.tensor_key) <= 60_000
+    assert q.publish(s, {"sample_id": "1:0:2"}, {"x": torch.ones(1)}, image=torch.zeros(1), done_kind="rollout") is None
+    assert torch.equal(q.load_image(msg), image)
+    assert q.delete_tensors(msg.tensor_key) == 2
+    with pytest.raises(MissingTensors, match="images:1:0:2"):
+        q.load_image(msg)
+    with pytest.raises(ValueError, match="needs the sample's tensors"):
+        q.publish(s, {"sample_id": "1:0:3"}, image=image)
+    with pytest.raises(ValueError, match="not under omnirl:test-job:tensors:"):
+        q.load_image("omnirl:test-job:kv:x")
+
+
+def test_cleanup_removes_images_too(redis_client: redis.Redis) -> None:
+    q = _queue(redis_client)
+    q.publish(q.streams.samples, {"sample_id": "0:0:0"}, {"x": torch.ones(1)}, image=torch.zeros(2, 2, 3))
+    assert redis_client.exists("omnirl:test-job:images:0:0:0", "omnirl:test-job:tensors:0:0:0") == 2
+    assert q.cleanup() == 3  # stream, trajectory, image
+    assert redis_client.keys("omnirl:test-job:*") == []
 
 
 def test_meta_only_entries_and_explicit_tensor_key(redis_client: redis.Redis) -> None:
@@ -258,6 +298,13 @@ def test_from_url_owns_its_client(redis_url: str, redis_client: redis.Redis) -> 
     with TransferQueue.from_url(redis_url, "url-job") as q:
         q.set_json("x", [1, 2])
         assert q.get_json("x") == [1, 2]
+
+
+def test_for_job_takes_the_bounds_from_the_spec(redis_url: str) -> None:
+    settings = TransferQueueSpec(maxStreamLength=7, tensorTtlSeconds=12.5, claimIdleSeconds=3.0)
+    with TransferQueue.for_job("spec-job", settings, redis_url) as q:
+        assert (q.job, q.max_stream_length, q.tensor_ttl_s, q.claim_idle_s) == ("spec-job", 7, 12.5, 3.0)
+        assert q.redis.connection_pool.connection_kwargs["port"] == int(redis_url.rsplit(":", 1)[1].split("/")[0])
 
 
 def test_lag_counts_undelivered_entries_with_and_without_xinfo_lag(

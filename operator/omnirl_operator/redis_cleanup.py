@@ -1,10 +1,9 @@
 """The finalizer's work: delete every Redis key of one job (``omnirl:{job}:*``).
 
-The key layout comes from ``omnirl.transfer.keys`` (torch-free; the ``omnirl.transfer`` package
-loads its torch-dependent parts lazily). The SCAN MATCH + UNLINK loop mirrors
-``TransferQueue.cleanup()`` rather than calling it: ``omnirl.transfer.queue`` imports the codec,
-which imports torch, and the operator must not (import-linter contract; its image has no torch).
-A test runs both against a real redis-server and checks they remove the same keys.
+The deletion is ``omnirl.transfer.cleanup.delete_job_keys``, the one ``TransferQueue.cleanup()``
+calls too; that module is torch-free (the ``omnirl.transfer`` package loads its torch-dependent
+parts lazily), and the operator must not import torch (import-linter contract; its image has none).
+This module adds the operator's connection: a Secret's password, timeouts, redacted URLs in logs.
 """
 
 from __future__ import annotations
@@ -13,25 +12,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import redis
 
-from omnirl.transfer.keys import job_pattern
-
-
-def delete_job_keys(client: redis.Redis, job: str, batch: int = 500) -> int:
-    """UNLINK every key of ``job``; returns how many were removed (0 when none existed).
-
-    Raises:
-        ValueError: for a name that is not DNS-1123 (its pattern could match other jobs' keys).
-        redis.RedisError: when Redis is unreachable or refuses (the caller retries).
-    """
-    removed, pending = 0, []
-    for key in client.scan_iter(match=job_pattern(job), count=1000):
-        pending.append(key)
-        if len(pending) >= batch:
-            removed += int(client.unlink(*pending))
-            pending = []
-    if pending:
-        removed += int(client.unlink(*pending))
-    return removed
+from omnirl.transfer.cleanup import delete_job_keys
 
 
 def redacted(url: str) -> str:

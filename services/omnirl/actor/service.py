@@ -56,10 +56,7 @@ class ActorService:
     def __init__(self, job: RLJob, env: RoleEnv, *, resume: bool = False) -> None:
         spec = job.spec
         self.spec, self.env = spec, env
-        self.queue = TransferQueue.from_url(
-            env.redis_url, env.job_name, max_stream_length=spec.transferQueue.maxStreamLength,
-            tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
-        )
+        self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
         self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device))
         adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,

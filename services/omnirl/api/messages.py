@@ -45,7 +45,8 @@ class GenerateRequest(_Msg):
 
 
 class SampleMeta(_Msg):
-    """A finished sample; its tensors (image, x0, latents, log_probs, sigmas) are under tensor_key."""
+    """A finished sample; its trajectory (x0, latents, log_probs, sigmas) is under the entry's tensor key,
+    its image alone under `image_key(tensor key)` (`omnirl.transfer.keys`)."""
 
     sample_id: str
     kind: Literal["train", "val"]

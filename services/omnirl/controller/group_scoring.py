@@ -39,7 +39,7 @@ class GroupScoring:
             return []
         ids = sorted(group.scores)
         try:
-            images = np.stack([self.queue.load_tensors(group.tensor_keys[i])["image"].numpy() for i in ids])
+            images = np.stack([self.queue.load_image(group.tensor_keys[i]).numpy() for i in ids])
         except (LookupError, ValueError) as err:  # lost tensors (MissingTensors), or members of different sizes
             return [f"group {group.request.group_id}: cannot load its images: {err}"]
         reasons = []

@@ -65,10 +65,7 @@ class Controller:
     def __init__(self, job: RLJob, env: RoleEnv, *, resume: bool = False, steps: int | None = None) -> None:
         self.job, self.spec, self.env = job, job.spec, env
         spec = self.spec
-        self.queue = TransferQueue.from_url(
-            env.redis_url, env.job_name, max_stream_length=spec.transferQueue.maxStreamLength,
-            tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
-        )
+        self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.total_steps = steps if steps is not None else spec.algorithm.steps
         tokenize = load_tokenizer(spec.model.family, spec.model.path)
         self.out = Path(env.out_dir)

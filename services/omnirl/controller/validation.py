@@ -88,7 +88,7 @@ class Validator:
         if failed:
             raise RuntimeError(f"validation sample {failed[0].sample_id} could not be scored: {failed[0].reason}")
         rewards = [self.scores[i].reward for i in range(len(self.prompts))]
-        images = [self.queue.load_tensors(self.keys[i])["image"].numpy() for i in range(len(self.prompts))]
+        images = [self.queue.load_image(self.keys[i]).numpy() for i in range(len(self.prompts))]
         first = list(range(min(GRID_SIZE, len(self.prompts))))
         grid = self.out / "samples" / f"step-{self.round:05d}.png"
         save_image_grid([images[i] for i in first], grid, ncols=8, captions=[f"{rewards[i]:.2f}" for i in first])

@@ -79,7 +79,7 @@ def main(args: argparse.Namespace) -> int:
     if not redis_url:  # AOF on: the supervisor restarts it on the same port and directory if it dies
         redis = start_redis_server(dir=str(out / "redis"), aof=True)
         redis_url = redis.url
-    queue = TransferQueue.from_url(redis_url, job.metadata.name)
+    queue = TransferQueue.for_job(job.metadata.name, job.spec.transferQueue, redis_url)
     if not args.resume:
         queue.cleanup()  # a fresh run starts from empty streams
     else:

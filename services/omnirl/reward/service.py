@@ -60,10 +60,7 @@ class RewardService:
         self.specs = [r for r in spec.reward if r.kind not in GROUP_KINDS]
         self.sync_mode = spec.pipeline.mode == "sync"
         self.batch_size = spec.roles.reward.batchSize
-        self.queue = TransferQueue.from_url(
-            env.redis_url, env.job_name, max_stream_length=spec.transferQueue.maxStreamLength,
-            tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
-        )
+        self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.scorers: dict[str, Scorer] = {r.name: build_scorer(r, threads=env.threads or 1) for r in self.specs}
         path = Path(env.out_dir) / "ledger" / f"reward-{env.worker_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -96,7 +93,7 @@ class RewardService:
         if self.sync_mode:
             for step in sorted({m.step for m in metas if m.kind == "train"}):
                 self._wait_all_rollouts(step)
-        images = [self.queue.load_tensors(m)["image"].numpy() for m in msgs]
+        images = [self.queue.load_image(m).numpy() for m in msgs]
         results = {name: self._score_by_shape(scorer, images, metas) for name, scorer in self.scorers.items()}
         now = time.time()
         for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):

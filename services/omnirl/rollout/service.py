@@ -2,7 +2,7 @@
 
 Loop: reclaim/read generate requests → expand each into its G samples → feed the engine one
 denoising step at a time → publish every finished sample at once (out of order) with its
-trajectory tensors → acknowledge a request when all its samples are published. Between engine
+trajectory and image (two keys) → acknowledge a request when all its samples are published. Between engine
 steps it checks for an announced weight sync: it stops admitting, drains what is in flight (so
 no sample mixes two weight versions), binds the new weights, verifies them, and goes on.
 
@@ -47,10 +47,7 @@ class RolloutService:
     def __init__(self, job: RLJob, env: RoleEnv) -> None:
         spec = job.spec
         self.env = env
-        self.queue = TransferQueue.from_url(
-            env.redis_url, env.job_name, max_stream_length=spec.transferQueue.maxStreamLength,
-            tensor_ttl_s=spec.transferQueue.tensorTtlSeconds, claim_idle_s=spec.transferQueue.claimIdleSeconds,
-        )
+        self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
         adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
                                **adapter_options(spec))
@@ -63,7 +60,7 @@ class RolloutService:
         self.receiver = WeightReceiver(env.weight_sync_host, env.weight_sync_port, env.worker_id,
                                        device=str(self.device))
         self.pending: dict[str, dict] = {}  # request entry id → {"left": n, "started": t}
-        self._lease_every = spec.transferQueue.claimIdleSeconds / 3
+        self._lease_every = self.queue.claim_idle_s / 3
         self._last_lease = time.monotonic()
         self.ledger = _Ledger(Path(env.out_dir) / "ledger" / f"rollout-{env.worker_id}.jsonl")
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id,
@@ -143,9 +140,9 @@ class RolloutService:
                 noise_level=r.request.noise_level, sde_type=r.request.sde_type, worker=self.env.worker_id,
                 generated_at=now, rollout_seconds=now - self.pending[m["entry"]]["started"],
             ).model_dump()
-            tensors = {"image": r.image, "x0": r.x0, "latents": r.latents, "log_probs": r.log_probs,
-                       "sigmas": r.sigmas}
-            published = self.queue.publish(self.queue.streams.samples, meta, tensors, done_kind="rollout")
+            tensors = {"x0": r.x0, "latents": r.latents, "log_probs": r.log_probs, "sigmas": r.sigmas}
+            published = self.queue.publish(self.queue.streams.samples, meta, tensors, image=r.image,
+                                           done_kind="rollout")
             self.heartbeat.beat(progressed=True)
             if published is not None:
                 self.ledger.write(r.request.sample_id, r.policy_version)

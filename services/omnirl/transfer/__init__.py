@@ -14,7 +14,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from omnirl.transfer.errors import BackpressureTimeout, MissingTensors, TransferError
-from omnirl.transfer.keys import StreamNames, done_key, job_pattern, kv_key, tensor_key, validate_job
+from omnirl.transfer.keys import StreamNames, done_key, image_key, job_pattern, kv_key, tensor_key, validate_job
 from omnirl.transfer.message import Message
 from omnirl.transfer.redis_server import RedisServer, RedisServerError, start_redis_server
 
@@ -55,6 +55,7 @@ __all__ = [
     "done_key",
     "encode_meta",
     "encode_tensors",
+    "image_key",
     "job_pattern",
     "kv_key",
     "start_redis_server",

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
-# Store the tensors (if any), set the idempotency marker (if asked) and append the stream entry,
-# all or nothing. When the marker already exists nothing is written and the script returns nil.
-# KEYS: stream, [tensor key if ARGV[2] == '1'], [done key if ARGV[5] == '1']
-# ARGV: meta, has_key, has_tensor_bytes, tensor_bytes, tensor_ttl_ms, has_done, done_ttl_ms
+# Store the tensors and the image (if any), set the idempotency marker (if asked) and append the
+# stream entry, all or nothing. When the marker already exists nothing is written and the script
+# returns nil. The image key gets the tensors' TTL.
+# KEYS: stream, [tensor key if ARGV[2] == '1'], [image key if ARGV[8] == '1'], [done key if ARGV[6] == '1']
+# ARGV: meta, has_key, has_tensor_bytes, tensor_bytes, tensor_ttl_ms, has_done, done_ttl_ms,
+#       has_image, image_bytes
 PUBLISH = """
 local n = 2
 local tkey = nil
+local ikey = nil
 local dkey = nil
 if ARGV[2] == '1' then tkey = KEYS[n]; n = n + 1 end
+if ARGV[8] == '1' then ikey = KEYS[n]; n = n + 1 end
 if ARGV[6] == '1' then dkey = KEYS[n] end
 if dkey then
   if not redis.call('SET', dkey, '1', 'NX', 'PX', ARGV[7]) then return false end
 end
+if ikey then redis.call('SET', ikey, ARGV[9], 'PX', ARGV[5]) end
 if tkey then
   if ARGV[3] == '1' then redis.call('SET', tkey, ARGV[4], 'PX', ARGV[5]) end
   return redis.call('XADD', KEYS[1], '*', 'm', ARGV[1], 'k', tkey)

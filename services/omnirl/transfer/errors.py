@@ -20,7 +20,7 @@ class BackpressureTimeout(TransferError):
         super().__init__(
             f"stream {stream!r} still holds {length} entries (bound {max_length}) after waiting "
             f"{waited_s:.1f} s: its consumers are dead, too slow or not acknowledging; start more "
-            "consumers or raise transferQueue.maxStreamLength / backpressureTimeoutSeconds"
+            "consumers or raise transferQueue.maxStreamLength"
         )
 
 

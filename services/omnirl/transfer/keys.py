@@ -8,7 +8,8 @@ whole job with one ``SCAN MATCH omnirl:{job}:*`` (:func:`job_pattern`):
 ``omnirl:{job}:samples``        stream: rollout → reward (one entry per finished sample)
 ``omnirl:{job}:scores``         stream: reward → controller
 ``omnirl:{job}:control``        stream: control messages (stop, version bumps)
-``omnirl:{job}:tensors:{id}``   string: safetensors bytes of one sample, with a TTL
+``omnirl:{job}:tensors:{id}``   string: safetensors bytes of one sample's trajectory, with a TTL
+``omnirl:{job}:images:{id}``    string: safetensors bytes of its decoded image alone, same TTL
 ``omnirl:{job}:done:{kind}:{id}``  string: idempotency marker, with a TTL
 ``omnirl:{job}:kv:{name}``      string: small JSON values (policy_version, stop flag)
 ==============================  ===============================================================
@@ -67,6 +68,21 @@ def tensor_key(job: str, sample_id: str) -> str:
     return f"{job_prefix(job)}tensors:{_validate_part('sample_id', sample_id)}"
 
 
+def image_key(tensor_key: str) -> str:
+    """``omnirl:{job}:images:{id}`` — where the image of the sample at ``omnirl:{job}:tensors:{id}`` is.
+
+    The image lives apart from the trajectory so that a scorer reads the image alone (a few KB)
+    and not the latents and log-probs it does not need.
+
+    Raises:
+        ValueError: ``tensor_key`` is not ``omnirl:{job}:tensors:{id}``.
+    """
+    head, sep, sample_id = tensor_key.partition(":tensors:") if isinstance(tensor_key, str) else ("", "", "")
+    if not sep or not head.startswith(f"{PREFIX}:") or ":" in head.removeprefix(f"{PREFIX}:"):
+        raise ValueError(f"{tensor_key!r} is not a tensor key 'omnirl:{{job}}:tensors:{{id}}' (see tensor_key)")
+    return f"{head}:images:{sample_id}"
+
+
 def done_key(job: str, kind: str, sample_id: str) -> str:
     """``omnirl:{job}:done:{kind}:{sample_id}`` — the idempotency marker of one effect."""
     return f"{job_prefix(job)}done:{_validate_part('kind', kind)}:{_validate_part('sample_id', sample_id)}"
@@ -99,7 +115,7 @@ class StreamNames:
 
     @property
     def samples(self) -> str:
-        """rollout → reward: one entry per finished sample; trajectory tensors under a key."""
+        """rollout → reward: one entry per finished sample; its trajectory and image under two keys."""
         return f"{job_prefix(self.job)}samples"
 
     @property

@@ -10,7 +10,7 @@ duplicate publish writes nothing and returns ``None``), then acknowledge.
 Memory stays bounded three ways: (1) after every :meth:`~TransferQueue.ack` the stream is trimmed
 with ``XTRIM MINID`` to the oldest entry some group still needs (its oldest pending entry, or the
 first one not yet delivered), an atomic Lua script that is correct for any number of groups;
-(2) tensor keys and done markers carry TTLs; (3) :meth:`~TransferQueue.publish` waits while the
+(2) tensor and image keys and done markers carry TTLs; (3) :meth:`~TransferQueue.publish` waits while the
 stream holds ``max_stream_length`` entries (back-pressure). A group created after entries were
 trimmed never sees them, so create every group (:meth:`~TransferQueue.ensure_group`) before
 consuming starts; groups start at id ``0`` and so see entries published before they existed.
@@ -27,10 +27,12 @@ import torch
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.retry import Retry
 
+from omnirl.api.spec import TransferQueueSpec
 from omnirl.transfer import _scripts
+from omnirl.transfer.cleanup import delete_job_keys
 from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, encode_tensors
 from omnirl.transfer.errors import BackpressureTimeout, MissingTensors
-from omnirl.transfer.keys import StreamNames, done_key, job_pattern, job_prefix, kv_key
+from omnirl.transfer.keys import StreamNames, done_key, image_key, job_prefix, kv_key
 from omnirl.transfer.keys import tensor_key as make_tensor_key
 from omnirl.transfer.message import Message
 
@@ -109,6 +111,20 @@ class TransferQueue:
         queue._owns_client = True
         return queue
 
+    @classmethod
+    def for_job(cls, job: str, settings: TransferQueueSpec, url: str) -> TransferQueue:
+        """The queue every role and the launcher use: :meth:`from_url` with the job's
+        ``spec.transferQueue`` bounds (``maxStreamLength``, ``tensorTtlSeconds``, ``claimIdleSeconds``).
+
+        Args:
+            job: the RLJob name.
+            settings: the job's ``spec.transferQueue``.
+            url: the Redis the roles reach (``RoleEnv.redis_url``; the launcher's embedded one or
+                ``settings.redisUrl``), which may differ from ``settings.redisUrl``.
+        """
+        return cls.from_url(url, job, max_stream_length=settings.maxStreamLength,
+                            tensor_ttl_s=settings.tensorTtlSeconds, claim_idle_s=settings.claimIdleSeconds)
+
     # ------------------------------------------------------------------ names and groups
     def _check_key(self, what: str, key: str) -> str:
         if not isinstance(key, str) or not key.startswith(self._prefix):
@@ -135,19 +151,24 @@ class TransferQueue:
         meta: dict,
         tensors: dict[str, torch.Tensor] | None = None,
         *,
+        image: torch.Tensor | None = None,
         tensor_key: str | None = None,
         done_kind: str | None = None,
     ) -> str | None:
-        """Append one entry; store ``tensors`` (if any) under a key with a TTL.
+        """Append one entry; store ``tensors`` and ``image`` (if any) under two keys with a TTL.
 
         Args:
             stream: a stream key of this job (``queue.streams.samples``).
             meta: plain metadata (see :func:`~omnirl.transfer.codec.encode_meta`); needs
                 ``meta["sample_id"]`` when tensors come without ``tensor_key`` or with ``done_kind``.
-            tensors: name → tensor (any shape/dtype), stored as safetensors bytes under
-                ``tensor_key`` (default ``omnirl:{job}:tensors:{sample_id}``) for ``tensor_ttl_s``.
-            tensor_key: where to store them; with ``tensors=None`` the entry just names this
-                existing key (e.g. a score entry pointing at its sample's tensors).
+            tensors: name → tensor (any shape/dtype; a sample's trajectory), stored as safetensors
+                bytes under ``tensor_key`` (default ``omnirl:{job}:tensors:{sample_id}``) for
+                ``tensor_ttl_s``; read back with :meth:`load_tensors`.
+            image: the sample's image (any shape/dtype, e.g. uint8 ``[H, W, 3]``), stored alone
+                under :func:`~omnirl.transfer.keys.image_key` of the tensor key with the same TTL,
+                so that a scorer reads it (:meth:`load_image`) without the trajectory. Needs ``tensors``.
+            tensor_key: where to store them (``omnirl:{job}:tensors:…``); with ``tensors=None`` the
+                entry just names this existing key (e.g. a score entry pointing at its sample).
             done_kind: when given, set the marker ``done:{done_kind}:{sample_id}`` atomically with
                 the append; if it already exists nothing is written (a duplicate result).
 
@@ -156,21 +177,27 @@ class TransferQueue:
 
         Raises:
             TypeError: metadata or tensors that cannot be encoded (names the key).
-            ValueError: a key outside this job, or a missing ``meta["sample_id"]``.
+            ValueError: a key outside this job, a tensor key not under ``tensors:``, an image
+                without tensors, or a missing ``meta["sample_id"]``.
             BackpressureTimeout: the stream stayed full for ``backpressure_timeout_s`` seconds.
 
         Back-pressure waits while XLEN >= ``max_stream_length``; the check and the append are two
         steps, so P concurrent producers may overshoot the bound by at most P - 1 entries.
         """
         self._check_key("stream", stream)
+        if image is not None and tensors is None:
+            raise ValueError("publish(image=...) needs the sample's tensors too (the image key is named after them)")
         meta_bytes = encode_meta(meta)
         tensor_bytes = encode_tensors(tensors) if tensors is not None else None
+        image_bytes = encode_tensors({"image": image}) if image is not None else None
         if tensor_key is None and tensors is not None:
             tensor_key = make_tensor_key(self.job, self._sample_id(meta, "tensors without tensor_key"))
         keys, flags = [stream], ["0", "0"]
         if tensor_key is not None:
-            keys.append(self._check_key("tensor_key", tensor_key))
+            keys.append(self._check_tensor_key(tensor_key))
             flags = ["1", "1" if tensor_bytes is not None else "0"]
+        if image_bytes is not None:
+            keys.append(image_key(tensor_key))
         marker = None
         if done_kind is not None:
             marker = done_key(self.job, done_kind, self._sample_id(meta, "done_kind"))
@@ -179,6 +206,7 @@ class TransferQueue:
         args = [
             meta_bytes, *flags, tensor_bytes or b"", int(self.tensor_ttl_s * 1000),
             "1" if marker else "0", int(self.done_ttl_s * 1000),
+            "1" if image_bytes is not None else "0", image_bytes or b"",
         ]
         entry_id = self._publish_script(keys=keys, args=args)
         return None if entry_id is None else _s(entry_id)
@@ -281,30 +309,48 @@ class TransferQueue:
         return Message(_s(entry_id), stream, decode_meta(fields[b"m"]), None if key is None else _s(key),
                        delivery_count)
 
-    def load_tensors(self, msg_or_key: Message | str) -> dict[str, torch.Tensor]:
-        """The tensors a message (or a tensor key) names, as CPU tensors.
+    def _check_tensor_key(self, key: str) -> str:
+        """``key`` if it is a tensor key of this job (``omnirl:{job}:tensors:…``), else ValueError."""
+        if not isinstance(key, str) or not key.startswith(f"{self._prefix}tensors:"):
+            raise ValueError(f"tensor key {key!r} is not under {self._prefix}tensors: (see keys.tensor_key)")
+        return key
 
-        Raises:
-            MissingTensors: the key expired or was deleted (never an empty dict).
-            ValueError: the message carries no tensor key.
-        """
+    def _tensor_key_of(self, msg_or_key: Message | str) -> str:
         if isinstance(msg_or_key, Message):
             if msg_or_key.tensor_key is None:
                 raise ValueError(f"message {msg_or_key.id} of {msg_or_key.stream!r} carries no tensors")
-            key = msg_or_key.tensor_key
-        else:
-            key = self._check_key("tensor key", msg_or_key)
+            return msg_or_key.tensor_key
+        return self._check_tensor_key(msg_or_key)
+
+    def _get(self, key: str) -> dict[str, torch.Tensor]:
         data = self.redis.get(key)
         if data is None:
             raise MissingTensors(key)
         return decode_tensors(data)
 
+    def load_tensors(self, msg_or_key: Message | str) -> dict[str, torch.Tensor]:
+        """The tensors a message (or a tensor key) names, as CPU tensors; without the image.
+
+        Raises:
+            MissingTensors: the key expired or was deleted (never an empty dict).
+            ValueError: the message carries no tensor key, or the key is not a tensor key.
+        """
+        return self._get(self._tensor_key_of(msg_or_key))
+
+    def load_image(self, msg_or_key: Message | str) -> torch.Tensor:
+        """The image published with a message's tensors (one GET of the image key alone).
+
+        Raises:
+            MissingTensors: the image key expired, was deleted, or was never written.
+            ValueError: the message carries no tensor key, or the key is not a tensor key.
+        """
+        return self._get(image_key(self._tensor_key_of(msg_or_key)))["image"]
+
     def delete_tensors(self, keys: list[str] | str) -> int:
-        """UNLINK tensor keys (a str or a list); returns how many existed."""
+        """UNLINK tensor keys (a str or a list) and their image keys; returns how many keys existed."""
         keys = [keys] if isinstance(keys, str) else list(keys)
-        for key in keys:
-            self._check_key("tensor key", key)
-        return int(self.redis.unlink(*keys)) if keys else 0
+        names = [name for key in keys for name in (self._check_tensor_key(key), image_key(key))]
+        return int(self.redis.unlink(*names)) if names else 0
 
     def recover(self, stream: str, group: str, consumer: str, count: int = 1000) -> list[Message]:
         """This consumer's own pending entries (XREADGROUP id ``0``): the work a previous process
@@ -435,18 +481,9 @@ class TransferQueue:
 
     # ------------------------------------------------------------------ lifecycle
     def cleanup(self) -> int:
-        """UNLINK every key of this job (``SCAN MATCH omnirl:{job}:*``); returns how many.
-
-        The operator's finalizer calls this when an RLJob is deleted. Other jobs are untouched.
-        """
-        removed, batch = 0, []
-        for key in self.redis.scan_iter(match=job_pattern(self.job), count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                removed += int(self.redis.unlink(*batch))
-                batch = []
-        if batch:
-            removed += int(self.redis.unlink(*batch))
+        """UNLINK every key of this job (:func:`~omnirl.transfer.cleanup.delete_job_keys`, shared
+        with the operator's finalizer); returns how many. Other jobs are untouched."""
+        removed = delete_job_keys(self.redis, self.job)
         self._groups.clear()
         self._claim_cursor.clear()
         return removed
