@@ -144,6 +144,17 @@ def test_scaling_does_not_roll_pods_but_a_spec_change_does():
     assert changed.keys() == base.keys() and not set(changed.values()) & set(base.values())
 
 
+def test_packed_batching_reaches_the_rollout_pods_through_the_job_manifest():
+    sd3 = {"family": "sd3", "path": "/models/sd3"}
+    packed = children(job(model=sd3, roles={"rollout": {"batching": "packed"}}))
+    read = yaml.safe_load(packed["ConfigMap/demo-spec"]["data"]["job.yaml"])  # what `omnirl role` loads
+    assert read["spec"]["roles"]["rollout"]["batching"] == "packed"
+    stepwise = children(job(model=sd3))
+    hash_of = "omnirl.dev/spec-hash"
+    assert (packed["Deployment/demo-rollout"]["spec"]["template"]["metadata"]["annotations"][hash_of]
+            != stepwise["Deployment/demo-rollout"]["spec"]["template"]["metadata"]["annotations"][hash_of])
+
+
 def test_controller_role_may_patch_only_its_own_status():
     kids = children(job())
     assert kids["Role/demo-controller"]["rules"] == [

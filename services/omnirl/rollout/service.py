@@ -60,6 +60,7 @@ class RolloutService:
         role = spec.roles.rollout
         self.engine = RolloutEngine(adapter, max_batch_size=role.maxBatchSize, batching=role.batching,
                                     device=self.device)
+        log.info("engine: batching %s, maxBatchSize %d", role.batching, role.maxBatchSize)
         self.receiver = WeightReceiver(env.weight_sync_host, env.weight_sync_port, env.worker_id,
                                        device=str(self.device))
         self.pending: dict[str, dict] = {}  # request entry id → {"left": n, "started": t}
