@@ -318,6 +318,18 @@ def test_render_examples_pass_strict_kubernetes_validation(example, monkeypatch)
             kubernetes_validate.validate(doc, version, strict=True)
 
 
+@pytest.mark.parametrize("example", [e for e in EXAMPLES if load_rljob(e).spec.model.path != "builtin"],
+                         ids=lambda p: p.name)
+def test_examples_mount_their_model_in_every_role_that_loads_it(example):
+    j = load_rljob(example)
+    built = children(j)
+    for role in ("rollout", "actor", "controller"):  # the controller loads the model's tokenizers
+        pod = next(c for c in built.values() if c["metadata"]["name"] == f"{j.metadata.name}-{role}"
+                   and "template" in c.get("spec", {}))
+        mounts = [m["mountPath"] for m in container(pod).get("volumeMounts", [])]
+        assert any(j.spec.model.path.startswith(m.rstrip("/") + "/") for m in mounts), (role, mounts)
+
+
 def test_render_cli_output_passes_kubernetes_validate_strict(tmp_path):
     out = tmp_path / "rendered.yaml"
     proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "render", str(ROOT / "examples" / "ocr-nft.yaml"),
