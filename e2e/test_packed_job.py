@@ -5,6 +5,7 @@ checked against the unpacked one in `tests/test_sd3_packed.py`."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
 
@@ -37,7 +38,12 @@ def packed_sd3_job(tmp: Path, name: str, redis_url: str, *, steps: int, dtype: s
 def check_packed_job(out: Path, proc, steps: int) -> None:
     """Exit 0, a packed engine, every train sample (steps × 2 prompts × G 3) scored and trained once."""
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "engine: batching packed" in (out / "logs" / "rollout-0.log").read_text()
+    rollout = (out / "logs" / "rollout-0.log").read_text()
+    assert "engine: batching packed" in rollout and "could not deregister" not in rollout  # a quiet clean end
+    controller = (out / "logs" / "controller-0.log").read_text()  # console and checkpoints count steps alike
+    assert f"step {steps - 1} [{steps}/{steps}] " in controller and f"checkpoint step-{steps - 1:06d}" in controller
+    state = json.loads((out / "checkpoints" / f"step-{steps - 1:06d}" / "state.json").read_text())
+    assert (state["step"], state["job"], state["family"]) == (steps - 1, "packed-sd3", "sd3")  # what export checks
     generated = ledger(out, "rollout")
     train_ids = {r["sample_id"] for r in generated if not r["sample_id"].startswith("val")}
     assert len(train_ids) == steps * 2 * 3

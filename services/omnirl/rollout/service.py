@@ -70,6 +70,7 @@ class RolloutService:
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
+        self.job_ended = False  # the controller's `stop`: the actor's weight-sync store goes away too
         self._bound = False
 
     def terminate(self) -> None:
@@ -104,6 +105,7 @@ class RolloutService:
                 self._publish(self.engine.step())
             self._renew_leases()
         if not self.terminated:
+            self.job_ended = True
             self._drain()  # every request in flight is finished, published and acknowledged
 
     def _renew_leases(self) -> None:
@@ -159,8 +161,9 @@ class RolloutService:
                 self.queue.ack(self.queue.streams.requests, GROUP, [m["entry"]])
 
     def close(self) -> None:
-        """Release the weight-sync connection and the Redis client."""
-        self.receiver.close()
+        """Release the weight-sync connection and the Redis client (deregistering only when the job
+        goes on without this worker: after the job's `stop` the actor's store is gone or going)."""
+        self.receiver.close(leave=not self.job_ended)
         self.queue.close()
 
 
