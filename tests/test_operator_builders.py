@@ -264,7 +264,7 @@ def test_status_phases_conditions_and_progress_left_alone():
     running = compute_status(body({**pending, **progress}), Observed(roles=ALL_READY, controller="active"),
                              progress, later)
     assert running["phase"] == "Running" and running["startTime"] == "2026-01-01T12:05:00Z"
-    assert "step 7, reward mean 0.25" in running["message"]
+    assert "7 steps done, reward mean 0.25" in running["message"]
     conds = {c["type"]: c for c in running["conditions"]}
     assert conds["Ready"]["status"] == "True" and conds["Ready"]["lastTransitionTime"] == "2026-01-01T12:05:00Z"
     assert conds["Failed"]["lastTransitionTime"] == "2026-01-01T12:00:00Z"  # unchanged status keeps its time
