@@ -89,3 +89,15 @@ def test_a_gpu_manifest_needs_the_gpus_or_an_explicit_choice(tmp_path, redis_url
     job.write_text(yaml.safe_dump(doc))
     proc = run(job, tmp_path / "out")
     assert proc.returncode == 2 and "pass --share-gpus" in proc.stderr, proc.stderr
+
+
+def test_packed_sd3_job_on_one_shared_gpu(tmp_path, redis_url):
+    """`roles.rollout.batching: packed` through the role processes on a GPU (bf16 SD3, CFG)."""
+    job = gpu_job(tmp_path, "gpu1-packed", redis_url, "sd3")
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["roles"]["rollout"]["batching"] = "packed"
+    job.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    proc = run(job, out, "--share-gpus", timeout=900)
+    check_job(out, proc, 2, "cuda-ipc", {"actor-0": "0", "rollout-0": "0"})
+    assert "engine: batching packed" in (out / "logs" / "rollout-0.log").read_text()

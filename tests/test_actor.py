@@ -90,6 +90,31 @@ def test_micro_batches_keep_shapes_and_groups(rollouts):
     assert all(len(v) == 1 for v in group_spread.values())  # groups of 4 fit in 5: never split
 
 
+def test_micro_batches_never_exceed_the_size_even_for_a_larger_group(rollouts):
+    _, samples = rollouts  # groups of 4
+    batches = micro_batches(samples, 3, keep_groups=True)
+    assert max(len(b) for b in batches) == 3  # microBatchSize is the memory budget: never exceeded
+    assert sorted(s.sample_id for b in batches for s in b) == sorted(s.sample_id for s in samples)
+    assert [len(b) for b in batches] == [3, 1] * (len(samples) // 4)  # each group: one chunk of 3, then 1
+
+
+@pytest.mark.parametrize("name", ["diffusion-nft", "awm"])
+def test_splitting_groups_over_micro_batches_changes_no_update(rollouts, name):
+    """σ and ε are keyed by group id, so a group cut over micro-batches (microBatchSize 2 < G 4)
+    trains exactly as whole groups (microBatchSize 8), up to float rounding."""
+    adapter, samples = rollouts
+    trained = []
+    for micro in (2, 8):
+        trainer = Trainer(copy.deepcopy(adapter), spec(name=name, optimizer={"learningRate": 1e-3,
+                                                                             "microBatchSize": micro}))
+        metrics = trainer.train_step(samples, step=0)
+        trained.append((metrics["loss"], trainer.policies.trained_tensors()))
+    (loss_split, split), (loss_whole, whole) = trained
+    assert loss_split == pytest.approx(loss_whole, rel=1e-5, abs=1e-7)
+    assert all(torch.allclose(split[k], whole[k], rtol=1e-4, atol=1e-6) for k in whole)
+    assert any(not torch.equal(whole[k], adapter.module.state_dict()[k]) for k in whole)  # it did train
+
+
 @pytest.mark.parametrize("lora", [False, True])
 def test_nft_step_refreshes_old_policy_and_checkpoint_round_trips(rollouts, tmp_path, lora):
     adapter, samples = rollouts

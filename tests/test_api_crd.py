@@ -49,7 +49,7 @@ def test_crd_names_version_subresource_and_columns() -> None:
     (v,) = spec["versions"]
     assert (v["name"], v["served"], v["storage"], v["subresources"]) == ("v1alpha1", True, True, {"status": {}})
     cols = {c["name"]: c for c in v["additionalPrinterColumns"]}
-    assert [n for n, c in cols.items() if not c.get("priority")] == ["Phase", "Step", "Reward", "Ready", "Age"]
+    assert [n for n, c in cols.items() if not c.get("priority")] == ["Phase", "Steps", "Reward", "Ready", "Age"]
     assert cols["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     schema = v["schema"]["openAPIV3Schema"]
     for c in v["additionalPrinterColumns"]:  # every column points at a schema field of the same type

@@ -78,6 +78,9 @@ def test_valid_params_of_every_kind_pass_and_are_typed(tmp_path):
      'spec.reward[1].url: "http://x/score" is invalid: must not be set for kind jpeg (it scores in-process)'),
     ({"name": "j", "kind": "jpeg", "params": {"quality": 100}}, "spec.reward[1].params.quality: 100 is invalid: must be <= 95"),
     ({"name": "o", "kind": "ocr", "params": {"threads": "2"}}, 'spec.reward[1].params.threads: "2" is invalid: must be an integer'),
+    ({"name": "o", "kind": "ocr", "params": {"thread": 2, "batch_size": 8, "alphabet": 1}},
+     'spec.reward[1].params: ["batch_size", "thread"] is invalid: unknown keys for kind ocr; allowed: alphabet, '
+     "threads, batchSize"),
     ({"name": "o", "kind": "ocr", "params": {"batch_size": 8}},
      "spec.reward[1].params.batch_size: 8 is invalid: unknown key for kind ocr; allowed: alphabet, threads, batchSize"),
 ])

@@ -133,3 +133,28 @@ def test_diffusers_resolution_must_fit_the_latent_grid() -> None:
     with pytest.raises(ValidationError, match=r"model.resolution: \[500, 512\] is invalid: .*\[496, 512\]"):
         RLJobSpec.model_validate({"model": {"family": "sd3", "path": "/m", "resolution": [500, 512]},
                                   "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]})
+
+
+@pytest.mark.parametrize("family", ["ocr-digits", "flux", "qwen-image"])
+def test_packed_batching_needs_a_family_that_packs(family: str) -> None:
+    model = {"family": family} if family == "ocr-digits" else {"family": family, "path": "/m"}
+    with pytest.raises(ValidationError, match=rf'roles.rollout.batching: "packed" is invalid: .*sd3\); '
+                       rf"model.family is {family}: use batching stepwise"):
+        RLJobSpec.model_validate({"model": model, "roles": {"rollout": {"batching": "packed"}},
+                                  "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]})
+    packed = RLJobSpec.model_validate({"model": {"family": "sd3", "path": "/m"},
+                                       "roles": {"rollout": {"batching": "packed"}},
+                                       "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "j", "kind": "jpeg"}]})
+    assert packed.roles.rollout.batching == "packed"
+
+
+def test_packed_families_are_the_adapters_with_a_packed_forward() -> None:
+    pytest.importorskip("diffusers")
+    from omnirl.api.spec import PACKED_FAMILIES
+    from omnirl.models.diffusers.flux import FluxAdapter
+    from omnirl.models.diffusers.qwen_image import QwenImageAdapter
+    from omnirl.models.diffusers.sd3 import SD3Adapter
+    from omnirl.models.digits.adapter import DigitsAdapter
+
+    classes = {"ocr-digits": DigitsAdapter, "sd3": SD3Adapter, "qwen-image": QwenImageAdapter, "flux": FluxAdapter}
+    assert PACKED_FAMILIES == tuple(f for f, c in classes.items() if hasattr(c, "velocity_packed"))

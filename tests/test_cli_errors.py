@@ -52,6 +52,8 @@ CASES = {
                            "--resume: "),
     "run-dead-ray-address": (lambda t: ["run", NFT, "--ray-address", "127.0.0.1:1", "--out", str(t / "o")],
                              "omnirl run: ", "ray start --head"),
+    "run-no-ray-with-ray-address": (lambda t: ["run", NFT, "--no-ray", "--ray-address", "127.0.0.1:1", "--out",
+                                               str(t / "o")], "omnirl run: ", "drop one of the two"),
     "eval-not-a-checkpoint": (lambda t: ["eval", NFT, "--checkpoint", str(t), "--prompts", HELDOUT],
                               "omnirl eval: ", "pass a run's checkpoint dir"),
     "eval-missing-prompts": (lambda t: ["eval", NFT, "--prompts", str(t / "p.txt")], "omnirl eval: ",

@@ -7,6 +7,7 @@ import pytest
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta
 from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.controller.groups import StepBook, refill_request
+from omnirl.controller.report import step_line
 from omnirl.launch.progress import validation_table
 
 
@@ -91,3 +92,12 @@ def test_background_darkness_reads_only_the_border_rows():
     grey[:2] = 127
     assert background_darkness([clean]) == 0.0
     assert background_darkness([grey]) == pytest.approx(0.5 * (1 - 127 / 255), abs=1e-6)
+
+
+def test_the_console_step_line_numbers_steps_as_the_checkpoints_do():
+    record = {"reward_mean": 0.5, "reward_std": 0.25, "step_seconds": 2.0, "images_per_second": 3.0,
+              "checkpoint": "/run/checkpoints/step-000001"}
+    assert step_line(1, 2, 2, record) == ("step 1 [2/2] reward 0.500±0.250  2.0 s  3.0 img/s  v2  "
+                                          "checkpoint step-000001")
+    del record["checkpoint"]
+    assert step_line(0, 2, 1, record).startswith("step 0 [1/2] ") and "checkpoint" not in step_line(0, 2, 1, record)

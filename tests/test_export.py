@@ -29,10 +29,11 @@ def rljob(family: str = "ocr-digits", path: str = "builtin", lora: dict | None =
                                    "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]}})
 
 
-def checkpoint(run: Path, policy: dict[str, torch.Tensor], *, lora: bool, step: int = 3) -> Path:
+def checkpoint(run: Path, policy: dict[str, torch.Tensor], *, lora: bool, step: int = 3,
+               family: str = "ocr-digits") -> Path:
     """A checkpoint as the actor writes it (only the policy matters to an export) + a metrics.jsonl
     holding validations of this policy's version and of an earlier one."""
-    state = {"step": step, "policy_version": step + 1, "lora": lora}
+    state = {"step": step, "policy_version": step + 1, "lora": lora, "job": "exp", "family": family}
     ckpt = save_checkpoint(run / "checkpoints", step, policy=policy, trained=policy, old=None,
                            optimizer=({}, {"param_groups": [], "scalars": {}}), state=state)
     rows = [{"event": "validation", "step": 0, "policy_version": 0, "val_reward_mean": 0.4},
@@ -75,7 +76,7 @@ def test_sd3_lora_export_loads_with_load_lora_weights(sd3, tmp_path):
         inject_lora(module, LoRASpec(**LORA), adapter.lora_target_modules)
         _randomize_lora_b(module)
         policy = {k: v.detach().clone() for k, v in lora_tensors(module).items()}
-        ckpt = checkpoint(tmp_path / "run", policy, lora=True)
+        ckpt = checkpoint(tmp_path / "run", policy, lora=True, family="sd3")
         out = export_checkpoint(rljob("sd3", str(path), LORA), ckpt, tmp_path / "export", run_dir=tmp_path / "run")
         manifest = json.loads((out / "export.json").read_text())
         assert (manifest["weights"], manifest["lora"], manifest["step"], manifest["policy_version"]) == \
@@ -109,7 +110,7 @@ def test_sd3_full_weights_export_is_the_transformer_save_pretrained_layout(sd3, 
 
     path, adapter = sd3
     policy = {k: v.detach().clone() + 0.01 for k, v in adapter.module.state_dict().items()}  # "trained"
-    ckpt = checkpoint(tmp_path / "run", policy, lora=False)
+    ckpt = checkpoint(tmp_path / "run", policy, lora=False, family="sd3")
     out = export_checkpoint(rljob("sd3", str(path)), ckpt, tmp_path / "export", run_dir=tmp_path / "run")
     assert json.loads((out / "export.json").read_text())["weights"] == "full"
     loaded = SD3Transformer2DModel.from_pretrained(out / "transformer", local_files_only=True)
@@ -199,3 +200,17 @@ def test_export_cli_errors_are_one_line_naming_the_fix(run_dir, tmp_path, capsys
     code, lines = _export(capsys, run_dir, "--out", tmp_path / "out" / "b", "--job", lora_job)
     assert code == 2 and len(lines) == 1 and "pass the run's own manifest" in lines[0]
     assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_export_cli_refuses_another_jobs_manifest(run_dir, tmp_path, capsys):
+    other = dump_rljob(rljob())
+    other["metadata"]["name"] = "other"
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    code, lines = _export(capsys, run_dir, "--out", tmp_path / "a", "--job", tmp_path / "other.yaml")
+    assert code == 2 and len(lines) == 1 and "checkpoint of job 'exp' but the manifest is for job 'other'" in lines[0]
+    state_file = run_dir / "checkpoints" / "latest" / "state.json"
+    state = json.loads(state_file.read_text())
+    state_file.write_text(json.dumps({**state, "family": "sd3"}))
+    code, lines = _export(capsys, run_dir, "--out", tmp_path / "a")
+    assert code == 2 and "checkpoint of model family 'sd3' but the manifest is for model family 'ocr-digits'" in lines[0]
+    assert not (tmp_path / "a").exists()

@@ -144,6 +144,17 @@ def test_scaling_does_not_roll_pods_but_a_spec_change_does():
     assert changed.keys() == base.keys() and not set(changed.values()) & set(base.values())
 
 
+def test_packed_batching_reaches_the_rollout_pods_through_the_job_manifest():
+    sd3 = {"family": "sd3", "path": "/models/sd3"}
+    packed = children(job(model=sd3, roles={"rollout": {"batching": "packed"}}))
+    read = yaml.safe_load(packed["ConfigMap/demo-spec"]["data"]["job.yaml"])  # what `omnirl role` loads
+    assert read["spec"]["roles"]["rollout"]["batching"] == "packed"
+    stepwise = children(job(model=sd3))
+    hash_of = "omnirl.dev/spec-hash"
+    assert (packed["Deployment/demo-rollout"]["spec"]["template"]["metadata"]["annotations"][hash_of]
+            != stepwise["Deployment/demo-rollout"]["spec"]["template"]["metadata"]["annotations"][hash_of])
+
+
 def test_controller_role_may_patch_only_its_own_status():
     kids = children(job())
     assert kids["Role/demo-controller"]["rules"] == [
@@ -253,7 +264,7 @@ def test_status_phases_conditions_and_progress_left_alone():
     running = compute_status(body({**pending, **progress}), Observed(roles=ALL_READY, controller="active"),
                              progress, later)
     assert running["phase"] == "Running" and running["startTime"] == "2026-01-01T12:05:00Z"
-    assert "step 7, reward mean 0.25" in running["message"]
+    assert "7 steps done, reward mean 0.25" in running["message"]
     conds = {c["type"]: c for c in running["conditions"]}
     assert conds["Ready"]["status"] == "True" and conds["Ready"]["lastTransitionTime"] == "2026-01-01T12:05:00Z"
     assert conds["Failed"]["lastTransitionTime"] == "2026-01-01T12:00:00Z"  # unchanged status keeps its time
@@ -305,6 +316,18 @@ def test_render_examples_pass_strict_kubernetes_validation(example, monkeypatch)
         assert doc["metadata"]["namespace"] == "team" and doc["metadata"]["labels"]["omnirl.dev/job"] == name
         for version in K8S_VERSIONS:
             kubernetes_validate.validate(doc, version, strict=True)
+
+
+@pytest.mark.parametrize("example", [e for e in EXAMPLES if load_rljob(e).spec.model.path != "builtin"],
+                         ids=lambda p: p.name)
+def test_examples_mount_their_model_in_every_role_that_loads_it(example):
+    j = load_rljob(example)
+    built = children(j)
+    for role in ("rollout", "actor", "controller"):  # the controller loads the model's tokenizers
+        pod = next(c for c in built.values() if c["metadata"]["name"] == f"{j.metadata.name}-{role}"
+                   and "template" in c.get("spec", {}))
+        mounts = [m["mountPath"] for m in container(pod).get("volumeMounts", [])]
+        assert any(j.spec.model.path.startswith(m.rstrip("/") + "/") for m in mounts), (role, mounts)
 
 
 def test_render_cli_output_passes_kubernetes_validate_strict(tmp_path):

@@ -112,7 +112,7 @@ def test_create_builds_children_and_status_follows_readiness(bg):
 
         async def message_has_step():
             job = await cluster.rljob(NS, name)
-            return job if "step 3, reward mean 0.5" in job["status"]["message"] else None
+            return job if "3 steps done, reward mean 0.5" in job["status"]["message"] else None
 
         job = await cluster.wait_for(message_has_step, what="progress in the status message")
         assert (job["status"]["step"], job["status"]["rewardMean"]) == (3, 0.5)

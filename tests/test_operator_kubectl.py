@@ -62,7 +62,7 @@ def test_kubectl_apply_example_and_get_rljobs(cluster, tmp_path):
 
     table = wait_for_output(cluster, tmp_path, ("get", "rljobs"), "Pending")
     header, row = table.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "STEP", "REWARD", "READY", "AGE"]
+    assert header.split() == ["NAME", "PHASE", "STEPS", "REWARD", "READY", "AGE"]
     assert row.split()[:3] == ["ocr-nft", "Pending", "0/4"]
 
     wide = kubectl(cluster, tmp_path, "get", "rlj", "-o", "wide")

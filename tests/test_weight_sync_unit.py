@@ -236,3 +236,17 @@ def test_receiver_follows_the_actors_backend_or_rejects_a_different_one() -> Non
     assert (receiver.backend, receiver.transport) == ("gloo", torch.device("cpu"))
     receiver.close()
     sender.close()
+
+
+def test_a_receiver_leaving_a_finished_job_does_not_warn_about_the_gone_actor(caplog) -> None:
+    sender = WeightSender("127.0.0.1", 0, timeout_s=2)
+    ended = WeightReceiver("127.0.0.1", sender.port, "w-end", timeout_s=2)
+    leaving = WeightReceiver("127.0.0.1", sender.port, "w-leave", timeout_s=2)
+    assert sender.members() == ["w-end", "w-leave"]
+    sender.close()  # the actor exits first at the end of a job
+    with caplog.at_level("WARNING", logger="omnirl.weight_sync"):
+        ended.close(leave=False)  # the job's stop flag is set: nothing to deregister from
+        assert caplog.records == []
+        leaving.close()  # leaving a job that goes on: the failure is worth a warning
+    assert len(caplog.records) == 1
+    assert "w-leave: could not deregister" in caplog.records[0].getMessage()

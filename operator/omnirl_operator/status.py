@@ -160,7 +160,7 @@ def compute_status(job_obj: dict[str, Any], observed: Observed, progress: dict[s
     phase, reason, message = _phase(previous, observed, all_ready)
     if phase == "Running" and progress.get("step") is not None:
         reward = progress.get("rewardMean")
-        message += f"; step {progress['step']}" + (f", reward mean {reward:.4g}" if reward is not None else "")
+        message += f"; {progress['step']} steps done" + (f", reward mean {reward:.4g}" if reward is not None else "")
 
     conditions = list(previous.conditions)
     terminal = phase in TERMINAL_PHASES

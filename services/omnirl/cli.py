@@ -35,6 +35,9 @@ def _cmd_eval(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    if args.no_ray and args.ray_address:
+        raise ValueError(f"--no-ray with --ray-address {args.ray_address}: the roles run either as plain processes "
+                         "or on that Ray cluster; drop one of the two")
     from omnirl.launch.local import main as run_main
 
     return run_main(args)

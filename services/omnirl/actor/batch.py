@@ -43,8 +43,12 @@ def micro_batches(samples: list[TrainSample], size: int, *, keep_groups: bool = 
     """Split into micro-batches of at most `size` samples with one latent shape each.
 
     Shapes are never mixed or padded, so training sees exactly the shapes rollout produced. With
-    `keep_groups`, a group is never split across micro-batches when it fits in one (DiffusionNFT
-    shares noise within a group). Order inside a shape follows the input order.
+    `keep_groups`, a group that fits in one micro-batch is never split across two; a larger group
+    (groupSize > microBatchSize) is cut into chunks of `size`, so no micro-batch ever exceeds
+    `size` (the memory the user budgeted). Splitting a group changes no number beyond float
+    rounding: DiffusionNFT's and AWM's per-group σ and ε are keyed by the group id, not drawn per
+    micro-batch, and micro-batch losses are weighted by their share of the minibatch. Order inside
+    a shape follows the input order.
     """
     if size < 1:
         raise ValueError(f"micro-batch size must be >= 1, got {size}")
@@ -64,6 +68,9 @@ def micro_batches(samples: list[TrainSample], size: int, *, keep_groups: bool = 
             if cur and len(cur) + len(members) > size:
                 out.append(cur)
                 cur = []
+            while len(members) > size:  # only when cur is empty: a group larger than a micro-batch
+                out.append(members[:size])
+                members = members[size:]
             cur.extend(members)
         if cur:
             out.append(cur)

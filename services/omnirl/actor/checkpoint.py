@@ -9,7 +9,7 @@ newest):
 | `trained.safetensors` | θ's trainable tensors |
 | `old.safetensors` | DiffusionNFT's old policy or AWM's EMA anchor (when present) |
 | `optimizer.safetensors` + `optimizer.json` | AdamW state tensors; param groups and scalars |
-| `state.json` | step, policy_version, optimizer steps, RNG seeds, the controller's data position, the LoRA flag |
+| `state.json` | step, policy_version, optimizer steps, RNG seeds, the controller's data position, the LoRA flag, the job name and model family |
 
 | `COMPLETE` | written last: a checkpoint without it is ignored |
 

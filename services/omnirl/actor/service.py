@@ -228,7 +228,8 @@ class ActorService:
         no longer needed for a replay: their stored requests and tensors are deleted."""
         if not gathered:
             self._gather_rollout()
-        state = {"step": step, "policy_version": self.version, "data_position": data_position}
+        state = {"step": step, "policy_version": self.version, "data_position": data_position,
+                 "job": self.env.job_name, "family": self.spec.model.family}  # `omnirl export` checks them
         path = self.trainer.save(self.ckpt_root, step, state, policy=self._rollout)
         self.checkpointed_step = step
         if self.ranks.leader:

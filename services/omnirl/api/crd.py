@@ -132,7 +132,7 @@ def openapi_schema() -> dict[str, Any]:
 def _printer_columns() -> list[dict[str, Any]]:
     col = [
         ("Phase", "string", ".status.phase", "Pending, Running, Suspended, Succeeded or Failed.", 0),
-        ("Step", "integer", ".status.step", "Training steps completed.", 0),
+        ("Steps", "integer", ".status.step", "Training steps completed (the last checkpoint is step-<Steps - 1>).", 0),
         ("Reward", "number", ".status.rewardMean", "Mean reward of the last training step.", 0),
         ("Ready", "string", ".status.readyRoles", "Roles with all pods ready / roles.", 0),
         ("Age", "date", ".metadata.creationTimestamp", "", 0),

@@ -46,6 +46,8 @@ NormalizeMode = Literal["none", "group", "batch", "minmax"]
 GROUP_KINDS: tuple[str, ...] = ("pairwise-contrast",)
 REMOTE_KINDS: tuple[str, ...] = ("http", "grpc", "vlm")
 ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
+# Families whose adapter has `velocity_packed` (mixed shapes in one forward); tests keep this in sync.
+PACKED_FAMILIES: tuple[str, ...] = ("sd3",)
 
 __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and are re-exported here
     "AdvantageSpec",
@@ -63,6 +65,7 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "API_VERSION",
     "KIND",
     "ROLE_NAMES",
+    "PACKED_FAMILIES",
     "AcceleratorType",
     "FailureAction",
     "SpecModel",
@@ -335,8 +338,12 @@ class RoleSpec(SpecModel):
 class RolloutRoleSpec(RoleSpec):
     """Rollout workers (the diffusion engine)."""
 
-    batching: Literal["stepwise", "static"] = Field(
-        "stepwise", description="Step-wise continuous batching, or static request batching (baseline)."
+    batching: Literal["stepwise", "packed", "static"] = Field(
+        "stepwise", description="`stepwise`: continuous batching, one denoiser forward per latent-shape bucket; "
+        "`packed` (sd3 only): samples of different shapes share one forward (concatenated image tokens, attention "
+        "per sample); it can only help when a worker holds many shapes with few samples each, and runs like "
+        "`stepwise` when every sample has one shape (a job samples at one model.resolution); `static`: request "
+        "batching from first step to last (baseline)."
     )
     maxBatchSize: int = Field(64, ge=1, description="Max samples in one denoiser forward.")
 
@@ -470,6 +477,10 @@ class RLJobSpec(SpecModel):
                 f"must name a model directory for family {self.model.family} (builtin, the default, is ocr-digits "
                 "only)",
             )
+        if self.roles.rollout.batching == "packed" and self.model.family not in PACKED_FAMILIES:
+            raise FieldProblem("roles.rollout.batching", "packed", f"needs a family that packs mixed shapes into one "
+                               f"forward ({', '.join(PACKED_FAMILIES)}); model.family is {self.model.family}: use "
+                               "batching stepwise")
         res = self.model.resolution
         if self.model.family != "ocr-digits" and res is not None and (res[0] % 16 or res[1] % 16):
             raise FieldProblem("model.resolution", list(res), "must be multiples of 16 (VAE 8x times patch 2); use "

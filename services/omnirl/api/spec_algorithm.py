@@ -213,7 +213,9 @@ class OptimizerSpec(SpecModel):
         "equal minibatches (must divide promptsPerStep × groupSize).",
     )
     microBatchSize: int = Field(
-        8, ge=1, description="Samples per forward/backward; gradients accumulate over a minibatch."
+        8, ge=1, description="Samples per forward/backward, never exceeded; gradients accumulate over a minibatch. "
+        "DiffusionNFT and AWM keep a group in one micro-batch when it fits and otherwise cut it: their σ and noise "
+        "are drawn per group id, not per micro-batch, so the update is the same either way."
     )
 
 

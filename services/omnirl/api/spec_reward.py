@@ -110,9 +110,14 @@ def parse_params(kind: str, params: dict[str, Any]) -> SpecModel:
     """The kind's params model built from `params` (strictly: `"8"` is not 8).
 
     Raises:
-        FieldProblem: the first bad key, with its path relative to the reward (`params.maxTokens`).
+        FieldProblem: every unknown key at once (`params: ["a", "b"]`, or `params.a` for one), else
+            the first bad value, with its path relative to the reward (`params.maxTokens`).
     """
     model = PARAMS_BY_KIND[kind]
+    unknown = sorted(k for k in params if k not in model.model_fields)
+    if len(unknown) > 1:  # one line for all of them: a user fixes a block of typos in one go
+        allowed = ", ".join(model.model_fields) or "(none)"
+        raise FieldProblem("params", unknown, f"unknown keys for kind {kind}; allowed: {allowed}")
     try:
         return model.model_validate(params, strict=True)
     except ValidationError as exc:

@@ -17,6 +17,20 @@ from omnirl.telemetry.meters import Meters
 log = logging.getLogger("omnirl.controller")
 
 
+def step_line(step: int, total: int, version: int, record: dict) -> str:
+    """The console line of training step `step` (0-based: the `step` of `metrics.jsonl` and of the
+    checkpoint directory `step-NNNNNN` it wrote, named on the line); `[k/N]` counts steps done.
+
+    `record` is the step's metrics line (reward_mean, reward_std, step_seconds, images_per_second,
+    checkpoint when one was saved).
+    """
+    line = (f"step {step} [{step + 1}/{total}] reward {record['reward_mean']:.3f}±{record['reward_std']:.3f}  "
+            f"{record['step_seconds']:.1f} s  {record['images_per_second']:.1f} img/s  v{version}")
+    if record.get("checkpoint"):
+        line += f"  checkpoint {Path(record['checkpoint']).name}"
+    return line
+
+
 class Reporter:
     """Writes the job's progress.
 
@@ -74,8 +88,7 @@ class Reporter:
             record["checkpoint"] = done.checkpoint
         self._write(record)
         self.meters.record_step(record)
-        log.info("step %d/%d reward %.3f±%.3f  %.1f s  %.1f img/s  v%d", step + 1, self.total,
-                 stats["reward_mean"], stats["reward_std"], stats["step_seconds"], record["images_per_second"], version)
+        log.info("%s", step_line(step, self.total, version, record))
         if self.status is not None:
             self.status.report(step=step + 1, reward_mean=stats["reward_mean"], policy_version=version,
                                last_checkpoint=self.last_checkpoint)
@@ -85,8 +98,8 @@ class Reporter:
         self.validations.append(summary)
         self._write({"event": "validation", "time": time.time(), **summary})
         self.meters.record_validation(summary)
-        log.info("validation at step %d: reward %.3f exact %.3f (n=%d, %.1f s) grid %s", summary["step"],
-                 summary["val_reward_mean"], summary["val_exact_match"], summary["n"], summary["val_seconds"],
+        log.info("validation after %d training steps (v%d): reward %.3f exact %.3f (n=%d, %.1f s) grid %s",
+                 summary["step"], summary["policy_version"], summary["val_reward_mean"], summary["val_exact_match"], summary["n"], summary["val_seconds"],
                  summary["grid"])
 
     def stalled(self, text: str) -> None:

@@ -57,6 +57,7 @@ class RolloutService:
         role = spec.roles.rollout
         self.engine = RolloutEngine(adapter, max_batch_size=role.maxBatchSize, batching=role.batching,
                                     device=self.device)
+        log.info("engine: batching %s, maxBatchSize %d", role.batching, role.maxBatchSize)
         self.receiver = WeightReceiver(env.weight_sync_host, env.weight_sync_port, env.worker_id,
                                        device=str(self.device))
         self.pending: dict[str, dict] = {}  # request entry id → {"left": n, "started": t}
@@ -66,6 +67,7 @@ class RolloutService:
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
+        self.job_ended = False  # the controller's `stop`: the actor's weight-sync store goes away too
         self._bound = False
 
     def terminate(self) -> None:
@@ -100,6 +102,7 @@ class RolloutService:
                 self._publish(self.engine.step())
             self._renew_leases()
         if not self.terminated:
+            self.job_ended = True
             self._drain()  # every request in flight is finished, published and acknowledged
 
     def _renew_leases(self) -> None:
@@ -155,8 +158,9 @@ class RolloutService:
                 self.queue.ack(self.queue.streams.requests, GROUP, [m["entry"]])
 
     def close(self) -> None:
-        """Release the weight-sync connection and the Redis client."""
-        self.receiver.close()
+        """Release the weight-sync connection and the Redis client (deregistering only when the job
+        goes on without this worker: after the job's `stop` the actor's store is gone or going)."""
+        self.receiver.close(leave=not self.job_ended)
         self.queue.close()
 
 

@@ -103,15 +103,21 @@ class WeightReceiver:
             else:
                 time.sleep(P.POLL_S)
 
-    def close(self) -> None:
-        """Deregister (best effort: the actor may already be gone) and release groups."""
+    def close(self, *, leave: bool = True) -> None:
+        """Deregister (best effort: the actor may already be gone) and release groups.
+
+        Args:
+            leave: deregister from the actor's store. False when the whole job has ended: the
+                actor's store goes away with it, so there is nobody to tell (and trying would
+                warn whenever the actor exited first).
+        """
         self._drop_groups()
-        if self._store is not None:
+        if self._store is not None and leave:
             try:
                 P.append_registration(self._store, "leave", self.worker_id, self.incarnation)
             except dist.DistError as err:
                 log.warning("worker %s: could not deregister (actor store gone: %s)", self.worker_id, err)
-            self._store = None
+        self._store = None
 
     # -- store ----------------------------------------------------------------------------------------
 

@@ -1,0 +1,60 @@
+"""`roles.rollout.batching: packed` through the role processes: `omnirl run` of a tiny SD3 pipeline
+(random weights, saved locally) on the CPU. A job has one resolution (`model.resolution`), so the
+engine's packed scheduler runs every forward over one shape here; the mixed-shape forward itself is
+checked against the unpacked one in `tests/test_sd3_packed.py`."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from e2e.test_local_job import ledger, run, tiny_job
+
+pytest.importorskip("diffusers")
+pytestmark = pytest.mark.slow  # a whole job
+
+
+def packed_sd3_job(tmp: Path, name: str, redis_url: str, *, steps: int, dtype: str = "float32") -> Path:
+    """`tiny_job` with a tiny saved SD3 pipeline (32², CFG 2, LoRA r4), a JPEG reward and packed batching."""
+    from tests.test_models_diffusers import _sd3_pipeline
+
+    path = tiny_job(tmp, name, redis_url, steps=steps)
+    doc = yaml.safe_load(path.read_text())
+    spec = doc["spec"]
+    model_dir = tmp / "tiny-sd3"
+    _sd3_pipeline().save_pretrained(model_dir)
+    spec["model"] = {"family": "sd3", "path": str(model_dir), "dtype": dtype, "resolution": [32, 32],
+                     "lora": {"enabled": True, "rank": 4, "alpha": 8}}
+    spec["algorithm"]["sampling"].update(shift=3.0, guidanceScale=2.0)
+    spec["reward"] = [{"name": "jpeg", "kind": "jpeg"}]
+    spec["roles"]["rollout"] = {"batching": "packed", "maxBatchSize": 8}
+    del spec["data"]["validationPrompts"]  # no validation rounds: the lean job the check needs
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def check_packed_job(out: Path, proc, steps: int) -> None:
+    """Exit 0, a packed engine, every train sample (steps × 2 prompts × G 3) scored and trained once."""
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rollout = (out / "logs" / "rollout-0.log").read_text()
+    assert "engine: batching packed" in rollout and "could not deregister" not in rollout  # a quiet clean end
+    controller = (out / "logs" / "controller-0.log").read_text()  # console and checkpoints count steps alike
+    assert f"step {steps - 1} [{steps}/{steps}] " in controller and f"checkpoint step-{steps - 1:06d}" in controller
+    state = json.loads((out / "checkpoints" / f"step-{steps - 1:06d}" / "state.json").read_text())
+    assert (state["step"], state["job"], state["family"]) == (steps - 1, "packed-sd3", "sd3")  # what export checks
+    generated = ledger(out, "rollout")
+    train_ids = {r["sample_id"] for r in generated if not r["sample_id"].startswith("val")}
+    assert len(train_ids) == steps * 2 * 3
+    scored = Counter(r["sample_id"] for r in ledger(out, "reward"))
+    trained = Counter(r["sample_id"] for r in ledger(out, "actor"))
+    assert set(scored) == {r["sample_id"] for r in generated} and set(scored.values()) == {1}
+    assert set(trained) == train_ids and set(trained.values()) == {1}
+
+
+def test_a_packed_sd3_job_runs_through_the_role_processes(tmp_path, redis_url):
+    out = tmp_path / "out"
+    proc = run(packed_sd3_job(tmp_path, "packed-sd3", redis_url, steps=2), out, timeout=600)
+    check_packed_job(out, proc, 2)
