@@ -41,6 +41,30 @@ SD3_SUBFOLDERS = ["transformer", "vae", "scheduler", "text_encoder", "text_encod
 HEADER = 3
 
 
+MAX_SEQUENCE_LENGTH = 256
+
+
+def _load_tokenizers(root: Path) -> list:
+    """[CLIP-L, CLIP-G, T5 or None] tokenizers of an SD3 directory (T5 only with text_encoder_3/ + tokenizer_3/)."""
+    from transformers import CLIPTokenizer, T5TokenizerFast
+
+    has_t5 = (root / "text_encoder_3").is_dir() and (root / "tokenizer_3").is_dir()
+    return [load_component(CLIPTokenizer, root, "tokenizer"), load_component(CLIPTokenizer, root, "tokenizer_2"),
+            load_component(T5TokenizerFast, root, "tokenizer_3") if has_t5 else None]
+
+
+def sd3_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> list[int]:
+    """Prompt → ``[n_l, n_g, n_t5, *clip_l, *clip_g, *t5]`` (layout in the module docstring): each
+    tokenizer's ids with special tokens, CLIP truncated to its model_max_length, T5 to `max_sequence_length`."""
+    clip_length = int(tokenizers[0].model_max_length)
+    clip_l = tokenizers[0](text, max_length=clip_length, truncation=True).input_ids
+    clip_g = tokenizers[1](text, max_length=clip_length, truncation=True).input_ids
+    t5 = []
+    if tokenizers[2] is not None:
+        t5 = tokenizers[2](text, max_length=max_sequence_length, truncation=True, add_special_tokens=True).input_ids
+    return [len(clip_l), len(clip_g), len(t5), *clip_l, *clip_g, *t5]
+
+
 class SD3Adapter(DiffusersAdapterBase):
     """SD3/SD3.5 behind `ModelAdapter`; built from in-memory components (or via `load`).
 
@@ -57,6 +81,10 @@ class SD3Adapter(DiffusersAdapterBase):
         cache_size: prompts kept in the conditioning cache.
     """
 
+    family = "sd3"
+    subfolders = SD3_SUBFOLDERS
+    MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
+
     latent_channels: int
     patch_size: int
     _packed_block: PackedBlock = EAGER_BLOCK  # `compile_packed` swaps in compiled stages
@@ -64,7 +92,7 @@ class SD3Adapter(DiffusersAdapterBase):
     def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler_config: dict,
                  text_encoders: Sequence[nn.Module | None], tokenizers: Sequence, *,
                  resolution: Sequence[int] = (512, 512), guidance_scale: float = 1.0,
-                 negative_prompt: str = "", max_sequence_length: int = 256, cache_size: int = 4096) -> None:
+                 negative_prompt: str = "", max_sequence_length: int = MAX_SEQUENCE_LENGTH, cache_size: int = 4096) -> None:
         if len(text_encoders) != 3 or len(tokenizers) != 3:
             raise ValueError("SD3 needs text_encoders and tokenizers for [CLIP-L, CLIP-G, T5 or None]")
         if (text_encoders[2] is None) != (tokenizers[2] is None):
@@ -99,30 +127,21 @@ class SD3Adapter(DiffusersAdapterBase):
         """
         require_diffusers()
         from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-        from transformers import CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
+        from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
-        root = check_pipeline_dir(path, "sd3", SD3_SUBFOLDERS)
+        root = check_pipeline_dir(path, cls.family, cls.subfolders)
         transformer = load_component(SD3Transformer2DModel, root, "transformer", dtype=dtype, device=device)
         vae = load_component(AutoencoderKL, root, "vae", dtype=dtype, device=device)
         clip_l = load_component(CLIPTextModelWithProjection, root, "text_encoder", dtype=dtype, device=device)
         clip_g = load_component(CLIPTextModelWithProjection, root, "text_encoder_2", dtype=dtype, device=device)
-        has_t5 = (root / "text_encoder_3").is_dir() and (root / "tokenizer_3").is_dir()
-        t5 = load_component(T5EncoderModel, root, "text_encoder_3", dtype=dtype, device=device) if has_t5 else None
-        tokenizers = [load_component(CLIPTokenizer, root, "tokenizer"), load_component(CLIPTokenizer, root, "tokenizer_2"),
-                      load_component(T5TokenizerFast, root, "tokenizer_3") if has_t5 else None]
+        tokenizers = _load_tokenizers(root)
+        t5 = load_component(T5EncoderModel, root, "text_encoder_3", dtype=dtype, device=device) if tokenizers[2] else None
         scheduler_config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
         return cls(transformer, vae, scheduler_config, [clip_l, clip_g, t5], tokenizers, **kwargs)
 
     # ----------------------------------------------------------------- text
-    def tokenize(self, text: str) -> list[int]:
-        """Prompt → ``[n_l, n_g, n_t5, *clip_l, *clip_g, *t5]`` (layout in the module docstring)."""
-        clip_l = self.tokenizers[0](text, max_length=self.clip_length, truncation=True).input_ids
-        clip_g = self.tokenizers[1](text, max_length=self.clip_length, truncation=True).input_ids
-        t5 = []
-        if self.tokenizers[2] is not None:
-            t5 = self.tokenizers[2](text, max_length=self.max_sequence_length, truncation=True,
-                                    add_special_tokens=True).input_ids
-        return [len(clip_l), len(clip_g), len(t5), *clip_l, *clip_g, *t5]
+    read_tokenizers = staticmethod(_load_tokenizers)
+    tokenize_with = staticmethod(sd3_tokenize)
 
     def split_ids(self, ids: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
         """Inverse of the flat layout: (clip_l, clip_g, t5) id lists.
