@@ -23,6 +23,7 @@ from omnirl.models.diffusers._common import (
     PromptCache,
     check_pipeline_dir,
     check_resolution,
+    load_component,
     require_diffusers,
     scheduler_sigmas,
     shift_from_config,
@@ -161,6 +162,24 @@ class DiffusersAdapterBase:
     def tokenize(self, text: str) -> list[int]:
         """Prompt → the family's flat id list (`tokenize_with`, layout in the family's module docstring)."""
         return self.tokenize_with(self.tokenizers, self.max_sequence_length, text)
+
+    @classmethod
+    def _load_parts(cls, path: str | Path, transformer_cls, vae_cls, dtype: torch.dtype,
+                    device: torch.device | str) -> tuple[Path, nn.Module, nn.Module, dict, list]:
+        """What every family's `load` reads: (checked root, transformer, VAE, scheduler config, tokenizers).
+
+        Raises:
+            FileNotFoundError: the path or a subfolder is missing (message gives the layout).
+            OSError: a component cannot be read.
+        """
+        require_diffusers()
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        root = check_pipeline_dir(path, cls.family, cls.subfolders)
+        transformer = load_component(transformer_cls, root, "transformer", dtype=dtype, device=device)
+        vae = load_component(vae_cls, root, "vae", dtype=dtype, device=device)
+        config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
+        return root, transformer, vae, config, cls.read_tokenizers(root)
 
     @classmethod
     def load_tokenizer(cls, path: str | Path, max_sequence_length: int | None = None) -> Callable[[str], list[int]]:

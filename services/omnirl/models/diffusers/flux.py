@@ -32,10 +32,8 @@ from torch import Tensor, nn
 
 from omnirl.models.diffusers._common import (
     check_latents,
-    check_pipeline_dir,
+    decode_scaled,
     load_component,
-    require_diffusers,
-    to_uint8_images,
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
 from omnirl.models.diffusers.qwen_image import pack_latents, unpack_latents
@@ -159,21 +157,15 @@ class FluxAdapter(DiffusersAdapterBase):
         Layout: transformer/, vae/, scheduler/, text_encoder/ (CLIP-L), tokenizer/,
         text_encoder_2/ (T5), tokenizer_2/. `kwargs` go to the constructor (resolution,
         guidance_scale, max_sequence_length, cache_size).
-        Raises:
-            FileNotFoundError: the path or a subfolder is missing (message gives the layout).
-            OSError: a component cannot be read.
+        Raises FileNotFoundError / OSError as `DiffusersAdapterBase._load_parts`.
         """
-        require_diffusers()
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
+        from diffusers import AutoencoderKL, FluxTransformer2DModel
         from transformers import CLIPTextModel, T5EncoderModel
 
-        root = check_pipeline_dir(path, cls.family, cls.subfolders)
-        transformer = load_component(FluxTransformer2DModel, root, "transformer", dtype=dtype, device=device)
-        vae = load_component(AutoencoderKL, root, "vae", dtype=dtype, device=device)
+        root, transformer, vae, scheduler_config, tokenizers = cls._load_parts(
+            path, FluxTransformer2DModel, AutoencoderKL, dtype, device)
         clip = load_component(CLIPTextModel, root, "text_encoder", dtype=dtype, device=device)
         t5 = load_component(T5EncoderModel, root, "text_encoder_2", dtype=dtype, device=device)
-        tokenizers = _load_tokenizers(root)
-        scheduler_config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
         return cls(transformer, vae, scheduler_config, [clip, t5], tokenizers, **kwargs)
 
     # ----------------------------------------------------------------- text
@@ -238,8 +230,4 @@ class FluxAdapter(DiffusersAdapterBase):
     @torch.no_grad()
     def decode(self, x0: Tensor) -> Tensor:
         """Clean latents `[B, 16, H, W]` → images `[B, 8H, 8W, 3]` uint8: VAE(z/scaling + shift)."""
-        config = self.vae.config
-        z = x0.float() / config.scaling_factor + (config.shift_factor or 0.0)
-        vae_dtype = next(self.vae.parameters()).dtype
-        pixels = self.vae.decode(z.to(vae_dtype), return_dict=False)[0]
-        return to_uint8_images(pixels)
+        return decode_scaled(self.vae, x0)

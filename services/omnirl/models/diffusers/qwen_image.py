@@ -26,9 +26,7 @@ from torch import Tensor, nn
 
 from omnirl.models.diffusers._common import (
     check_latents,
-    check_pipeline_dir,
     load_component,
-    require_diffusers,
     to_uint8_images,
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
@@ -150,24 +148,14 @@ class QwenImageAdapter(DiffusersAdapterBase):
 
         Layout: transformer/, vae/, scheduler/, text_encoder/, tokenizer/. `kwargs` go to the
         constructor.
-        Raises:
-            FileNotFoundError: the path or a subfolder is missing (message gives the layout).
-            OSError: a component cannot be read.
+        Raises FileNotFoundError / OSError as `DiffusersAdapterBase._load_parts`.
         """
-        require_diffusers()
-        from diffusers import (
-            AutoencoderKLQwenImage,
-            FlowMatchEulerDiscreteScheduler,
-            QwenImageTransformer2DModel,
-        )
+        from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
         from transformers import Qwen2_5_VLForConditionalGeneration
 
-        root = check_pipeline_dir(path, cls.family, cls.subfolders)
-        transformer = load_component(QwenImageTransformer2DModel, root, "transformer", dtype=dtype, device=device)
-        vae = load_component(AutoencoderKLQwenImage, root, "vae", dtype=dtype, device=device)
+        root, transformer, vae, scheduler_config, (tokenizer,) = cls._load_parts(
+            path, QwenImageTransformer2DModel, AutoencoderKLQwenImage, dtype, device)
         text_encoder = load_component(Qwen2_5_VLForConditionalGeneration, root, "text_encoder", dtype=dtype, device=device)
-        tokenizer = _load_tokenizers(root)[0]
-        scheduler_config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
         return cls(transformer, vae, scheduler_config, text_encoder, tokenizer, **kwargs)
 
     # ----------------------------------------------------------------- text

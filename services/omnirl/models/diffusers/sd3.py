@@ -24,11 +24,9 @@ from torch import Tensor, nn
 
 from omnirl.models.diffusers._common import (
     check_latents,
-    check_pipeline_dir,
+    decode_scaled,
     guided,
     load_component,
-    require_diffusers,
-    to_uint8_images,
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
 from omnirl.models.diffusers.sd3_packed import EAGER_BLOCK, PackedBlock, sd3_packed_forward
@@ -121,22 +119,16 @@ class SD3Adapter(DiffusersAdapterBase):
         Layout: transformer/, vae/, scheduler/, text_encoder/, text_encoder_2/, tokenizer/,
         tokenizer_2/ and optionally text_encoder_3/ + tokenizer_3/ (T5). `kwargs` go to the
         constructor (resolution, guidance_scale, negative_prompt, max_sequence_length, cache_size).
-        Raises:
-            FileNotFoundError: the path or a subfolder is missing (message gives the layout).
-            OSError: a component cannot be read.
+        Raises FileNotFoundError / OSError as `DiffusersAdapterBase._load_parts`.
         """
-        require_diffusers()
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
+        from diffusers import AutoencoderKL, SD3Transformer2DModel
         from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
-        root = check_pipeline_dir(path, cls.family, cls.subfolders)
-        transformer = load_component(SD3Transformer2DModel, root, "transformer", dtype=dtype, device=device)
-        vae = load_component(AutoencoderKL, root, "vae", dtype=dtype, device=device)
+        root, transformer, vae, scheduler_config, tokenizers = cls._load_parts(
+            path, SD3Transformer2DModel, AutoencoderKL, dtype, device)
         clip_l = load_component(CLIPTextModelWithProjection, root, "text_encoder", dtype=dtype, device=device)
         clip_g = load_component(CLIPTextModelWithProjection, root, "text_encoder_2", dtype=dtype, device=device)
-        tokenizers = _load_tokenizers(root)
         t5 = load_component(T5EncoderModel, root, "text_encoder_3", dtype=dtype, device=device) if tokenizers[2] else None
-        scheduler_config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
         return cls(transformer, vae, scheduler_config, [clip_l, clip_g, t5], tokenizers, **kwargs)
 
     # ----------------------------------------------------------------- text
@@ -264,8 +256,4 @@ class SD3Adapter(DiffusersAdapterBase):
     @torch.no_grad()
     def decode(self, x0: Tensor) -> Tensor:
         """Clean latents `[B, C, H, W]` → images `[B, 8H, 8W, 3]` uint8: VAE(z/scaling + shift)."""
-        config = self.vae.config
-        z = x0.float() / config.scaling_factor + (config.shift_factor or 0.0)
-        vae_dtype = next(self.vae.parameters()).dtype
-        pixels = self.vae.decode(z.to(vae_dtype), return_dict=False)[0]
-        return to_uint8_images(pixels)
+        return decode_scaled(self.vae, x0)
