@@ -10,6 +10,7 @@ the `Validator` summarises the round. The eval side is `omnirl eval --checkpoint
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from omnirl.controller.data import read_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.controller.validation import Validator
 from omnirl.evaluation.evaluate import evaluate
+from omnirl.models.digits.adapter import BUILTIN_DIR
 from omnirl.models.policy_io import load_policy
 from omnirl.models.registry import adapter_options, load_adapter, load_tokenizer
 from omnirl.reward.service import RewardService
@@ -182,13 +184,23 @@ def test_engine_samples_on_the_adapter_grid(sd3_dir):
     assert torch.equal(got["s1"], sigma_schedule(5, 2.0)[1:4])
 
 
-def test_tokenizers_alone_match_the_adapter(sd3_dir):
+def test_tokenizers_alone_match_the_adapter(sd3_dir, tmp_path):
     adapter = load_adapter("sd3", str(sd3_dir))
-    tokenize = load_tokenizer("sd3", str(sd3_dir))
+    # the controller's copy has no weights at all: only the tokenizers can have been read
+    bare = tmp_path / "sd3"
+    shutil.copytree(sd3_dir, bare)
+    for weights in bare.glob("*/*.safetensors"):
+        weights.unlink()
+    tokenize = load_tokenizer("sd3", str(bare))
     for text in ['a sign that says "hi 42"', "x"]:
         assert tokenize(text) == adapter.tokenize(text)
+    with pytest.raises(OSError):
+        load_adapter("sd3", str(bare))
     digits = load_adapter("ocr-digits", "builtin")
-    assert load_tokenizer("ocr-digits", "builtin")('A sign that says "4071"') == digits.tokenize('"4071"') == [5, 1, 8, 2]
+    (tmp_path / "digits").mkdir()
+    shutil.copy(BUILTIN_DIR / "config.json", tmp_path / "digits" / "config.json")
+    assert load_tokenizer("ocr-digits", str(tmp_path / "digits"))('A sign that says "4071"') == \
+        digits.tokenize('"4071"') == [5, 1, 8, 2]
 
 
 def test_evaluate_is_batch_independent_and_sde_differs():
