@@ -218,10 +218,13 @@ def test_evaluate_is_batch_independent_and_sde_differs():
         evaluate(adapter, spec, [])
 
 
-def test_validate_prints_the_grid(capsys):
+def test_validate_prints_the_grid(capsys, sd3_dir, tmp_path):
+    sd3 = _job(tmp_path, "grid-sd3", {"family": "sd3", "path": str(sd3_dir), "resolution": [32, 32]})
     assert cli_main(["validate", str(ROOT / "examples" / "ocr-nft.yaml"),
-                     str(ROOT / "examples" / "gpu-sd3-flowgrpo.yaml")]) == 0
+                     str(ROOT / "examples" / "gpu-sd3-flowgrpo.yaml"), str(sd3)]) == 0
     out = capsys.readouterr().out
+    assert (f"grid-sd3: σ grid: family default (sd3: its scheduler's grid, shift 3.0, 10 steps, from "
+            f"{sd3_dir / 'scheduler' / 'scheduler_config.json'})") in out
     assert "ocr-nft: σ grid: family default (ocr-digits), shift 1, 10 steps: 1.0000, 0.9000 … 0.1000, 0.0000" in out
     assert "σ grid: override (algorithm.sampling.shift), shift 3, 10 steps: 1.0000, 0.9643 … 0.2500, 0.0000" in out
 
