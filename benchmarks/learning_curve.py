@@ -23,9 +23,9 @@ from omnirl.algorithms import group_advantages, select_window
 from omnirl.api.loader import _Loader as YAML12Loader
 from omnirl.api.loader import job_from_dict, load_rljob, resolve_paths
 from omnirl.controller.data import PromptSource, read_prompts
-from omnirl.controller.evaluate import evaluate
+from omnirl.evaluation.evaluate import evaluate
 from omnirl.models.registry import load_adapter
-from omnirl.reward.registry import build_scorer
+from omnirl.reward.scoring import RewardSet
 from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.types import SampleRequest
 
@@ -58,7 +58,7 @@ def main() -> None:
     algo = spec.algorithm
     adapter = load_adapter(spec.model.family, spec.model.path)
     trainer = Trainer(adapter, spec)
-    scorer = build_scorer(spec.reward[0])
+    reward_set = RewardSet(spec.reward)  # the weighted rewards, as the reward role scores
     data = PromptSource(read_prompts(spec.data.trainPrompts), adapter.tokenize, seed=spec.seed)
     held = read_prompts(spec.data.validationPrompts)[: args.eval_prompts]
     engine = RolloutEngine(adapter, max_batch_size=spec.roles.rollout.maxBatchSize)
@@ -67,7 +67,7 @@ def main() -> None:
     def validate(it: int, train_reward: float | None) -> None:
         adapter.module.eval()
         with torch.no_grad():
-            r = evaluate(adapter, scorer, held, num_steps=spec.validation.numSteps, seed=spec.validation.seed)
+            r = evaluate(adapter, spec, held, rewards=reward_set)
         adapter.module.train()
         print(json.dumps({"it": it, "minutes": round((time.time() - t0) / 60, 2), "val_reward": round(r.mean_reward, 4),
                           "exact": round(r.exact_match, 4), "train_reward": train_reward}), flush=True)
@@ -87,18 +87,13 @@ def main() -> None:
             for i in range(algo.groupSize):
                 engine.submit(SampleRequest(f"{it}:{p_.index}:{i}", p_.text, tuple(p_.ids), seed=it * 100_000 + p_.index * 100 + i,
                                             num_steps=algo.sampling.numSteps, window=window, noise_level=noise,
-                                            sde_type=sde_type, meta={"group": f"{it}:{p_.index}"}))
+                                            sde_type=sde_type, shift=algo.sampling.shift, meta={"group": f"{it}:{p_.index}"}))
         adapter.module.eval()
         results = engine.run_until_idle()
         adapter.module.train()
-        rewards = torch.zeros(len(results))
-        by_shape: dict[tuple, list[int]] = {}
-        for k, r in enumerate(results):
-            by_shape.setdefault(tuple(r.image.shape), []).append(k)
-        for idx in by_shape.values():  # the scorer takes one image size per call
-            images = torch.stack([results[k].image for k in idx]).numpy()
-            rewards[idx] = torch.tensor(scorer.score(images, [results[k].request.prompt for k in idx],
-                                                     [results[k].request.sample_id for k in idx]))
+        scored = reward_set.score([r.image.numpy() for r in results], [r.request.prompt for r in results],
+                                  [r.request.sample_id for r in results])
+        rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
         groups = {g: k for k, g in enumerate(dict.fromkeys(r.request.meta["group"] for r in results))}
         adv = group_advantages(rewards, torch.tensor([groups[r.request.meta["group"]] for r in results]),
                                std_mode=algo.advantage.stdMode).advantages

@@ -14,9 +14,8 @@ from safetensors.torch import load_file
 
 from omnirl.api.loader import load_rljob
 from omnirl.controller.data import read_prompts
-from omnirl.controller.evaluate import evaluate
+from omnirl.evaluation.evaluate import evaluate
 from omnirl.models.digits.adapter import load_digits_adapter
-from omnirl.reward.registry import build_scorer
 
 
 @pytest.mark.slow
@@ -45,7 +44,7 @@ def test_the_run_exports_its_result_and_it_scores_the_last_validation(tmp_path, 
     adapter = load_digits_adapter(latest)
     v = job.spec.validation
     prompts = read_prompts(job.spec.data.validationPrompts)[: v.maxPrompts]
-    result = evaluate(adapter, build_scorer(job.spec.reward[0]), prompts, num_steps=v.numSteps, seed=v.seed)
+    result = evaluate(adapter, job.spec, prompts)
     assert result.mean_reward == pytest.approx(last["val_reward_mean"], abs=1e-6)
     assert result.exact_match == pytest.approx(last["val_exact_match"], abs=1e-6)
 

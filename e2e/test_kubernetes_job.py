@@ -215,18 +215,19 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
 
 
 def export_reward(export: Path) -> float:
-    """Held-out reward of an export of the built-in model, sampled as the run's validation was."""
+    """Held-out OCR reward of an export of the built-in model, sampled as the run's validation was
+    (the judge server, the second reward, went with the job)."""
     from omnirl.api.loader import load_rljob
     from omnirl.controller.data import read_prompts
-    from omnirl.controller.evaluate import evaluate
+    from omnirl.evaluation.evaluate import evaluate
     from omnirl.models.digits.adapter import load_digits_adapter
-    from omnirl.reward.registry import build_scorer
+    from omnirl.reward.scoring import RewardSet
 
     spec = load_rljob(export / "job.yaml").spec
-    v = spec.validation
-    prompts = read_prompts(spec.data.validationPrompts)[: v.maxPrompts]
-    return evaluate(load_digits_adapter(export), build_scorer(spec.reward[0]), prompts, num_steps=v.numSteps,
-                    seed=v.seed).mean_reward
+    prompts = read_prompts(spec.data.validationPrompts)[: spec.validation.maxPrompts]
+    return evaluate(load_digits_adapter(export), spec, prompts, rewards=RewardSet(spec.reward[:1])).mean_reward
+
+
 @pytest.mark.slow
 def test_rljob_survives_a_killed_controller_pod_and_a_replaced_rollout_pod(tmp_path, protected_redis):
     """After the first step: the controller pod is SIGKILLed (its Job fails; the operator's

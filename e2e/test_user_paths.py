@@ -61,9 +61,10 @@ class RewardModel(ThreadingHTTPServer):
 
 
 @pytest.mark.slow
-def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url):
+def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url, request):
     server = RewardModel()
     threading.Thread(target=server.serve_forever, daemon=True).start()
+    request.addfinalizer(server.shutdown)  # after `omnirl eval` too: it scores with every reward
     url = f"http://127.0.0.1:{server.server_address[1]}/v1/score"
     job = tiny_job(tmp_path, "userpaths", redis_url, mode="sync", steps=2,
                    reward={"name": "ocr", "kind": "ocr", "weight": 1.0})
@@ -73,10 +74,7 @@ def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url):
     doc["spec"]["algorithm"]["optimizer"]["learningRate"] = 3e-3
     job.write_text(json.dumps(doc))
     out = tmp_path / "out"
-    try:
-        code, log, _, scraped = run_scraped(job, out, timeout_s=540)
-    finally:
-        server.shutdown()
+    code, log, _, scraped = run_scraped(job, out, timeout_s=540)
     assert code == 0, log[-4000:]
     assert any(line.startswith("omnirl: job userpaths") and line.endswith(", ray)") for line in log.splitlines())
 
@@ -111,4 +109,6 @@ def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url):
         grids[name] = np.asarray(Image.open(tmp_path / name / "grid.png"))
         if extra:
             assert "step 1 policy_version 2" in ev.stdout
+        # validation's weighted sum: the HTTP model scored every eval sample too
+        assert {f"eval:{i}" for i in range(4)} <= set(server.seen)
     assert not np.array_equal(grids["trained"], grids["base"])

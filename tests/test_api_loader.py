@@ -57,6 +57,7 @@ def test_console_script_exit_codes(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stdout.splitlines() == [
         f"{BASE}: ok",
+        "  ocr-flowgrpo: σ grid: family default (ocr-digits), shift 1, 10 steps: 1.0000, 0.9000 … 0.1000, 0.0000",
         f"{bad}: spec.algorithm.groupSize: 1 is invalid: must be >= 2 (line 23)",
     ]
 

@@ -12,7 +12,12 @@ import sys
 def _cmd_validate(args: argparse.Namespace) -> int:
     from omnirl.api.loader import validate_files
 
-    return validate_files(args.files, out=sys.stdout)
+    def grid(job) -> list[str]:  # after the spec checks: only a valid job pays for torch
+        from omnirl.models.registry import describe_sigma_grid
+
+        return [describe_sigma_grid(job.spec)]
+
+    return validate_files(args.files, out=sys.stdout, describe=grid)
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -29,7 +34,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def _cmd_eval(args: argparse.Namespace) -> int:
-    from omnirl.controller.eval_cli import main as eval_main
+    from omnirl.evaluation.cli import main as eval_main
 
     return eval_main(args)
 
@@ -86,11 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", help="cpu | cuda")
     s.set_defaults(fn=_cmd_pretrain)
 
-    s = sub.add_parser("eval", help="sample prompts with the ODE sampler, score them, write an image grid")
+    s = sub.add_parser("eval", help="sample prompts as validation does (rollout engine, job's σ grid), score them "
+                       "with the job's weighted rewards, write an image grid")
     s.add_argument("job", help="RLJob manifest (model and reward are taken from it)")
     s.add_argument("--checkpoint", default=None, help="a run's checkpoint dir (e.g. OUT/checkpoints/latest)")
-    s.add_argument("--prompts", required=True, help="file with one prompt per line")
-    s.add_argument("--steps", type=int, default=20, help="ODE sampler steps")
+    s.add_argument("--prompts", default=None,
+                   help="file with one prompt per line (default: the job's first validation.maxPrompts held-out prompts)")
+    s.add_argument("--steps", type=int, default=None, help="denoising steps (default: validation.numSteps)")
     s.add_argument("--sampler", choices=["ode", "sde"], default="ode")
     s.add_argument("--seed", type=int, default=None, help="noise seed (default: spec.validation.seed)")
     s.add_argument("--out", default="eval-out", help="directory for grid.png and rewards.json")

@@ -64,7 +64,7 @@ def awm_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
 
     Args:
         advantage_clip: the controller's advantage clamp c (`spec.algorithm.advantage.clip`).
-        grid: `[N+1]` the rollout σ grid (`sigma_schedule(numSteps, shift)`), for `timeSampling: grid`.
+        grid: `[N+1]` the rollout σ grid (`adapter.sigma_grid(numSteps, shape, shift)`), for `timeSampling: grid`.
     Raises:
         ValueError: non-finite loss (with the sample ids).
     """

@@ -28,8 +28,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-LATEST = "latest"
-COMPLETE = "COMPLETE"
+from omnirl.models.policy_io import COMPLETE, LATEST, resolve_checkpoint  # the one "where is the checkpoint"
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -120,20 +119,6 @@ def _prune(root: Path, keep: int, newest: Path) -> None:
     for p in steps[:-keep] if keep > 0 else []:
         if p != newest:
             shutil.rmtree(p, ignore_errors=True)
-
-
-def resolve_checkpoint(path: str | Path) -> Path:
-    """A checkpoint directory (following `latest`), or FileNotFoundError naming what is missing."""
-    p = Path(path)
-    if (p / LATEST).exists():
-        p = p / LATEST
-    p = p.resolve()
-    if not (p / "policy.safetensors").is_file():
-        raise FileNotFoundError(f"{path}: not a checkpoint (no policy.safetensors); expected OUT/checkpoints/latest")
-    if not (p / COMPLETE).is_file():
-        raise FileNotFoundError(f"{path}: an incomplete checkpoint (no {COMPLETE} marker: its writer died); "
-                                "use an older step-* directory")
-    return p
 
 
 def load_checkpoint(path: str | Path) -> dict:

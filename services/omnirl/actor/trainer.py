@@ -14,7 +14,7 @@ from omnirl.actor.fsdp import enable_activation_checkpointing
 from omnirl.actor.nft_update import nft_step
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks
-from omnirl.algorithms import old_policy_decay, sigma_schedule
+from omnirl.algorithms import old_policy_decay
 from omnirl.api.spec import RLJobSpec
 from omnirl.models.protocol import ModelAdapter
 
@@ -65,7 +65,8 @@ class Trainer:
             raise ValueError(f"step {step}: empty training batch")
         algo = self.spec.algorithm
         seed = self.spec.seed * 1_000_003 + step
-        grid = sigma_schedule(algo.sampling.numSteps, algo.sampling.shift)  # the rollout engine's σ grid
+        # the rollout engine's σ grid (the adapter's, for the batch's latent shape)
+        grid = self.policies.adapter.sigma_grid(algo.sampling.numSteps, tuple(samples[0].x0.shape), algo.sampling.shift)
         if self.is_nft:
             metrics = nft_step(self.policies, self.optimizer, samples, algo.nft, algo.optimizer,
                                seed=seed, device=self.device, ranks=self.ranks)

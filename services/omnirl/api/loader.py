@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -222,20 +223,25 @@ def load_rljob(path: str | os.PathLike[str]) -> RLJob:
     return jobs[0]
 
 
-def validate_files(files: list[str], out: TextIO) -> int:
+def validate_files(files: list[str], out: TextIO, describe: Callable[[RLJob], list[str]] | None = None) -> int:
     """`omnirl validate`: print `FILE: ok` per valid file, else its problem lines, to `out`.
 
+    Args:
+        describe: extra lines printed under a valid job's `ok` (the CLI's: its σ grid).
     Returns:
         0 when every file is valid, 2 otherwise (also when `files` is empty).
     """
     ok = bool(files)
     for f in files:
         try:
-            load_rljobs(f)
+            jobs = load_rljobs(f)
         except ManifestError as e:
             ok = False
             for line in e.problems:
                 out.write(line + "\n")
         else:
             out.write(f"{f}: ok\n")
+            for job in jobs if describe else []:
+                for line in describe(job):
+                    out.write(f"  {job.metadata.name}: {line}\n")
     return 0 if ok else 2

@@ -40,7 +40,7 @@ class GenerateRequest(_Msg):
     window: list[int] = Field(default_factory=list, description="Stochastic step indices; empty = ODE.")
     noise_level: float = 0.0
     sde_type: Literal["sde", "cps"] = "sde"
-    shift: float = 1.0
+    shift: float | None = Field(None, description="σ-grid shift override; None = the model family's own grid.")
     guidance_scale: float = 1.0
 
 

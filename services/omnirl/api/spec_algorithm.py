@@ -25,7 +25,10 @@ class SamplingSpec(SpecModel):
     """The rollout sampler's σ grid."""
 
     numSteps: int = Field(10, ge=2, le=1000, description="Denoising steps per rollout sample.")
-    shift: float = Field(1.0, gt=0, description="SD3-style shift of the σ schedule (1 = no shift).")
+    shift: float | None = Field(
+        None, gt=0, description="Override of the model family's σ grid: σ_k = 1 − k/numSteps, shifted SD3-style "
+        "σ' = shift·σ/(1 + (shift − 1)·σ) (1 = no shift). Unset: the family's own grid (ocr-digits: shift 1; "
+        "diffusers families: their scheduler config's grid). `omnirl validate` prints the grid a job uses.")
     guidanceScale: float = Field(
         1.0, ge=1.0, description="Classifier-free guidance weight (SD3, Qwen-Image; 1 disables CFG), or FLUX.1-dev's "
         "embedded guidance value (1 keeps the model's default, 3.5). Rollout and training use the same guided velocity.")

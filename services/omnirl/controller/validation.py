@@ -1,7 +1,8 @@
 """In-run validation: held-out prompts through the real rollout and reward workers.
 
-Each validation publishes one ODE request per held-out prompt (`kind="val"`, no SDE window,
-`validation.numSteps` steps) with the same per-prompt noise `omnirl eval` uses, so the number in
+Each validation publishes one ODE request per held-out prompt (`omnirl.rollout.requests.heldout_request`:
+`kind="val"`, no SDE window, `validation.numSteps` steps), the very requests `omnirl eval` runs
+through its in-process engine and scores with the same weighted rewards, so the number in
 `metrics.jsonl` and the one `omnirl eval --checkpoint` prints agree. It writes an image grid
 `OUT/samples/step-XXXXX.png` of the first 32 prompts with their rewards.
 """
@@ -14,11 +15,11 @@ from pathlib import Path
 
 import numpy as np
 
-from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta
+from omnirl.api.messages import ScoreMeta
 from omnirl.api.spec import RLJobSpec
 from omnirl.controller.data import read_prompts
-from omnirl.controller.evaluate import eval_seed
 from omnirl.controller.grid import save_image_grid
+from omnirl.rollout.requests import heldout_request
 from omnirl.transfer import TransferQueue
 
 GRID_SIZE = 32
@@ -56,14 +57,8 @@ class Validator:
         """Send one ODE request per held-out prompt, tagged with the training step it follows."""
         self.round, self.version, self.t0 = at_step, version, time.time()
         self.scores, self.keys = {}, {}
-        v = self.spec.validation
         for i, (prompt, ids) in enumerate(zip(self.prompts, self.ids, strict=True)):
-            gid = f"val{at_step}:{i}"
-            req = GenerateRequest(kind="val", step=at_step, group_id=gid, prompt=prompt, prompt_ids=ids,
-                                  samples=[SampleSeed(sample_id=f"{gid}:{self.nonce}", seed=eval_seed(v.seed, i))],
-                                  num_steps=v.numSteps, window=[], noise_level=0.0,
-                                  shift=self.spec.algorithm.sampling.shift,
-                                  guidance_scale=self.spec.algorithm.sampling.guidanceScale)
+            req = heldout_request(self.spec, i, prompt, ids, step=at_step, sample_id=f"val{at_step}:{i}:{self.nonce}")
             self.queue.publish(self.queue.streams.requests, req.model_dump())
 
     def record(self, score: ScoreMeta, tensor_key: str | None) -> None:

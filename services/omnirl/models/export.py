@@ -35,7 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from omnirl.api.loader import dump_rljob
 from omnirl.api.spec import RLJob
-from omnirl.models.policy_io import checkpoint_dir
+from omnirl.models.policy_io import resolve_checkpoint
 
 EXPORT_FORMAT = "omnirl-export-v1"
 EXPORTS = "exports"
@@ -75,7 +75,7 @@ def export_checkpoint(job: RLJob, checkpoint: str | Path, out: str | Path, *, ru
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write(job, checkpoint_dir(checkpoint), tmp, None if run_dir is None else Path(run_dir))
+        _write(job, resolve_checkpoint(checkpoint), tmp, None if run_dir is None else Path(run_dir))
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -90,7 +90,7 @@ def export_run_checkpoint(job: RLJob, run_dir: str | Path, checkpoint: str | Pat
         The export directory. Raises as `export_checkpoint`.
     """
     root = Path(run_dir) / EXPORTS
-    final = root / checkpoint_dir(checkpoint).name
+    final = root / resolve_checkpoint(checkpoint).name
     shutil.rmtree(final, ignore_errors=True)  # a re-export of a resumed step
     export_checkpoint(job, checkpoint, final, run_dir=run_dir)
     link, tmp_link = root / LATEST, root / f".{LATEST}-{os.getpid()}"

@@ -12,15 +12,28 @@ from omnirl.api.spec import LoRASpec
 from omnirl.models.lora import inject_lora
 from omnirl.models.protocol import ModelAdapter
 
+LATEST = "latest"
+COMPLETE = "COMPLETE"
+POLICY_FILE = "policy.safetensors"
 
-def checkpoint_dir(path: str | Path) -> Path:
-    """`path` itself, or `path/latest` when given a checkpoints root. Raises FileNotFoundError."""
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """The one answer to "where is the checkpoint": `path` itself, or `path/latest` when given a
+    checkpoints root (the layout of `omnirl.actor.checkpoint`), resolved.
+
+    Raises:
+        FileNotFoundError: no policy.safetensors there, or no COMPLETE marker (its writer died).
+    """
     p = Path(path)
-    if (p / "latest").exists():
-        p = p / "latest"
-    if not (p / "policy.safetensors").is_file():
-        raise FileNotFoundError(f"{path}: no policy.safetensors; pass a run's checkpoint dir, e.g. OUT/checkpoints/latest")
-    return p.resolve()
+    if (p / LATEST).exists():
+        p = p / LATEST
+    p = p.resolve()
+    if not (p / POLICY_FILE).is_file():
+        raise FileNotFoundError(f"{path}: no {POLICY_FILE}; pass a run's checkpoint dir, e.g. OUT/checkpoints/latest")
+    if not (p / COMPLETE).is_file():
+        raise FileNotFoundError(f"{path}: an incomplete checkpoint (no {COMPLETE} marker: its writer died); "
+                                "use an older step-* directory")
+    return p
 
 
 def load_policy(adapter: ModelAdapter, path: str | Path, lora: LoRASpec) -> dict:
@@ -28,12 +41,12 @@ def load_policy(adapter: ModelAdapter, path: str | Path, lora: LoRASpec) -> dict
     checkpoint holds adapters); returns the checkpoint's state.json.
 
     Raises:
-        FileNotFoundError: not a checkpoint.
+        FileNotFoundError: not a (complete) checkpoint.
         KeyError: tensor names do not match the model (wrong model family or LoRA settings).
     """
-    ckpt = checkpoint_dir(path)
+    ckpt = resolve_checkpoint(path)
     state = json.loads((ckpt / "state.json").read_text())
-    tensors = load_file(ckpt / "policy.safetensors")
+    tensors = load_file(ckpt / POLICY_FILE)
     module = adapter.module
     if state.get("lora"):
         inject_lora(module, lora, lora.targetModules or adapter.lora_target_modules)

@@ -55,6 +55,16 @@ class ModelAdapter(Protocol):
         """The latent shape `(C, H, W)` of one sample for this prompt (no batch dimension)."""
         ...
 
+    def sigma_grid(self, num_steps: int, latent_shape: tuple[int, ...], shift: float | None = None) -> torch.Tensor:
+        """The σ grid `[num_steps + 1]` float32 (CPU), σ_0 = 1 down to σ_N = 0, that samples of this
+        latent shape are denoised on: the one owner of the grid (rollout, validation, `omnirl eval`
+        and the actor all ask here).
+
+        `shift` None: the family's own grid (its scheduler's, for diffusers families). A number: the
+        manifest's override `algorithm.sampling.shift`, `omnirl.algorithms.sigma_schedule(num_steps, shift)`.
+        """
+        ...
+
     def encode(self, prompt_ids: list[list[int]], device: torch.device | str = "cpu") -> Conditioning:
         """Token ids of B prompts → conditioning tensors with leading dimension B."""
         ...

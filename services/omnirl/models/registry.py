@@ -9,6 +9,9 @@ Families (`RLJob.spec.model.family`):
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
 
 from omnirl.api.spec import RLJobSpec
@@ -55,19 +58,7 @@ def load_adapter(family: str, path: str, device: torch.device | str = "cpu",
         if kwargs:
             raise ValueError(f"family 'ocr-digits' takes no options; got {sorted(kwargs)}")
         return load_digits_adapter(path, device=device, dtype=dtype)
-    if family == "sd3":
-        from omnirl.models.diffusers.sd3 import SD3Adapter
-
-        return SD3Adapter.load(path, device=device, dtype=dtype, **kwargs)
-    if family == "qwen-image":
-        from omnirl.models.diffusers.qwen_image import QwenImageAdapter
-
-        return QwenImageAdapter.load(path, device=device, dtype=dtype, **kwargs)
-    if family == "flux":
-        from omnirl.models.diffusers.flux import FluxAdapter
-
-        return FluxAdapter.load(path, device=device, dtype=dtype, **kwargs)
-    raise ValueError(f"unknown model.family {family!r}; supported: {', '.join(FAMILIES)}")
+    return _diffusers_class(family).load(path, device=device, dtype=dtype, **kwargs)
 
 
 def adapter_options(spec: RLJobSpec) -> dict:
@@ -89,10 +80,61 @@ def adapter_options(spec: RLJobSpec) -> dict:
     return options
 
 
-def load_tokenizer(family: str, path: str):
-    """Text → token ids for `family`, for the controller (which tokenizes each prompt once).
+def describe_sigma_grid(spec: RLJobSpec) -> str:
+    """One line naming the σ grid a job's rollouts, validation and `omnirl eval` use (`omnirl validate`).
 
-    For ocr-digits this loads the (tiny) adapter; diffusers families load their adapter on the
-    CPU, whose tokenize needs only the tokenizers. Returns a callable `str -> list[int]`.
+    The manifest's override `algorithm.sampling.shift` and the built-in model's grid are computed
+    here (first and last steps); a diffusers family's own grid depends on each sample's resolution,
+    so the line names its scheduler config (and its shift, when that file is readable here).
     """
-    return load_adapter(family, path, device="cpu").tokenize
+    from omnirl.algorithms.sigmas import sigma_schedule
+
+    n, shift, family = spec.algorithm.sampling.numSteps, spec.algorithm.sampling.shift, spec.model.family
+    if shift is None and family != "ocr-digits":
+        config = Path(spec.model.path) / "scheduler" / "scheduler_config.json"
+        try:
+            cfg = json.loads(config.read_text())
+        except (OSError, ValueError):
+            return f"σ grid: family default ({family}: its scheduler's grid, {n} steps; {config} not readable here)"
+        kind = "dynamic, by image size" if cfg.get("use_dynamic_shifting") else f"shift {cfg.get('shift', 1.0)}"
+        return f"σ grid: family default ({family}: its scheduler's grid, {kind}, {n} steps, from {config})"
+    if shift is None:
+        from omnirl.models.digits.adapter import FAMILY_SHIFT, digits_sigma_grid
+
+        source, shift, grid = "family default (ocr-digits)", FAMILY_SHIFT, digits_sigma_grid(n)
+    else:
+        source, grid = "override (algorithm.sampling.shift)", sigma_schedule(n, shift)
+    g = [f"{x:.4f}" for x in grid.tolist()]
+    return f"σ grid: {source}, shift {shift:g}, {n} steps: {g[0]}, {g[1]} … {g[-2]}, {g[-1]}"
+
+
+def load_tokenizer(family: str, path: str):
+    """Text → token ids for `family`, for the controller (which tokenizes each prompt once), from the
+    tokenizers alone: ocr-digits reads its config.json, diffusers families their tokenizer folders
+    (no weights are loaded). Returns a callable `str -> list[int]`, equal to the adapter's `tokenize`
+    with default options.
+
+    Raises:
+        ValueError: an unknown family. FileNotFoundError / OSError: the path or its layout is wrong.
+    """
+    if family == "ocr-digits":
+        from omnirl.models.digits.adapter import load_digits_tokenizer
+
+        return load_digits_tokenizer(path)
+    return _diffusers_class(family).load_tokenizer(path)
+
+
+def _diffusers_class(family: str):
+    if family == "sd3":
+        from omnirl.models.diffusers.sd3 import SD3Adapter
+
+        return SD3Adapter
+    if family == "qwen-image":
+        from omnirl.models.diffusers.qwen_image import QwenImageAdapter
+
+        return QwenImageAdapter
+    if family == "flux":
+        from omnirl.models.diffusers.flux import FluxAdapter
+
+        return FluxAdapter
+    raise ValueError(f"unknown model.family {family!r}; supported: {', '.join(FAMILIES)}")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omnirl.api.spec import RewardSpec
-from omnirl.reward.base import GroupScorer, Scorer
+from omnirl.reward.base import Scorer
 
 
 def build_scorer(spec: RewardSpec, threads: int = 1) -> Scorer:
@@ -38,18 +38,5 @@ def build_scorer(spec: RewardSpec, threads: int = 1) -> Scorer:
         from omnirl.reward.vlm import VLMScorer
 
         return VLMScorer(spec.name, spec.url, params, timeout_s=spec.timeoutSeconds)
-    raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is a group-level scorer (build_group_scorer)")
-
-
-def build_group_scorer(spec: RewardSpec) -> GroupScorer:
-    """Construct the group-level scorer a `RewardSpec` of a group kind names.
-
-    Raises:
-        ValueError: an unknown parameter, or a kind that is not group-level.
-    """
-    if spec.kind == "pairwise-contrast":
-        from omnirl.reward.pairwise import PairwiseContrastScorer
-
-        return PairwiseContrastScorer()
-    raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is not a group-level scorer")
+    raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is a group-level scorer (omnirl.reward.group_registry)")
 

@@ -20,34 +20,15 @@ import logging
 import time
 from pathlib import Path
 
-import numpy as np
-
 from omnirl.api.messages import SampleMeta, ScoreMeta
 from omnirl.api.runtime import RoleEnv
-from omnirl.api.spec import GROUP_KINDS, RewardSpec, RLJob
-from omnirl.reward.base import Outcome, Scorer, score_each
-from omnirl.reward.registry import build_scorer
+from omnirl.api.spec import RLJob
+from omnirl.reward.scoring import RewardSet
 from omnirl.transfer import Message, TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
 
 log = logging.getLogger("omnirl.reward")
 GROUP = "reward"
-
-
-def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -> tuple[float | None, dict[str, float], str]:
-    """Weighted sum of one sample's rewards → (reward, or None if a required scorer failed; per name; reason)."""
-    total, per_name, reasons = 0.0, {}, []
-    for spec in specs:
-        outcome = outcomes[spec.name]
-        err = outcome.errors.get(index)
-        if err is not None:
-            reasons.append(f"{spec.name}: {err.reason}")
-            if spec.required:
-                return None, per_name, "; ".join(reasons)
-            continue
-        per_name[spec.name] = float(outcome.values[index])
-        total += spec.weight * per_name[spec.name]
-    return total, per_name, "; ".join(reasons)
 
 
 class RewardService:
@@ -56,12 +37,10 @@ class RewardService:
     def __init__(self, job: RLJob, env: RoleEnv) -> None:
         spec = job.spec
         self.env = env
-        # group-level scorers run in the controller, which holds whole groups
-        self.specs = [r for r in spec.reward if r.kind not in GROUP_KINDS]
         self.sync_mode = spec.pipeline.mode == "sync"
         self.batch_size = spec.roles.reward.batchSize
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
-        self.scorers: dict[str, Scorer] = {r.name: build_scorer(r, threads=env.threads or 1) for r in self.specs}
+        self.rewards = RewardSet(spec.reward, threads=env.threads or 1)
         path = Path(env.out_dir) / "ledger" / f"reward-{env.worker_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._ledger = path.open("a", buffering=1)
@@ -94,10 +73,10 @@ class RewardService:
             for step in sorted({m.step for m in metas if m.kind == "train"}):
                 self._wait_all_rollouts(step)
         images = [self.queue.load_image(m).numpy() for m in msgs]
-        results = {name: self._score_by_shape(scorer, images, metas) for name, scorer in self.scorers.items()}
+        scored = self.rewards.score(images, [m.prompt for m in metas], [m.sample_id for m in metas])
         now = time.time()
         for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):
-            reward, per_name, reason = combine(self.specs, results, i)
+            reward, per_name, reason = scored[i]
             score = ScoreMeta(
                 sample_id=meta.sample_id, kind=meta.kind, step=meta.step, group_id=meta.group_id,
                 policy_version=meta.policy_version, reward=reward, rewards=per_name, failed=reward is None,
@@ -107,19 +86,6 @@ class RewardService:
                                   done_kind="reward") is not None:
                 self._ledger.write(json.dumps({"sample_id": meta.sample_id, "reward": reward}) + "\n")
         self.queue.ack(self.queue.streams.samples, GROUP, [m.id for m in msgs])
-
-    def _score_by_shape(self, scorer: Scorer, images: list[np.ndarray], metas: list[SampleMeta]) -> Outcome:
-        """Score samples of every image size (a scorer call takes one `[B, H, W, 3]` batch)."""
-        outcome = Outcome(np.zeros(len(images), dtype=np.float32))
-        by_shape: dict[tuple, list[int]] = {}
-        for i, image in enumerate(images):
-            by_shape.setdefault(image.shape, []).append(i)
-        for idx in by_shape.values():
-            part = score_each(scorer, np.stack([images[i] for i in idx]), [metas[i].prompt for i in idx],
-                              [metas[i].sample_id for i in idx])
-            outcome.values[idx] = part.values
-            outcome.errors.update({idx[k]: err for k, err in part.errors.items()})
-        return outcome
 
     def _wait_all_rollouts(self, step: int, timeout_s: float = 3600.0) -> None:
         start = time.monotonic()

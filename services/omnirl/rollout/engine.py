@@ -16,6 +16,10 @@ shape takes the step-wise path unchanged; the ODE/SDE update runs per shape grou
 Static (the baseline a diffusers loop runs): take up to `max_batch_size` queued requests with
 the head's key and run them together from the first step to the last.
 
+The σ grid of a sample is its adapter's (`ModelAdapter.sigma_grid`: the family's own, or the
+request's `shift` override). This engine is the only denoising loop: training rollouts,
+in-run validation and `omnirl eval` all run through it.
+
 Every sample draws its noise from its own generator (on the engine's device) seeded by
 `request.seed`, so a sample is bit-identical whichever batch it ran in. Latents and the SDE math
 stay fp32 (DESIGN.md §7). Latents, σ and the recorded trajectory stay on the engine's device
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from omnirl.algorithms import ode_step, sde_step, sigma_schedule
+from omnirl.algorithms import ode_step, sde_step
 from omnirl.models.protocol import ModelAdapter
 from omnirl.rollout.types import SampleRequest, SampleResult
 
@@ -162,7 +166,7 @@ class RolloutEngine:
         gen = torch.Generator(device=self.device).manual_seed(req.seed)
         x = torch.randn(shape, generator=gen, dtype=torch.float32, device=self.device)
         cond = self.adapter.encode([list(req.prompt_ids)], device=self.device)
-        sig = sigma_schedule(req.num_steps, req.shift).to(self.device, non_blocking=True)
+        sig = self.adapter.sigma_grid(req.num_steps, shape, req.shift).to(self.device, non_blocking=True)
         return _InFlight(req, (shape, req.guidance_scale), x, sig, cond, gen)
 
     def _pick_batch(self) -> list[_InFlight]:

@@ -32,7 +32,8 @@ from omnirl.models.compile import compile_adapter_module
 from omnirl.models.lora import prepare_rollout_module
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.rollout.engine import RolloutEngine
-from omnirl.rollout.types import SampleRequest, SampleResult
+from omnirl.rollout.requests import sample_requests
+from omnirl.rollout.types import SampleResult
 from omnirl.transfer import TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
 from omnirl.weight_sync import WeightReceiver
@@ -120,18 +121,13 @@ class RolloutService:
     def _submit(self, entry_id: str, req: GenerateRequest) -> None:
         if entry_id in self.pending:  # redelivered to us while we still work on it
             return
-        todo = [s for s in req.samples if not self.queue.is_done("rollout", s.sample_id)]
+        todo = sample_requests(req, {"entry": entry_id}, skip=lambda sid: self.queue.is_done("rollout", sid))
         if not todo:
             self.queue.ack(self.queue.streams.requests, GROUP, [entry_id])
             return
         self.pending[entry_id] = {"left": len(todo), "started": time.time()}
-        for s in todo:
-            self.engine.submit(SampleRequest(
-                sample_id=s.sample_id, prompt=req.prompt, prompt_ids=tuple(req.prompt_ids), seed=s.seed,
-                num_steps=req.num_steps, window=tuple(req.window), noise_level=req.noise_level,
-                sde_type=req.sde_type, shift=req.shift, guidance_scale=req.guidance_scale,
-                meta={"entry": entry_id, "kind": req.kind, "step": req.step, "group_id": req.group_id},
-            ))
+        for sample in todo:
+            self.engine.submit(sample)
 
     def _publish(self, results: list[SampleResult]) -> None:
         now = time.time()

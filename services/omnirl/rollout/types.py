@@ -20,7 +20,7 @@ class SampleRequest:
         window: indices of the stochastic (recorded, trained) steps; empty means pure ODE.
         noise_level: SDE noise level a inside the window.
         sde_type: "sde" or "cps".
-        shift: σ-schedule shift.
+        shift: σ-grid shift override (`ModelAdapter.sigma_grid`); None = the family's own grid.
         guidance_scale: CFG scale (1 = off); part of the batching key.
         meta: passed through to the result (step, group id, kind, attempt...).
     """
@@ -33,7 +33,7 @@ class SampleRequest:
     window: tuple[int, ...] = ()
     noise_level: float = 0.7
     sde_type: str = "sde"
-    shift: float = 1.0
+    shift: float | None = None
     guidance_scale: float = 1.0
     meta: dict = field(default_factory=dict)
 

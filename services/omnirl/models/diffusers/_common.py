@@ -168,6 +168,15 @@ def to_uint8_images(pixels: Tensor) -> Tensor:
     return (images * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous()
 
 
+def decode_scaled(vae, x0: Tensor) -> Tensor:
+    """Clean latents `[B, C, H, W]` → images `[B, f·H, f·W, 3]` uint8 through an `AutoencoderKL`:
+    VAE(z / scaling_factor + shift_factor), decoded in the VAE's dtype (SD3 and FLUX)."""
+    config = vae.config
+    z = x0.float() / config.scaling_factor + (config.shift_factor or 0.0)
+    pixels = vae.decode(z.to(next(vae.parameters()).dtype), return_dict=False)[0]
+    return to_uint8_images(pixels)
+
+
 class PromptCache:
     """An LRU cache of per-prompt conditioning rows keyed by the prompt's token-id tuple.
 

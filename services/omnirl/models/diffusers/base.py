@@ -11,14 +11,20 @@ several resolutions (requests of different latent shapes are simply not batched 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 
+from omnirl.algorithms.sigmas import sigma_schedule
 from omnirl.models.diffusers._common import (
     PromptCache,
+    check_pipeline_dir,
     check_resolution,
+    load_component,
+    require_diffusers,
     scheduler_sigmas,
     shift_from_config,
 )
@@ -100,6 +106,17 @@ class DiffusersAdapterBase:
         """
         return scheduler_sigmas(self.scheduler_config, num_steps, image_seq_len, linear_sigmas=self.linear_sigmas)
 
+    def sigma_grid(self, num_steps: int, latent_shape: Sequence[int], shift: float | None = None) -> Tensor:
+        """The grid samples of `latent_shape` run on: the family's own, `sigmas(num_steps, image_seq_len)`
+        (the scheduler config's shift, dynamic in the image token count), when `shift` is None; the
+        manifest's override `sigma_schedule(num_steps, shift)` otherwise. `[num_steps + 1]` float32.
+        Raises:
+            ValueError: num_steps < 1, shift ≤ 0.
+        """
+        if shift is not None:
+            return sigma_schedule(num_steps, shift)
+        return self.sigmas(num_steps, self.image_seq_len(latent_shape))
+
     # ----------------------------------------------------------------- conditioning
     @property
     def cfg_enabled(self) -> bool:
@@ -141,8 +158,56 @@ class DiffusersAdapterBase:
         """True when `cond` carries negative embeddings and w > 1, i.e. `velocity` applies CFG."""
         return self.cfg_enabled and any(key.startswith(NEGATIVE_PREFIX) for key in cond)
 
+    # ----------------------------------------------------------------- text
+    def tokenize(self, text: str) -> list[int]:
+        """Prompt → the family's flat id list (`tokenize_with`, layout in the family's module docstring)."""
+        return self.tokenize_with(self.tokenizers, self.max_sequence_length, text)
+
+    @classmethod
+    def _load_parts(cls, path: str | Path, transformer_cls, vae_cls, dtype: torch.dtype,
+                    device: torch.device | str) -> tuple[Path, nn.Module, nn.Module, dict, list]:
+        """What every family's `load` reads: (checked root, transformer, VAE, scheduler config, tokenizers).
+
+        Raises:
+            FileNotFoundError: the path or a subfolder is missing (message gives the layout).
+            OSError: a component cannot be read.
+        """
+        require_diffusers()
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        root = check_pipeline_dir(path, cls.family, cls.subfolders)
+        transformer = load_component(transformer_cls, root, "transformer", dtype=dtype, device=device)
+        vae = load_component(vae_cls, root, "vae", dtype=dtype, device=device)
+        config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
+        return root, transformer, vae, config, cls.read_tokenizers(root)
+
+    @classmethod
+    def load_tokenizer(cls, path: str | Path, max_sequence_length: int | None = None) -> Callable[[str], list[int]]:
+        """`tokenize` of the family's diffusers directory `path` from its tokenizers alone: no text
+        encoder, no transformer, no VAE (what the controller needs). `max_sequence_length` defaults
+        to the constructor's. Raises FileNotFoundError for a wrong layout (the message gives it)."""
+        require_diffusers()
+        tokenizers = cls.read_tokenizers(check_pipeline_dir(path, cls.family, cls.subfolders))
+        n = cls.MAX_SEQUENCE_LENGTH if max_sequence_length is None else max_sequence_length
+        return partial(cls.tokenize_with, tokenizers, n)
+
     # ----------------------------------------------------------------- subclass hooks
+    family: str
+    subfolders: list[str]
+    MAX_SEQUENCE_LENGTH: int
+    tokenizers: list
+    max_sequence_length: int
     negative_ids: list[int]
+
+    @staticmethod
+    def read_tokenizers(root: Path) -> list:
+        """The family's tokenizers from a checked pipeline directory."""
+        raise NotImplementedError
+
+    @staticmethod
+    def tokenize_with(tokenizers: list, max_sequence_length: int, text: str) -> list[int]:
+        """The family's tokenization with `tokenizers` (as `read_tokenizers` returns them)."""
+        raise NotImplementedError
 
     def _encode_one(self, ids: list[int], device: torch.device) -> dict[str, Tensor]:
         raise NotImplementedError

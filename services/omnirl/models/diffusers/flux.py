@@ -32,10 +32,8 @@ from torch import Tensor, nn
 
 from omnirl.models.diffusers._common import (
     check_latents,
-    check_pipeline_dir,
+    decode_scaled,
     load_component,
-    require_diffusers,
-    to_uint8_images,
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
 from omnirl.models.diffusers.qwen_image import pack_latents, unpack_latents
@@ -65,6 +63,24 @@ def latent_image_ids(height: int, width: int, device: torch.device | str) -> Ten
     return torch.stack([torch.zeros_like(rows), rows, cols], dim=-1).to(torch.float32)
 
 
+MAX_SEQUENCE_LENGTH = 512
+
+
+def _load_tokenizers(root: Path) -> list:
+    """[CLIP, T5] tokenizers of a FLUX directory."""
+    from transformers import CLIPTokenizer, T5TokenizerFast
+
+    return [load_component(CLIPTokenizer, root, "tokenizer"), load_component(T5TokenizerFast, root, "tokenizer_2")]
+
+
+def flux_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> list[int]:
+    """Prompt → ``[n_clip, n_t5, *clip_ids, *t5_ids]`` (layout in the module docstring): CLIP truncated
+    to its model_max_length, T5 to `max_sequence_length`."""
+    clip = tokenizers[0](text, max_length=int(tokenizers[0].model_max_length), truncation=True).input_ids
+    t5 = tokenizers[1](text, max_length=max_sequence_length, truncation=True).input_ids
+    return [len(clip), len(t5), *clip, *t5]
+
+
 class FluxAdapter(DiffusersAdapterBase):
     """FLUX.1 behind `ModelAdapter`; built from in-memory components (or via `load`).
 
@@ -85,13 +101,18 @@ class FluxAdapter(DiffusersAdapterBase):
             encoders/tokenizers not given as a pair.
     """
 
+    family = "flux"
+    subfolders = FLUX_SUBFOLDERS
+    MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
+
     time_convention = "sigma"
     linear_sigmas = True
     patch_size = 2
 
     def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler_config: dict,
                  text_encoders: Sequence[nn.Module], tokenizers: Sequence, *, resolution: Sequence[int] = (512, 512),
-                 guidance_scale: float | None = None, max_sequence_length: int = 512, cache_size: int = 4096) -> None:
+                 guidance_scale: float | None = None, max_sequence_length: int = MAX_SEQUENCE_LENGTH,
+                 cache_size: int = 4096) -> None:
         if len(text_encoders) != 2 or len(tokenizers) != 2 or any(m is None for m in (*text_encoders, *tokenizers)):
             raise ValueError("FLUX needs text_encoders [CLIPTextModel, T5EncoderModel] and tokenizers "
                              "[CLIPTokenizer, T5TokenizerFast]")
@@ -136,29 +157,20 @@ class FluxAdapter(DiffusersAdapterBase):
         Layout: transformer/, vae/, scheduler/, text_encoder/ (CLIP-L), tokenizer/,
         text_encoder_2/ (T5), tokenizer_2/. `kwargs` go to the constructor (resolution,
         guidance_scale, max_sequence_length, cache_size).
-        Raises:
-            FileNotFoundError: the path or a subfolder is missing (message gives the layout).
-            OSError: a component cannot be read.
+        Raises FileNotFoundError / OSError as `DiffusersAdapterBase._load_parts`.
         """
-        require_diffusers()
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
-        from transformers import CLIPTextModel, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
+        from diffusers import AutoencoderKL, FluxTransformer2DModel
+        from transformers import CLIPTextModel, T5EncoderModel
 
-        root = check_pipeline_dir(path, "flux", FLUX_SUBFOLDERS)
-        transformer = load_component(FluxTransformer2DModel, root, "transformer", dtype=dtype, device=device)
-        vae = load_component(AutoencoderKL, root, "vae", dtype=dtype, device=device)
+        root, transformer, vae, scheduler_config, tokenizers = cls._load_parts(
+            path, FluxTransformer2DModel, AutoencoderKL, dtype, device)
         clip = load_component(CLIPTextModel, root, "text_encoder", dtype=dtype, device=device)
         t5 = load_component(T5EncoderModel, root, "text_encoder_2", dtype=dtype, device=device)
-        tokenizers = [load_component(CLIPTokenizer, root, "tokenizer"), load_component(T5TokenizerFast, root, "tokenizer_2")]
-        scheduler_config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
         return cls(transformer, vae, scheduler_config, [clip, t5], tokenizers, **kwargs)
 
     # ----------------------------------------------------------------- text
-    def tokenize(self, text: str) -> list[int]:
-        """Prompt → ``[n_clip, n_t5, *clip_ids, *t5_ids]`` (layout in the module docstring)."""
-        clip = self.tokenizers[0](text, max_length=self.clip_length, truncation=True).input_ids
-        t5 = self.tokenizers[1](text, max_length=self.max_sequence_length, truncation=True).input_ids
-        return [len(clip), len(t5), *clip, *t5]
+    read_tokenizers = staticmethod(_load_tokenizers)
+    tokenize_with = staticmethod(flux_tokenize)
 
     def split_ids(self, ids: Sequence[int]) -> tuple[list[int], list[int]]:
         """Inverse of the flat layout: (clip_ids, t5_ids).
@@ -218,8 +230,4 @@ class FluxAdapter(DiffusersAdapterBase):
     @torch.no_grad()
     def decode(self, x0: Tensor) -> Tensor:
         """Clean latents `[B, 16, H, W]` → images `[B, 8H, 8W, 3]` uint8: VAE(z/scaling + shift)."""
-        config = self.vae.config
-        z = x0.float() / config.scaling_factor + (config.shift_factor or 0.0)
-        vae_dtype = next(self.vae.parameters()).dtype
-        pixels = self.vae.decode(z.to(vae_dtype), return_dict=False)[0]
-        return to_uint8_images(pixels)
+        return decode_scaled(self.vae, x0)

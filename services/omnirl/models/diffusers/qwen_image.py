@@ -26,9 +26,7 @@ from torch import Tensor, nn
 
 from omnirl.models.diffusers._common import (
     check_latents,
-    check_pipeline_dir,
     load_component,
-    require_diffusers,
     to_uint8_images,
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
@@ -75,6 +73,22 @@ def norm_preserving_cfg(v_cond: Tensor, v_uncond: Tensor, scale: float, detach_u
                        / torch.linalg.vector_norm(combined, dim=-1, keepdim=True))
 
 
+MAX_SEQUENCE_LENGTH = 512
+
+
+def _load_tokenizers(root: Path) -> list:
+    """[the `Qwen2Tokenizer`] of a Qwen-Image directory."""
+    from transformers import Qwen2Tokenizer
+
+    return [load_component(Qwen2Tokenizer, root, "tokenizer")]
+
+
+def qwen_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> list[int]:
+    """Prompt → ids of `PROMPT_TEMPLATE.format(text)`, truncated to max_sequence_length + DROP_IDX."""
+    return list(tokenizers[0](PROMPT_TEMPLATE.format(text), max_length=max_sequence_length + DROP_IDX,
+                          truncation=True).input_ids)
+
+
 class QwenImageAdapter(DiffusersAdapterBase):
     """Qwen-Image behind `ModelAdapter`; built from in-memory components (or via `load`).
 
@@ -95,12 +109,16 @@ class QwenImageAdapter(DiffusersAdapterBase):
         ValueError: a guidance-distilled transformer, mismatched channels, bad lengths.
     """
 
+    family = "qwen-image"
+    subfolders = QWEN_SUBFOLDERS
+    MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
+
     linear_sigmas = True
     patch_size = 2
 
     def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler_config: dict, text_encoder: nn.Module,
                  tokenizer, *, resolution: Sequence[int] = (512, 512), guidance_scale: float = 1.0,
-                 negative_prompt: str = " ", max_sequence_length: int = 512, text_bucket: int = 32,
+                 negative_prompt: str = " ", max_sequence_length: int = MAX_SEQUENCE_LENGTH, text_bucket: int = 32,
                  cache_size: int = 4096) -> None:
         config = transformer.config
         if config.guidance_embeds:
@@ -116,6 +134,7 @@ class QwenImageAdapter(DiffusersAdapterBase):
                          guidance_scale=guidance_scale, cache_size=cache_size)
         self.text_encoder = text_encoder
         self.tokenizer = tokenizer
+        self.tokenizers = [tokenizer]
         self.max_sequence_length = int(max_sequence_length)
         self.text_bucket = int(text_bucket)
         self.lora_target_modules = list(QWEN_LORA_TARGETS)
@@ -129,31 +148,19 @@ class QwenImageAdapter(DiffusersAdapterBase):
 
         Layout: transformer/, vae/, scheduler/, text_encoder/, tokenizer/. `kwargs` go to the
         constructor.
-        Raises:
-            FileNotFoundError: the path or a subfolder is missing (message gives the layout).
-            OSError: a component cannot be read.
+        Raises FileNotFoundError / OSError as `DiffusersAdapterBase._load_parts`.
         """
-        require_diffusers()
-        from diffusers import (
-            AutoencoderKLQwenImage,
-            FlowMatchEulerDiscreteScheduler,
-            QwenImageTransformer2DModel,
-        )
-        from transformers import Qwen2_5_VLForConditionalGeneration, Qwen2Tokenizer
+        from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+        from transformers import Qwen2_5_VLForConditionalGeneration
 
-        root = check_pipeline_dir(path, "qwen-image", QWEN_SUBFOLDERS)
-        transformer = load_component(QwenImageTransformer2DModel, root, "transformer", dtype=dtype, device=device)
-        vae = load_component(AutoencoderKLQwenImage, root, "vae", dtype=dtype, device=device)
+        root, transformer, vae, scheduler_config, (tokenizer,) = cls._load_parts(
+            path, QwenImageTransformer2DModel, AutoencoderKLQwenImage, dtype, device)
         text_encoder = load_component(Qwen2_5_VLForConditionalGeneration, root, "text_encoder", dtype=dtype, device=device)
-        tokenizer = load_component(Qwen2Tokenizer, root, "tokenizer")
-        scheduler_config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
         return cls(transformer, vae, scheduler_config, text_encoder, tokenizer, **kwargs)
 
     # ----------------------------------------------------------------- text
-    def tokenize(self, text: str) -> list[int]:
-        """Prompt → ids of `PROMPT_TEMPLATE.format(text)`, truncated to max_sequence_length + DROP_IDX."""
-        return list(self.tokenizer(PROMPT_TEMPLATE.format(text), max_length=self.max_sequence_length + DROP_IDX,
-                                   truncation=True).input_ids)
+    read_tokenizers = staticmethod(_load_tokenizers)
+    tokenize_with = staticmethod(qwen_tokenize)
 
     def _encode_one(self, ids: list[int], device: torch.device) -> dict[str, Tensor]:
         """One prompt → {"prompt_embeds": [1, L, D] (zero-padded), "prompt_embeds_mask": [1, L] int64}."""

@@ -24,11 +24,9 @@ from torch import Tensor, nn
 
 from omnirl.models.diffusers._common import (
     check_latents,
-    check_pipeline_dir,
+    decode_scaled,
     guided,
     load_component,
-    require_diffusers,
-    to_uint8_images,
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
 from omnirl.models.diffusers.sd3_packed import EAGER_BLOCK, PackedBlock, sd3_packed_forward
@@ -39,6 +37,30 @@ SD3_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_pro
 
 SD3_SUBFOLDERS = ["transformer", "vae", "scheduler", "text_encoder", "text_encoder_2", "tokenizer", "tokenizer_2"]
 HEADER = 3
+
+
+MAX_SEQUENCE_LENGTH = 256
+
+
+def _load_tokenizers(root: Path) -> list:
+    """[CLIP-L, CLIP-G, T5 or None] tokenizers of an SD3 directory (T5 only with text_encoder_3/ + tokenizer_3/)."""
+    from transformers import CLIPTokenizer, T5TokenizerFast
+
+    has_t5 = (root / "text_encoder_3").is_dir() and (root / "tokenizer_3").is_dir()
+    return [load_component(CLIPTokenizer, root, "tokenizer"), load_component(CLIPTokenizer, root, "tokenizer_2"),
+            load_component(T5TokenizerFast, root, "tokenizer_3") if has_t5 else None]
+
+
+def sd3_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> list[int]:
+    """Prompt → ``[n_l, n_g, n_t5, *clip_l, *clip_g, *t5]`` (layout in the module docstring): each
+    tokenizer's ids with special tokens, CLIP truncated to its model_max_length, T5 to `max_sequence_length`."""
+    clip_length = int(tokenizers[0].model_max_length)
+    clip_l = tokenizers[0](text, max_length=clip_length, truncation=True).input_ids
+    clip_g = tokenizers[1](text, max_length=clip_length, truncation=True).input_ids
+    t5 = []
+    if tokenizers[2] is not None:
+        t5 = tokenizers[2](text, max_length=max_sequence_length, truncation=True, add_special_tokens=True).input_ids
+    return [len(clip_l), len(clip_g), len(t5), *clip_l, *clip_g, *t5]
 
 
 class SD3Adapter(DiffusersAdapterBase):
@@ -57,6 +79,10 @@ class SD3Adapter(DiffusersAdapterBase):
         cache_size: prompts kept in the conditioning cache.
     """
 
+    family = "sd3"
+    subfolders = SD3_SUBFOLDERS
+    MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
+
     latent_channels: int
     patch_size: int
     _packed_block: PackedBlock = EAGER_BLOCK  # `compile_packed` swaps in compiled stages
@@ -64,7 +90,7 @@ class SD3Adapter(DiffusersAdapterBase):
     def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler_config: dict,
                  text_encoders: Sequence[nn.Module | None], tokenizers: Sequence, *,
                  resolution: Sequence[int] = (512, 512), guidance_scale: float = 1.0,
-                 negative_prompt: str = "", max_sequence_length: int = 256, cache_size: int = 4096) -> None:
+                 negative_prompt: str = "", max_sequence_length: int = MAX_SEQUENCE_LENGTH, cache_size: int = 4096) -> None:
         if len(text_encoders) != 3 or len(tokenizers) != 3:
             raise ValueError("SD3 needs text_encoders and tokenizers for [CLIP-L, CLIP-G, T5 or None]")
         if (text_encoders[2] is None) != (tokenizers[2] is None):
@@ -93,36 +119,21 @@ class SD3Adapter(DiffusersAdapterBase):
         Layout: transformer/, vae/, scheduler/, text_encoder/, text_encoder_2/, tokenizer/,
         tokenizer_2/ and optionally text_encoder_3/ + tokenizer_3/ (T5). `kwargs` go to the
         constructor (resolution, guidance_scale, negative_prompt, max_sequence_length, cache_size).
-        Raises:
-            FileNotFoundError: the path or a subfolder is missing (message gives the layout).
-            OSError: a component cannot be read.
+        Raises FileNotFoundError / OSError as `DiffusersAdapterBase._load_parts`.
         """
-        require_diffusers()
-        from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel
-        from transformers import CLIPTextModelWithProjection, CLIPTokenizer, T5EncoderModel, T5TokenizerFast
+        from diffusers import AutoencoderKL, SD3Transformer2DModel
+        from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
-        root = check_pipeline_dir(path, "sd3", SD3_SUBFOLDERS)
-        transformer = load_component(SD3Transformer2DModel, root, "transformer", dtype=dtype, device=device)
-        vae = load_component(AutoencoderKL, root, "vae", dtype=dtype, device=device)
+        root, transformer, vae, scheduler_config, tokenizers = cls._load_parts(
+            path, SD3Transformer2DModel, AutoencoderKL, dtype, device)
         clip_l = load_component(CLIPTextModelWithProjection, root, "text_encoder", dtype=dtype, device=device)
         clip_g = load_component(CLIPTextModelWithProjection, root, "text_encoder_2", dtype=dtype, device=device)
-        has_t5 = (root / "text_encoder_3").is_dir() and (root / "tokenizer_3").is_dir()
-        t5 = load_component(T5EncoderModel, root, "text_encoder_3", dtype=dtype, device=device) if has_t5 else None
-        tokenizers = [load_component(CLIPTokenizer, root, "tokenizer"), load_component(CLIPTokenizer, root, "tokenizer_2"),
-                      load_component(T5TokenizerFast, root, "tokenizer_3") if has_t5 else None]
-        scheduler_config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
+        t5 = load_component(T5EncoderModel, root, "text_encoder_3", dtype=dtype, device=device) if tokenizers[2] else None
         return cls(transformer, vae, scheduler_config, [clip_l, clip_g, t5], tokenizers, **kwargs)
 
     # ----------------------------------------------------------------- text
-    def tokenize(self, text: str) -> list[int]:
-        """Prompt → ``[n_l, n_g, n_t5, *clip_l, *clip_g, *t5]`` (layout in the module docstring)."""
-        clip_l = self.tokenizers[0](text, max_length=self.clip_length, truncation=True).input_ids
-        clip_g = self.tokenizers[1](text, max_length=self.clip_length, truncation=True).input_ids
-        t5 = []
-        if self.tokenizers[2] is not None:
-            t5 = self.tokenizers[2](text, max_length=self.max_sequence_length, truncation=True,
-                                    add_special_tokens=True).input_ids
-        return [len(clip_l), len(clip_g), len(t5), *clip_l, *clip_g, *t5]
+    read_tokenizers = staticmethod(_load_tokenizers)
+    tokenize_with = staticmethod(sd3_tokenize)
 
     def split_ids(self, ids: Sequence[int]) -> tuple[list[int], list[int], list[int]]:
         """Inverse of the flat layout: (clip_l, clip_g, t5) id lists.
@@ -245,8 +256,4 @@ class SD3Adapter(DiffusersAdapterBase):
     @torch.no_grad()
     def decode(self, x0: Tensor) -> Tensor:
         """Clean latents `[B, C, H, W]` → images `[B, 8H, 8W, 3]` uint8: VAE(z/scaling + shift)."""
-        config = self.vae.config
-        z = x0.float() / config.scaling_factor + (config.shift_factor or 0.0)
-        vae_dtype = next(self.vae.parameters()).dtype
-        pixels = self.vae.decode(z.to(vae_dtype), return_dict=False)[0]
-        return to_uint8_images(pixels)
+        return decode_scaled(self.vae, x0)

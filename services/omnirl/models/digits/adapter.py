@@ -14,6 +14,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from omnirl.algorithms.sigmas import sigma_schedule
 from omnirl.models.digits.model import LORA_TARGET_MODULES, DigitsConfig, DigitsDiT
 from omnirl.models.digits.render import SLOT_WIDTH, slots_for
 from omnirl.models.protocol import Conditioning
@@ -23,6 +24,14 @@ CHECKPOINT_FORMAT = "omnirl-digits-v1"
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 BUILTIN_DIR = Path(__file__).parent / "weights"
+FAMILY_SHIFT = 1.0
+"""The built-in model's own σ grid: `sigma_schedule(N, 1.0)`, uniform in σ (it was pretrained on it)."""
+
+
+def digits_sigma_grid(num_steps: int, shift: float | None = None) -> torch.Tensor:
+    """The built-in model's σ grid `[num_steps + 1]` float32: `sigma_schedule(num_steps, shift)`,
+    `FAMILY_SHIFT` when `shift` is None. Raises ValueError for num_steps < 1 or shift ≤ 0."""
+    return sigma_schedule(num_steps, FAMILY_SHIFT if shift is None else shift)
 
 
 class DigitsAdapter:
@@ -53,6 +62,11 @@ class DigitsAdapter:
             ValueError: characters outside the alphabet, empty or over-long target text.
         """
         return self.tokenizer.encode(target_text(text))
+
+    def sigma_grid(self, num_steps: int, latent_shape: tuple[int, ...], shift: float | None = None) -> torch.Tensor:
+        """`sigma_schedule(num_steps, shift)`, `FAMILY_SHIFT` when `shift` is None (every latent
+        shape alike). Returns `[num_steps + 1]` float32; raises ValueError for num_steps < 1 or shift ≤ 0."""
+        return digits_sigma_grid(num_steps, shift)
 
     def latent_shape(self, prompt_ids: list[int]) -> tuple[int, int, int]:
         """`(1, 32, 16·S)`, S = 4 for ≤ 4 characters else 8 (two widths: 64 and 128 px)."""
@@ -127,6 +141,25 @@ def read_digits_config(directory: Path) -> dict:
     return meta
 
 
+def _digits_directory(path: str | Path) -> Path:
+    directory = BUILTIN_DIR if str(path) == "builtin" else Path(path)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"digits checkpoint directory {directory} not found (expected {CONFIG_FILE} + {WEIGHTS_FILE})")
+    return directory
+
+
+def load_digits_tokenizer(path: str | Path = "builtin"):
+    """The digits model's `tokenize` (prompt line → character ids of its target text) from the
+    checkpoint's config.json alone: no weights are read. Returns a callable `str -> list[int]`.
+
+    Raises:
+        FileNotFoundError / ValueError: as `read_digits_config`.
+    """
+    config = DigitsConfig.from_dict(read_digits_config(_digits_directory(path))["model"])
+    tokenizer = CharTokenizer(config.alphabet, max_length=config.max_text_len)
+    return lambda text: tokenizer.encode(target_text(text))
+
+
 def load_digits_adapter(
     path: str | Path = "builtin", device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> DigitsAdapter:
@@ -136,9 +169,7 @@ def load_digits_adapter(
         FileNotFoundError: the directory, its config.json or model.safetensors is missing.
         ValueError: config.json is not a digits config, or the weights do not match it.
     """
-    directory = BUILTIN_DIR if str(path) == "builtin" else Path(path)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"digits checkpoint directory {directory} not found (expected {CONFIG_FILE} + {WEIGHTS_FILE})")
+    directory = _digits_directory(path)
     meta = read_digits_config(directory)
     weights_path = directory / WEIGHTS_FILE
     if not weights_path.is_file():

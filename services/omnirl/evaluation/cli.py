@@ -1,8 +1,9 @@
-"""`omnirl eval JOB.yaml [--checkpoint DIR] --prompts FILE --steps N [--sampler ode|sde]`.
+"""`omnirl eval JOB.yaml [--checkpoint DIR] [--prompts FILE] [--steps N] [--sampler ode|sde] [--seed S]`.
 
-Samples every prompt (ODE by default; `sde` = the Flow-GRPO SDE step with the job's
-`flowGrpo.noiseLevel` when its sdeType is `sde`, else Flow-GRPO's default 0.7), scores it with the job's first reward, writes `OUT/grid.png` and
-`OUT/rewards.json`, and ends with one line `mean_reward=0.412 exact_match=0.180 n=256`.
+Samples every prompt as in-run validation does (its requests, the rollout engine, the job's σ
+grid; defaults: the job's held-out prompts, `validation.numSteps` and `validation.seed`), scores
+it with the weighted sum of the job's rewards, writes `OUT/grid.png` and `OUT/rewards.json`, and
+ends with one line `mean_reward=0.412 exact_match=0.180 n=256`.
 """
 
 from __future__ import annotations
@@ -16,35 +17,32 @@ import torch
 
 from omnirl.api.loader import load_rljob
 from omnirl.controller.data import read_prompts
-from omnirl.controller.evaluate import evaluate
 from omnirl.controller.grid import save_image_grid
+from omnirl.evaluation.evaluate import evaluate
 from omnirl.models.policy_io import load_policy
 from omnirl.models.registry import adapter_options, load_adapter
-from omnirl.reward.registry import build_scorer
 
 
 def main(args: argparse.Namespace) -> int:
     """CLI adapter; returns 0. Raises ValueError naming the flag for a bad --steps or --seed."""
-    if args.steps < 1:
-        raise ValueError(f"--steps {args.steps}: must be >= 1 (ODE sampler steps)")
+    if args.steps is not None and args.steps < 2:
+        raise ValueError(f"--steps {args.steps}: must be >= 2 (denoising steps; default validation.numSteps)")
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed {args.seed}: must be >= 0")
-    job = load_rljob(args.job)
-    spec = job.spec
+    spec = load_rljob(args.job).spec
     adapter = load_adapter(spec.model.family, spec.model.path, dtype=spec.model.dtype, **adapter_options(spec))
     if args.checkpoint:
         state = load_policy(adapter, args.checkpoint, spec.model.lora)
         print(f"checkpoint {args.checkpoint}: step {state.get('step')} policy_version {state.get('policy_version')}")
     adapter.module.eval()
-    scorer = build_scorer(spec.reward[0])
-    prompts = read_prompts(args.prompts)
-    seed = spec.validation.seed if args.seed is None else args.seed
+    if args.prompts:
+        prompts = read_prompts(args.prompts)
+    else:  # what validation samples
+        prompts = read_prompts(spec.data.validationPrompts)[: spec.validation.maxPrompts]
+    steps = spec.validation.numSteps if args.steps is None else args.steps
     t0 = time.perf_counter()
     with torch.no_grad():
-        g = spec.algorithm.flowGrpo
-        noise = g.noiseLevel if g.sdeType == "sde" else 0.7  # a CPS noise level means something else
-        result = evaluate(adapter, scorer, prompts, num_steps=args.steps, seed=seed, sampler=args.sampler,
-                          noise_level=noise)
+        result = evaluate(adapter, spec, prompts, num_steps=steps, seed=args.seed, sampler=args.sampler)
     seconds = time.perf_counter() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -53,7 +51,7 @@ def main(args: argparse.Namespace) -> int:
                     captions=[f"{r:.2f}" for r in result.rewards[:n_grid]])
     (out / "rewards.json").write_text(json.dumps({
         "mean_reward": result.mean_reward, "exact_match": result.exact_match, "n": result.n,
-        "sampler": args.sampler, "steps": args.steps, "seconds": seconds, "checkpoint": args.checkpoint,
+        "sampler": args.sampler, "steps": steps, "seconds": seconds, "checkpoint": args.checkpoint,
         "rewards": [float(r) for r in result.rewards], "prompts": result.prompts}, indent=1))
     print(f"grid {out / 'grid.png'}  ({seconds:.1f} s)")
     print(f"mean_reward={result.mean_reward:.3f} exact_match={result.exact_match:.3f} n={result.n}")

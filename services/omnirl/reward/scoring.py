@@ -1,0 +1,66 @@
+"""`RewardSet`: a job's per-sample rewards and their weighted sum, with no transport.
+
+The reward role scores each sample through it, and `omnirl eval` scores its held-out samples
+through it, so the two report the same reward for the same image. Group-level kinds
+(`GROUP_KINDS`) are left out: they run in the controller, which holds whole groups (validation
+groups have one sample and get none).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from omnirl.api.spec import GROUP_KINDS, RewardSpec
+from omnirl.reward.base import Outcome, Scorer, score_each
+from omnirl.reward.registry import build_scorer
+
+
+def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -> tuple[float | None, dict[str, float], str]:
+    """Weighted sum of one sample's rewards → (reward, or None if a required scorer failed; per name; reason)."""
+    total, per_name, reasons = 0.0, {}, []
+    for spec in specs:
+        outcome = outcomes[spec.name]
+        err = outcome.errors.get(index)
+        if err is not None:
+            reasons.append(f"{spec.name}: {err.reason}")
+            if spec.required:
+                return None, per_name, "; ".join(reasons)
+            continue
+        per_name[spec.name] = float(outcome.values[index])
+        total += spec.weight * per_name[spec.name]
+    return total, per_name, "; ".join(reasons)
+
+
+class RewardSet:
+    """The per-sample rewards of `specs` (`spec.reward`), built once.
+
+    Args:
+        specs: the job's reward entries; group-level kinds are skipped.
+        threads: CPU threads for CPU scorers (`build_scorer`).
+    Raises:
+        ValueError: a scorer cannot be built.
+    """
+
+    def __init__(self, specs: list[RewardSpec], threads: int = 1) -> None:
+        self.specs = [r for r in specs if r.kind not in GROUP_KINDS]
+        self.scorers: dict[str, Scorer] = {r.name: build_scorer(r, threads=threads) for r in self.specs}
+
+    def score(self, images: list[np.ndarray], prompts: list[str],
+              sample_ids: list[str]) -> list[tuple[float | None, dict[str, float], str]]:
+        """`combine`d rewards of n images `[H, W, 3]` uint8 (sizes may differ; a scorer call takes one
+        size): per sample (weighted sum or None when a required scorer failed, each reward, reasons)."""
+        outcomes = {name: self._by_shape(scorer, images, prompts, sample_ids) for name, scorer in self.scorers.items()}
+        return [combine(self.specs, outcomes, i) for i in range(len(images))]
+
+    @staticmethod
+    def _by_shape(scorer: Scorer, images: list[np.ndarray], prompts: list[str], sample_ids: list[str]) -> Outcome:
+        outcome = Outcome(np.zeros(len(images), dtype=np.float32))
+        by_shape: dict[tuple, list[int]] = {}
+        for i, image in enumerate(images):
+            by_shape.setdefault(image.shape, []).append(i)
+        for idx in by_shape.values():
+            part = score_each(scorer, np.stack([images[i] for i in idx]), [prompts[i] for i in idx],
+                              [sample_ids[i] for i in idx])
+            outcome.values[idx] = part.values
+            outcome.errors.update({idx[k]: err for k, err in part.errors.items()})
+        return outcome

@@ -1,0 +1,238 @@
+"""`omnirl eval` and in-run validation: one sampler (the rollout engine), one σ grid (the adapter's,
+or the manifest's override), one reward (the weighted sum of every reward) — issue 13.
+
+The validation side runs the real path a run takes, on a real redis-server: the controller's
+`Validator` publishes its requests, a rollout step turns them into engine requests as the rollout
+role does (`sample_requests`) and publishes the images, the real `RewardService` scores them, and
+the `Validator` summarises the round. The eval side is `omnirl eval --checkpoint` itself.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from PIL import Image
+from safetensors.torch import load_file
+
+from omnirl.actor.checkpoint import save_checkpoint
+from omnirl.algorithms import sigma_schedule
+from omnirl.api.loader import load_rljob
+from omnirl.api.messages import GenerateRequest, SampleMeta, ScoreMeta
+from omnirl.api.runtime import RoleEnv
+from omnirl.cli import main as cli_main
+from omnirl.controller.data import read_prompts
+from omnirl.controller.grid import save_image_grid
+from omnirl.controller.validation import Validator
+from omnirl.evaluation.evaluate import evaluate
+from omnirl.models.digits.adapter import BUILTIN_DIR
+from omnirl.models.policy_io import load_policy
+from omnirl.models.registry import adapter_options, load_adapter, load_tokenizer
+from omnirl.reward.service import RewardService
+from omnirl.rollout.engine import RolloutEngine
+from omnirl.rollout.requests import sample_requests
+from omnirl.transfer import TransferQueue
+
+torch.set_num_threads(1)
+ROOT = Path(__file__).resolve().parents[1]
+HELDOUT = ROOT / "examples" / "prompts" / "ocr-heldout.txt"
+
+
+def _job(tmp: Path, name: str, model: dict, shift: float | None = None) -> Path:
+    """A manifest with two weighted rewards, 4 held-out prompts, 4 validation steps, seed 7."""
+    doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
+    doc["metadata"]["name"] = name
+    spec = doc["spec"]
+    spec["model"] = model
+    spec["data"] = {"trainPrompts": str(HELDOUT), "validationPrompts": str(HELDOUT)}
+    if shift is not None:
+        spec["algorithm"]["sampling"]["shift"] = shift
+    spec["reward"] = [{"name": "ocr", "kind": "ocr", "params": {"alphabet": "0123456789"}},
+                      {"name": "jpeg", "kind": "jpeg", "weight": 0.5}]
+    spec["validation"] = {"everySteps": 1, "numSteps": 4, "maxPrompts": 4, "seed": 7}
+    path = tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def _checkpoint(adapter, root: Path) -> Path:
+    """A run's checkpoint of `adapter`'s weights moved by seeded noise (so it is not the base model)."""
+    g = torch.Generator().manual_seed(3)
+    policy = {k: v + 0.02 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+              for k, v in adapter.module.state_dict().items()}
+    save_checkpoint(root, 3, policy=policy, trained={}, old=None, optimizer=({}, {"param_groups": [], "scalars": {}}),
+                    state={"step": 3, "policy_version": 3, "lora": False})
+    return root / "latest"
+
+
+def _validation_round(job_path: Path, ckpt: Path, redis_url: str, out: Path) -> dict:
+    """One validation round of the checkpoint through Validator → rollout → RewardService → Validator."""
+    job = load_rljob(job_path)
+    spec = job.spec
+    adapter = load_adapter(spec.model.family, spec.model.path, dtype=spec.model.dtype, **adapter_options(spec))
+    load_policy(adapter, ckpt, spec.model.lora)
+    adapter.module.eval()
+    queue = TransferQueue.from_url(redis_url, job.metadata.name)
+    streams = queue.streams
+    env = RoleEnv(job_name=job.metadata.name, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
+                  worker_id="reward-0", out_dir=str(out))
+    reward = RewardService(job, env)
+    try:
+        # the controller tokenizes with the tokenizers alone
+        validator = Validator(queue, spec, load_tokenizer(spec.model.family, spec.model.path), out, nonce=5)
+        validator.publish(at_step=3, version=3)
+        queue.ensure_group(streams.requests, "rollout")
+        engine = RolloutEngine(adapter, max_batch_size=spec.roles.rollout.maxBatchSize)
+        for msg in queue.consume(streams.requests, "rollout", "rollout-0", count=100, block_ms=100):
+            for sample in sample_requests(GenerateRequest.model_validate(msg.meta)):
+                engine.submit(sample)
+        for r in engine.run_until_idle():  # publish as the rollout role does
+            m = r.request.meta
+            meta = SampleMeta(sample_id=r.request.sample_id, kind=m["kind"], step=m["step"], group_id=m["group_id"],
+                              prompt=r.request.prompt, prompt_ids=list(r.request.prompt_ids), policy_version=3,
+                              noise_level=r.request.noise_level, sde_type=r.request.sde_type, worker="rollout-0",
+                              generated_at=time.time(), rollout_seconds=0.0)
+            queue.publish(streams.samples, meta.model_dump(), {"image": r.image, "x0": r.x0})
+        queue.ensure_group(streams.samples, "reward")
+        reward.score_batch(queue.consume(streams.samples, "reward", "reward-0", count=100, block_ms=100))
+        queue.ensure_group(streams.scores, "controller")
+        for msg in queue.consume(streams.scores, "controller", "controller-0", count=100, block_ms=100):
+            validator.record(ScoreMeta.model_validate(msg.meta), msg.tensor_key)
+        assert validator.complete
+        return validator.finish()
+    finally:
+        reward.close()
+
+
+def _eval(job_path: Path, ckpt: Path, out: Path) -> dict:
+    assert cli_main(["eval", str(job_path), "--checkpoint", str(ckpt), "--out", str(out)]) == 0
+    return json.loads((out / "rewards.json").read_text())
+
+
+def _assert_same(val: dict, ev: dict) -> None:
+    assert ev["n"] == val["n"] == 4
+    assert ev["mean_reward"] == pytest.approx(val["val_reward_mean"], abs=1e-6)
+    assert ev["exact_match"] == pytest.approx(val["val_exact_match"], abs=1e-9)
+    # the weighted sum of both rewards, not the first one alone
+    assert val["val_reward_mean"] == pytest.approx(val["val_reward_ocr"] + 0.5 * val["val_reward_jpeg"], abs=1e-6)
+    assert abs(val["val_reward_jpeg"]) > 0.05  # the second reward counts
+
+
+def test_eval_equals_validation_builtin(tmp_path, redis_url):
+    job = _job(tmp_path, "evalval-digits", {"family": "ocr-digits", "path": "builtin", "dtype": "float32"})
+    ckpt = _checkpoint(load_adapter("ocr-digits", "builtin"), tmp_path / "ckpt")
+    val = _validation_round(job, ckpt, redis_url, tmp_path / "val")
+    ev = _eval(job, ckpt, tmp_path / "eval")
+    _assert_same(val, ev)
+    assert ev["prompts"] == read_prompts(HELDOUT)[:4] and ev["steps"] == 4
+
+
+@pytest.fixture(scope="module")
+def sd3_dir(tmp_path_factory) -> Path:
+    pytest.importorskip("diffusers")
+    from tests.test_models_diffusers import _sd3_pipeline
+
+    path = tmp_path_factory.mktemp("sd3_tiny")
+    _sd3_pipeline().save_pretrained(path)  # scheduler shift 3.0: its own grid is not the unshifted one
+    return path
+
+
+@pytest.mark.parametrize("shift", [None, 1.5], ids=["family-grid", "shift-override"])
+def test_eval_equals_validation_tiny_sd3(tmp_path, redis_url, sd3_dir, shift):
+    model = {"family": "sd3", "path": str(sd3_dir), "dtype": "float32", "resolution": [32, 32]}
+    job = _job(tmp_path, f"evalval-sd3-{'own' if shift is None else 'override'}", model, shift=shift)  # own keys
+    spec = load_rljob(job).spec
+    ckpt = _checkpoint(load_adapter("sd3", str(sd3_dir), **adapter_options(spec)), tmp_path / "ckpt")
+    val = _validation_round(job, ckpt, redis_url, tmp_path / "val")
+    ev = _eval(job, ckpt, tmp_path / "eval")
+    _assert_same(val, ev)
+    assert load_file(ckpt / "policy.safetensors").keys()  # a full-weights checkpoint was evaluated
+
+
+def test_sigma_grid_owner_family_default_and_override(sd3_dir):
+    digits = load_adapter("ocr-digits", "builtin")
+    shape = digits.latent_shape(digits.tokenize('"12"'))
+    # the built-in demo's grid is what it always was (golden curves unchanged)
+    assert torch.equal(digits.sigma_grid(10, shape), sigma_schedule(10, 1.0))
+    assert digits.sigma_grid(4, shape, 3.0).tolist() == pytest.approx([1.0, 0.9, 0.75, 0.5, 0.0])
+    sd3 = load_adapter("sd3", str(sd3_dir), resolution=(32, 32))
+    shape = sd3.latent_shape([])
+    own = sd3.sigma_grid(6, shape)
+    assert torch.equal(own, sd3.sigmas(6, sd3.image_seq_len(shape)))  # the scheduler's (shift 3.0) grid
+    assert not torch.allclose(own, sigma_schedule(6, 1.0), atol=1e-3)
+    assert torch.equal(sd3.sigma_grid(6, shape, 1.5), sigma_schedule(6, 1.5))
+
+
+def test_engine_samples_on_the_adapter_grid(sd3_dir):
+    adapter = load_adapter("sd3", str(sd3_dir), resolution=(32, 32))
+    ids = tuple(adapter.tokenize("a sign"))
+    engine = RolloutEngine(adapter)
+    from omnirl.rollout.types import SampleRequest
+
+    for i, shift in enumerate([None, 2.0]):
+        engine.submit(SampleRequest(sample_id=f"s{i}", prompt="a sign", prompt_ids=ids, seed=i, num_steps=5,
+                                    window=(1, 2), shift=shift))
+    got = {r.request.sample_id: r.sigmas for r in engine.run_until_idle()}
+    shape = adapter.latent_shape(list(ids))
+    assert torch.equal(got["s0"], adapter.sigma_grid(5, shape)[1:4])
+    assert torch.equal(got["s1"], sigma_schedule(5, 2.0)[1:4])
+
+
+def test_tokenizers_alone_match_the_adapter(sd3_dir, tmp_path):
+    adapter = load_adapter("sd3", str(sd3_dir))
+    # the controller's copy has no weights at all: only the tokenizers can have been read
+    bare = tmp_path / "sd3"
+    shutil.copytree(sd3_dir, bare)
+    for weights in bare.glob("*/*.safetensors"):
+        weights.unlink()
+    tokenize = load_tokenizer("sd3", str(bare))
+    for text in ['a sign that says "hi 42"', "x"]:
+        assert tokenize(text) == adapter.tokenize(text)
+    with pytest.raises(OSError):
+        load_adapter("sd3", str(bare))
+    digits = load_adapter("ocr-digits", "builtin")
+    (tmp_path / "digits").mkdir()
+    shutil.copy(BUILTIN_DIR / "config.json", tmp_path / "digits" / "config.json")
+    assert load_tokenizer("ocr-digits", str(tmp_path / "digits"))('A sign that says "4071"') == \
+        digits.tokenize('"4071"') == [5, 1, 8, 2]
+
+
+def test_evaluate_is_batch_independent_and_sde_differs():
+    spec = load_rljob(ROOT / "examples" / "ocr-nft.yaml").spec
+    adapter = load_adapter("ocr-digits", "builtin")
+    prompts = ['"123"', '"45678"', '"9012"']
+    runs = [evaluate(adapter, spec, prompts, num_steps=3, seed=1, batch_size=b) for b in (1, 3)]
+    sde = evaluate(adapter, spec, prompts, num_steps=3, seed=1, sampler="sde")
+    for a, b, s in zip(runs[0].images, runs[1].images, sde.images, strict=True):
+        assert torch.equal(torch.from_numpy(a), torch.from_numpy(b)) and not (a == s).all()
+    assert [im.shape[1] for im in runs[0].images] == [64, 128, 64]
+    with pytest.raises(ValueError, match="sampler"):
+        evaluate(adapter, spec, prompts, sampler="euler")
+    with pytest.raises(ValueError, match="empty"):
+        evaluate(adapter, spec, [])
+
+
+def test_validate_prints_the_grid(capsys, sd3_dir, tmp_path):
+    sd3 = _job(tmp_path, "grid-sd3", {"family": "sd3", "path": str(sd3_dir), "resolution": [32, 32]})
+    assert cli_main(["validate", str(ROOT / "examples" / "ocr-nft.yaml"),
+                     str(ROOT / "examples" / "gpu-sd3-flowgrpo.yaml"), str(sd3)]) == 0
+    out = capsys.readouterr().out
+    assert (f"grid-sd3: σ grid: family default (sd3: its scheduler's grid, shift 3.0, 10 steps, from "
+            f"{sd3_dir / 'scheduler' / 'scheduler_config.json'})") in out
+    assert "ocr-nft: σ grid: family default (ocr-digits), shift 1, 10 steps: 1.0000, 0.9000 … 0.1000, 0.0000" in out
+    assert "σ grid: override (algorithm.sampling.shift), shift 3, 10 steps: 1.0000, 0.9643 … 0.2500, 0.0000" in out
+
+
+def test_save_image_grid_pads_mixed_widths(tmp_path):
+    images = [np.zeros((32, 64, 3), np.uint8), np.full((32, 128, 3), 255, np.uint8), np.zeros((32, 64, 3), np.uint8)]
+    path = save_image_grid(images, tmp_path / "g" / "grid.png", ncols=2, captions=["a", "b", "c"])
+    grid = Image.open(path)
+    assert grid.size == (2 * (128 + 2) + 2, 2 * (32 + 12 + 2) + 2)
+    with pytest.raises(ValueError, match="uint8"):
+        save_image_grid([np.zeros((4, 4, 3), np.float32)], tmp_path / "x.png")
