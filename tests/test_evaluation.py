@@ -98,7 +98,7 @@ def _validation_round(job_path: Path, ckpt: Path, redis_url: str, out: Path) -> 
                               prompt=r.request.prompt, prompt_ids=list(r.request.prompt_ids), policy_version=3,
                               noise_level=r.request.noise_level, sde_type=r.request.sde_type, worker="rollout-0",
                               generated_at=time.time(), rollout_seconds=0.0)
-            queue.publish(streams.samples, meta.model_dump(), {"image": r.image, "x0": r.x0})
+            queue.publish(streams.samples, meta.model_dump(), {"x0": r.x0}, image=r.image)
         queue.ensure_group(streams.samples, "reward")
         reward.score_batch(queue.consume(streams.samples, "reward", "reward-0", count=100, block_ms=100))
         queue.ensure_group(streams.scores, "controller")
