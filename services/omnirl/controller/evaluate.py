@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from omnirl.algorithms import ode_step, sde_step, sigma_schedule
+from omnirl.api.seeds import derive
 from omnirl.models.protocol import ModelAdapter
 from omnirl.reward.base import Scorer
 
@@ -41,9 +42,9 @@ class EvalResult:
 
 def eval_seed(seed: int, index: int) -> int:
     """The torch generator seed of prompt `index` under eval `seed` (also used by in-run validation,
-    whose rollout engine draws `torch.randn(shape)` from a generator with this seed — the same noise)."""
-    state = np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0]
-    return int(state) & ((1 << 63) - 1)
+    whose rollout engine draws `torch.randn(shape)` from a generator with this seed — the same noise):
+    `derive(seed, "validation", sample=index)` (api/seeds.py)."""
+    return derive(seed, "validation", sample=index)
 
 
 def initial_noise(shape: tuple[int, ...], seed: int, index: int) -> torch.Tensor:
