@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from omnirl.api.ids import parse_group_id, parse_sample_id
-from omnirl.api.seeds import MASK, PERSON, PURPOSES, derive
+from omnirl.api.seeds import MASK, PERSON, PURPOSES, derive, group_seeds
 
 BASE = {"step": 3, "group": 5, "sample": 7, "attempt": 1, "draw": 2}
 
@@ -39,6 +39,10 @@ def test_job_seed_purpose_and_key_change_the_seed():
     assert all(0 <= s <= MASK for s in seeds)
 
 
+def test_group_seeds_are_the_sample_derivation():
+    assert group_seeds(11, 3, 5, 1, 4) == [derive(11, "sample", step=3, group=5, sample=i, attempt=1) for i in range(4)]
+
+
 def test_swapped_arguments_do_not_collide():
     """A fixed-width packing: (group 1, sample 2) and (group 2, sample 1) differ (a sum would not care)."""
     assert derive(0, "sample", group=1, sample=2) != derive(0, "sample", group=2, sample=1)
@@ -60,11 +64,11 @@ def test_bad_arguments_name_the_argument(kwargs, match):
 
 def test_no_two_samples_of_a_large_job_share_a_seed():
     """1,000 steps × 64 prompts × 16 samples × 3 attempts = 3,072,000 sample seeds, all distinct —
-    the controller's `_seeds` (api/seeds.py `sample` purpose) with the prompt index as group."""
+    `group_seeds`, what the controller's requests and refills carry."""
     steps, prompts, samples, attempts = 1000, 64, 16, 3
-    seeds = np.fromiter((derive(0, "sample", step=s, group=p, sample=i, attempt=a)
-                         for s in range(steps) for p in range(prompts) for a in range(attempts)
-                         for i in range(samples)), dtype=np.uint64, count=steps * prompts * samples * attempts)
+    seeds = np.fromiter((seed for s in range(steps) for p in range(prompts) for a in range(attempts)
+                         for seed in group_seeds(0, s, p, a, samples)),
+                        dtype=np.uint64, count=steps * prompts * samples * attempts)
     assert seeds.size == 3_072_000
     assert np.unique(seeds).size == seeds.size
 

@@ -24,6 +24,10 @@ Purposes (`PURPOSES`) and the arguments each uses:
 | `awm-sigma` | step, group, attempt | AWM's σ draws of a group |
 | `awm-eps` | step, group, sample, attempt | AWM's ε draws (sample = -1: the group's shared ε) |
 | `judge` | key (the sample id), job_seed 0 | a VLM judge request's `seed` (`reward/vlm.py`, low 31 bits) |
+
+Not job draws, so not derived here: `omnirl pretrain` and the shipped prompt sets
+(`models/digits/pretrain.py`, `prompts.py`) seed their own generators from their `--seed`, and a
+fresh model's parameter initialisation uses torch's global generator.
 """
 
 from __future__ import annotations
@@ -66,3 +70,9 @@ def derive(job_seed: int, purpose: str, *, step: int = 0, group: int = 0, sample
     digest = hashlib.blake2b(key.encode(), digest_size=16).digest() if key else _NO_KEY
     packed = _PACK.pack(purpose.encode("ascii"), *values.values(), digest)
     return int.from_bytes(hashlib.blake2b(packed, digest_size=8, person=PERSON).digest(), "little") & MASK
+
+
+def group_seeds(job_seed: int, step: int, prompt: int, attempt: int, group_size: int) -> list[int]:
+    """The noise seeds of one group's samples, index 0..G−1: `derive(job_seed, "sample", step,
+    group=prompt, sample=i, attempt)` (the controller's requests and refills)."""
+    return [derive(job_seed, "sample", step=step, group=prompt, sample=i, attempt=attempt) for i in range(group_size)]

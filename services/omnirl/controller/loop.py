@@ -32,7 +32,7 @@ from omnirl.algorithms import group_advantages, select_window
 from omnirl.api.ids import parse_group_id
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
-from omnirl.api.seeds import derive
+from omnirl.api.seeds import derive, group_seeds
 from omnirl.api.spec import RLJob
 from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.controller.group_scoring import GroupScoring
@@ -244,8 +244,7 @@ class Controller:
 
     def _seeds(self, step: int, prompt: int, attempt: int) -> list[int]:
         """The noise seeds of a group's samples (api/seeds.py)."""
-        return [derive(self.spec.seed, "sample", step=step, group=prompt, sample=i, attempt=attempt)
-                for i in range(self.spec.algorithm.groupSize)]
+        return group_seeds(self.spec.seed, step, prompt, attempt, self.spec.algorithm.groupSize)
 
     # ------------------------------------------------------------------ collection
     def _collect(self, step: int) -> tuple[list[TrainItem], dict]:
