@@ -4,6 +4,7 @@ launcher and the operator both write it."""
 from __future__ import annotations
 
 import dataclasses
+import sys
 
 import pytest
 from tests.test_operator_builders import children, container, job
@@ -12,6 +13,7 @@ from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.launch.local import role_env
 from omnirl.launch.placement import place
+from omnirl.launch.procs import _Child
 
 FULL = RoleEnv(job_name="j", redis_url="redis://r:6379/1", weight_sync_host="j-actor", weight_sync_port=29511,
                worker_id="actor-2", out_dir="/runs/j", metrics_port=9090, health_port=8081,
@@ -80,3 +82,22 @@ def test_the_operator_writes_the_contract():
     assert (got.resume, got.out_dir, got.weight_sync_host, got.master_addr) == \
         ("auto", "/var/lib/omnirl", "demo-actor", "demo-actor-0.demo-ranks")
     assert (got.metrics_port, got.health_port, got.export, got.steps) == (9090, 8081, False, None)
+
+
+def test_locally_only_the_controller_gets_the_shells_metrics_port(tmp_path, monkeypatch):
+    """`OMNIRL_METRICS_PORT=N omnirl run` gives the controller /metrics on N; no other OMNIRL_* of
+    the shell reaches a role (the process gets exactly the launcher's contract)."""
+    monkeypatch.setenv("OMNIRL_METRICS_PORT", "9555")
+    monkeypatch.setenv("OMNIRL_STEPS", "99")
+    job_ = load_rljob("examples/ocr-nft.yaml")
+    by_role = {p.role: p for p in place(job_, cores=2)}
+    envs = {r: role_env(job_, p, redis_url="redis://127.0.0.1:1/0", sync_port=1, out=tmp_path, resume="0", steps=None)
+            for r, p in by_role.items()}
+    assert {r: RoleEnv.from_environ(e).metrics_port for r, e in envs.items()} == \
+        {"rollout": 0, "reward": 0, "actor": 0, "controller": 9555}
+    child = _Child([sys.executable, "-c", "import os; print(os.environ.get('OMNIRL_STEPS'))"], envs["actor"],
+                   str(tmp_path / "child.log"))
+    assert child.proc.wait(timeout=60) == 0
+    child._reader.join(timeout=60)
+    assert "".join(child.take()).strip() == "None"  # the shell's OMNIRL_STEPS did not leak in
+    child.kill()

@@ -22,7 +22,7 @@ from pathlib import Path
 import yaml
 
 from omnirl.api.loader import dump_rljob, load_rljob
-from omnirl.api.runtime import RoleEnv
+from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
 from omnirl.launch.procs import start_role
@@ -37,11 +37,20 @@ def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, ou
              steps: int | None, dist_port: int = 0, sync_backend: str = "") -> dict[str, str]:
     """The environment of one local role process: `RoleEnv.to_environ()` (the contract pods get
     too), with `place`'s device, threads and visible accelerators; `resume` is an OMNIRL_RESUME
-    mode ("0", "1", "auto")."""
+    mode ("0", "1", "auto"). The controller serves `/metrics` on `OMNIRL_METRICS_PORT` when
+    `omnirl run`'s own environment sets it (the only role-process variable a user sets locally).
+
+    Raises:
+        ValueError: OMNIRL_METRICS_PORT is not an integer.
+    """
+    port = os.environ.get(VARIABLES["metrics_port"], "0") if place.role == "controller" else "0"
+    if not port.isdigit():
+        raise ValueError(f"{VARIABLES['metrics_port']}={port!r}: must be a port number (the controller's /metrics)")
     world = job.spec.roles.actor.replicas
     ranks = {"rank": place.index, "world_size": world, "master_port": dist_port} if place.role == "actor" and world > 1 else {}
     contract = RoleEnv(job_name=job.metadata.name, redis_url=redis_url, weight_sync_host="127.0.0.1",
-                       weight_sync_port=sync_port, worker_id=place.name, out_dir=str(out), device=place.device,
+                       weight_sync_port=sync_port, worker_id=place.name, out_dir=str(out), metrics_port=int(port),
+                       device=place.device,
                        threads=place.threads, weight_sync_backend=sync_backend, resume=resume, steps=steps, **ranks)
     return {
         **contract.to_environ(), **place.environ(), "PYTHONUNBUFFERED": "1",
