@@ -4,9 +4,9 @@ It reads the job manifest and the OMNIRL_* environment (`omnirl.api.runtime.Role
 gRPC health service and `/metrics` when their ports are set, runs the role's service, and exits
 0 when the job finished or non-zero with the reason as its last stderr line.
 
-`OMNIRL_RESUME`: `1` resume from the latest checkpoint (an error without one), `auto` resume when a
-complete checkpoint exists and start fresh otherwise (what pods and the local supervisor's restarts
-use), `0` or unset start fresh. SIGTERM asks the service to finish or hand back its work (the actor
+`OMNIRL_RESUME` (`RoleEnv.resume`): `1` resume from the latest checkpoint (an error without one),
+`auto` resume when a complete checkpoint exists and start fresh otherwise (what pods and the local
+supervisor's restarts use), `0` or unset start fresh. SIGTERM asks the service to finish or hand back its work (the actor
 writes a checkpoint) and exits 143; the health service reports NOT_SERVING once the role's main
 loop has not beaten for `failurePolicy.progressDeadlineSeconds`.
 """
@@ -141,10 +141,10 @@ def _build(role: str, job, env: RoleEnv, *, resume: bool, steps: int | None):
 
 def main(args: argparse.Namespace) -> int:
     """CLI adapter for `omnirl role`: the environment is read only through `RoleEnv`."""
-    env = RoleEnv.from_environ()
-    if args.out:
-        env = dataclasses.replace(env, out_dir=args.out)
     try:
+        env = RoleEnv.from_environ()
+        if args.out:
+            env = dataclasses.replace(env, out_dir=args.out)
         return run_role(args.role, args.job, env)
     except KeyboardInterrupt:
         return 130
