@@ -22,6 +22,7 @@ from omnirl.actor.trainer import Trainer
 from omnirl.algorithms import group_advantages, select_window
 from omnirl.api.loader import _Loader as YAML12Loader
 from omnirl.api.loader import job_from_dict, load_rljob, resolve_paths
+from omnirl.api.seeds import derive
 from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.evaluation.evaluate import evaluate
 from omnirl.models.registry import load_adapter
@@ -78,14 +79,14 @@ def main() -> None:
         prompts = data.draw(algo.promptsPerStep)
         if algo.name == "flow-grpo":
             g = algo.flowGrpo
-            window = tuple(select_window(spec.seed * 100_003 + it, algo.sampling.numSteps, g.window.size,
+            window = tuple(select_window(derive(spec.seed, "window", step=it), algo.sampling.numSteps, g.window.size,
                                          tuple(g.window.range)))
             noise, sde_type = g.noiseLevel, g.sdeType
         else:
             window, noise, sde_type = (), 0.0, "sde"
         for p_ in prompts:
             for i in range(algo.groupSize):
-                engine.submit(SampleRequest(f"{it}:{p_.index}:{i}", p_.text, tuple(p_.ids), seed=it * 100_000 + p_.index * 100 + i,
+                engine.submit(SampleRequest(f"{it}:{p_.index}:{i}", p_.text, tuple(p_.ids), seed=derive(spec.seed, "sample", step=it, group=p_.index, sample=i),
                                             num_steps=algo.sampling.numSteps, window=window, noise_level=noise,
                                             sde_type=sde_type, shift=algo.sampling.shift, meta={"group": f"{it}:{p_.index}"}))
         adapter.module.eval()
@@ -98,7 +99,7 @@ def main() -> None:
         adv = group_advantages(rewards, torch.tensor([groups[r.request.meta["group"]] for r in results]),
                                std_mode=algo.advantage.stdMode).advantages
         samples = [TrainSample(r.request.sample_id, r.request.meta["group"], list(r.request.prompt_ids), float(a),
-                               r.x0, r.latents, r.log_probs, r.sigmas, noise, sde_type, 0)
+                               r.x0, r.latents, r.log_probs, r.sigmas, noise, sde_type)
                    for r, a in zip(results, adv.tolist(), strict=True)]
         trainer.train_step(samples, it)
         engine.adapter = trainer.policies.rollout_adapter  # what the actor would broadcast

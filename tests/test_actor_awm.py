@@ -32,7 +32,7 @@ def batch():
     results = sorted(engine.run_until_idle(), key=lambda r: r.request.sample_id)
     samples = [TrainSample(r.request.sample_id, r.request.sample_id.rsplit(":", 1)[0], list(r.request.prompt_ids),
                            ADVANTAGES[int(r.request.sample_id.rsplit(":", 1)[1])], r.x0, r.latents, r.log_probs,
-                           r.sigmas, 0.0, "sde", 0) for r in results]
+                           r.sigmas, 0.0, "sde") for r in results]
     assert all(s.log_probs.numel() == 0 for s in samples)
     return adapter, samples
 
@@ -48,7 +48,7 @@ def _spec(**awm) -> RLJobSpec:
 def _log_probs(trainer: Trainer, samples: list[TrainSample]) -> torch.Tensor:
     """−w(ℓ, σ) `[B, K]` of each sample's step-0 draws under θ (no grad)."""
     spec = trainer.spec.algorithm.awm
-    seed = trainer.spec.seed * 1_000_003  # step 0
+    seed = trainer.spec.seed  # the job seed (draws derive from it and the ids)
     sigmas = {s.group_id: draw_sigmas(s.group_id, spec, sigma_schedule(6), seed) for s in samples}
     out = []
     with torch.no_grad():

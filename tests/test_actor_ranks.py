@@ -59,7 +59,7 @@ def _samples() -> tuple:
     gids = torch.tensor([int(r.request.sample_id.split(":")[1]) for r in results])
     adv = group_advantages(rewards, gids).advantages
     return adapter, [TrainSample(r.request.sample_id, f"0:{int(gids[i])}", list(r.request.prompt_ids), float(adv[i]),
-                                 r.x0, r.latents, r.log_probs, r.sigmas, 0.7, "sde", 0) for i, r in enumerate(results)]
+                                 r.x0, r.latents, r.log_probs, r.sigmas, 0.7, "sde") for i, r in enumerate(results)]
 
 
 def _train(adapter, samples, case: str, ranks: Ranks) -> Trainer:

@@ -56,7 +56,7 @@ def _rollout(adapter) -> list[TrainSample]:
     gids = torch.tensor([int(r.request.sample_id.split(":")[1]) for r in results])
     adv = group_advantages(torch.linspace(0.0, 1.0, len(results)) ** 2, gids).advantages
     return [TrainSample(r.request.sample_id, f"0:{int(gids[k])}", list(r.request.prompt_ids), float(adv[k]), r.x0,
-                        r.latents, r.log_probs, r.sigmas, 0.7, "sde", 0) for k, r in enumerate(results)]
+                        r.latents, r.log_probs, r.sigmas, 0.7, "sde") for k, r in enumerate(results)]
 
 
 @pytest.mark.parametrize("mode", ["bypass", "recompute"])

@@ -54,7 +54,7 @@ def test_refill_gets_new_ids_and_seeds_and_old_attempt_is_ignored():
     group = book.groups["4:7"]
     assert group.complete and group.failed_reasons == ["4:7:1: boom"]
     group.attempt = 1
-    group.request = refill_request(group.request, 1, seed_base=100)
+    group.request = refill_request(group.request, 1, [100, 101, 102])
     group.scores.clear()
     assert [s.sample_id for s in group.request.samples] == ["4:7:0r1", "4:7:1r1", "4:7:2r1"]
     assert [s.seed for s in group.request.samples] == [100, 101, 102] and group.request.group_id == "4:7r1"
@@ -63,7 +63,7 @@ def test_refill_gets_new_ids_and_seeds_and_old_attempt_is_ignored():
     for i in range(3):
         assert book.record(score(f"4:7:{i}r1", "4:7r1"), f"k{i}") is group
     assert book.complete and group.failed_reasons == []
-    second = refill_request(group.request, 2, seed_base=200)
+    second = refill_request(group.request, 2, [200, 201, 202])
     assert second.group_id == "4:7r2" and second.samples[0].sample_id == "4:7:0r2"
 
 

@@ -18,8 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.test_controller_units import request, score
 
 from omnirl.actor.checkpoint import COMPLETE, has_checkpoint, resolve_checkpoint, save_checkpoint
+from omnirl.api.runtime import RoleEnv
 from omnirl.controller.groups import StepBook, attempt_of, refill_request
-from omnirl.launch.roles import resume_mode, should_resume
+from omnirl.launch.roles import should_resume
 from omnirl.telemetry.health import HealthServer
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
@@ -48,9 +49,12 @@ def test_a_checkpoint_without_its_marker_is_not_resumed(tmp_path):
 
 
 def test_resume_mode_accepts_0_1_auto_only():
-    assert [resume_mode(v) for v in (None, "0", "1", "AUTO")] == ["0", "0", "1", "auto"]
-    with pytest.raises(ValueError, match="OMNIRL_RESUME"):
-        resume_mode("yes")
+    base = {"OMNIRL_JOB_NAME": "j", "OMNIRL_REDIS_URL": "redis://r:6379/0"}
+    modes = [RoleEnv.from_environ({**base, **({"OMNIRL_RESUME": v} if v is not None else {})}).resume
+             for v in (None, "0", "1", "AUTO")]
+    assert modes == ["0", "0", "1", "auto"]
+    with pytest.raises(ValueError, match=r"OMNIRL_RESUME='yes': expected 0, 1 or auto"):
+        RoleEnv.from_environ({**base, "OMNIRL_RESUME": "yes"})
 
 
 def test_take_over_and_recover_return_a_dead_consumers_entries(redis_client):
@@ -133,11 +137,11 @@ def test_a_successor_meets_a_dead_controllers_refill():
     assert attempt_of("4:7") == 0 and attempt_of("4:7r2") == 2
 
     def refill(b, key, attempt):
-        return refill_request(b.groups[key].request, attempt, seed_base=100 + attempt)
+        return refill_request(b.groups[key].request, attempt, [100 * attempt + i for i in range(3)])
 
     group = book.record(score("4:7:1r1", "4:7r1"), "new1", refill)
     assert group is not None and group.attempt == 1 and group.request.group_id == "4:7r1"
-    assert [s.seed for s in group.request.samples] == [101, 102, 103]
+    assert [s.seed for s in group.request.samples] == [100, 101, 102]
     assert book.leftover_keys == ["old0"] and book.refills == 1
     assert book.record(score("4:7:2", "4:7"), "old2", refill) is None  # attempt 0: a leftover
     for i in (0, 2):

@@ -40,7 +40,7 @@ def test_every_role_gets_the_process_contract(tmp_path):
     placements = place(job, cores=2)
     assert [p.device for p in placements] == ["cpu"] * 4 and [p.threads for p in placements] == [2, 1, 2, 1]
     env = role_env(job, placements[0], redis_url="redis://127.0.0.1:1/0", sync_port=29500, out=tmp_path,
-                   resume=False, steps=3, sync_backend=weight_sync_backend(placements))
+                   resume="0", steps=3, sync_backend=weight_sync_backend(placements))
     assert env["OMNIRL_JOB_NAME"] == "ocr-nft" and env["OMNIRL_WEIGHT_SYNC_ADDR"] == "127.0.0.1:29500"
     assert env["OMNIRL_WORKER_ID"] == "rollout-0" and env["OMNIRL_STEPS"] == "3" and env["OMNIRL_RESUME"] == "0"
     assert env["OMNIRL_DEVICE"] == "cpu" and env["OMNIRL_THREADS"] == "2" and env["OMNIRL_WEIGHT_SYNC_BACKEND"] == "gloo"

@@ -22,13 +22,13 @@ from omnirl.api.spec_algorithm import FlowGRPOSpec, OptimizerSpec
 from omnirl.rollout.types import SampleResult
 
 
-def train_samples(results: list[SampleResult], rewards: list[float], version: int = 0) -> list[TrainSample]:
+def train_samples(results: list[SampleResult], rewards: list[float]) -> list[TrainSample]:
     """Scored rollout results → `TrainSample`s with group advantages (group = the prompt)."""
     groups = sorted({r.request.prompt for r in results})
     gid = torch.tensor([groups.index(r.request.prompt) for r in results])
     adv = group_advantages(torch.tensor(rewards, dtype=torch.float32), gid).advantages
     return [TrainSample(r.request.sample_id, r.request.prompt, list(r.request.prompt_ids), float(a), r.x0, r.latents,
-                        r.log_probs, r.sigmas, r.request.noise_level, r.request.sde_type, version)
+                        r.log_probs, r.sigmas, r.request.noise_level, r.request.sde_type)
             for r, a in zip(results, adv.tolist(), strict=True)]
 
 
@@ -51,7 +51,7 @@ def measure_update(adapter, samples: list[TrainSample], *, lora: bool, mode: str
     window = int(samples[0].log_probs.shape[0])
 
     def update(batch: list[TrainSample]) -> dict:
-        return flow_grpo_step(policies, optimizer, batch, spec, opt, seed=0, device=device)
+        return flow_grpo_step(policies, optimizer, batch, spec, opt, seed=0, step=0, device=device)
 
     with FlopCounterMode(display=False) as counter:
         update(samples[:micro_batch])

@@ -104,7 +104,7 @@ def run_config(name: str, model_config: dict, device: torch.device, *, steps: in
             return results, rewards
 
         (results, rewards), t_rollout = timed(rollout_and_reward, device)
-        samples = train_samples(results, rewards, version=step)
+        samples = train_samples(results, rewards)
         metrics, t_train = timed(partial(flow_grpo_step, policies, optimizer, samples, spec, opt, seed=step,
                                          device=device), device)
         _, t_sync = timed(partial(_weight_sync, policies, target, engine, step + 1), device)

@@ -66,7 +66,7 @@ def rollout(adapter, reqs: list[SampleRequest], layout: str, rollout_batch: int,
     by_id = {r.request.sample_id: r for r in results}
     return [TrainSample(q.sample_id, q.sample_id.rsplit(":", 1)[0], list(q.prompt_ids), 0.0, by_id[q.sample_id].x0,
                         by_id[q.sample_id].latents, by_id[q.sample_id].log_probs, by_id[q.sample_id].sigmas,
-                        q.noise_level, q.sde_type, 0) for q in reqs]
+                        q.noise_level, q.sde_type) for q in reqs]
 
 
 @torch.no_grad()

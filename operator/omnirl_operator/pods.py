@@ -1,4 +1,4 @@
-"""The PodTemplateSpec of one role: the container contract of `.notes/RUNTIME.md` in manifest form.
+"""The PodTemplateSpec of one role: the role-process contract (`omnirl.api.runtime.RoleEnv`) in manifest form.
 
 Every role runs ``omnirl role <role> --job /etc/omnirl/job.yaml`` with the job's ConfigMap mounted
 at ``/etc/omnirl``, the run volume at ``/var/lib/omnirl`` (``spec.storage``'s claim on the
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnirl.api.runtime import sync_backend
+from omnirl.api.runtime import REDIS_PASSWORD, VARIABLES, RoleEnv, sync_backend
 from omnirl.api.spec import RLJob, RoleSpec
 from omnirl_operator.meta import ANNOTATION_SPEC_HASH, child_labels, child_name, deep_merge, selector_labels
 from omnirl_operator.settings import OperatorSettings
@@ -86,45 +86,45 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
+# RoleEnv fields a pod learns from the downward API (its own name, namespace, StatefulSet index);
+# the contract is built with FROM_POD in them and the kubelet fills in the values
+FROM_POD = "(downward API)"
+POD_FIELDS = {"namespace": "metadata.namespace", "worker_id": "metadata.name",
+              "rank": "metadata.labels['apps.kubernetes.io/pod-index']"}
+
+
 def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str, Any]]:
-    """The environment of RUNTIME.md for ``role`` (plus torch.distributed variables on actor ranks)."""
+    """The container environment of ``role``: ``RoleEnv.to_environ()`` with the downward-API fields
+    (``POD_FIELDS``) as ``fieldRef``s, and ``REDIS_PASSWORD`` from the job's Secret when there is one."""
     name = job.metadata.name
-    env: list[dict[str, Any]] = [
-        {"name": "OMNIRL_JOB_NAME", "value": name},
-        _field_env("OMNIRL_NAMESPACE", "metadata.namespace"),
-        _field_env("OMNIRL_WORKER_ID", "metadata.name"),
-        {"name": "OMNIRL_REDIS_URL", "value": redis_url(job, settings)},
-        {"name": "OMNIRL_WEIGHT_SYNC_ADDR", "value": f"{child_name(name, 'actor')}:{WEIGHT_SYNC_PORT}"},
-        {"name": "OMNIRL_OUT", "value": RUN_DIR},
-        # the controller exports checkpoints it can read: only when it shares the run volume with the actor
-        {"name": "OMNIRL_EXPORT", "value": "1" if job.spec.storage is not None else "0"},
-        {"name": "OMNIRL_METRICS_PORT", "value": str(METRICS_PORT)},
-        {"name": "OMNIRL_HEALTH_PORT", "value": str(HEALTH_PORT)},
-        {"name": "OMNIRL_DEVICE", "value": TORCH_DEVICE[role_spec(job, role).accelerator.type]},
-        # a restarted pod continues from the job's latest complete checkpoint, if there is one
-        {"name": "OMNIRL_RESUME", "value": "auto"},
-        {"name": "PYTHONUNBUFFERED", "value": "1"},
-    ]
     roles = job.spec.roles
-    backend = sync_backend(roles.actor.accelerator.type, [roles.rollout.accelerator.type])
-    if backend:  # each pod has devices of its own: only a CPU/GPU mix needs gloo
-        env.append({"name": "OMNIRL_WEIGHT_SYNC_BACKEND", "value": backend})
+    ranks = roles.actor.replicas if role == "actor" else 1
+    contract = RoleEnv(
+        job_name=name, redis_url=redis_url(job, settings), weight_sync_host=child_name(name, "actor"),
+        weight_sync_port=WEIGHT_SYNC_PORT, worker_id=FROM_POD, namespace=FROM_POD, out_dir=RUN_DIR, metrics_port=METRICS_PORT,
+        health_port=HEALTH_PORT, report_status="kubernetes" if role == "controller" else "",
+        device=TORCH_DEVICE[role_spec(job, role).accelerator.type],
+        # each pod has devices of its own: only a CPU/GPU mix needs gloo
+        weight_sync_backend=sync_backend(roles.actor.accelerator.type, [roles.rollout.accelerator.type]),
+        # rank r is StatefulSet pod <job>-actor-r; rank 0 hosts the rendezvous store
+        world_size=ranks, master_addr=f"{child_name(name, 'actor')}-0.{child_name(name, suffix='ranks')}",
+        master_port=DIST_PORT,
+        # the controller exports checkpoints it can read: only when it shares the run volume with the actor
+        export=job.spec.storage is not None,
+        # a restarted pod continues from the job's latest complete checkpoint, if there is one
+        resume="auto",
+    )
+    plain = contract.to_environ()
+    env: list[dict[str, Any]] = []
+    for field, path in POD_FIELDS.items():
+        var = VARIABLES[field]
+        if plain.pop(var, None) is not None:  # RANK only with several actor ranks
+            env.append(_field_env(var, path))
+    env += [{"name": k, "value": v} for k, v in plain.items()]
+    env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
     secret = job.spec.transferQueue.passwordSecret or settings.default_redis_password_secret
     if secret:
-        env.append(
-            {"name": "REDIS_PASSWORD", "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}}
-        )
-    if role == "controller":
-        env.append({"name": "OMNIRL_REPORT_STATUS", "value": "kubernetes"})
-    replicas = job.spec.roles.actor.replicas
-    if role == "actor" and replicas > 1:
-        # Rank r is StatefulSet pod <job>-actor-r; rank 0 hosts the rendezvous store.
-        env += [
-            {"name": "MASTER_ADDR", "value": f"{child_name(name, 'actor')}-0.{child_name(name, suffix='ranks')}"},
-            {"name": "MASTER_PORT", "value": str(DIST_PORT)},
-            {"name": "WORLD_SIZE", "value": str(replicas)},
-            _field_env("RANK", "metadata.labels['apps.kubernetes.io/pod-index']"),
-        ]
+        env.append({"name": REDIS_PASSWORD, "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}})
     return env
 
 

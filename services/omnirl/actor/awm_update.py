@@ -1,7 +1,8 @@
 """One Advantage Weighted Matching training step on the actor (AWM, arXiv 2509.25050).
 
 Needs only each sample's clean x0, prompt and advantage (ODE rollouts from the current policy).
-Each sample gets `timestepsPerSample` draws (σ_k, ε_k), seeded by (seed, group, draw) — σ always
+Each sample gets `timestepsPerSample` draws (σ_k, ε_k), seeded by `derive` (`api/seeds.py`) from the
+job seed and the group's (σ; ε too with `groupSharedNoise`) or the sample's ids — σ always
 shared by a group, ε too with `groupSharedNoise` — so every actor rank and every recompute sees
 the same draws. All draws of a micro-batch go through one forward: x_σ `[K·b, C, H, W]`.
 
@@ -12,8 +13,6 @@ see is the drift from the earlier updates only.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 import torch
 
@@ -28,37 +27,41 @@ from omnirl.algorithms import (
     stratified_sigmas,
     weighted_matching,
 )
+from omnirl.api.ids import parse_group_id, parse_sample_id
+from omnirl.api.seeds import derive
 from omnirl.api.spec import AWMSpec, OptimizerSpec
 
 
-def _generator(seed: int, key: str) -> torch.Generator:
-    digest = hashlib.sha256(f"awm:{seed}:{key}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-
-
 def draw_sigmas(group_id: str, spec: AWMSpec, grid: torch.Tensor, seed: int) -> torch.Tensor:
-    """The K σ values `[K]` fp32 of a group's draws (stratified; `grid` = the rollout σ grid `[N+1]`)."""
+    """The K σ values `[K]` fp32 of a group's draws (stratified; `grid` = the rollout σ grid `[N+1]`;
+    `seed` = the job seed)."""
     k = spec.timestepsPerSample
-    u = torch.rand(k, generator=_generator(seed, f"sigma:{group_id}"), dtype=torch.float64)
+    g = parse_group_id(group_id)
+    gen = torch.Generator().manual_seed(derive(seed, "awm-sigma", step=g.step, group=g.prompt, attempt=g.attempt))
+    u = torch.rand(k, generator=gen, dtype=torch.float64)
     if spec.timeSampling == "grid":
         return grid[grid_indices(grid.numel() - 1, spec.timestepFraction, k, u)].float()
     return stratified_sigmas(tuple(spec.sigmaRange), k, u)
 
 
 def draw_noise(sample: TrainSample, spec: AWMSpec, seed: int) -> torch.Tensor:
-    """ε `[K, C, H, W]` fp32 of a sample's K draws (the group's when `groupSharedNoise`)."""
-    key = sample.group_id if spec.groupSharedNoise else sample.sample_id
+    """ε `[K, C, H, W]` fp32 of a sample's K draws (the group's when `groupSharedNoise`: sample
+    index -1 in the seed; `seed` = the job seed)."""
+    r = parse_group_id(sample.group_id) if spec.groupSharedNoise else parse_sample_id(sample.sample_id)
+    index = -1 if spec.groupSharedNoise else r.index
+    gen = torch.Generator().manual_seed(derive(seed, "awm-eps", step=r.step, group=r.prompt, sample=index, attempt=r.attempt))
     shape = (spec.timestepsPerSample, *sample.x0.shape)
-    return torch.randn(shape, generator=_generator(seed, f"eps:{key}"), dtype=torch.float32)
+    return torch.randn(shape, generator=gen, dtype=torch.float32)
 
 
 def awm_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample], spec: AWMSpec,
-             opt: OptimizerSpec, *, advantage_clip: float, grid: torch.Tensor, seed: int, device: torch.device,
-             ranks: Ranks = SINGLE) -> dict:
+             opt: OptimizerSpec, *, advantage_clip: float, grid: torch.Tensor, seed: int, step: int,
+             device: torch.device, ranks: Ranks = SINGLE) -> dict:
     """Train on one batch; returns metrics (loss, policy_loss, kl, ema_kl, matching_error, clip_fraction,
     ratio_max_abs_dev, grad_norm, x0_norm, optimizer_steps).
 
-    Minibatches keep groups whole (`updatesPerStep` of them, groups shuffled by `seed`). Several
+    Minibatches keep groups whole (`updatesPerStep` of them, groups shuffled by
+    `derive(seed, "minibatch", step)`; `seed` = the job seed). Several
     actor ranks: each passes the whole batch and trains its `ranks.share` of the micro-batches;
     metrics are reduced, the same on every rank.
 
@@ -69,7 +72,7 @@ def awm_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
         ValueError: non-finite loss (with the sample ids).
     """
     plan = [micro_batches(mini, opt.microBatchSize, keep_groups=True)
-            for mini in group_minibatches(samples, opt.updatesPerStep, seed)]
+            for mini in group_minibatches(samples, opt.updatesPerStep, derive(seed, "minibatch", step=step))]
     n_mini = len(plan)
     sizes = [sum(len(mb) for mb in mbs) for mbs in plan]
     sigmas = {g: draw_sigmas(g, spec, grid, seed) for g in dict.fromkeys(s.group_id for s in samples)}

@@ -23,7 +23,6 @@ class TrainSample:
         sigmas: `[W+1]` σ at each window latent.
         noise_level: SDE noise level the rollout used.
         sde_type: "sde" or "cps".
-        policy_version: weights version that generated the sample.
     """
 
     sample_id: str
@@ -36,7 +35,6 @@ class TrainSample:
     sigmas: torch.Tensor
     noise_level: float
     sde_type: str
-    policy_version: int
 
 
 def micro_batches(samples: list[TrainSample], size: int, *, keep_groups: bool = False) -> list[list[TrainSample]]:

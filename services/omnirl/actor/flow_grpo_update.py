@@ -26,6 +26,7 @@ from omnirl.algorithms import (
     rs_mask,
     sde_mean_std,
 )
+from omnirl.api.seeds import derive
 from omnirl.api.spec import FlowGRPOSpec, OptimizerSpec
 from omnirl.models.protocol import ModelAdapter
 
@@ -53,13 +54,14 @@ def window_log_probs(adapter: ModelAdapter, samples: list[TrainSample], device: 
 
 
 def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
-                   spec: FlowGRPOSpec, opt: OptimizerSpec, *, seed: int, device: torch.device,
+                   spec: FlowGRPOSpec, opt: OptimizerSpec, *, seed: int, step: int, device: torch.device,
                    ranks: Ranks = SINGLE, grid: torch.Tensor | None = None) -> dict:
     """Train on one batch; return metrics (loss, kl, clip_fraction, ratio, IS diagnostics, RS, and the
     rollout-vs-actor log-prob mismatch: `logprob_mismatch_max`, `logprob_mismatch_mean` and
     `logprob_mismatch_step{k}` = mean |Δ log_prob| at denoising step k, before any update).
 
     `grid`: the rollout σ grid `[N+1]`; it names the steps k (window position j otherwise).
+    `seed` is the job seed: samples are shuffled into minibatches by `derive(seed, "minibatch", step)`.
 
     With several actor ranks every rank passes the whole batch and trains its `ranks.share` of
     the micro-batches; metrics are reduced over the ranks, so every rank returns the same.
@@ -84,7 +86,7 @@ def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, sample
         keep_by_id = dict(zip(ids, _rs_keep(diag.seq_log_is, spec).tolist(), strict=True))
 
     order = list(samples)
-    random.Random(seed).shuffle(order)
+    random.Random(derive(seed, "minibatch", step=step)).shuffle(order)
     n_mini = min(opt.updatesPerStep, len(order))
     sums: dict[str, float] = {"loss": 0.0, "policy_loss": 0.0, "kl": 0.0, "clip_fraction": 0.0,
                               "ratio_max_abs_dev": 0.0, "grad_norm": 0.0}

@@ -6,12 +6,11 @@ the old policy's v_old, plus an optional velocity KL 𝛽_KL·mean((v_θ − v_r
 
 Decisive on the built-in task (`references/demo-task.md`): every member of a group shares the
 same σ and ε, so the part of the gradient common to the group cancels and what is left is the
-reward-weighted difference. Draws are seeded by (seed, group, draw), so they are reproducible.
+reward-weighted difference. Draws are seeded by `derive(job seed, "nft", step, group, attempt,
+draw)` (`api/seeds.py`), so they are reproducible.
 """
 
 from __future__ import annotations
-
-import hashlib
 
 import torch
 
@@ -19,6 +18,8 @@ from omnirl.actor.batch import TrainSample, group_minibatches, micro_batches
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
 from omnirl.algorithms import nft_loss, optimality_probability
+from omnirl.api.ids import parse_group_id
+from omnirl.api.seeds import derive
 from omnirl.api.spec import NFTSpec, OptimizerSpec
 
 
@@ -27,10 +28,10 @@ def group_noise(group_id: str, draw: int, n_draws: int, shape: tuple[int, ...], 
     """(σ, ε `[C, H, W]` fp32) shared by every member of a group for one stratified draw.
 
     σ is uniform inside stratum `draw` of `n_draws` equal strata of [0, 1], clamped to
-    `sigma_range`.
+    `sigma_range`. `seed` is the job seed; the group id gives step, prompt and attempt.
     """
-    digest = hashlib.sha256(f"{seed}:{group_id}:{draw}".encode()).digest()
-    gen = torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    g = parse_group_id(group_id)
+    gen = torch.Generator().manual_seed(derive(seed, "nft", step=g.step, group=g.prompt, attempt=g.attempt, draw=draw))
     u = float(torch.rand((), generator=gen))
     lo, hi = sigma_range
     sigma = min(max((draw + u) / n_draws, lo), hi)
@@ -38,8 +39,10 @@ def group_noise(group_id: str, draw: int, n_draws: int, shape: tuple[int, ...], 
 
 
 def nft_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample], spec: NFTSpec,
-             opt: OptimizerSpec, *, seed: int, device: torch.device, ranks: Ranks = SINGLE) -> dict:
+             opt: OptimizerSpec, *, seed: int, step: int, device: torch.device, ranks: Ranks = SINGLE) -> dict:
     """Train on one batch; returns metrics (loss, positive/negative loss, kl, grad_norm, x0 norm).
+
+    `seed` is the job seed (`spec.seed`); the minibatch order is `derive(seed, "minibatch", step)`.
 
     Several actor ranks: each passes the whole batch and trains its `ranks.share` of the
     micro-batches (see `flow_grpo_step`); metrics are reduced, the same on every rank.
@@ -47,7 +50,7 @@ def nft_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
     Raises:
         ValueError: non-finite loss (with the sample ids).
     """
-    minibatches = group_minibatches(samples, opt.updatesPerStep, seed)
+    minibatches = group_minibatches(samples, opt.updatesPerStep, derive(seed, "minibatch", step=step))
     n_mini = len(minibatches)
     k = spec.timestepsPerSample
     sums = {"loss": 0.0, "positive_loss": 0.0, "negative_loss": 0.0, "kl": 0.0, "grad_norm": 0.0}

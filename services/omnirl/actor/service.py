@@ -254,7 +254,7 @@ class ActorService:
         return TrainSample(
             sample_id=item.sample_id, group_id=item.group_id, prompt_ids=item.prompt_ids, advantage=item.advantage,
             x0=t["x0"], latents=t["latents"], log_probs=t["log_probs"], sigmas=t["sigmas"],
-            noise_level=item.noise_level, sde_type=item.sde_type, policy_version=item.policy_version,
+            noise_level=item.noise_level, sde_type=item.sde_type,
         )
 
     def _fail(self, reason: str) -> None:

@@ -64,19 +64,19 @@ class Trainer:
         if not samples:
             raise ValueError(f"step {step}: empty training batch")
         algo = self.spec.algorithm
-        seed = self.spec.seed * 1_000_003 + step
+        seed = self.spec.seed  # each update derives its draws from it (api/seeds.py)
         # the rollout engine's σ grid (the adapter's, for the batch's latent shape)
         grid = self.policies.adapter.sigma_grid(algo.sampling.numSteps, tuple(samples[0].x0.shape), algo.sampling.shift)
         if self.is_nft:
             metrics = nft_step(self.policies, self.optimizer, samples, algo.nft, algo.optimizer,
-                               seed=seed, device=self.device, ranks=self.ranks)
+                               seed=seed, step=step, device=self.device, ranks=self.ranks)
         elif self.is_awm:
             metrics = awm_step(self.policies, self.optimizer, samples, algo.awm, algo.optimizer,
-                               advantage_clip=algo.advantage.clip, grid=grid, seed=seed, device=self.device,
+                               advantage_clip=algo.advantage.clip, grid=grid, seed=seed, step=step, device=self.device,
                                ranks=self.ranks)
         else:
             metrics = flow_grpo_step(self.policies, self.optimizer, samples, algo.flowGrpo, algo.optimizer,
-                                     seed=seed, device=self.device, ranks=self.ranks, grid=grid)
+                                     seed=seed, step=step, device=self.device, ranks=self.ranks, grid=grid)
         before = self.optimizer_steps
         self.optimizer_steps += int(metrics["optimizer_steps"])
         if self.policies.has_old:

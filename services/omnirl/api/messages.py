@@ -8,6 +8,11 @@ Streams and who reads them:
 | `samples` | rollout → `reward` | `SampleMeta` + trajectory tensors under a key |
 | `scores` | reward → `controller` | `ScoreMeta` (points at the sample's tensor key) |
 | `control` | controller → `actor`; actor → `controller` | `TrainRequest`; `TrainDone` / `RoleFailure` |
+
+`policy_version` has one owner, the actor: it bumps it after each update (`TrainDone`), and
+everything else copies it — rollout workers from the weight sync (stamped on `SampleMeta`), the
+reward role into `ScoreMeta` (the controller's staleness check reads it there), the controller
+from `TrainDone` into the next `TrainRequest` and `kv:actor_state` on a restart.
 """
 
 from __future__ import annotations
@@ -54,7 +59,7 @@ class SampleMeta(_Msg):
     group_id: str
     prompt: str
     prompt_ids: list[int]
-    policy_version: int
+    policy_version: int = Field(..., description="Weights version that made the sample (from the weight sync).")
     noise_level: float
     sde_type: str
     worker: str
@@ -69,7 +74,7 @@ class ScoreMeta(_Msg):
     kind: Literal["train", "val"]
     step: int
     group_id: str
-    policy_version: int
+    policy_version: int = Field(..., description="The sample's version (SampleMeta's); read for maxStaleness.")
     reward: float | None = Field(None, description="Weighted sum; None when failed.")
     rewards: dict[str, float] = Field(default_factory=dict, description="Per reward name.")
     failed: bool = False
@@ -84,7 +89,6 @@ class TrainItem(_Msg):
     prompt_ids: list[int]
     advantage: float
     tensor_key: str
-    policy_version: int
     noise_level: float
     sde_type: str
 
@@ -94,7 +98,8 @@ class TrainRequest(_Msg):
 
     type: Literal["train"] = "train"
     step: int
-    policy_version: int = Field(..., description="Version the actor holds before this update.")
+    policy_version: int = Field(..., description="Version the actor holds before this update (the last TrainDone's); "
+                                                "the actor's new version is this + 1.")
     items: list[TrainItem]
     checkpoint: bool = Field(False, description="Save a checkpoint after this step.")
     controller_state: dict = Field(default_factory=dict, description="Data position etc., saved in the checkpoint.")
@@ -103,7 +108,8 @@ class TrainRequest(_Msg):
 class TrainDone(_Msg):
     type: Literal["trained"] = "trained"
     step: int
-    policy_version: int = Field(..., description="Version after the update (now on every rollout worker).")
+    policy_version: int = Field(..., description="Version after the update, set by the actor (now on every "
+                                                "rollout worker); the controller adopts it.")
     metrics: dict[str, float]
     checkpoint: str | None = None
 

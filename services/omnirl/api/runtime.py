@@ -1,13 +1,31 @@
 """The role process contract: what every role reads from its environment.
 
-The local launcher and the Kubernetes operator set the same variables, so a role behaves the
-same on a laptop and in a pod. See the README's "Role processes" table.
+`RoleEnv` is the one owner of the variables: the local launcher (`launch/local.py::role_env`) and
+the Kubernetes operator (`omnirl_operator/pods.py::role_env`) both write `RoleEnv.to_environ()`,
+and `omnirl role` (`launch/roles.py`) reads `RoleEnv.from_environ()`, so a role behaves the same
+on a laptop and in a pod. docs/architecture.md §3 "Role processes" has the table. Torch-free: the
+operator imports it.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from urllib.parse import quote, urlsplit, urlunsplit
+
+# RoleEnv field → environment variable (`weight_sync_addr` = host:port of two fields)
+VARIABLES = {
+    "job_name": "OMNIRL_JOB_NAME", "redis_url": "OMNIRL_REDIS_URL", "weight_sync_addr": "OMNIRL_WEIGHT_SYNC_ADDR",
+    "worker_id": "OMNIRL_WORKER_ID", "out_dir": "OMNIRL_OUT", "metrics_port": "OMNIRL_METRICS_PORT",
+    "health_port": "OMNIRL_HEALTH_PORT", "report_status": "OMNIRL_REPORT_STATUS", "namespace": "OMNIRL_NAMESPACE",
+    "device": "OMNIRL_DEVICE", "weight_sync_backend": "OMNIRL_WEIGHT_SYNC_BACKEND", "threads": "OMNIRL_THREADS",
+    "rank": "RANK", "world_size": "WORLD_SIZE", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT",
+    "export": "OMNIRL_EXPORT", "resume": "OMNIRL_RESUME", "steps": "OMNIRL_STEPS",
+}
+RANK_FIELDS = ("rank", "world_size", "master_addr", "master_port")
+RESUME_MODES = ("0", "1", "auto")
+# a protected Redis's password, from a Secret (operator); `from_environ` merges it into redis_url
+REDIS_PASSWORD = "REDIS_PASSWORD"
 
 
 @dataclass(frozen=True)
@@ -34,6 +52,9 @@ class RoleEnv:
             WORLD_SIZE, MASTER_ADDR, MASTER_PORT; one rank when unset).
         export: the controller exports each checkpoint to `out_dir/exports/` (OMNIRL_EXPORT,
             default 1; the operator sets 0 when the run directory is not shared with the actor).
+        resume: OMNIRL_RESUME: "0" start fresh, "1" resume from the latest checkpoint (an error
+            without one), "auto" resume when a complete checkpoint exists (pods, local restarts).
+        steps: OMNIRL_STEPS: total training steps (overrides `spec.algorithm.steps`; None = the spec's).
     """
 
     job_name: str
@@ -54,46 +75,94 @@ class RoleEnv:
     master_addr: str = "127.0.0.1"
     master_port: int = 29400
     export: bool = True
+    resume: str = "0"
+    steps: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.resume not in RESUME_MODES:
+            raise ValueError(f"{VARIABLES['resume']}={self.resume!r}: expected 0, 1 or auto "
+                             "(resume when a complete checkpoint exists)")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"{VARIABLES['steps']}={self.steps}: must be >= 1 (the total number of training steps)")
+
+    def to_environ(self) -> dict[str, str]:
+        """The variables that make `from_environ` return this RoleEnv (round trip).
+
+        Left out: empty values (`report_status`, `weight_sync_backend` = ""; `steps` = None), whose
+        default is the same, and the actor ranks' rendezvous (RANK … MASTER_PORT) with one rank.
+        """
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values["weight_sync_addr"] = f"{values.pop('weight_sync_host')}:{values.pop('weight_sync_port')}"
+        values["export"] = "1" if self.export else "0"
+        if self.world_size == 1:
+            for name in RANK_FIELDS:
+                values.pop(name)
+        return {VARIABLES[k]: str(v) for k, v in values.items() if v is not None and v != ""}
 
     @classmethod
     def from_environ(cls, environ: dict[str, str] | None = None) -> RoleEnv:
-        """Read the OMNIRL_* variables.
+        """Read the OMNIRL_* variables (and REDIS_PASSWORD, merged into `redis_url`).
 
         Raises:
             KeyError: a required variable is missing (the message names it and who sets it).
-            ValueError: a port or thread count is not an integer.
+            ValueError: a port, thread count, rank or step count is not an integer, a bad
+                OMNIRL_WEIGHT_SYNC_ADDR or OMNIRL_RESUME (each names the variable).
         """
         env = os.environ if environ is None else environ
+        v = VARIABLES
 
-        def need(name: str) -> str:
-            if not env.get(name):
-                raise KeyError(f"{name} is not set: the launcher (`omnirl run`) or the operator sets it")
-            return env[name]
+        def need(field: str) -> str:
+            if not env.get(v[field]):
+                raise KeyError(f"{v[field]} is not set: the launcher (`omnirl run`) or the operator sets it")
+            return env[v[field]]
 
-        addr = env.get("OMNIRL_WEIGHT_SYNC_ADDR", "127.0.0.1:29500")
+        def integer(field: str, default: int) -> int:
+            raw = env.get(v[field], "")
+            try:
+                return int(raw) if raw else default
+            except ValueError:
+                raise ValueError(f"{v[field]}={raw!r}: must be an integer") from None
+
+        addr = env.get(v["weight_sync_addr"], "127.0.0.1:29500")
         host, _, port = addr.rpartition(":")
         if not host or not port.isdigit():
-            raise ValueError(f"OMNIRL_WEIGHT_SYNC_ADDR={addr!r} must be host:port")
+            raise ValueError(f"{v['weight_sync_addr']}={addr!r} must be host:port")
+        steps = env.get(v["steps"], "")
         return cls(
-            job_name=need("OMNIRL_JOB_NAME"),
-            redis_url=need("OMNIRL_REDIS_URL"),
+            job_name=need("job_name"),
+            redis_url=with_redis_password(need("redis_url"), env.get(REDIS_PASSWORD)),
             weight_sync_host=host,
             weight_sync_port=int(port),
-            worker_id=env.get("OMNIRL_WORKER_ID") or f"{os.uname().nodename}-{os.getpid()}",
-            out_dir=env.get("OMNIRL_OUT", "."),
-            metrics_port=int(env.get("OMNIRL_METRICS_PORT", "0")),
-            health_port=int(env.get("OMNIRL_HEALTH_PORT", "0")),
-            report_status=env.get("OMNIRL_REPORT_STATUS", ""),
-            namespace=env.get("OMNIRL_NAMESPACE", "default"),
-            device=env.get("OMNIRL_DEVICE", "cpu"),
-            weight_sync_backend=env.get("OMNIRL_WEIGHT_SYNC_BACKEND", ""),
-            threads=int(env.get("OMNIRL_THREADS", "0")),
-            rank=int(env.get("RANK", "0")),
-            world_size=int(env.get("WORLD_SIZE", "1")),
-            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-            master_port=int(env.get("MASTER_PORT", "29400")),
-            export=env.get("OMNIRL_EXPORT", "1") != "0",
+            worker_id=env.get(v["worker_id"]) or f"{os.uname().nodename}-{os.getpid()}",
+            out_dir=env.get(v["out_dir"], "."),
+            metrics_port=integer("metrics_port", 0),
+            health_port=integer("health_port", 0),
+            report_status=env.get(v["report_status"], ""),
+            namespace=env.get(v["namespace"], "default"),
+            device=env.get(v["device"], "cpu"),
+            weight_sync_backend=env.get(v["weight_sync_backend"], ""),
+            threads=integer("threads", 0),
+            rank=integer("rank", 0),
+            world_size=integer("world_size", 1),
+            master_addr=env.get(v["master_addr"], "127.0.0.1"),
+            master_port=integer("master_port", 29400),
+            export=env.get(v["export"], "1") != "0",
+            resume=(env.get(v["resume"]) or "0").strip().lower(),
+            steps=integer("steps", 0) if steps else None,
         )
+
+
+def with_redis_password(url: str, password: str | None) -> str:
+    """``url`` with ``password`` in it (percent-encoded), unless the URL already carries one.
+
+    Pods get the password of a protected Redis as ``REDIS_PASSWORD`` (from the Secret named by
+    ``spec.transferQueue.passwordSecret``) next to a password-less ``OMNIRL_REDIS_URL``.
+    """
+    parts = urlsplit(url)
+    if not password or parts.password is not None:
+        return url
+    user = quote(parts.username, safe="") if parts.username else ""
+    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"))
 
 
 def sync_backend(actor: str, rollouts: list[str], shared_device: bool = False, all_shared: bool = False) -> str:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from omnirl.api.seeds import derive
+
 
 def read_prompts(path: str | Path) -> list[str]:
     """Non-empty lines of a prompt file.
@@ -39,7 +41,7 @@ class PromptSource:
     Args:
         prompts: prompt lines.
         tokenize: text → token ids (the model adapter's; called once per prompt, here).
-        seed: shuffle seed.
+        seed: the job seed; epoch e's order is shuffled by `derive(seed, "prompts", draw=e)`.
         shuffle: shuffle each epoch, else file order.
         position: (epoch, offset) to resume from.
     """
@@ -54,7 +56,7 @@ class PromptSource:
     def _epoch_order(self, epoch: int) -> list[int]:
         order = list(range(len(self.prompts)))
         if self.shuffle:
-            random.Random(self.seed * 7919 + epoch).shuffle(order)
+            random.Random(derive(self.seed, "prompts", draw=epoch)).shuffle(order)
         return order
 
     def draw(self, n: int) -> list[Prompt]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from omnirl.api.ids import parse_group_id
 from omnirl.api.messages import GenerateRequest, ScoreMeta
 
 
@@ -102,15 +103,21 @@ class StepBook:
 
 def attempt_of(group_id: str) -> int:
     """The attempt number in a group id: `{step}:{prompt}` → 0, `{step}:{prompt}r{n}` → n."""
-    last = group_id.split(":")[-1]
-    return int(last.split("r", 1)[1]) if "r" in last else 0
+    return parse_group_id(group_id).attempt
 
 
-def refill_request(request: GenerateRequest, attempt: int, seed_base: int) -> GenerateRequest:
-    """The request for attempt `attempt` of a group: same prompt and window, new ids and seeds."""
+def refill_request(request: GenerateRequest, attempt: int, seeds: list[int]) -> GenerateRequest:
+    """The request for attempt `attempt` of a group: same prompt and window, new ids and `seeds`
+    (one per sample, in order).
+
+    Raises:
+        ValueError: `seeds` does not have one seed per sample.
+    """
+    if len(seeds) != len(request.samples):
+        raise ValueError(f"refill of {request.group_id}: {len(seeds)} seeds for {len(request.samples)} samples")
     base_group = request.group_id.split("r", 1)[0] if attempt > 1 else request.group_id
     samples = [
-        s.model_copy(update={"sample_id": f"{s.sample_id.split('r', 1)[0]}r{attempt}", "seed": seed_base + i})
-        for i, s in enumerate(request.samples)
+        s.model_copy(update={"sample_id": f"{s.sample_id.split('r', 1)[0]}r{attempt}", "seed": seed})
+        for s, seed in zip(request.samples, seeds, strict=True)
     ]
     return request.model_copy(update={"group_id": f"{base_group}r{attempt}", "samples": samples})

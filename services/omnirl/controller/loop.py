@@ -29,8 +29,10 @@ from pathlib import Path
 import torch
 
 from omnirl.algorithms import group_advantages, select_window
+from omnirl.api.ids import parse_group_id
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
+from omnirl.api.seeds import derive, group_seeds
 from omnirl.api.spec import RLJob
 from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.controller.group_scoring import GroupScoring
@@ -211,7 +213,7 @@ class Controller:
         self.next_unpublished = step + 1
         if algo.name == "flow-grpo":
             g = algo.flowGrpo
-            window = select_window(self.spec.seed * 100_003 + step, algo.sampling.numSteps, g.window.size,
+            window = select_window(derive(self.spec.seed, "window", step=step), algo.sampling.numSteps, g.window.size,
                                    tuple(g.window.range))
             noise, sde_type = g.noiseLevel, g.sdeType
         else:  # DiffusionNFT and AWM sample with the deterministic solver (they train on x0 alone)
@@ -219,8 +221,8 @@ class Controller:
         expected = 0
         for p in prompts:
             key = f"{step}:{p.index}"
-            seeds = [SampleSeed(sample_id=f"{key}:{i}", seed=self._seed(step, p.index, i, 0))
-                     for i in range(algo.groupSize)]
+            seeds = [SampleSeed(sample_id=f"{key}:{i}", seed=seed)
+                     for i, seed in enumerate(self._seeds(step, p.index, 0))]
             req = GenerateRequest(kind="train", step=step, group_id=key, prompt=p.text, prompt_ids=p.ids,
                                   samples=seeds, num_steps=algo.sampling.numSteps, window=list(window),
                                   noise_level=noise, sde_type=sde_type, shift=algo.sampling.shift,
@@ -237,8 +239,9 @@ class Controller:
         for m in self.inbox.pop(step, []):
             self._file_score(m)
 
-    def _seed(self, step: int, prompt: int, index: int, attempt: int) -> int:
-        return (self.spec.seed * 1_000_003 + step * 10_007 + prompt * 101 + index + attempt * 7) % (2**62)
+    def _seeds(self, step: int, prompt: int, attempt: int) -> list[int]:
+        """The noise seeds of a group's samples (api/seeds.py)."""
+        return group_seeds(self.spec.seed, step, prompt, attempt, self.spec.algorithm.groupSize)
 
     # ------------------------------------------------------------------ collection
     def _collect(self, step: int) -> tuple[list[TrainItem], dict]:
@@ -299,7 +302,8 @@ class Controller:
 
     def _refill_for(self, book: StepBook, key: str, attempt: int) -> GenerateRequest:
         """The request of attempt `attempt` of group `key` (deterministic: what the predecessor sent)."""
-        return refill_request(book.groups[key].request, attempt, self._seed(book.step, int(key.split(":")[1]), 0, attempt))
+        return refill_request(book.groups[key].request, attempt,
+                              self._seeds(book.step, parse_group_id(key).prompt, attempt))
 
     def _settle(self, book: StepBook) -> None:
         """Refill or drop complete groups that failed or are too stale."""
@@ -320,7 +324,7 @@ class Controller:
                 continue
             group.attempt += 1
             group.request = refill_request(group.request, group.attempt,
-                                           self._seed(book.step, int(key.split(":")[1]), 0, group.attempt))
+                                           self._seeds(book.step, parse_group_id(key).prompt, group.attempt))
             group.scores.clear()
             group.tensor_keys.clear()
             book.refills += 1
@@ -341,7 +345,7 @@ class Controller:
         for (key, s), a in zip(scores, adv.advantages.tolist(), strict=True):
             g = book.groups[key]
             items.append(TrainItem(sample_id=s.sample_id, group_id=key, prompt_ids=g.request.prompt_ids, advantage=a,
-                                   tensor_key=g.tensor_keys[s.sample_id], policy_version=s.policy_version,
+                                   tensor_key=g.tensor_keys[s.sample_id],
                                    noise_level=g.request.noise_level, sde_type=g.request.sde_type))
         t_pub = book.t_published
         versions = [s.policy_version for _, s in scores]

@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 
 from omnirl.api.loader import dump_rljob, load_rljob
+from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
 from omnirl.launch.procs import start_role
@@ -32,26 +33,30 @@ from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
 
 
-def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, out: Path, resume: bool,
+def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, out: Path, resume: str,
              steps: int | None, dist_port: int = 0, sync_backend: str = "") -> dict[str, str]:
-    """The OMNIRL_* environment of one local role process (the same contract pods get), with its
-    device, visible accelerators and threads from `place`."""
-    env = {
-        "OMNIRL_JOB_NAME": job.metadata.name, "OMNIRL_REDIS_URL": redis_url,
-        "OMNIRL_WEIGHT_SYNC_ADDR": f"127.0.0.1:{sync_port}", "OMNIRL_WORKER_ID": place.name,
-        "OMNIRL_OUT": str(out), "OMNIRL_RESUME": "1" if resume else "0", "PYTHONUNBUFFERED": "1",
+    """The environment of one local role process: `RoleEnv.to_environ()` (the contract pods get
+    too), with `place`'s device, threads and visible accelerators; `resume` is an OMNIRL_RESUME
+    mode ("0", "1", "auto"). The controller serves `/metrics` on `OMNIRL_METRICS_PORT` when
+    `omnirl run`'s own environment sets it (the only role-process variable a user sets locally).
+
+    Raises:
+        ValueError: OMNIRL_METRICS_PORT is not an integer.
+    """
+    port = os.environ.get(VARIABLES["metrics_port"], "0") if place.role == "controller" else "0"
+    if not port.isdigit():
+        raise ValueError(f"{VARIABLES['metrics_port']}={port!r}: must be a port number (the controller's /metrics)")
+    world = job.spec.roles.actor.replicas
+    ranks = {"rank": place.index, "world_size": world, "master_port": dist_port} if place.role == "actor" and world > 1 else {}
+    contract = RoleEnv(job_name=job.metadata.name, redis_url=redis_url, weight_sync_host="127.0.0.1",
+                       weight_sync_port=sync_port, worker_id=place.name, out_dir=str(out), metrics_port=int(port),
+                       device=place.device,
+                       threads=place.threads, weight_sync_backend=sync_backend, resume=resume, steps=steps, **ranks)
+    return {
+        **contract.to_environ(), **place.environ(), "PYTHONUNBUFFERED": "1",
         # c10d logs a C++ stack trace as a *warning* when a peer's store closes at shutdown
         "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
-        **place.environ(),
     }
-    if sync_backend:
-        env["OMNIRL_WEIGHT_SYNC_BACKEND"] = sync_backend
-    if steps is not None:
-        env["OMNIRL_STEPS"] = str(steps)
-    world = job.spec.roles.actor.replicas
-    if place.role == "actor" and world > 1:  # the actor ranks' rendezvous, as the operator gives pods
-        env.update(RANK=str(place.index), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(dist_port))
-    return env
 
 
 def main(args: argparse.Namespace) -> int:
@@ -99,8 +104,7 @@ def main(args: argparse.Namespace) -> int:
 
     def start(role: str, index: int, resume: str):
         env = role_env(job, where[role, index], redis_url=redis_url, sync_port=sync_port, out=out,
-                       resume=args.resume, steps=args.steps, dist_port=dist_port, sync_backend=backend)
-        env["OMNIRL_RESUME"] = resume
+                       resume=resume, steps=args.steps, dist_port=dist_port, sync_backend=backend)
         return start_role(role, index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None)
 
     old = signal.signal(signal.SIGTERM, _raise_interrupt)

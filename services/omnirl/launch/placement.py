@@ -55,8 +55,9 @@ class Placement:
         return f"{self.role}-{self.index}"
 
     def environ(self) -> dict[str, str]:
-        """The variables that put the process here (device, visibility, threads)."""
-        env = {"OMNIRL_DEVICE": self.device, "OMNIRL_THREADS": str(self.threads), "OMP_NUM_THREADS": str(self.threads)}
+        """The variables outside `RoleEnv` that put the process here: OpenMP threads and the visible
+        accelerators (its device and torch threads travel as `RoleEnv.device`/`threads`)."""
+        env = {"OMP_NUM_THREADS": str(self.threads)}
         if self.kind in VISIBLE_ENV:
             env[VISIBLE_ENV[self.kind]] = ",".join(self.visible)
         return env

@@ -17,6 +17,10 @@ from collections import deque
 from pathlib import Path
 from typing import TextIO
 
+from omnirl.api.runtime import VARIABLES
+
+ROLE_VARIABLES = frozenset(VARIABLES.values())
+
 
 def role_command(role: str, job_file: Path) -> list[str]:
     """The command line of one role."""
@@ -29,7 +33,9 @@ class _Child:
     def __init__(self, cmd: list[str], env: dict[str, str], log_path: str) -> None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed in kill()
-        self.proc = subprocess.Popen(cmd, env={**os.environ, **env}, stdout=subprocess.PIPE,
+        # the role's RoleEnv is exactly what the launcher wrote: no OMNIRL_* leaks in from this shell
+        inherited = {k: v for k, v in os.environ.items() if k not in ROLE_VARIABLES}
+        self.proc = subprocess.Popen(cmd, env={**inherited, **env}, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
         self.lines: deque[str] = deque()
         self.tail: deque[str] = deque(maxlen=50)

@@ -4,9 +4,9 @@ It reads the job manifest and the OMNIRL_* environment (`omnirl.api.runtime.Role
 gRPC health service and `/metrics` when their ports are set, runs the role's service, and exits
 0 when the job finished or non-zero with the reason as its last stderr line.
 
-`OMNIRL_RESUME`: `1` resume from the latest checkpoint (an error without one), `auto` resume when a
-complete checkpoint exists and start fresh otherwise (what pods and the local supervisor's restarts
-use), `0` or unset start fresh. SIGTERM asks the service to finish or hand back its work (the actor
+`OMNIRL_RESUME` (`RoleEnv.resume`): `1` resume from the latest checkpoint (an error without one),
+`auto` resume when a complete checkpoint exists and start fresh otherwise (what pods and the local
+supervisor's restarts use), `0` or unset start fresh. SIGTERM asks the service to finish or hand back its work (the actor
 writes a checkpoint) and exits 143; the health service reports NOT_SERVING once the role's main
 loop has not beaten for `failurePolicy.progressDeadlineSeconds`.
 """
@@ -21,7 +21,6 @@ import os
 import signal
 import sys
 from pathlib import Path
-from urllib.parse import quote, urlsplit, urlunsplit
 
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import RoleEnv
@@ -73,31 +72,9 @@ def _setup(env: RoleEnv, role: str) -> RoleEnv:
     return env
 
 
-def with_redis_password(url: str, password: str | None) -> str:
-    """``url`` with ``password`` in it (percent-encoded), unless the URL already carries one.
-
-    Pods get the password of a protected Redis as ``REDIS_PASSWORD`` (from the Secret named by
-    ``spec.transferQueue.passwordSecret``) next to a password-less ``OMNIRL_REDIS_URL``.
-    """
-    parts = urlsplit(url)
-    if not password or parts.password is not None:
-        return url
-    user = quote(parts.username, safe="") if parts.username else ""
-    return urlunsplit(parts._replace(netloc=f"{user}:{quote(password, safe='')}@{parts.netloc.rpartition('@')[2]}"))
-
-
-RESUME_MODES = ("0", "1", "auto")
 # the controller's exit status when the job itself failed (every group of a step failed, a role
 # reported a failure): restarting cannot help, so the supervisor stops the job at once
 JOB_FAILED_EXIT = 3
-
-
-def resume_mode(value: str | None) -> str:
-    """`OMNIRL_RESUME` → "0", "1" or "auto"; raises ValueError naming the variable otherwise."""
-    value = (value or "0").strip().lower()
-    if value not in RESUME_MODES:
-        raise ValueError(f"OMNIRL_RESUME={value!r}: expected 0, 1 or auto (resume when a complete checkpoint exists)")
-    return value
 
 
 def should_resume(mode: str, checkpoint_root: Path) -> bool:
@@ -108,14 +85,13 @@ def should_resume(mode: str, checkpoint_root: Path) -> bool:
     return mode == "1" or (mode == "auto" and has_checkpoint(checkpoint_root))
 
 
-def run_role(role: str, job_path: str, *, resume: bool | str = False, steps: int | None = None) -> int:
-    """Run one role to completion in this process; returns the exit code (143 after SIGTERM)."""
+def run_role(role: str, job_path: str, env: RoleEnv) -> int:
+    """Run one role to completion in this process with `env` (its `resume` and `steps` included);
+    returns the exit code (143 after SIGTERM)."""
     job = load_rljob(job_path)
-    env = RoleEnv.from_environ()
-    env = dataclasses.replace(env, redis_url=with_redis_password(env.redis_url, os.environ.get("REDIS_PASSWORD")))
     env = _setup(env, role)
-    mode = resume if isinstance(resume, str) else ("1" if resume else "0")
-    resume = should_resume(mode, Path(env.out_dir) / job.spec.checkpoint.dir)
+    resume = should_resume(env.resume, Path(env.out_dir) / job.spec.checkpoint.dir)
+    steps = env.steps
     health = None
     if env.health_port:
         from omnirl.telemetry.health import HealthServer
@@ -164,13 +140,12 @@ def _build(role: str, job, env: RoleEnv, *, resume: bool, steps: int | None):
 
 
 def main(args: argparse.Namespace) -> int:
-    """CLI adapter for `omnirl role`."""
-    resume = resume_mode(os.environ.get("OMNIRL_RESUME"))
-    steps = int(os.environ["OMNIRL_STEPS"]) if os.environ.get("OMNIRL_STEPS") else None
-    if args.out:
-        os.environ["OMNIRL_OUT"] = args.out
+    """CLI adapter for `omnirl role`: the environment is read only through `RoleEnv`."""
     try:
-        return run_role(args.role, args.job, resume=resume, steps=steps)
+        env = RoleEnv.from_environ()
+        if args.out:
+            env = dataclasses.replace(env, out_dir=args.out)
+        return run_role(args.role, args.job, env)
     except KeyboardInterrupt:
         return 130
     except Exception as err:

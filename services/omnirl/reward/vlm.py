@@ -20,7 +20,6 @@ the server's Retry-After). An unparseable reply fails its sample with the raw te
 from __future__ import annotations
 
 import base64
-import hashlib
 import math
 import os
 import re
@@ -31,6 +30,7 @@ import numpy as np
 import openai
 
 from omnirl.api.prompts import target_text
+from omnirl.api.seeds import derive
 from omnirl.api.spec_reward import VLMParams
 from omnirl.reward.base import Outcome, ScorerError, check_batch, raise_first
 from omnirl.reward.protocol.codec import encode_png
@@ -48,8 +48,9 @@ _INTEGER = re.compile(r"\s*(\d{1,4})\s*")
 
 
 def request_seed(sample_id: str) -> int:
-    """The request's `seed`: the first 31 bits of SHA-256(sample id) (stable across processes)."""
-    return int.from_bytes(hashlib.sha256(sample_id.encode()).digest()[:4], "big") & 0x7FFFFFFF
+    """The request's `seed`: the low 31 bits of `derive(0, "judge", key=sample_id)` (api/seeds.py;
+    stable across processes, the same for an image in training and in `omnirl eval`)."""
+    return derive(0, "judge", key=sample_id) & 0x7FFFFFFF
 
 
 def parse_rating(text: str, scale: int) -> float:

@@ -10,9 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
-
 from omnirl.api.messages import GenerateRequest, SampleSeed
+from omnirl.api.seeds import derive
 from omnirl.api.spec import RLJobSpec
 from omnirl.rollout.types import SampleRequest
 
@@ -22,9 +21,9 @@ HELDOUT_SDE_NOISE = 0.7
 
 def eval_seed(seed: int, index: int) -> int:
     """The noise seed of held-out prompt `index` under validation `seed` (the same in validation
-    and `omnirl eval`, so their numbers are directly comparable)."""
-    state = np.random.SeedSequence([seed, index]).generate_state(1, dtype=np.uint64)[0]
-    return int(state) & ((1 << 63) - 1)
+    and `omnirl eval`, so their numbers are directly comparable): `derive(seed, "validation",
+    sample=index)` (api/seeds.py)."""
+    return derive(seed, "validation", sample=index)
 
 
 def heldout_request(spec: RLJobSpec, index: int, prompt: str, prompt_ids: list[int], *, step: int, sample_id: str,

@@ -7,11 +7,11 @@ whole job with one ``SCAN MATCH omnirl:{job}:*`` (:func:`job_pattern`):
 ``omnirl:{job}:requests``       stream: controller → rollout (one entry per prompt group)
 ``omnirl:{job}:samples``        stream: rollout → reward (one entry per finished sample)
 ``omnirl:{job}:scores``         stream: reward → controller
-``omnirl:{job}:control``        stream: control messages (stop, version bumps)
+``omnirl:{job}:control``        stream: TrainRequest (controller → actor), TrainDone / RoleFailure (back)
 ``omnirl:{job}:tensors:{id}``   string: safetensors bytes of one sample's trajectory, with a TTL
 ``omnirl:{job}:images:{id}``    string: safetensors bytes of its decoded image alone, same TTL
 ``omnirl:{job}:done:{kind}:{id}``  string: idempotency marker, with a TTL
-``omnirl:{job}:kv:{name}``      string: small JSON values (policy_version, stop flag)
+``omnirl:{job}:kv:{name}``      string: small JSON values (stop flag, actor_state, expected:{step})
 ==============================  ===============================================================
 """
 
@@ -89,7 +89,7 @@ def done_key(job: str, kind: str, sample_id: str) -> str:
 
 
 def kv_key(job: str, name: str) -> str:
-    """``omnirl:{job}:kv:{name}`` — a small JSON value (e.g. ``policy_version``, ``stop``)."""
+    """``omnirl:{job}:kv:{name}`` — a small JSON value (e.g. ``stop``, ``actor_state``)."""
     return f"{job_prefix(job)}kv:{_validate_part('name', name)}"
 
 
@@ -110,7 +110,7 @@ class StreamNames:
 
     @property
     def requests(self) -> str:
-        """controller → rollout: one entry per prompt (group size G, seeds, policy_version)."""
+        """controller → rollout: one entry per prompt group (`GenerateRequest`: G sample ids and seeds)."""
         return f"{job_prefix(self.job)}requests"
 
     @property
@@ -125,7 +125,8 @@ class StreamNames:
 
     @property
     def control(self) -> str:
-        """control messages (stop, policy_version bumps)."""
+        """controller ↔ actor: `TrainRequest` one way; `TrainDone` (the actor's new policy_version) and
+        `RoleFailure` back."""
         return f"{job_prefix(self.job)}control"
 
     def all(self) -> tuple[str, str, str, str]:

@@ -465,7 +465,7 @@ class TransferQueue:
 
     # ------------------------------------------------------------------ small KV
     def set_json(self, name: str, obj: Any, ttl_s: float | None = None) -> None:
-        """Store ``obj`` as JSON under ``omnirl:{job}:kv:{name}`` (e.g. ``policy_version``, ``stop``).
+        """Store ``obj`` as JSON under ``omnirl:{job}:kv:{name}`` (e.g. ``stop``, ``actor_state``).
 
         Raises:
             TypeError / ValueError: ``obj`` is not JSON-serialisable (NaN/inf are refused).

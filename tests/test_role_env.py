@@ -1,0 +1,103 @@
+"""RoleEnv is the one role-process contract: to_environ → from_environ round-trips, and the local
+launcher and the operator both write it."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import pytest
+from tests.test_operator_builders import children, container, job
+
+from omnirl.api.loader import load_rljob
+from omnirl.api.runtime import VARIABLES, RoleEnv
+from omnirl.launch.local import role_env
+from omnirl.launch.placement import place
+from omnirl.launch.procs import _Child
+
+FULL = RoleEnv(job_name="j", redis_url="redis://r:6379/1", weight_sync_host="j-actor", weight_sync_port=29511,
+               worker_id="actor-2", out_dir="/runs/j", metrics_port=9090, health_port=8081,
+               report_status="kubernetes", namespace="team", device="cuda:1", weight_sync_backend="gloo",
+               threads=3, rank=2, world_size=4, master_addr="j-actor-0.j-ranks", master_port=29401, export=False,
+               resume="auto", steps=7)
+
+
+def test_every_field_round_trips():
+    env = FULL.to_environ()
+    assert RoleEnv.from_environ(env) == FULL
+    assert env["OMNIRL_RESUME"] == "auto" and env["OMNIRL_STEPS"] == "7" and env["OMNIRL_EXPORT"] == "0"
+    assert env["OMNIRL_WEIGHT_SYNC_ADDR"] == "j-actor:29511" and env["RANK"] == "2"
+    # every variable of the table is written (and read back) by the one contract
+    assert set(env) == set(VARIABLES.values())
+    assert {f.name for f in dataclasses.fields(RoleEnv)} - {"weight_sync_host", "weight_sync_port"} \
+        == set(VARIABLES) - {"weight_sync_addr"}
+
+
+def test_defaults_and_empty_values_are_left_out():
+    one = dataclasses.replace(FULL, rank=0, world_size=1, steps=None, report_status="", weight_sync_backend="",
+                              resume="0", export=True)
+    env = one.to_environ()
+    assert RoleEnv.from_environ(env) == dataclasses.replace(one, master_addr="127.0.0.1", master_port=29400)
+    assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMNIRL_STEPS", "OMNIRL_REPORT_STATUS",
+                "OMNIRL_WEIGHT_SYNC_BACKEND"} & set(env)
+
+
+@pytest.mark.parametrize(("var", "value", "match"), [
+    ("OMNIRL_RESUME", "yes", r"OMNIRL_RESUME='yes': expected 0, 1 or auto"),
+    ("OMNIRL_STEPS", "0", r"OMNIRL_STEPS=0: must be >= 1"),
+    ("OMNIRL_STEPS", "ten", r"OMNIRL_STEPS='ten': must be an integer"),
+    ("OMNIRL_THREADS", "2.5", r"OMNIRL_THREADS='2.5': must be an integer"),
+    ("OMNIRL_WEIGHT_SYNC_ADDR", "host", r"OMNIRL_WEIGHT_SYNC_ADDR='host' must be host:port"),
+])
+def test_bad_values_name_the_variable(var, value, match):
+    with pytest.raises(ValueError, match=match):
+        RoleEnv.from_environ({**FULL.to_environ(), var: value})
+
+
+def test_redis_password_is_merged_into_the_url():
+    env = {**FULL.to_environ(), "REDIS_PASSWORD": "p@ss"}
+    assert RoleEnv.from_environ(env).redis_url == "redis://:p%40ss@r:6379/1"
+
+
+def test_the_local_launcher_writes_the_contract(tmp_path):
+    job_ = load_rljob("examples/ocr-nft.yaml")
+    actor = next(p for p in place(job_, cores=2) if p.role == "actor")
+    env = role_env(job_, actor, redis_url="redis://127.0.0.1:1/0", sync_port=29555, out=tmp_path, resume="auto",
+                   steps=5, sync_backend="gloo")
+    got = RoleEnv.from_environ(env)
+    assert (got.job_name, got.worker_id, got.weight_sync_port, got.out_dir) == ("ocr-nft", "actor-0", 29555, str(tmp_path))
+    assert (got.resume, got.steps, got.threads, got.device, got.weight_sync_backend) == ("auto", 5, 2, "cpu", "gloo")
+    assert env["OMP_NUM_THREADS"] == "2" and env["PYTHONUNBUFFERED"] == "1"
+
+
+def test_the_operator_writes_the_contract():
+    """A pod's env, with the downward API's values filled in as the kubelet would, reads back."""
+    kids = children(job(roles={"actor": {"replicas": 2}}))
+    pod = {"metadata.name": "demo-actor-1", "metadata.namespace": "team",
+           "metadata.labels['apps.kubernetes.io/pod-index']": "1"}
+    entries = container(kids["StatefulSet/demo-actor"])["env"]
+    env = {e["name"]: e["value"] if "value" in e else pod[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in entries}
+    got = RoleEnv.from_environ(env)
+    assert (got.worker_id, got.namespace, got.rank, got.world_size) == ("demo-actor-1", "team", 1, 2)
+    assert (got.resume, got.out_dir, got.weight_sync_host, got.master_addr) == \
+        ("auto", "/var/lib/omnirl", "demo-actor", "demo-actor-0.demo-ranks")
+    assert (got.metrics_port, got.health_port, got.export, got.steps) == (9090, 8081, False, None)
+
+
+def test_locally_only_the_controller_gets_the_shells_metrics_port(tmp_path, monkeypatch):
+    """`OMNIRL_METRICS_PORT=N omnirl run` gives the controller /metrics on N; no other OMNIRL_* of
+    the shell reaches a role (the process gets exactly the launcher's contract)."""
+    monkeypatch.setenv("OMNIRL_METRICS_PORT", "9555")
+    monkeypatch.setenv("OMNIRL_STEPS", "99")
+    job_ = load_rljob("examples/ocr-nft.yaml")
+    by_role = {p.role: p for p in place(job_, cores=2)}
+    envs = {r: role_env(job_, p, redis_url="redis://127.0.0.1:1/0", sync_port=1, out=tmp_path, resume="0", steps=None)
+            for r, p in by_role.items()}
+    assert {r: RoleEnv.from_environ(e).metrics_port for r, e in envs.items()} == \
+        {"rollout": 0, "reward": 0, "actor": 0, "controller": 9555}
+    child = _Child([sys.executable, "-c", "import os; print(os.environ.get('OMNIRL_STEPS'))"], envs["actor"],
+                   str(tmp_path / "child.log"))
+    assert child.proc.wait(timeout=60) == 0
+    child._reader.join(timeout=60)
+    assert "".join(child.take()).strip() == "None"  # the shell's OMNIRL_STEPS did not leak in
+    child.kill()
