@@ -17,6 +17,7 @@ import hashlib
 
 import torch
 
+from omnirl.actor.algorithm import Algorithm, PolicyNeeds
 from omnirl.actor.batch import TrainSample, group_minibatches, micro_batches
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
@@ -28,7 +29,25 @@ from omnirl.algorithms import (
     stratified_sigmas,
     weighted_matching,
 )
-from omnirl.api.spec import AWMSpec, OptimizerSpec
+from omnirl.api.spec import AlgorithmSpec, AWMSpec, OptimizerSpec
+
+
+class AdvantageWeightedMatching(Algorithm):
+    """AWM through the algorithm protocol: ODE rollouts of θ, advantage-weighted matching on x0."""
+
+    name = "awm"
+
+    def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:
+        """The EMA anchor when `awm.emaKlCoef` > 0 (not rolled out); a reference when `awm.klCoef` > 0."""
+        a = algo.awm
+        return PolicyNeeds(kl_coef=a.klCoef, old_policy=a.anchor if a.emaKlCoef > 0 else None)
+
+    def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
+               algo: AlgorithmSpec, *, seed: int, grid: torch.Tensor, device: torch.device,
+               ranks: Ranks = SINGLE) -> dict:
+        """`awm_step` with the job's `awm`, optimizer and advantage-clip settings."""
+        return awm_step(policies, optimizer, samples, algo.awm, algo.optimizer, advantage_clip=algo.advantage.clip,
+                        grid=grid, seed=seed, device=device, ranks=ranks)
 
 
 def _generator(seed: int, key: str) -> torch.Generator:
@@ -156,3 +175,6 @@ def _micro(policies: PolicySet, mb: list[TrainSample], spec: AWMSpec, sigmas: di
 def _velocity_gap(v: torch.Tensor, v_other: torch.Tensor, b: int) -> torch.Tensor:
     """mean_i (v − v_other)² per (sample, draw) `[b, K]`, v_other detached."""
     return (v - v_other.detach()).pow(2).flatten(1).mean(dim=1).view(-1, b).t()
+
+
+AWM = AdvantageWeightedMatching()

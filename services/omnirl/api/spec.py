@@ -104,6 +104,13 @@ class LoRASpec(SpecModel):
     )
 
 
+def is_lora_tensor(name: str) -> bool:
+    """True when a module tensor name is a LoRA adapter tensor (peft names them
+    `…qkv.lora_A.<adapter>.weight`): the one test of "adapters only" for training, checkpoints
+    and weight sync."""
+    return "lora_" in name
+
+
 class ModelSpec(SpecModel):
     """The model to post-train."""
 

@@ -1,5 +1,10 @@
 """The `spec.algorithm` part of an RLJob: sampler, advantages, optimiser, FlowGRPO, DiffusionNFT, AWM.
 
+`ALGORITHMS` is the algorithm registry, the one owner of the names `algorithm.name` accepts: each
+name → the `AlgorithmSpec` field holding its settings and where its implementation lives (an
+`omnirl.actor.algorithm.Algorithm`, imported by `omnirl.actor.algorithm.algorithm_for`). Adding an
+algorithm = its settings class here, its implementation module, one registry line.
+
 Split from `omnirl.api.spec` (which re-exports every class here) to keep files small. Defaults
 follow the published recipes: Flow-GRPO (arXiv 2505.05470), DiffusionNFT (arXiv 2509.16117) and
 Advantage Weighted Matching (arXiv 2509.25050, its authors' SD3.5 OCR config); see
@@ -8,9 +13,10 @@ Advantage Weighted Matching (arXiv 2509.25050, its authors' SD3.5 OCR config); s
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
@@ -19,6 +25,36 @@ _UnitFloat = Annotated[float, Field(gt=0, lt=1)]
 _Beta = Annotated[float, Field(ge=0, lt=1)]
 _StepIndex = Annotated[int, Field(ge=0)]
 _Positive = Annotated[float, Field(gt=0)]
+
+
+@dataclass(frozen=True)
+class AlgorithmEntry:
+    """One registered algorithm.
+
+    Attributes:
+        settings: the `AlgorithmSpec` field holding its parameters (an `AlgorithmSettings`), or
+            None for an algorithm without parameters.
+        implementation: `"module:attribute"` of its `omnirl.actor.algorithm.Algorithm` object (a
+            string: the spec stays torch-free and below the runtime in the import layers).
+    """
+
+    settings: str | None
+    implementation: str
+
+
+ALGORITHMS: dict[str, AlgorithmEntry] = {
+    "flow-grpo": AlgorithmEntry("flowGrpo", "omnirl.actor.flow_grpo_update:FLOW_GRPO"),
+    "diffusion-nft": AlgorithmEntry("nft", "omnirl.actor.nft_update:DIFFUSION_NFT"),
+    "awm": AlgorithmEntry("awm", "omnirl.actor.awm_update:AWM"),
+}
+
+
+class AlgorithmSettings(SpecModel):
+    """Base of one algorithm's settings block; `check_job` adds checks against the rest of the job."""
+
+    def check_job(self, algo: AlgorithmSpec) -> None:
+        """Cross-field checks run when this algorithm is the job's; raise `FieldProblem` with a path
+        relative to `spec.algorithm`. Default: nothing to check."""
 
 
 class SamplingSpec(SpecModel):
@@ -93,7 +129,7 @@ class RolloutCorrectionSpec(SpecModel):
     rejectionSampling: RSSpec = Field(default_factory=RSSpec, description="RS mask (IS weight band).")
 
 
-class FlowGRPOSpec(SpecModel):
+class FlowGRPOSpec(AlgorithmSettings):
     """Flow-GRPO (arXiv 2505.05470) parameters."""
 
     sdeType: Literal["sde", "cps"] = Field("sde", description="Stochastic sampler: Flow-GRPO SDE or CPS.")
@@ -112,6 +148,17 @@ class FlowGRPOSpec(SpecModel):
         default_factory=RolloutCorrectionSpec, description="Old log-prob source and IS/RS diagnostics."
     )
 
+    def check_job(self, algo: AlgorithmSpec) -> None:
+        """The window must end before the last denoising step (which is never trained)."""
+        last = algo.sampling.numSteps - 1
+        lo, hi = self.window.range
+        if hi > last:
+            raise FieldProblem(
+                "flowGrpo.window.range",
+                [lo, hi],
+                f"hi must be <= sampling.numSteps - 1 = {last} (the last denoising step is never trained)",
+            )
+
 
 class OldPolicySpec(SpecModel):
     """How DiffusionNFT's v_old follows the trained policy."""
@@ -122,7 +169,7 @@ class OldPolicySpec(SpecModel):
     rampSteps: int = Field(100, ge=1, description="Optimiser steps over which the EMA decay ramps up.")
 
 
-class NFTSpec(SpecModel):
+class NFTSpec(AlgorithmSettings):
     """DiffusionNFT (arXiv 2509.16117) parameters."""
 
     beta: float = Field(1.0, gt=0, description="β of the implicit policies v± (1 GenEval/PickScore, 0.1 OCR).")
@@ -146,7 +193,7 @@ def _awm_anchor() -> OldPolicySpec:
     return OldPolicySpec(refreshEvery=1, schedule="ema", decayMax=0.3, rampSteps=300)
 
 
-class AWMSpec(SpecModel):
+class AWMSpec(AlgorithmSettings):
     """Advantage Weighted Matching (arXiv 2509.25050) parameters; defaults = the authors' SD3.5 OCR recipe.
 
     Sampler: rollouts use the deterministic (ODE, Euler) sampler of `sampling` from the current
@@ -197,6 +244,13 @@ class AWMSpec(SpecModel):
             raise FieldProblem("sigmaRange", list(self.sigmaRange), "must satisfy 0 < lo < hi < 1")
         return self
 
+    def check_job(self, algo: AlgorithmSpec) -> None:
+        """`grid` time sampling needs at least two grid steps to draw from."""
+        if self.timeSampling == "grid" and int(algo.sampling.numSteps * self.timestepFraction) < 2:
+            raise FieldProblem("awm.timestepFraction", self.timestepFraction,
+                               f"leaves no grid step to train with sampling.numSteps = {algo.sampling.numSteps} "
+                               "(need ⌊numSteps·fraction⌋ >= 2)")
+
 
 class OptimizerSpec(SpecModel):
     """AdamW settings and how a training step's batch is split."""
@@ -220,8 +274,9 @@ class OptimizerSpec(SpecModel):
 class AlgorithmSpec(SpecModel):
     """The RL algorithm and its settings."""
 
-    name: Literal["flow-grpo", "diffusion-nft", "awm"] = Field(
-        "flow-grpo", description="RL algorithm: FlowGRPO, DiffusionNFT or Advantage Weighted Matching.")
+    name: str = Field(
+        "flow-grpo", description="RL algorithm: FlowGRPO, DiffusionNFT or Advantage Weighted Matching.",
+        json_schema_extra={"enum": list(ALGORITHMS)})
     steps: int = Field(100, ge=1, description="Training steps (one batch of promptsPerStep × groupSize samples each).")
     groupSize: int = Field(
         8, ge=2, le=1024, description="Samples per prompt (G), sharing the prompt's advantage baseline."
@@ -234,21 +289,23 @@ class AlgorithmSpec(SpecModel):
     nft: NFTSpec = Field(default_factory=NFTSpec, description="DiffusionNFT parameters (name diffusion-nft).")
     awm: AWMSpec = Field(default_factory=AWMSpec, description="Advantage Weighted Matching parameters (name awm).")
 
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        if name not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {name!r}: use one of {', '.join(ALGORITHMS)}")
+        return name
+
+    def settings(self) -> AlgorithmSettings | None:
+        """The selected algorithm's settings block (`ALGORITHMS[name].settings`), None if it has none."""
+        field = ALGORITHMS[self.name].settings
+        return None if field is None else getattr(self, field)
+
     @model_validator(mode="after")
     def _check(self) -> AlgorithmSpec:
-        last = self.sampling.numSteps - 1
-        lo, hi = self.flowGrpo.window.range
-        if self.name == "flow-grpo" and hi > last:
-            raise FieldProblem(
-                "flowGrpo.window.range",
-                [lo, hi],
-                f"hi must be <= sampling.numSteps - 1 = {last} (the last denoising step is never trained)",
-            )
-        if self.name == "awm" and self.awm.timeSampling == "grid" \
-                and int(self.sampling.numSteps * self.awm.timestepFraction) < 2:
-            raise FieldProblem("awm.timestepFraction", self.awm.timestepFraction,
-                               f"leaves no grid step to train with sampling.numSteps = {self.sampling.numSteps} "
-                               "(need ⌊numSteps·fraction⌋ >= 2)")
+        own = self.settings()
+        if own is not None:
+            own.check_job(self)
         batch = self.promptsPerStep * self.groupSize
         if batch % self.optimizer.updatesPerStep:
             raise FieldProblem(
