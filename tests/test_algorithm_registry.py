@@ -28,7 +28,7 @@ def _spec(**algorithm) -> RLJobSpec:
 
 
 def test_every_registered_name_resolves_to_its_algorithm_and_settings():
-    assert list(ALGORITHMS) == ["flow-grpo", "diffusion-nft", "awm"]
+    assert list(ALGORITHMS) == ["flow-grpo", "diffusion-nft", "awm", "dgpo"]
     for name, entry in ALGORITHMS.items():
         algo = algorithm_for(name)
         assert isinstance(algo, Algorithm) and algo.name == name
@@ -48,7 +48,7 @@ def test_the_spec_and_the_crd_take_their_names_from_the_registry(monkeypatch):
     with pytest.raises(pydantic.ValidationError) as err:
         _spec(name="toy")
     assert err.value.errors()[0]["loc"] == ("algorithm", "name")
-    assert "unknown algorithm 'toy': use one of flow-grpo, diffusion-nft, awm" in str(err.value)
+    assert "unknown algorithm 'toy': use one of flow-grpo, diffusion-nft, awm, dgpo" in str(err.value)
     monkeypatch.setitem(ALGORITHMS, "toy", AlgorithmEntry(None, f"{__name__}:TOY"))
     assert _spec(name="toy").algorithm.settings() is None
 
@@ -65,14 +65,19 @@ def test_rollout_plans_and_policy_needs_of_the_builtin_algorithms():
     grpo = _spec(name="flow-grpo", sampling={"numSteps": 10}, flowGrpo={"window": {"size": 2, "range": [0, 5]}})
     plan = algorithm_for("flow-grpo").rollout(grpo.algorithm, window_seed=42)
     assert plan == RolloutPlan(tuple(select_window(42, 10, 2, (0, 5))), 0.7, "sde") and len(plan.window) == 2
-    assert algorithm_for("flow-grpo").needs(grpo.algorithm) == PolicyNeeds(kl_coef=0.04)
+    assert algorithm_for("flow-grpo").needs(grpo.algorithm) == PolicyNeeds(reference=True)
     nft = _spec(name="diffusion-nft").algorithm
     assert algorithm_for("diffusion-nft").rollout(nft, 42) == RolloutPlan((), 0.0, "sde")
-    assert algorithm_for("diffusion-nft").needs(nft) == PolicyNeeds(0.01, nft.nft.oldPolicy, rollout_old=True)
+    assert algorithm_for("diffusion-nft").needs(nft) == PolicyNeeds(True, nft.nft.oldPolicy, rollout_old=True)
     awm = _spec(name="awm").algorithm
-    assert algorithm_for("awm").needs(awm) == PolicyNeeds(0.003, awm.awm.anchor, rollout_old=False)
+    assert algorithm_for("awm").needs(awm) == PolicyNeeds(True, awm.awm.anchor, rollout_old=False)
     no_anchor = _spec(name="awm", awm={"emaKlCoef": 0}).algorithm
     assert algorithm_for("awm").needs(no_anchor).old_policy is None
+    dgpo = _spec(name="dgpo").algorithm
+    assert algorithm_for("dgpo").rollout(dgpo, 42) == RolloutPlan()
+    assert algorithm_for("dgpo").needs(dgpo) == PolicyNeeds(reference=True)
+    ema = _spec(name="dgpo", dgpo={"reference": "ema", "klCoef": 0}).algorithm
+    assert algorithm_for("dgpo").needs(ema) == PolicyNeeds(reference=False, old_policy=ema.dgpo.anchor)
 
 
 def test_per_algorithm_checks_run_only_for_the_selected_algorithm():
@@ -82,6 +87,8 @@ def test_per_algorithm_checks_run_only_for_the_selected_algorithm():
     assert _spec(name="diffusion-nft", **bad_window).algorithm.name == "diffusion-nft"
     with pytest.raises(pydantic.ValidationError, match="awm.timestepFraction"):
         _spec(name="awm", sampling={"numSteps": 2})
+    with pytest.raises(pydantic.ValidationError, match="dgpo.timestepFraction"):
+        _spec(name="dgpo", sampling={"numSteps": 2})
 
 
 # ---------------------------------------------------------------- a toy algorithm, registered only here
@@ -94,7 +101,7 @@ class Toy(Algorithm):
     name = "toy"
 
     def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:
-        return PolicyNeeds(kl_coef=0.0, old_policy=OldPolicySpec(schedule="copy"))
+        return PolicyNeeds(reference=False, old_policy=OldPolicySpec(schedule="copy"))
 
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
                algo: AlgorithmSpec, *, seed: int, grid: torch.Tensor, device: torch.device,

@@ -53,13 +53,13 @@ class PolicyNeeds:
     """The policies an algorithm's update uses (`PolicySet` builds them).
 
     Attributes:
-        kl_coef: weight of the KL to the reference (base) policy; > 0 keeps a reference.
+        reference: keep the reference (base) policy (a KL to it, or a loss that compares with it).
         old_policy: refresh schedule of the old policy (DiffusionNFT's v_old, AWM's EMA anchor);
             None keeps no old policy.
         rollout_old: rollout workers sample from the old policy instead of θ (DiffusionNFT).
     """
 
-    kl_coef: float
+    reference: bool
     old_policy: OldPolicySpec | None = None
     rollout_old: bool = False
 

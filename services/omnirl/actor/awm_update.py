@@ -40,7 +40,7 @@ class AdvantageWeightedMatching(Algorithm):
     def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:
         """The EMA anchor when `awm.emaKlCoef` > 0 (not rolled out); a reference when `awm.klCoef` > 0."""
         a = algo.awm
-        return PolicyNeeds(kl_coef=a.klCoef, old_policy=a.anchor if a.emaKlCoef > 0 else None)
+        return PolicyNeeds(reference=a.klCoef > 0, old_policy=a.anchor if a.emaKlCoef > 0 else None)
 
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
                algo: AlgorithmSpec, *, seed: int, grid: torch.Tensor, device: torch.device,

@@ -67,7 +67,7 @@ class FlowGRPO(Algorithm):
 
     def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:
         """A reference when `flowGrpo.klCoef` > 0; no old policy (old log-probs are recomputed)."""
-        return PolicyNeeds(kl_coef=algo.flowGrpo.klCoef)
+        return PolicyNeeds(reference=algo.flowGrpo.klCoef > 0)
 
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
                algo: AlgorithmSpec, *, seed: int, grid: torch.Tensor, device: torch.device,

@@ -30,7 +30,7 @@ class DiffusionNFT(Algorithm):
 
     def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:
         """v_old (rolled out, refreshed by `nft.oldPolicy`); a reference when `nft.klCoef` > 0."""
-        return PolicyNeeds(kl_coef=algo.nft.klCoef, old_policy=algo.nft.oldPolicy, rollout_old=True)
+        return PolicyNeeds(reference=algo.nft.klCoef > 0, old_policy=algo.nft.oldPolicy, rollout_old=True)
 
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
                algo: AlgorithmSpec, *, seed: int, grid: torch.Tensor, device: torch.device,

@@ -36,7 +36,7 @@ class Trainer:
         self.algorithm = algorithm_for(algo.name)
         needs = self.algorithm.needs(algo)
         self.old_policy = needs.old_policy  # its refresh schedule; None: no old policy
-        self.policies = PolicySet(adapter, spec.model.lora, need_ref=needs.kl_coef > 0,
+        self.policies = PolicySet(adapter, spec.model.lora, need_ref=needs.reference,
                                   need_old=needs.old_policy is not None, rollout_old=needs.rollout_old)
         blocks = getattr(adapter, "compile_block_types", None)
         if spec.model.gradientCheckpointing:

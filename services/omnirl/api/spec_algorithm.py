@@ -46,6 +46,7 @@ ALGORITHMS: dict[str, AlgorithmEntry] = {
     "flow-grpo": AlgorithmEntry("flowGrpo", "omnirl.actor.flow_grpo_update:FLOW_GRPO"),
     "diffusion-nft": AlgorithmEntry("nft", "omnirl.actor.nft_update:DIFFUSION_NFT"),
     "awm": AlgorithmEntry("awm", "omnirl.actor.awm_update:AWM"),
+    "dgpo": AlgorithmEntry("dgpo", "omnirl.actor.dgpo_update:DGPO"),
 }
 
 
@@ -193,13 +194,8 @@ def _awm_anchor() -> OldPolicySpec:
     return OldPolicySpec(refreshEvery=1, schedule="ema", decayMax=0.3, rampSteps=300)
 
 
-class AWMSpec(AlgorithmSettings):
-    """Advantage Weighted Matching (arXiv 2509.25050) parameters; defaults = the authors' SD3.5 OCR recipe.
-
-    Sampler: rollouts use the deterministic (ODE, Euler) sampler of `sampling` from the current
-    policy — AWM needs no likelihoods, only the clean x0 and the prompt. (The authors roll out
-    with SA-Solver, noise 0.4, 14 steps; any solver is valid, the loss never looks at the path.)
-    """
+class MatchingDraws(AlgorithmSettings):
+    """Where a velocity-matching update re-noises x0 (AWM, DGPO): K draws (σ, ε) per sample per update."""
 
     timestepsPerSample: int = Field(
         6, ge=1, le=64, description="Training timesteps per sample per update (paper: 6). Each draw re-noises "
@@ -217,6 +213,30 @@ class AWMSpec(AlgorithmSettings):
         False, description="Every member of a group shares each draw's σ and ε (the advantage-weighted common "
         "part then cancels: lower-variance gradient). Paper: false (ε per sample, σ per micro-batch); σ is "
         "always shared within a group here.")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> MatchingDraws:
+        lo, hi = self.sigmaRange
+        if lo >= hi:
+            raise FieldProblem("sigmaRange", list(self.sigmaRange), "must satisfy 0 < lo < hi < 1")
+        return self
+
+    def check_job(self, algo: AlgorithmSpec) -> None:
+        """`grid` time sampling needs at least two grid steps to draw from."""
+        if self.timeSampling == "grid" and int(algo.sampling.numSteps * self.timestepFraction) < 2:
+            raise FieldProblem(f"{ALGORITHMS[algo.name].settings}.timestepFraction", self.timestepFraction,
+                               f"leaves no grid step to train with sampling.numSteps = {algo.sampling.numSteps} "
+                               "(need ⌊numSteps·fraction⌋ >= 2)")
+
+
+class AWMSpec(MatchingDraws):
+    """Advantage Weighted Matching (arXiv 2509.25050) parameters; defaults = the authors' SD3.5 OCR recipe.
+
+    Sampler: rollouts use the deterministic (ODE, Euler) sampler of `sampling` from the current
+    policy — AWM needs no likelihoods, only the clean x0 and the prompt. (The authors roll out
+    with SA-Solver, noise 0.4, 14 steps; any solver is valid, the loss never looks at the path.)
+    """
+
     weighting: Literal["uniform", "t", "t2", "huber", "ghuber"] = Field(
         "ghuber", description="w(ℓ, σ) applied to the per-sample matching error ℓ = mean (v_θ − (ε − x0))²: "
         "uniform ℓ; t σ·ℓ; t2 σ²·ℓ; huber σ·(√(ℓ+δ) − δ); ghuber σ/p·((ℓ+δ)^p − δ^p), δ = 1e-10 (paper: ghuber).")
@@ -237,19 +257,27 @@ class AWMSpec(AlgorithmSettings):
         "`refreshEvery` optimiser steps, d = min(decayMax, steps/rampSteps·decayMax) (paper: min(0.3, "
         "0.001·steps): schedule ema, decayMax 0.3, rampSteps 300).")
 
-    @model_validator(mode="after")
-    def _check(self) -> AWMSpec:
-        lo, hi = self.sigmaRange
-        if lo >= hi:
-            raise FieldProblem("sigmaRange", list(self.sigmaRange), "must satisfy 0 < lo < hi < 1")
-        return self
 
-    def check_job(self, algo: AlgorithmSpec) -> None:
-        """`grid` time sampling needs at least two grid steps to draw from."""
-        if self.timeSampling == "grid" and int(algo.sampling.numSteps * self.timestepFraction) < 2:
-            raise FieldProblem("awm.timestepFraction", self.timestepFraction,
-                               f"leaves no grid step to train with sampling.numSteps = {algo.sampling.numSteps} "
-                               "(need ⌊numSteps·fraction⌋ >= 2)")
+
+class DGPOSpec(MatchingDraws):
+    """Direct Group Preference Optimization (DGPO, arXiv 2510.08425) parameters.
+
+    ODE rollouts of θ; per draw, a group's preference statistic s = β/G·Σ_j A_j·(ℓ_θ,j − ℓ_ref,j)
+    (ℓ = mean (v − (ε − x0))², the reference the base model or the EMA anchor) weights every member's
+    matching error: loss = mean σ(s)·A·ℓ_θ (+ klCoef · the velocity KL to the base model) — the
+    gradient of −log σ(−s), the group-level Bradley–Terry likelihood, up to the factor β.
+    """
+
+    betaDpo: float = Field(
+        100.0, gt=0, description="β of the group preference σ(β/G·Σ A·(ℓ_θ − ℓ_ref)) (authors: 100 with the base "
+        "model as reference, 2000 with the EMA reference); larger → sharper group weights.")
+    reference: Literal["base", "ema"] = Field(
+        "base", description="The ℓ_ref of the preference: the frozen base model (`base`, authors' default) or the "
+        "EMA anchor θ_ema refreshed by `anchor` (`ema`).")
+    klCoef: float = Field(1e-3, ge=0, description="Weight of the velocity KL mean (v_θ − v_base)² (authors: 1e-3).")
+    anchor: OldPolicySpec = Field(
+        default_factory=_awm_anchor, description="`reference: ema` only: θ_ema ← d·θ_ema + (1−d)·θ after every "
+        "`refreshEvery` optimiser steps, d = min(decayMax, steps/rampSteps·decayMax) (authors: min(0.3, 0.001·steps)).")
 
 
 class OptimizerSpec(SpecModel):
@@ -275,7 +303,8 @@ class AlgorithmSpec(SpecModel):
     """The RL algorithm and its settings."""
 
     name: str = Field(
-        "flow-grpo", description="RL algorithm: FlowGRPO, DiffusionNFT or Advantage Weighted Matching.",
+        "flow-grpo", description="RL algorithm: FlowGRPO, DiffusionNFT, Advantage Weighted Matching or Direct Group "
+        "Preference Optimization.",
         json_schema_extra={"enum": list(ALGORITHMS)})
     steps: int = Field(100, ge=1, description="Training steps (one batch of promptsPerStep × groupSize samples each).")
     groupSize: int = Field(
@@ -288,6 +317,8 @@ class AlgorithmSpec(SpecModel):
     flowGrpo: FlowGRPOSpec = Field(default_factory=FlowGRPOSpec, description="FlowGRPO parameters (name flow-grpo).")
     nft: NFTSpec = Field(default_factory=NFTSpec, description="DiffusionNFT parameters (name diffusion-nft).")
     awm: AWMSpec = Field(default_factory=AWMSpec, description="Advantage Weighted Matching parameters (name awm).")
+    dgpo: DGPOSpec = Field(default_factory=DGPOSpec, description="Direct Group Preference Optimization parameters "
+                           "(name dgpo).")
 
     @field_validator("name")
     @classmethod
