@@ -1,4 +1,4 @@
-"""The `spec.algorithm` part of an RLJob: sampler, advantages, optimiser, FlowGRPO, DiffusionNFT, AWM.
+"""The `spec.algorithm` part of an RLJob: sampler, advantages, optimiser, FlowGRPO, DiffusionNFT, AWM, DGPO.
 
 `ALGORITHMS` is the algorithm registry, the one owner of the names `algorithm.name` accepts: each
 name → the `AlgorithmSpec` field holding its settings and where its implementation lives (an
@@ -7,8 +7,8 @@ algorithm = its settings class here, its implementation module, one registry lin
 
 Split from `omnirl.api.spec` (which re-exports every class here) to keep files small. Defaults
 follow the published recipes: Flow-GRPO (arXiv 2505.05470), DiffusionNFT (arXiv 2509.16117) and
-Advantage Weighted Matching (arXiv 2509.25050, its authors' SD3.5 OCR config); see
-`references/algorithms.md`.
+Advantage Weighted Matching (arXiv 2509.25050, its authors' SD3.5 OCR config) and DGPO (arXiv
+2510.08425, its authors' OCR config); see `references/algorithms.md`.
 """
 
 from __future__ import annotations
