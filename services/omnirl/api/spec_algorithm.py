@@ -184,10 +184,14 @@ class NFTSpec(AlgorithmSettings):
 
     @model_validator(mode="after")
     def _check(self) -> NFTSpec:
-        lo, hi = self.sigmaRange
-        if lo >= hi:
-            raise FieldProblem("sigmaRange", list(self.sigmaRange), "must satisfy 0 < lo < hi < 1")
-        return self
+        return _ordered_sigma_range(self)
+
+
+def _ordered_sigma_range(spec: NFTSpec | MatchingDraws) -> NFTSpec | MatchingDraws:
+    lo, hi = spec.sigmaRange
+    if lo >= hi:
+        raise FieldProblem("sigmaRange", list(spec.sigmaRange), "must satisfy 0 < lo < hi < 1")
+    return spec
 
 
 def _awm_anchor() -> OldPolicySpec:
@@ -216,10 +220,7 @@ class MatchingDraws(AlgorithmSettings):
 
     @model_validator(mode="after")
     def _check_range(self) -> MatchingDraws:
-        lo, hi = self.sigmaRange
-        if lo >= hi:
-            raise FieldProblem("sigmaRange", list(self.sigmaRange), "must satisfy 0 < lo < hi < 1")
-        return self
+        return _ordered_sigma_range(self)
 
     def check_job(self, algo: AlgorithmSpec) -> None:
         """`grid` time sampling needs at least two grid steps to draw from."""
