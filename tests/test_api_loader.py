@@ -78,7 +78,7 @@ BAD = [
         "spec.algorithm.grupSize",
         8,
         "spec.algorithm.grupSize: unknown field (did you mean groupSize?); allowed: name, steps, groupSize, "
-        "promptsPerStep, sampling, advantage, optimizer, flowGrpo, nft, awm",
+        "promptsPerStep, sampling, advantage, optimizer, flowGrpo, nft, awm, dgpo",
     ),
     ("spec.algorithm.groupSize", "eight", 'spec.algorithm.groupSize: "eight" is invalid: must be an integer'),
     ("spec.algorithm.groupSize", "8", 'spec.algorithm.groupSize: "8" is invalid: must be an integer'),

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import torch
 
+from omnirl.actor.algorithm import Algorithm, PolicyNeeds
 from omnirl.actor.batch import TrainSample, group_minibatches, micro_batches
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
@@ -29,7 +30,25 @@ from omnirl.algorithms import (
 )
 from omnirl.api.ids import parse_group_id, parse_sample_id
 from omnirl.api.seeds import derive
-from omnirl.api.spec import AWMSpec, OptimizerSpec
+from omnirl.api.spec import AlgorithmSpec, AWMSpec, OptimizerSpec
+
+
+class AdvantageWeightedMatching(Algorithm):
+    """AWM through the algorithm protocol: ODE rollouts of θ, advantage-weighted matching on x0."""
+
+    name = "awm"
+
+    def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:
+        """The EMA anchor when `awm.emaKlCoef` > 0 (not rolled out); a reference when `awm.klCoef` > 0."""
+        a = algo.awm
+        return PolicyNeeds(reference=a.klCoef > 0, old_policy=a.anchor if a.emaKlCoef > 0 else None)
+
+    def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
+               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
+               ranks: Ranks = SINGLE) -> dict:
+        """`awm_step` with the job's `awm`, optimizer and advantage-clip settings."""
+        return awm_step(policies, optimizer, samples, algo.awm, algo.optimizer, advantage_clip=algo.advantage.clip,
+                        grid=grid, seed=seed, step=step, device=device, ranks=ranks)
 
 
 def draw_sigmas(group_id: str, spec: AWMSpec, grid: torch.Tensor, seed: int) -> torch.Tensor:
@@ -159,3 +178,6 @@ def _micro(policies: PolicySet, mb: list[TrainSample], spec: AWMSpec, sigmas: di
 def _velocity_gap(v: torch.Tensor, v_other: torch.Tensor, b: int) -> torch.Tensor:
     """mean_i (v − v_other)² per (sample, draw) `[b, K]`, v_other detached."""
     return (v - v_other.detach()).pow(2).flatten(1).mean(dim=1).view(-1, b).t()
+
+
+AWM = AdvantageWeightedMatching()

@@ -13,6 +13,7 @@ import random
 
 import torch
 
+from omnirl.actor.algorithm import Algorithm, PolicyNeeds, RolloutPlan
 from omnirl.actor.batch import TrainSample, micro_batches, stack_window
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
@@ -25,9 +26,10 @@ from omnirl.algorithms import (
     per_step_abs_log_ratio,
     rs_mask,
     sde_mean_std,
+    select_window,
 )
 from omnirl.api.seeds import derive
-from omnirl.api.spec import FlowGRPOSpec, OptimizerSpec
+from omnirl.api.spec import AlgorithmSpec, FlowGRPOSpec, OptimizerSpec
 from omnirl.models.protocol import ModelAdapter
 
 
@@ -51,6 +53,29 @@ def window_log_probs(adapter: ModelAdapter, samples: list[TrainSample], device: 
         stds.append(std)
     log_prob = torch.stack(logps, dim=1)
     return (log_prob, means, stds) if with_mean else log_prob
+
+
+class FlowGRPO(Algorithm):
+    """FlowGRPO through the algorithm protocol: SDE-window rollouts of θ, PPO-clip on their log-probs."""
+
+    name = "flow-grpo"
+
+    def rollout(self, algo: AlgorithmSpec, window_seed: int) -> RolloutPlan:
+        """A seeded window of `flowGrpo.window.size` SDE steps (`select_window`), shared by the step."""
+        g = algo.flowGrpo
+        window = select_window(window_seed, algo.sampling.numSteps, g.window.size, tuple(g.window.range))
+        return RolloutPlan(tuple(window), g.noiseLevel, g.sdeType)
+
+    def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:
+        """A reference when `flowGrpo.klCoef` > 0; no old policy (old log-probs are recomputed)."""
+        return PolicyNeeds(reference=algo.flowGrpo.klCoef > 0)
+
+    def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
+               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
+               ranks: Ranks = SINGLE) -> dict:
+        """`flow_grpo_step` with the job's `flowGrpo` and optimizer settings."""
+        return flow_grpo_step(policies, optimizer, samples, algo.flowGrpo, algo.optimizer, seed=seed,
+                              step=step, device=device, ranks=ranks, grid=grid)
 
 
 def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
@@ -176,3 +201,6 @@ def _micro_loss(policies: PolicySet, mb: list[TrainSample], old_lp: dict, keep_b
     weight = torch.tensor([keep_by_id[s.sample_id] for s in mb], dtype=torch.float32, device=device)
     loss = flow_grpo_loss(log_prob, old, adv, spec.clipRange, kl=kl, kl_coef=spec.klCoef, sample_weight=weight)
     return loss, log_prob
+
+
+FLOW_GRPO = FlowGRPO()

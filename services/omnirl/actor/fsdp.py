@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import Tensor, nn
 
+from omnirl.api.spec import is_lora_tensor
+
 MODULE_PREFIXES = ("_orig_mod.", "_checkpoint_wrapped_module.", "_fsdp_wrapped_module.")
 
 
@@ -150,7 +152,7 @@ def gather_full_state(module: nn.Module, adapters_only: bool = False, *,
 
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
-    entries = [(clean_name(n), t) for n, t in module.state_dict().items() if not adapters_only or "lora_" in n]
+    entries = [(clean_name(n), t) for n, t in module.state_dict().items() if not adapters_only or is_lora_tensor(n)]
     bucket: list[tuple[str, Tensor]] = []
     size = 0
     for name, tensor in entries:

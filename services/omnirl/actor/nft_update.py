@@ -14,13 +14,31 @@ from __future__ import annotations
 
 import torch
 
+from omnirl.actor.algorithm import Algorithm, PolicyNeeds
 from omnirl.actor.batch import TrainSample, group_minibatches, micro_batches
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
 from omnirl.algorithms import nft_loss, optimality_probability
 from omnirl.api.ids import parse_group_id
 from omnirl.api.seeds import derive
-from omnirl.api.spec import NFTSpec, OptimizerSpec
+from omnirl.api.spec import AlgorithmSpec, NFTSpec, OptimizerSpec
+
+
+class DiffusionNFT(Algorithm):
+    """DiffusionNFT through the algorithm protocol: ODE rollouts of v_old, training on x0 alone."""
+
+    name = "diffusion-nft"
+
+    def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:
+        """v_old (rolled out, refreshed by `nft.oldPolicy`); a reference when `nft.klCoef` > 0."""
+        return PolicyNeeds(reference=algo.nft.klCoef > 0, old_policy=algo.nft.oldPolicy, rollout_old=True)
+
+    def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
+               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
+               ranks: Ranks = SINGLE) -> dict:
+        """`nft_step` with the job's `nft` and optimizer settings (the σ draws ignore the grid)."""
+        return nft_step(policies, optimizer, samples, algo.nft, algo.optimizer, seed=seed, step=step, device=device,
+                        ranks=ranks)
 
 
 def group_noise(group_id: str, draw: int, n_draws: int, shape: tuple[int, ...], seed: int,
@@ -99,3 +117,6 @@ def _draw_loss(policies: PolicySet, mb: list[TrainSample], draw: int, spec: NFTS
         loss = loss + spec.klCoef * kl
     return {"loss": loss, "positive_loss": out.positive_loss, "negative_loss": out.negative_loss,
             "kl": kl.detach()}
+
+
+DIFFUSION_NFT = DiffusionNFT()

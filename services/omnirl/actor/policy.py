@@ -13,8 +13,8 @@ the tensor names the actor broadcasts are the names the workers bind (DESIGN.md 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 
 import torch
 from torch import nn
@@ -22,7 +22,7 @@ from torch import nn
 from omnirl.actor.fsdp import shard_model
 from omnirl.actor.ranks import SINGLE, Ranks
 from omnirl.algorithms import ema_update_
-from omnirl.api.spec import LoRASpec
+from omnirl.api.spec import LoRASpec, is_lora_tensor
 from omnirl.models.compile import compile_adapter_module
 from omnirl.models.lora import DEFAULT, inject_lora, lora_tensors, tuner_layers
 from omnirl.models.protocol import ModelAdapter
@@ -30,8 +30,96 @@ from omnirl.models.protocol import ModelAdapter
 OLD = "old"
 
 
+class _LoRAWeights:
+    """θ, reference and old inside one module: θ the LoRA adapter `default`, the reference the
+    base weights (adapters disabled), the old policy a second adapter `old`. Only θ's adapter trains."""
+
+    def __init__(self, adapter: ModelAdapter, lora: LoRASpec, need_old: bool) -> None:
+        self.adapter = adapter
+        module = adapter.module
+        targets = lora.targetModules or adapter.lora_target_modules
+        module.requires_grad_(False)
+        inject_lora(module, lora, targets)
+        if need_old:
+            inject_lora(module, lora, targets, adapter_name=OLD)
+            _copy(lora_tensors(module, DEFAULT), lora_tensors(module, OLD))
+            for m in tuner_layers(module):  # injecting "old" made it the active adapter: θ is
+                m.set_adapter(DEFAULT)
+        self._train_theta_only()
+        self.copies: list[ModelAdapter] = []  # nothing outside θ's module
+        self.old_copy = None
+
+    def _train_theta_only(self) -> None:
+        for name, p in self.adapter.module.named_parameters():
+            p.requires_grad_(is_lora_tensor(name) and f".{DEFAULT}." in name)
+
+    @contextmanager
+    def _switched(self, enter: Callable[[nn.Module], object], leave: Callable[[nn.Module], object]
+                  ) -> Iterator[ModelAdapter]:
+        layers = tuner_layers(self.adapter.module)
+        for m in layers:
+            enter(m)
+        try:
+            yield self.adapter
+        finally:
+            for m in layers:
+                leave(m)
+
+    def reference(self) -> AbstractContextManager[ModelAdapter]:
+        return self._switched(lambda m: m.enable_adapters(False), lambda m: m.enable_adapters(True))
+
+    @contextmanager
+    def old(self) -> Iterator[ModelAdapter]:
+        try:
+            with self._switched(lambda m: m.set_adapter(OLD), lambda m: m.set_adapter(DEFAULT)) as adapter:
+                yield adapter
+        finally:
+            self._train_theta_only()  # set_adapter marks the active adapter trainable
+
+    def named(self, which: str) -> dict[str, torch.Tensor]:
+        return lora_tensors(self.adapter.module, which)
+
+    def ema_pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        old, new = self.named(OLD), self.named(DEFAULT)
+        return [old[k] for k in sorted(old)], [new[k] for k in sorted(new)]
+
+
+class _FullWeights:
+    """θ the whole module (every weight trains); reference and old frozen deep copies of it."""
+
+    def __init__(self, adapter: ModelAdapter, need_ref: bool, need_old: bool) -> None:
+        self.adapter = adapter
+        adapter.module.requires_grad_(True)
+        self._ref = self._frozen_copy() if need_ref else None
+        self._old = self._frozen_copy() if need_old else None
+        self.copies = [a for a in (self._ref, self._old) if a is not None]
+        self.old_copy = self._old
+
+    def _frozen_copy(self) -> ModelAdapter:
+        other = copy.copy(self.adapter)
+        other.module = copy.deepcopy(self.adapter.module).requires_grad_(False).eval()
+        return other
+
+    @contextmanager
+    def reference(self) -> Iterator[ModelAdapter]:
+        yield self._ref
+
+    @contextmanager
+    def old(self) -> Iterator[ModelAdapter]:
+        yield self._old
+
+    def named(self, which: str) -> dict[str, torch.Tensor]:
+        return dict((self._old if which == OLD else self.adapter).module.state_dict())
+
+    def ema_pairs(self) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        return list(self._old.module.parameters()), list(self.adapter.module.parameters())
+
+
 class PolicySet:
     """θ, reference and old policies over one adapter.
+
+    Where they live (LoRA adapters in θ's module, or frozen copies of it) is one weights-layout
+    object chosen here; the methods below never ask which.
 
     Args:
         adapter: the model; its module becomes θ (trainable).
@@ -46,29 +134,13 @@ class PolicySet:
                  rollout_old: bool | None = None) -> None:
         self.adapter = adapter
         self.lora = lora.enabled
-        module = adapter.module
-        if self.lora:
-            targets = lora.targetModules or adapter.lora_target_modules
-            module.requires_grad_(False)
-            inject_lora(module, lora, targets)
-            if need_old:
-                inject_lora(module, lora, targets, adapter_name=OLD)
-                self._copy_lora(DEFAULT, OLD)
-                for m in tuner_layers(module):  # injecting "old" made it the active adapter: θ is
-                    m.set_adapter(DEFAULT)
-            for name, p in module.named_parameters():
-                p.requires_grad_("lora_" in name and f".{DEFAULT}." in name)
-            self._ref_adapter = self._old_adapter = None
-        else:
-            module.requires_grad_(True)
-            self._ref_adapter = self._frozen_copy() if need_ref else None
-            self._old_adapter = self._frozen_copy() if need_old else None
         self.has_ref, self.has_old = need_ref, need_old
         self.rollout_old = need_old if rollout_old is None else rollout_old
         if self.rollout_old and not need_old:
             raise ValueError("rollout_old=True needs need_old=True (there is no old policy to roll out)")
+        self._weights = _LoRAWeights(adapter, lora, need_old) if self.lora else _FullWeights(adapter, need_ref, need_old)
         self.ranks = SINGLE
-        module.train()
+        adapter.module.train()
 
     # ------------------------------------------------------------------ views
     def trainable_parameters(self) -> list[nn.Parameter]:
@@ -80,39 +152,16 @@ class PolicySet:
         """An adapter computing the reference velocity (no grad inside)."""
         if not self.has_ref:
             raise RuntimeError("reference policy requested but need_ref=False")
-        with torch.no_grad():
-            if self.lora:
-                layers = tuner_layers(self.adapter.module)
-                for m in layers:
-                    m.enable_adapters(False)
-                try:
-                    yield self.adapter
-                finally:
-                    for m in layers:
-                        m.enable_adapters(True)
-            else:
-                yield self._ref_adapter
+        with torch.no_grad(), self._weights.reference() as adapter:
+            yield adapter
 
     @contextmanager
     def old(self) -> Iterator[ModelAdapter]:
         """An adapter computing the old policy's velocity v_old (no grad inside)."""
         if not self.has_old:
             raise RuntimeError("old policy requested but need_old=False")
-        with torch.no_grad():
-            if self.lora:
-                layers = tuner_layers(self.adapter.module)
-                for m in layers:
-                    m.set_adapter(OLD)
-                try:
-                    yield self.adapter
-                finally:
-                    for m in layers:
-                        m.set_adapter(DEFAULT)
-                    # set_adapter marks the active adapter trainable; restore θ-only training
-                    for name, p in self.adapter.module.named_parameters():
-                        p.requires_grad_("lora_" in name and f".{DEFAULT}." in name)
-            else:
-                yield self._old_adapter
+        with torch.no_grad(), self._weights.old() as adapter:
+            yield adapter
 
     def shard(self, ranks: Ranks, block_types: list[str] | None) -> None:
         """FSDP2-shard θ's module and the frozen copies over the actor ranks (`omnirl.actor.fsdp`).
@@ -120,26 +169,19 @@ class PolicySet:
         Call before building the optimizer. Afterwards the tensor views below gather full tensors
         (collectives: every rank calls them in the same order).
         """
-        for a in [self.adapter] + [a for a in (self._ref_adapter, self._old_adapter) if a is not None]:
+        for a in [self.adapter, *self._weights.copies]:
             shard_model(a.module, ranks.world, block_types=block_types)
         self.ranks = ranks
 
     def compile(self) -> int:
         """Regionally compile θ's module and the frozen copies (`omnirl.models.compile`); returns
         the number of blocks compiled. Call once, after construction (LoRA is injected by then)."""
-        adapters = [self.adapter] + [a for a in (self._ref_adapter, self._old_adapter) if a is not None]
-        return sum(compile_adapter_module(a) for a in adapters)
+        return sum(compile_adapter_module(a) for a in [self.adapter, *self._weights.copies])
 
     # ------------------------------------------------------------------ state
     def refresh_old(self, decay: float) -> None:
         """θ_old ← decay·θ_old + (1 − decay)·θ (decay 0 = copy)."""
-        if self.lora:
-            old = lora_tensors(self.adapter.module, OLD)
-            new = lora_tensors(self.adapter.module, DEFAULT)
-            ema_update_([old[k] for k in sorted(old)], [new[k] for k in sorted(new)], decay)
-        else:
-            ema_update_(list(self._old_adapter.module.parameters()),
-                        list(self.adapter.module.parameters()), decay)
+        ema_update_(*self._weights.ema_pairs(), decay)
 
     @property
     def rollout_adapter(self) -> ModelAdapter:
@@ -147,23 +189,20 @@ class PolicySet:
 
         With LoRA the old policy is an adapter inside θ's module; use `old()` to evaluate it.
         """
-        return self._old_adapter if self.rollout_old and self._old_adapter is not None else self.adapter
+        copy_ = self._weights.old_copy
+        return copy_ if self.rollout_old and copy_ is not None else self.adapter
 
     def rollout_tensors(self, keep: bool = True) -> dict[str, torch.Tensor]:
         """What rollout workers must hold: the old policy when rollout samples from it, else θ.
 
         Names are the rollout module's names (LoRA adapter named `default`); values detached.
         """
-        if self.lora:
-            named = lora_tensors(self.adapter.module, OLD if self.rollout_old else DEFAULT)
-        else:
-            named = (self._old_adapter.module if self.rollout_old else self.adapter.module).state_dict()
+        named = self.named_tensors(OLD if self.rollout_old else DEFAULT)
         return {k: v.detach() for k, v in self.ranks.full(named, keep).items()}
 
     def trained_tensors(self, keep: bool = True) -> dict[str, torch.Tensor]:
         """θ's trainable tensors (LoRA adapters or the whole state dict), detached."""
-        named = lora_tensors(self.adapter.module, DEFAULT) if self.lora else self.adapter.module.state_dict()
-        return {k: v.detach() for k, v in self.ranks.full(named, keep).items()}
+        return {k: v.detach() for k, v in self.ranks.full(self.named_tensors(DEFAULT), keep).items()}
 
     def load_trained_tensors(self, tensors: dict[str, torch.Tensor], old: dict[str, torch.Tensor] | None) -> None:
         """Restore θ (and the old policy) from a checkpoint. Raises KeyError on a name mismatch."""
@@ -173,21 +212,13 @@ class PolicySet:
 
     def named_tensors(self, which: str) -> dict[str, torch.Tensor]:
         """θ's (`default`) or the old policy's (`old`) tensors by rollout-module name (live, not copies)."""
-        if self.lora:
-            return lora_tensors(self.adapter.module, which)
-        module = self._old_adapter.module if which == OLD else self.adapter.module
-        return dict(module.state_dict())
+        return self._weights.named(which)
 
-    def _copy_lora(self, src: str, dst: str) -> None:
-        a, b = lora_tensors(self.adapter.module, src), lora_tensors(self.adapter.module, dst)
-        with torch.no_grad():
-            for k in a:
-                b[k].copy_(a[k])
 
-    def _frozen_copy(self) -> ModelAdapter:
-        other = copy.copy(self.adapter)
-        other.module = copy.deepcopy(self.adapter.module).requires_grad_(False).eval()
-        return other
+def _copy(src: dict[str, torch.Tensor], dst: dict[str, torch.Tensor]) -> None:
+    with torch.no_grad():
+        for k in src:
+            dst[k].copy_(src[k])
 
 
 def _load_exact(target: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> None:

@@ -6,12 +6,10 @@ from pathlib import Path
 
 import torch
 
-from omnirl.actor.awm_update import awm_step
+from omnirl.actor.algorithm import algorithm_for
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.checkpoint import load_checkpoint, optimizer_from_flat, optimizer_to_flat, save_checkpoint
-from omnirl.actor.flow_grpo_update import flow_grpo_step
 from omnirl.actor.fsdp import enable_activation_checkpointing
-from omnirl.actor.nft_update import nft_step
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks
 from omnirl.algorithms import old_policy_decay
@@ -20,7 +18,7 @@ from omnirl.models.protocol import ModelAdapter
 
 
 class Trainer:
-    """Runs FlowGRPO, DiffusionNFT or AWM updates on one adapter.
+    """Runs the job's algorithm (`algorithm_for(spec.algorithm.name)`) on one adapter.
 
     Args:
         adapter: the model (its module is trained in place).
@@ -35,13 +33,11 @@ class Trainer:
         self.spec = spec
         self.device = torch.device(device)
         self.ranks = ranks
-        self.is_nft, self.is_awm = algo.name == "diffusion-nft", algo.name == "awm"
-        kl = algo.nft.klCoef if self.is_nft else algo.awm.klCoef if self.is_awm else algo.flowGrpo.klCoef
-        # the old policy: DiffusionNFT's v_old (rolled out), AWM's EMA anchor (θ is rolled out)
-        self.old_policy = algo.nft.oldPolicy if self.is_nft else algo.awm.anchor if self.is_awm else None
-        need_old = self.is_nft or (self.is_awm and algo.awm.emaKlCoef > 0)
-        self.policies = PolicySet(adapter, spec.model.lora, need_ref=kl > 0, need_old=need_old,
-                                  rollout_old=self.is_nft)
+        self.algorithm = algorithm_for(algo.name)
+        needs = self.algorithm.needs(algo)
+        self.old_policy = needs.old_policy  # its refresh schedule; None: no old policy
+        self.policies = PolicySet(adapter, spec.model.lora, need_ref=needs.reference,
+                                  need_old=needs.old_policy is not None, rollout_old=needs.rollout_old)
         blocks = getattr(adapter, "compile_block_types", None)
         if spec.model.gradientCheckpointing:
             enable_activation_checkpointing(adapter.module, blocks)
@@ -67,16 +63,8 @@ class Trainer:
         seed = self.spec.seed  # each update derives its draws from it (api/seeds.py)
         # the rollout engine's σ grid (the adapter's, for the batch's latent shape)
         grid = self.policies.adapter.sigma_grid(algo.sampling.numSteps, tuple(samples[0].x0.shape), algo.sampling.shift)
-        if self.is_nft:
-            metrics = nft_step(self.policies, self.optimizer, samples, algo.nft, algo.optimizer,
-                               seed=seed, step=step, device=self.device, ranks=self.ranks)
-        elif self.is_awm:
-            metrics = awm_step(self.policies, self.optimizer, samples, algo.awm, algo.optimizer,
-                               advantage_clip=algo.advantage.clip, grid=grid, seed=seed, step=step, device=self.device,
-                               ranks=self.ranks)
-        else:
-            metrics = flow_grpo_step(self.policies, self.optimizer, samples, algo.flowGrpo, algo.optimizer,
-                                     seed=seed, step=step, device=self.device, ranks=self.ranks, grid=grid)
+        metrics = self.algorithm.update(self.policies, self.optimizer, samples, algo, seed=seed, step=step, grid=grid,
+                                        device=self.device, ranks=self.ranks)
         before = self.optimizer_steps
         self.optimizer_steps += int(metrics["optimizer_steps"])
         if self.policies.has_old:

@@ -3,7 +3,8 @@
 Modules: `sigmas` (σ grid), `sde` (ODE / Flow-GRPO SDE / CPS step and log-prob), `window`
 (stochastic step window), `advantages` (group-relative advantages), `flow_grpo` (PPO-clip loss),
 `kl` (closed-form Gaussian KL), `rollout_correction` (IS diagnostics, RS mask), `nft`
-(DiffusionNFT loss and old-policy EMA), `awm` (Advantage Weighted Matching loss and σ draws).
+(DiffusionNFT loss and old-policy EMA), `awm` (Advantage Weighted Matching loss and σ draws), `dgpo`
+(Direct Group Preference Optimization group weights and loss).
 """
 
 from omnirl.algorithms.advantages import AdvantageResult, group_advantages
@@ -16,6 +17,7 @@ from omnirl.algorithms.awm import (
     stratified_sigmas,
     weighted_matching,
 )
+from omnirl.algorithms.dgpo import DGPOLoss, dgpo_loss, group_preference
 from omnirl.algorithms.flow_grpo import GRPOLoss, flow_grpo_loss
 from omnirl.algorithms.kl import gaussian_kl
 from omnirl.algorithms.nft import (
@@ -40,6 +42,7 @@ from omnirl.algorithms.window import select_window
 __all__ = [
     "AWMLoss",
     "AdvantageResult",
+    "DGPOLoss",
     "GRPOLoss",
     "ISDiagnostics",
     "NFTLoss",
@@ -47,12 +50,14 @@ __all__ = [
     "auto_band",
     "awm_advantages",
     "awm_loss",
+    "dgpo_loss",
     "ema_update_",
     "flow_grpo_loss",
     "gaussian_kl",
     "gaussian_log_prob",
     "grid_indices",
     "group_advantages",
+    "group_preference",
     "implicit_velocities",
     "is_diagnostics",
     "matching_error",

@@ -46,6 +46,18 @@ def per_sample(t: Tensor | float, batch: int, name: str, like: Tensor) -> Tensor
     return t
 
 
+def positive_std(std: Tensor | float, batch: int, like: Tensor, what: str) -> Tensor:
+    """A per-sample std (`per_sample`) that must be > 0 for `what` (a Gaussian density or KL).
+
+    Raises:
+        ValueError: some std ≤ 0 or NaN, naming the indices.
+    """
+    std = per_sample(std, batch, "std", like)
+    require(std > 0, lambda: f"std must be > 0 for {what}; std <= 0 (or NaN) at indices "
+            f"{(~(std > 0)).nonzero().flatten().tolist()}")
+    return std
+
+
 def bcast(t: Tensor, like: Tensor) -> Tensor:
     """A `[B]` tensor viewed as `[B, 1, ..., 1]` to broadcast over `like`'s trailing dims."""
     return t.reshape(t.shape[0], *([1] * (like.dim() - 1)))

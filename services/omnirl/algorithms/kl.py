@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from omnirl.algorithms._tensors import batch_tensor, element_mean, per_sample, require, same_shape
+from omnirl.algorithms._tensors import batch_tensor, element_mean, positive_std, same_shape
 
 
 def gaussian_kl(mean: Tensor, mean_ref: Tensor, std: Tensor) -> Tensor:
@@ -32,7 +32,5 @@ def gaussian_kl(mean: Tensor, mean_ref: Tensor, std: Tensor) -> Tensor:
     mean = batch_tensor(mean, "mean")
     mean_ref = batch_tensor(mean_ref, "mean_ref")
     same_shape(mean, mean_ref, "mean", "mean_ref")
-    std = per_sample(std, mean.shape[0], "std", mean)
-    require(std > 0, lambda: "std must be > 0 for the Gaussian KL; std <= 0 (or NaN) at indices "
-            f"{(~(std > 0)).nonzero().flatten().tolist()}")
+    std = positive_std(std, mean.shape[0], mean, "the Gaussian KL")
     return element_mean((mean - mean_ref) ** 2) / (2.0 * std**2)

@@ -33,7 +33,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from omnirl.algorithms._tensors import batch_tensor, bcast, element_mean, per_sample, require, same_shape
+from omnirl.algorithms._tensors import batch_tensor, bcast, element_mean, per_sample, positive_std, require, same_shape
 
 SDE_TYPES = ("sde", "cps")
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -159,9 +159,7 @@ def gaussian_log_prob(x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     x_next = batch_tensor(x_next, "x_next")
     mean = batch_tensor(mean, "mean")
     same_shape(x_next, mean, "x_next", "mean")
-    std = per_sample(std, x_next.shape[0], "std", x_next)
-    require(std > 0, lambda: "std must be > 0 for a log-density; std <= 0 (or NaN) at indices "
-            f"{(~(std > 0)).nonzero().flatten().tolist()}")
+    std = positive_std(std, x_next.shape[0], x_next, "a log-density")
     z2 = element_mean((x_next - mean) ** 2)
     return -z2 / (2.0 * std**2) - torch.log(std) - _HALF_LOG_2PI
 

@@ -23,6 +23,7 @@ from omnirl.api.spec_algorithm import (
     AdvantageSpec,
     AlgorithmSpec,
     AWMSpec,
+    DGPOSpec,
     FlowGRPOSpec,
     NFTSpec,
     OldPolicySpec,
@@ -53,6 +54,7 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "AdvantageSpec",
     "AlgorithmSpec",
     "AWMSpec",
+    "DGPOSpec",
     "FlowGRPOSpec",
     "NFTSpec",
     "OldPolicySpec",
@@ -105,6 +107,13 @@ class LoRASpec(SpecModel):
         default_factory=list,
         description="Linear-layer name suffixes LoRA attaches to; empty means the model adapter's defaults.",
     )
+
+
+def is_lora_tensor(name: str) -> bool:
+    """True when a module tensor name is a LoRA adapter tensor (peft names them
+    `…qkv.lora_A.<adapter>.weight`): the one test of "adapters only" for training, checkpoints
+    and weight sync."""
+    return "lora_" in name
 
 
 class ModelSpec(SpecModel):

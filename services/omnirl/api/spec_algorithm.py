@@ -1,16 +1,22 @@
-"""The `spec.algorithm` part of an RLJob: sampler, advantages, optimiser, FlowGRPO, DiffusionNFT, AWM.
+"""The `spec.algorithm` part of an RLJob: sampler, advantages, optimiser, FlowGRPO, DiffusionNFT, AWM, DGPO.
+
+`ALGORITHMS` is the algorithm registry, the one owner of the names `algorithm.name` accepts: each
+name → the `AlgorithmSpec` field holding its settings and where its implementation lives (an
+`omnirl.actor.algorithm.Algorithm`, imported by `omnirl.actor.algorithm.algorithm_for`). Adding an
+algorithm = its settings class here, its implementation module, one registry line.
 
 Split from `omnirl.api.spec` (which re-exports every class here) to keep files small. Defaults
 follow the published recipes: Flow-GRPO (arXiv 2505.05470), DiffusionNFT (arXiv 2509.16117) and
-Advantage Weighted Matching (arXiv 2509.25050, its authors' SD3.5 OCR config); see
-`references/algorithms.md`.
+Advantage Weighted Matching (arXiv 2509.25050, its authors' SD3.5 OCR config) and DGPO (arXiv
+2510.08425, its authors' OCR config); see `references/algorithms.md`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
@@ -19,6 +25,37 @@ _UnitFloat = Annotated[float, Field(gt=0, lt=1)]
 _Beta = Annotated[float, Field(ge=0, lt=1)]
 _StepIndex = Annotated[int, Field(ge=0)]
 _Positive = Annotated[float, Field(gt=0)]
+
+
+@dataclass(frozen=True)
+class AlgorithmEntry:
+    """One registered algorithm.
+
+    Attributes:
+        settings: the `AlgorithmSpec` field holding its parameters (an `AlgorithmSettings`), or
+            None for an algorithm without parameters.
+        implementation: `"module:attribute"` of its `omnirl.actor.algorithm.Algorithm` object (a
+            string: the spec stays torch-free and below the runtime in the import layers).
+    """
+
+    settings: str | None
+    implementation: str
+
+
+ALGORITHMS: dict[str, AlgorithmEntry] = {
+    "flow-grpo": AlgorithmEntry("flowGrpo", "omnirl.actor.flow_grpo_update:FLOW_GRPO"),
+    "diffusion-nft": AlgorithmEntry("nft", "omnirl.actor.nft_update:DIFFUSION_NFT"),
+    "awm": AlgorithmEntry("awm", "omnirl.actor.awm_update:AWM"),
+    "dgpo": AlgorithmEntry("dgpo", "omnirl.actor.dgpo_update:DGPO"),
+}
+
+
+class AlgorithmSettings(SpecModel):
+    """Base of one algorithm's settings block; `check_job` adds checks against the rest of the job."""
+
+    def check_job(self, algo: AlgorithmSpec) -> None:
+        """Cross-field checks run when this algorithm is the job's; raise `FieldProblem` with a path
+        relative to `spec.algorithm`. Default: nothing to check."""
 
 
 class SamplingSpec(SpecModel):
@@ -96,7 +133,7 @@ class RolloutCorrectionSpec(SpecModel):
     rejectionSampling: RSSpec = Field(default_factory=RSSpec, description="RS mask (IS weight band).")
 
 
-class FlowGRPOSpec(SpecModel):
+class FlowGRPOSpec(AlgorithmSettings):
     """Flow-GRPO (arXiv 2505.05470) parameters."""
 
     sdeType: Literal["sde", "cps"] = Field("sde", description="Stochastic sampler: Flow-GRPO SDE or CPS.")
@@ -115,6 +152,17 @@ class FlowGRPOSpec(SpecModel):
         default_factory=RolloutCorrectionSpec, description="Old log-prob source and IS/RS diagnostics."
     )
 
+    def check_job(self, algo: AlgorithmSpec) -> None:
+        """The window must end before the last denoising step (which is never trained)."""
+        last = algo.sampling.numSteps - 1
+        lo, hi = self.window.range
+        if hi > last:
+            raise FieldProblem(
+                "flowGrpo.window.range",
+                [lo, hi],
+                f"hi must be <= sampling.numSteps - 1 = {last} (the last denoising step is never trained)",
+            )
+
 
 class OldPolicySpec(SpecModel):
     """How DiffusionNFT's v_old follows the trained policy."""
@@ -125,7 +173,7 @@ class OldPolicySpec(SpecModel):
     rampSteps: int = Field(100, ge=1, description="Optimiser steps over which the EMA decay ramps up.")
 
 
-class NFTSpec(SpecModel):
+class NFTSpec(AlgorithmSettings):
     """DiffusionNFT (arXiv 2509.16117) parameters."""
 
     beta: float = Field(1.0, gt=0, description="β of the implicit policies v± (1 GenEval/PickScore, 0.1 OCR).")
@@ -139,23 +187,22 @@ class NFTSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> NFTSpec:
-        lo, hi = self.sigmaRange
-        if lo >= hi:
-            raise FieldProblem("sigmaRange", list(self.sigmaRange), "must satisfy 0 < lo < hi < 1")
-        return self
+        return _ordered_sigma_range(self)
+
+
+def _ordered_sigma_range(spec: NFTSpec | MatchingDraws) -> NFTSpec | MatchingDraws:
+    lo, hi = spec.sigmaRange
+    if lo >= hi:
+        raise FieldProblem("sigmaRange", list(spec.sigmaRange), "must satisfy 0 < lo < hi < 1")
+    return spec
 
 
 def _awm_anchor() -> OldPolicySpec:
     return OldPolicySpec(refreshEvery=1, schedule="ema", decayMax=0.3, rampSteps=300)
 
 
-class AWMSpec(SpecModel):
-    """Advantage Weighted Matching (arXiv 2509.25050) parameters; defaults = the authors' SD3.5 OCR recipe.
-
-    Sampler: rollouts use the deterministic (ODE, Euler) sampler of `sampling` from the current
-    policy — AWM needs no likelihoods, only the clean x0 and the prompt. (The authors roll out
-    with SA-Solver, noise 0.4, 14 steps; any solver is valid, the loss never looks at the path.)
-    """
+class MatchingDraws(AlgorithmSettings):
+    """Where a velocity-matching update re-noises x0 (AWM, DGPO): K draws (σ, ε) per sample per update."""
 
     timestepsPerSample: int = Field(
         6, ge=1, le=64, description="Training timesteps per sample per update (paper: 6). Each draw re-noises "
@@ -173,6 +220,27 @@ class AWMSpec(SpecModel):
         False, description="Every member of a group shares each draw's σ and ε (the advantage-weighted common "
         "part then cancels: lower-variance gradient). Paper: false (ε per sample, σ per micro-batch); σ is "
         "always shared within a group here.")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> MatchingDraws:
+        return _ordered_sigma_range(self)
+
+    def check_job(self, algo: AlgorithmSpec) -> None:
+        """`grid` time sampling needs at least two grid steps to draw from."""
+        if self.timeSampling == "grid" and int(algo.sampling.numSteps * self.timestepFraction) < 2:
+            raise FieldProblem(f"{ALGORITHMS[algo.name].settings}.timestepFraction", self.timestepFraction,
+                               f"leaves no grid step to train with sampling.numSteps = {algo.sampling.numSteps} "
+                               "(need ⌊numSteps·fraction⌋ >= 2)")
+
+
+class AWMSpec(MatchingDraws):
+    """Advantage Weighted Matching (arXiv 2509.25050) parameters; defaults = the authors' SD3.5 OCR recipe.
+
+    Sampler: rollouts use the deterministic (ODE, Euler) sampler of `sampling` from the current
+    policy — AWM needs no likelihoods, only the clean x0 and the prompt. (The authors roll out
+    with SA-Solver, noise 0.4, 14 steps; any solver is valid, the loss never looks at the path.)
+    """
+
     weighting: Literal["uniform", "t", "t2", "huber", "ghuber"] = Field(
         "ghuber", description="w(ℓ, σ) applied to the per-sample matching error ℓ = mean (v_θ − (ε − x0))²: "
         "uniform ℓ; t σ·ℓ; t2 σ²·ℓ; huber σ·(√(ℓ+δ) − δ); ghuber σ/p·((ℓ+δ)^p − δ^p), δ = 1e-10 (paper: ghuber).")
@@ -193,12 +261,27 @@ class AWMSpec(SpecModel):
         "`refreshEvery` optimiser steps, d = min(decayMax, steps/rampSteps·decayMax) (paper: min(0.3, "
         "0.001·steps): schedule ema, decayMax 0.3, rampSteps 300).")
 
-    @model_validator(mode="after")
-    def _check(self) -> AWMSpec:
-        lo, hi = self.sigmaRange
-        if lo >= hi:
-            raise FieldProblem("sigmaRange", list(self.sigmaRange), "must satisfy 0 < lo < hi < 1")
-        return self
+
+
+class DGPOSpec(MatchingDraws):
+    """Direct Group Preference Optimization (DGPO, arXiv 2510.08425) parameters.
+
+    ODE rollouts of θ; per draw, a group's preference statistic s = β/G·Σ_j A_j·(ℓ_θ,j − ℓ_ref,j)
+    (ℓ = mean (v − (ε − x0))², the reference the base model or the EMA anchor) weights every member's
+    matching error: loss = mean σ(s)·A·ℓ_θ (+ klCoef · the velocity KL to the base model) — the
+    gradient of −log σ(−s), the group-level Bradley–Terry likelihood, up to the factor β.
+    """
+
+    betaDpo: float = Field(
+        100.0, gt=0, description="β of the group preference σ(β/G·Σ A·(ℓ_θ − ℓ_ref)) (authors: 100 with the base "
+        "model as reference, 2000 with the EMA reference); larger → sharper group weights.")
+    reference: Literal["base", "ema"] = Field(
+        "base", description="The ℓ_ref of the preference: the frozen base model (`base`, authors' default) or the "
+        "EMA anchor θ_ema refreshed by `anchor` (`ema`).")
+    klCoef: float = Field(1e-3, ge=0, description="Weight of the velocity KL mean (v_θ − v_base)² (authors: 1e-3).")
+    anchor: OldPolicySpec = Field(
+        default_factory=_awm_anchor, description="`reference: ema` only: θ_ema ← d·θ_ema + (1−d)·θ after every "
+        "`refreshEvery` optimiser steps, d = min(decayMax, steps/rampSteps·decayMax) (authors: min(0.3, 0.001·steps)).")
 
 
 class OptimizerSpec(SpecModel):
@@ -225,8 +308,10 @@ class OptimizerSpec(SpecModel):
 class AlgorithmSpec(SpecModel):
     """The RL algorithm and its settings."""
 
-    name: Literal["flow-grpo", "diffusion-nft", "awm"] = Field(
-        "flow-grpo", description="RL algorithm: FlowGRPO, DiffusionNFT or Advantage Weighted Matching.")
+    name: str = Field(
+        "flow-grpo", description="RL algorithm: FlowGRPO, DiffusionNFT, Advantage Weighted Matching or Direct Group "
+        "Preference Optimization.",
+        json_schema_extra={"enum": list(ALGORITHMS)})
     steps: int = Field(100, ge=1, description="Training steps (one batch of promptsPerStep × groupSize samples each).")
     groupSize: int = Field(
         8, ge=2, le=1024, description="Samples per prompt (G), sharing the prompt's advantage baseline."
@@ -238,22 +323,26 @@ class AlgorithmSpec(SpecModel):
     flowGrpo: FlowGRPOSpec = Field(default_factory=FlowGRPOSpec, description="FlowGRPO parameters (name flow-grpo).")
     nft: NFTSpec = Field(default_factory=NFTSpec, description="DiffusionNFT parameters (name diffusion-nft).")
     awm: AWMSpec = Field(default_factory=AWMSpec, description="Advantage Weighted Matching parameters (name awm).")
+    dgpo: DGPOSpec = Field(default_factory=DGPOSpec, description="Direct Group Preference Optimization parameters "
+                           "(name dgpo).")
+
+    @field_validator("name")
+    @classmethod
+    def _registered(cls, name: str) -> str:
+        if name not in ALGORITHMS:
+            raise ValueError(f"unknown algorithm {name!r}: use one of {', '.join(ALGORITHMS)}")
+        return name
+
+    def settings(self) -> AlgorithmSettings | None:
+        """The selected algorithm's settings block (`ALGORITHMS[name].settings`), None if it has none."""
+        field = ALGORITHMS[self.name].settings
+        return None if field is None else getattr(self, field)
 
     @model_validator(mode="after")
     def _check(self) -> AlgorithmSpec:
-        last = self.sampling.numSteps - 1
-        lo, hi = self.flowGrpo.window.range
-        if self.name == "flow-grpo" and hi > last:
-            raise FieldProblem(
-                "flowGrpo.window.range",
-                [lo, hi],
-                f"hi must be <= sampling.numSteps - 1 = {last} (the last denoising step is never trained)",
-            )
-        if self.name == "awm" and self.awm.timeSampling == "grid" \
-                and int(self.sampling.numSteps * self.awm.timestepFraction) < 2:
-            raise FieldProblem("awm.timestepFraction", self.awm.timestepFraction,
-                               f"leaves no grid step to train with sampling.numSteps = {self.sampling.numSteps} "
-                               "(need ⌊numSteps·fraction⌋ >= 2)")
+        own = self.settings()
+        if own is not None:
+            own.check_job(self)
         batch = self.promptsPerStep * self.groupSize
         if batch % self.optimizer.updatesPerStep:
             raise FieldProblem(

@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from omnirl.algorithms import group_advantages, select_window
+from omnirl.actor.algorithm import algorithm_for
+from omnirl.algorithms import group_advantages
 from omnirl.api.ids import parse_group_id
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
@@ -211,21 +212,15 @@ class Controller:
         published = self.queue.get_json(f"expected:{step}") is not None
         book = StepBook(step, t_published=time.time())
         self.next_unpublished = step + 1
-        if algo.name == "flow-grpo":
-            g = algo.flowGrpo
-            window = select_window(derive(self.spec.seed, "window", step=step), algo.sampling.numSteps, g.window.size,
-                                   tuple(g.window.range))
-            noise, sde_type = g.noiseLevel, g.sdeType
-        else:  # DiffusionNFT and AWM sample with the deterministic solver (they train on x0 alone)
-            window, noise, sde_type = [], 0.0, "sde"
+        plan = algorithm_for(algo.name).rollout(algo, window_seed=derive(self.spec.seed, "window", step=step))
         expected = 0
         for p in prompts:
             key = f"{step}:{p.index}"
             seeds = [SampleSeed(sample_id=f"{key}:{i}", seed=seed)
                      for i, seed in enumerate(self._seeds(step, p.index, 0))]
             req = GenerateRequest(kind="train", step=step, group_id=key, prompt=p.text, prompt_ids=p.ids,
-                                  samples=seeds, num_steps=algo.sampling.numSteps, window=list(window),
-                                  noise_level=noise, sde_type=sde_type, shift=algo.sampling.shift,
+                                  samples=seeds, num_steps=algo.sampling.numSteps, window=list(plan.window),
+                                  noise_level=plan.noise_level, sde_type=plan.sde_type, shift=algo.sampling.shift,
                                   guidance_scale=algo.sampling.guidanceScale)
             if key in book.groups:  # the same prompt twice in one step (tiny prompt files)
                 continue

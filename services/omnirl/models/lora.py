@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from omnirl.api.spec import LoRASpec
+from omnirl.api.spec import LoRASpec, is_lora_tensor
 from omnirl.models.protocol import ModelAdapter
 
 DEFAULT = "default"
@@ -43,7 +43,7 @@ def lora_tensors(module: nn.Module, adapter_name: str = DEFAULT) -> dict[str, to
     return {
         name.replace(tag, f".{DEFAULT}."): p
         for name, p in module.named_parameters()
-        if "lora_" in name and tag in name
+        if is_lora_tensor(name) and tag in name
     }
 
 

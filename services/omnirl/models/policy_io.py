@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from omnirl.api.spec import LoRASpec
+from omnirl.api.spec import LoRASpec, is_lora_tensor
 from omnirl.models.lora import inject_lora
 from omnirl.models.protocol import ModelAdapter
 
@@ -50,7 +50,7 @@ def load_policy(adapter: ModelAdapter, path: str | Path, lora: LoRASpec) -> dict
     module = adapter.module
     if state.get("lora"):
         inject_lora(module, lora, lora.targetModules or adapter.lora_target_modules)
-        own = {k: v for k, v in module.state_dict().items() if "lora_" in k}
+        own = {k: v for k, v in module.state_dict().items() if is_lora_tensor(k)}
     else:
         own = module.state_dict()
     missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))

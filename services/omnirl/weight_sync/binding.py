@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 from torch import nn
 
+from omnirl.api.spec import is_lora_tensor
 from omnirl.weight_sync.errors import BindingError
 from omnirl.weight_sync.manifest import SCOPE_FULL, scope_of, tensor_checksum
 
@@ -140,7 +141,7 @@ def plan_binding(module: nn.Module, shapes: dict[str, list[int]], scope: str,
         else:
             targets[name] = slots[mapped]
             target_names[name] = mapped
-    expected = {n for n in module.state_dict() if scope == SCOPE_FULL or "lora_" in n}
+    expected = {n for n in module.state_dict() if scope == SCOPE_FULL or is_lora_tensor(n)}
     missing = sorted(expected - set(target_names.values()))
     return BindingPlan(targets, target_names, missing, sorted(unexpected))
 

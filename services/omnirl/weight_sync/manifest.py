@@ -26,6 +26,8 @@ from dataclasses import asdict, dataclass
 import torch
 from torch import nn
 
+from omnirl.api.spec import is_lora_tensor
+
 _WEIGHTS = ((40503, 32749), (48271, 32719))  # (multiplier, prime modulus) per sum
 _CHUNK_WORDS = 1 << 20
 _MASK64 = (1 << 64) - 1
@@ -80,7 +82,7 @@ def named_trainable_tensors(module: nn.Module, adapters_only: bool) -> dict[str,
         ValueError: the selection is empty (e.g. adapters_only=True on a module without LoRA).
     """
     state = module.state_dict()
-    named = {n: t for n, t in state.items() if not adapters_only or "lora_" in n}
+    named = {n: t for n, t in state.items() if not adapters_only or is_lora_tensor(n)}
     if not named:
         what = "no LoRA tensors (names containing 'lora_')" if adapters_only else "an empty state_dict"
         raise ValueError(f"named_trainable_tensors: module {type(module).__name__} has {what}; "
@@ -90,7 +92,7 @@ def named_trainable_tensors(module: nn.Module, adapters_only: bool) -> dict[str,
 
 def scope_of(names: Iterable[str]) -> str:
     """``"adapters"`` when every name is a LoRA tensor (contains ``lora_``), else ``"full"``."""
-    return SCOPE_ADAPTERS if all("lora_" in n for n in names) else SCOPE_FULL
+    return SCOPE_ADAPTERS if all(is_lora_tensor(n) for n in names) else SCOPE_FULL
 
 
 def dtype_from_name(name: str) -> torch.dtype:

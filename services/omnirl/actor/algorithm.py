@@ -1,0 +1,115 @@
+"""The algorithm protocol: what one RL algorithm decides, so core classes never branch on its name.
+
+An algorithm answers three questions, one method each:
+
+- `rollout(algo, window_seed)` — what the controller sends and rollout records: a `RolloutPlan`.
+  Steps in its window are stochastic and recorded (latents `[W+1, C, H, W]`, log-probs `[W]`);
+  an empty window is a deterministic (ODE) rollout that records only the final x0. The default
+  is the ODE rollout; FlowGRPO draws an SDE window.
+- `needs(algo)` — which policies the actor keeps (`PolicyNeeds`: reference for a KL, old policy
+  and its refresh schedule, which of θ / old the rollout workers sample from).
+- `update(...)` — the actor's training step on one complete batch; returns its metrics.
+
+What every algorithm gets alike (not part of the protocol): the controller's group-relative
+advantages (`spec.algorithm.advantage`), one per sample, groups kept whole; validation and
+`omnirl eval` sample with the ODE.
+
+The registry is `omnirl.api.spec_algorithm.ALGORITHMS` (name → settings field and
+`"module:attribute"` of the algorithm object); `algorithm_for(name)` resolves it. Adding an
+algorithm touches its settings class, its implementation module and one registry line.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from omnirl.actor.batch import TrainSample
+from omnirl.actor.policy import PolicySet
+from omnirl.actor.ranks import SINGLE, Ranks
+from omnirl.api.spec_algorithm import ALGORITHMS, AlgorithmSpec, OldPolicySpec
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """How the rollout engine samples one training step's groups (sent in every `GenerateRequest`).
+
+    Attributes:
+        window: 0-based indices of the stochastic, recorded denoising steps (contiguous); () = ODE.
+        noise_level: SDE noise level a inside the window (dimensionless; unused without a window).
+        sde_type: "sde" (Flow-GRPO SDE) or "cps".
+    """
+
+    window: tuple[int, ...] = ()
+    noise_level: float = 0.0
+    sde_type: str = "sde"
+
+
+@dataclass(frozen=True)
+class PolicyNeeds:
+    """The policies an algorithm's update uses (`PolicySet` builds them).
+
+    Attributes:
+        reference: keep the reference (base) policy (a KL to it, or a loss that compares with it).
+        old_policy: refresh schedule of the old policy (DiffusionNFT's v_old, AWM's EMA anchor);
+            None keeps no old policy.
+        rollout_old: rollout workers sample from the old policy instead of θ (DiffusionNFT).
+    """
+
+    reference: bool
+    old_policy: OldPolicySpec | None = None
+    rollout_old: bool = False
+
+
+class Algorithm(ABC):
+    """One RL algorithm (see the module docstring). Subclasses set `name` to their registry key."""
+
+    name: str
+
+    def rollout(self, algo: AlgorithmSpec, window_seed: int) -> RolloutPlan:
+        """The step's rollout plan; default: ODE (the update trains on the clean x0 alone).
+
+        Args:
+            algo: the job's `spec.algorithm`.
+            window_seed: the step's seed for random plan choices (FlowGRPO's window start); the
+                same for every group of the step.
+        """
+        return RolloutPlan()
+
+    @abstractmethod
+    def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:
+        """The policies the update needs for these settings."""
+
+    @abstractmethod
+    def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
+               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
+               ranks: Ranks = SINGLE) -> dict:
+        """Train on one complete batch; return metrics, including `optimizer_steps` (int).
+
+        Args:
+            grid: `[N+1]` fp32 the rollout σ grid (`sigma_schedule(numSteps, shift)`).
+            seed: the job seed; every draw derives from it with `step` (`api/seeds.py::derive`).
+            step: the training step (0-based).
+            ranks: this actor rank; every rank passes the whole batch and returns the same metrics.
+        Raises:
+            ValueError: a batch the algorithm cannot train on, or a non-finite loss.
+        """
+
+
+def algorithm_for(name: str) -> Algorithm:
+    """The registered algorithm object of `name` (`ALGORITHMS[name].implementation`).
+
+    Raises:
+        KeyError: `name` is not registered.
+        TypeError: the registered object is not an `Algorithm` named `name`.
+    """
+    if name not in ALGORITHMS:
+        raise KeyError(f"algorithm {name!r} is not registered (spec_algorithm.ALGORITHMS: {sorted(ALGORITHMS)})")
+    module, _, attr = ALGORITHMS[name].implementation.partition(":")
+    obj = getattr(importlib.import_module(module), attr)
+    if not isinstance(obj, Algorithm) or obj.name != name:
+        raise TypeError(f"ALGORITHMS[{name!r}] = {ALGORITHMS[name].implementation} is not an Algorithm named {name!r}")
+    return obj
