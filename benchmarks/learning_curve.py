@@ -25,6 +25,7 @@ from omnirl.api.loader import _Loader as YAML12Loader
 from omnirl.api.loader import job_from_dict, load_rljob, resolve_paths
 from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.controller.evaluate import evaluate
+from omnirl.controller.grid import save_image_grid
 from omnirl.controller.validation import background_darkness
 from omnirl.models.registry import load_adapter
 from omnirl.reward.registry import build_scorer
@@ -50,6 +51,7 @@ def main() -> None:
     p.add_argument("--max-its", type=int, default=None, help="stop after this many iterations (training steps)")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", default="cpu", help="where the model runs (cuda: a fast sweep; numbers differ from CPU's)")
+    p.add_argument("--grid", default=None, help="directory for a grid of the first 32 held-out images per evaluation")
     p.add_argument("--set", action="append", default=[], help="spec override, e.g. algorithm.groupSize=16")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -75,6 +77,8 @@ def main() -> None:
             r = evaluate(adapter, scorer, held, num_steps=spec.validation.numSteps, seed=spec.validation.seed,
                          device=args.device)
         adapter.module.train()
+        if args.grid:
+            save_image_grid(r.images[:32], f"{args.grid}/it-{it:05d}.png", captions=[f"{x:.2f}" for x in r.rewards[:32]])
         print(json.dumps({"it": it, "minutes": round((time.time() - t0) / 60, 2), "val_reward": round(r.mean_reward, 4),
                           "exact": round(r.exact_match, 4), "darkness": round(background_darkness(r.images), 4),
                           "train_reward": train_reward}), flush=True)
