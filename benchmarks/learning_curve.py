@@ -5,7 +5,8 @@ hyperparameters can be swept quickly and the distributed run's overhead measured
 
     python -m benchmarks.learning_curve examples/ocr-nft.yaml --minutes 10 --set algorithm.optimizer.learningRate=2e-4
 
-Prints one JSON line per validation: {"it", "minutes", "val_reward", "exact", "train_reward"}.
+Prints one JSON line per validation: {"it", "minutes", "val_reward", "exact", "darkness", "train_reward"}
+(darkness: `omnirl.controller.validation.background_darkness` of the held-out images, as in-run validation).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from omnirl.api.loader import _Loader as YAML12Loader
 from omnirl.api.loader import job_from_dict, load_rljob, resolve_paths
 from omnirl.api.seeds import derive
 from omnirl.controller.data import PromptSource, read_prompts
+from omnirl.controller.grid import save_image_grid
+from omnirl.controller.validation import background_darkness
 from omnirl.evaluation.evaluate import evaluate
 from omnirl.models.registry import load_adapter
 from omnirl.reward.scoring import RewardSet
@@ -46,7 +49,10 @@ def main() -> None:
     p.add_argument("--minutes", type=float, default=10.0)
     p.add_argument("--eval-every", type=int, default=10, help="iterations between held-out evaluations")
     p.add_argument("--eval-prompts", type=int, default=128)
+    p.add_argument("--max-its", type=int, default=None, help="stop after this many iterations (training steps)")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", default="cpu", help="where the model runs (cuda: a fast sweep; numbers differ from CPU's)")
+    p.add_argument("--grid", default=None, help="directory for a grid of the first 32 held-out images per evaluation")
     p.add_argument("--set", action="append", default=[], help="spec override, e.g. algorithm.groupSize=16")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
@@ -58,24 +64,28 @@ def main() -> None:
     spec = job.spec
     algo = spec.algorithm
     adapter = load_adapter(spec.model.family, spec.model.path)
-    trainer = Trainer(adapter, spec)
+    adapter.module.to(args.device)
+    trainer = Trainer(adapter, spec, device=args.device)
     reward_set = RewardSet(spec.reward)  # the weighted rewards, as the reward role scores
     data = PromptSource(read_prompts(spec.data.trainPrompts), adapter.tokenize, seed=spec.seed)
     held = read_prompts(spec.data.validationPrompts)[: args.eval_prompts]
-    engine = RolloutEngine(adapter, max_batch_size=spec.roles.rollout.maxBatchSize)
+    engine = RolloutEngine(adapter, max_batch_size=spec.roles.rollout.maxBatchSize, device=args.device)
     t0 = time.time()
 
     def validate(it: int, train_reward: float | None) -> None:
         adapter.module.eval()
         with torch.no_grad():
-            r = evaluate(adapter, spec, held, rewards=reward_set)
+            r = evaluate(adapter, spec, held, rewards=reward_set, device=args.device)
         adapter.module.train()
+        if args.grid:
+            save_image_grid(r.images[:32], f"{args.grid}/it-{it:05d}.png", captions=[f"{x:.2f}" for x in r.rewards[:32]])
         print(json.dumps({"it": it, "minutes": round((time.time() - t0) / 60, 2), "val_reward": round(r.mean_reward, 4),
-                          "exact": round(r.exact_match, 4), "train_reward": train_reward}), flush=True)
+                          "exact": round(r.exact_match, 4), "darkness": round(background_darkness(r.images), 4),
+                          "train_reward": train_reward}), flush=True)
 
     validate(0, None)
     it = 0
-    while time.time() - t0 < args.minutes * 60:
+    while time.time() - t0 < args.minutes * 60 and (args.max_its is None or it < args.max_its):
         prompts = data.draw(algo.promptsPerStep)
         if algo.name == "flow-grpo":
             g = algo.flowGrpo

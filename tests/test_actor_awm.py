@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -98,3 +99,23 @@ def test_ema_anchor_follows_theta_and_rollout_gets_theta(batch):
         torch.testing.assert_close(v, decay * old0[k] + (1 - decay) * theta[k], rtol=1e-6, atol=1e-7)
     rollout = trainer.rollout_tensors()
     assert all(torch.equal(rollout[k], theta[k]) for k in theta)  # AWM rolls out θ, not the anchor
+
+
+@pytest.mark.parametrize("kl_coef, ema_kl_coef, key", [(1.0, 0.0, "kl"), (0.0, 1.0, "ema_kl")])
+def test_anchors_pull_theta_back(batch, kl_coef, ema_kl_coef, key):
+    """With every advantage 0 the policy term has no gradient: only the velocity KL to the base model
+    (klCoef) or to the EMA anchor (emaKlCoef) moves θ, back towards the anchor (both were once computed
+    under the anchor's no-grad context and never acted)."""
+    adapter, samples = batch
+    trainer = Trainer(copy.deepcopy(adapter), _spec(klCoef=kl_coef, emaKlCoef=ema_kl_coef))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # θ drifts away from both anchors (the frozen copies keep the start)
+        for p in trainer.policies.trainable_parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=gen))
+    neutral = [dataclasses.replace(s, advantage=0.0) for s in samples]
+    first = trainer.train_step(neutral, step=0)
+    assert first["policy_loss"] == 0.0 and first[key] > 0.0
+    assert first["grad_norm"] > 0.0
+    if key == "kl":  # the base model stays put: the gap shrinks step by step
+        second = trainer.train_step(neutral, step=1)
+        assert second["kl"] < first["kl"]

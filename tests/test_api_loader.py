@@ -205,12 +205,12 @@ def test_relative_paths_resolve_against_the_manifest(tmp_path: Path) -> None:
     doc = _set(_set(_base(), "spec.model.family", "sd3"), "spec.model.path", "../models/sd3")
     doc["spec"]["data"]["validationPrompts"] = "/abs/heldout.txt"
     job = load_rljob(_write(sub, doc))
-    assert job.spec.data.trainPrompts == str(sub / "prompts" / "ocr-train.txt")
+    assert job.spec.data.trainPrompts == str(sub / "prompts" / "ocr-train-pool.txt")
     assert job.spec.data.validationPrompts == "/abs/heldout.txt"
     assert job.spec.model.path == str(tmp_path / "models" / "sd3")
     builtin = load_rljob(BASE)
     assert builtin.spec.model.path == "builtin"
-    assert os.path.isfile(builtin.spec.data.trainPrompts), "examples/prompts/ocr-train.txt is missing"
+    assert os.path.isfile(builtin.spec.data.trainPrompts), "examples/prompts/ocr-train-pool.txt is missing"
     again = resolve_paths(job, "/elsewhere")  # already absolute: unchanged
     assert again.spec == job.spec
 

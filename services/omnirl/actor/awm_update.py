@@ -164,12 +164,16 @@ def _micro(policies: PolicySet, mb: list[TrainSample], spec: AWMSpec, sigmas: di
     adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
     adv = awm_advantages(adv, advantage_clip, spec.advantageMax)
     kl = ema_kl = None
+    # the anchors' velocities come from no-grad contexts; their gaps to v must be taken outside them,
+    # or the KL terms carry no gradient and the anchors never act
     if spec.klCoef > 0:
         with policies.reference() as ref:
-            kl = _velocity_gap(v, ref.velocity(x_t, sigma, cond).float(), len(mb))
+            v_ref = ref.velocity(x_t, sigma, cond).float()
+        kl = _velocity_gap(v, v_ref, len(mb))
     if spec.emaKlCoef > 0:
         with policies.old() as anchor:
-            ema_kl = _velocity_gap(v, anchor.velocity(x_t, sigma, cond).float(), len(mb))
+            v_ema = anchor.velocity(x_t, sigma, cond).float()
+        ema_kl = _velocity_gap(v, v_ema, len(mb))
     out = awm_loss(lp, old_lp, adv, spec.clipRange, kl=kl, kl_coef=spec.klCoef, ema_kl=ema_kl,
                    ema_kl_coef=spec.emaKlCoef)
     return {**out._asdict(), "matching_error": err.detach().mean()}

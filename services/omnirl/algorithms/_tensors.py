@@ -74,7 +74,8 @@ def require(ok: Tensor, message: Callable[[], str]) -> None:
         if not bool(ok.all()):
             raise ValueError(message())
         return
-    torch._assert_async(ok.all(), "omnirl.algorithms check failed: " + message().split(";")[0])
+    # torch refuses assert messages of 255 characters or more (a message listing a batch's values is longer)
+    torch._assert_async(ok.all(), ("omnirl.algorithms check failed: " + message().split(";")[0])[:250])
 
 
 def same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:
