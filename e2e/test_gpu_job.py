@@ -12,13 +12,12 @@ configuration and saved locally (JPEG reward). Marked `gpu`: CI (no GPU) skips t
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from e2e.test_local_job import ledger, run, tiny_job
+from e2e.test_local_job import assert_each_sample_once, run, tiny_job
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
@@ -54,13 +53,7 @@ def check_job(out: Path, proc, steps: int, backend: str, gpus: dict[str, str]) -
     actor_log = (out / "logs" / "actor-0.log").read_text()
     assert f"weight sync over {backend}" in actor_log
     assert "rollout on cuda:0" in (out / "logs" / "rollout-0.log").read_text()
-    generated = ledger(out, "rollout")
-    train_ids = {r["sample_id"] for r in generated if not r["sample_id"].startswith("val")}
-    assert len(train_ids) == steps * 2 * 3
-    scored = Counter(r["sample_id"] for r in ledger(out, "reward"))
-    trained = Counter(r["sample_id"] for r in ledger(out, "actor"))
-    assert set(scored) == {r["sample_id"] for r in generated} and set(scored.values()) == {1}
-    assert set(trained) == train_ids and set(trained.values()) == {1}
+    assert_each_sample_once(out, steps * 2 * 3)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     step_rows = [r for r in records if r["event"] == "step"]
     assert [r["policy_version"] for r in step_rows] == list(range(1, steps + 1))

@@ -53,6 +53,18 @@ def ledger(out: Path, role: str) -> list[dict]:
     return rows
 
 
+def assert_each_sample_once(out: Path, train_samples: int) -> None:
+    """The ledgers show `train_samples` training samples generated, every generated sample (train
+    and validation) scored exactly once, and every training sample trained exactly once."""
+    generated = ledger(out, "rollout")
+    train_ids = {r["sample_id"] for r in generated if not r["sample_id"].startswith("val")}
+    assert len(train_ids) == train_samples
+    scored = Counter(r["sample_id"] for r in ledger(out, "reward"))
+    trained = Counter(r["sample_id"] for r in ledger(out, "actor"))
+    assert set(scored) == {r["sample_id"] for r in generated} and set(scored.values()) == {1}
+    assert set(trained) == train_ids and set(trained.values()) == {1}
+
+
 @pytest.mark.parametrize("mode", ["async-reward", "fully-async"])
 def test_every_sample_scored_once_and_trained_once(tmp_path, redis_url, mode):
     name = f"ledger-{mode}"

@@ -6,12 +6,11 @@ checked against the unpacked one in `tests/test_sd3_packed.py`."""
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
 import yaml
-from e2e.test_local_job import ledger, run, tiny_job
+from e2e.test_local_job import assert_each_sample_once, run, tiny_job
 
 pytest.importorskip("diffusers")
 pytestmark = pytest.mark.slow  # a whole job
@@ -45,13 +44,7 @@ def check_packed_job(out: Path, proc, steps: int) -> None:
     assert f"step {steps - 1} [{steps}/{steps}] " in controller and f"checkpoint step-{steps - 1:06d}" in controller
     state = json.loads((out / "checkpoints" / f"step-{steps - 1:06d}" / "state.json").read_text())
     assert (state["step"], state["job"], state["family"]) == (steps - 1, "packed-sd3", "sd3")  # what export checks
-    generated = ledger(out, "rollout")
-    train_ids = {r["sample_id"] for r in generated if not r["sample_id"].startswith("val")}
-    assert len(train_ids) == steps * 2 * 3
-    scored = Counter(r["sample_id"] for r in ledger(out, "reward"))
-    trained = Counter(r["sample_id"] for r in ledger(out, "actor"))
-    assert set(scored) == {r["sample_id"] for r in generated} and set(scored.values()) == {1}
-    assert set(trained) == train_ids and set(trained.values()) == {1}
+    assert_each_sample_once(out, steps * 2 * 3)
 
 
 def test_a_packed_sd3_job_runs_through_the_role_processes(tmp_path, redis_url):
