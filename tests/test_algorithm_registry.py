@@ -104,7 +104,7 @@ class Toy(Algorithm):
         return PolicyNeeds(reference=False, old_policy=OldPolicySpec(schedule="copy"))
 
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
-               algo: AlgorithmSpec, *, seed: int, grid: torch.Tensor, device: torch.device,
+               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
                ranks: Ranks = SINGLE) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss = toy_loss(policies.adapter, samples, seed)
@@ -135,7 +135,7 @@ def test_a_toy_algorithm_registered_in_a_test_trains_through_the_trainer(monkeyp
         engine.submit(r)
     results = sorted(engine.run_until_idle(), key=lambda r: r.request.sample_id)
     samples = [TrainSample(r.request.sample_id, r.request.sample_id.rsplit(":", 1)[0], list(r.request.prompt_ids),
-                           1.0 - 2.0 * (i % 2), r.x0, r.latents, r.log_probs, r.sigmas, 0.0, "sde", 0)
+                           1.0 - 2.0 * (i % 2), r.x0, r.latents, r.log_probs, r.sigmas, 0.0, "sde")
                for i, r in enumerate(results)]
     trainer = Trainer(copy.deepcopy(adapter), _spec(name="toy", optimizer={"learningRate": 1e-2}))
     assert trainer.policies.has_old and not trainer.policies.has_ref

@@ -77,7 +77,7 @@ def test_one_actor_step_moves_matching_error_with_the_advantage(reference):
     adv = [1.5, 0.5, -0.5, -1.5]
     samples = [TrainSample(r.request.sample_id, r.request.sample_id.rsplit(":", 1)[0], list(r.request.prompt_ids),
                            adv[int(r.request.sample_id.rsplit(":", 1)[1])], r.x0, r.latents, r.log_probs, r.sigmas,
-                           0.0, "sde", 0) for r in results]
+                           0.0, "sde") for r in results]
     spec = RLJobSpec.model_validate({
         "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}],
         "algorithm": {"name": "dgpo", "sampling": {"numSteps": 6}, "optimizer": {"learningRate": 1e-3,
