@@ -209,8 +209,12 @@ def test_evaluate_is_batch_independent_and_sde_differs():
     prompts = ['"123"', '"45678"', '"9012"']
     runs = [evaluate(adapter, spec, prompts, num_steps=3, seed=1, batch_size=b) for b in (1, 3)]
     sde = evaluate(adapter, spec, prompts, num_steps=3, seed=1, sampler="sde")
+    # batch size changes only fp32 GEMM rounding: at most one grey level on a few pixels
     for a, b, s in zip(runs[0].images, runs[1].images, sde.images, strict=True):
-        assert torch.equal(torch.from_numpy(a), torch.from_numpy(b)) and not (a == s).all()
+        gap = torch.from_numpy(a).int() - torch.from_numpy(b).int()
+        assert gap.abs().max() <= 1 and (gap != 0).float().mean() < 0.01
+        assert (torch.from_numpy(a).float() - torch.from_numpy(s).float()).abs().mean() > 10  # SDE: other samples
+    assert runs[0].rewards.tolist() == runs[1].rewards.tolist()
     assert [im.shape[1] for im in runs[0].images] == [64, 128, 64]
     with pytest.raises(ValueError, match="sampler"):
         evaluate(adapter, spec, prompts, sampler="euler")
