@@ -29,9 +29,6 @@ class _ScrapeCounter:
     def __init__(self) -> None:
         self.count = 0
 
-    def describe(self) -> list:  # without it, registering calls collect() once (auto_describe)
-        return []
-
     def collect(self) -> list:
         self.count += 1
         return []
@@ -121,10 +118,9 @@ class Meters:
         self._last_record_scrapes = self._scrapes.count
 
     def wait_for_final_scrape(self, timeout_s: float = FINAL_SCRAPE_WAIT_S) -> bool:
-        """When serving `/metrics` to a scraper, wait until a scrape that began after the last record
-        has completed (or `timeout_s` seconds); returns whether one did. No wait (True) without a
-        port or when nothing has scraped this process yet (no Prometheus: no reason to linger)."""
-        if not self.port or self._scrapes.count == 0:  # nothing serves, or nobody has ever scraped: no wait
+        """When serving `/metrics`, wait until a scrape that began after the last record has
+        completed (or `timeout_s` seconds); returns whether one did. No-op (True) without a port."""
+        if not self.port:
             return True
         log.info("keeping /metrics on port %d up until the final numbers are scraped (at most %.0f s)", self.port,
                  timeout_s)
