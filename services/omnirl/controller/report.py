@@ -115,7 +115,6 @@ class Reporter:
         return {"validation": self.validations}
 
     def close(self) -> None:
-        """Close the metrics file; let a scraper read the final numbers; stop the meters."""
+        """Close the metrics file and the meters."""
         self._f.close()
-        self.meters.wait_for_final_scrape()
         self.meters.shutdown()

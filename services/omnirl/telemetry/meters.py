@@ -7,31 +7,12 @@ named in `omnirl.telemetry.names`. Port 0 records without serving (tests, `omnir
 
 from __future__ import annotations
 
-import logging
-import time
-
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 
 from omnirl.telemetry import names as N
 
 MISMATCH_PREFIX = "logprob_mismatch_step"
-FINAL_SCRAPE_WAIT_S = 30.0
-"""How long a serving controller waits at the end for one scrape of its final numbers (two
-default Prometheus scrape intervals); without it the last step's update is never scraped."""
-
-log = logging.getLogger("omnirl.telemetry")
-
-
-class _ScrapeCounter:
-    """A prometheus_client collector that yields nothing and counts the scrapes that reach it."""
-
-    def __init__(self) -> None:
-        self.count = 0
-
-    def collect(self) -> list:
-        self.count += 1
-        return []
 
 
 class Meters:
@@ -52,18 +33,13 @@ class Meters:
                          for n in (N.GROUPS_DROPPED, N.GROUPS_REFILLED, N.ZERO_STD_GROUPS, N.SAMPLES_TRAINED)}
         gauges = set(N.ALL) - set(self.hist) - set(self.counters)
         self.gauges = {n: m.create_gauge(n) for n in gauges}
-        self.port = port
-        self._scrapes = _ScrapeCounter()
-        self._last_record_scrapes = 0
         if port:
-            from prometheus_client import REGISTRY, start_http_server
+            from prometheus_client import start_http_server
 
-            REGISTRY.register(self._scrapes)  # after the reader's collector: counts completed reads
             start_http_server(port)
 
     def record_step(self, s: dict) -> None:
         """Record one step's stats (keys as in metrics.jsonl; absent keys are skipped)."""
-        self._recorded()
         a = self.attrs
         for phase in ("step", "rollout", "reward", "train", "sync"):
             if f"{phase}_seconds" in s:
@@ -105,31 +81,12 @@ class Meters:
 
     def record_validation(self, v: dict) -> None:
         """Record a validation round's mean reward."""
-        self._recorded()
         self.gauges[N.VALIDATION_REWARD].set(float(v["val_reward_mean"]), self.attrs)
 
     def record_queue(self, stream: str, depth: int, lag: int) -> None:
         """Queue depth (entries held) and lag (not yet delivered) of one stream."""
-        self._recorded()
         self.gauges[N.QUEUE_DEPTH].set(depth, {**self.attrs, "stream": stream})
         self.gauges[N.QUEUE_LAG].set(lag, {**self.attrs, "stream": stream})
-
-    def _recorded(self) -> None:
-        self._last_record_scrapes = self._scrapes.count
-
-    def wait_for_final_scrape(self, timeout_s: float = FINAL_SCRAPE_WAIT_S) -> bool:
-        """When serving `/metrics`, wait until a scrape that began after the last record has
-        completed (or `timeout_s` seconds); returns whether one did. No-op (True) without a port."""
-        if not self.port:
-            return True
-        log.info("keeping /metrics on port %d up until the final numbers are scraped (at most %.0f s)", self.port,
-                 timeout_s)
-        deadline = time.monotonic() + timeout_s
-        while self._scrapes.count < self._last_record_scrapes + 2:  # +2: a scrape may straddle the record
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.05)
-        return True
 
     def shutdown(self) -> None:
         """Flush and stop the meter provider."""
