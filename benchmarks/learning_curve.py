@@ -18,9 +18,10 @@ import time
 import torch
 import yaml
 
+from omnirl.actor.algorithm import algorithm_for
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.trainer import Trainer
-from omnirl.algorithms import group_advantages, select_window
+from omnirl.algorithms import group_advantages
 from omnirl.api.loader import _Loader as YAML12Loader
 from omnirl.api.loader import job_from_dict, load_rljob, resolve_paths
 from omnirl.api.seeds import derive
@@ -87,13 +88,8 @@ def main() -> None:
     it = 0
     while time.time() - t0 < args.minutes * 60 and (args.max_its is None or it < args.max_its):
         prompts = data.draw(algo.promptsPerStep)
-        if algo.name == "flow-grpo":
-            g = algo.flowGrpo
-            window = tuple(select_window(derive(spec.seed, "window", step=it), algo.sampling.numSteps, g.window.size,
-                                         tuple(g.window.range)))
-            noise, sde_type = g.noiseLevel, g.sdeType
-        else:
-            window, noise, sde_type = (), 0.0, "sde"
+        plan = algorithm_for(algo.name).rollout(algo, window_seed=derive(spec.seed, "window", step=it))
+        window, noise, sde_type = plan.window, plan.noise_level, plan.sde_type
         for p_ in prompts:
             for i in range(algo.groupSize):
                 engine.submit(SampleRequest(f"{it}:{p_.index}:{i}", p_.text, tuple(p_.ids), seed=derive(spec.seed, "sample", step=it, group=p_.index, sample=i),

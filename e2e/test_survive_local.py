@@ -34,11 +34,12 @@ def sync_job(tmp: Path, name: str) -> Path:
     return path
 
 
-def start(job: Path, out: Path) -> subprocess.Popen:
-    """`omnirl run` in the background, its output in `{out}.log` (a pipe could fill and block it)."""
+def start(job: Path, out: Path, resume: bool = False) -> subprocess.Popen:
+    """`omnirl run` in the background, its output appended to `{out}.log` (a pipe could fill and block it)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}
-    with open(f"{out}.log", "w") as log:
-        return subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", str(job), "--out", str(out), "--no-ray"],
+    with open(f"{out}.log", "a") as log:
+        return subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", str(job), "--out", str(out), "--no-ray",
+                                 *(["--resume"] if resume else [])],
                                 stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
 
 
@@ -109,3 +110,67 @@ def test_sigterm_of_the_controller_and_sigkill_of_the_actor_end_with_the_uninter
 
 def _actor_rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "ledger" / "actor-actor-0.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_an_actor_restarted_alone_replays_its_step_and_the_waiting_controller_goes_on(tmp_path):
+    """failurePolicy.actor: restart-role — the controller lives on, waiting for the step the killed
+    actor had in hand; the new actor resumes from the checkpoint, replays the stored batches and
+    publishes their results again (before, the controller waited for them forever)."""
+    import yaml
+
+    job = sync_job(tmp_path, "alone")
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["failurePolicy"] = {"actor": "restart-role"}
+    job.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "alone"
+    proc = start(job, out)
+    wait_for_step(proc, out, 1)  # step 1's checkpoint is written; step 2 is in flight
+    os.kill(pid_of(out, "actor-0"), signal.SIGKILL)
+    assert proc.wait(timeout=900) == 0, tail(out)
+
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [(e["role"], e["action"]) for e in events] == [("actor-0", "restart-role")]
+    assert [r["step"] for r in steps(out)] == [0, 1, 2, 3]  # one line per step, none written twice
+    counts = check_ledger(out, total_steps=4, group_size=3, prompts_per_step=2)
+    assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 24, [])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_a_stop_while_the_actor_waits_for_a_stopping_rollout_worker_still_checkpoints_the_step(tmp_path):
+    """SIGTERM of `omnirl run` (Ctrl-C, a node drain) while the actor broadcasts to a rollout worker
+    that cannot answer: the actor stops waiting, checkpoints the step it trained, and `--resume`
+    ends the job with every sample trained once. Before, it waited out the sync timeout, was
+    SIGKILLed after the grace period and its SIGTERM checkpoint was never written."""
+    import re
+
+    import redis as redis_py
+
+    job, out = sync_job(tmp_path, "halt"), tmp_path / "halt"
+    proc = start(job, out)
+    wait_for_step(proc, out, 1)  # checkpoints are scheduled at steps 1 and 3: step 2 has none of its own
+    rollout_ledger = out / "ledger" / "rollout-rollout-0.jsonl"
+    deadline = time.monotonic() + 600
+    while sum(line.count('"sample_id": "2:') for line in rollout_ledger.read_text().splitlines()) < 6:
+        assert time.monotonic() < deadline and proc.poll() is None, tail(out)
+        time.sleep(0.05)
+    os.kill(pid_of(out, "rollout-0"), signal.SIGSTOP)  # step 2 generated; it cannot take step 2's weights
+    url = re.search(r"\(redis (redis://\S+),", Path(f"{out}.log").read_text()).group(1)
+    r = redis_py.Redis.from_url(url)
+    while not r.hexists("omnirl:halt:kv:trainreqs", "2"):  # scored and handed to the actor
+        assert time.monotonic() < deadline, tail(out)
+        time.sleep(0.05)
+    time.sleep(1.0)  # the actor trains step 2 and waits for the frozen worker
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=600) == 130, tail(out)
+    ckpts = [json.loads(line)["checkpoint"] for line in (out / "ledger" / "checkpoints-actor-0.jsonl")
+             .read_text().splitlines()]
+    assert ckpts == [1, 2], tail(out)  # the SIGTERM checkpoint of step 2
+
+    again = start(job, out, resume=True)
+    assert again.wait(timeout=900) == 0, tail(out)
+    assert [r["step"] for r in steps(out)] == [0, 1, 2, 3]  # step 2's line written by the successor
+    counts = check_ledger(out, total_steps=4, group_size=3, prompts_per_step=2)
+    assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 24, [])

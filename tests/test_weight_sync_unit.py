@@ -14,6 +14,7 @@ from omnirl.weight_sync import (
     BindingError,
     BindReport,
     Manifest,
+    SyncAborted,
     WeightReceiver,
     WeightSender,
     apply_to_module,
@@ -250,3 +251,18 @@ def test_a_receiver_leaving_a_finished_job_does_not_warn_about_the_gone_actor(ca
         leaving.close()  # leaving a job that goes on: the failure is worth a warning
     assert len(caplog.records) == 1
     assert "w-leave: could not deregister" in caplog.records[0].getMessage()
+
+
+@pytest.mark.timeout(60)  # without the abort, the sync waits its whole 600 s for the silent receiver
+def test_abort_ends_a_sync_waiting_for_a_silent_receiver() -> None:
+    stopping = threading.Event()
+    sender = WeightSender("127.0.0.1", 0, timeout_s=600, abort=stopping.is_set)
+    silent = WeightReceiver("127.0.0.1", sender.port, "w-stopped", timeout_s=5)  # registered, never receives
+    timer = threading.Timer(0.5, stopping.set)  # the actor's SIGTERM handler
+    timer.start()
+    with pytest.raises(SyncAborted, match=r"weight sync v3 \(generation 1\) aborted"):
+        sender.broadcast(named_trainable_tensors(_mlp(), False), 3)
+    assert sender.members() == ["w-stopped"]  # not deregistered as lost: it did nothing wrong
+    timer.join()
+    silent.close()
+    sender.close()

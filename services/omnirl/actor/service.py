@@ -6,7 +6,8 @@ bind fails the job before any rollout), then publish `actor_ready`.
 
 Per `TrainRequest`: load the samples' tensors → one algorithm step → broadcast the new policy to
 every rollout worker (they verify and acknowledge) → checkpoint if asked → `TrainDone` with the
-metrics → delete the batch's tensors. A request seen twice (redelivery) is trained once.
+metrics → delete the batch's tensors. A request seen twice (redelivery) is trained once and its
+`TrainDone` published again (a successor controller may be waiting for it).
 
 Durability: the actor's state is the authority on progress. It trains step n only right after
 n - 1 (a redelivered or replayed request of a trained step is skipped), and after every step
@@ -14,8 +15,11 @@ sets `kv:actor_state` = {step, policy_version, data_position}, which a (re)start
 continues from. A batch's tensors and its `TrainRequest` (hash `kv:trainreqs`, written by the
 controller before it hands the batch over) are kept until a checkpoint covers the step; an actor
 that starts from checkpoint c (`OMNIRL_RESUME`) first replays the stored requests c+1, c+2, … —
-the same samples and advantages, so the same updates — before it broadcasts its weights. SIGTERM:
-the step in hand finishes, a checkpoint of the last trained step is written, `run` returns.
+the same samples and advantages, so the same updates — before it broadcasts its weights, and then
+publishes their `TrainDone` again for a controller that outlived the old actor. SIGTERM:
+the step in hand finishes without a broadcast (the rollout workers may be stopping too; a stop of
+the whole job used to leave the actor waiting for them until it was killed, its checkpoint
+unwritten), a checkpoint of the last trained step is written, `run` returns.
 
 Several actor ranks (RANK / WORLD_SIZE, FSDP2): every rank reads every `TrainRequest` through
 its own consumer group, loads the whole batch and trains its share of the micro-batches
@@ -44,7 +48,7 @@ from omnirl.api.spec import RLJob
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.transfer import TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
-from omnirl.weight_sync import WeightSender
+from omnirl.weight_sync import SyncAborted, WeightSender
 
 log = logging.getLogger("omnirl.actor")
 GROUP = "actor"
@@ -81,12 +85,12 @@ class ActorService:
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "actor", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
-        self._trainreqs = kv_key(env.job_name, "trainreqs")
+        self._trainreqs, self._trained = kv_key(env.job_name, "trainreqs"), kv_key(env.job_name, "trained")
         self._run_id = f"{env.worker_id}-{os.getpid()}-{int(time.time() * 1000)}"
         self._base_step = self.trained_step
         leader = self.ranks.leader
         self.sender = WeightSender(env.weight_sync_host, env.weight_sync_port, device=str(self.device),
-                                   backend=env.weight_sync_backend or None) \
+                                   backend=env.weight_sync_backend or None, abort=lambda: self.terminated) \
             if leader else None
         if self.sender is not None:
             log.info("actor rank 0 on %s: weight sync over %s", self.device, self.sender.backend)
@@ -105,8 +109,11 @@ class ActorService:
     def run(self) -> None:
         """Serve until the `stop` flag is set. Errors are published as `RoleFailure`, then raised."""
         try:
+            if self.ranks.leader:  # until this actor is ready, a new controller must not read the old one's state
+                self.queue.redis.delete(kv_key(self.env.job_name, "actor_ready"))
             self._replay()
             self._start()
+            self._announce()
             control = self.queue.streams.control
             group = GROUP if self.ranks.leader else f"{GROUP}-rank{self.ranks.rank}"  # followers see every request
             self.queue.ensure_group(control, group)
@@ -121,6 +128,8 @@ class ActorService:
                     if msg.meta.get("type") == "train":
                         self._train(TrainRequest.model_validate(msg.meta))
                     self.queue.ack(control, group, [msg.id])
+        except SyncAborted:  # SIGTERM while a sync waited for rollout workers that are stopping too
+            self._checkpoint_on_terminate()
         except Exception as err:
             self._fail(f"{type(err).__name__}: {err}")
             raise
@@ -146,6 +155,23 @@ class ActorService:
             log.info("replaying step %d from its stored request (after checkpoint step %d)", req.step,
                      self.checkpointed_step)
             self._train(req, replay=True)
+
+    def _announce(self) -> None:
+        """Publish again every `TrainDone` whose metrics line no controller has written (`kv:trained`:
+        replayed steps, a step trained after SIGTERM), once the rollout workers hold these weights:
+        a controller that outlived the old actor may be waiting for one (a new one skips them)."""
+        if self.ranks.leader:
+            trained = self.queue.redis.hgetall(self._trained)
+            for step in sorted(trained, key=int):
+                self.queue.publish(self.queue.streams.control, json.loads(trained[step]))
+
+    def _republish(self, req: TrainRequest) -> None:
+        """Publish a trained step's `TrainDone` again: from `kv:trained` while the controller has not
+        written its line, else rebuilt from the request (without metrics: the line exists)."""
+        raw = self.queue.redis.hget(self._trained, str(req.step))
+        done = (TrainDone.model_validate(json.loads(raw)) if raw is not None
+                else TrainDone(step=req.step, policy_version=req.policy_version + 1, metrics={}))
+        self.queue.publish(self.queue.streams.control, done.model_dump())
 
     def _checkpoint_on_terminate(self) -> None:
         if self.trained_step > self.checkpointed_step:
@@ -177,7 +203,10 @@ class ActorService:
     def _train(self, req: TrainRequest, replay: bool = False) -> None:
         done = req.step <= self.trained_step
         if self.ranks.agree(req.step, len(req.items), done):  # the leader decides; all ranks on one request
-            log.warning("step %d already trained (redelivered request) — skipped", req.step)
+            log.warning("step %d already trained (redelivered request) — skipped, its result published again",
+                        req.step)
+            if self.ranks.leader:  # the sender may be a successor controller waiting for it
+                self._republish(req)
             return
         if req.step != self.trained_step + 1:
             raise RuntimeError(f"train request for step {req.step} after step {self.trained_step}: a step is "
@@ -195,6 +224,9 @@ class ActorService:
             for item in req.items:
                 self._ledger.write(json.dumps({"sample_id": item.sample_id, "step": req.step, "run": self._run_id,
                                                "base": self._base_step}) + "\n")
+        if not replay and self.ranks.max(float(self.terminated)) > 0:
+            self._trained_at_stop(req, metrics)  # the rollout workers may be gone already: no broadcast
+            return
         if replay:
             if req.checkpoint:
                 self._save(req.step, self.data_position)
@@ -210,7 +242,11 @@ class ActorService:
         if self.sender is None:  # a follower: the leader reports, syncs and cleans up
             return
         t_sync = time.perf_counter()
-        report = self.sender.broadcast(self._rollout, self.version)
+        try:
+            report = self.sender.broadcast(self._rollout, self.version)
+        except SyncAborted:
+            self._trained_at_stop(req, metrics)
+            return
         metrics.update(load_seconds=t_load - t0, train_seconds=t_train - t_load,
                        sync_seconds=time.perf_counter() - t_sync, sync_bytes=float(report.bytes))
         self._publish_state()
@@ -219,9 +255,19 @@ class ActorService:
         self._note_trained(done)
         self.queue.publish(self.queue.streams.control, done.model_dump())
 
+    def _trained_at_stop(self, req: TrainRequest, metrics: dict) -> None:
+        """SIGTERM mid-step: the step is trained but not broadcast. Its state and result are kept for
+        the successor (which broadcasts these weights, then announces the result); the run loop
+        writes the checkpoint next."""
+        self._publish_state()
+        if self.ranks.leader:
+            self._note_trained(TrainDone(step=req.step, policy_version=self.version,
+                                         metrics={k: float(v) for k, v in metrics.items()}))
+        log.info("SIGTERM: step %d trained, not broadcast (its checkpoint follows)", req.step)
+
     def _note_trained(self, done: TrainDone) -> None:
         """`kv:trained` keeps each step's result until the controller has written its metrics line."""
-        self.queue.redis.hset(kv_key(self.env.job_name, "trained"), str(done.step), json.dumps(done.model_dump()))
+        self.queue.redis.hset(self._trained, str(done.step), json.dumps(done.model_dump()))
 
     def _save(self, step: int, data_position: list, gathered: bool = False) -> Path | None:
         """Checkpoint `step` (a collective with several ranks); then the batches it covers are

@@ -164,8 +164,10 @@ class Controller:
         return self.reporter.finished()
 
     def _report(self, step: int, stats: dict, done: TrainDone) -> None:
-        """Write the step's line, then forget the step's numbers kept for a successor."""
-        self.reporter.step(step, done.policy_version, stats, done)
+        """Write the step's line, then forget the step's numbers kept for a successor. A result the
+        actor rebuilt (no metrics: `kv:trained` was gone) means a predecessor wrote the line."""
+        if done.metrics or not self.reporter.has_step(step):
+            self.reporter.step(step, done.policy_version, stats, done)
         self.queue.redis.hdel(self._stepstats, str(step))
         self.queue.redis.hdel(self._trained_hash, str(step))
 
@@ -380,6 +382,8 @@ class Controller:
         while step not in self.trained:
             self._check_terminated()
             self._pump(block_ms=100)
+        for old in [s for s in self.trained if s < step]:  # results the actor published again
+            del self.trained[old]
         return self.trained.pop(step)
 
     def _watch_roles(self, every_s: float = 10.0) -> None:

@@ -21,14 +21,17 @@ Rules:
   actor that prefers to continue catches it, logs and counts it (``WeightSender.lost_total``). It is
   never silently ignored. A dropped worker that is still alive sees ``evict/{id}`` and registers
   again; restarted and late workers get the current weights from `WeightSender.serve_new_members`.
+- A sender built with ``abort`` (the actor: "SIGTERM received") stops waiting for its receivers
+  when it returns True and raises `SyncAborted`: a stopping actor must not wait out ``timeout_s``
+  for rollout workers that are stopping too.
 
 Public API: `WeightSender`, `SyncReport`, `WeightReceiver`, `BindReport`, `apply_to_module`,
 `named_trainable_tensors`, `tensor_checksum`, and the errors `WeightSyncError`, `BindingError`,
-`ReceiverLost`. Imports only torch and the standard library (nothing else of ours).
+`ReceiverLost`, `SyncAborted`. Imports only torch and the standard library (nothing else of ours).
 """
 
 from omnirl.weight_sync.binding import BindReport, apply_to_module
-from omnirl.weight_sync.errors import BindingError, ReceiverLost, WeightSyncError
+from omnirl.weight_sync.errors import BindingError, ReceiverLost, SyncAborted, WeightSyncError
 from omnirl.weight_sync.manifest import Manifest, named_trainable_tensors, tensor_checksum
 from omnirl.weight_sync.receiver import WeightReceiver
 from omnirl.weight_sync.sender import SyncReport, WeightSender
@@ -38,6 +41,7 @@ __all__ = [
     "BindingError",
     "Manifest",
     "ReceiverLost",
+    "SyncAborted",
     "SyncReport",
     "WeightReceiver",
     "WeightSender",

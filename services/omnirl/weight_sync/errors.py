@@ -52,3 +52,9 @@ class ReceiverLost(WeightSyncError):
         super().__init__(message)
         self.lost = sorted(lost)
         self.report = report
+
+
+class SyncAborted(WeightSyncError):
+    """The sender's `abort` callback said stop (the actor got SIGTERM) while a sync waited for its
+    receivers; nothing was bound on the sender's side, and receivers still waiting for this
+    generation time out or see the next one. The caller decides what the unfinished sync means."""

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
@@ -83,18 +84,20 @@ def try_get_json(store: dist.Store, key: str) -> Any | None:
     return json.loads(store.get(key)) if store.check([key]) else None
 
 
-def wait_keys(store: dist.Store, keys: dict[str, str], timeout_s: float) -> tuple[list[str], list[str]]:
-    """Wait until every key exists or `timeout_s` passes.
+def wait_keys(store: dist.Store, keys: dict[str, str], timeout_s: float,
+              abort: Callable[[], bool] | None = None) -> tuple[list[str], list[str]]:
+    """Wait until every key exists, `timeout_s` passes, or `abort()` returns True.
 
     Args:
         keys: label (e.g. a worker id) → store key.
+        abort: polled with the keys; True ends the wait early (the caller checks it again).
 
     Returns:
         (labels whose key appeared, labels still missing at the deadline), each in input order.
     """
     deadline = time.monotonic() + timeout_s
     pending = dict(keys)
-    while pending and time.monotonic() < deadline:
+    while pending and time.monotonic() < deadline and not (abort is not None and abort()):
         for label, key in list(pending.items()):
             if store.check([key]):
                 del pending[label]

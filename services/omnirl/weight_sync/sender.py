@@ -6,13 +6,14 @@ import datetime
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from omnirl.weight_sync import protocol as P
-from omnirl.weight_sync.errors import BindingError, ReceiverLost
+from omnirl.weight_sync.errors import BindingError, ReceiverLost, SyncAborted
 from omnirl.weight_sync.groups import broadcast_bucket, new_group, resolve_backend, shutdown_group
 from omnirl.weight_sync.manifest import Manifest, build_manifest, pack_bucket
 
@@ -69,16 +70,19 @@ class WeightSender:
             buckets on the CPU.
         bucket_mb: bucket capacity in MiB (one broadcast per bucket, one dtype per bucket).
         timeout_s: bound (s) on each phase of a sync: ready, group build, each bucket, acks.
+        abort: polled while a sync waits for its receivers (ready, acks); True ends the sync with
+            `SyncAborted` (the actor passes "SIGTERM received": its receivers may be gone).
     """
 
     def __init__(self, host: str, port: int, *, backend: str | None = None, device: str | torch.device = "cpu",
-                 bucket_mb: float = 64, timeout_s: float = 120) -> None:
+                 bucket_mb: float = 64, timeout_s: float = 120, abort: Callable[[], bool] | None = None) -> None:
         if bucket_mb <= 0 or timeout_s <= 0:
             raise ValueError(f"WeightSender: bucket_mb ({bucket_mb}) and timeout_s ({timeout_s}) must be > 0")
         self.backend, self.transport = resolve_backend(backend, device)
         self.host = host
         self.bucket_bytes = int(bucket_mb * 2**20)
         self.timeout_s = float(timeout_s)
+        self._abort = abort
         self._store: dist.TCPStore | None = dist.TCPStore(
             host, port, is_master=True, timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
         self.port: int = self._store.port
@@ -200,7 +204,8 @@ class WeightSender:
             store.delete_key(P.ack_key(manifest.version, w))
             P.set_json(store, P.assign_key(w), {"generation": g, "version": manifest.version,
                                                 "incarnation": self._members[w].incarnation})
-        ready, silent = P.wait_keys(store, {w: P.ready_key(g, w) for w in targets}, self.timeout_s)
+        ready, silent = P.wait_keys(store, {w: P.ready_key(g, w) for w in targets}, self.timeout_s, self._abort)
+        self._check_abort(manifest.version, g)
         lost = self._drop_lost(silent, f"not ready within {self.timeout_s:.1f} s")
         if not ready:
             store.delete_key(P.manifest_key(g))
@@ -230,7 +235,9 @@ class WeightSender:
     def _collect_acks(self, version: int, g: int,
                       ready: list[str]) -> tuple[list[str], dict[str, str], list[str]]:
         """Wait for ``ack/{version}/{id}``; returns (ok ids, failures id → reason, missing ids)."""
-        acked, missing = P.wait_keys(self.store, {w: P.ack_key(version, w) for w in ready}, self.timeout_s)
+        acked, missing = P.wait_keys(self.store, {w: P.ack_key(version, w) for w in ready}, self.timeout_s,
+                                     self._abort)
+        self._check_abort(version, g)
         ok: list[str] = []
         failures: dict[str, str] = {}
         for w in acked:
@@ -244,6 +251,12 @@ class WeightSender:
             else:
                 failures[w] = doc["error"]
         return sorted(ok), failures, sorted(missing)
+
+    def _check_abort(self, version: int, g: int) -> None:
+        """Raise `SyncAborted` when `abort` says stop; the generation's manifest is withdrawn."""
+        if self._abort is not None and self._abort():
+            self.store.delete_key(P.manifest_key(g))
+            raise SyncAborted(f"weight sync v{version} (generation {g}) aborted: the sender is stopping")
 
     # -- membership -----------------------------------------------------------------------------------
 
