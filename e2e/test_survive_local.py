@@ -112,22 +112,50 @@ def _actor_rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "ledger" / "actor-actor-0.jsonl").read_text().splitlines()]
 
 
+def freeze_rollout_once_step_is_handed_over(proc: subprocess.Popen, out: Path, job_name: str, step: int) -> int:
+    """SIGSTOP the rollout worker once `step`'s 6 samples are generated and the batch is handed to
+    the actor (`kv:trainreqs`), then give the actor a second to train it: the actor is then waiting
+    in the weight sync for a worker that cannot answer. Returns the worker's PID."""
+    import re
+
+    import redis as redis_py
+
+    rollout_ledger = out / "ledger" / "rollout-rollout-0.jsonl"
+    deadline = time.monotonic() + 600
+    while sum(line.count(f'"sample_id": "{step}:') for line in rollout_ledger.read_text().splitlines()) < 6:
+        assert time.monotonic() < deadline and proc.poll() is None, tail(out)
+        time.sleep(0.05)
+    pid = pid_of(out, "rollout-0")
+    os.kill(pid, signal.SIGSTOP)
+    url = re.search(r"\(redis (redis://\S+),", Path(f"{out}.log").read_text()).group(1)
+    r = redis_py.Redis.from_url(url)
+    while not r.hexists(f"omnirl:{job_name}:kv:trainreqs", str(step)):  # scored and handed to the actor
+        assert time.monotonic() < deadline, tail(out)
+        time.sleep(0.05)
+    r.close()
+    time.sleep(1.0)
+    return pid
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
 def test_an_actor_restarted_alone_replays_its_step_and_the_waiting_controller_goes_on(tmp_path):
-    """failurePolicy.actor: restart-role — the controller lives on, waiting for the step the killed
-    actor had in hand; the new actor resumes from the checkpoint, replays the stored batches and
-    publishes their results again (before, the controller waited for them forever)."""
+    """failurePolicy.actor: restart-role — the controller lives on, waiting for step 2, which the
+    killed actor had trained but not announced; the new actor resumes from checkpoint 1, replays
+    the stored batch of step 2 and publishes its result again (before, the controller waited for
+    it forever)."""
     import yaml
 
     job = sync_job(tmp_path, "alone")
     doc = yaml.safe_load(job.read_text())
-    doc["spec"]["failurePolicy"] = {"actor": "restart-role"}
+    doc["spec"]["failurePolicy"]["actor"] = "restart-role"
     job.write_text(yaml.safe_dump(doc))
     out = tmp_path / "alone"
     proc = start(job, out)
-    wait_for_step(proc, out, 1)  # step 1's checkpoint is written; step 2 is in flight
+    wait_for_step(proc, out, 1)  # checkpoint 1 is written
+    rollout = freeze_rollout_once_step_is_handed_over(proc, out, "alone", 2)
     os.kill(pid_of(out, "actor-0"), signal.SIGKILL)
+    os.kill(rollout, signal.SIGCONT)
     assert proc.wait(timeout=900) == 0, tail(out)
 
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
@@ -144,25 +172,10 @@ def test_a_stop_while_the_actor_waits_for_a_stopping_rollout_worker_still_checkp
     that cannot answer: the actor stops waiting, checkpoints the step it trained, and `--resume`
     ends the job with every sample trained once. Before, it waited out the sync timeout, was
     SIGKILLed after the grace period and its SIGTERM checkpoint was never written."""
-    import re
-
-    import redis as redis_py
-
     job, out = sync_job(tmp_path, "halt"), tmp_path / "halt"
     proc = start(job, out)
     wait_for_step(proc, out, 1)  # checkpoints are scheduled at steps 1 and 3: step 2 has none of its own
-    rollout_ledger = out / "ledger" / "rollout-rollout-0.jsonl"
-    deadline = time.monotonic() + 600
-    while sum(line.count('"sample_id": "2:') for line in rollout_ledger.read_text().splitlines()) < 6:
-        assert time.monotonic() < deadline and proc.poll() is None, tail(out)
-        time.sleep(0.05)
-    os.kill(pid_of(out, "rollout-0"), signal.SIGSTOP)  # step 2 generated; it cannot take step 2's weights
-    url = re.search(r"\(redis (redis://\S+),", Path(f"{out}.log").read_text()).group(1)
-    r = redis_py.Redis.from_url(url)
-    while not r.hexists("omnirl:halt:kv:trainreqs", "2"):  # scored and handed to the actor
-        assert time.monotonic() < deadline, tail(out)
-        time.sleep(0.05)
-    time.sleep(1.0)  # the actor trains step 2 and waits for the frozen worker
+    freeze_rollout_once_step_is_handed_over(proc, out, "halt", 2)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=600) == 130, tail(out)
     ckpts = [json.loads(line)["checkpoint"] for line in (out / "ledger" / "checkpoints-actor-0.jsonl")
