@@ -48,6 +48,7 @@ CASES = {
                                 "spec.data.trainPrompts: "),
     "run-zero-steps": (lambda t: ["run", NFT, "--steps", "0"], "omnirl run: ", "--steps 0: must be >= 1"),
     "run-out-holds-a-run": (lambda t: ["run", NFT, "--out", existing_run(t)], "omnirl run: ", "pass --resume"),
+    "run-out-is-a-file": (lambda t: ["run", NFT, "--out", HELDOUT], "omnirl run: ", "is a file, not a directory"),
     "run-resume-nothing": (lambda t: ["run", NFT, "--resume", "--out", str(t / "empty")], "omnirl run: ",
                            "--resume: "),
     "run-dead-ray-address": (lambda t: ["run", NFT, "--ray-address", "127.0.0.1:1", "--out", str(t / "o")],

@@ -72,6 +72,8 @@ def main(args: argparse.Namespace) -> int:
     placements = place(job, device=getattr(args, "device", "auto"), share=getattr(args, "share_gpus", False))
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: is a file, not a directory; choose a directory for the run's outputs")
     if not args.resume and (out / "metrics.jsonl").exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     if args.resume and not (out / "metrics.jsonl").exists():
