@@ -35,6 +35,13 @@ def missing_prompts(tmp: Path) -> str:
     return str(path)
 
 
+def run_of_another_job(tmp: Path) -> str:
+    """A run directory whose job.yaml is the AWM example's (another job name and algorithm)."""
+    run = Path(existing_run(tmp))
+    (run / "job.yaml").write_text((ROOT / "examples" / "ocr-awm.yaml").read_text())
+    return str(run)
+
+
 def existing_run(tmp: Path) -> str:
     (tmp / "run").mkdir()
     (tmp / "run" / "metrics.jsonl").write_text("{}\n")
@@ -51,6 +58,8 @@ CASES = {
     "run-out-is-a-file": (lambda t: ["run", NFT, "--out", HELDOUT], "omnirl run: ", "is a file, not a directory"),
     "run-resume-nothing": (lambda t: ["run", NFT, "--resume", "--out", str(t / "empty")], "omnirl run: ",
                            "--resume: "),
+    "run-resume-another-job": (lambda t: ["run", NFT, "--resume", "--out", run_of_another_job(t)], "omnirl run: ",
+                               "metadata.name 'ocr-awm', not 'ocr-nft'"),
     "run-dead-ray-address": (lambda t: ["run", NFT, "--ray-address", "127.0.0.1:1", "--out", str(t / "o")],
                              "omnirl run: ", "ray start --head"),
     "run-no-ray-with-ray-address": (lambda t: ["run", NFT, "--no-ray", "--ray-address", "127.0.0.1:1", "--out",

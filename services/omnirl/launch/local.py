@@ -78,6 +78,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     if args.resume and not (out / "metrics.jsonl").exists():
         raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl)")
+    if args.resume:
+        _check_same_job(job, out)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
@@ -157,6 +159,29 @@ def _check_local_paths(job: RLJob) -> None:
         if path and not Path(path).exists():
             raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
                                     "file or directory (relative paths resolve against the manifest's folder)")
+
+
+def _check_same_job(job: RLJob, out: Path) -> None:
+    """`--resume` continues the run in `out` only with that run's job: its name (the Redis key prefix
+    of its pending work), algorithm and model family, as recorded in `out/job.yaml`.
+
+    Raises:
+        ValueError: naming the field, both values and the fix.
+    """
+    path = out / "job.yaml"
+    if not path.exists():
+        return
+    before = yaml.safe_load(path.read_text()) or {}
+    fields = (("metadata.name", job.metadata.name, ("metadata", "name")),
+              ("spec.algorithm.name", job.spec.algorithm.name, ("spec", "algorithm", "name")),
+              ("spec.model.family", job.spec.model.family, ("spec", "model", "family")))
+    for field, now, keys in fields:
+        was: object = before
+        for key in keys:
+            was = was.get(key) if isinstance(was, dict) else None
+        if was is not None and was != now:
+            raise ValueError(f"--resume: {out} holds a run with {field} {was!r}, not {now!r}; resume it with its own "
+                             "manifest, or start a new run (another --out) with model.path: OUT/exports/latest")
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
