@@ -72,6 +72,8 @@ CASES = {
                         "--steps 1: must be >= 2"),
     "eval-negative-seed": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--seed", "-1"], "omnirl eval: ",
                            "--seed -1: must be >= 0"),
+    "eval-out-is-a-file": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--out", HELDOUT], "omnirl eval: ",
+                           "is a file, not a directory"),
     "eval-invalid-manifest": (lambda t: ["eval", bad_manifest(t), "--prompts", HELDOUT], "omnirl eval: ",
                               "spec.algorithm.groupSize"),
     "pretrain-zero-steps": (lambda t: ["pretrain", "--out", str(t / "p"), "--steps", "0"], "omnirl pretrain: ",
