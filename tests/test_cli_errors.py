@@ -102,3 +102,18 @@ def test_user_errors_exit_2_with_one_line_naming_the_fix(case, tmp_path, capsys,
     assert code == 2, err
     assert len(lines) == 1 and lines[0].startswith(prefix) and fix in lines[0], err
     assert not (tmp_path / "o").exists()  # a dead --ray-address is refused before the run dir is made
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`omnirl validate … | head -1`: the pipe closes before the CLI writes; exit 1, stderr empty."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}
+    env.pop("OMNIRL_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "validate", NFT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # before the child has imported anything, so its first write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 1 and err == "", err
