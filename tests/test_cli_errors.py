@@ -42,6 +42,16 @@ def run_of_another_job(tmp: Path) -> str:
     return str(run)
 
 
+def dead_redis(tmp: Path) -> str:
+    """The NFT example with a `transferQueue.redisUrl` nothing listens on (port 1)."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    doc["spec"]["transferQueue"] = {"redisUrl": "redis://:secret@127.0.0.1:1/0"}
+    path = tmp / "dead-redis.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def existing_run(tmp: Path) -> str:
     (tmp / "run").mkdir()
     (tmp / "run" / "metrics.jsonl").write_text("{}\n")
@@ -60,6 +70,8 @@ CASES = {
                            "--resume: "),
     "run-resume-another-job": (lambda t: ["run", NFT, "--resume", "--out", run_of_another_job(t)], "omnirl run: ",
                                "metadata.name 'ocr-awm', not 'ocr-nft'"),
+    "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
+                           "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-dead-ray-address": (lambda t: ["run", NFT, "--ray-address", "127.0.0.1:1", "--out", str(t / "o")],
                              "omnirl run: ", "ray start --head"),
     "run-no-ray-with-ray-address": (lambda t: ["run", NFT, "--no-ray", "--ray-address", "127.0.0.1:1", "--out",

@@ -18,6 +18,7 @@ import json
 import os
 import signal
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -80,6 +81,8 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl)")
     if args.resume:
         _check_same_job(job, out)
+    if job.spec.transferQueue.redisUrl:
+        _check_redis(job.spec.transferQueue.redisUrl)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
     out.mkdir(parents=True, exist_ok=True)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
@@ -159,6 +162,25 @@ def _check_local_paths(job: RLJob) -> None:
         if path and not Path(path).exists():
             raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
                                     "file or directory (relative paths resolve against the manifest's folder)")
+
+
+def _check_redis(url: str) -> None:
+    """The manifest's own Redis must answer before any role starts: the roles' clients retry for
+    minutes (to ride out a restart), so an unreachable URL would otherwise look like a silent hang.
+
+    Raises:
+        ValueError: naming `spec.transferQueue.redisUrl`, the host and port (never the password) and the fix.
+    """
+    import redis as redis_py
+
+    parts = urlsplit(url)
+    try:
+        with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+            client.ping()
+    except (redis_py.RedisError, OSError, ValueError) as err:
+        raise ValueError(f"spec.transferQueue.redisUrl: {parts.hostname}:{parts.port or 6379} does not answer "
+                         f"({type(err).__name__}: {err}); start that Redis or fix the URL, or remove redisUrl so "
+                         "omnirl run starts its own redis-server") from err
 
 
 def _check_same_job(job: RLJob, out: Path) -> None:
