@@ -42,6 +42,17 @@ def run_of_another_job(tmp: Path) -> str:
     return str(run)
 
 
+def untokenizable_prompt(tmp: Path) -> str:
+    """The NFT example whose training file's third line (after a blank one) asks for 12 digits (the
+    built-in model takes at most 8)."""
+    (tmp / "train.txt").write_text('A sign that says "42"\n\nA sign that says "123456789012"\n')
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {"trainPrompts": str(tmp / "train.txt"), "validationPrompts": HELDOUT}
+    path = tmp / "long-prompt.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def dead_redis(tmp: Path) -> str:
     """The NFT example with a `transferQueue.redisUrl` nothing listens on (port 1)."""
     doc = yaml.safe_load(Path(NFT).read_text())
@@ -70,6 +81,8 @@ CASES = {
                            "--resume: "),
     "run-resume-another-job": (lambda t: ["run", NFT, "--resume", "--out", run_of_another_job(t)], "omnirl run: ",
                                "metadata.name 'ocr-awm', not 'ocr-nft'"),
+    "run-untokenizable-prompt": (lambda t: ["run", untokenizable_prompt(t), "--no-ray", "--out", str(t / "o")],
+                                 "omnirl run: ", "train.txt line 3: text '123456789012' has 12 characters"),
     "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-dead-ray-address": (lambda t: ["run", NFT, "--ray-address", "127.0.0.1:1", "--out", str(t / "o")],

@@ -162,6 +162,33 @@ def _check_local_paths(job: RLJob) -> None:
         if path and not Path(path).exists():
             raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
                                     "file or directory (relative paths resolve against the manifest's folder)")
+    _check_prompts(job)
+
+
+def _check_prompts(job: RLJob) -> None:
+    """Tokenize the prompts the controller will (the training file, the validated head of the
+    validation file) before any process starts: a prompt the model cannot take would otherwise fail
+    the controller at start, be retried by every `restart-job`, and end the job after minutes.
+
+    Raises:
+        ValueError: naming the field, the file and line, the tokenizer's reason and the fix.
+    """
+    from omnirl.controller.data import read_prompts
+    from omnirl.models.registry import load_tokenizer
+
+    spec = job.spec
+    tokenize = load_tokenizer(spec.model.family, spec.model.path)
+    files = [("spec.data.trainPrompts", spec.data.trainPrompts, None)]
+    if spec.data.validationPrompts:
+        files.append(("spec.data.validationPrompts", spec.data.validationPrompts, spec.validation.maxPrompts))
+    for field, path, limit in files:
+        read_prompts(path)  # no prompt at all: its own message
+        numbered = [(n, line.strip()) for n, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()]
+        for n, text in numbered[:limit]:
+            try:
+                tokenize(text)
+            except ValueError as err:
+                raise ValueError(f"{field}: {path} line {n}: {err}; fix or remove that line") from err
 
 
 def _check_redis(url: str) -> None:
