@@ -142,3 +142,22 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
     proc.stdout.close()  # before the child has imported anything, so its first write meets a closed pipe
     err = proc.stderr.read().decode()
     assert proc.wait() == 1 and err == "", err
+
+
+def test_a_second_launcher_on_a_run_directory_in_use_is_refused(tmp_path, capsys, monkeypatch):
+    """`omnirl run --resume --out X` while another `omnirl run` holds X: exit 2 naming that pid, before
+    a second Redis or actor touches X. The lock is held here as the running launcher holds it."""
+    import fcntl
+
+    monkeypatch.delenv("OMNIRL_DEBUG", raising=False)
+    run = Path(existing_run(tmp_path))
+    (run / "job.yaml").write_text(Path(NFT).read_text())
+    with (run / "launcher.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        code = main(["run", NFT, "--resume", "--no-ray", "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "another omnirl run (pid 4242) is running in this directory" in err, err
+    assert not (run / "redis").exists()

@@ -14,10 +14,12 @@ Outputs: `OUT/job.yaml` (the resolved manifest the roles read), `OUT/metrics.jso
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import signal
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit
 
 import yaml
@@ -85,6 +87,7 @@ def main(args: argparse.Namespace) -> int:
         _check_redis(job.spec.transferQueue.redisUrl)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
     out.mkdir(parents=True, exist_ok=True)
+    lock = _lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
     redis, judges = None, []
     redis_url = job.spec.transferQueue.redisUrl
@@ -143,6 +146,7 @@ def main(args: argparse.Namespace) -> int:
         if redis is not None:
             redis.stop()
     _summary(out)
+    lock.close()
     return code
 
 
@@ -189,6 +193,29 @@ def _check_prompts(job: RLJob) -> None:
                 tokenize(text)
             except ValueError as err:
                 raise ValueError(f"{field}: {path} line {n}: {err}; fix or remove that line") from err
+
+
+def _lock_run_dir(out: Path) -> IO[str]:
+    """An exclusive lock on `out/launcher.lock` for this launcher's life: a second `omnirl run` on the
+    same directory (e.g. `--resume` typed while the run is still going) would start its own Redis on
+    the same append-only file and a second actor writing the same checkpoints.
+
+    Raises:
+        ValueError: another live `omnirl run` holds it, naming its pid and the fix.
+    """
+    handle = (out / "launcher.lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        pid = handle.read().strip() or "?"
+        handle.close()
+        raise ValueError(f"--out {out}: another omnirl run (pid {pid}) is running in this directory; wait for it "
+                         "or stop it (Ctrl-C), then --resume, or choose another --out") from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
 
 
 def _check_redis(url: str) -> None:
