@@ -35,6 +35,34 @@ def missing_prompts(tmp: Path) -> str:
     return str(path)
 
 
+def run_of_another_job(tmp: Path) -> str:
+    """A run directory whose job.yaml is the AWM example's (another job name and algorithm)."""
+    run = Path(existing_run(tmp))
+    (run / "job.yaml").write_text((ROOT / "examples" / "ocr-awm.yaml").read_text())
+    return str(run)
+
+
+def untokenizable_prompt(tmp: Path) -> str:
+    """The NFT example whose training file's third line (after a blank one) asks for 12 digits (the
+    built-in model takes at most 8)."""
+    (tmp / "train.txt").write_text('A sign that says "42"\n\nA sign that says "123456789012"\n')
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {"trainPrompts": str(tmp / "train.txt"), "validationPrompts": HELDOUT}
+    path = tmp / "long-prompt.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def dead_redis(tmp: Path) -> str:
+    """The NFT example with a `transferQueue.redisUrl` nothing listens on (port 1)."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    doc["spec"]["transferQueue"] = {"redisUrl": "redis://:secret@127.0.0.1:1/0"}
+    path = tmp / "dead-redis.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def existing_run(tmp: Path) -> str:
     (tmp / "run").mkdir()
     (tmp / "run" / "metrics.jsonl").write_text("{}\n")
@@ -48,8 +76,15 @@ CASES = {
                                 "spec.data.trainPrompts: "),
     "run-zero-steps": (lambda t: ["run", NFT, "--steps", "0"], "omnirl run: ", "--steps 0: must be >= 1"),
     "run-out-holds-a-run": (lambda t: ["run", NFT, "--out", existing_run(t)], "omnirl run: ", "pass --resume"),
+    "run-out-is-a-file": (lambda t: ["run", NFT, "--out", HELDOUT], "omnirl run: ", "is a file, not a directory"),
     "run-resume-nothing": (lambda t: ["run", NFT, "--resume", "--out", str(t / "empty")], "omnirl run: ",
                            "--resume: "),
+    "run-resume-another-job": (lambda t: ["run", NFT, "--resume", "--out", run_of_another_job(t)], "omnirl run: ",
+                               "metadata.name 'ocr-awm', not 'ocr-nft'"),
+    "run-untokenizable-prompt": (lambda t: ["run", untokenizable_prompt(t), "--no-ray", "--out", str(t / "o")],
+                                 "omnirl run: ", "train.txt line 3: text '123456789012' has 12 characters"),
+    "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
+                           "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-dead-ray-address": (lambda t: ["run", NFT, "--ray-address", "127.0.0.1:1", "--out", str(t / "o")],
                              "omnirl run: ", "ray start --head"),
     "run-no-ray-with-ray-address": (lambda t: ["run", NFT, "--no-ray", "--ray-address", "127.0.0.1:1", "--out",
@@ -62,6 +97,8 @@ CASES = {
                         "--steps 1: must be >= 2"),
     "eval-negative-seed": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--seed", "-1"], "omnirl eval: ",
                            "--seed -1: must be >= 0"),
+    "eval-out-is-a-file": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--out", HELDOUT], "omnirl eval: ",
+                           "is a file, not a directory"),
     "eval-invalid-manifest": (lambda t: ["eval", bad_manifest(t), "--prompts", HELDOUT], "omnirl eval: ",
                               "spec.algorithm.groupSize"),
     "pretrain-zero-steps": (lambda t: ["pretrain", "--out", str(t / "p"), "--steps", "0"], "omnirl pretrain: ",
@@ -90,3 +127,37 @@ def test_user_errors_exit_2_with_one_line_naming_the_fix(case, tmp_path, capsys,
     assert code == 2, err
     assert len(lines) == 1 and lines[0].startswith(prefix) and fix in lines[0], err
     assert not (tmp_path / "o").exists()  # a dead --ray-address is refused before the run dir is made
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
+    """`omnirl validate … | head -1`: the pipe closes before the CLI writes; exit 1, stderr empty."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}
+    env.pop("OMNIRL_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "validate", NFT], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env)
+    proc.stdout.close()  # before the child has imported anything, so its first write meets a closed pipe
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 1 and err == "", err
+
+
+def test_a_second_launcher_on_a_run_directory_in_use_is_refused(tmp_path, capsys, monkeypatch):
+    """`omnirl run --resume --out X` while another `omnirl run` holds X: exit 2 naming that pid, before
+    a second Redis or actor touches X. The lock is held here as the running launcher holds it."""
+    import fcntl
+
+    monkeypatch.delenv("OMNIRL_DEBUG", raising=False)
+    run = Path(existing_run(tmp_path))
+    (run / "job.yaml").write_text(Path(NFT).read_text())
+    with (run / "launcher.lock").open("w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("4242\n")
+        held.flush()
+        code = main(["run", NFT, "--resume", "--no-ray", "--out", str(run)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert "another omnirl run (pid 4242) is running in this directory" in err, err
+    assert not (run / "redis").exists()

@@ -163,6 +163,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     try:
         return int(args.fn(args) or 0)
+    except BrokenPipeError:  # `omnirl validate … | head`: the reader left; no traceback, as other CLIs
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush must not raise too
+        return 1
     except (FileNotFoundError, ValueError, KeyError) as err:
         lines = getattr(err, "problems", None) or [str(err).strip("'\"")]
         for line in lines:

@@ -24,11 +24,13 @@ from omnirl.models.registry import adapter_options, load_adapter
 
 
 def main(args: argparse.Namespace) -> int:
-    """CLI adapter; returns 0. Raises ValueError naming the flag for a bad --steps or --seed."""
+    """CLI adapter; returns 0. Raises ValueError naming the flag for a bad --steps, --seed or --out."""
     if args.steps is not None and args.steps < 2:
         raise ValueError(f"--steps {args.steps}: must be >= 2 (denoising steps; default validation.numSteps)")
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed {args.seed}: must be >= 0")
+    if Path(args.out).exists() and not Path(args.out).is_dir():  # before minutes of sampling, not after
+        raise ValueError(f"--out {args.out}: is a file, not a directory; choose a directory for grid.png and rewards.json")
     spec = load_rljob(args.job).spec
     adapter = load_adapter(spec.model.family, spec.model.path, dtype=spec.model.dtype, **adapter_options(spec))
     if args.checkpoint:
