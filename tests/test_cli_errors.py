@@ -5,6 +5,7 @@ Each case fails before any model, Redis or Ray is started, so they run in-proces
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -161,3 +162,16 @@ def test_a_second_launcher_on_a_run_directory_in_use_is_refused(tmp_path, capsys
     assert code == 2 and err.count("\n") == 1, err
     assert "another omnirl run (pid 4242) is running in this directory" in err, err
     assert not (run / "redis").exists()
+
+
+def test_resuming_a_run_that_has_all_its_steps_says_so_and_starts_nothing(tmp_path, capsys):
+    """`omnirl run --resume --steps 2` on a run with 3 trained steps: one line, exit 0, no role started
+    (it used to start every role and show progress "3/2")."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"event": "step", "step": s}) + "\n" for s in range(3)))
+    (run / "job.yaml").write_text(Path(NFT).read_text())
+    assert main(["run", NFT, "--resume", "--steps", "2", "--no-ray", "--out", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "has trained 3 steps, the job asks for 2 (--steps): nothing to do" in out
+    assert not (run / "roles.json").exists() and not (run / "redis").exists()

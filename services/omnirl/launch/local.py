@@ -83,6 +83,12 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl)")
     if args.resume:
         _check_same_job(job, out)
+        total, trained = args.steps or job.spec.algorithm.steps, _trained_steps(out)
+        if trained >= total:  # nothing would run: say so instead of starting every role for nothing
+            print(f"omnirl: {out} has trained {trained} steps, the job asks for {total} "
+                  f"({'--steps' if args.steps else 'spec.algorithm.steps'}): nothing to do; pass --steps N "
+                  f"(N > {trained}) to train further", flush=True)
+            return 0
     if job.spec.transferQueue.redisUrl:
         _check_redis(job.spec.transferQueue.redisUrl)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
@@ -235,6 +241,12 @@ def _check_redis(url: str) -> None:
         raise ValueError(f"spec.transferQueue.redisUrl: {parts.hostname}:{parts.port or 6379} does not answer "
                          f"({type(err).__name__}: {err}); start that Redis or fix the URL, or remove redisUrl so "
                          "omnirl run starts its own redis-server") from err
+
+
+def _trained_steps(out: Path) -> int:
+    """Training steps with a line in `out/metrics.jsonl` (the highest step + 1; 0 for none)."""
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return max((int(r["step"]) for r in records if r.get("event") == "step"), default=-1) + 1
 
 
 def _check_same_job(job: RLJob, out: Path) -> None:
