@@ -9,6 +9,7 @@ back to the driver, which prints them with the role's prefix.
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from omnirl.api.runtime import VARIABLES
+from omnirl.transfer.redis_server import set_parent_death_signal
 
 ROLE_VARIABLES = frozenset(VARIABLES.values())
 
@@ -30,13 +32,14 @@ def role_command(role: str, job_file: Path) -> list[str]:
 class _Child:
     """A subprocess whose merged stdout/stderr is collected by a thread and teed to a log file."""
 
-    def __init__(self, cmd: list[str], env: dict[str, str], log_path: str) -> None:
+    def __init__(self, cmd: list[str], env: dict[str, str], log_path: str, die_with_parent: bool = False) -> None:
         Path(log_path).parent.mkdir(parents=True, exist_ok=True)
         self._log = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed in kill()
         # the role's RoleEnv is exactly what the launcher wrote: no OMNIRL_* leaks in from this shell
         inherited = {k: v for k, v in os.environ.items() if k not in ROLE_VARIABLES}
         self.proc = subprocess.Popen(cmd, env={**inherited, **env}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
+                                     stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
+                                     preexec_fn=_die_with_launcher if die_with_parent else None)
         self.lines: deque[str] = deque()
         self.tail: deque[str] = deque(maxlen=50)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -204,4 +207,12 @@ def start_role(role: str, index: int, job_file: Path, env: dict[str, str], log_d
     if use_ray:
         host = _role_host_class().options(name=None).remote(cmd, env, log_path)
         return RoleProcess(role, index, host)
-    return RoleProcess(role, index, _Child(cmd, env, log_path))
+    return RoleProcess(role, index, _Child(cmd, env, log_path, die_with_parent=sys.platform.startswith("linux")))
+
+
+def _die_with_launcher() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """A SIGKILLed launcher takes its role processes with it (its Redis goes too, so they could only
+    sit in reconnect retries). SIGKILL, not SIGTERM: what is lost is what any killed role loses, and
+    `--resume` recovers it (the actor replays the batches after its checkpoint). A clean stop of the
+    launcher stops the roles first, so this never fires then. Under Ray the role hosts own them."""
+    set_parent_death_signal(signal.SIGKILL)

@@ -41,12 +41,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: SIGTERM the child when the parent dies, so a crashed launcher leaves no server."""
+def set_parent_death_signal(sig: int) -> None:  # pragma: no cover - runs in the child between fork and exec
+    """Linux: deliver `sig` to this process when the thread that started it exits (prctl
+    PR_SET_PDEATHSIG); meant as a `preexec_fn`. Elsewhere (not glibc) it does nothing."""
     try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG = 1
     except OSError:
-        pass  # not glibc: the atexit hook and stop() remain
+        pass  # not glibc: the callers' own stop paths remain
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """SIGTERM the server when the launcher dies, so a crashed launcher leaves no server."""
+    set_parent_death_signal(signal.SIGTERM)
 
 
 class RedisServer:
