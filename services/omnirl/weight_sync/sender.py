@@ -205,7 +205,7 @@ class WeightSender:
             P.set_json(store, P.assign_key(w), {"generation": g, "version": manifest.version,
                                                 "incarnation": self._members[w].incarnation})
         ready, silent = P.wait_keys(store, {w: P.ready_key(g, w) for w in targets}, self.timeout_s, self._abort)
-        self._check_abort(manifest.version, g)
+        self._check_abort(manifest.version, g, silent)
         lost = self._drop_lost(silent, f"not ready within {self.timeout_s:.1f} s")
         if not ready:
             store.delete_key(P.manifest_key(g))
@@ -237,7 +237,7 @@ class WeightSender:
         """Wait for ``ack/{version}/{id}``; returns (ok ids, failures id → reason, missing ids)."""
         acked, missing = P.wait_keys(self.store, {w: P.ack_key(version, w) for w in ready}, self.timeout_s,
                                      self._abort)
-        self._check_abort(version, g)
+        self._check_abort(version, g, missing)
         ok: list[str] = []
         failures: dict[str, str] = {}
         for w in acked:
@@ -252,9 +252,10 @@ class WeightSender:
                 failures[w] = doc["error"]
         return sorted(ok), failures, sorted(missing)
 
-    def _check_abort(self, version: int, g: int) -> None:
-        """Raise `SyncAborted` when `abort` says stop; the generation's manifest is withdrawn."""
-        if self._abort is not None and self._abort():
+    def _check_abort(self, version: int, g: int, waiting_for: list[str]) -> None:
+        """Raise `SyncAborted` when `abort` says stop while receivers have not answered (a sync whose
+        receivers all answered goes on); the generation's manifest is withdrawn."""
+        if waiting_for and self._abort is not None and self._abort():
             self.store.delete_key(P.manifest_key(g))
             raise SyncAborted(f"weight sync v{version} (generation {g}) aborted: the sender is stopping")
 
