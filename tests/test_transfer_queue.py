@@ -178,6 +178,23 @@ def test_publish_with_done_kind_is_exactly_once(redis_client: redis.Redis) -> No
     assert torch.equal(q.load_tensors("omnirl:test-job:tensors:0:0:0")["r"], torch.ones(1))
 
 
+def test_count_key_counts_each_published_result_once_in_the_same_atomic_step(redis_client: redis.Redis) -> None:
+    """The sync-mode `generated:{step}` count: one INCR per new result, none for a duplicate, and
+    with image and trajectory keys in the same call (the script's key positions shift)."""
+    q = _queue(redis_client)
+    s, count = q.streams.samples, "omnirl:test-job:kv:generated:7"
+    for i in range(3):
+        q.publish(s, {"sample_id": f"7:0:{i}"}, {"x": torch.ones(2)}, image=torch.zeros(2), done_kind="rollout",
+                  count_key=count)
+    assert q.publish(s, {"sample_id": "7:0:1"}, {"x": torch.ones(2)}, image=torch.zeros(2), done_kind="rollout",
+                     count_key=count) is None  # redelivered: already published and counted
+    q.publish(s, {"sample_id": "7:0:9"}, {"x": torch.ones(2)}, count_key=count)  # no marker, no image
+    assert int(redis_client.get(count)) == 4 and q.stream_length(s) == 4
+    assert torch.equal(q.load_image("omnirl:test-job:tensors:7:0:2"), torch.zeros(2))
+    with pytest.raises(ValueError, match="count key 'other:generated:7' is not a key of job 'test-job'"):
+        q.publish(s, {"sample_id": "7:0:3"}, {"x": torch.ones(2)}, count_key="other:generated:7")
+
+
 def test_backpressure_times_out_without_consumer(redis_client: redis.Redis) -> None:
     q = _queue(redis_client, max_stream_length=5, backpressure_timeout_s=0.3)
     q.ensure_group(q.streams.samples, "reward")  # a group that never reads

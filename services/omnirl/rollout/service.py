@@ -140,13 +140,13 @@ class RolloutService:
                 generated_at=now, rollout_seconds=now - self.pending[m["entry"]]["started"],
             ).model_dump()
             tensors = {"x0": r.x0, "latents": r.latents, "log_probs": r.log_probs, "sigmas": r.sigmas}
+            # the sync-mode count is part of the atomic publish: a kill between two calls lost it for good
+            count = kv_key(self.env.job_name, f"generated:{m['step']}") if m["kind"] == "train" else None
             published = self.queue.publish(self.queue.streams.samples, meta, tensors, image=r.image,
-                                           done_kind="rollout")
+                                           done_kind="rollout", count_key=count)
             self.heartbeat.beat(progressed=True)
             if published is not None:
                 self.ledger.write(r.request.sample_id, r.policy_version)
-                if m["kind"] == "train":
-                    self.queue.redis.incr(kv_key(self.env.job_name, f"generated:{m['step']}"))
             entry = self.pending[m["entry"]]
             entry["left"] -= 1
             if entry["left"] == 0:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 # Store the tensors and the image (if any), set the idempotency marker (if asked) and append the
-# stream entry, all or nothing. When the marker already exists nothing is written and the script
-# returns nil. The image key gets the tensors' TTL.
-# KEYS: stream, [tensor key if ARGV[2] == '1'], [image key if ARGV[8] == '1'], [done key if ARGV[6] == '1']
+# stream entry, and INCR the count key (if asked), all or nothing. When the marker already exists
+# nothing is written and the script returns nil. The image key gets the tensors' TTL.
+# KEYS: stream, [tensor key if ARGV[2] == '1'], [image key if ARGV[8] == '1'], [done key if ARGV[6] == '1'],
+#       [count key if ARGV[10] == '1']
 # ARGV: meta, has_key, has_tensor_bytes, tensor_bytes, tensor_ttl_ms, has_done, done_ttl_ms,
-#       has_image, image_bytes
+#       has_image, image_bytes, has_count
 PUBLISH = """
 local n = 2
 local tkey = nil
@@ -15,10 +16,13 @@ local ikey = nil
 local dkey = nil
 if ARGV[2] == '1' then tkey = KEYS[n]; n = n + 1 end
 if ARGV[8] == '1' then ikey = KEYS[n]; n = n + 1 end
-if ARGV[6] == '1' then dkey = KEYS[n] end
+local ckey = nil
+if ARGV[6] == '1' then dkey = KEYS[n]; n = n + 1 end
+if ARGV[10] == '1' then ckey = KEYS[n] end
 if dkey then
   if not redis.call('SET', dkey, '1', 'NX', 'PX', ARGV[7]) then return false end
 end
+if ckey then redis.call('INCR', ckey) end
 if ikey then redis.call('SET', ikey, ARGV[9], 'PX', ARGV[5]) end
 if tkey then
   if ARGV[3] == '1' then redis.call('SET', tkey, ARGV[4], 'PX', ARGV[5]) end

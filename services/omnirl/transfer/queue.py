@@ -154,6 +154,7 @@ class TransferQueue:
         image: torch.Tensor | None = None,
         tensor_key: str | None = None,
         done_kind: str | None = None,
+        count_key: str | None = None,
     ) -> str | None:
         """Append one entry; store ``tensors`` and ``image`` (if any) under two keys with a TTL.
 
@@ -171,6 +172,8 @@ class TransferQueue:
                 entry just names this existing key (e.g. a score entry pointing at its sample).
             done_kind: when given, set the marker ``done:{done_kind}:{sample_id}`` atomically with
                 the append; if it already exists nothing is written (a duplicate result).
+            count_key: a key of this job INCR'd in the same atomic step as the append (not for a
+                duplicate), so a count of published results survives a kill at any moment.
 
         Returns:
             The new entry id, or ``None`` when ``done_kind`` found the result already published.
@@ -202,11 +205,13 @@ class TransferQueue:
         if done_kind is not None:
             marker = done_key(self.job, done_kind, self._sample_id(meta, "done_kind"))
             keys.append(marker)
+        if count_key is not None:
+            keys.append(self._check_key("count key", count_key))
         self._wait_for_room(stream)
         args = [
             meta_bytes, *flags, tensor_bytes or b"", int(self.tensor_ttl_s * 1000),
             "1" if marker else "0", int(self.done_ttl_s * 1000),
-            "1" if image_bytes is not None else "0", image_bytes or b"",
+            "1" if image_bytes is not None else "0", image_bytes or b"", "1" if count_key is not None else "0",
         ]
         entry_id = self._publish_script(keys=keys, args=args)
         return None if entry_id is None else _s(entry_id)
