@@ -185,6 +185,7 @@ class Kubelet:
         self.deleted: list[Pod] = []
         self.events: list[tuple[float, str]] = []  # (time.time(), "pod X started" …): the pods' timeline
         self._written: dict[str, dict[str, Any]] = {}  # workload uid → the status last written
+        self._given: set[int] = set()  # every loopback port a pod was given (see _loopback_port)
 
     # ------------------------------------------------------------------ the emulator
     def _list(self, api_version: str, kind: str) -> list[dict[str, Any]]:
@@ -239,9 +240,19 @@ class Kubelet:
         if obj["kind"] == "StatefulSet":
             labels["statefulset.kubernetes.io/pod-name"] = name
             labels["apps.kubernetes.io/pod-index"] = name.rpartition("-")[2]
-        ports = {p["containerPort"]: free_port() for p in template["spec"]["containers"][0].get("ports", [])}
+        ports = {p["containerPort"]: self._loopback_port() for p in template["spec"]["containers"][0].get("ports", [])}
         return Pod(name=name, owner=(obj["kind"], obj["metadata"]["name"]), uid=obj["metadata"]["uid"],
                    template_hash=digest, labels=labels, spec=template["spec"], root=self.root / name, ports=ports)
+
+    def _loopback_port(self) -> int:
+        """A free port no pod of this kubelet was ever given. A pod network gives every pod its own
+        address; on one loopback, a port picked while a restarting pod is down (the actor's weight-sync
+        port) went to a new pod's health server, and the actor could not bind it again (CI saw it)."""
+        while True:
+            port = free_port()
+            if port not in self._given:
+                self._given.add(port)
+                return port
 
     def _write_status(self, key: tuple[str, str], obj: dict[str, Any]) -> None:
         """The status a Deployment/StatefulSet/Job controller would write, when it changed."""
