@@ -33,7 +33,7 @@ from omnirl.models.compile import compile_adapter_module, compile_blocks
 
 def rollout_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
     """Eager diffusers line, compile warm-up, then static vs step-wise on both workloads and arrivals."""
-    adapter = BenchSD3Adapter(build_transformer(cfg, device))
+    adapter = BenchSD3Adapter(build_transformer(cfg, device), attention=args.attention)
     batch = min(32, args.requests // 4)
     out: dict = {"eager_diffusers": rollout.eager_diffusers(adapter.module, args.requests // 4, batch, 10, device,
                                                             peak, cfg, TEXT_TOKENS)}
@@ -59,7 +59,7 @@ def rollout_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
 
 def actor_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
     """FlowGRPO update MFU, LoRA (bypass and recompute) and full parameters, eager and compiled."""
-    source = BenchSD3Adapter(build_transformer(cfg, device))
+    source = BenchSD3Adapter(build_transformer(cfg, device), attention=args.attention)
     engine_reqs = rollout.requests(source, args.actor_samples, mixed=False, seed=3)
     from omnirl.rollout.engine import RolloutEngine
 
@@ -74,7 +74,7 @@ def actor_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
     out = {}
     for name, lora, mode in (("lora_bypass", True, "bypass"), ("lora_recompute", True, "recompute"),
                              ("full_bypass", False, "bypass")):
-        adapter = BenchSD3Adapter(build_transformer(cfg, device))
+        adapter = BenchSD3Adapter(build_transformer(cfg, device), attention=args.attention)
         out[name] = actor.measure_update(adapter, samples, lora=lora, mode=mode, micro_batch=8, device=device,
                                          peak_tflops=peak, compile=args.compile)
         print(f"  {name}: " + ", ".join(f"{k} {out[name][k]['image_steps_per_second']:.1f} image-steps/s "
@@ -113,7 +113,7 @@ def compile_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
     (one graph per batch size) and the whole transformer with dynamic shapes."""
     out = {}
     for name in ("regional-static", "whole-dynamic"):
-        adapter = BenchSD3Adapter(build_transformer(cfg, device))
+        adapter = BenchSD3Adapter(build_transformer(cfg, device), attention=args.attention)
         if name == "regional-static":
             compile_blocks(adapter.module, adapter.compile_block_types, dynamic=False)
         else:
@@ -134,7 +134,7 @@ def packing_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
     """Static vs step-wise (shape buckets) vs packed (mixed shapes in one forward), same compiled
     kernels, on the fragmented, mixed and uniform workloads, stream and burst arrival; each (workload, batching) runs once unmeasured first (compiled graphs, prompt cache, allocator)."""
     dtype = torch.float32 if device.type == "cpu" else torch.bfloat16  # CPU bf16 matmuls crawl
-    adapter = BenchSD3Adapter(build_transformer(cfg, device, dtype))
+    adapter = BenchSD3Adapter(build_transformer(cfg, device, dtype), attention=args.attention)
     if args.compile:
         compile_adapter_module(adapter)
     frag = rollout.FRAGMENTED_GROUP
@@ -155,7 +155,8 @@ def packing_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
 def packing_sparse_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
     """Static vs step-wise vs packed on the sparse workloads: groups of 1 and of 2 over the 8
     SPARSE_SIZES (`--requests`/2 images each), same compiled kernels."""
-    adapter = BenchSD3Adapter(build_transformer(cfg, device, torch.float32 if device.type == "cpu" else torch.bfloat16))
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    adapter = BenchSD3Adapter(build_transformer(cfg, device, dtype), attention=args.attention)
     if args.compile:
         compile_adapter_module(adapter)
     sizes = [(h // 4, w // 4) for h, w in rollout.SPARSE_SIZES] if args.tiny else rollout.SPARSE_SIZES
@@ -242,6 +243,8 @@ def main() -> int:
     p.add_argument("--sections", default="rollout,actor,e2e,sync",
                    help=f"comma-separated, from: {', '.join(SECTIONS)} (default: %(default)s)")
     p.add_argument("--tiny", action="store_true", help="small configuration (CPU smoke test; MFU is not reported)")
+    p.add_argument("--attention", default="auto", help="SDPA backend the blocks run: auto (torch's choice, as "
+                   "omnirl run), cudnn, flash, efficient or math (default %(default)s)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager kernels only")
     p.add_argument("--requests", type=int, default=256, help="uniform rollout requests (mixed: half)")
     p.add_argument("--actor-samples", type=int, default=32)
@@ -260,7 +263,7 @@ def main() -> int:
     res = json.loads(path.read_text()) if path.exists() else {}
     peak = matmul_peak_tflops(device, n=8192 if device.type == "cuda" else 512, repeats=20 if device.type == "cuda" else 3)
     res.update({"device": gpu, "torch": torch.__version__, "model_config": cfg, "text_tokens": TEXT_TOKENS,
-                "matmul_peak_tflops": peak, "compile": args.compile})
+                "matmul_peak_tflops": peak, "compile": args.compile, "attention": args.attention})
     print(f"{gpu}: measured bf16 matmul peak {peak:.1f} TFLOP/s", flush=True)
     failed = []
     for name in args.sections.split(","):

@@ -1,0 +1,105 @@
+"""`benchmarks.gpu.sdpa`: the SDPA backend chosen for a transformer's blocks reaches eager and compiled blocks."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from benchmarks.gpu.sdpa import backends, use_backend
+from torch import nn
+from torch.nn.attention import SDPBackend
+from torch.profiler import ProfilerActivity, profile
+
+CPU_FLASH_OP = "aten::_scaled_dot_product_flash_attention_for_cpu"
+
+
+class Block(nn.Module):
+    """Self-attention on `[B, H, S, d]` with a projection, so a compiled graph has more than the SDPA call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+
+    def forward(self, x):
+        return self.proj(F.scaled_dot_product_attention(x, x, x))
+
+
+def _ops(fn) -> set[str]:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+def test_a_name_allows_exactly_its_backend():
+    assert backends("cudnn") == [SDPBackend.CUDNN_ATTENTION]
+    assert backends("math") == [SDPBackend.MATH]
+    with pytest.raises(ValueError, match="unknown attention backend 'fa3'.*auto, cudnn, flash"):
+        backends("fa3")
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_the_named_backend_runs_inside_eager_and_compiled_blocks(compiled):
+    """The selection reaches the block's graph: on the CPU torch runs its flash kernel unless told otherwise."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(), Block())
+    x = torch.randn(2, 2, 32, 16)
+    with torch.no_grad():
+        reference = model(x)
+        assert CPU_FLASH_OP in _ops(lambda: model(x))  # torch's own choice on the CPU
+        assert use_backend(model, ["Block"], "math") == 2
+        if compiled:
+            for block in model:
+                block.compile(dynamic=True)
+            model(x)  # compile outside the profiled call
+        ops = _ops(lambda: model(x))
+        torch.testing.assert_close(model(x), reference, atol=1e-5, rtol=1e-5)
+    assert CPU_FLASH_OP not in ops
+
+
+def test_a_deep_copy_runs_its_own_weights():
+    """The actor deep-copies the module (θ_old, reference): a copy's blocks must call their own forward."""
+    torch.manual_seed(0)
+    model = nn.Sequential(Block())
+    use_backend(model, ["Block"], "math")
+    twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin[0].proj.weight.zero_()
+        twin[0].proj.bias.fill_(3.0)
+        out = twin(torch.randn(1, 1, 4, 16))
+    assert twin[0].forward.__self__ is twin[0]
+    assert torch.equal(out, torch.full_like(out, 3.0))
+
+
+def test_no_matching_block_or_unknown_backend_is_an_error():
+    model = nn.Sequential(Block())
+    with pytest.raises(ValueError, match="no submodule of Sequential has a class in"):
+        use_backend(model, ["JointTransformerBlock"], "cudnn")
+    with pytest.raises(ValueError, match="unknown attention backend 'fast'"):
+        use_backend(model, ["Block"], "fast")
+    assert use_backend(model, ["JointTransformerBlock"], "auto") == 0  # auto touches nothing
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name,kernel", [("cudnn", "cudnn"), ("flash", "flash")])
+def test_the_named_kernel_runs_in_a_compiled_block_on_cuda(name, kernel):
+    """Head dim 64 bf16, as SD3.5: the compiled graph holds the named backend's kernel."""
+    torch.manual_seed(0)
+
+    class Wide(nn.Module):
+        def forward(self, x):
+            return F.scaled_dot_product_attention(x, x, x) * 2
+
+    model = nn.Sequential(Wide()).cuda()
+    x = torch.randn(2, 4, 256, 64, device="cuda", dtype=torch.bfloat16)
+    reference = F.scaled_dot_product_attention(x.float(), x.float(), x.float()) * 2
+    use_backend(model, ["Wide"], name)
+    model[0].compile(dynamic=True)
+    with torch.no_grad():
+        model(x)
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = model(x)
+            torch.cuda.synchronize()
+    names = " ".join(e.key.lower() for e in prof.key_averages())
+    assert kernel in names, names
+    torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
