@@ -253,6 +253,49 @@ def test_a_receiver_leaving_a_finished_job_does_not_warn_about_the_gone_actor(ca
     assert "w-leave: could not deregister" in caplog.records[0].getMessage()
 
 
+class _FrozenReceiver(WeightReceiver):
+    """Becomes ready and joins the group, then takes no part in the broadcast (a SIGSTOPped rollout
+    worker) until `release` is set."""
+
+    def __init__(self, *args, joined: threading.Event, release: threading.Event, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.joined, self.release = joined, release
+
+    def _receive_buckets(self, group, manifest, plan):
+        self.joined.set()
+        self.release.wait()
+        raise RuntimeError("released")
+
+
+@pytest.mark.timeout(90)  # without the in-collective abort, the sender waits out its 600 s collective timeout
+def test_abort_ends_a_broadcast_stalled_by_a_frozen_receiver() -> None:
+    from omnirl.weight_sync.groups import ABORT_GRACE_S
+
+    stopping, joined, release = threading.Event(), threading.Event(), threading.Event()
+    sender = WeightSender("127.0.0.1", 0, timeout_s=600, abort=stopping.is_set)
+    frozen = _FrozenReceiver("127.0.0.1", sender.port, "w-frozen", timeout_s=600, joined=joined, release=release)
+    errors: list[Exception] = []
+
+    def receive() -> None:
+        try:
+            frozen.receive(_mlp())
+        except Exception as err:  # the receiver's own failure is not under test; keep it for the assert
+            errors.append(err)
+
+    worker = threading.Thread(target=receive)
+    worker.start()
+    threading.Thread(target=lambda: joined.wait() and stopping.set()).start()  # SIGTERM once it froze
+    big = {"w": torch.ones(8 * 1024 * 1024)}  # 32 MiB: more than loopback socket buffers take unread
+    with pytest.raises(SyncAborted, match=r"weight sync v4 \(generation 1\) aborted during the broadcast of bucket "
+                       rf"1/1: the sender is stopping and the collective did not finish within {ABORT_GRACE_S:.0f} s"):
+        sender.broadcast(big, 4)
+    release.set()
+    worker.join()
+    assert [type(e).__name__ for e in errors] == ["WeightSyncError"]
+    frozen.close()
+    sender.close()
+
+
 @pytest.mark.timeout(60)  # without the abort, the sync waits its whole 600 s for the silent receiver
 def test_abort_ends_a_sync_waiting_for_a_silent_receiver() -> None:
     stopping = threading.Event()

@@ -6,6 +6,8 @@ Imports are lazy so `omnirl validate` does not pay for torch.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 
 
@@ -51,7 +53,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _cmd_role(args: argparse.Namespace) -> int:
     from omnirl.launch.roles import main as role_main
 
-    return role_main(args)
+    code = role_main(args)
+    if "omnirl.weight_sync.groups" in sys.modules:
+        from omnirl.weight_sync.groups import groups_left_behind
+
+        if groups_left_behind():  # the interpreter's exit would wait out a stuck collective's timeout
+            logging.shutdown()
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return code
 
 
 def _cmd_export(args: argparse.Namespace) -> int:

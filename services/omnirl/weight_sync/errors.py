@@ -56,5 +56,6 @@ class ReceiverLost(WeightSyncError):
 
 class SyncAborted(WeightSyncError):
     """The sender's `abort` callback said stop (the actor got SIGTERM) while a sync waited for its
-    receivers; nothing was bound on the sender's side, and receivers still waiting for this
-    generation time out or see the next one. The caller decides what the unfinished sync means."""
+    receivers (ready, a bucket's collective, acks); nothing was bound on the sender's side, and
+    receivers still waiting for this generation time out or see the next one. The caller decides
+    what the unfinished sync means."""

@@ -21,13 +21,28 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import logging
 import os
 import socket
+import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
 
+from omnirl.weight_sync.errors import SyncAborted
 from omnirl.weight_sync.ipc import IpcGroup
+
+log = logging.getLogger("omnirl.weight_sync")
+
+ABORT_POLL_S = (0.001, 0.05)
+"""Seconds between checks of a broadcast's completion while an `abort` callback is watched: the
+first during the bucket's first second (a 64 MiB bucket takes ~10 ms on NVLink, so a coarse poll
+would add up over a full-weight sync's ~90 buckets), the second after it."""
+ABORT_GRACE_S = 5.0
+"""Seconds a bucket's collective may still take after `abort` turned True: receivers that are alive
+finish a bucket in well under this (64 MiB over loopback gloo: ~0.1 s), so only a stalled one is
+abandoned — and healthy receivers are not left waiting for the rest of an abandoned sync."""
 
 BACKENDS = ("gloo", "nccl", "hccl", "cuda-ipc")
 IFNAME_ENV = "OMNIRL_WEIGHT_SYNC_IFNAME"  # optional: network interface gloo binds to (e.g. eth0)
@@ -127,20 +142,60 @@ def _indexed(device: torch.device, current) -> torch.device:
     return device if device.index is not None else torch.device(device.type, current())
 
 
-def broadcast_bucket(group: dist.ProcessGroup | IpcGroup, flat: torch.Tensor, timeout_s: float) -> None:
+def broadcast_bucket(group: dist.ProcessGroup | IpcGroup, flat: torch.Tensor, timeout_s: float,
+                     abort: Callable[[], bool] | None = None) -> None:
     """Broadcast `flat` (shape ``[numel]``, any dtype) from rank 0, in place: rank 0 sends, others receive.
 
     The bucket is viewed as uint8 on the wire, so any dtype (bf16, fp8, bool) travels even where
-    the backend lacks a reduction for it. Blocks until done on this rank.
+    the backend lacks a reduction for it. Blocks until done on this rank. With `abort`, the wait
+    polls the collective (every `ABORT_POLL_S`) and gives up `ABORT_GRACE_S` after `abort()` turned
+    True: a stopping sender must not sit out the collective timeout for a receiver that froze.
 
     Raises:
         RuntimeError: a peer failed or the collective exceeded `timeout_s` (from torch).
+        SyncAborted: the collective had not completed `ABORT_GRACE_S` after `abort()` turned True
+            (the group is then unusable: drop it without waiting on it).
     """
     raw = flat.view(torch.uint8)
     work = group.broadcast(raw, 0, datetime.timedelta(seconds=timeout_s))
-    work.wait(datetime.timedelta(seconds=timeout_s))
+    if abort is not None:
+        start, stopped_at = time.monotonic(), None
+        while not work.is_completed() and time.monotonic() < start + timeout_s:
+            now = time.monotonic()
+            if stopped_at is None and abort():
+                stopped_at = now
+            if stopped_at is not None and now - stopped_at >= ABORT_GRACE_S:
+                raise SyncAborted(f"the sender is stopping and the collective did not finish within "
+                                  f"{ABORT_GRACE_S:.0f} s")
+            time.sleep(ABORT_POLL_S[0] if now - start < 1.0 else ABORT_POLL_S[1])
+    work.wait(datetime.timedelta(seconds=timeout_s))  # raises the collective's own error, if any
     if raw.device.type == "cuda":
         torch.cuda.current_stream(raw.device).synchronize()
+
+
+_LEFT_BEHIND: list = []  # groups with a collective in flight, referenced until the process ends
+
+
+def abandon_group(group: dist.ProcessGroup | IpcGroup) -> None:
+    """Leave `group` behind with a collective in flight (after `SyncAborted`).
+
+    The backend's `abort` runs where it has one (NCCL aborts its communicator). The group stays
+    referenced for the rest of the process: gloo's destructor joins worker threads that wait out
+    the collective's timeout, so letting it be collected would block wherever that happens. A
+    process that abandoned a group should end with `os._exit` (see `groups_left_behind`).
+    """
+    abort = getattr(group, "abort", None)
+    if abort is not None:
+        try:
+            abort()
+        except RuntimeError as err:  # best effort: the group is left behind either way
+            log.warning("weight sync: could not abort a group with a collective in flight: %s", err)
+    _LEFT_BEHIND.append(group)
+
+
+def groups_left_behind() -> int:
+    """How many groups this process abandoned with a collective in flight (`abandon_group`)."""
+    return len(_LEFT_BEHIND)
 
 
 def shutdown_group(group: dist.ProcessGroup | IpcGroup) -> None:

@@ -27,7 +27,11 @@ def gpu_uuid(device: torch.device) -> str:
 
 
 class _Done:
-    """The `Work` a broadcast returns: already complete when `broadcast` returns."""
+    """The `Work` a broadcast returns: already complete when `broadcast` returns (so a stopping
+    sender's abort is seen between buckets, not inside one)."""
+
+    def is_completed(self) -> bool:
+        return True
 
     def wait(self, timeout: datetime.timedelta | None = None) -> bool:
         return True

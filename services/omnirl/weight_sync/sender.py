@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from omnirl.weight_sync import protocol as P
 from omnirl.weight_sync.errors import BindingError, ReceiverLost, SyncAborted
-from omnirl.weight_sync.groups import broadcast_bucket, new_group, resolve_backend, shutdown_group
+from omnirl.weight_sync.groups import abandon_group, broadcast_bucket, new_group, resolve_backend, shutdown_group
 from omnirl.weight_sync.manifest import Manifest, build_manifest, pack_bucket
 
 log = logging.getLogger(__name__)
@@ -70,8 +70,10 @@ class WeightSender:
             buckets on the CPU.
         bucket_mb: bucket capacity in MiB (one broadcast per bucket, one dtype per bucket).
         timeout_s: bound (s) on each phase of a sync: ready, group build, each bucket, acks.
-        abort: polled while a sync waits for its receivers (ready, acks); True ends the sync with
-            `SyncAborted` (the actor passes "SIGTERM received": its receivers may be gone).
+        abort: polled while a sync waits for its receivers (ready, each bucket's collective, acks);
+            True ends the sync with `SyncAborted` (the actor passes "SIGTERM received": its
+            receivers may be gone). A bucket's collective gets `ABORT_GRACE_S` to finish after the
+            stop (healthy receivers finish it); cuda-ipc buckets are synchronous and finish or time out.
     """
 
     def __init__(self, host: str, port: int, *, backend: str | None = None, device: str | torch.device = "cpu",
@@ -168,9 +170,16 @@ class WeightSender:
             raise ReceiverLost(f"weight sync v{version} (generation {g}): no receiver became ready within "
                                f"{self.timeout_s:.1f} s; lost {lost}", lost)
         group, group_s = self._group_for(ready, g)
+        stop = (lambda: self._abort()) if self._abort is not None else None
         try:
             for i in range(len(manifest.buckets)):
-                broadcast_bucket(group, pack_bucket(manifest, i, named, self.transport), self.timeout_s)
+                broadcast_bucket(group, pack_bucket(manifest, i, named, self.transport), self.timeout_s, stop)
+        except SyncAborted as err:
+            abandon_group(group)  # a shutdown would wait for the collective in flight until its timeout
+            self._group, self._group_key, self._group_name = None, None, ""
+            self.store.delete_key(P.manifest_key(g))
+            raise SyncAborted(f"weight sync v{version} (generation {g}) aborted during the broadcast of bucket "
+                              f"{i + 1}/{len(manifest.buckets)}: {err}") from err
         except RuntimeError as err:
             first_line = str(err).splitlines()[0] if str(err) else type(err).__name__
             self._drop_group()
