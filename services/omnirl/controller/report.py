@@ -31,6 +31,23 @@ def step_line(step: int, total: int, version: int, record: dict) -> str:
     return line
 
 
+def trained_steps(run_dir: Path) -> set[int]:
+    """The training steps (0-based) with a line in `run_dir/metrics.jsonl`: the steps whose result
+    a controller has recorded. The one reader of that fact (the controller, before it writes a line
+    again; `omnirl run --resume`, before it starts a run with nothing left to train).
+
+    Raises:
+        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
+    """
+    return _steps_with(run_dir / "metrics.jsonl", "step")
+
+
+def _steps_with(path: Path, event: str) -> set[int]:
+    """The `step` of every `event` line of the metrics file `path`."""
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {int(rec["step"]) for rec in records if rec.get("event") == event}
+
+
 class Reporter:
     """Writes the job's progress.
 
@@ -56,18 +73,11 @@ class Reporter:
 
     def has_validation(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds a validation round at `step` (a predecessor's)."""
-        return self._has("validation", step)
+        return step in _steps_with(self.path, "validation")
 
     def has_step(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds the line of training step `step`."""
-        return self._has("step", step)
-
-    def _has(self, event: str, step: int) -> bool:
-        for line in self.path.read_text().splitlines():
-            rec = json.loads(line) if line.strip() else {}
-            if rec.get("event") == event and rec.get("step") == step:
-                return True
-        return False
+        return step in trained_steps(self.path.parent)
 
     def _write(self, record: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}

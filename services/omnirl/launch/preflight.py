@@ -9,7 +9,6 @@ restart), or look like a hang. Only `lock_run_dir` leaves something behind: the 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 from pathlib import Path
 from typing import IO
@@ -18,6 +17,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from omnirl.api.spec import RLJob
+from omnirl.controller import report
 
 
 def check_local_paths(job: RLJob) -> None:
@@ -108,9 +108,13 @@ def check_redis(url: str) -> None:
 
 
 def trained_steps(out: Path) -> int:
-    """Training steps with a line in `out/metrics.jsonl` (the highest step + 1; 0 for none)."""
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return max((int(r["step"]) for r in records if r.get("event") == "step"), default=-1) + 1
+    """How many steps the run in `out` has trained: its highest step with a line in `metrics.jsonl`,
+    plus 1 (0 for none; `controller/report.py::trained_steps` reads the file).
+
+    Raises:
+        FileNotFoundError: `out` holds no `metrics.jsonl`.
+    """
+    return max(report.trained_steps(out), default=-1) + 1
 
 
 def check_same_job(job: RLJob, out: Path) -> None:
