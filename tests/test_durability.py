@@ -21,6 +21,7 @@ from omnirl.actor.checkpoint import COMPLETE, has_checkpoint, resolve_checkpoint
 from omnirl.api.runtime import RoleEnv
 from omnirl.controller.groups import StepBook, attempt_of, refill_request
 from omnirl.launch.roles import should_resume
+from omnirl.models.policy_io import make_latest
 from omnirl.telemetry.health import HealthServer
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
@@ -46,6 +47,24 @@ def test_a_checkpoint_without_its_marker_is_not_resumed(tmp_path):
     (root / ".tmp-step-000004-1").mkdir()  # a killed writer's leftovers are removed by the next save
     _save(root, 4)
     assert not list(root.glob(".tmp-*")) and has_checkpoint(root)
+
+
+def test_checkpoints_and_exports_share_one_latest_link_and_pruning(tmp_path):
+    """`make_latest` (checkpoints and exports): `latest` → the newest write, the `keep` newest
+    `step-*` kept besides it, a re-written older step (a resumed run) never pruned, keep 0 prunes nothing."""
+    root = tmp_path / "exports"
+    for step in range(4):
+        (root / f"step-{step:06d}").mkdir(parents=True)
+    make_latest(root, root / "step-000003", keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000002", "step-000003"]
+    assert (root / "latest").resolve() == root / "step-000003" and os.readlink(root / "latest") == "step-000003"
+    (root / "step-000001").mkdir()  # a resumed run writes step 1 again
+    make_latest(root, root / "step-000001", keep=1)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001", "step-000003"]
+    assert (root / "latest").resolve() == root / "step-000001"
+    make_latest(root, root / "step-000003", keep=0)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001", "step-000003"]
+    assert (root / "latest").resolve() == root / "step-000003" and not list(root.glob(".latest-*"))
 
 
 def test_resume_mode_accepts_0_1_auto_only():
