@@ -21,6 +21,7 @@ from omnirl.actor.checkpoint import COMPLETE, has_checkpoint, resolve_checkpoint
 from omnirl.api.runtime import RoleEnv
 from omnirl.controller.groups import StepBook, attempt_of, refill_request
 from omnirl.launch.roles import should_resume
+from omnirl.launch.supervise import clear_start_flags
 from omnirl.models.policy_io import make_latest
 from omnirl.telemetry.health import HealthServer
 from omnirl.transfer import TransferQueue, start_redis_server
@@ -74,6 +75,17 @@ def test_resume_mode_accepts_0_1_auto_only():
     assert modes == ["0", "0", "1", "auto"]
     with pytest.raises(ValueError, match=r"OMNIRL_RESUME='yes': expected 0, 1 or auto"):
         RoleEnv.from_environ({**base, "OMNIRL_RESUME": "yes"})
+
+
+def test_roles_started_again_find_no_stop_flag_and_no_stale_actor_ready(redis_client):
+    """`--resume` and `restart-job` clear `stop` and `actor_ready` of this job only; its state stays."""
+    queue, other = TransferQueue(redis_client, "j"), TransferQueue(redis_client, "k")
+    for q in (queue, other):
+        for name, value in (("stop", True), ("actor_ready", {"policy_version": 3}), ("actor_state", {"step": 2})):
+            q.set_json(name, value)
+    clear_start_flags(queue)
+    assert [queue.get_json(n) for n in ("stop", "actor_ready", "actor_state")] == [None, None, {"step": 2}]
+    assert [other.get_json(n) for n in ("stop", "actor_ready")] == [True, {"policy_version": 3}]
 
 
 def test_take_over_and_recover_return_a_dead_consumers_entries(redis_client):

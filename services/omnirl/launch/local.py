@@ -29,7 +29,7 @@ from omnirl.launch.placement import Placement, describe, place, role_plan, weigh
 from omnirl.launch.procs import start_role
 from omnirl.launch.progress import validation_table
 from omnirl.launch.servers import JudgeFailed, check_local, start_judges, stop_judges
-from omnirl.launch.supervise import Supervisor
+from omnirl.launch.supervise import Supervisor, clear_start_flags
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
 
@@ -102,8 +102,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.resume:
         queue.cleanup()  # a fresh run starts from empty streams
     else:
-        for flag in ("stop", "actor_ready"):
-            queue.redis.delete(f"omnirl:{job.metadata.name}:kv:{flag}")
+        clear_start_flags(queue)
     sync_port, dist_port = free_port(), free_port()
     supervisor = None
     ray_ctx = None
