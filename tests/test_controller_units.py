@@ -111,12 +111,13 @@ def test_the_trained_steps_of_a_run_are_its_step_lines_for_the_controller_and_th
     line again) and `omnirl run --resume`'s count (before it starts anything) agree with it."""
     from omnirl.api.loader import load_rljob
     from omnirl.api.runtime import RoleEnv
-    from omnirl.controller.report import Reporter, trained_steps
+    from omnirl.controller.report import Reporter, read_metrics, trained_steps
     from omnirl.launch import preflight
 
     lines = [{"event": "start", "total_steps": 4, "start_step": 0}, {"event": "step", "step": 0},
              {"event": "validation", "step": 1}, {"event": "step", "step": 2}, {"event": "finish"}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n\n")
+    assert read_metrics(tmp_path) == lines  # in order, the blank line skipped
     assert trained_steps(tmp_path) == {0, 2}
     assert preflight.trained_steps(tmp_path) == 3  # the highest step + 1, as the resume message counts
     job = load_rljob(str(Path(__file__).resolve().parents[1] / "examples" / "ocr-nft.yaml"))

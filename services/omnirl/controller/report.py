@@ -15,6 +15,7 @@ from omnirl.api.spec import RLJob
 from omnirl.telemetry.meters import Meters
 
 log = logging.getLogger("omnirl.controller")
+METRICS_FILE = "metrics.jsonl"  # in the run directory
 
 
 def step_line(step: int, total: int, version: int, record: dict) -> str:
@@ -31,6 +32,15 @@ def step_line(step: int, total: int, version: int, record: dict) -> str:
     return line
 
 
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Every record of `run_dir/metrics.jsonl`, in the order written (blank lines skipped).
+
+    Raises:
+        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
+    """
+    return [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines() if line.strip()]
+
+
 def trained_steps(run_dir: Path) -> set[int]:
     """The training steps (0-based) with a line in `run_dir/metrics.jsonl`: the steps whose result
     a controller has recorded. The one reader of that fact (the controller, before it writes a line
@@ -39,13 +49,11 @@ def trained_steps(run_dir: Path) -> set[int]:
     Raises:
         FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
     """
-    return _steps_with(run_dir / "metrics.jsonl", "step")
+    return _steps_with(run_dir, "step")
 
 
-def _steps_with(path: Path, event: str) -> set[int]:
-    """The `step` of every `event` line of the metrics file `path`."""
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return {int(rec["step"]) for rec in records if rec.get("event") == event}
+def _steps_with(run_dir: Path, event: str) -> set[int]:
+    return {int(rec["step"]) for rec in read_metrics(run_dir) if rec.get("event") == event}
 
 
 class Reporter:
@@ -59,7 +67,7 @@ class Reporter:
 
     def __init__(self, out: Path, env: RoleEnv, job: RLJob) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        self.path = out / "metrics.jsonl"
+        self.path = out / METRICS_FILE
         self._f = self.path.open("a", buffering=1)
         self.meters = Meters(env.job_name, env.metrics_port)
         self.status = None
@@ -73,7 +81,7 @@ class Reporter:
 
     def has_validation(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds a validation round at `step` (a predecessor's)."""
-        return step in _steps_with(self.path, "validation")
+        return step in _steps_with(self.path.parent, "validation")
 
     def has_step(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds the line of training step `step`."""

@@ -14,7 +14,6 @@ Outputs: `OUT/job.yaml` (the resolved manifest the roles read), `OUT/metrics.jso
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 from pathlib import Path
@@ -24,6 +23,7 @@ import yaml
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.api.spec import RLJob
+from omnirl.controller.report import METRICS_FILE, read_metrics
 from omnirl.launch import preflight
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
 from omnirl.launch.procs import start_role
@@ -158,10 +158,8 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 
 
 def _summary(out: Path) -> None:
-    path = out / "metrics.jsonl"
-    if not path.exists():
+    if not (out / METRICS_FILE).exists():
         return
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    table = validation_table(records)
+    table = validation_table(read_metrics(out))
     if table:
         print(table, flush=True)
