@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta
@@ -101,3 +104,29 @@ def test_the_console_step_line_numbers_steps_as_the_checkpoints_do():
                                           "checkpoint step-000001")
     del record["checkpoint"]
     assert step_line(0, 2, 1, record).startswith("step 0 [1/2] ") and "checkpoint" not in step_line(0, 2, 1, record)
+
+
+def test_the_trained_steps_of_a_run_are_its_step_lines_for_the_controller_and_the_launcher(tmp_path):
+    """One reader of `metrics.jsonl`'s trained steps: the controller's `has_step` (before it writes a
+    line again) and `omnirl run --resume`'s count (before it starts anything) agree with it."""
+    from omnirl.api.loader import load_rljob
+    from omnirl.api.runtime import RoleEnv
+    from omnirl.controller.report import Reporter, read_metrics, trained_steps
+    from omnirl.launch import preflight
+
+    lines = [{"event": "start", "total_steps": 4, "start_step": 0}, {"event": "step", "step": 0},
+             {"event": "validation", "step": 1}, {"event": "step", "step": 2}, {"event": "finish"}]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n\n")
+    assert read_metrics(tmp_path) == lines  # in order, the blank line skipped
+    assert trained_steps(tmp_path) == {0, 2}
+    assert preflight.trained_steps(tmp_path) == 3  # the highest step + 1, as the resume message counts
+    job = load_rljob(str(Path(__file__).resolve().parents[1] / "examples" / "ocr-nft.yaml"))
+    reporter = Reporter(tmp_path, RoleEnv(job_name="j", redis_url="redis://127.0.0.1:1/0", weight_sync_host="127.0.0.1",
+                                             weight_sync_port=1, worker_id="controller-0", out_dir=str(tmp_path)), job)
+    try:
+        assert [reporter.has_step(s) for s in range(4)] == [True, False, True, False]
+        assert [reporter.has_validation(s) for s in range(3)] == [False, True, False]
+    finally:
+        reporter.close()
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert trained_steps(tmp_path) == set() and preflight.trained_steps(tmp_path) == 0

@@ -21,6 +21,8 @@ from omnirl.actor.checkpoint import COMPLETE, has_checkpoint, resolve_checkpoint
 from omnirl.api.runtime import RoleEnv
 from omnirl.controller.groups import StepBook, attempt_of, refill_request
 from omnirl.launch.roles import should_resume
+from omnirl.launch.supervise import clear_start_flags
+from omnirl.models.policy_io import make_latest
 from omnirl.telemetry.health import HealthServer
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
@@ -48,6 +50,24 @@ def test_a_checkpoint_without_its_marker_is_not_resumed(tmp_path):
     assert not list(root.glob(".tmp-*")) and has_checkpoint(root)
 
 
+def test_checkpoints_and_exports_share_one_latest_link_and_pruning(tmp_path):
+    """`make_latest` (checkpoints and exports): `latest` → the newest write, the `keep` newest
+    `step-*` kept besides it, a re-written older step (a resumed run) never pruned, keep 0 prunes nothing."""
+    root = tmp_path / "exports"
+    for step in range(4):
+        (root / f"step-{step:06d}").mkdir(parents=True)
+    make_latest(root, root / "step-000003", keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000002", "step-000003"]
+    assert (root / "latest").resolve() == root / "step-000003" and os.readlink(root / "latest") == "step-000003"
+    (root / "step-000001").mkdir()  # a resumed run writes step 1 again
+    make_latest(root, root / "step-000001", keep=1)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001", "step-000003"]
+    assert (root / "latest").resolve() == root / "step-000001"
+    make_latest(root, root / "step-000003", keep=0)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001", "step-000003"]
+    assert (root / "latest").resolve() == root / "step-000003" and not list(root.glob(".latest-*"))
+
+
 def test_resume_mode_accepts_0_1_auto_only():
     base = {"OMNIRL_JOB_NAME": "j", "OMNIRL_REDIS_URL": "redis://r:6379/0"}
     modes = [RoleEnv.from_environ({**base, **({"OMNIRL_RESUME": v} if v is not None else {})}).resume
@@ -55,6 +75,17 @@ def test_resume_mode_accepts_0_1_auto_only():
     assert modes == ["0", "0", "1", "auto"]
     with pytest.raises(ValueError, match=r"OMNIRL_RESUME='yes': expected 0, 1 or auto"):
         RoleEnv.from_environ({**base, "OMNIRL_RESUME": "yes"})
+
+
+def test_roles_started_again_find_no_stop_flag_and_no_stale_actor_ready(redis_client):
+    """`--resume` and `restart-job` clear `stop` and `actor_ready` of this job only; its state stays."""
+    queue, other = TransferQueue(redis_client, "j"), TransferQueue(redis_client, "k")
+    for q in (queue, other):
+        for name, value in (("stop", True), ("actor_ready", {"policy_version": 3}), ("actor_state", {"step": 2})):
+            q.set_json(name, value)
+    clear_start_flags(queue)
+    assert [queue.get_json(n) for n in ("stop", "actor_ready", "actor_state")] == [None, None, {"step": 2}]
+    assert [other.get_json(n) for n in ("stop", "actor_ready")] == [True, {"policy_version": 3}]
 
 
 def test_take_over_and_recover_return_a_dead_consumers_entries(redis_client):

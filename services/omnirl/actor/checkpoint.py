@@ -28,7 +28,12 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from omnirl.models.policy_io import COMPLETE, LATEST, resolve_checkpoint  # the one "where is the checkpoint"
+from omnirl.models.policy_io import (  # the one "where is the checkpoint"
+    COMPLETE,
+    LATEST,
+    make_latest,
+    resolve_checkpoint,
+)
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -91,13 +96,7 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
     (tmp / COMPLETE).write_text(str(step))
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
-    link = root / LATEST
-    tmp_link = root / f".latest-{os.getpid()}"
-    if tmp_link.is_symlink() or tmp_link.exists():
-        tmp_link.unlink()
-    tmp_link.symlink_to(final.name)
-    tmp_link.replace(link)
-    _prune(root, keep, final)
+    make_latest(root, final, keep)
     return final
 
 
@@ -112,13 +111,6 @@ def has_checkpoint(root: str | Path) -> bool:
     """True when `root/latest` is a complete checkpoint (what `OMNIRL_RESUME=auto` resumes from)."""
     latest = Path(root) / LATEST
     return (latest / COMPLETE).is_file() and (latest / "policy.safetensors").is_file()
-
-
-def _prune(root: Path, keep: int, newest: Path) -> None:
-    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
-    for p in steps[:-keep] if keep > 0 else []:
-        if p != newest:
-            shutil.rmtree(p, ignore_errors=True)
 
 
 def load_checkpoint(path: str | Path) -> dict:

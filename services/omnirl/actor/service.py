@@ -161,16 +161,24 @@ class ActorService:
         replayed steps, a step trained after SIGTERM), once the rollout workers hold these weights:
         a controller that outlived the old actor may be waiting for one (a new one skips them)."""
         if self.ranks.leader:
-            trained = self.queue.redis.hgetall(self._trained)
-            for step in sorted(trained, key=int):
-                self.queue.publish(self.queue.streams.control, json.loads(trained[step]))
+            for step in sorted(self.queue.redis.hkeys(self._trained), key=int):
+                self._publish_kept(int(step))
 
     def _republish(self, req: TrainRequest) -> None:
         """Publish a trained step's `TrainDone` again: from `kv:trained` while the controller has not
         written its line, else rebuilt from the request (without metrics: the line exists)."""
-        raw = self.queue.redis.hget(self._trained, str(req.step))
-        done = (TrainDone.model_validate(json.loads(raw)) if raw is not None
-                else TrainDone(step=req.step, policy_version=req.policy_version + 1, metrics={}))
+        if not self._publish_kept(req.step):
+            self._publish_done(TrainDone(step=req.step, policy_version=req.policy_version + 1, metrics={}))
+
+    def _publish_kept(self, step: int) -> bool:
+        """Publish `step`'s `TrainDone` as kept in `kv:trained`; False when it is gone (the controller
+        has written the step's metrics line and dropped it)."""
+        raw = self.queue.redis.hget(self._trained, str(step))
+        if raw is not None:
+            self._publish_done(TrainDone.model_validate(json.loads(raw)))
+        return raw is not None
+
+    def _publish_done(self, done: TrainDone) -> None:
         self.queue.publish(self.queue.streams.control, done.model_dump())
 
     def _checkpoint_on_terminate(self) -> None:
@@ -231,8 +239,7 @@ class ActorService:
             if req.checkpoint:
                 self._save(req.step, self.data_position)
             if self.ranks.leader:  # for a metrics line the dead controller may not have written
-                self._note_trained(TrainDone(step=req.step, policy_version=self.version,
-                                             metrics={k: float(v) for k, v in metrics.items()}))
+                self._note_trained(self._result(req, metrics))
             return
         self._gather_rollout()
         ckpt = None
@@ -250,10 +257,9 @@ class ActorService:
         metrics.update(load_seconds=t_load - t0, train_seconds=t_train - t_load,
                        sync_seconds=time.perf_counter() - t_sync, sync_bytes=float(report.bytes))
         self._publish_state()
-        done = TrainDone(step=req.step, policy_version=self.version, checkpoint=ckpt,
-                         metrics={k: float(v) for k, v in metrics.items()})
+        done = self._result(req, metrics, checkpoint=ckpt)
         self._note_trained(done)
-        self.queue.publish(self.queue.streams.control, done.model_dump())
+        self._publish_done(done)
 
     def _trained_at_stop(self, req: TrainRequest, metrics: dict) -> None:
         """SIGTERM mid-step: the step is trained but not broadcast. Its state and result are kept for
@@ -261,9 +267,13 @@ class ActorService:
         writes the checkpoint next."""
         self._publish_state()
         if self.ranks.leader:
-            self._note_trained(TrainDone(step=req.step, policy_version=self.version,
-                                         metrics={k: float(v) for k, v in metrics.items()}))
+            self._note_trained(self._result(req, metrics))
         log.info("SIGTERM: step %d trained, not broadcast (its checkpoint follows)", req.step)
+
+    def _result(self, req: TrainRequest, metrics: dict, checkpoint: str | None = None) -> TrainDone:
+        """The `TrainDone` of `req`, just trained: this actor's new version, the metrics as floats."""
+        return TrainDone(step=req.step, policy_version=self.version, checkpoint=checkpoint,
+                         metrics={k: float(v) for k, v in metrics.items()})
 
     def _note_trained(self, done: TrainDone) -> None:
         """`kv:trained` keeps each step's result until the controller has written its metrics line."""

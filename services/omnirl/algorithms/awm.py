@@ -178,6 +178,19 @@ def awm_loss(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor, clip_ra
                    clip_fraction=out.clip_fraction, ratio_max_abs_dev=out.ratio_max_abs_dev)
 
 
+def _strata(n_draws: int, u: Tensor) -> Tensor:
+    """The stratum numbers k = 0 … K−1 `[K]` float64 after checking `u`: `[K]` uniforms in [0, 1), K ≥ 1.
+
+    Raises:
+        ValueError: K < 1, u of the wrong shape or outside [0, 1).
+    """
+    if n_draws < 1 or tuple(u.shape) != (n_draws,):
+        raise ValueError(f"u must have shape [{n_draws}] with n_draws >= 1, got {tuple(u.shape)}")
+    if not bool(((u >= 0) & (u < 1)).all()):
+        raise ValueError(f"u must lie in [0, 1), got {u.tolist()}")
+    return torch.arange(n_draws, dtype=torch.float64)
+
+
 def grid_indices(num_steps: int, fraction: float, n_draws: int, u: Tensor) -> Tensor:
     """Stratified σ-grid step indices (the AWM code's `discrete_wo_init`).
 
@@ -198,11 +211,7 @@ def grid_indices(num_steps: int, fraction: float, n_draws: int, u: Tensor) -> Te
     n = int(num_steps * fraction)
     if n < 2:
         raise ValueError(f"floor(num_steps·fraction) = floor({num_steps}·{fraction}) = {n}; need >= 2 trainable steps")
-    if n_draws < 1 or tuple(u.shape) != (n_draws,):
-        raise ValueError(f"u must have shape [{n_draws}] with n_draws >= 1, got {tuple(u.shape)}")
-    if not bool(((u >= 0) & (u < 1)).all()):
-        raise ValueError(f"u must lie in [0, 1), got {u.tolist()}")
-    k = torch.arange(n_draws, dtype=torch.float64)
+    k = _strata(n_draws, u)
     return 1 + torch.floor((k + u.double()) / n_draws * (n - 1)).long()
 
 
@@ -220,9 +229,5 @@ def stratified_sigmas(sigma_range: tuple[float, float], n_draws: int, u: Tensor)
     lo, hi = (float(v) for v in sigma_range)
     if not 0.0 <= lo < hi <= 1.0:
         raise ValueError(f"sigma_range must satisfy 0 <= lo < hi <= 1, got {sigma_range!r}")
-    if n_draws < 1 or tuple(u.shape) != (n_draws,):
-        raise ValueError(f"u must have shape [{n_draws}] with n_draws >= 1, got {tuple(u.shape)}")
-    if not bool(((u >= 0) & (u < 1)).all()):
-        raise ValueError(f"u must lie in [0, 1), got {u.tolist()}")
-    k = torch.arange(n_draws, dtype=torch.float64)
+    k = _strata(n_draws, u)
     return (lo + (k + u.double()) / n_draws * (hi - lo)).float()

@@ -60,6 +60,21 @@ def _finite_seq_log_is(seq_log_is: Tensor, allow_inf: bool) -> Tensor:
     return seq_log_is
 
 
+def _log_ratio(log_prob: Tensor, rollout_log_prob: Tensor) -> Tensor:
+    """log_prob − rollout_log_prob `[B, T]` float64, detached, after checking both (floating point,
+    one `[B, T]` shape with B, T ≥ 1, every difference finite: a NaN/inf names its (sample, step))."""
+    log_prob = f32(log_prob, "log_prob").detach()
+    rollout_log_prob = f32(rollout_log_prob, "rollout_log_prob").detach()
+    same_shape(log_prob, rollout_log_prob, "log_prob", "rollout_log_prob")
+    if log_prob.dim() != 2 or 0 in log_prob.shape:
+        raise ValueError(f"log_prob must have shape [B, T] with B, T >= 1, got {tuple(log_prob.shape)}")
+    log_ratio = log_prob.double() - rollout_log_prob.double()
+    bad = ~log_ratio.isfinite()
+    if bool(bad.any()):
+        raise ValueError(f"log-probs must be finite; NaN/inf at (sample, step) {bad.nonzero().tolist()}")
+    return log_ratio
+
+
 def is_diagnostics(log_prob: Tensor, rollout_log_prob: Tensor) -> ISDiagnostics:
     """Importance-sampling diagnostics between the trainer's and the rollout engine's log-probs.
 
@@ -72,16 +87,7 @@ def is_diagnostics(log_prob: Tensor, rollout_log_prob: Tensor) -> ISDiagnostics:
     Raises:
         ValueError: shapes differ or are not [B, T] with B, T ≥ 1; NaN/inf log-probs (indices named).
     """
-    log_prob = f32(log_prob, "log_prob").detach()
-    rollout_log_prob = f32(rollout_log_prob, "rollout_log_prob").detach()
-    same_shape(log_prob, rollout_log_prob, "log_prob", "rollout_log_prob")
-    if log_prob.dim() != 2 or 0 in log_prob.shape:
-        raise ValueError(f"log_prob must have shape [B, T] with B, T >= 1, got {tuple(log_prob.shape)}")
-    log_ratio = log_prob.double() - rollout_log_prob.double()
-    bad = ~log_ratio.isfinite()
-    if bool(bad.any()):
-        raise ValueError(f"log-probs must be finite; NaN/inf at (sample, step) "
-                         f"{bad.nonzero().tolist()}")
+    log_ratio = _log_ratio(log_prob, rollout_log_prob)
     seq_log_is = log_ratio.sum(dim=1)
     relative = torch.exp(seq_log_is - seq_log_is.max())
     ess = relative.sum() ** 2 / (seq_log_is.numel() * (relative**2).sum())
@@ -104,15 +110,7 @@ def per_step_abs_log_ratio(log_prob: Tensor, rollout_log_prob: Tensor) -> Tensor
     Raises:
         ValueError: shapes differ or are not [B, T] with B, T ≥ 1, or a log-prob is NaN/inf.
     """
-    log_prob = f32(log_prob, "log_prob").detach()
-    rollout_log_prob = f32(rollout_log_prob, "rollout_log_prob").detach()
-    same_shape(log_prob, rollout_log_prob, "log_prob", "rollout_log_prob")
-    if log_prob.dim() != 2 or 0 in log_prob.shape:
-        raise ValueError(f"log_prob must have shape [B, T] with B, T >= 1, got {tuple(log_prob.shape)}")
-    gap = (log_prob.double() - rollout_log_prob.double()).abs()
-    if not bool(gap.isfinite().all()):
-        raise ValueError(f"log-probs must be finite; NaN/inf at (sample, step) {(~gap.isfinite()).nonzero().tolist()}")
-    return gap.mean(dim=0).float()
+    return _log_ratio(log_prob, rollout_log_prob).abs().mean(dim=0).float()
 
 
 def _check_band(band: tuple[float, float]) -> tuple[float, float]:

@@ -15,6 +15,7 @@ from omnirl.api.spec import RLJob
 from omnirl.telemetry.meters import Meters
 
 log = logging.getLogger("omnirl.controller")
+METRICS_FILE = "metrics.jsonl"  # in the run directory
 
 
 def step_line(step: int, total: int, version: int, record: dict) -> str:
@@ -31,6 +32,30 @@ def step_line(step: int, total: int, version: int, record: dict) -> str:
     return line
 
 
+def read_metrics(run_dir: Path) -> list[dict]:
+    """Every record of `run_dir/metrics.jsonl`, in the order written (blank lines skipped).
+
+    Raises:
+        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
+    """
+    return [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines() if line.strip()]
+
+
+def trained_steps(run_dir: Path) -> set[int]:
+    """The training steps (0-based) with a line in `run_dir/metrics.jsonl`: the steps whose result
+    a controller has recorded. The one reader of that fact (the controller, before it writes a line
+    again; `omnirl run --resume`, before it starts a run with nothing left to train).
+
+    Raises:
+        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
+    """
+    return _steps_with(run_dir, "step")
+
+
+def _steps_with(run_dir: Path, event: str) -> set[int]:
+    return {int(rec["step"]) for rec in read_metrics(run_dir) if rec.get("event") == event}
+
+
 class Reporter:
     """Writes the job's progress.
 
@@ -42,7 +67,7 @@ class Reporter:
 
     def __init__(self, out: Path, env: RoleEnv, job: RLJob) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        self.path = out / "metrics.jsonl"
+        self.path = out / METRICS_FILE
         self._f = self.path.open("a", buffering=1)
         self.meters = Meters(env.job_name, env.metrics_port)
         self.status = None
@@ -56,18 +81,11 @@ class Reporter:
 
     def has_validation(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds a validation round at `step` (a predecessor's)."""
-        return self._has("validation", step)
+        return step in _steps_with(self.path.parent, "validation")
 
     def has_step(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds the line of training step `step`."""
-        return self._has("step", step)
-
-    def _has(self, event: str, step: int) -> bool:
-        for line in self.path.read_text().splitlines():
-            rec = json.loads(line) if line.strip() else {}
-            if rec.get("event") == event and rec.get("step") == step:
-                return True
-        return False
+        return step in trained_steps(self.path.parent)
 
     def _write(self, record: dict) -> None:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}

@@ -14,24 +14,22 @@ Outputs: `OUT/job.yaml` (the resolved manifest the roles read), `OUT/metrics.jso
 from __future__ import annotations
 
 import argparse
-import fcntl
-import json
 import os
 import signal
 from pathlib import Path
-from typing import IO
-from urllib.parse import urlsplit
 
 import yaml
 
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.api.spec import RLJob
+from omnirl.controller.report import METRICS_FILE, read_metrics
+from omnirl.launch import preflight
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
 from omnirl.launch.procs import start_role
 from omnirl.launch.progress import validation_table
 from omnirl.launch.servers import JudgeFailed, check_local, start_judges, stop_judges
-from omnirl.launch.supervise import Supervisor
+from omnirl.launch.supervise import Supervisor, clear_start_flags
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
 
@@ -71,7 +69,7 @@ def main(args: argparse.Namespace) -> int:
 
         check_ray_address(args.ray_address)  # before anything is started that would need stopping
     job = load_rljob(args.job)
-    _check_local_paths(job)
+    preflight.check_local_paths(job)
     placements = place(job, device=getattr(args, "device", "auto"), share=getattr(args, "share_gpus", False))
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
@@ -82,18 +80,18 @@ def main(args: argparse.Namespace) -> int:
     if args.resume and not (out / "metrics.jsonl").exists():
         raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl)")
     if args.resume:
-        _check_same_job(job, out)
-        total, trained = args.steps or job.spec.algorithm.steps, _trained_steps(out)
+        preflight.check_same_job(job, out)
+        total, trained = args.steps or job.spec.algorithm.steps, preflight.trained_steps(out)
         if trained >= total:  # nothing would run: say so instead of starting every role for nothing
             print(f"omnirl: {out} has trained {trained} steps, the job asks for {total} "
                   f"({'--steps' if args.steps else 'spec.algorithm.steps'}): nothing to do; pass --steps N "
                   f"(N > {trained}) to train further", flush=True)
             return 0
     if job.spec.transferQueue.redisUrl:
-        _check_redis(job.spec.transferQueue.redisUrl)
+        preflight.check_redis(job.spec.transferQueue.redisUrl)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
     out.mkdir(parents=True, exist_ok=True)
-    lock = _lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
+    lock = preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
     redis, judges = None, []
     redis_url = job.spec.transferQueue.redisUrl
@@ -104,8 +102,7 @@ def main(args: argparse.Namespace) -> int:
     if not args.resume:
         queue.cleanup()  # a fresh run starts from empty streams
     else:
-        for flag in ("stop", "actor_ready"):
-            queue.redis.delete(f"omnirl:{job.metadata.name}:kv:{flag}")
+        clear_start_flags(queue)
     sync_port, dist_port = free_port(), free_port()
     supervisor = None
     ray_ctx = None
@@ -156,131 +153,13 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
-def _check_local_paths(job: RLJob) -> None:
-    """The files a local run reads, checked before any process starts (a pod's paths are the
-    operator's business: `omnirl validate` does not require them on this machine).
-
-    Raises:
-        FileNotFoundError: naming the field and the missing path.
-    """
-    spec = job.spec
-    paths = [("spec.data.trainPrompts", spec.data.trainPrompts),
-             ("spec.data.validationPrompts", spec.data.validationPrompts)]
-    if spec.model.path != "builtin":
-        paths.append(("spec.model.path", spec.model.path))
-    for field, path in paths:
-        if path and not Path(path).exists():
-            raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
-                                    "file or directory (relative paths resolve against the manifest's folder)")
-    _check_prompts(job)
-
-
-def _check_prompts(job: RLJob) -> None:
-    """Tokenize the prompts the controller will (the training file, the validated head of the
-    validation file) before any process starts: a prompt the model cannot take would otherwise fail
-    the controller at start, be retried by every `restart-job`, and end the job after minutes.
-
-    Raises:
-        ValueError: naming the field, the file and line, the tokenizer's reason and the fix.
-    """
-    from omnirl.controller.data import read_prompts
-    from omnirl.models.registry import load_tokenizer
-
-    spec = job.spec
-    tokenize = load_tokenizer(spec.model.family, spec.model.path)
-    files = [("spec.data.trainPrompts", spec.data.trainPrompts, None)]
-    if spec.data.validationPrompts:
-        files.append(("spec.data.validationPrompts", spec.data.validationPrompts, spec.validation.maxPrompts))
-    for field, path, limit in files:
-        read_prompts(path)  # no prompt at all: its own message
-        numbered = [(n, line.strip()) for n, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()]
-        for n, text in numbered[:limit]:
-            try:
-                tokenize(text)
-            except ValueError as err:
-                raise ValueError(f"{field}: {path} line {n}: {err}; fix or remove that line") from err
-
-
-def _lock_run_dir(out: Path) -> IO[str]:
-    """An exclusive lock on `out/launcher.lock` for this launcher's life: a second `omnirl run` on the
-    same directory (e.g. `--resume` typed while the run is still going) would start its own Redis on
-    the same append-only file and a second actor writing the same checkpoints.
-
-    Raises:
-        ValueError: another live `omnirl run` holds it, naming its pid and the fix.
-    """
-    handle = (out / "launcher.lock").open("a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        pid = handle.read().strip() or "?"
-        handle.close()
-        raise ValueError(f"--out {out}: another omnirl run (pid {pid}) is running in this directory; wait for it "
-                         "or stop it (Ctrl-C), then --resume, or choose another --out") from None
-    handle.truncate(0)
-    handle.write(f"{os.getpid()}\n")
-    handle.flush()
-    return handle
-
-
-def _check_redis(url: str) -> None:
-    """The manifest's own Redis must answer before any role starts: the roles' clients retry for
-    minutes (to ride out a restart), so an unreachable URL would otherwise look like a silent hang.
-
-    Raises:
-        ValueError: naming `spec.transferQueue.redisUrl`, the host and port (never the password) and the fix.
-    """
-    import redis as redis_py
-
-    parts = urlsplit(url)
-    try:
-        with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
-            client.ping()
-    except (redis_py.RedisError, OSError, ValueError) as err:
-        raise ValueError(f"spec.transferQueue.redisUrl: {parts.hostname}:{parts.port or 6379} does not answer "
-                         f"({type(err).__name__}: {err}); start that Redis or fix the URL, or remove redisUrl so "
-                         "omnirl run starts its own redis-server") from err
-
-
-def _trained_steps(out: Path) -> int:
-    """Training steps with a line in `out/metrics.jsonl` (the highest step + 1; 0 for none)."""
-    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return max((int(r["step"]) for r in records if r.get("event") == "step"), default=-1) + 1
-
-
-def _check_same_job(job: RLJob, out: Path) -> None:
-    """`--resume` continues the run in `out` only with that run's job: its name (the Redis key prefix
-    of its pending work), algorithm and model family, as recorded in `out/job.yaml`.
-
-    Raises:
-        ValueError: naming the field, both values and the fix.
-    """
-    path = out / "job.yaml"
-    if not path.exists():
-        return
-    before = yaml.safe_load(path.read_text()) or {}
-    fields = (("metadata.name", job.metadata.name, ("metadata", "name")),
-              ("spec.algorithm.name", job.spec.algorithm.name, ("spec", "algorithm", "name")),
-              ("spec.model.family", job.spec.model.family, ("spec", "model", "family")))
-    for field, now, keys in fields:
-        was: object = before
-        for key in keys:
-            was = was.get(key) if isinstance(was, dict) else None
-        if was is not None and was != now:
-            raise ValueError(f"--resume: {out} holds a run with {field} {was!r}, not {now!r}; resume it with its own "
-                             "manifest, or start a new run (another --out) with model.path: OUT/exports/latest")
-
-
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the job like Ctrl-C
 
 
 def _summary(out: Path) -> None:
-    path = out / "metrics.jsonl"
-    if not path.exists():
+    if not (out / METRICS_FILE).exists():
         return
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    table = validation_table(records)
+    table = validation_table(read_metrics(out))
     if table:
         print(table, flush=True)

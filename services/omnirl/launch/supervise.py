@@ -36,12 +36,18 @@ from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
 from omnirl.launch.roles import JOB_FAILED_EXIT
-from omnirl.transfer import RedisServer, TransferQueue, start_redis_server
+from omnirl.transfer import RedisServer, TransferQueue, kv_key, start_redis_server
 from omnirl.transfer.heartbeat import read_heartbeats
 
 STATELESS_GRACE_S = 3.0
 # (role, index, OMNIRL_RESUME) -> a started role process
 StartRole = Callable[[str, int, str], RoleProcess]
+
+
+def clear_start_flags(queue: TransferQueue) -> None:
+    """Before the roles start again (`--resume`, `restart-job`): drop the `stop` flag (every new role
+    would exit at once) and `actor_ready` (the controller must wait for the new actor's broadcast)."""
+    queue.redis.delete(*(kv_key(queue.job, flag) for flag in ("stop", "actor_ready")))
 
 
 class JobFailure(Exception):
@@ -196,8 +202,7 @@ class Supervisor:
             self.procs[p.name] = self.start(p.role, p.index, "auto")
         else:
             self.stop_all()
-            for flag in ("stop", "actor_ready"):
-                self.queue.redis.delete(f"omnirl:{self.job.metadata.name}:kv:{flag}")
+            clear_start_flags(self.queue)
             for role, index in self.plan:
                 self.procs[f"{role}-{index}"] = self.start(role, index, "auto")
         self._write_pids()

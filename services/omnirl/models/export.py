@@ -35,11 +35,10 @@ from safetensors.torch import load_file, save_file
 
 from omnirl.api.loader import dump_rljob
 from omnirl.api.spec import RLJob
-from omnirl.models.policy_io import resolve_checkpoint
+from omnirl.models.policy_io import make_latest, resolve_checkpoint
 
 EXPORT_FORMAT = "omnirl-export-v1"
 EXPORTS = "exports"
-LATEST = "latest"
 DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
@@ -93,14 +92,7 @@ def export_run_checkpoint(job: RLJob, run_dir: str | Path, checkpoint: str | Pat
     final = root / resolve_checkpoint(checkpoint).name
     shutil.rmtree(final, ignore_errors=True)  # a re-export of a resumed step
     export_checkpoint(job, checkpoint, final, run_dir=run_dir)
-    link, tmp_link = root / LATEST, root / f".{LATEST}-{os.getpid()}"
-    if tmp_link.is_symlink() or tmp_link.exists():
-        tmp_link.unlink()
-    tmp_link.symlink_to(final.name)
-    tmp_link.replace(link)
-    for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
-        if old != final:
-            shutil.rmtree(old, ignore_errors=True)
+    make_latest(root, final, keep)
     return final
 
 

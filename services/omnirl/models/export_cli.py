@@ -14,7 +14,8 @@ from pathlib import Path
 
 from omnirl.api.errors import ManifestError
 from omnirl.api.loader import load_rljob
-from omnirl.models.export import EXPORTS, LATEST, export_checkpoint
+from omnirl.models.export import EXPORTS, export_checkpoint
+from omnirl.models.policy_io import LATEST
 
 
 def _manifest(run_dir: Path, job: str | None) -> Path:

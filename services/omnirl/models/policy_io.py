@@ -1,8 +1,12 @@
-"""Load a run's rollout policy (`OUT/checkpoints/<step>/policy.safetensors`) into an adapter."""
+"""Load a run's rollout policy (`OUT/checkpoints/<step>/policy.safetensors`) into an adapter; where a
+checkpoint is (`resolve_checkpoint`) and the `step-*` + `latest` layout checkpoints and exports share
+(`make_latest`)."""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -34,6 +38,24 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise FileNotFoundError(f"{path}: an incomplete checkpoint (no {COMPLETE} marker: its writer died); "
                                 "use an older step-* directory")
     return p
+
+
+def make_latest(root: Path, newest: Path, keep: int) -> None:
+    """Point `root/latest` at `newest` (a `root/step-*` directory) and keep the `keep` newest
+    `step-*` directories besides it: the one layout of checkpoints and exports.
+
+    The link is swapped in by a rename, so `latest` is never missing nor half-written; `keep` < 1
+    deletes nothing.
+    """
+    link, tmp_link = root / LATEST, root / f".{LATEST}-{os.getpid()}"
+    if tmp_link.is_symlink() or tmp_link.exists():
+        tmp_link.unlink()
+    tmp_link.symlink_to(newest.name)
+    tmp_link.replace(link)
+    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+    for p in steps[:-keep] if keep > 0 else []:
+        if p != newest:
+            shutil.rmtree(p, ignore_errors=True)
 
 
 def load_policy(adapter: ModelAdapter, path: str | Path, lora: LoRASpec) -> dict:

@@ -63,7 +63,8 @@ class Outcome:
 
 @runtime_checkable
 class PerSampleScorer(Scorer, Protocol):
-    """A scorer that reports one score or one error per sample in one call (remote scorers, judges)."""
+    """A scorer that reports one score or one error per sample in one call (remote scorers, judges).
+    A class that subclasses it gets `score` from its `score_each`."""
 
     def score_each(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:
         """Like `Scorer.score`, but a failed sample is an entry of `Outcome.errors`, not an exception.
@@ -72,6 +73,10 @@ class PerSampleScorer(Scorer, Protocol):
             ScorerError: only for a failure of the whole call (sample id ""), e.g. an unreachable server.
         """
         ...
+
+    def score(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> np.ndarray:
+        """`[B]` float32 rewards from `score_each`; the first failed sample raises its ScorerError."""
+        return raise_first(self.score_each(images, prompts, sample_ids))
 
 
 def score_each(scorer: Scorer, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import grpc
 import numpy as np
 
-from omnirl.reward.base import Outcome, ScorerError, check_batch, raise_first
+from omnirl.reward.base import Outcome, PerSampleScorer, ScorerError, check_batch
 from omnirl.reward.protocol.codec import build_request, from_json, pb2, pb2_grpc, read_response, to_json
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
@@ -54,7 +54,7 @@ def with_retries(call: Callable[[], Outcome], max_retries: int, describe: str) -
     raise AssertionError("unreachable")
 
 
-class GRPCScorer:
+class GRPCScorer(PerSampleScorer):
     """Scores over gRPC (`kind: grpc`).
 
     Args:
@@ -88,16 +88,12 @@ class GRPCScorer:
 
         return with_retries(attempt, self.max_retries, f"{self.name}: {self.target} unreachable")
 
-    def score(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> np.ndarray:
-        """`[B]` float32 rewards; the first failed sample raises ScorerError."""
-        return raise_first(self.score_each(images, prompts, sample_ids))
-
     def close(self) -> None:
         """Close the channel."""
         self.channel.close()
 
 
-class HTTPScorer:
+class HTTPScorer(PerSampleScorer):
     """Scores over the HTTP/JSON twin (`kind: http`): POST `ScoreRequest` JSON to `url`.
 
     Args:
@@ -135,7 +131,3 @@ class HTTPScorer:
             return read_response(self.name, self.url, response, sample_ids)
 
         return with_retries(attempt, self.max_retries, f"{self.name}: {self.url} unreachable")
-
-    def score(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> np.ndarray:
-        """`[B]` float32 rewards; the first failed sample raises ScorerError."""
-        return raise_first(self.score_each(images, prompts, sample_ids))

@@ -32,7 +32,7 @@ import openai
 from omnirl.api.prompts import target_text
 from omnirl.api.seeds import derive
 from omnirl.api.spec_reward import VLMParams
-from omnirl.reward.base import Outcome, ScorerError, check_batch, raise_first
+from omnirl.reward.base import Outcome, PerSampleScorer, ScorerError, check_batch
 from omnirl.reward.protocol.codec import encode_png
 from omnirl.reward.text import ocr_reward
 
@@ -88,7 +88,7 @@ def p_yes(top_logprobs: list[Any]) -> float:
     return yes / (yes + no)
 
 
-class VLMScorer:
+class VLMScorer(PerSampleScorer):
     """A VLM judge over the OpenAI chat-completions API.
 
     Args:
@@ -127,10 +127,6 @@ class VLMScorer:
                 else:
                     outcome.values[i] = result
         return outcome
-
-    def score(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> np.ndarray:
-        """`[B]` float32 rewards; the first failed sample raises ScorerError."""
-        return raise_first(self.score_each(images, prompts, sample_ids))
 
     def _one(self, image: np.ndarray, prompt: str, sample_id: str) -> float | ScorerError:
         """The reward of one image, or the ScorerError saying why there is none."""

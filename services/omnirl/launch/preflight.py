@@ -1,0 +1,140 @@
+"""`omnirl run`'s pre-flight checks: refuse a run that cannot start, before anything starts.
+
+The launcher (`launch/local.py::main`) calls these before it starts Redis, a judge server or a
+role process. Each raises with the field or flag, the value and the fix: left to the roles, the
+same fault would fail a role only after its start-up (and again after every `failurePolicy`
+restart), or look like a hang. Only `lock_run_dir` leaves something behind: the run directory's lock.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import IO
+from urllib.parse import urlsplit
+
+import yaml
+
+from omnirl.api.spec import RLJob
+from omnirl.controller import report
+
+
+def check_local_paths(job: RLJob) -> None:
+    """The files a local run reads, checked before any process starts (a pod's paths are the
+    operator's business: `omnirl validate` does not require them on this machine).
+
+    Raises:
+        FileNotFoundError: naming the field and the missing path.
+    """
+    spec = job.spec
+    paths = [("spec.data.trainPrompts", spec.data.trainPrompts),
+             ("spec.data.validationPrompts", spec.data.validationPrompts)]
+    if spec.model.path != "builtin":
+        paths.append(("spec.model.path", spec.model.path))
+    for field, path in paths:
+        if path and not Path(path).exists():
+            raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
+                                    "file or directory (relative paths resolve against the manifest's folder)")
+    check_prompts(job)
+
+
+def check_prompts(job: RLJob) -> None:
+    """Tokenize the prompts the controller will (the training file, the validated head of the
+    validation file) before any process starts: a prompt the model cannot take would otherwise fail
+    the controller at start, be retried by every `restart-job`, and end the job after minutes.
+
+    Raises:
+        ValueError: naming the field, the file and line, the tokenizer's reason and the fix.
+    """
+    from omnirl.controller.data import read_prompts
+    from omnirl.models.registry import load_tokenizer
+
+    spec = job.spec
+    tokenize = load_tokenizer(spec.model.family, spec.model.path)
+    files = [("spec.data.trainPrompts", spec.data.trainPrompts, None)]
+    if spec.data.validationPrompts:
+        files.append(("spec.data.validationPrompts", spec.data.validationPrompts, spec.validation.maxPrompts))
+    for field, path, limit in files:
+        read_prompts(path)  # no prompt at all: its own message
+        numbered = [(n, line.strip()) for n, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()]
+        for n, text in numbered[:limit]:
+            try:
+                tokenize(text)
+            except ValueError as err:
+                raise ValueError(f"{field}: {path} line {n}: {err}; fix or remove that line") from err
+
+
+def lock_run_dir(out: Path) -> IO[str]:
+    """An exclusive lock on `out/launcher.lock` for this launcher's life: a second `omnirl run` on the
+    same directory (e.g. `--resume` typed while the run is still going) would start its own Redis on
+    the same append-only file and a second actor writing the same checkpoints.
+
+    Raises:
+        ValueError: another live `omnirl run` holds it, naming its pid and the fix.
+    """
+    handle = (out / "launcher.lock").open("a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        pid = handle.read().strip() or "?"
+        handle.close()
+        raise ValueError(f"--out {out}: another omnirl run (pid {pid}) is running in this directory; wait for it "
+                         "or stop it (Ctrl-C), then --resume, or choose another --out") from None
+    handle.truncate(0)
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    return handle
+
+
+def check_redis(url: str) -> None:
+    """The manifest's own Redis must answer before any role starts: the roles' clients retry for
+    minutes (to ride out a restart), so an unreachable URL would otherwise look like a silent hang.
+
+    Raises:
+        ValueError: naming `spec.transferQueue.redisUrl`, the host and port (never the password) and the fix.
+    """
+    import redis as redis_py
+
+    parts = urlsplit(url)
+    try:
+        with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+            client.ping()
+    except (redis_py.RedisError, OSError, ValueError) as err:
+        raise ValueError(f"spec.transferQueue.redisUrl: {parts.hostname}:{parts.port or 6379} does not answer "
+                         f"({type(err).__name__}: {err}); start that Redis or fix the URL, or remove redisUrl so "
+                         "omnirl run starts its own redis-server") from err
+
+
+def trained_steps(out: Path) -> int:
+    """How many steps the run in `out` has trained: its highest step with a line in `metrics.jsonl`,
+    plus 1 (0 for none; `controller/report.py::trained_steps` reads the file).
+
+    Raises:
+        FileNotFoundError: `out` holds no `metrics.jsonl`.
+    """
+    return max(report.trained_steps(out), default=-1) + 1
+
+
+def check_same_job(job: RLJob, out: Path) -> None:
+    """`--resume` continues the run in `out` only with that run's job: its name (the Redis key prefix
+    of its pending work), algorithm and model family, as recorded in `out/job.yaml`.
+
+    Raises:
+        ValueError: naming the field, both values and the fix.
+    """
+    path = out / "job.yaml"
+    if not path.exists():
+        return
+    before = yaml.safe_load(path.read_text()) or {}
+    fields = (("metadata.name", job.metadata.name, ("metadata", "name")),
+              ("spec.algorithm.name", job.spec.algorithm.name, ("spec", "algorithm", "name")),
+              ("spec.model.family", job.spec.model.family, ("spec", "model", "family")))
+    for field, now, keys in fields:
+        was: object = before
+        for key in keys:
+            was = was.get(key) if isinstance(was, dict) else None
+        if was is not None and was != now:
+            raise ValueError(f"--resume: {out} holds a run with {field} {was!r}, not {now!r}; resume it with its own "
+                             "manifest, or start a new run (another --out) with model.path: OUT/exports/latest")
