@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from omnirl.api.errors import FieldProblem, ManifestError
+from omnirl.api.errors import FieldProblem, ManifestError, format_value
 from omnirl.api.problems import dotted, problem_lines, walk
 from omnirl.api.spec import AlgorithmSpec, NFTSpec, RLJob, RLJobSpec, RolesSpec, RSSpec
 
@@ -96,6 +96,19 @@ def test_cross_field_checks_name_the_field(update: dict[str, Any], expected: str
 def test_nft_jobs_ignore_the_flowgrpo_window() -> None:
     a = AlgorithmSpec.model_validate({"name": "diffusion-nft", "sampling": {"numSteps": 4}})
     assert a.flowGrpo.window.range == (0, 5) and a.sampling.numSteps == 4
+
+
+@pytest.mark.parametrize("name,block,written,owner", [
+    ("flow-grpo", "nft", {"beta": 0.1}, "diffusion-nft"),
+    ("flow-grpo", "awm", {}, "awm"),  # an empty block is still written: refused
+    ("diffusion-nft", "flowGrpo", {"klCoef": 0.04}, "flow-grpo"),  # equal to the default: refused too
+    ("awm", "dgpo", {"anchor": {"decayMax": 0.5}}, "dgpo"),
+])
+def test_another_algorithms_block_is_refused(name: str, block: str, written: dict, owner: str) -> None:
+    assert _lines({"algorithm": {"name": name, block: written}}) == [
+        f"spec.algorithm.{block}: {format_value(written)} is invalid: algorithm.{block} is set but algorithm.name "
+        f"is {name}, which ignores it: remove algorithm.{block}, or set algorithm.name: {owner}"]
+    assert RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "algorithm": {"name": owner, block: written}}})
 
 
 def test_field_problem_message_and_direct_construction() -> None:
