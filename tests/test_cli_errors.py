@@ -110,6 +110,10 @@ CASES = {
                          "use --device cpu"),
     "render-missing-manifest": (lambda t: ["render", str(t / "nope.yaml")], "", "nope.yaml: cannot read"),
     "render-invalid-manifest": (lambda t: ["render", bad_manifest(t)], "", "spec.algorithm.groupSize"),
+    "render-bad-namespace": (lambda t: ["render", NFT, "--namespace", "Bad_NS"], "--namespace \"Bad_NS\" is invalid",
+                             "must be a DNS-1123 label"),
+    "render-empty-namespace": (lambda t: ["render", NFT, "--namespace", ""], "--namespace \"\" is invalid", "e.g. team-a"),
+    "render-long-namespace": (lambda t: ["render", NFT, "--namespace", "a" * 64], "--namespace ", "at most 63"),
 }
 
 
