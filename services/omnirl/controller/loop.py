@@ -74,7 +74,7 @@ class Controller:
         self.out = Path(env.out_dir)
         self.start_step, self.version = 0, 0  # set from the actor's state in run()
         self.next_unpublished = 0  # the first step without a book: its scores wait in the inbox
-        self.data = PromptSource(read_prompts(spec.data.trainPrompts), tokenize, seed=spec.seed,
+        self.data = PromptSource(read_prompts(spec.data.trainPrompts, "spec.data.trainPrompts"), tokenize, seed=spec.seed,
                                  shuffle=spec.data.shuffle)
         self.incarnation = int(self.queue.redis.incr(kv_key(env.job_name, "controller_runs"))) - 1
         self.validator = Validator(self.queue, spec, tokenize, self.out, nonce=self.incarnation) \
