@@ -171,3 +171,19 @@ def test_packed_families_are_the_adapters_with_a_packed_forward() -> None:
 
     classes = {"ocr-digits": DigitsAdapter, "sd3": SD3Adapter, "qwen-image": QwenImageAdapter, "flux": FluxAdapter}
     assert PACKED_FAMILIES == tuple(f for f, c in classes.items() if hasattr(c, "velocity_packed"))
+
+
+def test_config_errors_name_the_field_once_and_keep_other_errors() -> None:
+    from omnirl.api.errors import ConfigError, config_errors
+
+    with pytest.raises(ConfigError, match=r"^spec.model.path: \[Errno 2\] No such file") as info:
+        with config_errors("spec.model.path"):
+            open("/nonexistent/model.safetensors")
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+    with pytest.raises(ConfigError, match=r"^spec.data.trainPrompts: p.txt not found$"):
+        with config_errors("spec.data"):  # the error names its field already: not named twice
+            raise FileNotFoundError("spec.data.trainPrompts: p.txt not found")
+    with pytest.raises(ConfigError, match=r"^checkpoint c: policy$"), config_errors("checkpoint c", KeyError):
+        raise KeyError("policy")
+    with pytest.raises(RuntimeError), config_errors("spec.model.path"):  # not a reading error: a crash
+        raise RuntimeError("CUDA out of memory")
