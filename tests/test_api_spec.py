@@ -183,7 +183,8 @@ def test_config_errors_name_the_field_once_and_keep_other_errors() -> None:
     with pytest.raises(ConfigError, match=r"^spec.data.trainPrompts: p.txt not found$"):
         with config_errors("spec.data"):  # the error names its field already: not named twice
             raise FileNotFoundError("spec.data.trainPrompts: p.txt not found")
-    with pytest.raises(ConfigError, match=r"^checkpoint c: policy$"), config_errors("checkpoint c", KeyError):
+    with pytest.raises(ConfigError, match=r"^checkpoint c: policy; restore it$"), \
+            config_errors("checkpoint c", KeyError, fix="restore it"):
         raise KeyError("policy")
     with pytest.raises(RuntimeError), config_errors("spec.model.path"):  # not a reading error: a crash
         raise RuntimeError("CUDA out of memory")

@@ -76,8 +76,9 @@ class ActorService:
         self.data_position: list = [0, 0]
         # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
         if resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0:
-            with config_errors(f"checkpoint {self.ckpt_root / LATEST}", OSError, ValueError, KeyError,
-                               SafetensorError):  # unreadable on every restart; --resume cannot use it
+            with config_errors(f"checkpoint {self.ckpt_root / LATEST}", OSError, ValueError, KeyError, SafetensorError,
+                               fix="restore it, or start a fresh run in another --out (the same file fails "
+                               "every restart)"):
                 state = self.trainer.load(self.ckpt_root / LATEST)
             self.version = int(state["policy_version"])
             self.trained_step = self.checkpointed_step = int(state["step"])

@@ -70,9 +70,9 @@ class ConfigError(ValueError):
 
 
 @contextmanager
-def config_errors(field: str, *kinds: type[BaseException]) -> Iterator[None]:
+def config_errors(field: str, *kinds: type[BaseException], fix: str = "") -> Iterator[None]:
     """Turn the `kinds` of errors raised inside (default: OSError, ValueError) into a `ConfigError`
-    `"{field}: {error}"` (just the error's text when it already starts with `field`): for the start-up steps that only read the job's own files (model weights,
+    `"{field}: {error}[; {fix}]"` (just the error's text when it already starts with `field`): for the start-up steps that only read the job's own files (model weights,
     tokenizers, prompt files, checkpoints), where such an error comes back on every restart.
 
     Raises:
@@ -85,4 +85,5 @@ def config_errors(field: str, *kinds: type[BaseException]) -> Iterator[None]:
         raise
     except caught as err:
         text = str(err).strip("'\"")  # a KeyError's str is quoted
-        raise ConfigError(text if text.startswith(field) else f"{field}: {text}") from err
+        text = text if text.startswith(field) else f"{field}: {text}"
+        raise ConfigError(f"{text}; {fix}" if fix else text) from err
