@@ -1,6 +1,6 @@
 """One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → apply →
-observe (workloads, and the pods' exit codes) → failure policy → status. Idempotent: running it twice creates nothing twice (409 on
-create becomes a merge patch) and writes the same status.
+observe (workloads, and the pods' exit codes) → failure policy → status. Idempotent: running it
+twice creates nothing twice (409 on create becomes a merge patch) and writes the same status.
 
 Handlers (``handlers.py``) only wire kopf to :func:`reconcile`; everything that talks to the API
 server goes through :class:`omnirl_operator.kube.KubeApi` in a worker thread.
