@@ -43,7 +43,7 @@ def chaos_job(tmp: Path, name: str, steps: int) -> Path:
     algo = spec["algorithm"]
     algo.update(steps=steps, groupSize=3, promptsPerStep=2)
     algo["sampling"] = {"numSteps": 4}
-    algo.setdefault("flowGrpo", {})["window"] = {"size": 2, "range": [0, 3]}
+    algo["flowGrpo"]["window"] = {"size": 2, "range": [0, 3]}
     algo["optimizer"] = {"learningRate": 1e-4, "microBatchSize": 6, "updatesPerStep": 1}
     spec["pipeline"] = {"mode": "async-reward"}
     spec["checkpoint"] = {"everySteps": 2, "keep": 1}

@@ -34,7 +34,8 @@ substituted, and only this (each is a single function below):
 
 Readiness is the real probe: gRPC ``grpc.health.v1`` Check, ``httpGet`` (status 200–399) or
 ``tcpSocket`` on the probe's port (startup probe, then readiness probe). Restarts follow ``restartPolicy`` (``Always``: after 10 s back-off, like
-CrashLoopBackOff; a Job's ``OnFailure`` up to ``backoffLimit``). Not modelled: images, resources,
+CrashLoopBackOff; a Job's failed pod up to ``backoffLimit``, none for a ``podFailurePolicy`` FailJob
+exit code). Not modelled: images, resources,
 scheduling, rolling-update pacing (pods of a changed template are replaced at once).
 """
 
@@ -279,9 +280,11 @@ class Kubelet:
                           conditions=[{"type": "SuccessCriteriaMet", "status": "True"},
                                       {"type": "Complete", "status": "True"}])
         elif done:
+            code = done[0].exits[-1]
+            reason = "PodFailurePolicy" if _fails_job(obj, code) else "BackoffLimitExceeded"
             status.update(active=0, failed=len(done[0].exits), conditions=[
-                {"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
-                 "message": f"pod {done[0].name} exited {done[0].exits[-1]}"}])
+                {"type": "Failed", "status": "True", "reason": reason,
+                 "message": f"pod {done[0].name} exited {code}"}])
         return status
 
     # ------------------------------------------------------------------ the kubelet proper
@@ -293,8 +296,10 @@ class Kubelet:
             pod.proc = None
             policy = pod.spec.get("restartPolicy", "Always")
             limit = int(workload["spec"].get("backoffLimit", 6)) if workload["kind"] == "Job" else None
-            again = policy == "Always" or (policy == "OnFailure" and pod.exits[-1] != 0
-                                           and (limit is None or pod.restarts < limit))
+            # a Job retries a failed pod (in place for OnFailure, as a new pod for Never: here the same
+            # process slot) up to backoffLimit, unless its podFailurePolicy fails the Job on that code
+            again = policy == "Always" or (pod.exits[-1] != 0 and (limit is None or pod.restarts < limit)
+                                           and not _fails_job(workload, pod.exits[-1]))
             pod.done = not again
             pod.next_start = time.monotonic() + BACKOFF_S * 2 ** min(pod.restarts, 5)
             pod.restarts += int(again)
@@ -444,6 +449,13 @@ class Kubelet:
             text = pod.log.read_text().splitlines()[-lines:] if pod.log.exists() else []
             out.append(f"--- {pod.name} (exits {pod.exits}) ---\n" + "\n".join(text))
         return "\n".join(out)
+
+
+def _fails_job(workload: dict[str, Any], code: int) -> bool:
+    """Whether a Job's ``podFailurePolicy`` has a FailJob rule for exit ``code`` (operator In)."""
+    rules = (workload["spec"].get("podFailurePolicy") or {}).get("rules") or []
+    return any(r.get("action") == "FailJob" and code in (r.get("onExitCodes") or {}).get("values", [])
+               for r in rules if (r.get("onExitCodes") or {}).get("operator", "In") == "In")
 
 
 def expand(value: str, env: dict[str, str]) -> str:

@@ -27,7 +27,10 @@ def tiny_job(tmp: Path, name: str, redis_url: str, *, algorithm: str = "flow-grp
     algo = spec["algorithm"]
     algo.update(name=algorithm, steps=steps, groupSize=3, promptsPerStep=2)
     algo["sampling"] = {"numSteps": 4}
-    algo.setdefault("flowGrpo", {})["window"] = {"size": 2, "range": [0, 3]}
+    if algorithm == "flow-grpo":
+        algo["flowGrpo"]["window"] = {"size": 2, "range": [0, 3]}
+    else:  # another algorithm's block is refused (the job would silently ignore it)
+        del algo["flowGrpo"]
     algo["optimizer"] = {"learningRate": 1e-4, "microBatchSize": 4, "updatesPerStep": 1}
     spec["pipeline"] = {"mode": mode, "maxStaleness": 1}
     spec["validation"] = {"everySteps": 2, "numSteps": 4, "maxPrompts": 4}

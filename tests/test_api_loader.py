@@ -17,6 +17,7 @@ import yaml
 
 from omnirl.api.errors import ManifestError
 from omnirl.api.loader import dump_rljob, job_from_dict, load_rljob, load_rljobs, resolve_paths, validate_files
+from omnirl.api.spec_algorithm import ALGORITHMS
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -220,6 +221,9 @@ def test_round_trip_dump_and_load() -> None:
         job = load_rljob(path)
         d = dump_rljob(job)
         assert json.loads(json.dumps(d)) == d  # JSON-compatible
-        assert d["spec"]["algorithm"]["flowGrpo"]["window"]["range"] == list(job.spec.algorithm.flowGrpo.window.range)
+        algo = job.spec.algorithm
+        own = ALGORITHMS[algo.name].settings
+        assert d["spec"]["algorithm"][own] == algo.settings().model_dump(mode="json")
+        assert not set(algo.unused_blocks()) & set(d["spec"]["algorithm"])  # refused if written: never dumped
         assert job_from_dict(d) == job
         assert dump_rljob(job_from_dict(d)) == d

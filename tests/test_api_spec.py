@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from omnirl.api.errors import FieldProblem, ManifestError
+from omnirl.api.errors import FieldProblem, ManifestError, format_value
 from omnirl.api.problems import dotted, problem_lines, walk
 from omnirl.api.spec import AlgorithmSpec, NFTSpec, RLJob, RLJobSpec, RolesSpec, RSSpec
 
@@ -98,6 +98,19 @@ def test_nft_jobs_ignore_the_flowgrpo_window() -> None:
     assert a.flowGrpo.window.range == (0, 5) and a.sampling.numSteps == 4
 
 
+@pytest.mark.parametrize("name,block,written,owner", [
+    ("flow-grpo", "nft", {"beta": 0.1}, "diffusion-nft"),
+    ("flow-grpo", "awm", {}, "awm"),  # an empty block is still written: refused
+    ("diffusion-nft", "flowGrpo", {"klCoef": 0.04}, "flow-grpo"),  # equal to the default: refused too
+    ("awm", "dgpo", {"anchor": {"decayMax": 0.5}}, "dgpo"),
+])
+def test_another_algorithms_block_is_refused(name: str, block: str, written: dict, owner: str) -> None:
+    assert _lines({"algorithm": {"name": name, block: written}}) == [
+        f"spec.algorithm.{block}: {format_value(written)} is invalid: algorithm.{block} is set but algorithm.name "
+        f"is {name}, which ignores it: remove algorithm.{block}, or set algorithm.name: {owner}"]
+    assert RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "algorithm": {"name": owner, block: written}}})
+
+
 def test_field_problem_message_and_direct_construction() -> None:
     p = FieldProblem("window.range", [4, 12], "must be small")
     assert str(p) == "window.range: [4, 12] is invalid: must be small"
@@ -158,3 +171,20 @@ def test_packed_families_are_the_adapters_with_a_packed_forward() -> None:
 
     classes = {"ocr-digits": DigitsAdapter, "sd3": SD3Adapter, "qwen-image": QwenImageAdapter, "flux": FluxAdapter}
     assert PACKED_FAMILIES == tuple(f for f, c in classes.items() if hasattr(c, "velocity_packed"))
+
+
+def test_config_errors_name_the_field_once_and_keep_other_errors() -> None:
+    from omnirl.api.errors import ConfigError, config_errors
+
+    with pytest.raises(ConfigError, match=r"^spec.model.path: \[Errno 2\] No such file") as info:
+        with config_errors("spec.model.path"):
+            open("/nonexistent/model.safetensors")
+    assert isinstance(info.value.__cause__, FileNotFoundError)
+    with pytest.raises(ConfigError, match=r"^spec.data.trainPrompts: p.txt not found$"):
+        with config_errors("spec.data"):  # the error names its field already: not named twice
+            raise FileNotFoundError("spec.data.trainPrompts: p.txt not found")
+    with pytest.raises(ConfigError, match=r"^checkpoint c: policy; restore it$"), \
+            config_errors("checkpoint c", KeyError, fix="restore it"):
+        raise KeyError("policy")
+    with pytest.raises(RuntimeError), config_errors("spec.model.path"):  # not a reading error: a crash
+        raise RuntimeError("CUDA out of memory")

@@ -118,7 +118,7 @@ def test_default_render_is_namespaced_least_privilege_and_valid():
         assert rules[child] == {"create", "get", "list", "watch", "patch", "delete"}, child
     assert rules[("", "events")] == {"create", "patch"} and rules[("", "secrets")] == {"get"}
     assert rules[("", "persistentvolumeclaims")] == {"create", "get", "patch"}  # spec.storage; GC deletes
-    assert ("", "pods") not in rules and ("", "*") not in rules
+    assert rules[("", "pods")] == {"list"} and ("", "*") not in rules  # only to read permanent exit codes
     # escalation check: the operator holds every permission of the per-job Role it creates
     job_role = next(c for c in build_controller_rbac(RLJob.model_validate(
         {"metadata": {"name": "j"}, "spec": {"data": {"trainPrompts": "p"}, "reward": [{"name": "o", "kind": "ocr"}]}}

@@ -54,6 +54,21 @@ def untokenizable_prompt(tmp: Path) -> str:
     return str(path)
 
 
+def prompt_file(tmp: Path, content: str | bytes) -> str:
+    path = tmp / "p.txt"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(path)
+
+
+def prompts_dir(tmp: Path) -> str:
+    """The NFT example whose training prompt path is a directory."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {"trainPrompts": str(tmp), "validationPrompts": HELDOUT}
+    path = tmp / "dir-prompts.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def dead_redis(tmp: Path) -> str:
     """The NFT example with a `transferQueue.redisUrl` nothing listens on (port 1)."""
     doc = yaml.safe_load(Path(NFT).read_text())
@@ -92,8 +107,19 @@ CASES = {
                                                str(t / "o")], "omnirl run: ", "drop one of the two"),
     "eval-not-a-checkpoint": (lambda t: ["eval", NFT, "--checkpoint", str(t), "--prompts", HELDOUT],
                               "omnirl eval: ", "pass a run's checkpoint dir"),
-    "eval-missing-prompts": (lambda t: ["eval", NFT, "--prompts", str(t / "p.txt")], "omnirl eval: ",
+    "eval-missing-prompts": (lambda t: ["eval", NFT, "--prompts", str(t / "p.txt")], "omnirl eval: --prompts: ",
                              "p.txt not found"),
+    "eval-prompts-directory": (lambda t: ["eval", NFT, "--prompts", str(t)], "omnirl eval: --prompts: ",
+                               " is a directory; pass a file with one prompt per line"),
+    "eval-prompts-empty": (lambda t: ["eval", NFT, "--prompts", prompt_file(t, "\n  \n")], "omnirl eval: --prompts: ",
+                           "has no prompts"),
+    "eval-prompts-not-text": (lambda t: ["eval", NFT, "--prompts", prompt_file(t, b"\xff\xfe")],
+                              "omnirl eval: --prompts: ", "cannot read"),
+    "eval-untokenizable-prompt": (lambda t: ["eval", NFT, "--prompts", prompt_file(t, '"12"\n\nA sign that says "abc"\n')],
+                                  "omnirl eval: --prompts: ", "p.txt line 3: character 'a' in 'abc' is not in the "
+                                  "tokenizer alphabet '0123456789'; fix or remove that line"),
+    "run-prompts-directory": (lambda t: ["run", prompts_dir(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
+                              "spec.data.trainPrompts: "),
     "eval-zero-steps": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--steps", "1"], "omnirl eval: ",
                         "--steps 1: must be >= 2"),
     "eval-negative-seed": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--seed", "-1"], "omnirl eval: ",
@@ -110,6 +136,10 @@ CASES = {
                          "use --device cpu"),
     "render-missing-manifest": (lambda t: ["render", str(t / "nope.yaml")], "", "nope.yaml: cannot read"),
     "render-invalid-manifest": (lambda t: ["render", bad_manifest(t)], "", "spec.algorithm.groupSize"),
+    "render-bad-namespace": (lambda t: ["render", NFT, "--namespace", "Bad_NS"], "--namespace \"Bad_NS\" is invalid",
+                             "must be a DNS-1123 label"),
+    "render-empty-namespace": (lambda t: ["render", NFT, "--namespace", ""], "--namespace \"\" is invalid", "e.g. team-a"),
+    "render-long-namespace": (lambda t: ["render", NFT, "--namespace", "a" * 64], "--namespace ", "at most 63"),
 }
 
 

@@ -1,4 +1,5 @@
-"""Local launcher planning (pure parts): placement on accelerators, threads, the role environment."""
+"""Local launcher: planning (pure parts: placement on accelerators, threads, the role environment)
+and the supervisor's restart policy on real processes (a configuration error is never restarted)."""
 
 from __future__ import annotations
 
@@ -98,3 +99,79 @@ def test_role_device_gets_an_index():
     assert resolve_device("npu", {}) == "npu:0"
     with pytest.raises(ValueError, match="OMNIRL_DEVICE='tpu': expected cpu, cuda"):
         resolve_device("tpu", {})
+
+
+def _supervise(tmp_path, redis_url, rollout_exit: int) -> tuple[int, int]:
+    """A Supervisor over two real processes: a rollout that prints `started` and exits with
+    `rollout_exit`, and a controller that sleeps. Returns (launcher exit code, rollout starts)."""
+    import sys
+    from pathlib import Path
+
+    from omnirl.launch.procs import RoleProcess, _Child
+    from omnirl.launch.supervise import Supervisor
+    from omnirl.transfer import TransferQueue
+
+    job = _gpu_job(tmp_path)
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 2})})})
+    scripts = {"rollout": f"print('started', flush=True); raise SystemExit({rollout_exit})",
+               "controller": "import time; time.sleep(300)"}
+
+    def start(role: str, index: int, resume: str) -> RoleProcess:
+        return RoleProcess(role, index, _Child([sys.executable, "-c", scripts[role]], {},
+                                               str(tmp_path / "logs" / f"{role}-{index}.log")))
+
+    queue = TransferQueue.for_job(f"sup-{rollout_exit}", job.spec.transferQueue, redis_url)
+    supervisor = Supervisor(job, [("rollout", 0), ("controller", 0)], start, queue, Path(tmp_path), 1)
+    try:
+        code = supervisor.run()
+    finally:
+        supervisor.stop_all(grace_s=1.0)
+        supervisor.close()
+        queue.close()
+    return code, (tmp_path / "logs" / "rollout-0.log").read_text().count("started")
+
+
+@pytest.mark.parametrize("exit_code,expected", [(1, (1, 3)), (4, (4, 1))])
+def test_a_crash_is_restarted_a_configuration_error_is_not(tmp_path, redis_url, exit_code, expected):
+    """Exit 1 (a crash) is restarted maxRestarts = 2 times, then fails the job: 3 starts. Exit
+    CONFIG_ERROR_EXIT (4) fails the job at once with that code: 1 start."""
+    from omnirl.api.runtime import CONFIG_ERROR_EXIT
+
+    assert CONFIG_ERROR_EXIT == 4
+    assert _supervise(tmp_path, redis_url, exit_code) == expected
+
+
+def test_run_with_a_model_directory_without_weights_fails_once_with_the_message(tmp_path):
+    """`omnirl run` (real role processes) on a model directory holding config.json but no weights:
+    the rollout and actor exit CONFIG_ERROR_EXIT with one line naming spec.model.path, the launcher
+    stops the job with that line and exit 4, and no role was started twice."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    model = tmp_path / "model"
+    model.mkdir()
+    shutil.copy(Path("services/omnirl/models/digits/weights/config.json"), model / "config.json")
+    doc = yaml.safe_load(open("examples/ocr-nft.yaml"))
+    doc["spec"]["model"]["path"] = str(model)
+    doc["spec"]["data"] = {"trainPrompts": str(Path("examples/prompts/ocr-train.txt").resolve())}
+    doc["spec"]["failurePolicy"] = {"maxRestarts": 3}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600)
+    verdicts = [line for line in proc.stdout.splitlines() if line.startswith("omnirl: role ")]
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert len(verdicts) == 1 and "configuration error: spec.model.path: " in verdicts[0], proc.stdout
+    last = verdicts[0]
+    assert f"{model / 'model.safetensors'} not found" in last
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [e["action"] for e in events] == ["fail-job (configuration error: not restarted)"]
+    for role in ("rollout", "actor", "reward", "controller"):
+        assert (out / "logs" / f"{role}-0.log").read_text().count(f"omnirl: {role} on cpu") <= 1, role
+    assert (out / "logs" / "rollout-0.log").read_text().count("configuration error") <= 1

@@ -20,7 +20,7 @@ from omnirl_operator import render
 from omnirl_operator.builders import build_children
 from omnirl_operator.meta import MAX_JOB_NAME, adopt, deep_merge
 from omnirl_operator.settings import OperatorSettings
-from omnirl_operator.status import Observed, compute_status, decide_failure
+from omnirl_operator.status import Observed, compute_status, decide_failure, permanent_failure
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
@@ -165,13 +165,18 @@ def test_controller_role_may_patch_only_its_own_status():
     assert binding["roleRef"]["name"] == "demo-controller"
 
 
-@pytest.mark.parametrize("action, policy, backoff", [("restart-role", "OnFailure", 3), ("restart-job", "Never", 0),
-                                                     ("fail-job", "Never", 0)])
-def test_controller_job_failure_policy(action, policy, backoff):
+@pytest.mark.parametrize("action, backoff", [("restart-role", 3), ("restart-job", 0), ("fail-job", 0)])
+def test_controller_job_failure_policy(action, backoff):
+    """Retries per the policy, but never of a permanent exit code (3: the job failed, 4: a
+    configuration error): podFailurePolicy fails the Job at once (it needs restartPolicy Never)."""
     ctrl = children(job(failurePolicy={"controller": action, "maxRestarts": 3, "activeDeadlineSeconds": 600}))
     spec = ctrl["Job/demo-controller"]["spec"]
-    assert (spec["template"]["spec"]["restartPolicy"], spec["backoffLimit"]) == (policy, backoff)
+    assert (spec["template"]["spec"]["restartPolicy"], spec["backoffLimit"]) == ("Never", backoff)
+    assert spec["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onExitCodes": {
+        "containerName": "controller", "operator": "In", "values": [3, 4]}}]}
     assert spec["activeDeadlineSeconds"] == 600
+    for pod in (spec["template"], children(job())["Deployment/demo-rollout"]["spec"]["template"]):
+        assert pod["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
 
 
 def test_multi_rank_actor_rendezvous():
@@ -295,6 +300,29 @@ def test_invalid_spec_status_and_recovery():
 def test_decide_failure(policy, restarts, role, action, reason):
     decision = decide_failure(policy, restarts, role, "boom")
     assert (decision.action, decision.reason) == (action, reason)
+
+
+def pod(role: str, code: int, message: str = "", where: str = "lastState") -> dict:
+    """A role pod whose container ended with exit `code` (`lastState`: restarted in place since)."""
+    ended = {"terminated": {"exitCode": code, "reason": "Error", "message": message}}
+    other = {"waiting": {"reason": "CrashLoopBackOff"}} if where == "lastState" else {}
+    return {"metadata": {"name": f"demo-{role}-x", "labels": {"omnirl.dev/role": role}},
+            "status": {"containerStatuses": [{"name": role, "restartCount": 1, where: ended,
+                                              "state" if where == "lastState" else "lastState": other}]}}
+
+
+def test_permanent_exit_codes_fail_the_job_transient_ones_do_not():
+    tail = "12:00:01 rollout INFO omnirl: rollout on cuda:0\nomnirl role rollout: configuration error: spec.model.path: x\n"
+    decision = permanent_failure([pod("reward", 1), pod("rollout", 4, tail)], "omnirl.dev/role")
+    assert (decision.action, decision.reason, decision.message) == (
+        "fail", "ConfigurationError", "rollout exited 4 (a configuration error; not restarted): "
+        "omnirl role rollout: configuration error: spec.model.path: x")
+    controller = permanent_failure([pod("controller", 3, "", where="state")], "omnirl.dev/role")
+    assert (controller.reason, controller.message) == (
+        "JobFailed", "controller exited 3 (the job failed; not restarted): see kubectl logs --previous demo-controller-x")
+    # a crash, an OOM kill (137), SIGTERM (143), a running pod: the failure policy decides, not this
+    assert permanent_failure([pod("actor", c) for c in (1, 137, 143)] + [{"metadata": {"name": "p"}}],
+                             "omnirl.dev/role") is None
 
 
 # ---------------------------------------------------------------- render

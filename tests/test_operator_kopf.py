@@ -284,3 +284,41 @@ def test_phase_transitions_post_events(bg):
         await cluster.delete(*RLJOB, "events-ns", name)
 
     bg.run(scenario)
+
+
+@pytest.mark.parametrize("role", ["rollout", "controller"])
+def test_a_configuration_error_fails_the_job_with_its_message_instead_of_restarting(bg, role):
+    """A role pod that exited CONFIG_ERROR_EXIT (4): the RLJob turns Failed with the pod's last log
+    line (its termination message), nothing is restarted, the workloads scale to zero. The rollout's
+    kubelet already restarted it in place (the code is in `lastState`); the controller Job failed
+    through its podFailurePolicy (reason PodFailurePolicy, which alone would be a restart-job)."""
+    name = f"config-{role}"
+    line = f"omnirl role {role}: configuration error: spec.model.path: /models/sd3/transformer/config.json not found"
+
+    async def scenario(cluster: EmulatedCluster) -> None:
+        await cluster.create(rljob_body(manifest(name, failurePolicy={"maxRestarts": 3})))
+        await _phase(cluster, name, "Pending")
+        await _exists(cluster, "batch/v1", "Job", f"{name}-controller")
+        ended = {"terminated": {"exitCode": 4, "reason": "Error", "message": f"12:00:00 {role} INFO start\n{line}\n"}}
+        states = {"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": ended} if role == "rollout" \
+            else {"state": ended}
+        await cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": f"{name}-{role}-abcde", "namespace": NS,
+            "labels": {"omnirl.dev/job": name, "omnirl.dev/role": role}},
+            "spec": {"containers": [{"name": role, "image": "trainer"}]},
+            "status": {"containerStatuses": [{"name": role, "restartCount": 1, **states}]}})
+        if role == "controller":
+            await cluster.set_status("batch/v1", "Job", NS, f"{name}-controller", {"conditions": [
+                {"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                 "message": f"Container controller for pod {NS}/{name}-controller-abcde failed with exit code 4 "
+                            "matching FailJob rule at index 0"}]})
+        job = await _phase(cluster, name, "Failed")
+        failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+        assert (failed["reason"], failed["message"]) == (
+            "ConfigurationError", f"{role} exited 4 (a configuration error; not restarted): {line}")
+        assert job["status"]["message"] == failed["message"] and job["status"]["restarts"] == 0
+        await _replicas(cluster, "StatefulSet", f"{name}-actor", 0)
+        sts = await cluster.get("apps/v1", "StatefulSet", NS, f"{name}-actor")
+        assert "omnirl.dev/restarted-at" not in sts["spec"]["template"]["metadata"].get("annotations", {})
+
+    run(bg, scenario, name)

@@ -32,6 +32,7 @@ from typing import Any
 import yaml
 
 from omnirl.api.loader import dump_rljob, resolve_paths
+from omnirl.api.runtime import PERMANENT_EXITS
 from omnirl.api.spec import API_GROUP, RLJob
 from omnirl_operator.judges import build_judges, wired
 from omnirl_operator.meta import (
@@ -145,20 +146,24 @@ def build_controller_job(job: RLJob, settings: OperatorSettings, digest: str) ->
     """Job ``<job>-controller`` (batch/v1) running the single controller.
 
     Failure policy mapping (``spec.failurePolicy.controller``): ``restart-role`` lets the Job
-    restart the pod in place (``restartPolicy: OnFailure``, ``backoffLimit: maxRestarts``);
-    ``restart-job`` and ``fail-job`` make one failure final for the Job (``Never``, ``0``) and the
-    operator then restarts the whole job or fails it.
+    start a new pod up to ``backoffLimit: maxRestarts`` times; ``restart-job`` and ``fail-job`` make
+    one failure final for the Job (``backoffLimit: 0``) and the operator then restarts the whole
+    job or fails it. Either way a permanent exit code (``PERMANENT_EXITS``: the controller failed
+    the job, or a configuration error) fails the Job at once (``podFailurePolicy`` FailJob, which
+    needs ``restartPolicy: Never``); the operator then fails the RLJob.
     """
     name = job.metadata.name
     policy = job.spec.failurePolicy
     in_place = policy.controller == "restart-role"
     spec: dict[str, Any] = {
         "backoffLimit": policy.maxRestarts if in_place else 0,
+        "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
+            "containerName": "controller", "operator": "In", "values": list(PERMANENT_EXITS)}}]},
         "completions": 1,
         "parallelism": 1,
         "template": pod_template(
             job, "controller", settings, digest,
-            restart_policy="OnFailure" if in_place else "Never",
+            restart_policy="Never",
             service_account=child_name(name, "controller"),
         ),
     }

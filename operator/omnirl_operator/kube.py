@@ -1,7 +1,8 @@
 """A small, generic client for the few kinds the operator manages (over the `kubernetes` client).
 
 The handlers call it through ``asyncio.to_thread`` (the `kubernetes` client is synchronous). It
-knows only REST paths and JSON: create, get, JSON merge patch, delete, and create-or-patch.
+knows only REST paths and JSON: create, get, list by labels, JSON merge patch, delete, and
+create-or-patch.
 Builders never import this module.
 """
 
@@ -23,6 +24,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Service"): "services",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "PersistentVolumeClaim"): "persistentvolumeclaims",
+    ("v1", "Pod"): "pods",  # read only (list): permanent exit codes
     ("apps/v1", "Deployment"): "deployments",
     ("apps/v1", "StatefulSet"): "statefulsets",
     ("batch/v1", "Job"): "jobs",
@@ -134,6 +136,15 @@ class KubeApi:
             if exc.status == 404:
                 return None
             raise
+
+    def list_by_labels(self, api_version: str, kind: str, namespace: str, labels: dict[str, str]
+                       ) -> list[dict[str, Any]]:
+        """The objects of ``kind`` in ``namespace`` carrying every label of ``labels`` (asked of the
+        server as a ``labelSelector`` and checked again here: a stand-in server may ignore it)."""
+        selector = ",".join(f"{k}={v}" for k, v in labels.items())
+        items = self.request("GET", resource_path(api_version, kind, namespace), query={"labelSelector": selector},
+                             what=f"list {kind} {selector}").get("items") or []
+        return [o for o in items if labels.items() <= ((o.get("metadata") or {}).get("labels") or {}).items()]
 
     def create(self, obj: dict[str, Any]) -> dict[str, Any]:
         """POST ``obj`` (its namespace from ``metadata.namespace``)."""

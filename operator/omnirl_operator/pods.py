@@ -162,6 +162,9 @@ def role_container(job: RLJob, role: str, settings: OperatorSettings) -> dict[st
             {"name": "run", "mountPath": RUN_DIR},
         ],
         # Model loading can take minutes: the startup probe allows 10 minutes before liveness counts.
+        # a failed container's last log lines become its termination message: the operator puts a
+        # configuration error's one line (`omnirl role R: configuration error: ...`) in the RLJob status
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "startupProbe": _grpc_probe(10, 60),
         "livenessProbe": _grpc_probe(20, 3),
         "securityContext": {

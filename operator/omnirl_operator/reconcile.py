@@ -1,6 +1,6 @@
 """One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → apply →
-observe → failure policy → status. Idempotent: running it twice creates nothing twice (409 on
-create becomes a merge patch) and writes the same status.
+observe (workloads, and the pods' exit codes) → failure policy → status. Idempotent: running it
+twice creates nothing twice (409 on create becomes a merge patch) and writes the same status.
 
 Handlers (``handlers.py``) only wire kopf to :func:`reconcile`; everything that talks to the API
 server goes through :class:`omnirl_operator.kube.KubeApi` in a worker thread.
@@ -24,7 +24,14 @@ from omnirl_operator.autoscale import autoscale_reward
 from omnirl_operator.builders import build_children, desired_replicas, label_of
 from omnirl_operator.judges import judge_roles, judges_ready
 from omnirl_operator.kube import KubeApi, KubeError
-from omnirl_operator.meta import ANNOTATION_RESTARTED_AT, ANNOTATION_SPEC_HASH, adopt, child_name
+from omnirl_operator.meta import (
+    ANNOTATION_RESTARTED_AT,
+    ANNOTATION_SPEC_HASH,
+    LABEL_ROLE,
+    adopt,
+    child_name,
+    selector_labels,
+)
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
     PROGRESS_FIELDS,
@@ -33,6 +40,7 @@ from omnirl_operator.status import (
     Observed,
     compute_status,
     decide_failure,
+    permanent_failure,
 )
 from omnirl_operator.storage import ensure_claim
 
@@ -199,7 +207,13 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
                         restarts=int((body.get("status") or {}).get("restarts") or 0))
     failed_role = "controller" if state == "failed" else next(iter(sorted(failures)), None)
     decision = FailureDecision("none")
-    if running and failed_role is not None:
+    permanent = None
+    if running:  # a permanent exit code fails the job before any restart is considered
+        pods = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns, selector_labels(job.metadata.name))
+        permanent = permanent_failure(pods, LABEL_ROLE)
+    if permanent is not None:
+        decision = permanent
+    elif running and failed_role is not None:
         detail = message if failed_role == "controller" else failures[failed_role]
         decision = decide_failure(job.spec.failurePolicy.model_dump(mode="json"), observed.restarts,
                                   failed_role, detail)

@@ -15,8 +15,9 @@ from typing import Any, TextIO
 
 import yaml
 
-from omnirl.api.errors import ManifestError
+from omnirl.api.errors import ManifestError, format_value
 from omnirl.api.loader import _Loader, job_from_dict, load_rljob
+from omnirl.api.spec import DNS1123_LABEL_RULE, is_dns1123_label
 from omnirl_operator.builders import build_children
 from omnirl_operator.meta import PLACEHOLDER_UID, adopt
 from omnirl_operator.settings import OperatorSettings
@@ -70,10 +71,14 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
 
     Settings come from the environment like the operator's (``OMNIRL_*_IMAGE``,
     ``OMNIRL_DEFAULT_REDIS_URL`` …). Exit code 2 with one line per problem on ``err`` for an
-    invalid manifest or setting.
+    invalid manifest, setting or ``--namespace`` (not a DNS-1123 label).
     """
     out = out or sys.stdout
     err = err or sys.stderr
+    namespace = getattr(args, "namespace", None)
+    if namespace is not None and not is_dns1123_label(namespace):  # the API server would refuse every object
+        err.write(f"--namespace {format_value(namespace)} is invalid: must be {DNS1123_LABEL_RULE} (e.g. team-a)\n")
+        return 2
     try:
         settings = OperatorSettings.from_env()
         if settings.default_redis_url is None:
@@ -82,7 +87,7 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
                     f"{RENDER_DEFAULT_REDIS_URL}\n")
         else:
             note = ""
-        docs = render_documents(args.job, getattr(args, "namespace", None), settings)
+        docs = render_documents(args.job, namespace, settings)
         err.write(note)  # only once the manifest rendered: an error stays one line
     except ManifestError as exc:
         for line in exc.problems:

@@ -7,6 +7,8 @@ lands between our read and our write.
 
 :func:`decide_failure` is the failure policy (``spec.failurePolicy``) as a pure decision; the
 handler carries it out (restart the job, or fail it) and reports it back via ``Observed``.
+:func:`permanent_failure` comes first: a role pod that exited with a permanent code (a
+configuration error, or the controller failing the job) fails the job whatever the policy says.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, PERMANENT_EXITS
 from omnirl.api.status import (
     FAILED,
     READY,
@@ -100,6 +103,32 @@ def decide_failure(
     scope = "the job" if action == "restart-job" else f"role {failed_role}"
     return FailureDecision(action, f"{failed_role.capitalize()}Failed",
                            f"{what}; restarting {scope} ({restarts + 1}/{max_restarts})")
+
+
+def permanent_failure(pods: list[dict[str, Any]], role_label: str) -> FailureDecision | None:
+    """``fail`` when a container of ``pods`` last exited with a permanent code (``PERMANENT_EXITS``:
+    restarting cannot help), else None.
+
+    Looks at each container's current and previous termination (``state`` / ``lastState``: a
+    Deployment's pod is restarted in place by the kubelet before the operator sees it). The
+    message is the role (``role_label`` of the pod), the code and the last line of the container's
+    termination message (its log tail, ``terminationMessagePolicy: FallbackToLogsOnError``: the
+    role's one-line reason); reason ``ConfigurationError`` or ``JobFailed``.
+    """
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        role = ((pod["metadata"].get("labels") or {}).get(role_label)) or pod["metadata"]["name"]
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            for state in (container.get("state"), container.get("lastState")):
+                ended = (state or {}).get("terminated") or {}
+                code = ended.get("exitCode")
+                if code not in PERMANENT_EXITS:
+                    continue
+                lines = [line.strip() for line in (ended.get("message") or "").splitlines() if line.strip()]
+                why = lines[-1] if lines else f"see kubectl logs --previous {pod['metadata']['name']}"
+                kind = "a configuration error" if code == CONFIG_ERROR_EXIT else "the job failed"
+                return FailureDecision("fail", "ConfigurationError" if code == CONFIG_ERROR_EXIT else "JobFailed",
+                                       f"{role} exited {code} ({kind}; not restarted): {why}")
+    return None
 
 
 def _cond(type_: str, status: bool, reason: str, message: str, generation: int | None) -> Condition:

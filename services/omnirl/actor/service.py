@@ -37,11 +37,13 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.checkpoint import LATEST
 from omnirl.actor.ranks import Ranks
 from omnirl.actor.trainer import Trainer
+from omnirl.api.errors import config_errors
 from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
@@ -63,8 +65,9 @@ class ActorService:
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
         self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device))
-        adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
-                               **adapter_options(spec))
+        with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
+            adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
+                                   **adapter_options(spec))
         self.trainer = Trainer(adapter, spec, self.device, ranks=self.ranks)
         self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
         self.version = 0
@@ -73,7 +76,10 @@ class ActorService:
         self.data_position: list = [0, 0]
         # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
         if resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0:
-            state = self.trainer.load(self.ckpt_root / LATEST)
+            with config_errors(f"checkpoint {self.ckpt_root / LATEST}", OSError, ValueError, KeyError, SafetensorError,
+                               fix="restore it, or start a fresh run in another --out (the same file fails "
+                               "every restart)"):
+                state = self.trainer.load(self.ckpt_root / LATEST)
             self.version = int(state["policy_version"])
             self.trained_step = self.checkpointed_step = int(state["step"])
             self.data_position = list(state.get("data_position", [0, 0]))

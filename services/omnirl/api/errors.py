@@ -4,11 +4,16 @@
 relative to the model that raised it, so `omnirl validate` can print the full dotted path
 (`spec.algorithm.flowGrpo.window.range`) instead of the path of the model that ran the check.
 `ManifestError` is what the loader raises: every problem of a file, one line each.
+`ConfigError` is what a role raises at start-up for a setting that cannot work where it runs (a
+model directory without the family's layout, an unreadable checkpoint): permanent, so the role exits
+`omnirl.api.runtime.CONFIG_ERROR_EXIT` and neither the launcher nor the operator restarts it.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -55,3 +60,30 @@ class ManifestError(ValueError):
             raise ValueError("ManifestError needs at least one problem line")
         self.problems = list(problems)
         super().__init__("\n".join(self.problems))
+
+
+class ConfigError(ValueError):
+    """A setting the job cannot run with, found by a role at start-up; restarting cannot help.
+
+    The message names the field (`spec.model.path: ...`) and what is wrong with it.
+    """
+
+
+@contextmanager
+def config_errors(field: str, *kinds: type[BaseException], fix: str = "") -> Iterator[None]:
+    """Turn the `kinds` of errors raised inside (default: OSError, ValueError) into a `ConfigError`
+    `"{field}: {error}[; {fix}]"` (just the error's text when it already starts with `field`): for the start-up steps that only read the job's own files (model weights,
+    tokenizers, prompt files, checkpoints), where such an error comes back on every restart.
+
+    Raises:
+        ConfigError: chained to the original error.
+    """
+    caught = kinds or (OSError, ValueError)
+    try:
+        yield
+    except ConfigError:
+        raise
+    except caught as err:
+        text = str(err).strip("'\"")  # a KeyError's str is quoted
+        text = text if text.startswith(field) else f"{field}: {text}"
+        raise ConfigError(f"{text}; {fix}" if fix else text) from err

@@ -61,10 +61,15 @@ def job_from_dict(d: dict[str, Any]) -> RLJob:
 def dump_rljob(job: RLJob) -> dict[str, Any]:
     """The full manifest as a JSON-compatible dict: every field, defaults included, camelCase keys.
 
-    `status` is left out when it is None (a manifest has no `status: null`; the CRD schema has no
-    null status). `job_from_dict(dump_rljob(job)) == job` holds for every valid job.
+    Left out: `status` when it is None (a manifest has no `status: null`; the CRD schema has no
+    null status), and the settings blocks of the algorithms the job does not run (`spec.algorithm`
+    refuses them when written: `AlgorithmSpec.unused_blocks`). `job_from_dict(dump_rljob(job)) ==
+    job` holds for every valid job.
     """
-    return job.model_dump(mode="json", by_alias=True, exclude={"status"} if job.status is None else None)
+    exclude: dict[str, Any] = {"spec": {"algorithm": set(job.spec.algorithm.unused_blocks())}}
+    if job.status is None:
+        exclude["status"] = True
+    return job.model_dump(mode="json", by_alias=True, exclude=exclude)
 
 
 def resolve_paths(job: RLJob, base_dir: str | os.PathLike[str]) -> RLJob:

@@ -13,6 +13,13 @@ import os
 from dataclasses import dataclass, fields
 from urllib.parse import quote, urlsplit, urlunsplit
 
+# Exit codes of `omnirl role` (besides 0 = done, 1 = crashed, 130 = Ctrl-C, 143 = SIGTERM; a crash is
+# restarted per `spec.failurePolicy`). These two are permanent: the local supervisor stops the job at
+# once and the operator marks the RLJob Failed (the controller Job's podFailurePolicy fails it too).
+JOB_FAILED_EXIT = 3  # the controller failed the job itself (every group of a step failed, a scorer is down)
+CONFIG_ERROR_EXIT = 4  # a role found a setting it cannot run with at start-up (`omnirl.api.errors.ConfigError`)
+PERMANENT_EXITS = (JOB_FAILED_EXIT, CONFIG_ERROR_EXIT)
+
 # RoleEnv field → environment variable (`weight_sync_addr` = host:port of two fields)
 VARIABLES = {
     "job_name": "OMNIRL_JOB_NAME", "redis_url": "OMNIRL_REDIS_URL", "weight_sync_addr": "OMNIRL_WEIGHT_SYNC_ADDR",

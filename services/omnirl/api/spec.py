@@ -13,6 +13,7 @@ Choices lists are `Literal`s (not `Enum`s): values stay plain strings in Python 
 
 from __future__ import annotations
 
+import re
 from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PositiveInt, model_validator
@@ -497,18 +498,28 @@ class RLJobSpec(SpecModel):
         return self
 
 
+DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS1123_LABEL_RULE = ("a DNS-1123 label: at most 63 characters, lowercase letters, digits and '-', starting and "
+                      "ending with a letter or digit")
+
+
+def is_dns1123_label(text: str) -> bool:
+    """Whether `text` is a valid Kubernetes namespace (a DNS-1123 label, `DNS1123_LABEL_RULE`)."""
+    return len(text) <= 63 and re.fullmatch(DNS1123_LABEL, text) is not None
+
+
 class ObjectMeta(SpecModel):
     """The part of Kubernetes `metadata` omnirl reads; other fields are kept as they are."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: str = Field(
         ...,
-        pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$",
+        pattern=DNS1123_LABEL,
         max_length=53,
         description="Job name: a DNS-1123 label of at most 53 characters (children append suffixes).",
     )
     namespace: str | None = Field(
-        None, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", max_length=63, description="Namespace."
+        None, pattern=DNS1123_LABEL, max_length=63, description="Namespace."
     )
 
 

@@ -338,8 +338,24 @@ class AlgorithmSpec(SpecModel):
         field = ALGORITHMS[self.name].settings
         return None if field is None else getattr(self, field)
 
+    def unused_blocks(self) -> list[str]:
+        """The settings fields of the other registered algorithms (`nft`, `awm` ... for flow-grpo):
+        ignored by this job, left out of `omnirl.api.loader.dump_rljob`."""
+        own = ALGORITHMS[self.name].settings
+        return [e.settings for e in ALGORITHMS.values() if e.settings is not None and e.settings != own]
+
     @model_validator(mode="after")
     def _check(self) -> AlgorithmSpec:
+        # A block that was written is refused even when it equals the defaults: whoever wrote
+        # `nft: {beta: 1.0}` believes it takes effect (most likely they forgot to change `name`),
+        # and it cannot. Blocks left out keep their defaults silently (`model_fields_set`).
+        for field in self.unused_blocks():
+            if field in self.model_fields_set:
+                owner = next(n for n, e in ALGORITHMS.items() if e.settings == field)
+                raise FieldProblem(
+                    field, getattr(self, field).model_dump(mode="json", exclude_unset=True),
+                    f"algorithm.{field} is set but algorithm.name is {self.name}, which ignores it: remove "
+                    f"algorithm.{field}, or set algorithm.name: {owner}")
         own = self.settings()
         if own is not None:
             own.check_job(self)

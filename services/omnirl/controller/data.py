@@ -10,20 +10,54 @@ from pathlib import Path
 from omnirl.api.seeds import derive
 
 
-def read_prompts(path: str | Path) -> list[str]:
-    """Non-empty lines of a prompt file.
+def numbered_prompts(path: str | Path, what: str = "spec.data.trainPrompts / validationPrompts") -> list[tuple[int, str]]:
+    """(1-based line number, prompt) of every non-blank line of a prompt file, stripped.
 
+    Args:
+        what: the field or flag the path came from (`spec.data.trainPrompts`, `--prompts`), named in errors.
     Raises:
-        FileNotFoundError: the file does not exist (names the path and the spec field to fix).
-        ValueError: the file holds no prompt.
+        FileNotFoundError: the file does not exist.
+        ValueError: it is a directory, cannot be read as UTF-8 text, or holds no prompt.
     """
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"prompt file {p} not found (spec.data.trainPrompts / validationPrompts)")
-    prompts = [line.strip() for line in p.read_text().splitlines() if line.strip()]
-    if not prompts:
-        raise ValueError(f"prompt file {p} has no prompts (one prompt per line expected)")
-    return prompts
+    if p.is_dir():
+        raise ValueError(f"{what}: {p} is a directory; pass a file with one prompt per line")
+    if not p.exists():
+        raise FileNotFoundError(f"{what}: prompt file {p} not found")
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{what}: cannot read {p} as UTF-8 text: {err}") from err
+    numbered = [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip()]
+    if not numbered:
+        raise ValueError(f"{what}: prompt file {p} has no prompts (one prompt per line expected)")
+    return numbered
+
+
+def read_prompts(path: str | Path, what: str = "spec.data.trainPrompts / validationPrompts") -> list[str]:
+    """Non-empty lines of a prompt file, stripped; errors as `numbered_prompts`."""
+    return [text for _, text in numbered_prompts(path, what)]
+
+
+def check_prompts(path: str | Path, tokenize: Callable[[str], list[int]], what: str,
+                  limit: int | None = None) -> list[str]:
+    """The prompts of a file (its first `limit`), each tokenized once to prove the model takes it:
+    the one check `omnirl run` (before any process starts) and `omnirl eval` (before the model loads)
+    make, so a bad line is reported with its number instead of failing a role or a sampler later.
+
+    Returns:
+        the first `limit` prompts (all when None).
+    Raises:
+        FileNotFoundError, ValueError: as `numbered_prompts`; ValueError naming `what`, the file and
+            the line of a prompt the tokenizer refuses, with the tokenizer's reason.
+    """
+    numbered = numbered_prompts(path, what)[:limit]
+    for n, text in numbered:
+        try:
+            tokenize(text)
+        except ValueError as err:
+            raise ValueError(f"{what}: {path} line {n}: {err}; fix or remove that line") from err
+    return [text for _, text in numbered]
 
 
 @dataclass

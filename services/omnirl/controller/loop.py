@@ -30,6 +30,7 @@ import torch
 
 from omnirl.actor.algorithm import algorithm_for
 from omnirl.algorithms import group_advantages
+from omnirl.api.errors import config_errors
 from omnirl.api.ids import parse_group_id
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
@@ -70,15 +71,18 @@ class Controller:
         spec = self.spec
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.total_steps = steps if steps is not None else spec.algorithm.steps
-        tokenize = load_tokenizer(spec.model.family, spec.model.path)
+        with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
+            tokenize = load_tokenizer(spec.model.family, spec.model.path)
         self.out = Path(env.out_dir)
         self.start_step, self.version = 0, 0  # set from the actor's state in run()
         self.next_unpublished = 0  # the first step without a book: its scores wait in the inbox
-        self.data = PromptSource(read_prompts(spec.data.trainPrompts), tokenize, seed=spec.seed,
-                                 shuffle=spec.data.shuffle)
+        with config_errors("spec.data"):  # a missing prompt file or an untokenizable prompt: permanent
+            self.data = PromptSource(read_prompts(spec.data.trainPrompts, "spec.data.trainPrompts"), tokenize,
+                                     seed=spec.seed, shuffle=spec.data.shuffle)
         self.incarnation = int(self.queue.redis.incr(kv_key(env.job_name, "controller_runs"))) - 1
-        self.validator = Validator(self.queue, spec, tokenize, self.out, nonce=self.incarnation) \
-            if spec.data.validationPrompts else None
+        with config_errors("spec.data"):
+            self.validator = Validator(self.queue, spec, tokenize, self.out, nonce=self.incarnation) \
+                if spec.data.validationPrompts else None
         self.reporter = Reporter(self.out, env, job)
         if not env.export:
             log.info("no exports (OMNIRL_EXPORT=0: the actor's checkpoints are not on a volume shared with the "

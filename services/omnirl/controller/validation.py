@@ -45,7 +45,7 @@ class Validator:
     def __init__(self, queue: TransferQueue, spec: RLJobSpec, tokenize: Callable[[str], list[int]], out: Path,
                  nonce: int = 0) -> None:
         self.queue, self.spec, self.out, self.nonce = queue, spec, out, nonce
-        self.prompts = read_prompts(spec.data.validationPrompts)[: spec.validation.maxPrompts]
+        self.prompts = read_prompts(spec.data.validationPrompts, "spec.data.validationPrompts")[: spec.validation.maxPrompts]
         self.ids = [list(tokenize(p)) for p in self.prompts]
         self.round: int | None = None
         self.version = 0

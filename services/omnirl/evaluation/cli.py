@@ -16,15 +16,16 @@ from pathlib import Path
 import torch
 
 from omnirl.api.loader import load_rljob
-from omnirl.controller.data import read_prompts
+from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.evaluation.evaluate import evaluate
 from omnirl.models.policy_io import load_policy
-from omnirl.models.registry import adapter_options, load_adapter
+from omnirl.models.registry import adapter_options, load_adapter, load_tokenizer
 
 
 def main(args: argparse.Namespace) -> int:
-    """CLI adapter; returns 0. Raises ValueError naming the flag for a bad --steps, --seed or --out."""
+    """CLI adapter; returns 0. Raises ValueError (FileNotFoundError) naming the flag for a bad --steps,
+    --seed, --out or --prompts (missing, a directory, empty, or a line the model cannot tokenize)."""
     if args.steps is not None and args.steps < 2:
         raise ValueError(f"--steps {args.steps}: must be >= 2 (denoising steps; default validation.numSteps)")
     if args.seed is not None and args.seed < 0:
@@ -32,15 +33,17 @@ def main(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not Path(args.out).is_dir():  # before minutes of sampling, not after
         raise ValueError(f"--out {args.out}: is a file, not a directory; choose a directory for grid.png and rewards.json")
     spec = load_rljob(args.job).spec
+    tokenize = load_tokenizer(spec.model.family, spec.model.path)
+    if args.prompts:  # checked before minutes of model loading and sampling
+        prompts = check_prompts(args.prompts, tokenize, "--prompts")
+    else:  # what validation samples
+        prompts = check_prompts(spec.data.validationPrompts, tokenize, "spec.data.validationPrompts",
+                                spec.validation.maxPrompts)
     adapter = load_adapter(spec.model.family, spec.model.path, dtype=spec.model.dtype, **adapter_options(spec))
     if args.checkpoint:
         state = load_policy(adapter, args.checkpoint, spec.model.lora)
         print(f"checkpoint {args.checkpoint}: step {state.get('step')} policy_version {state.get('policy_version')}")
     adapter.module.eval()
-    if args.prompts:
-        prompts = read_prompts(args.prompts)
-    else:  # what validation samples
-        prompts = read_prompts(spec.data.validationPrompts)[: spec.validation.maxPrompts]
     steps = spec.validation.numSteps if args.steps is None else args.steps
     t0 = time.perf_counter()
     with torch.no_grad():

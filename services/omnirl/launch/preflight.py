@@ -47,22 +47,15 @@ def check_prompts(job: RLJob) -> None:
     Raises:
         ValueError: naming the field, the file and line, the tokenizer's reason and the fix.
     """
-    from omnirl.controller.data import read_prompts
+    from omnirl.controller.data import check_prompts as check_prompt_file
     from omnirl.models.registry import load_tokenizer
 
     spec = job.spec
     tokenize = load_tokenizer(spec.model.family, spec.model.path)
-    files = [("spec.data.trainPrompts", spec.data.trainPrompts, None)]
+    check_prompt_file(spec.data.trainPrompts, tokenize, "spec.data.trainPrompts")
     if spec.data.validationPrompts:
-        files.append(("spec.data.validationPrompts", spec.data.validationPrompts, spec.validation.maxPrompts))
-    for field, path, limit in files:
-        read_prompts(path)  # no prompt at all: its own message
-        numbered = [(n, line.strip()) for n, line in enumerate(Path(path).read_text().splitlines(), 1) if line.strip()]
-        for n, text in numbered[:limit]:
-            try:
-                tokenize(text)
-            except ValueError as err:
-                raise ValueError(f"{field}: {path} line {n}: {err}; fix or remove that line") from err
+        check_prompt_file(spec.data.validationPrompts, tokenize, "spec.data.validationPrompts",
+                          spec.validation.maxPrompts)
 
 
 def lock_run_dir(out: Path) -> IO[str]:

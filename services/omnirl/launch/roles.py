@@ -9,6 +9,11 @@ gRPC health service and `/metrics` when their ports are set, runs the role's ser
 supervisor's restarts use), `0` or unset start fresh. SIGTERM asks the service to finish or hand back its work (the actor
 writes a checkpoint) and exits 143; the health service reports NOT_SERVING once the role's main
 loop has not beaten for `failurePolicy.progressDeadlineSeconds`.
+
+Exit codes (`omnirl.api.runtime`): 0 done; 1 crashed (restarted per `failurePolicy`);
+`JOB_FAILED_EXIT` (3) the controller failed the job; `CONFIG_ERROR_EXIT` (4) a `ConfigError` at
+start-up — a setting the role cannot run with, printed as one line, never restarted; 130 Ctrl-C;
+143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import signal
 import sys
 from pathlib import Path
 
+from omnirl.api.errors import ConfigError
 from omnirl.api.loader import load_rljob
-from omnirl.api.runtime import RoleEnv
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, RoleEnv
 
 
 def resolve_device(device: str, environ: dict[str, str] | None = None) -> str:
@@ -72,9 +78,6 @@ def _setup(env: RoleEnv, role: str) -> RoleEnv:
     return env
 
 
-# the controller's exit status when the job itself failed (every group of a step failed, a role
-# reported a failure): restarting cannot help, so the supervisor stops the job at once
-JOB_FAILED_EXIT = 3
 
 
 def should_resume(mode: str, checkpoint_root: Path) -> bool:
@@ -148,6 +151,9 @@ def main(args: argparse.Namespace) -> int:
         return run_role(args.role, args.job, env)
     except KeyboardInterrupt:
         return 130
+    except ConfigError as err:  # the same on every restart: one line, no traceback, a permanent exit code
+        print(f"omnirl role {args.role}: configuration error: {err}", file=sys.stderr, flush=True)
+        return CONFIG_ERROR_EXIT
     except Exception as err:
         if args.role == "controller" and type(err).__name__ == "JobFailed":  # a verdict, not a crash
             print(f"omnirl role controller: the job failed: {err}", file=sys.stderr, flush=True)

@@ -14,7 +14,9 @@ process: it is SIGKILLed first). Then, per `spec.failurePolicy.{role}`:
 - `fail-job`: the job stops with the role's exit code.
 
 A controller that exits with `JOB_FAILED_EXIT` (the job itself failed: a required scorer is down,
-every group of a step failed) stops the job at once: restarting cannot help.
+every group of a step failed), and any role that exits with `CONFIG_ERROR_EXIT` (a setting it
+cannot run with: a model directory without the family's layout, an unreadable checkpoint), stop the
+job at once with the role's one-line message: restarting cannot help (`omnirl.api.runtime`).
 
 Each replica's restarts and the job's restarts count against `maxRestarts` separately; one more
 fails the job. The embedded Redis (AOF) is restarted on its port and directory when it dies.
@@ -32,10 +34,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
-from omnirl.launch.roles import JOB_FAILED_EXIT
 from omnirl.transfer import RedisServer, TransferQueue, kv_key, start_redis_server
 from omnirl.transfer.heartbeat import read_heartbeats
 
@@ -144,7 +146,7 @@ class Supervisor:
         code = controller.poll()
         if code == 0:
             return 0
-        if code == JOB_FAILED_EXIT:
+        if code in (JOB_FAILED_EXIT, CONFIG_ERROR_EXIT):
             raise JobFailure(code, f"role controller failed: {controller.last_error()}")
         if code is not None:
             self._failed(controller, f"exit {_describe(code)}: {controller.last_error()}", code)
@@ -153,6 +155,9 @@ class Supervisor:
             c = p.poll()
             if c is None or (c == 0 and self.queue.get_json("stop")):
                 continue  # running, or finished because the controller ended the job
+            if c == CONFIG_ERROR_EXIT:
+                self._event(p.name, f"exit {c}: {p.last_error()}", "fail-job (configuration error: not restarted)")
+                raise JobFailure(c, f"role {p.name} failed: {p.last_error()}")
             why = p.last_error() if c else "exited before the job finished"
             self._failed(p, f"exit {_describe(c)}: {why}", c)
             return None

@@ -20,6 +20,7 @@ import logging
 import time
 from pathlib import Path
 
+from omnirl.api.errors import config_errors
 from omnirl.api.messages import SampleMeta, ScoreMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
@@ -40,7 +41,8 @@ class RewardService:
         self.sync_mode = spec.pipeline.mode == "sync"
         self.batch_size = spec.roles.reward.batchSize
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
-        self.rewards = RewardSet(spec.reward, threads=env.threads or 1)
+        with config_errors("spec.reward"):  # a scorer that cannot be built (its params, its files): permanent
+            self.rewards = RewardSet(spec.reward, threads=env.threads or 1)
         path = Path(env.out_dir) / "ledger" / f"reward-{env.worker_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._ledger = path.open("a", buffering=1)

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from omnirl.api.errors import config_errors
 from omnirl.api.messages import GenerateRequest, SampleMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
@@ -50,8 +51,9 @@ class RolloutService:
         self.env = env
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
-        adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
-                               **adapter_options(spec))
+        with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
+            adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
+                                   **adapter_options(spec))
         prepare_rollout_module(adapter, spec.model.lora)
         if spec.model.compile:
             compile_adapter_module(adapter)
