@@ -106,6 +106,31 @@ def test_the_console_step_line_numbers_steps_as_the_checkpoints_do():
     assert step_line(0, 2, 1, record).startswith("step 0 [1/2] ") and "checkpoint" not in step_line(0, 2, 1, record)
 
 
+def test_a_step_its_predecessor_trained_but_never_timed_gets_no_made_up_speed(tmp_path, caplog):
+    """`--resume` after a SIGTERM between a step's training and its line: the new controller writes
+    the line from the predecessor's hand-off numbers, which have no step_seconds. It printed
+    `step 6 [7/0] ... 0.0 s  64000000000.0 img/s` (a 0 s default, and before the plan was known)."""
+    from omnirl.api.loader import load_rljob
+    from omnirl.api.messages import TrainDone
+    from omnirl.api.runtime import RoleEnv
+    from omnirl.controller.report import Reporter, read_metrics
+
+    job = load_rljob(str(Path(__file__).resolve().parents[1] / "examples" / "ocr-nft.yaml"))
+    reporter = Reporter(tmp_path, RoleEnv(job_name="j", redis_url="redis://127.0.0.1:1/0", weight_sync_host="127.0.0.1",
+                                             weight_sync_port=1, worker_id="controller-0", out_dir=str(tmp_path)), job)
+    done = TrainDone(step=6, policy_version=7, metrics={"loss": 0.5})
+    try:
+        reporter.started(10, 7)
+        with caplog.at_level("INFO", logger="omnirl.controller"):
+            reporter.step(6, 7, {"reward_mean": 0.75, "reward_std": 0.25, "samples": 64}, done)
+    finally:
+        reporter.close()
+    assert caplog.messages == ["step 6 [7/10] reward 0.750±0.250  time not measured (trained before this controller "
+                               "started)  v7"]
+    line = read_metrics(tmp_path)[-1]
+    assert line["step"] == 6 and "step_seconds" not in line and "images_per_second" not in line
+
+
 def test_the_trained_steps_of_a_run_are_its_step_lines_for_the_controller_and_the_launcher(tmp_path):
     """One reader of `metrics.jsonl`'s trained steps: the controller's `has_step` (before it writes a
     line again) and `omnirl run --resume`'s count (before it starts anything) agree with it."""

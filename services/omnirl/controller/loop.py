@@ -118,8 +118,8 @@ class Controller:
         q.ensure_group(streams.control, GROUP)
         self._wait_actor_ready()
         self._continue_from_actor()
+        self.reporter.started(self.total_steps, self.start_step)  # first: the lines below count [k/N] against it
         self._report_missing()
-        self.reporter.started(self.total_steps, self.start_step)
         for m in q.take_over(streams.scores, GROUP, self.env.worker_id):  # a dead predecessor's scores
             self._file_score(m)
         q.take_over(streams.control, GROUP, self.env.worker_id)  # its control messages are history
@@ -178,14 +178,14 @@ class Controller:
     def _report_missing(self) -> None:
         """Lines for steps trained before this controller started that its predecessor did not
         write (it died between the actor's result and the line); their wall-clock numbers are
-        the predecessor's, measured up to its hand-off."""
+        the predecessor's, measured up to its hand-off, and a step it never timed has none (not 0 s:
+        that made 6.4e10 img/s on the console and the images-per-second gauge)."""
         r = self.queue.redis
         for raw_step, raw in sorted(r.hgetall(self._trained_hash).items(), key=lambda kv: int(kv[0])):
             step, stats = int(raw_step), r.hget(self._stepstats, raw_step)
             if step >= self.start_step or self.reporter.has_step(step) or stats is None:
                 continue
             stats = json.loads(stats)
-            stats.setdefault("step_seconds", 0.0)
             self._report(step, stats, TrainDone.model_validate(json.loads(raw)))
 
     def _continue_from_actor(self) -> None:

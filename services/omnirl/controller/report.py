@@ -22,11 +22,14 @@ def step_line(step: int, total: int, version: int, record: dict) -> str:
     """The console line of training step `step` (0-based: the `step` of `metrics.jsonl` and of the
     checkpoint directory `step-NNNNNN` it wrote, named on the line); `[k/N]` counts steps done.
 
-    `record` is the step's metrics line (reward_mean, reward_std, step_seconds, images_per_second,
-    checkpoint when one was saved).
+    `record` is the step's metrics line (reward_mean, reward_std, step_seconds and images_per_second
+    when measured, checkpoint when one was saved). A step trained before this controller started
+    has no step_seconds: its clock was the predecessor's.
     """
+    timing = (f"{record['step_seconds']:.1f} s  {record['images_per_second']:.1f} img/s" if "step_seconds" in record
+              else "time not measured (trained before this controller started)")
     line = (f"step {step} [{step + 1}/{total}] reward {record['reward_mean']:.3f}±{record['reward_std']:.3f}  "
-            f"{record['step_seconds']:.1f} s  {record['images_per_second']:.1f} img/s  v{version}")
+            f"{timing}  v{version}")
     if record.get("checkpoint"):
         line += f"  checkpoint {Path(record['checkpoint']).name}"
     return line
@@ -100,7 +103,8 @@ class Reporter:
         """Record one finished training step."""
         record = {"event": "step", "step": step, "policy_version": version, "time": time.time(), **stats,
                   **done.metrics}
-        record["images_per_second"] = stats["samples"] / max(stats["step_seconds"], 1e-9)
+        if "step_seconds" in stats:  # absent for a step its predecessor trained but never timed
+            record["images_per_second"] = stats["samples"] / max(stats["step_seconds"], 1e-9)
         if done.checkpoint:
             self.last_checkpoint = done.checkpoint
             record["checkpoint"] = done.checkpoint
