@@ -214,3 +214,30 @@ def test_export_cli_refuses_another_jobs_manifest(run_dir, tmp_path, capsys):
     code, lines = _export(capsys, run_dir, "--out", tmp_path / "a")
     assert code == 2 and "checkpoint of model family 'sd3' but the manifest is for model family 'ocr-digits'" in lines[0]
     assert not (tmp_path / "a").exists()
+
+
+def test_a_truncated_or_corrupt_checkpoint_is_one_line_for_export_and_eval(run_dir, tmp_path, capsys):
+    """`omnirl export` and `omnirl eval --checkpoint` on a checkpoint whose policy.safetensors is cut
+    short (a full disk) or whose state.json is garbage: one line naming it and the fix, exit 2 (a
+    SafetensorError traceback before), and no half-written export left behind."""
+    latest = run_dir / "checkpoints" / "latest"
+    policy = latest / "policy.safetensors"
+    whole = policy.read_bytes()
+    policy.write_bytes(whole[:500])
+    code, lines = _export(capsys, run_dir, "--out", tmp_path / "out" / "a")
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"omnirl export: checkpoint {latest.resolve()}: Error while deserializing header")
+    assert lines[0].endswith("; restore it, or pass an older step-* directory with --checkpoint")
+    assert list((tmp_path / "out").iterdir()) == []
+    prompts = tmp_path / "p.txt"
+    prompts.write_text('A sign that says "12"\n')
+    job = Path(__file__).resolve().parents[1] / "examples" / "ocr-nft.yaml"
+    code = main(["eval", str(job), "--prompts", str(prompts), "--checkpoint", str(latest), "--out", str(tmp_path / "e")])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"omnirl eval: --checkpoint {latest}: Error while deserializing header")
+    assert lines[0].endswith("; restore it, or pass an older OUT/checkpoints/step-* directory")
+    policy.write_bytes(whole)
+    (latest / "state.json").write_text("{garbage")
+    code, lines = _export(capsys, run_dir, "--out", tmp_path / "out" / "b")
+    assert code == 2 and len(lines) == 1 and "Expecting property name enclosed in double quotes" in lines[0], lines

@@ -14,7 +14,9 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 
+from omnirl.api.errors import config_errors
 from omnirl.api.loader import load_rljob
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
@@ -40,8 +42,10 @@ def main(args: argparse.Namespace) -> int:
         prompts = check_prompts(spec.data.validationPrompts, tokenize, "spec.data.validationPrompts",
                                 spec.validation.maxPrompts)
     adapter = load_adapter(spec.model.family, spec.model.path, dtype=spec.model.dtype, **adapter_options(spec))
-    if args.checkpoint:
-        state = load_policy(adapter, args.checkpoint, spec.model.lora)
+    if args.checkpoint:  # a truncated or corrupt file: one line naming the flag, not a traceback
+        with config_errors(f"--checkpoint {args.checkpoint}", SafetensorError, json.JSONDecodeError,
+                           fix="restore it, or pass an older OUT/checkpoints/step-* directory"):
+            state = load_policy(adapter, args.checkpoint, spec.model.lora)
         print(f"checkpoint {args.checkpoint}: step {state.get('step')} policy_version {state.get('policy_version')}")
     adapter.module.eval()
     steps = spec.validation.numSteps if args.steps is None else args.steps

@@ -30,9 +30,10 @@ from pathlib import Path
 
 import torch
 import yaml
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from omnirl.api.errors import config_errors
 from omnirl.api.loader import dump_rljob
 from omnirl.api.spec import RLJob
 from omnirl.models.policy_io import make_latest, resolve_checkpoint
@@ -64,7 +65,8 @@ def export_checkpoint(job: RLJob, checkpoint: str | Path, out: str | Path, *, ru
     Raises:
         FileExistsError: `out` exists.
         FileNotFoundError: not a checkpoint, or the base model's files are missing.
-        ValueError: the checkpoint's tensors do not fit the base model.
+        ValueError: the checkpoint's tensors do not fit the base model, or one of its files is
+            truncated or corrupt (the message names the checkpoint).
     """
     out = Path(out)
     if out.exists():
@@ -74,7 +76,10 @@ def export_checkpoint(job: RLJob, checkpoint: str | Path, out: str | Path, *, ru
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        _write(job, resolve_checkpoint(checkpoint), tmp, None if run_dir is None else Path(run_dir))
+        ckpt = resolve_checkpoint(checkpoint)
+        with config_errors(f"checkpoint {ckpt}", SafetensorError, json.JSONDecodeError,
+                           fix="restore it, or pass an older step-* directory with --checkpoint"):
+            _write(job, ckpt, tmp, None if run_dir is None else Path(run_dir))
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
