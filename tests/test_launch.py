@@ -170,6 +170,8 @@ def test_run_with_a_model_directory_without_weights_fails_once_with_the_message(
     assert len(verdicts) == 1 and "configuration error: spec.model.path: " in verdicts[0], proc.stdout
     last = verdicts[0]
     assert f"{model / 'model.safetensors'} not found" in last
+    # the console's last line is the verdict, not the closing table of a run that reads as finished
+    assert proc.stdout.splitlines()[-1] == f"omnirl: the job did not finish (exit 4): {last.removeprefix('omnirl: ')}"
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert [e["action"] for e in events] == ["fail-job (configuration error: not restarted)"]
     for role in ("rollout", "actor", "reward", "controller"):

@@ -121,6 +121,7 @@ def main(args: argparse.Namespace) -> int:
         return start_role(role, index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None)
 
     old = signal.signal(signal.SIGTERM, _raise_interrupt)
+    failure = ""
     try:
         judges, wired = start_judges(job, out / "logs")  # reward[].server: local processes, URLs wired in
         (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
@@ -141,6 +142,7 @@ def main(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, old)
         if supervisor is not None:
+            failure = supervisor.failure
             redis = supervisor.redis
             supervisor.stop_all()
             supervisor.close()
@@ -149,12 +151,21 @@ def main(args: argparse.Namespace) -> int:
         if redis is not None:
             redis.stop()
     _summary(out)
+    if code:  # the table above reads like a finished run: the last line says it is not
+        print(_verdict(code, failure, args.job, out), flush=True)
     lock.close()
     return code
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the job like Ctrl-C
+
+
+def _verdict(code: int, failure: str, job: str, out: Path) -> str:
+    """The launcher's last line when the job did not finish: why, and what continues it."""
+    if code == 130:
+        return f"omnirl: interrupted (exit 130); continue with: omnirl run {job} --out {out} --resume"
+    return f"omnirl: the job did not finish (exit {code})" + (f": {failure}" if failure else "")
 
 
 def _summary(out: Path) -> None:

@@ -83,6 +83,7 @@ class Supervisor:
         self.procs: dict[str, RoleProcess] = {}
         self.restarts: dict[str, int] = {}  # replica name or "job" → restarts so far
         self._resume = resume
+        self.failure = ""  # why run() gave up (its JobFailure's reason), for the launcher's last line
         self._last_beats = 0.0
         self._events = (out / "events.jsonl").open("a", buffering=1)
         self._lock = threading.Lock()
@@ -107,6 +108,7 @@ class Supervisor:
                 time.sleep(0.2)
         except JobFailure as failure:
             print(f"omnirl: {failure.reason}", flush=True)
+            self.failure = failure.reason
             return failure.code
         finally:
             self.progress.close()
