@@ -188,9 +188,13 @@ def test_a_second_launcher_on_a_run_directory_in_use_is_refused(tmp_path, capsys
         held.write("4242\n")
         held.flush()
         code = main(["run", NFT, "--resume", "--no-ray", "--out", str(run)])
-    err = capsys.readouterr().err
-    assert code == 2 and err.count("\n") == 1, err
-    assert "another omnirl run (pid 4242) is running in this directory" in err, err
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1, err
+        assert "another omnirl run (pid 4242) is running in this directory" in err, err
+        # without --resume too: it said "already holds a run: pass --resume", which the lock then refused
+        code = main(["run", NFT, "--no-ray", "--out", str(run)])
+        err = capsys.readouterr().err
+        assert code == 2 and err.count("\n") == 1 and "another omnirl run (pid 4242)" in err, err
     assert not (run / "redis").exists()
 
 

@@ -75,6 +75,8 @@ def main(args: argparse.Namespace) -> int:
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: is a file, not a directory; choose a directory for the run's outputs")
+    # a live launcher here is named before "pass --resume" or "nothing to do", which would mislead
+    lock = preflight.lock_run_dir(out) if out.is_dir() else None
     if not args.resume and (out / "metrics.jsonl").exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     if args.resume and not (out / "metrics.jsonl").exists():
@@ -86,12 +88,13 @@ def main(args: argparse.Namespace) -> int:
             print(f"omnirl: {out} has trained {trained} steps, the job asks for {total} "
                   f"({'--steps' if args.steps else 'spec.algorithm.steps'}): nothing to do; pass --steps N "
                   f"(N > {trained}) to train further", flush=True)
+            lock.close()
             return 0
     if job.spec.transferQueue.redisUrl:
         preflight.check_redis(job.spec.transferQueue.redisUrl)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
     out.mkdir(parents=True, exist_ok=True)
-    lock = preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
+    lock = lock or preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
     redis, judges = None, []
     redis_url = job.spec.transferQueue.redisUrl
