@@ -183,6 +183,10 @@ def test_multi_document_file_checks_every_document(tmp_path: Path) -> None:
     assert [j.metadata.name for j in jobs] == ["ocr-flowgrpo", "b"]
     with pytest.raises(ManifestError, match="holds 2 RLJob documents"):
         load_rljob(tmp_path / "two.yaml")
+    out = io.StringIO()  # accepted, but not silently: `omnirl run two.yaml` refuses the file
+    assert validate_files([str(tmp_path / "two.yaml")], out) == 0
+    assert out.getvalue().splitlines() == [f"{tmp_path / 'two.yaml'}: ok", "  2 RLJobs in one file: kubectl apply -f "
+                                           "takes them all; omnirl run and omnirl render take one RLJob per file"]
 
 
 def test_non_mapping_and_empty_documents(tmp_path: Path) -> None:

@@ -229,7 +229,8 @@ def load_rljob(path: str | os.PathLike[str]) -> RLJob:
 
 
 def validate_files(files: list[str], out: TextIO, describe: Callable[[RLJob], list[str]] | None = None) -> int:
-    """`omnirl validate`: print `FILE: ok` per valid file, else its problem lines, to `out`.
+    """`omnirl validate`: print `FILE: ok` per valid file, else its problem lines, to `out`; a valid
+    file of several RLJobs gets a line saying `omnirl run` and `omnirl render` take one per file.
 
     Args:
         describe: extra lines printed under a valid job's `ok` (the CLI's: its σ grid).
@@ -246,6 +247,9 @@ def validate_files(files: list[str], out: TextIO, describe: Callable[[RLJob], li
                 out.write(line + "\n")
         else:
             out.write(f"{f}: ok\n")
+            if len(jobs) > 1:  # accepted for the cluster, but `omnirl run` and `render` would refuse the file
+                out.write(f"  {len(jobs)} RLJobs in one file: kubectl apply -f takes them all; omnirl run and "
+                          "omnirl render take one RLJob per file\n")
             for job in jobs if describe else []:
                 for line in describe(job):
                     out.write(f"  {job.metadata.name}: {line}\n")
