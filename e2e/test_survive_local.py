@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from e2e.chaos import chaos_job, check_ledger, final_lineage
 from safetensors.torch import load_file
 
@@ -220,6 +221,29 @@ def test_a_sigkilled_launcher_takes_its_roles_with_it_and_resume_finishes_the_jo
 
     again = start(job, out, resume=True)
     assert again.wait(timeout=600) == 0, tail(out)
+    assert [r["step"] for r in steps(out)] == [0, 1, 2, 3]
+    counts = check_ledger(out, total_steps=4, group_size=3, prompts_per_step=2)
+    assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 24, [])
+
+
+@pytest.mark.slow
+def test_resume_of_a_run_stopped_before_its_first_checkpoint_needs_no_restart(tmp_path):
+    """`omnirl run --resume` of a run whose launcher died before the first checkpoint: the roles
+    start as after a restart (`OMNIRL_RESUME=auto`) and finish the job with every sample trained
+    once. With `OMNIRL_RESUME=1` the actor failed with a FileNotFoundError traceback ("no
+    checkpoint") and the job was restarted once (restart-job 1/N in events.jsonl) before it went on."""
+    job, out = sync_job(tmp_path, "early"), tmp_path / "early"
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["checkpoint"] = {"everySteps": 4, "keep": 1}  # the first checkpoint is at the last step
+    job.write_text(yaml.safe_dump(doc))
+    proc = start(job, out)
+    wait_for_step(proc, out, 0)
+    proc.kill()
+    proc.wait(timeout=60)
+    assert not (out / "checkpoints" / "latest").exists()
+    again = start(job, out, resume=True)
+    assert again.wait(timeout=600) == 0, tail(out)
+    assert (out / "events.jsonl").read_text() == "", tail(out)  # nothing failed, nothing restarted
     assert [r["step"] for r in steps(out)] == [0, 1, 2, 3]
     counts = check_ledger(out, total_steps=4, group_size=3, prompts_per_step=2)
     assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 24, [])

@@ -129,7 +129,7 @@ def main(args: argparse.Namespace) -> int:
         judges, wired = start_judges(job, out / "logs")  # reward[].server: local processes, URLs wired in
         (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
         supervisor = Supervisor(job, role_plan(job), start, queue, out, args.steps or job.spec.algorithm.steps,
-                                resume="1" if args.resume else "0", redis=redis)
+                                resume="auto" if args.resume else "0", redis=redis)
         code = supervisor.run()
         redis = supervisor.redis  # it may have restarted the server
         if code == 0:

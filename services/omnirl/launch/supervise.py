@@ -70,7 +70,8 @@ class Supervisor:
         queue: the job's TransferQueue (stop flag, heartbeats).
         out: the run directory (`events.jsonl`, `roles.json`, `metrics.jsonl`).
         total_steps: for the progress bar.
-        resume: `OMNIRL_RESUME` of the first start ("1" with `--resume`, else "0").
+        resume: `OMNIRL_RESUME` of the first start ("auto" with `--resume`: a run stopped before its
+            first checkpoint continues from Redis, as after a restart; else "0").
         redis: the embedded Redis to keep alive, or None for an external one.
     """
 
