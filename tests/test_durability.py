@@ -50,6 +50,27 @@ def test_a_checkpoint_without_its_marker_is_not_resumed(tmp_path):
     assert not list(root.glob(".tmp-*")) and has_checkpoint(root)
 
 
+def test_a_damaged_checkpoint_file_is_named_in_the_error(tmp_path):
+    """`--resume` on a checkpoint with a damaged file: the actor's one-line configuration error names
+    the file (it said "checkpoint …/latest: scalars" for an optimizer.json without that entry)."""
+    from omnirl.actor.checkpoint import load_checkpoint
+
+    root = tmp_path / "checkpoints"
+    final = _save(root, 3)
+    assert load_checkpoint(root)["state"] == {"step": 3}
+    (final / "optimizer.json").write_text('{"param_groups": []}')
+    with pytest.raises(ValueError, match=r"^optimizer.json: no 'scalars' entry$"):
+        load_checkpoint(root)
+    (final / "optimizer.json").write_text('{"param_groups": [], "scalars": {}}')
+    (final / "state.json").write_text("{garbage")
+    with pytest.raises(ValueError, match=r"^state.json: Expecting property name"):
+        load_checkpoint(root)
+    (final / "state.json").write_text('{"step": 3}')
+    (final / "trained.safetensors").write_bytes((final / "trained.safetensors").read_bytes()[:20])
+    with pytest.raises(ValueError, match=r"^trained.safetensors: Error while deserializing header"):
+        load_checkpoint(root)
+
+
 def test_checkpoints_and_exports_share_one_latest_link_and_pruning(tmp_path):
     """`make_latest` (checkpoints and exports): `latest` → the newest write, the `keep` newest
     `step-*` kept besides it, a re-written older step (a resumed run) never pruned, keep 0 prunes nothing."""

@@ -26,6 +26,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from omnirl.models.policy_io import (  # the one "where is the checkpoint"
@@ -114,14 +115,33 @@ def has_checkpoint(root: str | Path) -> bool:
 
 
 def load_checkpoint(path: str | Path) -> dict:
-    """Read a checkpoint: {'dir', 'policy', 'trained', 'old' (or None), 'optimizer': (tensors, meta), 'state'}."""
+    """Read a checkpoint: {'dir', 'policy', 'trained', 'old' (or None), 'optimizer': (tensors, meta), 'state'}.
+
+    Raises:
+        FileNotFoundError: not a (complete) checkpoint, or one of its files is missing.
+        ValueError: a file is truncated or corrupt, or optimizer.json lacks an entry; the message
+            starts with the file's name (the actor's resume error said only "scalars").
+    """
     p = resolve_checkpoint(path)
-    old = load_file(p / "old.safetensors") if (p / "old.safetensors").exists() else None
+    old = _read(p, "old.safetensors") if (p / "old.safetensors").exists() else None
+    meta = _read(p, "optimizer.json")
+    for key in ("param_groups", "scalars"):
+        if not isinstance(meta, dict) or key not in meta:
+            raise ValueError(f"optimizer.json: no {key!r} entry")
     return {
         "dir": p,
-        "policy": load_file(p / "policy.safetensors"),
-        "trained": load_file(p / "trained.safetensors"),
+        "policy": _read(p, "policy.safetensors"),
+        "trained": _read(p, "trained.safetensors"),
         "old": old,
-        "optimizer": (load_file(p / "optimizer.safetensors"), json.loads((p / "optimizer.json").read_text())),
-        "state": json.loads((p / "state.json").read_text()),
+        "optimizer": (_read(p, "optimizer.safetensors"), meta),
+        "state": _read(p, "state.json"),
     }
+
+
+def _read(ckpt: Path, name: str):
+    """One file of checkpoint `ckpt`: JSON or safetensors by its suffix; a damaged one raises
+    ValueError naming it."""
+    try:
+        return json.loads((ckpt / name).read_text()) if name.endswith(".json") else load_file(ckpt / name)
+    except (SafetensorError, ValueError) as err:
+        raise ValueError(f"{name}: {err}") from err
