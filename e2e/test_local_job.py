@@ -145,9 +145,10 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, redis_url, algori
 def test_a_dead_required_scorer_fails_the_job_with_its_reason(tmp_path, redis_url):
     dead = {"name": "judge", "kind": "http", "url": "http://127.0.0.1:9/score", "timeoutSeconds": 2}
     proc = run(tiny_job(tmp_path, "deadscorer", redis_url, steps=1, reward=dead), tmp_path / "out")
-    assert proc.returncode != 0
     text = proc.stdout + proc.stderr
+    assert proc.returncode == 3, text[-3000:]  # JOB_FAILED_EXIT: the reward role already retried; no restart
     assert "controller" in text and "unreachable" in text
+    assert "restart-job" not in (tmp_path / "out" / "events.jsonl").read_text()
 
 
 @pytest.mark.slow

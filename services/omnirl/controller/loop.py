@@ -41,7 +41,7 @@ from omnirl.controller.group_scoring import GroupScoring
 from omnirl.controller.groups import StepBook, refill_request
 from omnirl.controller.normalize import combine_step, component_stats, needs_recombination
 from omnirl.controller.report import Reporter
-from omnirl.controller.validation import Validator
+from omnirl.controller.validation import SampleUnscored, Validator
 from omnirl.models.registry import load_tokenizer
 from omnirl.transfer import Message, TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
@@ -421,7 +421,11 @@ class Controller:
         while not self.validator.complete:
             self._check_terminated()
             self._pump()
-        self.reporter.validation(self.validator.finish())
+        try:
+            summary = self.validator.finish()
+        except SampleUnscored as err:
+            raise JobFailed(f"validation at step {at_step}: {err}") from err
+        self.reporter.validation(summary)
 
     def _export(self, checkpoint: str) -> None:
         from omnirl.models.export import export_run_checkpoint

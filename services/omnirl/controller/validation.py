@@ -33,6 +33,11 @@ def background_darkness(images: list[np.ndarray], rows: int = 2) -> float:
     return float(np.mean([1.0 - b.mean() / 255.0 for b in border]))
 
 
+
+class SampleUnscored(RuntimeError):
+    """A validation sample could not be scored: the reward role already retried it, so the
+    controller fails the job (`JobFailed`, not restarted) rather than crash into a restart."""
+
 class Validator:
     """Publishes a validation round and collects its scores.
 
@@ -78,10 +83,14 @@ class Validator:
         return self.round is not None and len(self.scores) == len(self.prompts)
 
     def finish(self) -> dict:
-        """Summarise the round, write its grid, delete its tensors. Raises RuntimeError if a sample failed."""
+        """Summarise the round, write its grid, delete its tensors.
+
+        Raises:
+            SampleUnscored: a sample's scoring failed (after the reward role's own retries).
+        """
         failed = [s for s in self.scores.values() if s.failed]
         if failed:
-            raise RuntimeError(f"validation sample {failed[0].sample_id} could not be scored: {failed[0].reason}")
+            raise SampleUnscored(f"validation sample {failed[0].sample_id} could not be scored: {failed[0].reason}")
         rewards = [self.scores[i].reward for i in range(len(self.prompts))]
         images = [self.queue.load_image(self.keys[i]).numpy() for i in range(len(self.prompts))]
         first = list(range(min(GRID_SIZE, len(self.prompts))))
