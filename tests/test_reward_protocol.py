@@ -131,6 +131,14 @@ def test_unreachable_grpc_server_is_retried_then_fails_every_sample():
     outcome = score_each(client, np.zeros((2, 8, 8, 3), np.uint8), ["x", "y"], ["a", "b"])
     assert set(outcome.errors) == {0, 1}
     assert "UNAVAILABLE" in outcome.errors[0].reason and "after 2 attempt(s)" in outcome.errors[0].reason
+    # the sample's failure reason names the reward once (the scorer's own reason already starts with it)
+    from omnirl.api.spec import RewardSpec
+    from omnirl.reward.scoring import combine
+
+    spec = RewardSpec.model_validate({"name": "judge", "kind": "grpc", "url": "127.0.0.1:9"})
+    reward, _, reason = combine([spec], {"judge": outcome}, 0)
+    assert reward is None and reason.startswith("judge: 127.0.0.1:9 unreachable") and "judge: judge:" not in reason
+    assert ScorerError("s", "no text").named("ocr") == "ocr: no text"
 
 
 class _NaNScorer:

@@ -49,7 +49,7 @@ class GroupScoring:
                     images, [group.request.prompt] * len(ids), ids), ids)
             except ScorerError as err:
                 if spec.required:
-                    reasons.append(f"{spec.name}: {err.reason}")
+                    reasons.append(err.named(spec.name))
                 continue  # a non-required one contributes nothing, like a failed per-sample reward
             for i, v in zip(ids, values.tolist(), strict=True):
                 group.scores[i].rewards[spec.name] = float(v)

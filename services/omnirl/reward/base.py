@@ -27,6 +27,11 @@ class ScorerError(Exception):
         self.sample_id = sample_id
         self.reason = reason
 
+    def named(self, name: str) -> str:
+        """The reason under the reward's `name`, once: remote scorers already start theirs with it
+        (a job's log said "judge: judge: http://… unreachable")."""
+        return self.reason if self.reason.startswith(f"{name}: ") else f"{name}: {self.reason}"
+
 
 @runtime_checkable
 class Scorer(Protocol):

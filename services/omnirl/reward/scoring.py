@@ -22,7 +22,7 @@ def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -
         outcome = outcomes[spec.name]
         err = outcome.errors.get(index)
         if err is not None:
-            reasons.append(f"{spec.name}: {err.reason}")
+            reasons.append(err.named(spec.name))
             if spec.required:
                 return None, per_name, "; ".join(reasons)
             continue
