@@ -33,10 +33,10 @@ def background_darkness(images: list[np.ndarray], rows: int = 2) -> float:
     return float(np.mean([1.0 - b.mean() / 255.0 for b in border]))
 
 
-
 class SampleUnscored(RuntimeError):
     """A validation sample could not be scored: the reward role already retried it, so the
     controller fails the job (`JobFailed`, not restarted) rather than crash into a restart."""
+
 
 class Validator:
     """Publishes a validation round and collects its scores.

@@ -77,9 +77,9 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--out {out}: is a file, not a directory; choose a directory for the run's outputs")
     # a live launcher here is named before "pass --resume" or "nothing to do", which would mislead
     lock = preflight.lock_run_dir(out) if out.is_dir() else None
-    if not args.resume and (out / "metrics.jsonl").exists():
+    if not args.resume and (out / METRICS_FILE).exists():
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-    if args.resume and not (out / "metrics.jsonl").exists():
+    if args.resume and not (out / METRICS_FILE).exists():
         raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl)")
     if args.resume:
         preflight.check_same_job(job, out)

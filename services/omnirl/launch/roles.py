@@ -78,8 +78,6 @@ def _setup(env: RoleEnv, role: str) -> RoleEnv:
     return env
 
 
-
-
 def should_resume(mode: str, checkpoint_root: Path) -> bool:
     """Whether this role process resumes: `1` always (the service then errors without a
     checkpoint), `auto` when `checkpoint_root/latest` is complete, `0` never."""
