@@ -44,8 +44,9 @@ def gpu_job(tmp: Path, name: str, redis_url: str, family: str, steps: int = 2) -
     return path
 
 
-def check_job(out: Path, proc, steps: int, backend: str, gpus: dict[str, str]) -> None:
-    """Exit 0, placement as asked, the expected transport, every train sample scored and trained once."""
+def check_job(out: Path, proc, steps: int, backend: str, gpus: dict[str, str], family: str) -> None:
+    """Exit 0, placement as asked, the expected transport and attention kernel, every train sample
+    scored and trained once."""
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for role, gpu in gpus.items():
         assert any(line.split()[:4] == [role, "cuda:0", "=", "GPU"] and line.split()[4] == gpu
@@ -53,6 +54,9 @@ def check_job(out: Path, proc, steps: int, backend: str, gpus: dict[str, str]) -
     actor_log = (out / "logs" / "actor-0.log").read_text()
     assert f"weight sync over {backend}" in actor_log
     assert "rollout on cuda:0" in (out / "logs" / "rollout-0.log").read_text()
+    if family == "sd3" and torch.cuda.get_device_capability() >= (9, 0):  # bf16, head dim 8: auto is cuDNN
+        for log in ("rollout-0.log", "actor-0.log"):
+            assert "attention: cudnn (spec.model.attention auto)" in (out / "logs" / log).read_text(), log
     assert_each_sample_once(out, steps * 2 * 3)
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     step_rows = [r for r in records if r["event"] == "step"]
@@ -64,7 +68,7 @@ def check_job(out: Path, proc, steps: int, backend: str, gpus: dict[str, str]) -
 def test_job_on_one_shared_gpu(tmp_path, redis_url, family):
     out = tmp_path / "out"
     proc = run(gpu_job(tmp_path, f"gpu1-{family}", redis_url, family), out, "--share-gpus", timeout=900)
-    check_job(out, proc, 2, "cuda-ipc", {"actor-0": "0", "rollout-0": "0"})
+    check_job(out, proc, 2, "cuda-ipc", {"actor-0": "0", "rollout-0": "0"}, family)
 
 
 @two_gpus
@@ -72,7 +76,7 @@ def test_job_on_one_shared_gpu(tmp_path, redis_url, family):
 def test_job_on_two_gpus_broadcasts_over_nccl(tmp_path, redis_url, family):
     out = tmp_path / "out"
     proc = run(gpu_job(tmp_path, f"gpu2-{family}", redis_url, family), out, timeout=900)
-    check_job(out, proc, 2, "nccl", {"actor-0": "0", "rollout-0": "1"})
+    check_job(out, proc, 2, "nccl", {"actor-0": "0", "rollout-0": "1"}, family)
 
 
 def test_a_gpu_manifest_needs_the_gpus_or_an_explicit_choice(tmp_path, redis_url):
@@ -92,5 +96,5 @@ def test_packed_sd3_job_on_one_shared_gpu(tmp_path, redis_url):
     job.write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
     proc = run(job, out, "--share-gpus", timeout=900)
-    check_job(out, proc, 2, "cuda-ipc", {"actor-0": "0", "rollout-0": "0"})
+    check_job(out, proc, 2, "cuda-ipc", {"actor-0": "0", "rollout-0": "0"}, "sd3")
     assert "engine: batching packed" in (out / "logs" / "rollout-0.log").read_text()

@@ -161,6 +161,22 @@ def test_packed_batching_needs_a_family_that_packs(family: str) -> None:
     assert packed.roles.rollout.batching == "packed"
 
 
+def test_cudnn_attention_needs_nvidia_roles_and_half_precision() -> None:
+    gpu = {"accelerator": {"type": "nvidia", "count": 1}}
+    half = {"family": "sd3", "path": "/m", "dtype": "bfloat16", "attention": "cudnn"}
+    reward = [{"name": "j", "kind": "jpeg"}]
+    assert _lines({"model": half, "roles": {"rollout": gpu}, "reward": reward}) == [
+        'spec.model.attention: "cudnn" is invalid: runs on NVIDIA GPUs only; roles.actor.accelerator.type is cpu: '
+        "set auto (cuDNN where it applies) or torch"]
+    assert _lines({"model": {**half, "dtype": "float32"}, "roles": {"rollout": gpu, "actor": gpu}, "reward": reward}) == [
+        'spec.model.attention: "cudnn" is invalid: needs model.dtype bfloat16 or float16 (it is float32): set the '
+        "dtype, or attention auto or torch"]
+    job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "model": half, "reward": reward,
+                                                    "roles": {"rollout": gpu, "actor": gpu}}})
+    assert job.spec.model.attention == "cudnn"
+    assert RLJob.model_validate(MINIMAL).spec.model.attention == "auto"  # CPU roles, float32: auto is torch's choice
+
+
 def test_packed_families_are_the_adapters_with_a_packed_forward() -> None:
     pytest.importorskip("diffusers")
     from omnirl.api.spec import PACKED_FAMILIES

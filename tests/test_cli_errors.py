@@ -69,6 +69,19 @@ def prompts_dir(tmp: Path) -> str:
     return str(path)
 
 
+def cudnn_on_gpus(tmp: Path) -> str:
+    """A valid manifest asking for cuDNN attention on GPU roles (`--device cpu` cannot run it)."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    spec = doc["spec"]
+    spec["data"] = {k: str(ROOT / "examples" / v) for k, v in spec["data"].items()}
+    spec["model"] = {**spec.get("model", {}), "dtype": "bfloat16", "attention": "cudnn"}
+    for role in ("rollout", "actor"):
+        spec.setdefault("roles", {}).setdefault(role, {})["accelerator"] = {"type": "nvidia", "count": 1}
+    path = tmp / "cudnn.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def dead_redis(tmp: Path) -> str:
     """The NFT example with a `transferQueue.redisUrl` nothing listens on (port 1)."""
     doc = yaml.safe_load(Path(NFT).read_text())
@@ -101,6 +114,9 @@ CASES = {
                                  "omnirl run: ", "train.txt line 3: text '123456789012' has 12 characters"),
     "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
+    "run-cudnn-on-the-cpu": (lambda t: ["run", cudnn_on_gpus(t), "--device", "cpu", "--no-ray", "--out",
+                                        str(t / "o")], "omnirl run: ", "spec.model.attention: cudnn runs on NVIDIA "
+                             "GPUs only, and rollout-0 would run on cpu: set attention auto or torch for a CPU run"),
     "run-dead-ray-address": (lambda t: ["run", NFT, "--ray-address", "127.0.0.1:1", "--out", str(t / "o")],
                              "omnirl run: ", "ray start --head"),
     "run-no-ray-with-ray-address": (lambda t: ["run", NFT, "--no-ray", "--ray-address", "127.0.0.1:1", "--out",

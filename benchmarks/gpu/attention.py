@@ -13,7 +13,7 @@ Three measurements on the SD3.5-Medium-sized transformer (random bf16, 512², 33
 - `engine` (`--engine`): the step-wise engine on the uniform burst workload per backend (MFU as
   `benchmarks.gpu.run`'s `rollout_mfu`).
 
-The forward and engine runs set the backend inside each block (`benchmarks.gpu.sdpa.use_backend`),
+The forward and engine runs set the backend inside each block (`omnirl.models.attention.use_backend`),
 so the compiled graphs hold that backend's kernel. Results merge into
 `benchmarks/results/<date>-<gpu>.json` under `--key` (default `attention`).
 """
@@ -36,7 +36,7 @@ from benchmarks.gpu import rollout
 from benchmarks.gpu.common import matmul_peak_tflops, mfu, sync
 from benchmarks.gpu.flops import sd3_forward_flops
 from benchmarks.gpu.model import SD35_MEDIUM, TEXT_TOKENS, TINY, BenchSD3Adapter, build_transformer
-from benchmarks.gpu.sdpa import BACKENDS
+from omnirl.models.attention import BACKENDS
 from omnirl.models.compile import compile_adapter_module
 
 MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|matmul", re.I)

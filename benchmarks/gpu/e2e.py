@@ -105,7 +105,7 @@ def run_config(name: str, model_config: dict, device: torch.device, *, steps: in
 
         (results, rewards), t_rollout = timed(rollout_and_reward, device)
         samples = train_samples(results, rewards)
-        metrics, t_train = timed(partial(flow_grpo_step, policies, optimizer, samples, spec, opt, seed=step,
+        metrics, t_train = timed(partial(flow_grpo_step, policies, optimizer, samples, spec, opt, seed=0, step=step,
                                          device=device), device)
         _, t_sync = timed(partial(_weight_sync, policies, target, engine, step + 1), device)
         rows.append({"step": step, "seconds": t_rollout + t_train + t_sync, "rollout_reward_seconds": t_rollout,

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from benchmarks.gpu.sdpa import use_backend
+from omnirl.models.attention import resolve, use_backend
 from omnirl.models.diffusers.base import DiffusersAdapterBase
 from omnirl.models.diffusers.sd3 import SD3_LORA_TARGETS, SD3Adapter
 
@@ -55,8 +55,9 @@ class BenchSD3Adapter(SD3Adapter):
         resolution: default `(height, width)` in pixels (a request's prompt may change it:
             `latent_shape` reads a `@768` or `@768x512` suffix in the prompt text, see `tokenize`).
         text_tokens: conditioning length (333 = SD3.5's 2·77 CLIP + 256 T5).
-        attention: the SDPA backend the blocks run (`benchmarks.gpu.sdpa`; "auto": torch's
-            choice per call, as `omnirl run` runs it).
+        attention: the SDPA backend the blocks run: a `spec.model.attention` value ("auto" as
+            `omnirl run` resolves it: cuDNN on Hopper in bf16; "torch": torch's choice per call)
+            or any name in `omnirl.models.attention.BACKENDS` ("flash", "efficient").
     """
 
     def __init__(self, transformer, *, resolution: Sequence[int] = (512, 512), text_tokens: int = TEXT_TOKENS,
@@ -71,8 +72,8 @@ class BenchSD3Adapter(SD3Adapter):
         self.compile_block_types = ["JointTransformerBlock"]
         self.text_tokens = int(text_tokens)
         self.negative_ids = [0]
-        self.attention = attention
-        use_backend(transformer, self.compile_block_types, attention)
+        self.attention = resolve(attention, transformer, transformer.device, transformer.dtype)
+        use_backend(transformer, self.compile_block_types, self.attention)
 
     def tokenize(self, text: str) -> list[int]:
         """UTF-8 bytes of the prompt, then the image height and width in pixels (`"... @768"` → 768×768,

@@ -243,8 +243,8 @@ def main() -> int:
     p.add_argument("--sections", default="rollout,actor,e2e,sync",
                    help=f"comma-separated, from: {', '.join(SECTIONS)} (default: %(default)s)")
     p.add_argument("--tiny", action="store_true", help="small configuration (CPU smoke test; MFU is not reported)")
-    p.add_argument("--attention", default="auto", help="SDPA backend the blocks run: auto (torch's choice, as "
-                   "omnirl run), cudnn, flash, efficient or math (default %(default)s)")
+    p.add_argument("--attention", default="auto", help="SDPA backend the blocks run: auto (as omnirl run: "
+                   "cuDNN on Hopper in bf16), torch (torch's choice), cudnn, flash, efficient or math (default %(default)s)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager kernels only")
     p.add_argument("--requests", type=int, default=256, help="uniform rollout requests (mixed: half)")
     p.add_argument("--actor-samples", type=int, default=32)
@@ -263,13 +263,13 @@ def main() -> int:
     res = json.loads(path.read_text()) if path.exists() else {}
     peak = matmul_peak_tflops(device, n=8192 if device.type == "cuda" else 512, repeats=20 if device.type == "cuda" else 3)
     res.update({"device": gpu, "torch": torch.__version__, "model_config": cfg, "text_tokens": TEXT_TOKENS,
-                "matmul_peak_tflops": peak, "compile": args.compile, "attention": args.attention})
+                "matmul_peak_tflops": peak, "compile": args.compile})
     print(f"{gpu}: measured bf16 matmul peak {peak:.1f} TFLOP/s", flush=True)
     failed = []
     for name in args.sections.split(","):
         print(f"=== {name}", flush=True)
         try:
-            res[name] = SECTIONS[name](cfg, device, peak, args)
+            res[name] = {**SECTIONS[name](cfg, device, peak, args), "sdpa_backend": args.attention}
         except Exception:  # one broken section must not lose the others' numbers; exit code says it failed
             res.setdefault("errors", {})[name] = traceback.format_exc()
             print(res["errors"][name], flush=True)

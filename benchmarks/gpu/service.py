@@ -32,8 +32,9 @@ import yaml
 from benchmarks.gpu.model import SD35_MEDIUM, TINY
 
 ROOT = Path(__file__).resolve().parents[2]
-INPROCESS_STEP_SECONDS = 9.97
-"""The in-process omnirl step (`end_to_end.omnirl.step_seconds` of 2026-11-29-nvidia-h200.json)."""
+INPROCESS_STEP_SECONDS = 8.71
+"""The in-process omnirl step (`e2e.omnirl.step_seconds` of 2026-12-01-nvidia-h200.json: cuDNN
+attention, as `spec.model.attention: auto` runs the service on an H200)."""
 
 CONFIGS = {
     # name: (pipeline mode, rollout correction, batching, compile, GPUs)

@@ -47,6 +47,7 @@ from omnirl.api.errors import config_errors
 from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
+from omnirl.models.attention import select_attention
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.transfer import TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
@@ -68,6 +69,7 @@ class ActorService:
         with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
             adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
                                    **adapter_options(spec))
+        select_attention(adapter, spec.model, self.device)
         self.trainer = Trainer(adapter, spec, self.device, ranks=self.ranks)
         self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
         self.version = 0

@@ -71,6 +71,7 @@ def main(args: argparse.Namespace) -> int:
     job = load_rljob(args.job)
     preflight.check_local_paths(job)
     placements = place(job, device=getattr(args, "device", "auto"), share=getattr(args, "share_gpus", False))
+    preflight.check_attention(job, placements)
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
     if out.exists() and not out.is_dir():

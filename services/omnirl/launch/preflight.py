@@ -18,6 +18,7 @@ import yaml
 
 from omnirl.api.spec import RLJob
 from omnirl.controller import report
+from omnirl.launch.placement import Placement
 
 
 def check_local_paths(job: RLJob) -> None:
@@ -37,6 +38,21 @@ def check_local_paths(job: RLJob) -> None:
             raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
                                     "file or directory (relative paths resolve against the manifest's folder)")
     check_prompts(job)
+
+
+def check_attention(job: RLJob, placements: list[Placement]) -> None:
+    """`spec.model.attention: cudnn` needs its rollout and actor processes on NVIDIA GPUs; the spec
+    checks the manifest's accelerators, this checks where `omnirl run` put them (`--device cpu`).
+
+    Raises:
+        ValueError: naming the field, the process and its device, and the fix.
+    """
+    if job.spec.model.attention != "cudnn":
+        return
+    for p in placements:
+        if p.role in ("rollout", "actor") and p.kind != "nvidia":
+            raise ValueError(f"spec.model.attention: cudnn runs on NVIDIA GPUs only, and {p.name} would run on "
+                             f"{p.device}: set attention auto or torch for a CPU run, or drop --device {p.device}")
 
 
 def check_prompts(job: RLJob) -> None:

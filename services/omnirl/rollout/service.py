@@ -29,6 +29,7 @@ from omnirl.api.errors import config_errors
 from omnirl.api.messages import GenerateRequest, SampleMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
+from omnirl.models.attention import select_attention
 from omnirl.models.compile import compile_adapter_module
 from omnirl.models.lora import prepare_rollout_module
 from omnirl.models.registry import adapter_options, load_adapter
@@ -54,6 +55,7 @@ class RolloutService:
         with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
             adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
                                    **adapter_options(spec))
+        select_attention(adapter, spec.model, self.device)
         prepare_rollout_module(adapter, spec.model.lora)
         if spec.model.compile:
             compile_adapter_module(adapter)

@@ -28,6 +28,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from omnirl.models.attention import block_backend
+
 SUPPORTED_PROCESSORS = ("JointAttnProcessor2_0",)
 
 
@@ -165,8 +167,9 @@ class PackedBlock:
             (c `[B, S, D]`, or None after the last, `context_pre_only` block; x `[N, D]`).
         """
         qkv, cqkv, qkv2, mods, c_mods = self.pre(block, x, c, temb, seg)
-        attn_x, attn_c = _sdpa(spans, qkv, cqkv)
-        attn_x2 = _sdpa(spans, qkv2, None)[0] if qkv2 is not None else None
+        with block_backend(block):  # the kernel `spec.model.attention` chose for this block
+            attn_x, attn_c = _sdpa(spans, qkv, cqkv)
+            attn_x2 = _sdpa(spans, qkv2, None)[0] if qkv2 is not None else None
         return self.post(block, x, c, seg, attn_x, attn_c, attn_x2, mods, c_mods)
 
 

@@ -1,14 +1,16 @@
-"""`benchmarks.gpu.sdpa`: the SDPA backend chosen for a transformer's blocks reaches eager and compiled blocks."""
+"""`omnirl.models.attention` (`spec.model.attention`): the SDPA backend chosen for a transformer's
+blocks reaches eager and compiled blocks, deep copies and the packed forward; what `auto` means."""
 
 import copy
 
 import pytest
 import torch
 import torch.nn.functional as F
-from benchmarks.gpu.sdpa import backends, use_backend
 from torch import nn
 from torch.nn.attention import SDPBackend
 from torch.profiler import ProfilerActivity, profile
+
+from omnirl.models.attention import backends, head_dim, resolve, use_backend
 
 CPU_FLASH_OP = "aten::_scaled_dot_product_flash_attention_for_cpu"
 
@@ -33,7 +35,7 @@ def _ops(fn) -> set[str]:
 def test_a_name_allows_exactly_its_backend():
     assert backends("cudnn") == [SDPBackend.CUDNN_ATTENTION]
     assert backends("math") == [SDPBackend.MATH]
-    with pytest.raises(ValueError, match="unknown attention backend 'fa3'.*auto, cudnn, flash"):
+    with pytest.raises(ValueError, match="unknown attention backend 'fa3'.*torch, cudnn, flash"):
         backends("fa3")
 
 
@@ -76,7 +78,46 @@ def test_no_matching_block_or_unknown_backend_is_an_error():
         use_backend(model, ["JointTransformerBlock"], "cudnn")
     with pytest.raises(ValueError, match="unknown attention backend 'fast'"):
         use_backend(model, ["Block"], "fast")
-    assert use_backend(model, ["JointTransformerBlock"], "auto") == 0  # auto touches nothing
+    assert use_backend(model, ["JointTransformerBlock"], "torch") == 0  # torch's choice touches nothing
+
+
+def test_auto_is_cudnn_only_on_a_hopper_gpu_in_half_precision_with_a_fitting_head_dim():
+    pytest.importorskip("diffusers")
+    from tests.test_models_diffusers import _sd3_pipeline
+
+    transformer = _sd3_pipeline().transformer
+    assert head_dim(transformer) == 8
+    assert head_dim(nn.Linear(2, 2)) is None  # no config: auto cannot vouch for cuDNN
+    assert resolve("auto", transformer, "cpu", torch.bfloat16) == "torch"
+    assert resolve("torch", transformer, "cpu", torch.float32) == "torch"
+    assert resolve("math", transformer, "cpu", torch.float32) == "math"
+    with pytest.raises(ValueError, match="spec.model.attention: cudnn runs on CUDA GPUs only, and this role runs "
+                                         "on cpu; set auto or torch"):
+        resolve("cudnn", transformer, "cpu", torch.bfloat16)
+    if torch.cuda.is_available():
+        hopper = torch.cuda.get_device_capability() >= (9, 0)
+        assert resolve("auto", transformer, "cuda", torch.bfloat16) == ("cudnn" if hopper else "torch")
+        assert resolve("auto", transformer, "cuda", torch.float32) == "torch"
+        assert resolve("auto", nn.Linear(2, 2), "cuda", torch.bfloat16) == "torch"
+
+
+def test_the_packed_forward_runs_the_blocks_backend():
+    """`sd3_packed_forward` calls SDPA itself (outside the block's forward): it must enter the block's selection."""
+    pytest.importorskip("diffusers")
+    from tests.test_sd3_packed import RESOLUTIONS, _adapter, _inputs
+
+    adapter = _adapter(torch.float32, "cpu")
+    xs, sigma, cond = _inputs(adapter)
+    with torch.no_grad():
+        reference = adapter.velocity_packed(xs, sigma, cond)
+        assert CPU_FLASH_OP in _ops(lambda: adapter.velocity_packed(xs, sigma, cond))
+        assert use_backend(adapter.module, adapter.compile_block_types, "math") == 2
+        ops = _ops(lambda: adapter.velocity_packed(xs, sigma, cond))
+        got = adapter.velocity_packed(xs, sigma, cond)
+    assert CPU_FLASH_OP not in ops
+    assert len(got) == len(RESOLUTIONS)
+    for a, b in zip(got, reference, strict=True):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
 
 
 @pytest.mark.gpu
