@@ -174,7 +174,11 @@ def test_cudnn_attention_needs_nvidia_roles_and_half_precision() -> None:
     job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "model": half, "reward": reward,
                                                     "roles": {"rollout": gpu, "actor": gpu}}})
     assert job.spec.model.attention == "cudnn"
+    assert _lines({"model": {**half, "family": "flux"}, "roles": {"rollout": gpu, "actor": gpu}, "reward": reward}) == [
+        'spec.model.attention: "cudnn" is invalid: is checked for families sd3, qwen-image only (model.family is '
+        "flux; FLUX's gradients through cuDNN were wrong on the H200): set auto or torch"]
     assert RLJob.model_validate(MINIMAL).spec.model.attention == "auto"  # CPU roles, float32: auto is torch's choice
+
 
 
 def test_packed_families_are_the_adapters_with_a_packed_forward() -> None:

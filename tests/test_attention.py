@@ -81,24 +81,25 @@ def test_no_matching_block_or_unknown_backend_is_an_error():
     assert use_backend(model, ["JointTransformerBlock"], "torch") == 0  # torch's choice touches nothing
 
 
-def test_auto_is_cudnn_only_on_a_hopper_gpu_in_half_precision_with_a_fitting_head_dim():
+def test_auto_is_cudnn_only_for_checked_families_on_a_hopper_gpu_in_half_precision_with_a_fitting_head_dim():
     pytest.importorskip("diffusers")
     from tests.test_models_diffusers import _sd3_pipeline
 
     transformer = _sd3_pipeline().transformer
     assert head_dim(transformer) == 8
     assert head_dim(nn.Linear(2, 2)) is None  # no config: auto cannot vouch for cuDNN
-    assert resolve("auto", transformer, "cpu", torch.bfloat16) == "torch"
-    assert resolve("torch", transformer, "cpu", torch.float32) == "torch"
-    assert resolve("math", transformer, "cpu", torch.float32) == "math"
+    assert resolve("auto", "sd3", transformer, "cpu", torch.bfloat16) == "torch"
+    assert resolve("torch", "sd3", transformer, "cpu", torch.float32) == "torch"
+    assert resolve("math", "sd3", transformer, "cpu", torch.float32) == "math"
     with pytest.raises(ValueError, match="spec.model.attention: cudnn runs on CUDA GPUs only, and this role runs "
                                          "on cpu; set auto or torch"):
-        resolve("cudnn", transformer, "cpu", torch.bfloat16)
+        resolve("cudnn", "sd3", transformer, "cpu", torch.bfloat16)
     if torch.cuda.is_available():
         hopper = torch.cuda.get_device_capability() >= (9, 0)
-        assert resolve("auto", transformer, "cuda", torch.bfloat16) == ("cudnn" if hopper else "torch")
-        assert resolve("auto", transformer, "cuda", torch.float32) == "torch"
-        assert resolve("auto", nn.Linear(2, 2), "cuda", torch.bfloat16) == "torch"
+        assert resolve("auto", "sd3", transformer, "cuda", torch.bfloat16) == ("cudnn" if hopper else "torch")
+        assert resolve("auto", "sd3", transformer, "cuda", torch.float32) == "torch"
+        assert resolve("auto", "sd3", nn.Linear(2, 2), "cuda", torch.bfloat16) == "torch"
+        assert resolve("auto", "flux", transformer, "cuda", torch.bfloat16) == "torch"  # not in CUDNN_FAMILIES
 
 
 def test_the_packed_forward_runs_the_blocks_backend():
@@ -144,3 +145,21 @@ def test_the_named_kernel_runs_in_a_compiled_block_on_cuda(name, kernel):
     names = " ".join(e.key.lower() for e in prof.key_averages())
     assert kernel in names, names
     torch.testing.assert_close(out.float(), reference, atol=2e-2, rtol=2e-2)
+
+
+def check_cudnn_matches_torchs_choice(adapter, x, sigma, cond) -> None:
+    """bf16 on CUDA: the velocity and its input gradient with cuDNN attention in the adapter's
+    blocks equal torch's own choice's (relative error norm, bf16 rounding), and cuDNN's kernel
+    runs. Used by each diffusers family's GPU test (`CUDNN_FAMILIES` are the ones that pass)."""
+    x = x.clone().requires_grad_()
+    v_ref = adapter.velocity(x, sigma, cond)
+    (g_ref,) = torch.autograd.grad(v_ref.square().mean(), x)
+    use_backend(adapter.module, adapter.compile_block_types, "cudnn")
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        v = adapter.velocity(x, sigma, cond)
+        (g,) = torch.autograd.grad(v.square().mean(), x)
+        torch.cuda.synchronize()
+    names = " ".join(e.key.lower() for e in prof.key_averages())
+    assert "cudnn" in names, names
+    assert ((v - v_ref).norm() / v_ref.norm()).item() < 2e-2
+    assert ((g - g_ref).norm() / g_ref.norm()).item() < 5e-2

@@ -70,11 +70,13 @@ def prompts_dir(tmp: Path) -> str:
 
 
 def cudnn_on_gpus(tmp: Path) -> str:
-    """A valid manifest asking for cuDNN attention on GPU roles (`--device cpu` cannot run it)."""
+    """A valid SD3 manifest asking for cuDNN attention on GPU roles (`--device cpu` cannot run it;
+    refused before the model directory, which does not exist, is looked at)."""
     doc = yaml.safe_load(Path(NFT).read_text())
     spec = doc["spec"]
     spec["data"] = {k: str(ROOT / "examples" / v) for k, v in spec["data"].items()}
-    spec["model"] = {**spec.get("model", {}), "dtype": "bfloat16", "attention": "cudnn"}
+    spec["model"] = {"family": "sd3", "path": str(tmp / "sd3"), "dtype": "bfloat16", "attention": "cudnn"}
+    spec["reward"] = [{"name": "jpeg", "kind": "jpeg"}]
     for role in ("rollout", "actor"):
         spec.setdefault("roles", {}).setdefault(role, {})["accelerator"] = {"type": "nvidia", "count": 1}
     path = tmp / "cudnn.yaml"

@@ -384,6 +384,19 @@ def test_bf16_on_cuda_keeps_fp32_boundary_and_finite_log_probs(family):
     assert adapter.decode(step.x_next).shape == (2, 32, 32, 3)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cudnn_attention_on_cuda_matches_torchs_choice(family):
+    from tests.test_attention import check_cudnn_matches_torchs_choice
+
+    name, path, _, _ = family
+    adapter = load_adapter(name, str(path), "cuda", "bfloat16", resolution=RES, guidance_scale=4.0,
+                           max_sequence_length=16 if name == "sd3" else 256)
+    cond = adapter.encode([adapter.tokenize(PROMPT), adapter.tokenize(PROMPT + " and more words")], "cuda")
+    check_cudnn_matches_torchs_choice(adapter, _noisy(adapter, 2).cuda(), torch.tensor([0.9, 0.5], device="cuda"),
+                                      cond)
+
+
 def test_rljob_options_reach_the_adapter(family):
     """`adapter_options(spec)`: the job's CFG weight and resolution, identical for rollout and actor."""
     from omnirl.api.spec import RLJobSpec

@@ -72,7 +72,7 @@ class BenchSD3Adapter(SD3Adapter):
         self.compile_block_types = ["JointTransformerBlock"]
         self.text_tokens = int(text_tokens)
         self.negative_ids = [0]
-        self.attention = resolve(attention, transformer, transformer.device, transformer.dtype)
+        self.attention = resolve(attention, "sd3", transformer, transformer.device, transformer.dtype)
         use_backend(transformer, self.compile_block_types, self.attention)
 
     def tokenize(self, text: str) -> list[int]:

@@ -50,6 +50,9 @@ REMOTE_KINDS: tuple[str, ...] = ("http", "grpc", "vlm")
 ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
 # Families whose adapter has `velocity_packed` (mixed shapes in one forward); tests keep this in sync.
 PACKED_FAMILIES: tuple[str, ...] = ("sd3",)
+# Families whose velocity and gradients with cuDNN attention matched torch's own kernel choice on the
+# H200 (bf16; GPU tests in tests/test_models_*.py). FLUX's input gradients came out wrong (~1e30).
+CUDNN_FAMILIES: tuple[str, ...] = ("sd3", "qwen-image")
 
 __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and are re-exported here
     "AdvantageSpec",
@@ -69,6 +72,7 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "KIND",
     "ROLE_NAMES",
     "PACKED_FAMILIES",
+    "CUDNN_FAMILIES",
     "AcceleratorType",
     "FailureAction",
     "SpecModel",
@@ -145,11 +149,11 @@ class ModelSpec(SpecModel):
     compile: bool = Field(
         False, description="Compile each transformer block with torch.compile (dynamic shapes; GPU recommended).")
     attention: AttentionBackend = Field(
-        "auto", description="The attention kernel of the transformer blocks in rollout and actor. auto: cuDNN on "
-        "an NVIDIA GPU of compute capability 9.0+ (H100, H200, B200) with bf16/fp16 weights and a head dimension "
-        "that is a multiple of 8 up to 128 (1.45-1.55x FlashAttention-2 at SD3.5's head dim 64), else torch's "
-        "choice. torch: torch chooses per call. cudnn: cuDNN only (rollout and actor on nvidia, bf16/fp16 "
-        "weights). math: the reference kernel (slow; for debugging).")
+        "auto", description="The attention kernel of the transformer blocks in rollout and actor. auto: cuDNN for "
+        "families sd3 and qwen-image on an NVIDIA GPU of compute capability 9.0+ (H100, H200, B200) with bf16/fp16 "
+        "weights and a head dimension that is a multiple of 8 up to 128 (1.45-1.55x FlashAttention-2 at SD3.5's "
+        "head dim 64), else torch's choice. torch: torch chooses per call. cudnn: cuDNN only (sd3 or qwen-image, "
+        "rollout and actor on nvidia, bf16/fp16 weights). math: the reference kernel (slow; for debugging).")
     gradientCheckpointing: bool = Field(
         False, description="Actor: recompute each transformer block's activations in the backward pass "
         "(less activation memory for about one extra forward).")
@@ -502,6 +506,10 @@ class RLJobSpec(SpecModel):
                                f"forward ({', '.join(PACKED_FAMILIES)}); model.family is {self.model.family}: use "
                                "batching stepwise")
         if self.model.attention == "cudnn":
+            if self.model.family not in CUDNN_FAMILIES:
+                raise FieldProblem("model.attention", "cudnn", f"is checked for families {', '.join(CUDNN_FAMILIES)} "
+                                   f"only (model.family is {self.model.family}; FLUX's gradients through cuDNN "
+                                   "were wrong on the H200): set auto or torch")
             for role in ("rollout", "actor"):
                 kind = getattr(self.roles, role).accelerator.type
                 if kind != "nvidia":

@@ -69,9 +69,9 @@ def main(args: argparse.Namespace) -> int:
 
         check_ray_address(args.ray_address)  # before anything is started that would need stopping
     job = load_rljob(args.job)
-    preflight.check_local_paths(job)
     placements = place(job, device=getattr(args, "device", "auto"), share=getattr(args, "share_gpus", False))
     preflight.check_attention(job, placements)
+    preflight.check_local_paths(job)
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
     if out.exists() and not out.is_dir():

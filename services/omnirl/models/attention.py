@@ -4,7 +4,8 @@ Why choose at all: torch picks FlashAttention-2 for bf16 on Hopper, and cuDNN's 
 1.45-1.55× faster there at head dim 64 (SD3.5's); the compiled SD3.5-Medium-sized rollout went
 from 54.4 % to 57.9 % MFU with it (benchmarks/README.md, "attention"). Forward and backward at
 head dims 8-128 differ from the fp32 reference no more than FlashAttention-2's do (measured on the
-H200, bf16).
+H200, bf16), and SD3's and Qwen-Image's velocities and gradients match torch's own choice; FLUX's
+gradients through cuDNN did not (wrong by ~1e30), so `auto` leaves FLUX to torch.
 
 Why inside each block: a backend selected around a compiled block does not reach it — the
 compiled graph keeps the kernel torch chose while tracing (measured: flash, cuDNN and
@@ -29,7 +30,7 @@ from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from omnirl.api.errors import config_errors
-from omnirl.api.spec import ModelSpec
+from omnirl.api.spec import CUDNN_FAMILIES, ModelSpec
 from omnirl.models.registry import resolve_dtype
 
 log = logging.getLogger("omnirl.models")
@@ -53,14 +54,15 @@ def head_dim(module: nn.Module) -> int | None:
     return int(value) if isinstance(value, int) else None
 
 
-def resolve(name: str, module: nn.Module, device: torch.device | str, dtype: torch.dtype) -> str:
-    """The backend `spec.model.attention` value `name` means for `module` on `device` with weights
-    in `dtype`.
+def resolve(name: str, family: str, module: nn.Module, device: torch.device | str, dtype: torch.dtype) -> str:
+    """The backend `spec.model.attention` value `name` means for `module` (of model family
+    `family`) on `device` with weights in `dtype`.
 
-    "auto" is "cudnn" where it was measured faster and its kernel applies — a CUDA GPU of compute
-    capability 9.0 or newer (Hopper, Blackwell), bf16 or fp16 weights, and a head dimension from
-    the model's config that is a multiple of 8 and at most 128 — else "torch". Every other name
-    is itself (the spec refuses cudnn off nvidia roles or with float32 weights).
+    "auto" is "cudnn" where it was measured faster and checked correct — a family in
+    `CUDNN_FAMILIES`, a CUDA GPU of compute capability 9.0 or newer (Hopper, Blackwell), bf16 or
+    fp16 weights, and a head dimension from the model's config that is a multiple of 8 and at
+    most 128 — else "torch". Every other name is itself (the spec refuses cudnn for other
+    families, off nvidia roles or with float32 weights).
 
     Raises:
         ValueError: "cudnn" on a device that is not CUDA (`omnirl run --device cpu` of a GPU
@@ -69,7 +71,8 @@ def resolve(name: str, module: nn.Module, device: torch.device | str, dtype: tor
     device = torch.device(device)
     if name == "auto":
         dim = head_dim(module)
-        fits = (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (9, 0)
+        fits = (family in CUDNN_FAMILIES and device.type == "cuda"
+                and torch.cuda.get_device_capability(device) >= (9, 0)
                 and dtype in (torch.bfloat16, torch.float16) and dim is not None and dim % 8 == 0 and dim <= 128)
         return "cudnn" if fits else "torch"
     if name == "cudnn" and device.type != "cuda":
@@ -116,7 +119,7 @@ def select_attention(adapter, model: ModelSpec, device: torch.device | str) -> s
         ConfigError: a named kernel that cannot run here (the message names the field and the fix).
     """
     with config_errors("spec.model.attention"):
-        chosen = resolve(model.attention, adapter.module, device, resolve_dtype(model.dtype))
+        chosen = resolve(model.attention, model.family, adapter.module, device, resolve_dtype(model.dtype))
     if chosen != "torch":
         use_backend(adapter.module, adapter.compile_block_types, chosen)
     log.info("attention: %s (spec.model.attention %s)", chosen, model.attention)
