@@ -1,11 +1,12 @@
 """Which `scaled_dot_product_attention` kernel a model's transformer blocks run (`spec.model.attention`).
 
-Why choose at all: torch picks FlashAttention-2 for bf16 on Hopper, and cuDNN's attention is
-1.45-1.55× faster there at head dim 64 (SD3.5's); the compiled SD3.5-Medium-sized rollout went
-from 54.4 % to 57.9 % MFU with it (benchmarks/README.md, "attention"). Forward and backward at
-head dims 8-128 differ from the fp32 reference no more than FlashAttention-2's do (measured on the
-H200, bf16), and SD3's and Qwen-Image's velocities and gradients match torch's own choice; FLUX's
-gradients through cuDNN did not (wrong by ~1e30), so `auto` leaves FLUX to torch.
+Why choose at all: in the compiled blocks torch picks FlashAttention-2 for bf16 on Hopper
+(profiled), and cuDNN's attention is 1.45-1.55x faster there at head dim 64 (SD3.5's); the
+compiled SD3.5-Medium-sized rollout went from 54.4 % to 57.9 % MFU with it (benchmarks/README.md,
+"attention"). Forward and backward at head dims 8-128 differ from the fp32 reference no more than
+FlashAttention-2's do (measured on the H200, bf16); SD3's and Qwen-Image's velocities and
+gradients match torch's own choice (4 SD3.5-Medium blocks at 512²: input gradient within 1.4e-3
+relative). FLUX's gradients through cuDNN did not (wrong by ~1e30), so `auto` leaves FLUX to torch.
 
 Why inside each block: a backend selected around a compiled block does not reach it — the
 compiled graph keeps the kernel torch chose while tracing (measured: flash, cuDNN and
