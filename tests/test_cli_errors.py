@@ -82,6 +82,20 @@ def cudnn_on_gpus(tmp: Path) -> str:
     return str(path)
 
 
+def model_without_weights(tmp: Path) -> str:
+    """The NFT example on a model directory holding the built-in config.json but no model.safetensors."""
+    import shutil
+
+    (tmp / "model").mkdir()
+    shutil.copy(ROOT / "services" / "omnirl" / "models" / "digits" / "weights" / "config.json", tmp / "model")
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["model"]["path"] = str(tmp / "model")
+    doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    path = tmp / "no-weights.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def dead_redis(tmp: Path) -> str:
     """The NFT example with a `transferQueue.redisUrl` nothing listens on (port 1)."""
     doc = yaml.safe_load(Path(NFT).read_text())
@@ -112,6 +126,9 @@ CASES = {
                                "metadata.name 'ocr-awm', not 'ocr-nft'"),
     "run-untokenizable-prompt": (lambda t: ["run", untokenizable_prompt(t), "--no-ray", "--out", str(t / "o")],
                                  "omnirl run: ", "train.txt line 3: text '123456789012' has 12 characters"),
+    "run-model-without-weights": (lambda t: ["run", model_without_weights(t), "--no-ray", "--out", str(t / "o")],
+                                  "omnirl run: spec.model.path: ", "/model/model.safetensors not found; a digits checkpoint "
+                                  "needs model.safetensors beside config.json; copy the whole model directory there"),
     "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-cudnn-on-the-cpu": (lambda t: ["run", cudnn_on_gpus(t), "--device", "cpu", "--no-ray", "--out",

@@ -38,6 +38,25 @@ def check_local_paths(job: RLJob) -> None:
             raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
                                     "file or directory (relative paths resolve against the manifest's folder)")
     check_prompts(job)
+    check_model_weights(job)
+
+
+def check_model_weights(job: RLJob) -> None:
+    """Every weights file the family's loader reads is in `spec.model.path` (the loader layer owns
+    the list, `models.registry.check_weight_files`); left to the roles, a directory holding
+    config.json alone would start every role and fail them seconds later.
+
+    Raises:
+        FileNotFoundError: naming `spec.model.path`, the missing file and the fix.
+    """
+    from omnirl.models.registry import check_weight_files
+
+    model = job.spec.model
+    try:
+        check_weight_files(model.family, model.path)
+    except FileNotFoundError as err:
+        raise FileNotFoundError(f"spec.model.path: {model.path} is incomplete: {err}; copy the whole model directory "
+                                "there, or point spec.model.path at a complete one") from err
 
 
 def check_attention(job: RLJob, placements: list[Placement]) -> None:
