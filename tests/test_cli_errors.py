@@ -96,6 +96,20 @@ def model_without_weights(tmp: Path) -> str:
     return str(path)
 
 
+UNSET_KEY = "OMNIRL_TEST_JUDGE_KEY_UNSET"
+
+
+def judge_with_unset_key(tmp: Path) -> str:
+    """The NFT example plus a VLM judge whose `apiKeyEnv` names a variable this process lacks."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    doc["spec"]["reward"].append({"name": "judge", "kind": "vlm", "url": "http://127.0.0.1:1/v1", "weight": 0.5,
+                                  "params": {"model": "m", "template": "read-text", "apiKeyEnv": UNSET_KEY}})
+    path = tmp / "judge.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def dead_redis(tmp: Path) -> str:
     """The NFT example with a `transferQueue.redisUrl` nothing listens on (port 1)."""
     doc = yaml.safe_load(Path(NFT).read_text())
@@ -129,6 +143,12 @@ CASES = {
     "run-model-without-weights": (lambda t: ["run", model_without_weights(t), "--no-ray", "--out", str(t / "o")],
                                   "omnirl run: spec.model.path: ", "/model/model.safetensors not found; a digits checkpoint "
                                   "needs model.safetensors beside config.json; copy the whole model directory there"),
+    "run-unset-api-key": (lambda t: ["run", judge_with_unset_key(t), "--no-ray", "--out", str(t / "o")],
+                          "omnirl run: spec.reward[1].params.apiKeyEnv: ", f"variable {UNSET_KEY} is not set (or "
+                          f"empty); export {UNSET_KEY}=<the judge's API key> before omnirl run or omnirl eval; on "
+                          f"Kubernetes give the reward container {UNSET_KEY} from a Secret in spec.roles.reward.template"),
+    "eval-unset-api-key": (lambda t: ["eval", judge_with_unset_key(t), "--prompts", HELDOUT, "--out", str(t / "o")],
+                           "omnirl eval: spec.reward[1].params.apiKeyEnv: ", f"export {UNSET_KEY}=<"),
     "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-cudnn-on-the-cpu": (lambda t: ["run", cudnn_on_gpus(t), "--device", "cpu", "--no-ray", "--out",
@@ -180,6 +200,7 @@ CASES = {
 def test_user_errors_exit_2_with_one_line_naming_the_fix(case, tmp_path, capsys, monkeypatch):
     argv, prefix, fix = CASES[case]
     monkeypatch.delenv("OMNIRL_DEBUG", raising=False)
+    monkeypatch.delenv(UNSET_KEY, raising=False)
     if case == "pretrain-no-cuda":
         import torch
 

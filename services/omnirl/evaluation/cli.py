@@ -23,6 +23,7 @@ from omnirl.controller.grid import save_image_grid
 from omnirl.evaluation.evaluate import evaluate
 from omnirl.models.policy_io import load_policy
 from omnirl.models.registry import adapter_options, load_adapter, load_tokenizer
+from omnirl.reward.registry import check_api_keys
 
 
 def main(args: argparse.Namespace) -> int:
@@ -35,6 +36,7 @@ def main(args: argparse.Namespace) -> int:
     if Path(args.out).exists() and not Path(args.out).is_dir():  # before minutes of sampling, not after
         raise ValueError(f"--out {args.out}: is a file, not a directory; choose a directory for grid.png and rewards.json")
     spec = load_rljob(args.job).spec
+    check_api_keys(spec.reward)  # before minutes of model loading and sampling
     tokenize = load_tokenizer(spec.model.family, spec.model.path)
     if args.prompts:  # checked before minutes of model loading and sampling
         prompts = check_prompts(args.prompts, tokenize, "--prompts")

@@ -19,14 +19,17 @@ import yaml
 from omnirl.api.spec import RLJob
 from omnirl.controller import report
 from omnirl.launch.placement import Placement
+from omnirl.reward.registry import check_api_keys
 
 
 def check_local_paths(job: RLJob) -> None:
-    """The files a local run reads, checked before any process starts (a pod's paths are the
-    operator's business: `omnirl validate` does not require them on this machine).
+    """The files a local run reads, and the variables its VLM judges' `apiKeyEnv` name, checked
+    before any process starts (a pod's paths are the operator's business: `omnirl validate` does not
+    require them on this machine).
 
     Raises:
         FileNotFoundError: naming the field and the missing path.
+        ValueError: an unset `spec.reward[i].params.apiKeyEnv` variable (`reward.registry.check_api_keys`).
     """
     spec = job.spec
     paths = [("spec.data.trainPrompts", spec.data.trainPrompts),
@@ -39,6 +42,7 @@ def check_local_paths(job: RLJob) -> None:
                                     "file or directory (relative paths resolve against the manifest's folder)")
     check_prompts(job)
     check_model_weights(job)
+    check_api_keys(job.spec.reward)  # the roles inherit this environment
 
 
 def check_model_weights(job: RLJob) -> None:
