@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from omnirl.api.spec import DNS1123_LABEL_RULE
 from omnirl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -110,6 +111,15 @@ def judge_with_unset_key(tmp: Path) -> str:
     return str(path)
 
 
+def namespaced(tmp: Path, namespace: str) -> str:
+    """The NFT example with `metadata.namespace` set."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["metadata"]["namespace"] = namespace
+    path = tmp / "ns.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
 def dead_redis(tmp: Path) -> str:
     """The NFT example with a `transferQueue.redisUrl` nothing listens on (port 1)."""
     doc = yaml.safe_load(Path(NFT).read_text())
@@ -187,12 +197,20 @@ CASES = {
                                 "omnirl pretrain: ", "--device tpu: not a torch device; use cpu"),
     "pretrain-no-cuda": (lambda t: ["pretrain", "--out", str(t / "p"), "--device", "cuda"], "omnirl pretrain: ",
                          "use --device cpu"),
-    "render-missing-manifest": (lambda t: ["render", str(t / "nope.yaml")], "", "nope.yaml: cannot read"),
-    "render-invalid-manifest": (lambda t: ["render", bad_manifest(t)], "", "spec.algorithm.groupSize"),
-    "render-bad-namespace": (lambda t: ["render", NFT, "--namespace", "Bad_NS"], "--namespace \"Bad_NS\" is invalid",
-                             "must be a DNS-1123 label"),
-    "render-empty-namespace": (lambda t: ["render", NFT, "--namespace", ""], "--namespace \"\" is invalid", "e.g. team-a"),
-    "render-long-namespace": (lambda t: ["render", NFT, "--namespace", "a" * 64], "--namespace ", "at most 63"),
+    "render-missing-manifest": (lambda t: ["render", str(t / "nope.yaml")], "omnirl render: ", "nope.yaml: cannot read"),
+    "render-invalid-manifest": (lambda t: ["render", bad_manifest(t)], "omnirl render: ", "spec.algorithm.groupSize"),
+    "render-bad-namespace": (lambda t: ["render", NFT, "--namespace", "Bad_NS"],
+                             "omnirl render: --namespace \"Bad_NS\" is invalid: ", f"must be {DNS1123_LABEL_RULE}"),
+    "render-empty-namespace": (lambda t: ["render", NFT, "--namespace", ""], "omnirl render: --namespace \"\" is invalid",
+                               "e.g. team-a"),
+    "render-long-namespace": (lambda t: ["render", NFT, "--namespace", "a" * 64], "omnirl render: --namespace ",
+                              "at most 63"),
+    # the manifest's own namespace gets the same rule in words, not pydantic's regular expression
+    "render-manifest-bad-namespace": (lambda t: ["render", namespaced(t, "Bad_NS")], "omnirl render: ",
+                                      f'ns.yaml: metadata.namespace: "Bad_NS" is invalid: must be {DNS1123_LABEL_RULE} '
+                                      "(e.g. team-a) (line 5)"),
+    "run-manifest-bad-namespace": (lambda t: ["run", namespaced(t, "Bad_NS")], "omnirl run: ",
+                                   f'metadata.namespace: "Bad_NS" is invalid: must be {DNS1123_LABEL_RULE}'),
 }
 
 
