@@ -446,6 +446,9 @@ def test_missing_weights_are_refused_before_the_run_and_a_truncated_file_is_name
     weights.with_name("diffusion_pytorch_model-00001-of-00002.safetensors").write_bytes(kept)
     with pytest.raises(FileNotFoundError, match=f"^{weights.parent / shard} not found"):
         check_weight_files(name, str(model))
+    (weights.parent / f"{weights.name}.index.json").write_text("{not json")
+    with pytest.raises(ValueError, match=f"^{weights}.index.json is not a sharded-weights index"):
+        check_weight_files(name, str(model))
     for shard_file in weights.parent.glob("diffusion_pytorch_model*"):  # back to the one file
         shard_file.unlink()
     weights.write_bytes(kept)

@@ -52,15 +52,16 @@ def check_model_weights(job: RLJob) -> None:
 
     Raises:
         FileNotFoundError: naming `spec.model.path`, the missing file and the fix.
+        ValueError: naming `spec.model.path` and an unreadable sharded-weights index.
     """
     from omnirl.models.registry import check_weight_files
 
     model = job.spec.model
     try:
         check_weight_files(model.family, model.path)
-    except FileNotFoundError as err:
-        raise FileNotFoundError(f"spec.model.path: {model.path} is incomplete: {err}; copy the whole model directory "
-                                "there, or point spec.model.path at a complete one") from err
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(f"spec.model.path: {model.path} is incomplete: {err}; copy the whole model directory there, "
+                        "or point spec.model.path at a complete one") from err
 
 
 def check_attention(job: RLJob, placements: list[Placement]) -> None:

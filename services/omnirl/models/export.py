@@ -36,11 +36,11 @@ from safetensors.torch import load_file, save_file
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import dump_rljob
 from omnirl.api.spec import RLJob
+from omnirl.models.diffusers._common import DIFFUSERS_WEIGHTS
 from omnirl.models.policy_io import check_owner, make_latest, resolve_checkpoint
 
 EXPORT_FORMAT = "omnirl-export-v1"
 EXPORTS = "exports"
-DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
 def validations(run_dir: Path) -> list[dict]:
