@@ -109,7 +109,8 @@ class Handler(BaseHTTPRequestHandler):
             _requests.append({"model": model, "seed": body.get("seed"), "temperature": body.get("temperature"),
                               "max_tokens": body.get("max_tokens"), "logprobs": body.get("logprobs"),
                               "top_logprobs": body.get("top_logprobs"), "question": question,
-                              "attempt": attempt, "retry_header": self.headers.get("x-stainless-retry-count")})
+                              "attempt": attempt, "retry_header": self.headers.get("x-stainless-retry-count"),
+                              "authorization": self.headers.get("Authorization")})
         if model.startswith("slow:"):
             time.sleep(float(model.split(":")[1]))
         if model.startswith("flaky:") and attempt <= int(model.split(":")[1]):

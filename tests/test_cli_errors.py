@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from omnirl.api.spec import DNS1123_LABEL_RULE
 from omnirl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +85,43 @@ def cudnn_on_gpus(tmp: Path) -> str:
     return str(path)
 
 
+def model_without_weights(tmp: Path) -> str:
+    """The NFT example on a model directory holding the built-in config.json but no model.safetensors."""
+    import shutil
+
+    (tmp / "model").mkdir()
+    shutil.copy(ROOT / "services" / "omnirl" / "models" / "digits" / "weights" / "config.json", tmp / "model")
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["model"]["path"] = str(tmp / "model")
+    doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    path = tmp / "no-weights.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+UNSET_KEY = "OMNIRL_TEST_JUDGE_KEY_UNSET"
+
+
+def judge_with_unset_key(tmp: Path) -> str:
+    """The NFT example plus a VLM judge whose `apiKeyEnv` names a variable this process lacks."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    doc["spec"]["reward"].append({"name": "judge", "kind": "vlm", "url": "http://127.0.0.1:1/v1", "weight": 0.5,
+                                  "params": {"model": "m", "template": "read-text", "apiKeyEnv": UNSET_KEY}})
+    path = tmp / "judge.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def namespaced(tmp: Path, namespace: str) -> str:
+    """The NFT example with `metadata.namespace` set."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["metadata"]["namespace"] = namespace
+    path = tmp / "ns.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
 def dead_redis(tmp: Path) -> str:
     """The NFT example with a `transferQueue.redisUrl` nothing listens on (port 1)."""
     doc = yaml.safe_load(Path(NFT).read_text())
@@ -114,6 +152,15 @@ CASES = {
                                "metadata.name 'ocr-awm', not 'ocr-nft'"),
     "run-untokenizable-prompt": (lambda t: ["run", untokenizable_prompt(t), "--no-ray", "--out", str(t / "o")],
                                  "omnirl run: ", "train.txt line 3: text '123456789012' has 12 characters"),
+    "run-model-without-weights": (lambda t: ["run", model_without_weights(t), "--no-ray", "--out", str(t / "o")],
+                                  "omnirl run: spec.model.path: ", "/model/model.safetensors not found; a digits checkpoint "
+                                  "needs model.safetensors beside config.json; copy the whole model directory there"),
+    "run-unset-api-key": (lambda t: ["run", judge_with_unset_key(t), "--no-ray", "--out", str(t / "o")],
+                          "omnirl run: spec.reward[1].params.apiKeyEnv: ", f"variable {UNSET_KEY} is not set (or "
+                          f"empty); export {UNSET_KEY}=<the judge's API key> before omnirl run or omnirl eval; on "
+                          f"Kubernetes give the reward container {UNSET_KEY} from a Secret in spec.roles.reward.template"),
+    "eval-unset-api-key": (lambda t: ["eval", judge_with_unset_key(t), "--prompts", HELDOUT, "--out", str(t / "o")],
+                           "omnirl eval: spec.reward[1].params.apiKeyEnv: ", f"export {UNSET_KEY}=<"),
     "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-cudnn-on-the-cpu": (lambda t: ["run", cudnn_on_gpus(t), "--device", "cpu", "--no-ray", "--out",
@@ -152,12 +199,20 @@ CASES = {
                                 "omnirl pretrain: ", "--device tpu: not a torch device; use cpu"),
     "pretrain-no-cuda": (lambda t: ["pretrain", "--out", str(t / "p"), "--device", "cuda"], "omnirl pretrain: ",
                          "use --device cpu"),
-    "render-missing-manifest": (lambda t: ["render", str(t / "nope.yaml")], "", "nope.yaml: cannot read"),
-    "render-invalid-manifest": (lambda t: ["render", bad_manifest(t)], "", "spec.algorithm.groupSize"),
-    "render-bad-namespace": (lambda t: ["render", NFT, "--namespace", "Bad_NS"], "--namespace \"Bad_NS\" is invalid",
-                             "must be a DNS-1123 label"),
-    "render-empty-namespace": (lambda t: ["render", NFT, "--namespace", ""], "--namespace \"\" is invalid", "e.g. team-a"),
-    "render-long-namespace": (lambda t: ["render", NFT, "--namespace", "a" * 64], "--namespace ", "at most 63"),
+    "render-missing-manifest": (lambda t: ["render", str(t / "nope.yaml")], "omnirl render: ", "nope.yaml: cannot read"),
+    "render-invalid-manifest": (lambda t: ["render", bad_manifest(t)], "omnirl render: ", "spec.algorithm.groupSize"),
+    "render-bad-namespace": (lambda t: ["render", NFT, "--namespace", "Bad_NS"],
+                             "omnirl render: --namespace \"Bad_NS\" is invalid: ", f"must be {DNS1123_LABEL_RULE}"),
+    "render-empty-namespace": (lambda t: ["render", NFT, "--namespace", ""], "omnirl render: --namespace \"\" is invalid",
+                               "e.g. team-a"),
+    "render-long-namespace": (lambda t: ["render", NFT, "--namespace", "a" * 64], "omnirl render: --namespace ",
+                              "at most 63"),
+    # the manifest's own namespace gets the same rule in words, not pydantic's regular expression
+    "render-manifest-bad-namespace": (lambda t: ["render", namespaced(t, "Bad_NS")], "omnirl render: ",
+                                      f'ns.yaml: metadata.namespace: "Bad_NS" is invalid: must be {DNS1123_LABEL_RULE} '
+                                      "(e.g. team-a) (line 5)"),
+    "run-manifest-bad-namespace": (lambda t: ["run", namespaced(t, "Bad_NS")], "omnirl run: ",
+                                   f'metadata.namespace: "Bad_NS" is invalid: must be {DNS1123_LABEL_RULE}'),
 }
 
 
@@ -165,6 +220,7 @@ CASES = {
 def test_user_errors_exit_2_with_one_line_naming_the_fix(case, tmp_path, capsys, monkeypatch):
     argv, prefix, fix = CASES[case]
     monkeypatch.delenv("OMNIRL_DEBUG", raising=False)
+    monkeypatch.delenv(UNSET_KEY, raising=False)
     if case == "pretrain-no-cuda":
         import torch
 

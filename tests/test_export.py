@@ -202,12 +202,24 @@ def test_export_cli_errors_are_one_line_naming_the_fix(run_dir, tmp_path, capsys
     assert list((tmp_path / "out").iterdir()) == []
 
 
-def test_export_cli_refuses_another_jobs_manifest(run_dir, tmp_path, capsys):
+def test_export_and_eval_refuse_another_jobs_manifest(run_dir, tmp_path, capsys):
+    """`omnirl export --job` and `omnirl eval JOB --checkpoint` with a manifest of another job: the
+    same one line (policy_io.check_owner), each naming its own way to pass the run's manifest; eval
+    used to sample and score the other job's checkpoint without a word."""
     other = dump_rljob(rljob())
     other["metadata"]["name"] = "other"
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
     code, lines = _export(capsys, run_dir, "--out", tmp_path / "a", "--job", tmp_path / "other.yaml")
-    assert code == 2 and len(lines) == 1 and "checkpoint of job 'exp' but the manifest is for job 'other'" in lines[0]
+    latest = (run_dir / "checkpoints" / "latest").resolve()
+    refusal = f"{latest} is a checkpoint of job 'exp' but the manifest is for job 'other'; pass the run's own manifest"
+    assert code == 2 and lines == [f"omnirl export: {refusal} (--job) or that job's checkpoint"]
+    prompts = tmp_path / "p.txt"
+    prompts.write_text('A sign that says "12"\n')
+    code = main(["eval", str(tmp_path / "other.yaml"), "--prompts", str(prompts), "--checkpoint",
+                 str(run_dir / "checkpoints" / "latest"), "--out", str(tmp_path / "e")])
+    lines = capsys.readouterr().err.splitlines()
+    assert code == 2 and lines == [f"omnirl eval: {refusal} (omnirl eval OUT/job.yaml) or that job's checkpoint"]
+    assert not (tmp_path / "e").exists()
     state_file = run_dir / "checkpoints" / "latest" / "state.json"
     state = json.loads(state_file.read_text())
     state_file.write_text(json.dumps({**state, "family": "sd3"}))
@@ -231,7 +243,7 @@ def test_a_truncated_or_corrupt_checkpoint_is_one_line_for_export_and_eval(run_d
     assert list((tmp_path / "out").iterdir()) == []
     prompts = tmp_path / "p.txt"
     prompts.write_text('A sign that says "12"\n')
-    job = Path(__file__).resolve().parents[1] / "examples" / "ocr-nft.yaml"
+    job = run_dir / "job.yaml"  # the checkpoint's own job (another's is refused before the policy is read)
     code = main(["eval", str(job), "--prompts", str(prompts), "--checkpoint", str(latest), "--out", str(tmp_path / "e")])
     lines = capsys.readouterr().err.splitlines()
     assert code == 2 and len(lines) == 1, lines

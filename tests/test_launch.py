@@ -142,11 +142,14 @@ def test_a_crash_is_restarted_a_configuration_error_is_not(tmp_path, redis_url, 
     assert _supervise(tmp_path, redis_url, exit_code) == expected
 
 
-def test_run_with_a_model_directory_without_weights_fails_once_with_the_message(tmp_path):
-    """`omnirl run` (real role processes) on a model directory holding config.json but no weights:
-    the rollout and actor exit CONFIG_ERROR_EXIT with one line naming spec.model.path, the launcher
-    stops the job with that line and exit 4, and no role was started twice."""
+def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path):
+    """`omnirl run` (real role processes) on a model directory whose model.safetensors was cut short
+    (pre-flight checks only that it exists): the rollout and actor exit CONFIG_ERROR_EXIT with one
+    line naming spec.model.path and the file, the launcher stops the job with exit 4, no role was
+    started twice, and the launcher's own lines carry the reason twice: its event line and its last
+    line, the verdict (a third, "omnirl: role … failed: …", said what the verdict says)."""
     import json
+    import os
     import shutil
     import subprocess
     import sys
@@ -155,8 +158,9 @@ def test_run_with_a_model_directory_without_weights_fails_once_with_the_message(
     import yaml
 
     model = tmp_path / "model"
-    model.mkdir()
-    shutil.copy(Path("services/omnirl/models/digits/weights/config.json"), model / "config.json")
+    shutil.copytree(Path("services/omnirl/models/digits/weights"), model)
+    weights = model / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
     doc = yaml.safe_load(open("examples/ocr-nft.yaml"))
     doc["spec"]["model"]["path"] = str(model)
     doc["spec"]["data"] = {"trainPrompts": str(Path("examples/prompts/ocr-train.txt").resolve())}
@@ -165,13 +169,14 @@ def test_run_with_a_model_directory_without_weights_fails_once_with_the_message(
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
                            "--out", str(out)], capture_output=True, text=True, timeout=600)
-    verdicts = [line for line in proc.stdout.splitlines() if line.startswith("omnirl: role ")]
     assert proc.returncode == 4, proc.stdout + proc.stderr
-    assert len(verdicts) == 1 and "configuration error: spec.model.path: " in verdicts[0], proc.stdout
-    last = verdicts[0]
-    assert f"{model / 'model.safetensors'} not found" in last
+    reason = f"configuration error: spec.model.path: {weights} is unreadable (truncated or not a safetensors file: "
+    launcher = [line for line in proc.stdout.splitlines() if line.startswith("omnirl: ")]
+    mentions = [line for line in launcher if reason in line]
+    assert len(mentions) == 2 and " → fail-job (configuration error: not restarted)" in mentions[0], proc.stdout
     # the console's last line is the verdict, not the closing table of a run that reads as finished
-    assert proc.stdout.splitlines()[-1] == f"omnirl: the job did not finish (exit 4): {last.removeprefix('omnirl: ')}"
+    assert mentions[1] == proc.stdout.splitlines()[-1], proc.stdout
+    assert mentions[1].startswith("omnirl: the job did not finish (exit 4): role "), proc.stdout
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert [e["action"] for e in events] == ["fail-job (configuration error: not restarted)"]
     for role in ("rollout", "actor", "reward", "controller"):

@@ -415,3 +415,57 @@ def test_rljob_options_reach_the_adapter(family):
     f = adapter.vae_scale_factor
     assert adapter.latent_shape(ids)[1:] == (32 // f, 48 // f)
     assert any(k.startswith("negative_") for k in adapter.encode([ids]))
+
+
+def test_missing_weights_are_refused_before_the_run_and_a_truncated_file_is_named(family, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """Pre-flight (`omnirl run`) refuses a pipeline directory without the transformer's weights,
+    naming spec.model.path and the file (exit 2, nothing started); a sharded index is followed to its
+    shards; a truncated transformer or text encoder file is named unreadable by the loader (the text
+    encoder's SafetensorError used to escape `load_component` as a crash)."""
+    import json
+    import os
+    import shutil
+
+    import yaml
+
+    from omnirl.cli import main
+    from omnirl.models.registry import check_weight_files
+
+    name, path, _, _ = family
+    model = tmp_path / "model"
+    shutil.copytree(path, model)
+    check_weight_files(name, str(model))  # complete: silent
+    weights = model / "transformer" / "diffusion_pytorch_model.safetensors"
+    kept = weights.read_bytes()
+    os.truncate(weights, len(kept) // 2)
+    with pytest.raises(OSError, match=f"^{weights} is unreadable \\(truncated or not a safetensors file: "):
+        load_adapter(name, str(model), resolution=RES)
+    weights.unlink()
+    (tmp_path / "train.txt").write_text('a sign that says "42"\n')
+    doc = {"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "no-weights"},
+           "spec": {"model": {"family": name, "path": str(model), "resolution": list(RES)},
+                    "data": {"trainPrompts": str(tmp_path / "train.txt")}, "reward": [{"name": "ocr", "kind": "ocr"}]}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.delenv("OMNIRL_DEBUG", raising=False)
+    assert main(["run", str(tmp_path / "job.yaml"), "--no-ray", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"omnirl run: spec.model.path: {model} is incomplete: {weights} "
+                                                   f"not found; family '{name}' loads transformer/ from it"), err
+    assert "copy the whole model directory there" in err and not (tmp_path / "o").exists()
+    shard = "diffusion_pytorch_model-00002-of-00002.safetensors"
+    (weights.parent / f"{weights.name}.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"a": "diffusion_pytorch_model-00001-of-00002.safetensors", "b": shard}}))
+    weights.with_name("diffusion_pytorch_model-00001-of-00002.safetensors").write_bytes(kept)
+    with pytest.raises(FileNotFoundError, match=f"^{weights.parent / shard} not found"):
+        check_weight_files(name, str(model))
+    (weights.parent / f"{weights.name}.index.json").write_text("{not json")
+    with pytest.raises(ValueError, match=f"^{weights}.index.json is not a sharded-weights index"):
+        check_weight_files(name, str(model))
+    for shard_file in weights.parent.glob("diffusion_pytorch_model*"):  # back to the one file
+        shard_file.unlink()
+    weights.write_bytes(kept)
+    encoder = model / "text_encoder" / "model.safetensors"
+    os.truncate(encoder, encoder.stat().st_size // 2)
+    with pytest.raises(OSError, match=f"^{encoder} is unreadable \\(truncated"):
+        load_adapter(name, str(model), resolution=RES)

@@ -140,6 +140,24 @@ def test_load_errors_name_the_path(tmp_path):
         load_digits_adapter(tmp_path)
 
 
+def test_a_truncated_weights_file_is_named_unreadable_not_a_config_mismatch(tmp_path):
+    """A copy cut short (a full disk, an interrupted scp) says the file is unreadable; only tensors
+    that load but do not fit the config say "does not match the config"."""
+    import os
+    import re
+
+    save_digits_checkpoint(DigitsDiT(SMALL), SMALL, tmp_path)
+    weights = tmp_path / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size // 2)
+    with pytest.raises(ValueError) as err:
+        load_digits_adapter(tmp_path)
+    assert str(err.value).startswith(f"{weights} is unreadable (truncated or not a safetensors file: ")
+    assert "does not match" not in str(err.value)
+    save_digits_checkpoint(DigitsDiT(DigitsConfig(d_model=64, depth=2, heads=2)), SMALL, tmp_path)  # wrong widths
+    with pytest.raises(ValueError, match=re.escape(f"{weights} does not match the config in {tmp_path / 'config.json'}")):
+        load_digits_adapter(tmp_path)
+
+
 def test_pretrain_is_deterministic_and_saves(tmp_path):
     config = DigitsConfig(d_model=32, depth=1, heads=2)
     reports = [pretrain(tmp_path / name, steps=2, batch_size=4, log_every=0, config=config) for name in "ab"]

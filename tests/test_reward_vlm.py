@@ -72,6 +72,31 @@ def test_read_text_is_scored_with_the_ocr_rule(judge):
         assert req["question"].startswith("What text is written")
 
 
+def test_an_unset_api_key_names_the_field_the_variable_and_the_fix(judge, monkeypatch):
+    """`params.apiKeyEnv` naming an unset variable: the job's scorers (the reward role, omnirl eval)
+    are refused with `spec.reward[i].params.apiKeyEnv`, the variable and both fixes; once it is set,
+    the key reaches the judge as the bearer token."""
+    from omnirl.reward.scoring import RewardSet
+
+    var = "OMNIRL_TEST_JUDGE_KEY"
+    specs = [RewardSpec(name="jpeg", kind="jpeg"),
+             RewardSpec(name="judge", kind="vlm", url=judge, params={"model": "keyed", "template": "read-text",
+                                                                     "apiKeyEnv": var})]
+    monkeypatch.delenv(var, raising=False)
+    with pytest.raises(ValueError) as err:
+        RewardSet(specs)
+    assert str(err.value).startswith(f"spec.reward[1].params.apiKeyEnv: the environment variable {var} is not set "
+                                     f"(or empty); export {var}=<the judge's API key> before omnirl run or omnirl "
+                                     f"eval; on Kubernetes give the reward container {var} from a Secret in "
+                                     "spec.roles.reward.template (spec: {containers: [{name: reward, env: "
+                                     f"[{{name: {var}, valueFrom: {{secretKeyRef: "), err.value
+    monkeypatch.setenv(var, "sk-test-1")
+    rewards = RewardSet(specs)
+    (reward, per_name, reason), = rewards.score([image("2048")], ['A sign that says "2048"'], ["0:0:0"])
+    assert per_name["judge"] == 1.0 and reason == ""
+    assert [r["authorization"] for r in stats(judge, "keyed")] == ["Bearer sk-test-1"]
+
+
 def test_rate_parses_strictly_and_fails_the_bad_sample_alone(judge):
     scorer = vlm(judge, template="rate", scale=10)
     images = np.stack([image("7"), image("seven"), image("11"), image(" 10 ")])

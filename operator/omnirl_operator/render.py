@@ -24,6 +24,7 @@ from omnirl_operator.settings import OperatorSettings
 
 # What the chart's bundled Redis answers to (release `omnirl`), used when nothing else is set.
 RENDER_DEFAULT_REDIS_URL = "redis://omnirl-redis:6379/0"
+PREFIX = "omnirl render: "  # as `omnirl.cli.main` prefixes every other subcommand's error lines
 
 
 def _read_manifest(path: str) -> dict[str, Any]:
@@ -70,14 +71,16 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
     """Entry of ``omnirl render`` (``args.job``, ``args.namespace``); returns the exit code.
 
     Settings come from the environment like the operator's (``OMNIRL_*_IMAGE``,
-    ``OMNIRL_DEFAULT_REDIS_URL`` …). Exit code 2 with one line per problem on ``err`` for an
-    invalid manifest, setting or ``--namespace`` (not a DNS-1123 label).
+    ``OMNIRL_DEFAULT_REDIS_URL`` …). Exit code 2 with one line per problem on ``err``, each
+    prefixed ``omnirl render: `` as every subcommand's, for an invalid manifest, setting or
+    ``--namespace`` (not a DNS-1123 label).
     """
     out = out or sys.stdout
     err = err or sys.stderr
     namespace = getattr(args, "namespace", None)
     if namespace is not None and not is_dns1123_label(namespace):  # the API server would refuse every object
-        err.write(f"--namespace {format_value(namespace)} is invalid: must be {DNS1123_LABEL_RULE} (e.g. team-a)\n")
+        err.write(f"{PREFIX}--namespace {format_value(namespace)} is invalid: must be {DNS1123_LABEL_RULE} "
+                  "(e.g. team-a)\n")
         return 2
     try:
         settings = OperatorSettings.from_env()
@@ -91,10 +94,10 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
         err.write(note)  # only once the manifest rendered: an error stays one line
     except ManifestError as exc:
         for line in exc.problems:
-            err.write(line + "\n")
+            err.write(PREFIX + line + "\n")
         return 2
     except ValueError as exc:
-        err.write(f"{args.job}: {exc}\n")
+        err.write(f"{PREFIX}{args.job}: {exc}\n")
         return 2
     dump_stream(docs, out)
     return 0

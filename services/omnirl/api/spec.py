@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, PositiveInt, model_validator
+from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
@@ -545,9 +545,15 @@ class ObjectMeta(SpecModel):
         max_length=53,
         description="Job name: a DNS-1123 label of at most 53 characters (children append suffixes).",
     )
-    namespace: str | None = Field(
-        None, pattern=DNS1123_LABEL, max_length=63, description="Namespace."
-    )
+    namespace: str | None = Field(None, description="Namespace: a DNS-1123 label (`DNS1123_LABEL_RULE`).")
+
+    @field_validator("namespace")
+    @classmethod
+    def _namespace(cls, value: str | None) -> str | None:
+        # the rule's own words (as `omnirl render --namespace` says them), not the regular expression
+        if value is not None and not is_dns1123_label(value):
+            raise ValueError(f"must be {DNS1123_LABEL_RULE} (e.g. team-a)")
+        return value
 
 
 class RLJob(SpecModel):

@@ -21,20 +21,30 @@ from omnirl.api.loader import load_rljob
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.evaluation.evaluate import evaluate
-from omnirl.models.policy_io import load_policy
+from omnirl.models.policy_io import check_owner, load_policy, resolve_checkpoint
 from omnirl.models.registry import adapter_options, load_adapter, load_tokenizer
+from omnirl.reward.registry import check_api_keys
 
 
 def main(args: argparse.Namespace) -> int:
     """CLI adapter; returns 0. Raises ValueError (FileNotFoundError) naming the flag for a bad --steps,
-    --seed, --out or --prompts (missing, a directory, empty, or a line the model cannot tokenize)."""
+    --seed, --out or --prompts (missing, a directory, empty, or a line the model cannot tokenize), or a
+    --checkpoint that is not one, is damaged, or belongs to another job or model family (`check_owner`)."""
     if args.steps is not None and args.steps < 2:
         raise ValueError(f"--steps {args.steps}: must be >= 2 (denoising steps; default validation.numSteps)")
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed {args.seed}: must be >= 0")
     if Path(args.out).exists() and not Path(args.out).is_dir():  # before minutes of sampling, not after
         raise ValueError(f"--out {args.out}: is a file, not a directory; choose a directory for grid.png and rewards.json")
-    spec = load_rljob(args.job).spec
+    job = load_rljob(args.job)
+    spec = job.spec
+    check_api_keys(spec.reward)  # before minutes of model loading and sampling
+    fix = "restore it, or pass an older OUT/checkpoints/step-* directory"
+    if args.checkpoint:  # another job's checkpoint is refused as `omnirl export` refuses it, before the model loads
+        ckpt = resolve_checkpoint(args.checkpoint)
+        with config_errors(f"--checkpoint {args.checkpoint}", json.JSONDecodeError, fix=fix):
+            state = json.loads((ckpt / "state.json").read_text())
+        check_owner(job, ckpt, state, manifest="omnirl eval OUT/job.yaml")
     tokenize = load_tokenizer(spec.model.family, spec.model.path)
     if args.prompts:  # checked before minutes of model loading and sampling
         prompts = check_prompts(args.prompts, tokenize, "--prompts")
@@ -43,8 +53,7 @@ def main(args: argparse.Namespace) -> int:
                                 spec.validation.maxPrompts)
     adapter = load_adapter(spec.model.family, spec.model.path, dtype=spec.model.dtype, **adapter_options(spec))
     if args.checkpoint:  # a truncated or corrupt file: one line naming the flag, not a traceback
-        with config_errors(f"--checkpoint {args.checkpoint}", SafetensorError, json.JSONDecodeError,
-                           fix="restore it, or pass an older OUT/checkpoints/step-* directory"):
+        with config_errors(f"--checkpoint {args.checkpoint}", SafetensorError, json.JSONDecodeError, fix=fix):
             state = load_policy(adapter, args.checkpoint, spec.model.lora)
         print(f"checkpoint {args.checkpoint}: step {state.get('step')} policy_version {state.get('policy_version')}")
     adapter.module.eval()

@@ -19,14 +19,17 @@ import yaml
 from omnirl.api.spec import RLJob
 from omnirl.controller import report
 from omnirl.launch.placement import Placement
+from omnirl.reward.registry import check_api_keys
 
 
 def check_local_paths(job: RLJob) -> None:
-    """The files a local run reads, checked before any process starts (a pod's paths are the
-    operator's business: `omnirl validate` does not require them on this machine).
+    """The files a local run reads, and the variables its VLM judges' `apiKeyEnv` name, checked
+    before any process starts (a pod's paths are the operator's business: `omnirl validate` does not
+    require them on this machine).
 
     Raises:
         FileNotFoundError: naming the field and the missing path.
+        ValueError: an unset `spec.reward[i].params.apiKeyEnv` variable (`reward.registry.check_api_keys`).
     """
     spec = job.spec
     paths = [("spec.data.trainPrompts", spec.data.trainPrompts),
@@ -38,6 +41,27 @@ def check_local_paths(job: RLJob) -> None:
             raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
                                     "file or directory (relative paths resolve against the manifest's folder)")
     check_prompts(job)
+    check_model_weights(job)
+    check_api_keys(job.spec.reward)  # the roles inherit this environment
+
+
+def check_model_weights(job: RLJob) -> None:
+    """Every weights file the family's loader reads is in `spec.model.path` (the loader layer owns
+    the list, `models.registry.check_weight_files`); left to the roles, a directory holding
+    config.json alone would start every role and fail them seconds later.
+
+    Raises:
+        FileNotFoundError: naming `spec.model.path`, the missing file and the fix.
+        ValueError: naming `spec.model.path` and an unreadable sharded-weights index.
+    """
+    from omnirl.models.registry import check_weight_files
+
+    model = job.spec.model
+    try:
+        check_weight_files(model.family, model.path)
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(f"spec.model.path: {model.path} is incomplete: {err}; copy the whole model directory there, "
+                        "or point spec.model.path at a complete one") from err
 
 
 def check_attention(job: RLJob, placements: list[Placement]) -> None:

@@ -107,8 +107,7 @@ class Supervisor:
                     return done
                 self._check_heartbeats()
                 time.sleep(0.2)
-        except JobFailure as failure:
-            print(f"omnirl: {failure.reason}", flush=True)
+        except JobFailure as failure:  # not printed here: the launcher's last line (its verdict) names it
             self.failure = failure.reason
             return failure.code
         finally:

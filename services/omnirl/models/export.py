@@ -36,11 +36,11 @@ from safetensors.torch import load_file, save_file
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import dump_rljob
 from omnirl.api.spec import RLJob
-from omnirl.models.policy_io import make_latest, resolve_checkpoint
+from omnirl.models.diffusers._common import DIFFUSERS_WEIGHTS
+from omnirl.models.policy_io import check_owner, make_latest, resolve_checkpoint
 
 EXPORT_FORMAT = "omnirl-export-v1"
 EXPORTS = "exports"
-DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
 
 
 def validations(run_dir: Path) -> list[dict]:
@@ -104,7 +104,7 @@ def export_run_checkpoint(job: RLJob, run_dir: str | Path, checkpoint: str | Pat
 def _write(job: RLJob, ckpt: Path, out: Path, run_dir: Path | None) -> None:
     spec = job.spec
     state = json.loads((ckpt / "state.json").read_text())
-    _check_owner(job, ckpt, state)
+    check_owner(job, ckpt, state, manifest="--job")
     lora = bool(state.get("lora"))
     if lora != spec.model.lora.enabled:
         raise ValueError(f"{ckpt} holds {'LoRA adapters' if lora else 'full weights'} but the manifest's "
@@ -131,20 +131,6 @@ def _write(job: RLJob, ckpt: Path, out: Path, run_dir: Path | None) -> None:
         "files": sorted(files + ["job.yaml", "validation.json"]),
     }
     (out / "export.json").write_text(json.dumps(manifest, indent=1) + "\n")
-
-
-def _check_owner(job: RLJob, ckpt: Path, state: dict) -> None:
-    """Refuse a manifest of another job or model family than the checkpoint's (recorded by the
-    actor in `state.json`; checkpoints written before it recorded them are not checked).
-
-    Raises:
-        ValueError: naming both jobs (or families) and the fix.
-    """
-    mine = {"job": job.metadata.name, "family": job.spec.model.family}
-    for key, what in (("job", "job"), ("family", "model family")):
-        if key in state and state[key] != mine[key]:
-            raise ValueError(f"{ckpt} is a checkpoint of {what} {state[key]!r} but the manifest is for {what} "
-                             f"{mine[key]!r}; pass the run's own manifest (--job) or that job's checkpoint")
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:

@@ -1,6 +1,6 @@
 """Load a run's rollout policy (`OUT/checkpoints/<step>/policy.safetensors`) into an adapter; where a
-checkpoint is (`resolve_checkpoint`) and the `step-*` + `latest` layout checkpoints and exports share
-(`make_latest`)."""
+checkpoint is (`resolve_checkpoint`), whose it is (`check_owner`) and the `step-*` + `latest` layout
+checkpoints and exports share (`make_latest`)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from omnirl.api.spec import LoRASpec, is_lora_tensor
+from omnirl.api.spec import LoRASpec, RLJob, is_lora_tensor
 from omnirl.models.lora import inject_lora
 from omnirl.models.protocol import ModelAdapter
 
@@ -38,6 +38,24 @@ def resolve_checkpoint(path: str | Path) -> Path:
         raise FileNotFoundError(f"{path}: an incomplete checkpoint (no {COMPLETE} marker: its writer died); "
                                 "use an older step-* directory")
     return p
+
+
+def check_owner(job: RLJob, ckpt: Path, state: dict, manifest: str) -> None:
+    """Refuse a manifest of another job or model family than the checkpoint's (recorded by the
+    actor in `state.json`; checkpoints written before it recorded them are not checked): `omnirl
+    export` and `omnirl eval` alike.
+
+    Args:
+        job: the manifest given. ckpt: the resolved checkpoint. state: its state.json.
+        manifest: how the command takes the run's own manifest, for the fix (`--job`).
+    Raises:
+        ValueError: naming both jobs (or families) and the fix.
+    """
+    mine = {"job": job.metadata.name, "family": job.spec.model.family}
+    for key, what in (("job", "job"), ("family", "model family")):
+        if key in state and state[key] != mine[key]:
+            raise ValueError(f"{ckpt} is a checkpoint of {what} {state[key]!r} but the manifest is for {what} "
+                             f"{mine[key]!r}; pass the run's own manifest ({manifest}) or that job's checkpoint")
 
 
 def make_latest(root: Path, newest: Path, keep: int) -> None:

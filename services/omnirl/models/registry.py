@@ -124,6 +124,22 @@ def load_tokenizer(family: str, path: str):
     return _diffusers_class(family).load_tokenizer(path)
 
 
+def check_weight_files(family: str, path: str) -> None:
+    """Check that `path` holds every weights file `load_adapter(family, path)` reads, without
+    reading them (`omnirl run`'s pre-flight): each family's loader owns its list.
+
+    Raises:
+        ValueError: an unknown family. FileNotFoundError: the directory, a subfolder or a weights
+            file is missing (the message names the file and the layout).
+    """
+    if family == "ocr-digits":
+        from omnirl.models.digits.adapter import check_digits_weights
+
+        check_digits_weights(path)
+        return
+    _diffusers_class(family).check_weights(path)
+
+
 def _diffusers_class(family: str):
     if family == "sd3":
         from omnirl.models.diffusers.sd3 import SD3Adapter

@@ -40,3 +40,18 @@ def build_scorer(spec: RewardSpec, threads: int = 1) -> Scorer:
         return VLMScorer(spec.name, spec.url, params, timeout_s=spec.timeoutSeconds)
     raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is a group-level scorer (omnirl.reward.group_registry)")
 
+
+
+def check_api_keys(specs: list[RewardSpec]) -> None:
+    """Every `kind: vlm` entry of `spec.reward` whose `params.apiKeyEnv` names a variable finds it
+    set in this process's environment: before `omnirl run` starts anything, before `omnirl eval`
+    loads a model, and when the reward role builds its scorers.
+
+    Raises:
+        ValueError: naming `spec.reward[i].params.apiKeyEnv`, the variable and the fix (`vlm.api_key`).
+    """
+    for i, spec in enumerate(specs):
+        if spec.kind == "vlm":
+            from omnirl.reward.vlm import api_key  # the openai client only for jobs with a VLM judge
+
+            api_key(spec.typed_params().apiKeyEnv, f"spec.reward[{i}].params.apiKeyEnv")

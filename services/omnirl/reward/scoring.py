@@ -12,7 +12,7 @@ import numpy as np
 
 from omnirl.api.spec import GROUP_KINDS, RewardSpec
 from omnirl.reward.base import Outcome, Scorer, score_each
-from omnirl.reward.registry import build_scorer
+from omnirl.reward.registry import build_scorer, check_api_keys
 
 
 def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -> tuple[float | None, dict[str, float], str]:
@@ -38,10 +38,12 @@ class RewardSet:
         specs: the job's reward entries; group-level kinds are skipped.
         threads: CPU threads for CPU scorers (`build_scorer`).
     Raises:
-        ValueError: a scorer cannot be built.
+        ValueError: a scorer cannot be built (an unset `apiKeyEnv` names `spec.reward[i]`, so pass
+            the job's whole list).
     """
 
     def __init__(self, specs: list[RewardSpec], threads: int = 1) -> None:
+        check_api_keys(specs)
         self.specs = [r for r in specs if r.kind not in GROUP_KINDS]
         self.scorers: dict[str, Scorer] = {r.name: build_scorer(r, threads=threads) for r in self.specs}
 

@@ -88,6 +88,27 @@ def p_yes(top_logprobs: list[Any]) -> float:
     return yes / (yes + no)
 
 
+def api_key(env_var: str | None, field: str) -> str:
+    """The judge's API key: the value of the environment variable `env_var` (`params.apiKeyEnv`),
+    or `EMPTY` when None (vLLM accepts any key unless started with --api-key).
+
+    Raises:
+        ValueError: `env_var` is unset or empty; the message names `field`, the variable and the fix
+            for both ways of running (`omnirl run`/`eval` inherit the shell's environment; a pod gets
+            it from a Secret through `spec.roles.reward.template`).
+    """
+    if env_var is None:
+        return "EMPTY"
+    key = os.environ.get(env_var, "")
+    if not key:
+        raise ValueError(
+            f"{field}: the environment variable {env_var} is not set (or empty); export {env_var}=<the judge's API "
+            f"key> before omnirl run or omnirl eval; on Kubernetes give the reward container {env_var} from a Secret "
+            f"in spec.roles.reward.template (spec: {{containers: [{{name: reward, env: [{{name: {env_var}, valueFrom: "
+            "{secretKeyRef: {name: SECRET, key: KEY}}}]}]}); or drop apiKeyEnv if the judge needs no key")
+    return key
+
+
 class VLMScorer(PerSampleScorer):
     """A VLM judge over the OpenAI chat-completions API.
 
@@ -97,19 +118,15 @@ class VLMScorer(PerSampleScorer):
         params: the checked `spec.reward[].params`.
         timeout_s: timeout of one attempt, seconds.
     Raises:
-        ValueError: `params.apiKeyEnv` names an unset environment variable.
+        ValueError: `params.apiKeyEnv` names an unset environment variable (`api_key`).
     """
 
     def __init__(self, name: str, base_url: str, params: VLMParams, *, timeout_s: float = 30.0) -> None:
-        api_key = "EMPTY"  # vLLM accepts any key unless started with --api-key
-        if params.apiKeyEnv is not None:
-            api_key = os.environ.get(params.apiKeyEnv, "")
-            if not api_key:
-                raise ValueError(f"reward {name!r}: params.apiKeyEnv names {params.apiKeyEnv}, which is not set")
+        key = api_key(params.apiKeyEnv, f"reward {name!r}: params.apiKeyEnv")
         self.name, self.base_url, self.params = name, base_url, params
         self.instruction = params.instruction or INSTRUCTIONS[params.template]
         self.max_tokens = params.maxTokens or MAX_TOKENS[params.template]
-        self.client = openai.OpenAI(base_url=base_url, api_key=api_key, timeout=timeout_s,
+        self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout_s,
                                     max_retries=params.maxRetries)
         self.pool = ThreadPoolExecutor(max_workers=params.concurrency, thread_name_prefix=f"vlm-{name}")
 

@@ -6,6 +6,7 @@ diffusers and transformers are imported inside functions only, so importing this
 
 from __future__ import annotations
 
+import json
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -52,6 +53,35 @@ def check_pipeline_dir(path: str | Path, family: str, required: Sequence[str]) -
             f"pipeline directory with subfolders {layout}"
         )
     return root
+
+
+DIFFUSERS_WEIGHTS = "diffusion_pytorch_model.safetensors"
+"""A diffusers model folder's weights (transformer/, vae/) as `save_pretrained` writes them."""
+TRANSFORMERS_WEIGHTS = "model.safetensors"
+"""A transformers model folder's weights (text_encoder*/) as `save_pretrained` writes them."""
+
+
+def missing_weights(folder: Path, weights_name: str) -> Path | None:
+    """The weights file `from_pretrained(folder, use_safetensors=True)` would not find, or None.
+
+    Present means `weights_name` itself, or its sharded index `{weights_name}.index.json` (large
+    models) with every shard its `weight_map` names. Without either the answer is
+    `folder/weights_name`. Only existence is checked; nothing is read but the index.
+
+    Raises:
+        ValueError: the index is not JSON with a `weight_map` mapping (naming the file).
+    """
+    single, index = folder / weights_name, folder / f"{weights_name}.index.json"
+    if single.is_file():
+        return None
+    if not index.is_file():
+        return single
+    try:
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"{index} is not a sharded-weights index (JSON with a 'weight_map' mapping): "
+                         f"{type(err).__name__}: {err}") from err
+    return next((folder / shard for shard in shards if not (folder / shard).is_file()), None)
 
 
 def check_resolution(resolution: Sequence[int], multiple: int) -> tuple[int, int]:
@@ -220,15 +250,37 @@ def load_component(cls, root: Path, subfolder: str, *, dtype: torch.dtype | None
     Raises:
         OSError: the subfolder cannot be loaded; the message names the path and the class.
     """
-    kwargs = {"local_files_only": True}
-    if dtype is not None:
-        kwargs["torch_dtype"] = dtype
+    from safetensors import SafetensorError
+
+    kwargs: dict = {"local_files_only": True}
+    if dtype is not None:  # a module: safetensors weights only (the files `missing_weights` checks), never pickle
+        kwargs.update(torch_dtype=dtype, use_safetensors=True)
+    folder = root / subfolder
     try:
-        obj = cls.from_pretrained(str(root / subfolder), **kwargs)
-    except (OSError, ValueError) as err:
-        raise OSError(f"cannot load {cls.__name__} from {root / subfolder} (local files only): {err}") from err
+        obj = cls.from_pretrained(str(folder), **kwargs)
+    except (OSError, ValueError, SafetensorError) as err:
+        damaged = _safetensors_cause(err)
+        if damaged is not None:  # a truncated or corrupt file: name it, not the library's fallback attempts
+            files = sorted(folder.glob("*.safetensors"))
+            which = str(files[0]) if len(files) == 1 else f"a .safetensors file in {folder}"
+            raise OSError(f"{which} is unreadable (truncated or not a safetensors file: {damaged}); copy the "
+                          "model directory again from its source") from err
+        raise OSError(f"cannot load {cls.__name__} from {folder} (local files only): {err}") from err
     if isinstance(obj, torch.nn.Module):
         if device is not None:
             obj = obj.to(device)
         obj.eval()
     return obj
+
+
+def _safetensors_cause(err: BaseException) -> BaseException | None:
+    """The SafetensorError `err` is or was raised from (diffusers wraps it in an OSError), or None."""
+    from safetensors import SafetensorError
+
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, SafetensorError):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None

@@ -20,10 +20,13 @@ from torch import Tensor, nn
 
 from omnirl.algorithms.sigmas import sigma_schedule
 from omnirl.models.diffusers._common import (
+    DIFFUSERS_WEIGHTS,
+    TRANSFORMERS_WEIGHTS,
     PromptCache,
     check_pipeline_dir,
     check_resolution,
     load_component,
+    missing_weights,
     require_diffusers,
     scheduler_sigmas,
     shift_from_config,
@@ -175,11 +178,42 @@ class DiffusersAdapterBase:
         require_diffusers()
         from diffusers import FlowMatchEulerDiscreteScheduler
 
-        root = check_pipeline_dir(path, cls.family, cls.subfolders)
+        root = cls.check_weights(path)
         transformer = load_component(transformer_cls, root, "transformer", dtype=dtype, device=device)
         vae = load_component(vae_cls, root, "vae", dtype=dtype, device=device)
         config = dict(FlowMatchEulerDiscreteScheduler.load_config(str(root / "scheduler"), local_files_only=True))
         return root, transformer, vae, config, cls.read_tokenizers(root)
+
+    @classmethod
+    def weight_files(cls, root: Path) -> list[tuple[str, str]]:
+        """(subfolder, weights file name) of every module `load` reads from the pipeline directory
+        `root`: transformer/ and vae/ (diffusers), the family's text_encoder*/ (transformers)."""
+        encoders = [name for name in cls.subfolders if name.startswith("text_encoder")]
+        return ([("transformer", DIFFUSERS_WEIGHTS), ("vae", DIFFUSERS_WEIGHTS)]
+                + [(name, TRANSFORMERS_WEIGHTS) for name in encoders + cls.optional_text_encoders(root)])
+
+    @staticmethod
+    def optional_text_encoders(root: Path) -> list[str]:
+        """Text encoder subfolders `load` reads only when `root` has them (SD3's T5); none by default."""
+        return []
+
+    @classmethod
+    def check_weights(cls, path: str | Path) -> Path:
+        """The pipeline directory `path`, checked to hold the layout and every weights file `load`
+        reads (`weight_files`, single or sharded safetensors); only existence is checked. Returns it.
+
+        Raises:
+            FileNotFoundError: the directory, a subfolder or a weights file is missing (the message
+                names the file). ValueError: a sharded index that is not JSON.
+        """
+        root = check_pipeline_dir(path, cls.family, cls.subfolders)
+        for subfolder, name in cls.weight_files(root):
+            missing = missing_weights(root / subfolder, name)
+            if missing is not None:
+                raise FileNotFoundError(f"{missing} not found; family {cls.family!r} loads {subfolder}/ from it "
+                                        f"(safetensors, as `save_pretrained` writes it: {name} or a sharded "
+                                        f"{name}.index.json with its shards)")
+        return root
 
     @classmethod
     def load_tokenizer(cls, path: str | Path, max_sequence_length: int | None = None) -> Callable[[str], list[int]]:

@@ -42,11 +42,16 @@ HEADER = 3
 MAX_SEQUENCE_LENGTH = 256
 
 
+def _has_t5(root: Path) -> bool:
+    """Whether an SD3 directory carries the optional T5 encoder (text_encoder_3/ and tokenizer_3/)."""
+    return (root / "text_encoder_3").is_dir() and (root / "tokenizer_3").is_dir()
+
+
 def _load_tokenizers(root: Path) -> list:
     """[CLIP-L, CLIP-G, T5 or None] tokenizers of an SD3 directory (T5 only with text_encoder_3/ + tokenizer_3/)."""
     from transformers import CLIPTokenizer, T5TokenizerFast
 
-    has_t5 = (root / "text_encoder_3").is_dir() and (root / "tokenizer_3").is_dir()
+    has_t5 = _has_t5(root)
     return [load_component(CLIPTokenizer, root, "tokenizer"), load_component(CLIPTokenizer, root, "tokenizer_2"),
             load_component(T5TokenizerFast, root, "tokenizer_3") if has_t5 else None]
 
@@ -133,6 +138,12 @@ class SD3Adapter(DiffusersAdapterBase):
 
     # ----------------------------------------------------------------- text
     read_tokenizers = staticmethod(_load_tokenizers)
+
+    @staticmethod
+    def optional_text_encoders(root: Path) -> list[str]:
+        """T5 (text_encoder_3/) when the directory has it and its tokenizer (`load` reads it then)."""
+        return ["text_encoder_3"] if _has_t5(root) else []
+
     tokenize_with = staticmethod(sd3_tokenize)
 
     def split_ids(self, ids: Sequence[int]) -> tuple[list[int], list[int], list[int]]:

@@ -160,6 +160,18 @@ def load_digits_tokenizer(path: str | Path = "builtin"):
     return lambda text: tokenizer.encode(target_text(text))
 
 
+def check_digits_weights(path: str | Path = "builtin") -> Path:
+    """The weights file `load_digits_adapter` reads from `path`, checked to exist (not read).
+
+    Raises:
+        FileNotFoundError: the directory or its model.safetensors is missing (the message names it).
+    """
+    weights_path = _digits_directory(path) / WEIGHTS_FILE
+    if not weights_path.is_file():
+        raise FileNotFoundError(f"{weights_path} not found; a digits checkpoint needs {WEIGHTS_FILE} beside {CONFIG_FILE}")
+    return weights_path
+
+
 def load_digits_adapter(
     path: str | Path = "builtin", device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
 ) -> DigitsAdapter:
@@ -167,18 +179,21 @@ def load_digits_adapter(
 
     Raises:
         FileNotFoundError: the directory, its config.json or model.safetensors is missing.
-        ValueError: config.json is not a digits config, or the weights do not match it.
+        ValueError: config.json is not a digits config, model.safetensors is unreadable (truncated,
+            not safetensors), or its tensors do not match the config.
     """
     directory = _digits_directory(path)
     meta = read_digits_config(directory)
-    weights_path = directory / WEIGHTS_FILE
-    if not weights_path.is_file():
-        raise FileNotFoundError(f"{weights_path} not found; a digits checkpoint needs {WEIGHTS_FILE} beside {CONFIG_FILE}")
+    weights_path = check_digits_weights(directory)
     module = DigitsDiT(DigitsConfig.from_dict(meta["model"]))
     try:
         state = load_file(str(weights_path))
+    except (OSError, SafetensorError) as err:  # a damaged file, not a config mismatch: say so
+        raise ValueError(f"{weights_path} is unreadable (truncated or not a safetensors file: {err}); copy it "
+                         "again from its source, or re-export the checkpoint") from err
+    try:
         module.load_state_dict(state, strict=True)
-    except (RuntimeError, OSError, SafetensorError) as err:
+    except RuntimeError as err:
         raise ValueError(f"{weights_path} does not match the config in {directory / CONFIG_FILE}: {err}") from err
     module.to(device=device, dtype=dtype).eval()
     return DigitsAdapter(module, provenance=meta.get("provenance"))
