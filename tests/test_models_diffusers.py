@@ -363,12 +363,17 @@ def test_lora_save_loads_in_diffusers(family, tmp_path):
     assert all(torch.equal(base[k], v) for k, v in fresh.transformer.state_dict().items() if k in base)
 
 
+def _bf16_cuda_adapter(family):
+    """The family's tiny pipeline loaded through the registry in bf16 on CUDA, CFG w = 4."""
+    name, path, _, _ = family
+    return load_adapter(name, str(path), "cuda", "bfloat16", resolution=RES, guidance_scale=4.0,
+                        max_sequence_length=16 if name == "sd3" else 256)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bf16_on_cuda_keeps_fp32_boundary_and_finite_log_probs(family):
-    name, path, _, _ = family
-    adapter = load_adapter(name, str(path), "cuda", "bfloat16", resolution=RES, guidance_scale=4.0,
-                           max_sequence_length=16 if name == "sd3" else 256)
+    adapter = _bf16_cuda_adapter(family)
     ids = [adapter.tokenize(PROMPT)] * 2
     x = _noisy(adapter, 2).cuda()
     sigma, sigma_next = torch.tensor([0.9, 0.5], device="cuda"), torch.tensor([0.7, 0.3], device="cuda")
@@ -389,9 +394,7 @@ def test_bf16_on_cuda_keeps_fp32_boundary_and_finite_log_probs(family):
 def test_cudnn_attention_on_cuda_matches_torchs_choice(family):
     from tests.test_attention import check_cudnn_matches_torchs_choice
 
-    name, path, _, _ = family
-    adapter = load_adapter(name, str(path), "cuda", "bfloat16", resolution=RES, guidance_scale=4.0,
-                           max_sequence_length=16 if name == "sd3" else 256)
+    adapter = _bf16_cuda_adapter(family)
     cond = adapter.encode([adapter.tokenize(PROMPT), adapter.tokenize(PROMPT + " and more words")], "cuda")
     check_cudnn_matches_torchs_choice(adapter, _noisy(adapter, 2).cuda(), torch.tensor([0.9, 0.5], device="cuda"),
                                       cond)
