@@ -112,8 +112,9 @@ def test_a_step_its_predecessor_trained_but_never_timed_gets_no_made_up_speed(tm
     `step 6 [7/0] ... 0.0 s  64000000000.0 img/s` (a 0 s default, and before the plan was known)."""
     from omnirl.api.loader import load_rljob
     from omnirl.api.messages import TrainDone
+    from omnirl.api.run_dir import read_metrics
     from omnirl.api.runtime import RoleEnv
-    from omnirl.controller.report import Reporter, read_metrics
+    from omnirl.controller.report import Reporter
 
     job = load_rljob(str(Path(__file__).resolve().parents[1] / "examples" / "ocr-nft.yaml"))
     reporter = Reporter(tmp_path, RoleEnv(job_name="j", redis_url="redis://127.0.0.1:1/0", weight_sync_host="127.0.0.1",
@@ -135,8 +136,9 @@ def test_the_trained_steps_of_a_run_are_its_step_lines_for_the_controller_and_th
     """One reader of `metrics.jsonl`'s trained steps: the controller's `has_step` (before it writes a
     line again) and `omnirl run --resume`'s count (before it starts anything) agree with it."""
     from omnirl.api.loader import load_rljob
+    from omnirl.api.run_dir import read_metrics
     from omnirl.api.runtime import RoleEnv
-    from omnirl.controller.report import Reporter, read_metrics, trained_steps
+    from omnirl.controller.report import Reporter, trained_steps
     from omnirl.launch import preflight
 
     lines = [{"event": "start", "total_steps": 4, "start_step": 0}, {"event": "step", "step": 0},

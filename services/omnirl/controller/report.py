@@ -10,12 +10,12 @@ import time
 from pathlib import Path
 
 from omnirl.api.messages import TrainDone
+from omnirl.api.run_dir import METRICS_FILE, read_metrics
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.telemetry.meters import Meters
 
 log = logging.getLogger("omnirl.controller")
-METRICS_FILE = "metrics.jsonl"  # in the run directory
 
 
 def step_line(step: int, total: int, version: int, record: dict) -> str:
@@ -33,15 +33,6 @@ def step_line(step: int, total: int, version: int, record: dict) -> str:
     if record.get("checkpoint"):
         line += f"  checkpoint {Path(record['checkpoint']).name}"
     return line
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    """Every record of `run_dir/metrics.jsonl`, in the order written (blank lines skipped).
-
-    Raises:
-        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
-    """
-    return [json.loads(line) for line in (run_dir / METRICS_FILE).read_text().splitlines() if line.strip()]
 
 
 def trained_steps(run_dir: Path) -> set[int]:

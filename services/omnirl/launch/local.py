@@ -21,9 +21,9 @@ from pathlib import Path
 import yaml
 
 from omnirl.api.loader import dump_rljob, load_rljob
+from omnirl.api.run_dir import METRICS_FILE, read_metrics
 from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.api.spec import RLJob
-from omnirl.controller.report import METRICS_FILE, read_metrics
 from omnirl.launch import preflight
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
 from omnirl.launch.procs import start_role

@@ -35,6 +35,7 @@ from safetensors.torch import load_file, save_file
 
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import dump_rljob
+from omnirl.api.run_dir import METRICS_FILE, read_metrics
 from omnirl.api.spec import RLJob
 from omnirl.models.diffusers._common import DIFFUSERS_WEIGHTS
 from omnirl.models.policy_io import check_owner, make_latest, resolve_checkpoint
@@ -45,11 +46,9 @@ EXPORTS = "exports"
 
 def validations(run_dir: Path) -> list[dict]:
     """The `validation` records of `run_dir/metrics.jsonl`, in order ([] when there is none)."""
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
+    if not (Path(run_dir) / METRICS_FILE).is_file():
         return []
-    records = (json.loads(line) for line in path.read_text().splitlines() if line.strip())
-    return [r for r in records if r.get("event") == "validation"]
+    return [r for r in read_metrics(run_dir) if r.get("event") == "validation"]
 
 
 def export_checkpoint(job: RLJob, checkpoint: str | Path, out: str | Path, *, run_dir: str | Path | None = None) -> Path:
