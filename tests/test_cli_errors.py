@@ -113,10 +113,10 @@ def judge_with_unset_key(tmp: Path) -> str:
     return str(path)
 
 
-def namespaced(tmp: Path, namespace: str) -> str:
-    """The NFT example with `metadata.namespace` set."""
+def namespaced(tmp: Path, namespace: str, field: str = "namespace") -> str:
+    """The NFT example with `metadata.namespace` (or another metadata `field`) set."""
     doc = yaml.safe_load(Path(NFT).read_text())
-    doc["metadata"]["namespace"] = namespace
+    doc["metadata"][field] = namespace
     path = tmp / "ns.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return str(path)
@@ -213,6 +213,11 @@ CASES = {
                                       "(e.g. team-a) (line 5)"),
     "run-manifest-bad-namespace": (lambda t: ["run", namespaced(t, "Bad_NS")], "omnirl run: ",
                                    f'metadata.namespace: "Bad_NS" is invalid: must be {DNS1123_LABEL_RULE}'),
+    "render-bad-name": (lambda t: ["render", namespaced(t, "OCR_nft", "name")], "omnirl render: ",
+                          f'metadata.name: "OCR_nft" is invalid: must be {DNS1123_LABEL_RULE} (e.g. ocr-nft-1)'),
+    "render-long-name": (lambda t: ["render", namespaced(t, "a" * 54, "name")], "omnirl render: ",
+                           "is invalid: must be at most 53 characters (it has 54): the pods, Services and "
+                           "ConfigMaps of the job append suffixes to it"),
 }
 
 

@@ -541,11 +541,20 @@ class ObjectMeta(SpecModel):
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: str = Field(
         ...,
-        pattern=DNS1123_LABEL,
-        max_length=53,
         description="Job name: a DNS-1123 label of at most 53 characters (children append suffixes).",
     )
     namespace: str | None = Field(None, description="Namespace: a DNS-1123 label (`DNS1123_LABEL_RULE`).")
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        # the rule's own words, not the regular expression; 53: the children's names append suffixes
+        if len(value) > 53:
+            raise ValueError(f"must be at most 53 characters (it has {len(value)}): the pods, Services and "
+                             "ConfigMaps of the job append suffixes to it")
+        if not is_dns1123_label(value):
+            raise ValueError(f"must be {DNS1123_LABEL_RULE} (e.g. ocr-nft-1)")
+        return value
 
     @field_validator("namespace")
     @classmethod
