@@ -158,6 +158,8 @@ def _errors(doc: dict[str, Any]) -> list[tuple[str, str]]:
         ("spec.algorithm.flowGrpo.window.range", [0, 1, 2], "maxItems"),
         ("spec.roles.rollout.accelerator.type", "tpu", "enum"),
         ("spec.pipeline.mode", "async", "enum"),
+        ("spec.model.attention", "CUDNN", "enum"),  # the validator's values, case and all
+        ("spec.model.attention", "flash", "enum"),
     ],
 )
 def test_schema_rejects_bad_values(field: str, value: Any, validator: str) -> None:

@@ -177,8 +177,11 @@ def test_cudnn_attention_needs_nvidia_roles_and_half_precision() -> None:
     assert _lines({"model": {**half, "family": "flux"}, "roles": {"rollout": gpu, "actor": gpu}, "reward": reward}) == [
         'spec.model.attention: "cudnn" is invalid: is checked for families sd3, qwen-image only (model.family is '
         "flux; FLUX's gradients through cuDNN were wrong on the H200): set auto or torch"]
+    # the built-in model: the family is the reason, FLUX's story is not (nor its CPU roles, checked after)
+    assert _lines({"model": {"attention": "cudnn"}}) == [
+        'spec.model.attention: "cudnn" is invalid: is checked for families sd3, qwen-image only (model.family is '
+        "ocr-digits): set auto or torch"]
     assert RLJob.model_validate(MINIMAL).spec.model.attention == "auto"  # CPU roles, float32: auto is torch's choice
-
 
 
 def test_packed_families_are_the_adapters_with_a_packed_forward() -> None:

@@ -165,7 +165,8 @@ CASES = {
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-cudnn-on-the-cpu": (lambda t: ["run", cudnn_on_gpus(t), "--device", "cpu", "--no-ray", "--out",
                                         str(t / "o")], "omnirl run: ", "spec.model.attention: cudnn runs on NVIDIA "
-                             "GPUs only, and rollout-0 would run on cpu: set attention auto or torch for a CPU run"),
+                             "GPUs only, and rollout-0 would run on cpu: set attention auto or torch for a CPU run, or "
+                             "run without --device cpu on a machine with NVIDIA GPUs"),
     "run-dead-ray-address": (lambda t: ["run", NFT, "--ray-address", "127.0.0.1:1", "--out", str(t / "o")],
                              "omnirl run: ", "ray start --head"),
     "run-no-ray-with-ray-address": (lambda t: ["run", NFT, "--no-ray", "--ray-address", "127.0.0.1:1", "--out",

@@ -507,9 +507,9 @@ class RLJobSpec(SpecModel):
                                "batching stepwise")
         if self.model.attention == "cudnn":
             if self.model.family not in CUDNN_FAMILIES:
+                why = "; FLUX's gradients through cuDNN were wrong on the H200" if self.model.family == "flux" else ""
                 raise FieldProblem("model.attention", "cudnn", f"is checked for families {', '.join(CUDNN_FAMILIES)} "
-                                   f"only (model.family is {self.model.family}; FLUX's gradients through cuDNN "
-                                   "were wrong on the H200): set auto or torch")
+                                   f"only (model.family is {self.model.family}{why}): set auto or torch")
             for role in ("rollout", "actor"):
                 kind = getattr(self.roles, role).accelerator.type
                 if kind != "nvidia":

@@ -75,8 +75,10 @@ def check_attention(job: RLJob, placements: list[Placement]) -> None:
         return
     for p in placements:
         if p.role in ("rollout", "actor") and p.kind != "nvidia":
+            # not just "drop --device cpu": without GPUs, placement's own error sends the user back to it
             raise ValueError(f"spec.model.attention: cudnn runs on NVIDIA GPUs only, and {p.name} would run on "
-                             f"{p.device}: set attention auto or torch for a CPU run, or drop --device {p.device}")
+                             f"{p.device}: set attention auto or torch for a CPU run, or run without --device "
+                             f"{p.device} on a machine with NVIDIA GPUs")
 
 
 def check_prompts(job: RLJob) -> None:
