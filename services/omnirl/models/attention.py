@@ -60,26 +60,40 @@ def resolve(name: str, family: str, module: nn.Module, device: torch.device | st
     `family`) on `device` with weights in `dtype`.
 
     "auto" is "cudnn" where it was measured faster and checked correct — a family in
-    `CUDNN_FAMILIES`, a CUDA GPU of compute capability 9.0 or newer (Hopper, Blackwell), bf16 or
-    fp16 weights, and a head dimension from the model's config that is a multiple of 8 and at
-    most 128 — else "torch". Every other name is itself (the spec refuses cudnn for other
-    families, off nvidia roles or with float32 weights).
+    `CUDNN_FAMILIES` on a Hopper GPU (compute capability 9.x: H100, H200; other generations were
+    not measured), bf16 or fp16 weights, and a head dimension from the model's config that
+    cuDNN's kernel takes (`_cudnn_head_dim_ok`) — else "torch". Every other name is itself (the
+    spec refuses cudnn for other families, off nvidia roles or with float32 weights).
 
     Raises:
-        ValueError: "cudnn" on a device that is not CUDA (`omnirl run --device cpu` of a GPU
-            manifest): the message names `spec.model.attention` and the fix.
+        ValueError: "cudnn" where its kernel cannot run — not a CUDA device (`omnirl run --device
+            cpu` of a GPU manifest), a GPU older than Ampere (compute capability < 8.0), or a head
+            dimension it does not take; the message names `spec.model.attention` and the fix.
     """
     device = torch.device(device)
+    dim = head_dim(module)
     if name == "auto":
-        dim = head_dim(module)
-        fits = (family in CUDNN_FAMILIES and device.type == "cuda"
-                and torch.cuda.get_device_capability(device) >= (9, 0)
-                and dtype in (torch.bfloat16, torch.float16) and dim is not None and dim % 8 == 0 and dim <= 128)
+        fits = (family in CUDNN_FAMILIES and device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
+                and dtype in (torch.bfloat16, torch.float16) and dim is not None and _cudnn_head_dim_ok(dim))
         return "cudnn" if fits else "torch"
-    if name == "cudnn" and device.type != "cuda":
-        raise ValueError(f"spec.model.attention: cudnn runs on CUDA GPUs only, and this role runs on {device}; "
-                         "set auto or torch")
+    if name == "cudnn":
+        if device.type != "cuda":
+            raise ValueError(f"spec.model.attention: cudnn runs on CUDA GPUs only, and this role runs on {device}; "
+                             "set auto or torch")
+        capability = torch.cuda.get_device_capability(device)
+        if capability < (8, 0):
+            raise ValueError(f"spec.model.attention: cudnn needs an NVIDIA GPU of compute capability 8.0 or newer "
+                             f"(Ampere+), and {torch.cuda.get_device_name(device)} has {capability[0]}.{capability[1]}; "
+                             "set auto or torch")
+        if dim is not None and not _cudnn_head_dim_ok(dim):
+            raise ValueError(f"spec.model.attention: cudnn takes head dimensions that are multiples of 8 up to 128, "
+                             f"and this model's attention_head_dim is {dim}; set auto or torch")
     return name
+
+
+def _cudnn_head_dim_ok(dim: int) -> bool:
+    """Whether cuDNN's SDPA kernel takes head dimension `dim` (torch's check: a multiple of 8, at most 128)."""
+    return dim % 8 == 0 and dim <= 128
 
 
 def use_backend(module: nn.Module, block_names: Sequence[str], name: str) -> int:
