@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from omnirl.api.runtime import REDIS_PASSWORD, VARIABLES, RoleEnv, sync_backend
-from omnirl.api.spec import RLJob, RoleSpec
+from omnirl.api.spec import MODEL_ROLES, RLJob, RoleSpec
 from omnirl_operator.meta import ANNOTATION_SPEC_HASH, child_labels, child_name, deep_merge, selector_labels
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.storage import pod_affinity, run_volume
@@ -177,7 +177,7 @@ def role_container(job: RLJob, role: str, settings: OperatorSettings) -> dict[st
     }
     if role != "controller":  # readiness gates Service endpoints; a Job pod has none to gate
         container["readinessProbe"] = _grpc_probe(10, 3)
-    if role in ("rollout", "actor"):
+    if role in MODEL_ROLES:
         container["volumeMounts"].append({"name": "dshm", "mountPath": "/dev/shm"})
     return container
 
@@ -190,7 +190,7 @@ def role_volumes(job: RLJob, role: str) -> list[dict[str, Any]]:
                                            "items": [{"key": "job.yaml", "path": "job.yaml"}]}},
         run_volume(job, role),
     ]
-    if role in ("rollout", "actor"):
+    if role in MODEL_ROLES:
         volumes.append({"name": "dshm", "emptyDir": {"medium": "Memory"}})
     return volumes
 

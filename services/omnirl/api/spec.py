@@ -48,6 +48,8 @@ NormalizeMode = Literal["none", "group", "batch", "minmax"]
 GROUP_KINDS: tuple[str, ...] = ("pairwise-contrast",)
 REMOTE_KINDS: tuple[str, ...] = ("http", "grpc", "vlm")
 ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
+# The roles that hold the model (on their accelerator): attention kernel, /dev/shm for NCCL/HCCL.
+MODEL_ROLES: tuple[str, ...] = ("rollout", "actor")
 # Families whose adapter has `velocity_packed` (mixed shapes in one forward); tests keep this in sync.
 PACKED_FAMILIES: tuple[str, ...] = ("sd3",)
 # Families whose velocity and gradients with cuDNN attention matched torch's own kernel choice on the
@@ -71,6 +73,7 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "API_VERSION",
     "KIND",
     "ROLE_NAMES",
+    "MODEL_ROLES",
     "PACKED_FAMILIES",
     "CUDNN_FAMILIES",
     "AcceleratorType",
@@ -510,7 +513,7 @@ class RLJobSpec(SpecModel):
                 why = "; FLUX's gradients through cuDNN were wrong on the H200" if self.model.family == "flux" else ""
                 raise FieldProblem("model.attention", "cudnn", f"is checked for families {', '.join(CUDNN_FAMILIES)} "
                                    f"only (model.family is {self.model.family}{why}): set auto or torch")
-            for role in ("rollout", "actor"):
+            for role in MODEL_ROLES:
                 kind = getattr(self.roles, role).accelerator.type
                 if kind != "nvidia":
                     raise FieldProblem("model.attention", "cudnn", f"runs on NVIDIA GPUs only; roles.{role}.accelerator"

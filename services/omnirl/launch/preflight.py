@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from omnirl.api.spec import RLJob
+from omnirl.api.spec import MODEL_ROLES, RLJob
 from omnirl.controller import report
 from omnirl.launch.placement import Placement
 from omnirl.reward.registry import check_api_keys
@@ -74,7 +74,7 @@ def check_attention(job: RLJob, placements: list[Placement]) -> None:
     if job.spec.model.attention != "cudnn":
         return
     for p in placements:
-        if p.role in ("rollout", "actor") and p.kind != "nvidia":
+        if p.role in MODEL_ROLES and p.kind != "nvidia":
             # not just "drop --device cpu": without GPUs, placement's own error sends the user back to it
             raise ValueError(f"spec.model.attention: cudnn runs on NVIDIA GPUs only, and {p.name} would run on "
                              f"{p.device}: set attention auto or torch for a CPU run, or run without --device "

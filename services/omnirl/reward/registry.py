@@ -41,7 +41,6 @@ def build_scorer(spec: RewardSpec, threads: int = 1) -> Scorer:
     raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is a group-level scorer (omnirl.reward.group_registry)")
 
 
-
 def check_api_keys(specs: list[RewardSpec]) -> None:
     """Every `kind: vlm` entry of `spec.reward` whose `params.apiKeyEnv` names a variable finds it
     set in this process's environment: before `omnirl run` starts anything, before `omnirl eval`
