@@ -3,6 +3,8 @@ and the supervisor's restart policy on real processes (a configuration error is 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from omnirl.api.loader import load_rljob
@@ -101,9 +103,11 @@ def test_role_device_gets_an_index():
         resolve_device("tpu", {})
 
 
-def _supervise(tmp_path, redis_url, rollout_exit: int) -> tuple[int, int]:
+def _supervise(tmp_path, redis_url, rollout_exit: int | None, **policy) -> tuple[int, int]:
     """A Supervisor over two real processes: a rollout that prints `started` and exits with
-    `rollout_exit`, and a controller that sleeps. Returns (launcher exit code, rollout starts)."""
+    `rollout_exit` (None: SIGSTOPs itself before any heartbeat, as if frozen while loading), and a
+    controller that beats for 120 s. `policy` updates `failurePolicy` (maxRestarts 2 by default). Returns
+    (launcher exit code, rollout starts)."""
     import sys
     from pathlib import Path
 
@@ -113,15 +117,19 @@ def _supervise(tmp_path, redis_url, rollout_exit: int) -> tuple[int, int]:
 
     job = _gpu_job(tmp_path)
     job = job.model_copy(update={"spec": job.spec.model_copy(update={
-        "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 2})})})
-    scripts = {"rollout": f"print('started', flush=True); raise SystemExit({rollout_exit})",
-               "controller": "import time; time.sleep(300)"}
+        "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 2, **policy})})})
+    end = ("import os, signal; os.kill(os.getpid(), signal.SIGSTOP)" if rollout_exit is None
+           else f"raise SystemExit({rollout_exit})")
+    beating = ("import time, redis; from omnirl.transfer.heartbeat import Heartbeat; "
+               f"beat = Heartbeat(redis.Redis.from_url({redis_url!r}), {job.metadata.name!r}, 'controller', "
+               "'controller-0', every_s=0.2)\nfor _ in range(600): beat.beat(); time.sleep(0.2)")
+    scripts = {"rollout": f"print('started', flush=True); {end}", "controller": beating}
 
     def start(role: str, index: int, resume: str) -> RoleProcess:
         return RoleProcess(role, index, _Child([sys.executable, "-c", scripts[role]], {},
                                                str(tmp_path / "logs" / f"{role}-{index}.log")))
 
-    queue = TransferQueue.for_job(f"sup-{rollout_exit}", job.spec.transferQueue, redis_url)
+    queue = TransferQueue.for_job(f"sup-{rollout_exit or 'frozen'}", job.spec.transferQueue, redis_url)
     supervisor = Supervisor(job, [("rollout", 0), ("controller", 0)], start, queue, Path(tmp_path), 1)
     try:
         code = supervisor.run()
@@ -140,6 +148,17 @@ def test_a_crash_is_restarted_a_configuration_error_is_not(tmp_path, redis_url, 
 
     assert CONFIG_ERROR_EXIT == 4
     assert _supervise(tmp_path, redis_url, exit_code) == expected
+
+
+def test_a_process_frozen_before_its_first_heartbeat_is_replaced_after_the_deadline(tmp_path, redis_url):
+    """A rollout SIGSTOPped before it ever beat (`make chaos` froze one while it loaded) is killed
+    progressDeadlineSeconds after it was first seen and restarted (restart-role), maxRestarts = 1
+    time, then fails the job (137): 2 starts. It used to count as "still starting" forever."""
+    code, starts = _supervise(tmp_path, redis_url, None, progressDeadlineSeconds=3.0, maxRestarts=1)
+    assert (code, starts) == (137, 2)
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [e["role"] for e in events] == ["rollout-0"]
+    assert events[0]["reason"].startswith("no progress for ") and events[0]["action"] == "restart-role"
 
 
 def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path):

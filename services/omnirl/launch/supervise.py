@@ -86,6 +86,7 @@ class Supervisor:
         self._resume = resume
         self.failure = ""  # why run() gave up (its JobFailure's reason), for the launcher's last line
         self._last_beats = 0.0
+        self._alive: dict[tuple[str, int], float] = {}  # (process name, pid) → its last beat, or when first seen
         self._events = (out / "events.jsonl").open("a", buffering=1)
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -166,6 +167,14 @@ class Supervisor:
         return None
 
     def _check_heartbeats(self, every_s: float = 2.0) -> None:
+        """SIGKILL and handle as failed a live role process whose last beat is older than
+        `progressDeadlineSeconds`, or that has not beaten for that long since it was first seen.
+
+        The last beat of each process is remembered here, not only read from Redis: a Redis
+        restart can lose the key (or it expires), and a process frozen before its first beat
+        (SIGSTOPped while loading) has none; either was taken for "still starting" and never
+        replaced (`make chaos` hung on it).
+        """
         if time.monotonic() - self._last_beats < every_s:
             return
         self._last_beats = time.monotonic()
@@ -173,10 +182,12 @@ class Supervisor:
         deadline = self.policy.progressDeadlineSeconds
         now = time.time()
         for name, p in list(self.procs.items()):
-            beat = beats.get(name)
-            if beat is None or beat["pid"] != p.pid or p.poll() is not None:
-                continue  # still starting (no beat of this process yet), or already handled as an exit
-            age = now - beat["t"]
+            if p.poll() is not None:
+                continue  # already handled as an exit
+            beat, pid = beats.get(name), p.pid
+            if beat is not None and beat["pid"] == pid:
+                self._alive[(name, pid)] = max(self._alive.get((name, pid), 0.0), beat["t"])
+            age = now - self._alive.setdefault((name, pid), now)  # first seen: counts as a beat
             if age > deadline:
                 p.send_signal(signal.SIGKILL)
                 self._failed(p, f"no progress for {age:.0f} s (progressDeadlineSeconds={deadline:g})", 137)
