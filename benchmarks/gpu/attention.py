@@ -35,9 +35,12 @@ from torch.nn.attention import sdpa_kernel
 from benchmarks.gpu import rollout
 from benchmarks.gpu.common import matmul_peak_tflops, mfu, sync
 from benchmarks.gpu.flops import sd3_forward_flops
+from benchmarks.gpu.fused_gelu import fuse_feedforward_gelu, linear_gelu_tanh
 from benchmarks.gpu.model import SD35_MEDIUM, TEXT_TOKENS, TINY, BenchSD3Adapter, build_transformer
+from omnirl.api.spec import LoRASpec
 from omnirl.models.attention import BACKENDS
 from omnirl.models.compile import compile_adapter_module
+from omnirl.models.lora import inject_lora
 
 MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|matmul", re.I)
 ATTENTION = re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)
@@ -154,14 +157,42 @@ def engine(adapter, backend: str, cfg: dict, requests: int, device, peak: float)
     return row
 
 
-def per_backend(backend: str, cfg: dict, args, device, peak: float) -> dict:
-    """A fresh compiled transformer for `backend`: its forward, then (--engine) the engine."""
+def ffn_kernels(batch: int, device) -> dict:
+    """The feed-forward's first projection + tanh-GELU at 512² batch `batch` ([B·1357, 1536] → 6144):
+    addmm then a GELU kernel against `linear_gelu_tanh` (cuBLASLt epilogue); ms and largest difference."""
+    x = torch.randn(batch * (1024 + TEXT_TOKENS), 1536, device=device, dtype=torch.bfloat16)
+    w = torch.randn(6144, 1536, device=device, dtype=torch.bfloat16) / 40
+    b = torch.randn(6144, device=device, dtype=torch.bfloat16)
+    unfused = lambda: F.gelu(F.linear(x, w, b), approximate="tanh")  # noqa: E731
+    fused = lambda: linear_gelu_tanh(x, w, b)  # noqa: E731
+    row = {"unfused_ms": cuda_ms(unfused, 20), "fused_ms": cuda_ms(fused, 20),
+           "max_abs_diff": float((unfused().float() - fused().float()).abs().max()),
+           "max_abs": float(unfused().float().abs().max())}
+    print(f"  ffn [{x.shape[0]},1536]→6144: unfused {row['unfused_ms']:.3f} ms, fused {row['fused_ms']:.3f} ms, "
+          f"max |diff| {row['max_abs_diff']:.2e} of max |y| {row['max_abs']:.2f}", flush=True)
+    return row
+
+
+def per_backend(backend: str, cfg: dict, args, device, peak: float, variant: str = "plain") -> dict:
+    """A fresh compiled transformer for `backend`: its forward, then (--engine) the engine.
+
+    `variant`: "plain", or "+"-joined "frozen" (parameters without requires_grad, as a rollout
+    worker holds them), "lora" (peft LoRA r 32 on SD3's targets, unmerged, as a rollout worker
+    holds it) and "gelu" (`benchmarks.gpu.fused_gelu`)."""
     torch._dynamo.reset()
     adapter = BenchSD3Adapter(build_transformer(cfg, device), attention=backend)
+    parts = set(variant.split("+")) - {"plain"}
+    if "frozen" in parts:  # as a rollout worker's `prepare_rollout_module` leaves it
+        adapter.module.requires_grad_(False)
+    if "lora" in parts:
+        inject_lora(adapter.module, LoRASpec(enabled=True, rank=32, alpha=64), adapter.lora_target_modules)
+    if "gelu" in parts:
+        print(f"  {variant}: fused {fuse_feedforward_gelu(adapter.module)} feed-forward GELUs", flush=True)
     compile_adapter_module(adapter, mode=args.mode)
-    out = {"forward": forward(adapter, backend, cfg, args.batch, device, peak)}
+    label = backend if variant == "plain" else f"{backend}/{variant}"
+    out = {"forward": forward(adapter, label, cfg, args.batch, device, peak)}
     if args.engine:
-        out["engine"] = engine(adapter, backend, cfg, args.requests, device, peak)
+        out["engine"] = engine(adapter, label, cfg, args.requests, device, peak)
     del adapter
     gc.collect()
     torch.cuda.empty_cache()
@@ -176,6 +207,8 @@ def main() -> int:
     p.add_argument("--engine", action="store_true", help="also the step-wise engine per backend")
     p.add_argument("--requests", type=int, default=256)
     p.add_argument("--tiny", action="store_true")
+    p.add_argument("--variants", default="plain", help="comma-separated: plain or +-joined frozen, lora, gelu (see per_backend)")
+    p.add_argument("--ffn", action="store_true", help="also the feed-forward GEMM + GELU alone, fused and not")
     p.add_argument("--mode", default=None, help="torch.compile mode of the blocks (default: torch's default)")
     p.add_argument("--key", default="attention", help="results key (default: %(default)s)")
     p.add_argument("--out", default="benchmarks/results")
@@ -188,8 +221,12 @@ def main() -> int:
     peak = matmul_peak_tflops(device)
     gpu = torch.cuda.get_device_name(device)
     print(f"{gpu}: bf16 matmul peak {peak:.1f} TFLOP/s", flush=True)
-    res = {"peak_tflops": peak, "batch": args.batch, "mode": args.mode, "kernels": kernels(backends, args.batch, device, peak),
-           "backends": {b: per_backend(b, cfg, args, device, peak) for b in backends}}
+    variants = args.variants.split(",")
+    res = {"peak_tflops": peak, "batch": args.batch, "mode": args.mode, "kernels": kernels(backends, args.batch, device, peak)}
+    if args.ffn:
+        res["ffn"] = ffn_kernels(args.batch, device)
+    res["backends"] = {b if v == "plain" else f"{b}/{v}": per_backend(b, cfg, args, device, peak, v)
+                       for b in backends for v in variants}
     slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + ("-tiny" if args.tiny else "")
     path = Path(args.out) / f"{date.today()}-{slug}.json"
     data = json.loads(path.read_text()) if path.exists() else {}
