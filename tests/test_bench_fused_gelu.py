@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from benchmarks.gpu.fused_gelu import fuse_feedforward_gelu, linear_gelu_tanh
+from benchmarks.gpu.fused_gelu import fuse_feedforward_gelu, linear_gelu_tanh, unfuse_feedforward_gelu
 from benchmarks.gpu.model import TINY, BenchSD3Adapter, build_transformer
 
 from omnirl.api.spec import LoRASpec
@@ -49,6 +49,7 @@ def test_fusing_takes_every_feed_forward_and_keeps_the_velocity_and_names():
     assert fuse_feedforward_gelu(adapter.module) == TINY_GELUS
     assert list(adapter.module.state_dict()) == names  # weight sync binds the same tensor names
     torch.testing.assert_close(_velocity(adapter), before, atol=1e-6, rtol=1e-6)
+    assert unfuse_feedforward_gelu(adapter.module) == TINY_GELUS and fuse_feedforward_gelu(adapter.module) == TINY_GELUS
 
 
 def test_a_lora_wrapped_feed_forward_is_left_unfused():
@@ -65,7 +66,7 @@ def test_compiled_blocks_keep_the_fused_op_in_one_graph():
     fuse_feedforward_gelu(adapter.module)
     torch._dynamo.reset()
     compile_adapter_module(adapter)
-    for batch in (2, 3):  # dynamic: a second batch size reuses the graph
+    for batch in (2, 3):  # dynamic shapes: a second batch size runs too
         v = _velocity(adapter, batch)
     torch.testing.assert_close(v[:2], before, atol=1e-4, rtol=1e-4)
     block = next(m for m in adapter.module.modules() if type(m).__name__ == "JointTransformerBlock")

@@ -42,6 +42,7 @@ from omnirl.models.attention import BACKENDS
 from omnirl.models.compile import compile_adapter_module
 from omnirl.models.lora import inject_lora
 
+VARIANT_PARTS = {"frozen", "lora", "gelu"}
 MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|matmul", re.I)
 ATTENTION = re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)
 
@@ -182,10 +183,13 @@ def per_backend(backend: str, cfg: dict, args, device, peak: float, variant: str
     torch._dynamo.reset()
     adapter = BenchSD3Adapter(build_transformer(cfg, device), attention=backend)
     parts = set(variant.split("+")) - {"plain"}
-    if "frozen" in parts:  # as a rollout worker's `prepare_rollout_module` leaves it
-        adapter.module.requires_grad_(False)
+    if parts - VARIANT_PARTS:
+        raise SystemExit(f"--variants: unknown {sorted(parts - VARIANT_PARTS)} in {variant!r}; "
+                         f"use plain or +-joined {sorted(VARIANT_PARTS)}")
     if "lora" in parts:
         inject_lora(adapter.module, LoRASpec(enabled=True, rank=32, alpha=64), adapter.lora_target_modules)
+    if "frozen" in parts:  # after LoRA, as a rollout worker's `prepare_rollout_module` does
+        adapter.module.requires_grad_(False)
     if "gelu" in parts:
         print(f"  {variant}: fused {fuse_feedforward_gelu(adapter.module)} feed-forward GELUs", flush=True)
     compile_adapter_module(adapter, mode=args.mode)

@@ -6,13 +6,14 @@ SD3.5-Medium's 512² batch 32). `torch._addmm_activation(bias, x, W.T, use_gelu=
 cuBLASLt for its GELU_BIAS epilogue, which applies the tanh approximation to the fp32 accumulator
 before the single store. The call is a custom op so that Inductor keeps it whole.
 
-Measured on the H200 (benchmarks/README.md, "GELU in the GEMM epilogue"): the compiled forward is
-1.036× faster, but a rollout fused this way no longer computes what the unfused actor computes:
-rollout-vs-actor |Δ log_prob| rises from ~5e-9 to 4e-4 (no CFG) and 1e-2 (CFG 4.5), far above
-FlowGRPO's clip range, which breaks `bypass`. Fusing the actor too needs the pre-activation in the
-backward (one more GEMM per feed-forward), which costs the actor what the rollout gains. So the
-product keeps torch's GELU; `python -m benchmarks.gpu.attention --variants plain,gelu` and
-`python -m benchmarks.gpu.logprob_mismatch --fused-gelu` reproduce both numbers.
+Measured on the H200 (benchmarks/README.md, "The rest of the gap to 65%"): the compiled forward is
+1.04× faster, but a rollout fused this way no longer computes what the unfused actor computes:
+rollout-vs-actor |Δ log_prob| grows from ≤ 1e-6 to 1e-5…1e-4 over the trained steps (more with
+CFG), the size of FlowGRPO's clip range, which matters under `bypass`. Fusing the actor too needs
+the pre-activation in the backward (one more GEMM per feed-forward), which costs the actor what
+the rollout gains. So the product keeps torch's GELU; `python -m benchmarks.gpu.attention
+--variants frozen,frozen+gelu`, `python -m benchmarks.gpu.run --sections rollout --fused-gelu` and
+`python -m benchmarks.gpu.logprob_mismatch --fused-gelu` reproduce the numbers.
 """
 
 from __future__ import annotations
@@ -27,15 +28,15 @@ from torch import Tensor, nn
 
 @torch.library.custom_op("omnirl_bench::linear_gelu_tanh", mutates_args=())
 def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """`gelu(x @ weight.T + bias, approximate="tanh")` in one cuBLASLt call on CUDA.
+    """`gelu(x @ weight.T + bias, approximate="tanh")` in one cuBLASLt call on CUDA; the tanh form
+    is Hendrycks & Gimpel 2016, "Gaussian Error Linear Units": 0.5·z·(1 + tanh(√(2/π)·(z + 0.044715·z³))).
 
     Args:
         x: `[..., in]` activations (bf16/fp16/fp32).
         weight: `[out, in]`, same dtype and device as `x`.
         bias: `[out]`.
     Returns:
-        `[..., out]`, dtype of `x` (off CUDA: the same formula, unfused). GELU's tanh form: Hendrycks & Gimpel 2016, "Gaussian Error
-        Linear Units", eq. for the approximation 0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³))).
+        `[..., out]`, dtype of `x` (off CUDA: the same formula, unfused).
     """
     if x.device.type != "cuda":  # CPU's _addmm_activation applies the exact (erf) GELU, not the tanh form
         return F.gelu(F.linear(x, weight, bias), approximate="tanh")
@@ -68,5 +69,14 @@ def fuse_feedforward_gelu(module: nn.Module) -> int:
     for m in module.modules():
         if fusable(m):
             m.forward = MethodType(_fused_forward, m)
+            count += 1
+    return count
+
+
+def unfuse_feedforward_gelu(module: nn.Module) -> int:
+    """Undo `fuse_feedforward_gelu` in place (the module's own forward again); returns how many."""
+    count = 0
+    for m in module.modules():
+        if fusable(m) and vars(m).pop("forward", None) is not None:
             count += 1
     return count

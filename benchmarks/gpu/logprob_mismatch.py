@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from benchmarks.gpu.fused_gelu import fusable, fuse_feedforward_gelu
+from benchmarks.gpu.fused_gelu import fuse_feedforward_gelu, unfuse_feedforward_gelu
 from benchmarks.gpu.model import SD35_MEDIUM, TINY, BenchSD3Adapter, build_transformer
 from omnirl.actor.batch import TrainSample, micro_batches
 from omnirl.actor.flow_grpo_update import window_log_probs
@@ -83,11 +83,10 @@ def measure(adapter, args, cfg: float, layout: str, device: torch.device) -> dic
     window = tuple(range(args.num_steps - 1))  # every step but the last (never trained)
     reqs = make_requests(adapter, args.requests, args.num_steps, window, args.resolution, args.noise_level,
                          args.sde_type, cfg)
-    fused = fuse_feedforward_gelu(adapter.module) if args.fused_gelu else 0  # as a CUDA rollout worker
+    fused = fuse_feedforward_gelu(adapter.module) if args.fused_gelu else 0  # the experiment, not the product
     samples = rollout(adapter, reqs, layout, args.rollout_batch, args.micro_batch, device)
-    for m in adapter.module.modules():  # the actor's GELU stays unfused (it needs the backward)
-        if fusable(m):
-            vars(m).pop("forward", None)
+    if fused:  # the actor's GELU stays unfused (its backward needs the pre-activation)
+        unfuse_feedforward_gelu(adapter.module)
     actor = actor_log_probs(adapter, samples, args.micro_batch, device)
     rollout_lp = torch.stack([s.log_probs.float() for s in samples])
     gap = (actor.double() - rollout_lp.double()).abs()
@@ -114,7 +113,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--noise-level", type=float, default=0.8)
     p.add_argument("--sde-type", choices=["sde", "cps"], default="cps")
     p.add_argument("--fused-gelu", action="store_true",
-                   help="rollout with its feed-forward GELUs fused (as `omnirl run` on CUDA), actor unfused")
+                   help="rollout with its feed-forward GELUs fused (benchmarks/gpu/fused_gelu.py, an experiment the "
+                        "product does not run), actor unfused")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     bad = sorted(set(args.layouts.split(",")) - {"stepwise", "matched"})

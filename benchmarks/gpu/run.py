@@ -27,6 +27,7 @@ import torch
 
 from benchmarks.gpu import actor, e2e, rollout
 from benchmarks.gpu.common import matmul_peak_tflops
+from benchmarks.gpu.fused_gelu import fuse_feedforward_gelu
 from benchmarks.gpu.model import SD35_MEDIUM, TEXT_TOKENS, TINY, BenchSD3Adapter, build_transformer
 from omnirl.api.spec import LoRASpec
 from omnirl.models.compile import compile_adapter_module, compile_blocks
@@ -34,14 +35,19 @@ from omnirl.models.lora import prepare_rollout_module
 
 
 def rollout_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
-    """Eager diffusers line, compile warm-up, then static vs step-wise on both workloads and arrivals."""
+    """Eager diffusers line (parameters trainable, as a diffusers pipeline holds them), then the
+    engine on the model frozen as a rollout worker holds it (`prepare_rollout_module`; with
+    `--fused-gelu` the experiment of `benchmarks.gpu.fused_gelu`): eager static, compile warm-up,
+    then static vs step-wise on both workloads and arrivals."""
     adapter = BenchSD3Adapter(build_transformer(cfg, device), attention=args.attention)
     batch = min(32, args.requests // 4)
     out: dict = {"eager_diffusers": rollout.eager_diffusers(adapter.module, args.requests // 4, batch, 10, device,
                                                             peak, cfg, TEXT_TOKENS)}
+    prepare_rollout_module(adapter, LoRASpec())  # frozen, as a rollout worker holds it
+    if args.fused_gelu:
+        fuse_feedforward_gelu(adapter.module)
     uniform = rollout.requests(adapter, args.requests // 2, mixed=False, seed=1)
     out["eager_engine_static"] = rollout.run_engine(adapter, uniform, "static", 32, "burst", device, peak, cfg)
-    prepare_rollout_module(adapter, LoRASpec())  # frozen, as a rollout worker holds it (3.8% faster on the H200)
     if args.compile:
         compile_adapter_module(adapter)
         out["warmup"] = rollout.warm_up(adapter, 32, device)
@@ -251,6 +257,8 @@ def main() -> int:
     p.add_argument("--tiny", action="store_true", help="small configuration (CPU smoke test; MFU is not reported)")
     p.add_argument("--attention", default="auto", help="SDPA backend the blocks run: auto (as omnirl run: "
                    "cuDNN on Hopper in bf16), torch (torch's choice), cudnn, flash, efficient or math (default %(default)s)")
+    p.add_argument("--fused-gelu", action="store_true", help="rollout section: feed-forward GELU in the GEMM "
+                   "epilogue (benchmarks/gpu/fused_gelu.py; an experiment the product does not run)")
     p.add_argument("--no-compile", dest="compile", action="store_false", help="eager kernels only")
     p.add_argument("--requests", type=int, default=256, help="uniform rollout requests (mixed: half)")
     p.add_argument("--actor-samples", type=int, default=32)
