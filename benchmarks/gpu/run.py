@@ -269,6 +269,9 @@ def main() -> int:
     unknown = sorted(set(args.sections.split(",")) - set(SECTIONS))
     if unknown:
         p.error(f"unknown --sections {unknown}; choose from {', '.join(SECTIONS)}")
+    if args.requests < 2 * rollout.GROUP:  # else the mixed workload (half) has no group and a ratio divides by 0
+        p.error(f"--requests {args.requests} is too few: the workloads are groups of {rollout.GROUP} and the mixed one "
+                f"takes half, so use at least {2 * rollout.GROUP}")
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = TINY if args.tiny else SD35_MEDIUM
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
