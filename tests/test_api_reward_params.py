@@ -66,6 +66,9 @@ def test_valid_params_of_every_kind_pass_and_are_typed(tmp_path):
     ({**JUDGE, "url": "judge:8000", "params": {"model": "m", "template": "rate"}},
      'spec.reward[1].url: "judge:8000" is invalid: must be an http:// or https:// URL with a host and no query, '
      "e.g. http://judge:8000/v1"),
+    ({**JUDGE, "url": "http://judge:8000/v1/chat/completions/", "params": {"model": "m", "template": "rate"}},
+     'spec.reward[1].url: "http://judge:8000/v1/chat/completions/" is invalid: is the /chat/completions endpoint, not '
+     "the API's base URL; drop /chat/completions (the client appends it), e.g. http://judge:8000/v1"),
     ({"name": "s", "kind": "http", "url": "http://scorer:99999/score"},
      'spec.reward[1].url: "http://scorer:99999/score" is invalid: is not a valid URL (Port out of range 0-65535); '
      "e.g. http://scorer:8000/v1/score"),

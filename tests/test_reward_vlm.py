@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from omnirl.api.spec import RewardSpec
 from omnirl.reward import ScorerError
@@ -179,14 +180,17 @@ def test_4xx_is_not_retried(judge):
 def test_timeout_is_retried_then_fails(judge):
     scorer = as_model(vlm(judge, timeout=0.5, template="rate", maxRetries=1), "slow:5")
     outcome = scorer.score_each(image("4")[None], ['"x"'], ["t0"])
-    assert "APITimeoutError" in outcome.errors[0].reason
+    assert "APITimeoutError: Request timed out. (timeoutSeconds 0.5 per attempt)" in outcome.errors[0].reason
     assert len([r for r in stats(judge, "slow:5") if r["seed"] == request_seed("t0")]) == 2
 
 
 def test_unreachable_server_fails_every_sample():
     scorer = vlm("http://127.0.0.1:9/v1", template="rate", maxRetries=0)
     outcome = score_each(scorer, np.stack([image("4"), image("5")]), ['"x"', '"y"'], ["u0", "u1"])
-    assert set(outcome.errors) == {0, 1} and "APIConnectionError" in outcome.errors[0].reason
+    assert set(outcome.errors) == {0, 1}
+    # the client's own text is "Connection error." whatever the cause: the cause is appended
+    assert outcome.errors[0].reason.endswith("APIConnectionError: Connection error. (ConnectError: [Errno 111] "
+                                             "Connection refused)"), outcome.errors[0].reason
 
 
 @pytest.mark.parametrize("model, raw", [("malformed", '{"id": "chatcmpl-test", "choices": [{"mess'),
@@ -202,3 +206,97 @@ def test_prompt_without_text_to_read_fails_before_any_request(judge):
     scorer = vlm(judge, template="read-text")
     outcome = scorer.score_each(image("1")[None], ['A sign that says ""'], ["p0"])
     assert "no text to read" in outcome.errors[0].reason
+
+
+def test_a_sample_no_reward_scored_fails_even_when_none_is_required(judge):
+    """Two non-required judges, one unreachable: a sample the other scores gets its weighted score;
+    when both fail, the sample fails with both reasons (its sum would be an empty 0)."""
+    from omnirl.reward.scoring import RewardSet
+
+    live = {"name": "live", "kind": "vlm", "url": judge, "weight": 0.5, "required": False,
+            "params": {"model": "judge", "template": "read-text"}}
+    dead = {"name": "dead", "kind": "vlm", "url": "http://127.0.0.1:9/v1", "required": False,
+            "params": {"model": "judge", "template": "read-text", "maxRetries": 0}}
+    prompts = ['A sign that says "2048"']
+    (reward, per_name, reason), = RewardSet([RewardSpec(**live), RewardSpec(**dead)]).score([image("2048")], prompts, ["n0"])
+    assert (reward, per_name) == (0.5, {"live": 1.0}) and reason.startswith("dead: ")
+    (reward, per_name, reason), = RewardSet([RewardSpec(**dead)]).score([image("2048")], prompts, ["n1"])
+    assert reward is None and per_name == {} and "Connection refused" in reason, reason
+
+
+@pytest.fixture(scope="module")
+def keyed_judge() -> Iterator[str]:
+    """Base URL of a judge server that takes only the API key `sk-right` (`--api-key`)."""
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--api-key", "sk-right"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        yield f"http://127.0.0.1:{int(line.split()[-1])}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def judged_job(tmp_path: Path, url: str, model: str = "judge", **params) -> str:
+    """The NFT example plus a VLM judge at `url` (its prompt files made absolute)."""
+    root = Path(__file__).resolve().parents[1]
+    doc = yaml.safe_load((root / "examples" / "ocr-nft.yaml").read_text())
+    doc["spec"]["data"] = {k: str(root / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    doc["spec"]["reward"].append({"name": "judge", "kind": "vlm", "url": url, "weight": 0.5,
+                                  "params": {"model": model, "template": "read-text", **params}})
+    path = tmp_path / "judged.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+PREFLIGHT = {  # url (None: the judge's), model, params → the one line of `omnirl run`
+    "model-not-served": (None, "Qwen/Qwen3-VL-8B-Instruct", {},
+                         "omnirl run: spec.reward[1].params.model: 'Qwen/Qwen3-VL-8B-Instruct' is not served by URL, "
+                         "which serves ['judge']; set params.model to one of them (vllm serve names a model by its "
+                         "path, or --served-model-name)"),
+    "url-without-v1": ("ROOT", "judge", {}, "omnirl run: spec.reward[1].url: ROOT/models answered HTTP 404 "),
+    "unreachable": ("http://127.0.0.1:9/v1", "judge", {},
+                    "omnirl run: spec.reward[1].url: the judge at http://127.0.0.1:9/v1 does not answer "
+                    "(APIConnectionError: Connection error. (ConnectError: [Errno 111] Connection refused)); "
+                    "start it, or fix url"),
+    "wrong-key": ("KEYED", "judge", {"apiKeyEnv": "OMNIRL_TEST_WRONG_KEY"},
+                  "omnirl run: spec.reward[1].params.apiKeyEnv: the judge at KEYED refused the key (HTTP 401: "
+                  "'{\"error\": \"Unauthorized\"}'); export the key it expects in OMNIRL_TEST_WRONG_KEY"),
+    "no-key": ("KEYED", "judge", {}, "omnirl run: spec.reward[1].params.apiKeyEnv: the judge at KEYED refused the key "
+               "(HTTP 401: '{\"error\": \"Unauthorized\"}'); set params.apiKeyEnv to the environment variable holding its key"),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFLIGHT))
+def test_run_refuses_a_judge_it_cannot_use_before_anything_starts(case, judge, keyed_judge, tmp_path, capsys,
+                                                                  monkeypatch):
+    """`omnirl run`'s pre-flight asks the judge for its models: unreachable, no model list at `url`,
+    a refused key or a model it does not serve is one line naming the field and the fix, exit 2,
+    before the run directory is made (else every sample fails the same way after the roles load)."""
+    from omnirl.cli import main
+
+    url, model, params, line = PREFLIGHT[case]
+    url = {None: judge, "ROOT": judge.removesuffix("/v1"), "KEYED": keyed_judge}.get(url, url)
+    line = line.replace("ROOT", judge.removesuffix("/v1")).replace("KEYED", keyed_judge).replace("URL", judge)
+    monkeypatch.setenv("OMNIRL_TEST_WRONG_KEY", "sk-wrong")
+    code = main(["run", judged_job(tmp_path, url, model, **params), "--no-ray", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith(line), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_eval_refuses_a_model_the_judge_does_not_serve(judge, tmp_path, capsys):
+    from omnirl.cli import main
+
+    heldout = str(Path(__file__).resolve().parents[1] / "examples" / "prompts" / "ocr-heldout.txt")
+    code = main(["eval", judged_job(tmp_path, judge, "qwen"), "--prompts", heldout, "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("omnirl eval: spec.reward[1].params.model: 'qwen' is not served by "), err
+
+
+def test_the_right_key_passes_the_preflight(keyed_judge, monkeypatch):
+    from omnirl.reward.registry import check_judges
+
+    monkeypatch.setenv("OMNIRL_TEST_RIGHT_KEY", "sk-right")
+    check_judges([RewardSpec(name="judge", kind="vlm", url=keyed_judge,
+                             params={"model": "judge", "template": "rate", "apiKeyEnv": "OMNIRL_TEST_RIGHT_KEY"})])

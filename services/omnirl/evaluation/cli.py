@@ -23,7 +23,7 @@ from omnirl.controller.grid import save_image_grid
 from omnirl.evaluation.evaluate import evaluate
 from omnirl.models.policy_io import check_owner, load_policy, resolve_checkpoint
 from omnirl.models.registry import adapter_options, load_adapter, load_tokenizer
-from omnirl.reward.registry import check_api_keys
+from omnirl.reward.registry import check_api_keys, check_judges
 
 
 def main(args: argparse.Namespace) -> int:
@@ -39,6 +39,7 @@ def main(args: argparse.Namespace) -> int:
     job = load_rljob(args.job)
     spec = job.spec
     check_api_keys(spec.reward)  # before minutes of model loading and sampling
+    check_judges(spec.reward)
     fix = "restore it, or pass an older OUT/checkpoints/step-* directory"
     if args.checkpoint:  # another job's checkpoint is refused as `omnirl export` refuses it, before the model loads
         ckpt = resolve_checkpoint(args.checkpoint)

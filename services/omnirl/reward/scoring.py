@@ -16,7 +16,9 @@ from omnirl.reward.registry import build_scorer, check_api_keys
 
 
 def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -> tuple[float | None, dict[str, float], str]:
-    """Weighted sum of one sample's rewards → (reward, or None if a required scorer failed; per name; reason)."""
+    """Weighted sum of one sample's rewards → (reward, or None if a required scorer failed or every
+    scorer failed; per name; reason). A sample that no scorer scored fails even when none of them is
+    required: its sum would be an empty 0, a reward nobody gave it."""
     total, per_name, reasons = 0.0, {}, []
     for spec in specs:
         outcome = outcomes[spec.name]
@@ -28,6 +30,8 @@ def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -
             continue
         per_name[spec.name] = float(outcome.values[index])
         total += spec.weight * per_name[spec.name]
+    if specs and not per_name:
+        return None, per_name, "; ".join(reasons)
     return total, per_name, "; ".join(reasons)
 
 
