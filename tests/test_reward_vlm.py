@@ -300,3 +300,21 @@ def test_the_right_key_passes_the_preflight(keyed_judge, monkeypatch):
     monkeypatch.setenv("OMNIRL_TEST_RIGHT_KEY", "sk-right")
     check_judges([RewardSpec(name="judge", kind="vlm", url=keyed_judge,
                              params={"model": "judge", "template": "rate", "apiKeyEnv": "OMNIRL_TEST_RIGHT_KEY"})])
+
+
+def test_only_a_judge_that_does_not_answer_holds_its_samples(judge):
+    """A 5xx past the retries or an unreachable judge holds the sample (the reward role scores it
+    again later); a 4xx or a malformed reply is the sample's own failure; a failed non-required
+    reward beside a required one that scored holds nothing."""
+    from omnirl.reward.scoring import RewardSet
+
+    def hold(model: str, url: str = judge, required: bool = True, more: tuple = ()) -> list[bool]:
+        spec = RewardSpec(name="judge", kind="vlm", url=url, required=required,
+                          params={"model": model, "template": "rate", "maxRetries": 0})
+        return RewardSet([spec, *more]).score_or_hold([image("4")], ['"x"'], [f"h-{model}"])[1]
+
+    assert hold("flaky:5") == [True] and hold("judge", url="http://127.0.0.1:9/v1") == [True]
+    assert hold("reject") == [False] and hold("malformed") == [False]
+    jpeg = RewardSpec(name="jpeg", kind="jpeg")
+    assert hold("flaky:5", more=(jpeg,)) == [True]  # the required judge failed: the sample waits for it
+    assert hold("flaky:5", required=False, more=(jpeg,)) == [False]  # scored by jpeg; the judge's term left out

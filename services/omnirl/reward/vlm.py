@@ -213,10 +213,11 @@ class VLMScorer(PerSampleScorer):
             )
         except openai.APIStatusError as err:  # 408/409/429/5xx only after the retries; others at once
             return ScorerError(sample_id, f"{self.name}: {self.base_url} answered HTTP {err.status_code} "
-                                          f"(maxRetries {self.params.maxRetries}): {err.response.text[:300]!r}")
+                                          f"(maxRetries {self.params.maxRetries}): {err.response.text[:300]!r}",
+                               unavailable=err.status_code in (408, 409, 429) or err.status_code >= 500)
         except openai.APIError as err:  # connection errors and timeouts (APITimeoutError), after the retries
             return ScorerError(sample_id, f"{self.name}: {self.base_url} failed after {self.params.maxRetries} "
-                                          f"retries: {describe_error(err, self.timeout_s)}")
+                                          f"retries: {describe_error(err, self.timeout_s)}", unavailable=True)
         text = raw.http_response.text
         try:
             choice = raw.parse().choices[0]

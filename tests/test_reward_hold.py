@@ -1,0 +1,108 @@
+"""A scorer that does not answer (a judge restarting) fails no sample at once: a real RewardService
+against a real redis-server holds the samples and scores them when the judge (`omnirl scorer serve`,
+a real process) comes back; past `failurePolicy.progressDeadlineSeconds` they fail with the reason."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import redis
+import torch
+import yaml
+from tests.test_queue_reward_fetch import _sample
+
+from omnirl.api.loader import job_from_dict
+from omnirl.api.messages import ScoreMeta
+from omnirl.api.runtime import RoleEnv
+from omnirl.reward.jpeg import JPEGCompressibilityScorer
+from omnirl.reward.service import GROUP, RewardService
+from omnirl.transfer import TransferQueue
+from omnirl.transfer.redis_server import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB, N = "hold", 3
+
+
+def service(tmp_path: Path, redis_url: str, redis_client: redis.Redis, port: int, deadline_s: float
+            ) -> tuple[RewardService, list, list[np.ndarray]]:
+    """A reward worker whose one reward is an http judge on `port`, and the messages of N samples."""
+    doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
+    doc["metadata"]["name"] = JOB
+    doc["spec"]["reward"] = [{"name": "judge", "kind": "http", "url": f"http://127.0.0.1:{port}/v1/score",
+                              "params": {"maxRetries": 0}}]
+    doc["spec"]["failurePolicy"] = {"progressDeadlineSeconds": deadline_s}
+    env = RoleEnv(job_name=JOB, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
+                  worker_id="reward-0", out_dir=str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    samples = [_sample(i, g) for i in range(N)]
+    with TransferQueue(redis_client, JOB) as rollout:
+        rollout.cleanup()
+        for meta, trajectory, image in samples:
+            rollout.publish(rollout.streams.samples, meta, trajectory, image=image, done_kind="rollout")
+    worker = RewardService(job_from_dict(doc), env)
+    msgs = worker.queue.consume(worker.queue.streams.samples, GROUP, env.worker_id, count=N, block_ms=0)
+    assert len(msgs) == N
+    return worker, msgs, [im.numpy() for _, _, im in samples]
+
+
+def published(redis_client: redis.Redis) -> list[ScoreMeta]:
+    with TransferQueue(redis_client, JOB) as q:
+        return [ScoreMeta.model_validate(m.meta) for m in q.consume(q.streams.scores, "c", "c", count=10, block_ms=0)]
+
+
+class _Held(logging.Handler):
+    """Sets `event` when the worker says it holds samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.event = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if "samples held" in record.getMessage():
+            self.event.set()
+
+
+def test_samples_wait_for_a_judge_that_comes_back(tmp_path, redis_url, redis_client):
+    port = free_port()
+    worker, msgs, images = service(tmp_path, redis_url, redis_client, port, deadline_s=600)
+    held = _Held()
+    logging.getLogger("omnirl.reward").addHandler(held)
+    judge = None
+    try:
+        thread = threading.Thread(target=worker.score_batch, args=(msgs,))
+        thread.start()
+        assert held.event.wait(120), "the worker never held the samples"
+        assert published(redis_client) == []  # nothing failed while the judge is away
+        judge = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "scorer", "serve", "--reward", "jpeg",
+                                  "--protocol", "http", "--port", str(port), "--host", "127.0.0.1"],
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        thread.join(300)
+        assert not thread.is_alive()
+    finally:
+        logging.getLogger("omnirl.reward").removeHandler(held)
+        worker.terminate()
+        worker.close()
+        if judge is not None:
+            judge.terminate()
+            judge.wait(30)
+    scores = published(redis_client)
+    expected = JPEGCompressibilityScorer().score(np.stack(images), ["a sign"] * N, [s.sample_id for s in scores])
+    assert [s.failed for s in scores] == [False] * N
+    np.testing.assert_allclose([s.reward for s in scores], expected, rtol=1e-6)
+
+
+def test_a_judge_away_past_the_deadline_fails_the_samples_with_the_reason(tmp_path, redis_url, redis_client):
+    worker, msgs, _ = service(tmp_path, redis_url, redis_client, free_port(), deadline_s=0.5)
+    try:
+        worker.score_batch(msgs)
+    finally:
+        worker.close()
+    scores = published(redis_client)
+    assert len(scores) == N and all(s.failed and s.reward is None for s in scores)
+    assert "unreachable: [Errno 111] Connection refused" in scores[0].reason, scores[0].reason
+
