@@ -480,6 +480,9 @@ class RLJobSpec(SpecModel):
             if r.name in first:
                 raise FieldProblem(f"reward[{i}].name", r.name, f"must be unique; reward[{first[r.name]}] has it")
             first[r.name] = i
+        if all(r.weight == 0 for r in self.reward):  # every sample's reward 0: every advantage 0, nothing learnt
+            raise FieldProblem("reward", [f"{r.name}: weight 0" for r in self.reward], "every weight is 0, so every "
+                               "sample's reward is 0 and nothing is learnt; give at least one reward a non-zero weight")
         check_storage(self.storage, self.roles.actor.replicas)
         judges: dict[str, int] = {}
         for i, r in enumerate(self.reward):
