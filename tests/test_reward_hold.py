@@ -11,6 +11,7 @@ import threading
 from pathlib import Path
 
 import numpy as np
+import pytest
 import redis
 import torch
 import yaml
@@ -28,13 +29,13 @@ ROOT = Path(__file__).resolve().parents[1]
 JOB, N = "hold", 3
 
 
-def service(tmp_path: Path, redis_url: str, redis_client: redis.Redis, port: int, deadline_s: float
-            ) -> tuple[RewardService, list, list[np.ndarray]]:
-    """A reward worker whose one reward is an http judge on `port`, and the messages of N samples."""
+def service(tmp_path: Path, redis_url: str, redis_client: redis.Redis, port: int, deadline_s: float,
+            more: tuple = (), required: bool = True) -> tuple[RewardService, list, list[np.ndarray]]:
+    """A reward worker whose rewards are an http judge on `port` and `more`, and the messages of N samples."""
     doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
     doc["metadata"]["name"] = JOB
     doc["spec"]["reward"] = [{"name": "judge", "kind": "http", "url": f"http://127.0.0.1:{port}/v1/score",
-                              "params": {"maxRetries": 0}}]
+                              "required": required, "params": {"maxRetries": 0}}, *more]
     doc["spec"]["failurePolicy"] = {"progressDeadlineSeconds": deadline_s}
     env = RoleEnv(job_name=JOB, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
                   worker_id="reward-0", out_dir=str(tmp_path))
@@ -56,13 +57,15 @@ def published(redis_client: redis.Redis) -> list[ScoreMeta]:
 
 
 class _Held(logging.Handler):
-    """Sets `event` when the worker says it holds samples."""
+    """Sets `event` when the worker says it holds samples; keeps every message."""
 
     def __init__(self) -> None:
         super().__init__()
         self.event = threading.Event()
+        self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
         if "samples held" in record.getMessage():
             self.event.set()
 
@@ -106,3 +109,25 @@ def test_a_judge_away_past_the_deadline_fails_the_samples_with_the_reason(tmp_pa
     assert len(scores) == N and all(s.failed and s.reward is None for s in scores)
     assert "unreachable: [Errno 111] Connection refused" in scores[0].reason, scores[0].reason
 
+
+
+def test_a_failing_non_required_judge_is_left_out_and_logged_once(tmp_path, redis_url, redis_client):
+    """Beside a required JPEG reward, a dead non-required judge holds nothing: each sample gets its
+    JPEG score, and the console gets the judge's reason once for the whole batch."""
+    worker, msgs, images = service(tmp_path, redis_url, redis_client, free_port(), deadline_s=600, required=False,
+                                   more=({"name": "jpeg", "kind": "jpeg"},))
+    logs = _Held()
+    logging.getLogger("omnirl.reward").addHandler(logs)
+    try:
+        worker.score_batch(msgs[:1])
+        worker.score_batch(msgs[1:])
+    finally:
+        logging.getLogger("omnirl.reward").removeHandler(logs)
+        worker.close()
+    scores = published(redis_client)
+    expected = JPEGCompressibilityScorer().score(np.stack(images), ["a sign"] * N, [s.sample_id for s in scores])
+    assert [s.rewards for s in scores] == [{"jpeg": pytest.approx(float(e))} for e in expected]
+    assert not logs.event.is_set()
+    (line,) = [m for m in logs.messages if "judge" in m]
+    assert line.startswith("reward judge (required: false) failed, left out of the sample's reward: judge: "
+                           "http://127.0.0.1:") and "Connection refused" in line and "component_missing_judge" in line

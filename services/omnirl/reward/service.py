@@ -52,6 +52,7 @@ class RewardService:
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "reward", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.hold_s = job.spec.failurePolicy.progressDeadlineSeconds  # how long a scorer may be away
+        self._warned: set[str] = set()  # non-required rewards whose first failure was logged
         self.terminated = False
 
     def terminate(self) -> None:
@@ -85,6 +86,8 @@ class RewardService:
         now = time.time()
         for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):
             reward, per_name, reason = scored[i]
+            if reward is not None:
+                self._warn_missing(per_name, reason)
             score = ScoreMeta(
                 sample_id=meta.sample_id, kind=meta.kind, step=meta.step, group_id=meta.group_id,
                 policy_version=meta.policy_version, reward=reward, rewards=per_name, failed=reward is None,
@@ -94,6 +97,15 @@ class RewardService:
                                   done_kind="reward") is not None:
                 self._ledger.write(json.dumps({"sample_id": meta.sample_id, "reward": reward}) + "\n")
         self.queue.ack(self.queue.streams.samples, GROUP, [m.id for m in msgs])
+
+    def _warn_missing(self, per_name: dict[str, float], reason: str) -> None:
+        """Log the first failure of each non-required reward (the job goes on without its term):
+        without it such a reward could fail on every sample with nothing on the console."""
+        for spec in self.rewards.specs:
+            if spec.name not in per_name and spec.name not in self._warned:
+                self._warned.add(spec.name)
+                log.warning("reward %s (required: false) failed, left out of the sample's reward: %s; further failures "
+                            "are counted in metrics.jsonl as component_missing_%s", spec.name, reason, spec.name)
 
     def _score_holding(self, images: list, prompts: list[str], ids: list[str]
                        ) -> list[tuple[float | None, dict[str, float], str]] | None:
