@@ -1,6 +1,6 @@
 """A scorer that does not answer (a judge restarting) fails no sample at once: a real RewardService
 against a real redis-server holds the samples and scores them when the judge (`omnirl scorer serve`,
-a real process) comes back; past `failurePolicy.progressDeadlineSeconds` they fail with the reason."""
+a real process) comes back; past `failurePolicy.scorerOutageSeconds` they fail with the reason."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def service(tmp_path: Path, redis_url: str, redis_client: redis.Redis, port: int
     doc["metadata"]["name"] = JOB
     doc["spec"]["reward"] = [{"name": "judge", "kind": "http", "url": f"http://127.0.0.1:{port}/v1/score",
                               "required": required, "params": {"maxRetries": 0}}, *more]
-    doc["spec"]["failurePolicy"] = {"progressDeadlineSeconds": deadline_s}
+    doc["spec"]["failurePolicy"] = {"scorerOutageSeconds": deadline_s}
     env = RoleEnv(job_name=JOB, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
                   worker_id="reward-0", out_dir=str(tmp_path))
     g = torch.Generator().manual_seed(0)

@@ -445,6 +445,11 @@ class FailurePolicySpec(SpecModel):
         "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
         "single unit of work (one scorer call, one training step, one checkpoint write)."
     )
+    scorerOutageSeconds: float = Field(
+        600.0, ge=0, description="How long a reward worker holds the samples of a scorer that does not answer "
+        "(unreachable, timing out, 408/409/429/5xx after its maxRetries: a judge restarting), scoring them again "
+        "every 1..30 s, before they fail with the reason (their groups then refilled or dropped); 0: fail at once."
+    )
     terminationGracePeriodSeconds: int = Field(
         60, ge=1, description="SIGTERM to SIGKILL: the time a role gets to finish or hand back its work and the actor "
         "to write a checkpoint (the pods' terminationGracePeriodSeconds)."

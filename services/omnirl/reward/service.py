@@ -6,7 +6,7 @@ by the controller) — never a reward of 0. A non-required scorer that fails con
 and its failure is recorded in the score's `reason`.
 
 A scorer that does not answer (a judge restarting) fails nothing at once: its samples are held
-and scored again until `failurePolicy.progressDeadlineSeconds` has passed (`_score_holding`).
+and scored again until `failurePolicy.scorerOutageSeconds` has passed (`_score_holding`).
 
 In `sync` pipeline mode a training sample of step n is scored only once every rollout of step n
 exists (the baseline: reward starts after all rollouts).
@@ -51,7 +51,7 @@ class RewardService:
         self._ledger = path.open("a", buffering=1)
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "reward", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
-        self.hold_s = job.spec.failurePolicy.progressDeadlineSeconds  # how long a scorer may be away
+        self.hold_s = job.spec.failurePolicy.scorerOutageSeconds  # how long a scorer may be away
         self._warned: set[str] = set()  # non-required rewards whose first failure was logged
         self.terminated = False
 
@@ -111,14 +111,14 @@ class RewardService:
                        ) -> list[tuple[float | None, dict[str, float], str]] | None:
         """`RewardSet.score`, except that a sample failed only by a scorer that did not answer
         (unreachable, timing out, 5xx after its own retries: a judge restarting) is held and scored
-        again, every 1, 2, 4 … 30 s, for up to `failurePolicy.progressDeadlineSeconds`; past that it
+        again, every 1, 2, 4 … 30 s, for up to `failurePolicy.scorerOutageSeconds`; past that it
         fails with the reason as any other. None when the job stops (or SIGTERM) meanwhile."""
         results, hold = self.rewards.score_or_hold(images, prompts, ids)
         deadline, delay = time.monotonic() + self.hold_s, 1.0
         while any(hold) and time.monotonic() < deadline:
             idx = [i for i, h in enumerate(hold) if h]
             log.warning("reward: %d samples held, a scorer does not answer (%s); scoring them again in %.0f s "
-                        "(for up to %.0f s more, failurePolicy.progressDeadlineSeconds)", len(idx), results[idx[0]][2],
+                        "(for up to %.0f s more, failurePolicy.scorerOutageSeconds)", len(idx), results[idx[0]][2],
                         delay, deadline - time.monotonic())
             until = min(time.monotonic() + delay, deadline)
             while time.monotonic() < until:
