@@ -15,12 +15,13 @@ The request's `model` selects a behaviour, to exercise a client's failure handli
 first), `flaky:N` (HTTP 503 to the first N requests per seed, then answers), `malformed` (HTTP 200
 with a body that is not JSON), `no-choices` (HTTP 200 JSON without `choices`), `reject` (HTTP 400).
 
-`--api-key KEY` makes it refuse, as `vllm serve --api-key` does, every `/v1/` request without
+`--port N` listens on N (default: a free port). `--api-key KEY` makes it refuse, as `vllm serve --api-key` does, every `/v1/` request without
 `Authorization: Bearer KEY` (HTTP 401).
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import io
 import json
@@ -159,9 +160,12 @@ class Handler(BaseHTTPRequestHandler):
 
 def main() -> None:
     global _api_key
-    if sys.argv[1:2] == ["--api-key"]:
-        _api_key = sys.argv[2]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    _api_key = args.api_key
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True
     print(f"listening on {server.server_address[1]}", flush=True)
     server.serve_forever()

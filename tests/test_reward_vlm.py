@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -318,3 +319,24 @@ def test_only_a_judge_that_does_not_answer_holds_its_samples(judge):
     jpeg = RewardSpec(name="jpeg", kind="jpeg")
     assert hold("flaky:5", more=(jpeg,)) == [True]  # the required judge failed: the sample waits for it
     assert hold("flaky:5", required=False, more=(jpeg,)) == [False]  # scored by jpeg; the judge's term left out
+
+
+def test_run_refuses_a_model_its_own_judge_does_not_serve(tmp_path, capsys):
+    """A judge of `reward[].server` is asked for its models once it answers: `params.model` naming
+    another model is one line (exit 2), and the judge is stopped."""
+    from omnirl.cli import main
+
+    path = Path(judged_job(tmp_path, "http://unused:1/v1", "/models"))
+    doc = yaml.safe_load(path.read_text())
+    del doc["spec"]["reward"][1]["url"]
+    doc["spec"]["reward"][1]["server"] = {"command": [sys.executable, str(SERVER), "--port", "{port}"],
+                                          "urlPath": "/v1", "healthPath": "/v1/models"}
+    path.write_text(yaml.safe_dump(doc))
+    code = main(["run", str(path), "--no-ray", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("omnirl run: spec.reward[1].params.model: '/models' is not served by http://127.0.0.1:"), err
+    assert "which serves ['judge']" in err
+    port = int(err.split("http://127.0.0.1:")[1].split("/")[0])
+    with socket.socket() as s:  # the judge was stopped
+        assert s.connect_ex(("127.0.0.1", port)) != 0
