@@ -131,3 +131,31 @@ def test_a_failing_non_required_judge_is_left_out_and_logged_once(tmp_path, redi
     (line,) = [m for m in logs.messages if "judge" in m]
     assert line.startswith("reward judge (required: false) failed, left out of the sample's reward: judge: "
                            "http://127.0.0.1:") and "Connection refused" in line and "component_missing_judge" in line
+
+
+def test_a_reward_worker_refuses_a_model_its_judge_does_not_serve_but_not_a_judge_still_away(
+        tmp_path, redis_url, redis_client):
+    """On Kubernetes nothing runs `omnirl run`'s pre-flight: the reward worker asks the judge itself
+    and a model it does not serve is a configuration error (exit 4, the RLJob Failed with the line);
+    a judge that does not answer yet (still loading) is not: its samples wait for it."""
+    from omnirl.api.errors import ConfigError
+
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "judge_server.py")], stdout=subprocess.PIPE, text=True)
+    try:
+        url = f"http://127.0.0.1:{int(server.stdout.readline().split()[-1])}/v1"
+        for judge_url, model, refused in [(url, "qwen", True), (url, "judge", False),
+                                          (f"http://127.0.0.1:{free_port()}/v1", "qwen", False)]:
+            doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
+            doc["metadata"]["name"] = JOB
+            doc["spec"]["reward"] = [{"name": "judge", "kind": "vlm", "url": judge_url,
+                                      "params": {"model": model, "template": "read-text"}}]
+            env = RoleEnv(job_name=JOB, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
+                          worker_id="reward-0", out_dir=str(tmp_path))
+            if refused:
+                with pytest.raises(ConfigError, match=r"^spec.reward\[0\].params.model: 'qwen' is not served by "):
+                    RewardService(job_from_dict(doc), env)
+            else:
+                RewardService(job_from_dict(doc), env).close()
+    finally:
+        server.terminate()
+        server.wait(30)

@@ -27,6 +27,7 @@ from omnirl.api.errors import config_errors
 from omnirl.api.messages import SampleMeta, ScoreMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
+from omnirl.reward.registry import check_judges
 from omnirl.reward.scoring import RewardSet
 from omnirl.transfer import Message, TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
@@ -46,6 +47,7 @@ class RewardService:
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         with config_errors("spec.reward"):  # a scorer that cannot be built (its params, its files): permanent
             self.rewards = RewardSet(spec.reward, threads=env.threads or 1)
+            check_judges(spec.reward, strict=False)  # a pod gets no `omnirl run` pre-flight: a refused key, a wrong model
         path = Path(env.out_dir) / "ledger" / f"reward-{env.worker_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._ledger = path.open("a", buffering=1)

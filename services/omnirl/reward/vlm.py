@@ -120,13 +120,16 @@ def describe_error(err: openai.APIError, timeout_s: float) -> str:
     return f"{text} ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else text
 
 
-def check_judge(field: str, base_url: str, params: VLMParams, timeout_s: float) -> None:
+def check_judge(field: str, base_url: str, params: VLMParams, timeout_s: float, *, strict: bool = True) -> None:
     """Ask the judge which models it serves (`GET {base_url}/models`, one attempt): it answers, takes
     the key, and serves `params.model`. Left to the run, each of these faults fails every sample with
     the same HTTP error and the job ends at its first validation, after every role has loaded.
 
     Args:
         field: the reward's path, `spec.reward[i]`, for the messages.
+        strict: False for a reward worker starting beside a judge that may still be loading or
+            restarting: only a refused key or a model not served (answers that come back the same
+            every time) raise; a judge that does not answer is left to the scoring (it holds samples).
     Raises:
         ValueError: naming `field.url` (unreachable, or no model list there: not the API's base URL),
             `field.params.apiKeyEnv` (HTTP 401/403) or `field.params.model` (not among those served),
@@ -142,10 +145,14 @@ def check_judge(field: str, base_url: str, params: VLMParams, timeout_s: float) 
         raise ValueError(f"{field}.params.apiKeyEnv: the judge at {base_url} refused the key (HTTP {err.status_code}: "
                          f"{err.response.text[:200]!r}); {fix}") from None
     except openai.APIStatusError as err:
+        if not strict:
+            return
         raise ValueError(f"{field}.url: {base_url}/models answered HTTP {err.status_code} "
                          f"({err.response.text[:200]!r}); url must be the OpenAI API's base URL, the one "
                          "/models and /chat/completions hang off (vLLM: http://HOST:PORT/v1)") from None
     except openai.APIError as err:
+        if not strict:
+            return
         raise ValueError(f"{field}.url: the judge at {base_url} does not answer ({describe_error(err, timeout_s)}); "
                          "start it, or fix url") from None
     finally:
