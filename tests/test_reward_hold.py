@@ -159,3 +159,35 @@ def test_a_reward_worker_refuses_a_model_its_judge_does_not_serve_but_not_a_judg
     finally:
         server.terminate()
         server.wait(30)
+
+
+def test_validation_reports_each_component_and_its_misses_whatever_sample_0_got(tmp_path, redis_url, redis_client):
+    """A non-required judge that failed on the first validation sample only: its mean is over the
+    samples it scored and its misses are counted (the components were read from sample 0 alone, so
+    `val_reward_judge` vanished); one that failed on all is None with every sample missing."""
+    from omnirl.controller.validation import Validator
+
+    (tmp_path / "val.txt").write_text('"12"\n"345"\n"6789"\n')
+    doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
+    doc["spec"]["data"] = {"trainPrompts": str(ROOT / "examples/prompts/ocr-train.txt"),
+                           "validationPrompts": str(tmp_path / "val.txt")}
+    doc["spec"]["reward"] = [{"name": "ocr", "kind": "ocr"}, {"name": "judge", "kind": "jpeg", "required": False},
+                             {"name": "gone", "kind": "jpeg", "required": False}]
+    spec = job_from_dict(doc).spec
+    parts = [{"ocr": 0.5}, {"ocr": 0.7, "judge": 0.2}, {"ocr": 0.9, "judge": 0.4}]
+    with TransferQueue(redis_client, JOB) as q:
+        validator = Validator(q, spec, lambda p: [1], tmp_path, nonce=7)
+        validator.publish(at_step=0, version=0)
+        for i in range(len(parts)):
+            q.publish(q.streams.samples, {"sample_id": f"s{i}"}, {"x0": torch.zeros(1)},
+                      image=torch.zeros(8, 16, 3, dtype=torch.uint8))
+        msgs = q.consume(q.streams.samples, "v", "v", count=10, block_ms=0)
+        for i, (msg, rewards) in enumerate(zip(msgs, parts, strict=True)):
+            validator.record(ScoreMeta(sample_id=f"val0:{i}:7", kind="val", step=0, group_id=f"val0:{i}",
+                                       policy_version=0, reward=sum(rewards.values()), rewards=rewards,
+                                       generated_at=0.0, scored_at=0.0), msg.tensor_key)
+        summary = validator.finish()
+        q.cleanup()
+    assert summary["val_reward_ocr"] == pytest.approx(0.7) and summary["val_component_missing_ocr"] == 0
+    assert summary["val_reward_judge"] == pytest.approx(0.3) and summary["val_component_missing_judge"] == 1
+    assert summary["val_reward_gone"] is None and summary["val_component_missing_gone"] == 3
