@@ -41,6 +41,7 @@ _attempts: Counter = Counter()
 _in_flight: Counter = Counter()
 _max_in_flight: Counter = Counter()
 _api_key: str | None = None
+SERVED = ["judge", "judge-no-logprobs", "malformed", "no-choices", "reject"]  # GET /v1/models (slow:S, flaky:N too)
 
 
 def encoded_text(data_url: str) -> str:
@@ -95,7 +96,7 @@ class Handler(BaseHTTPRequestHandler):
             with _lock:
                 self._json(200, {"requests": _requests, "max_in_flight": dict(_max_in_flight)})
         elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": "judge", "object": "model", "owned_by": "tests"}]})
+            self._json(200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "tests"} for m in SERVED]})
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
 

@@ -21,6 +21,7 @@ from omnirl.reward.registry import build_scorer
 from omnirl.reward.vlm import VLMScorer, parse_rating, request_seed
 
 SERVER = Path(__file__).with_name("judge_server.py")
+SERVED_MODELS = ["judge", "judge-no-logprobs", "malformed", "no-choices", "reject"]  # its GET /v1/models
 
 
 @pytest.fixture(scope="module")
@@ -253,7 +254,7 @@ def judged_job(tmp_path: Path, url: str, model: str = "judge", **params) -> str:
 PREFLIGHT = {  # url (None: the judge's), model, params → the one line of `omnirl run`
     "model-not-served": (None, "Qwen/Qwen3-VL-8B-Instruct", {},
                          "omnirl run: spec.reward[1].params.model: 'Qwen/Qwen3-VL-8B-Instruct' is not served by URL, "
-                         "which serves ['judge']; set params.model to one of them (vllm serve names a model by its "
+                         f"which serves {SERVED_MODELS}; set params.model to one of them (vllm serve names a model by its "
                          "path, or --served-model-name)"),
     "url-without-v1": ("ROOT", "judge", {}, "omnirl run: spec.reward[1].url: ROOT/models answered HTTP 404 "),
     "unreachable": ("http://127.0.0.1:9/v1", "judge", {},
@@ -336,7 +337,20 @@ def test_run_refuses_a_model_its_own_judge_does_not_serve(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and len(err.splitlines()) == 1, err
     assert err.startswith("omnirl run: spec.reward[1].params.model: '/models' is not served by http://127.0.0.1:"), err
-    assert "which serves ['judge']" in err
+    assert f"which serves {SERVED_MODELS}" in err
     port = int(err.split("http://127.0.0.1:")[1].split("/")[0])
     with socket.socket() as s:  # the judge was stopped
         assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_eval_of_a_sample_the_judge_cannot_score_is_one_line_not_a_traceback(judge, tmp_path, capsys):
+    from omnirl.cli import main
+
+    (tmp_path / "p.txt").write_text('"12"\n')
+    code = main(["eval", judged_job(tmp_path, judge, "malformed"), "--prompts", str(tmp_path / "p.txt"),
+                 "--steps", "2", "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith("omnirl eval: eval sample 0 ('\"12\"') could not be scored: judge: malformed reply "
+                          "(JSONDecodeError): "), err
+    assert err.rstrip().endswith("; nothing written") and not (tmp_path / "e").exists()
