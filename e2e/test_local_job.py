@@ -144,7 +144,11 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, redis_url, algori
 
 def test_a_dead_required_scorer_fails_the_job_with_its_reason(tmp_path, redis_url):
     dead = {"name": "judge", "kind": "http", "url": "http://127.0.0.1:9/score", "timeoutSeconds": 2}
-    proc = run(tiny_job(tmp_path, "deadscorer", redis_url, steps=1, reward=dead), tmp_path / "out")
+    path = tiny_job(tmp_path, "deadscorer", redis_url, steps=1, reward=dead)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["failurePolicy"] = {"scorerOutageSeconds": 0}  # fail at once, not after holding the samples 600 s
+    path.write_text(yaml.safe_dump(doc))
+    proc = run(path, tmp_path / "out")
     text = proc.stdout + proc.stderr
     assert proc.returncode == 3, text[-3000:]  # JOB_FAILED_EXIT: the reward role already retried; no restart
     assert "controller" in text and "unreachable" in text

@@ -14,10 +14,14 @@ The request's `model` selects a behaviour, to exercise a client's failure handli
 `judge` (the above), `judge-no-logprobs` (never returns logprobs), `slow:S` (sleeps S seconds
 first), `flaky:N` (HTTP 503 to the first N requests per seed, then answers), `malformed` (HTTP 200
 with a body that is not JSON), `no-choices` (HTTP 200 JSON without `choices`), `reject` (HTTP 400).
+
+`--port N` listens on N (default: a free port). `--api-key KEY` makes it refuse, as `vllm serve --api-key` does, every `/v1/` request without
+`Authorization: Bearer KEY` (HTTP 401).
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import io
 import json
@@ -36,6 +40,8 @@ _requests: list[dict] = []
 _attempts: Counter = Counter()
 _in_flight: Counter = Counter()
 _max_in_flight: Counter = Counter()
+_api_key: str | None = None
+SERVED = ["judge", "judge-no-logprobs", "malformed", "no-choices", "reject"]  # GET /v1/models (slow:S, flaky:N too)
 
 
 def encoded_text(data_url: str) -> str:
@@ -74,16 +80,29 @@ class Handler(BaseHTTPRequestHandler):
     def _json(self, status: int, obj: dict) -> None:
         self._send(status, json.dumps(obj).encode())
 
+    def _refused(self) -> bool:
+        """Answer 401 (vLLM's body) to a /v1/ request without the server's key; whether it did."""
+        if _api_key is None or not self.path.startswith("/v1/") or \
+                self.headers.get("Authorization") == f"Bearer {_api_key}":
+            return False
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))  # the connection is kept alive
+        self._json(401, {"error": "Unauthorized"})
+        return True
+
     def do_GET(self) -> None:  # noqa: N802
+        if self._refused():
+            return
         if self.path == "/stats":
             with _lock:
                 self._json(200, {"requests": _requests, "max_in_flight": dict(_max_in_flight)})
         elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": "judge", "object": "model", "owned_by": "tests"}]})
+            self._json(200, {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "tests"} for m in SERVED]})
         else:
             self._json(404, {"error": {"message": f"no route {self.path}"}})
 
     def do_POST(self) -> None:  # noqa: N802
+        if self._refused():
+            return
         if self.path != "/v1/chat/completions":
             self._json(404, {"error": {"message": f"no route {self.path}"}})
             return
@@ -141,7 +160,13 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    global _api_key
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--api-key", default=None)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args()
+    _api_key = args.api_key
+    server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True
     print(f"listening on {server.server_address[1]}", flush=True)
     server.serve_forever()

@@ -66,6 +66,9 @@ def test_valid_params_of_every_kind_pass_and_are_typed(tmp_path):
     ({**JUDGE, "url": "judge:8000", "params": {"model": "m", "template": "rate"}},
      'spec.reward[1].url: "judge:8000" is invalid: must be an http:// or https:// URL with a host and no query, '
      "e.g. http://judge:8000/v1"),
+    ({**JUDGE, "url": "http://judge:8000/v1/chat/completions/", "params": {"model": "m", "template": "rate"}},
+     'spec.reward[1].url: "http://judge:8000/v1/chat/completions/" is invalid: is the /chat/completions endpoint, not '
+     "the API's base URL; drop /chat/completions (the client appends it), e.g. http://judge:8000/v1"),
     ({"name": "s", "kind": "http", "url": "http://scorer:99999/score"},
      'spec.reward[1].url: "http://scorer:99999/score" is invalid: is not a valid URL (Port out of range 0-65535); '
      "e.g. http://scorer:8000/v1/score"),
@@ -86,3 +89,13 @@ def test_valid_params_of_every_kind_pass_and_are_typed(tmp_path):
 ])
 def test_bad_params_and_urls_are_named(tmp_path, reward, line):
     assert _validate(tmp_path, [OCR, reward]) == [line]
+
+
+def test_weights_need_not_sum_to_one_but_cannot_all_be_zero(tmp_path):
+    """Σ weight · score, as written: 0.5 + 0.1 is a valid job, a 0 beside a non-zero weight a reward
+    logged but not trained on; every weight 0 trains on nothing and is refused."""
+    assert _validate(tmp_path, [{**OCR, "weight": 0.5}, {"name": "jpeg", "kind": "jpeg", "weight": 0.1}]) == ["ok"]
+    assert _validate(tmp_path, [OCR, {"name": "jpeg", "kind": "jpeg", "weight": 0}]) == ["ok"]
+    assert _validate(tmp_path, [{**OCR, "weight": 0}, {"name": "jpeg", "kind": "jpeg", "weight": 0.0}]) == [
+        'spec.reward: ["ocr: weight 0", "jpeg: weight 0"] is invalid: every weight is 0, so every sample\'s reward '
+        "is 0 and nothing is learnt; give at least one reward a non-zero weight"]

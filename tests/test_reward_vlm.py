@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import urllib.request
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from omnirl.api.spec import RewardSpec
 from omnirl.reward import ScorerError
@@ -19,6 +21,7 @@ from omnirl.reward.registry import build_scorer
 from omnirl.reward.vlm import VLMScorer, parse_rating, request_seed
 
 SERVER = Path(__file__).with_name("judge_server.py")
+SERVED_MODELS = ["judge", "judge-no-logprobs", "malformed", "no-choices", "reject"]  # its GET /v1/models
 
 
 @pytest.fixture(scope="module")
@@ -179,14 +182,17 @@ def test_4xx_is_not_retried(judge):
 def test_timeout_is_retried_then_fails(judge):
     scorer = as_model(vlm(judge, timeout=0.5, template="rate", maxRetries=1), "slow:5")
     outcome = scorer.score_each(image("4")[None], ['"x"'], ["t0"])
-    assert "APITimeoutError" in outcome.errors[0].reason
+    assert "APITimeoutError: Request timed out. (timeoutSeconds 0.5 per attempt)" in outcome.errors[0].reason
     assert len([r for r in stats(judge, "slow:5") if r["seed"] == request_seed("t0")]) == 2
 
 
 def test_unreachable_server_fails_every_sample():
     scorer = vlm("http://127.0.0.1:9/v1", template="rate", maxRetries=0)
     outcome = score_each(scorer, np.stack([image("4"), image("5")]), ['"x"', '"y"'], ["u0", "u1"])
-    assert set(outcome.errors) == {0, 1} and "APIConnectionError" in outcome.errors[0].reason
+    assert set(outcome.errors) == {0, 1}
+    # the client's own text is "Connection error." whatever the cause: the cause is appended
+    assert outcome.errors[0].reason.endswith("APIConnectionError: Connection error. (ConnectError: [Errno 111] "
+                                             "Connection refused)"), outcome.errors[0].reason
 
 
 @pytest.mark.parametrize("model, raw", [("malformed", '{"id": "chatcmpl-test", "choices": [{"mess'),
@@ -202,3 +208,149 @@ def test_prompt_without_text_to_read_fails_before_any_request(judge):
     scorer = vlm(judge, template="read-text")
     outcome = scorer.score_each(image("1")[None], ['A sign that says ""'], ["p0"])
     assert "no text to read" in outcome.errors[0].reason
+
+
+def test_a_sample_no_reward_scored_fails_even_when_none_is_required(judge):
+    """Two non-required judges, one unreachable: a sample the other scores gets its weighted score;
+    when both fail, the sample fails with both reasons (its sum would be an empty 0)."""
+    from omnirl.reward.scoring import RewardSet
+
+    live = {"name": "live", "kind": "vlm", "url": judge, "weight": 0.5, "required": False,
+            "params": {"model": "judge", "template": "read-text"}}
+    dead = {"name": "dead", "kind": "vlm", "url": "http://127.0.0.1:9/v1", "required": False,
+            "params": {"model": "judge", "template": "read-text", "maxRetries": 0}}
+    prompts = ['A sign that says "2048"']
+    (reward, per_name, reason), = RewardSet([RewardSpec(**live), RewardSpec(**dead)]).score([image("2048")], prompts, ["n0"])
+    assert (reward, per_name) == (0.5, {"live": 1.0}) and reason.startswith("dead: ")
+    (reward, per_name, reason), = RewardSet([RewardSpec(**dead)]).score([image("2048")], prompts, ["n1"])
+    assert reward is None and per_name == {} and "Connection refused" in reason, reason
+
+
+@pytest.fixture(scope="module")
+def keyed_judge() -> Iterator[str]:
+    """Base URL of a judge server that takes only the API key `sk-right` (`--api-key`)."""
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--api-key", "sk-right"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("listening on "), line
+        yield f"http://127.0.0.1:{int(line.split()[-1])}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def judged_job(tmp_path: Path, url: str, model: str = "judge", **params) -> str:
+    """The NFT example plus a VLM judge at `url` (its prompt files made absolute)."""
+    root = Path(__file__).resolve().parents[1]
+    doc = yaml.safe_load((root / "examples" / "ocr-nft.yaml").read_text())
+    doc["spec"]["data"] = {k: str(root / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    doc["spec"]["reward"].append({"name": "judge", "kind": "vlm", "url": url, "weight": 0.5,
+                                  "params": {"model": model, "template": "read-text", **params}})
+    path = tmp_path / "judged.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+PREFLIGHT = {  # url (None: the judge's), model, params → the one line of `omnirl run`
+    "model-not-served": (None, "Qwen/Qwen3-VL-8B-Instruct", {},
+                         "omnirl run: spec.reward[1].params.model: 'Qwen/Qwen3-VL-8B-Instruct' is not served by URL, "
+                         f"which serves {SERVED_MODELS}; set params.model to one of them (vllm serve names a model by its "
+                         "path, or --served-model-name)"),
+    "url-without-v1": ("ROOT", "judge", {}, "omnirl run: spec.reward[1].url: ROOT/models answered HTTP 404 "),
+    "unreachable": ("http://127.0.0.1:9/v1", "judge", {},
+                    "omnirl run: spec.reward[1].url: the judge at http://127.0.0.1:9/v1 does not answer "
+                    "(APIConnectionError: Connection error. (ConnectError: [Errno 111] Connection refused)); "
+                    "start it, or fix url"),
+    "wrong-key": ("KEYED", "judge", {"apiKeyEnv": "OMNIRL_TEST_WRONG_KEY"},
+                  "omnirl run: spec.reward[1].params.apiKeyEnv: the judge at KEYED refused the key (HTTP 401: "
+                  "'{\"error\": \"Unauthorized\"}'); export the key it expects in OMNIRL_TEST_WRONG_KEY"),
+    "no-key": ("KEYED", "judge", {}, "omnirl run: spec.reward[1].params.apiKeyEnv: the judge at KEYED refused the key "
+               "(HTTP 401: '{\"error\": \"Unauthorized\"}'); set params.apiKeyEnv to the environment variable holding its key"),
+}
+
+
+@pytest.mark.parametrize("case", list(PREFLIGHT))
+def test_run_refuses_a_judge_it_cannot_use_before_anything_starts(case, judge, keyed_judge, tmp_path, capsys,
+                                                                  monkeypatch):
+    """`omnirl run`'s pre-flight asks the judge for its models: unreachable, no model list at `url`,
+    a refused key or a model it does not serve is one line naming the field and the fix, exit 2,
+    before the run directory is made (else every sample fails the same way after the roles load)."""
+    from omnirl.cli import main
+
+    url, model, params, line = PREFLIGHT[case]
+    url = {None: judge, "ROOT": judge.removesuffix("/v1"), "KEYED": keyed_judge}.get(url, url)
+    line = line.replace("ROOT", judge.removesuffix("/v1")).replace("KEYED", keyed_judge).replace("URL", judge)
+    monkeypatch.setenv("OMNIRL_TEST_WRONG_KEY", "sk-wrong")
+    code = main(["run", judged_job(tmp_path, url, model, **params), "--no-ray", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith(line), err
+    assert not (tmp_path / "o").exists()
+
+
+def test_eval_refuses_a_model_the_judge_does_not_serve(judge, tmp_path, capsys):
+    from omnirl.cli import main
+
+    heldout = str(Path(__file__).resolve().parents[1] / "examples" / "prompts" / "ocr-heldout.txt")
+    code = main(["eval", judged_job(tmp_path, judge, "qwen"), "--prompts", heldout, "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("omnirl eval: spec.reward[1].params.model: 'qwen' is not served by "), err
+
+
+def test_the_right_key_passes_the_preflight(keyed_judge, monkeypatch):
+    from omnirl.reward.registry import check_judges
+
+    monkeypatch.setenv("OMNIRL_TEST_RIGHT_KEY", "sk-right")
+    check_judges([RewardSpec(name="judge", kind="vlm", url=keyed_judge,
+                             params={"model": "judge", "template": "rate", "apiKeyEnv": "OMNIRL_TEST_RIGHT_KEY"})])
+
+
+def test_only_a_judge_that_does_not_answer_holds_its_samples(judge):
+    """A 5xx past the retries or an unreachable judge holds the sample (the reward role scores it
+    again later); a 4xx or a malformed reply is the sample's own failure; a failed non-required
+    reward beside a required one that scored holds nothing."""
+    from omnirl.reward.scoring import RewardSet
+
+    def hold(model: str, url: str = judge, required: bool = True, more: tuple = ()) -> list[bool]:
+        spec = RewardSpec(name="judge", kind="vlm", url=url, required=required,
+                          params={"model": model, "template": "rate", "maxRetries": 0})
+        return RewardSet([spec, *more]).score_or_hold([image("4")], ['"x"'], [f"h-{model}"])[1]
+
+    assert hold("flaky:5") == [True] and hold("judge", url="http://127.0.0.1:9/v1") == [True]
+    assert hold("reject") == [False] and hold("malformed") == [False]
+    jpeg = RewardSpec(name="jpeg", kind="jpeg")
+    assert hold("flaky:5", more=(jpeg,)) == [True]  # the required judge failed: the sample waits for it
+    assert hold("flaky:5", required=False, more=(jpeg,)) == [False]  # scored by jpeg; the judge's term left out
+
+
+def test_run_refuses_a_model_its_own_judge_does_not_serve(tmp_path, capsys):
+    """A judge of `reward[].server` is asked for its models once it answers: `params.model` naming
+    another model is one line (exit 2), and the judge is stopped."""
+    from omnirl.cli import main
+
+    path = Path(judged_job(tmp_path, "http://unused:1/v1", "/models"))
+    doc = yaml.safe_load(path.read_text())
+    del doc["spec"]["reward"][1]["url"]
+    doc["spec"]["reward"][1]["server"] = {"command": [sys.executable, str(SERVER), "--port", "{port}"],
+                                          "urlPath": "/v1", "healthPath": "/v1/models"}
+    path.write_text(yaml.safe_dump(doc))
+    code = main(["run", str(path), "--no-ray", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith("omnirl run: spec.reward[1].params.model: '/models' is not served by http://127.0.0.1:"), err
+    assert f"which serves {SERVED_MODELS}" in err
+    port = int(err.split("http://127.0.0.1:")[1].split("/")[0])
+    with socket.socket() as s:  # the judge was stopped
+        assert s.connect_ex(("127.0.0.1", port)) != 0
+
+
+def test_eval_of_a_sample_the_judge_cannot_score_is_one_line_not_a_traceback(judge, tmp_path, capsys):
+    from omnirl.cli import main
+
+    (tmp_path / "p.txt").write_text('"12"\n')
+    code = main(["eval", judged_job(tmp_path, judge, "malformed"), "--prompts", str(tmp_path / "p.txt"),
+                 "--steps", "2", "--out", str(tmp_path / "e")])
+    err = capsys.readouterr().err
+    assert code == 1 and len(err.splitlines()) == 1, err
+    assert err.startswith("omnirl eval: eval sample 0 ('\"12\"') could not be scored: judge: malformed reply "
+                          "(JSONDecodeError): "), err
+    assert err.rstrip().endswith("; nothing written") and not (tmp_path / "e").exists()

@@ -445,6 +445,11 @@ class FailurePolicySpec(SpecModel):
         "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
         "single unit of work (one scorer call, one training step, one checkpoint write)."
     )
+    scorerOutageSeconds: float = Field(
+        600.0, ge=0, description="How long a reward worker holds the samples of a scorer that does not answer "
+        "(unreachable, timing out, 408/409/429/5xx after its maxRetries: a judge restarting), scoring them again "
+        "every 1..30 s, before they fail with the reason (their groups then refilled or dropped); 0: fail at once."
+    )
     terminationGracePeriodSeconds: int = Field(
         60, ge=1, description="SIGTERM to SIGKILL: the time a role gets to finish or hand back its work and the actor "
         "to write a checkpoint (the pods' terminationGracePeriodSeconds)."
@@ -480,6 +485,9 @@ class RLJobSpec(SpecModel):
             if r.name in first:
                 raise FieldProblem(f"reward[{i}].name", r.name, f"must be unique; reward[{first[r.name]}] has it")
             first[r.name] = i
+        if all(r.weight == 0 for r in self.reward):  # every sample's reward 0: every advantage 0, nothing learnt
+            raise FieldProblem("reward", [f"{r.name}: weight 0" for r in self.reward], "every weight is 0, so every "
+                               "sample's reward is 0 and nothing is learnt; give at least one reward a non-zero weight")
         check_storage(self.storage, self.roles.actor.replicas)
         judges: dict[str, int] = {}
         for i, r in enumerate(self.reward):

@@ -163,3 +163,7 @@ def check_url(kind: str, url: str | None) -> None:
         raise FieldProblem("url", url, f"is not a valid URL ({err}); e.g. {example}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment or port == 0:
         raise FieldProblem("url", url, f"must be an http:// or https:// URL with a host and no query, e.g. {example}")
+    endpoint = next((e for e in ("/chat/completions", "/completions") if parts.path.rstrip("/").endswith(e)), None)
+    if kind == "vlm" and endpoint:  # the openai client appends the endpoint to the base URL itself
+        raise FieldProblem("url", url, f"is the {endpoint} endpoint, not the API's base URL; drop {endpoint} "
+                           f"(the client appends it), e.g. {example}")

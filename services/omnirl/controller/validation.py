@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from omnirl.api.messages import ScoreMeta
-from omnirl.api.spec import RLJobSpec
+from omnirl.api.spec import GROUP_KINDS, RLJobSpec
 from omnirl.controller.data import read_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.rollout.requests import heldout_request
@@ -104,8 +104,11 @@ class Validator:
             "val_background_darkness": background_darkness(images),
             "val_seconds": time.time() - self.t0, "grid": str(grid),
         }
-        for name in self.scores[0].rewards:  # each component's raw mean, e.g. val_reward_ocr
-            parts = [s.rewards[name] for s in self.scores.values() if name in s.rewards]
-            summary[f"val_reward_{name}"] = sum(parts) / len(parts)
+        for spec in self.spec.reward:  # each per-sample component's raw mean, e.g. val_reward_ocr
+            if spec.kind in GROUP_KINDS:  # a validation group has one sample: no group scorer runs
+                continue
+            parts = [s.rewards[spec.name] for s in self.scores.values() if spec.name in s.rewards]
+            summary[f"val_reward_{spec.name}"] = sum(parts) / len(parts) if parts else None
+            summary[f"val_component_missing_{spec.name}"] = len(rewards) - len(parts)  # a non-required one failed
         self.round = None
         return summary

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -20,10 +21,10 @@ from omnirl.api.errors import config_errors
 from omnirl.api.loader import load_rljob
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
-from omnirl.evaluation.evaluate import evaluate
+from omnirl.evaluation.evaluate import SampleUnscored, evaluate
 from omnirl.models.policy_io import check_owner, load_policy, resolve_checkpoint
 from omnirl.models.registry import adapter_options, load_adapter, load_tokenizer
-from omnirl.reward.registry import check_api_keys
+from omnirl.reward.registry import check_api_keys, check_judges
 
 
 def main(args: argparse.Namespace) -> int:
@@ -39,6 +40,7 @@ def main(args: argparse.Namespace) -> int:
     job = load_rljob(args.job)
     spec = job.spec
     check_api_keys(spec.reward)  # before minutes of model loading and sampling
+    check_judges(spec.reward)
     fix = "restore it, or pass an older OUT/checkpoints/step-* directory"
     if args.checkpoint:  # another job's checkpoint is refused as `omnirl export` refuses it, before the model loads
         ckpt = resolve_checkpoint(args.checkpoint)
@@ -59,8 +61,12 @@ def main(args: argparse.Namespace) -> int:
     adapter.module.eval()
     steps = spec.validation.numSteps if args.steps is None else args.steps
     t0 = time.perf_counter()
-    with torch.no_grad():
-        result = evaluate(adapter, spec, prompts, num_steps=steps, seed=args.seed, sampler=args.sampler)
+    try:
+        with torch.no_grad():
+            result = evaluate(adapter, spec, prompts, num_steps=steps, seed=args.seed, sampler=args.sampler)
+    except SampleUnscored as err:  # a scorer's answer (a judge's error), not a bug: its line, no traceback
+        print(f"omnirl eval: {err}; nothing written", file=sys.stderr, flush=True)
+        return 1
     seconds = time.perf_counter() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

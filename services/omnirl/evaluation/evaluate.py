@@ -42,6 +42,10 @@ class EvalResult:
     prompts: list[str] = field(repr=False)
 
 
+class SampleUnscored(RuntimeError):
+    """An eval sample no reward result could be computed for; the message names it and the reason."""
+
+
 def evaluate(
     adapter: ModelAdapter,
     spec: RLJobSpec,
@@ -68,7 +72,7 @@ def evaluate(
         device: torch device of the engine.
     Raises:
         ValueError: empty prompts, batch_size < 1, num_steps < 2, unknown sampler.
-        RuntimeError: a sample a required reward could not score (a failed eval is an error, not a low score).
+        SampleUnscored: a sample a required reward could not score (a failed eval is an error, not a low score).
     """
     if not prompts:
         raise ValueError("prompts is empty; pass at least one prompt to evaluate")
@@ -88,7 +92,7 @@ def evaluate(
     scored = rewards.score(images, list(prompts), ids)
     for i, (reward, _, reason) in enumerate(scored):
         if reward is None:
-            raise RuntimeError(f"eval sample {i} ({prompts[i]!r}) could not be scored: {reason}")
+            raise SampleUnscored(f"eval sample {i} ({prompts[i]!r}) could not be scored: {reason}")
     totals = [s[0] for s in scored]
     return EvalResult(
         mean_reward=sum(totals) / len(totals),  # validation's float64 mean of the same numbers

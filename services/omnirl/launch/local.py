@@ -30,6 +30,7 @@ from omnirl.launch.procs import start_role
 from omnirl.launch.progress import validation_table
 from omnirl.launch.servers import JudgeFailed, check_local, start_judges, stop_judges
 from omnirl.launch.supervise import Supervisor, clear_start_flags
+from omnirl.reward.registry import check_judges
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
 
@@ -72,6 +73,7 @@ def main(args: argparse.Namespace) -> int:
     placements = place(job, device=getattr(args, "device", "auto"), share=getattr(args, "share_gpus", False))
     preflight.check_attention(job, placements)
     preflight.check_local_paths(job)
+    check_judges(job.spec.reward)  # the judges of reward[].url; those of reward[].server once they answer
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
     if out.exists() and not out.is_dir():
@@ -128,6 +130,7 @@ def main(args: argparse.Namespace) -> int:
     failure = ""
     try:
         judges, wired = start_judges(job, out / "logs")  # reward[].server: local processes, URLs wired in
+        check_judges(wired.spec.reward, only={j.reward.name for j in judges})
         (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
         supervisor = Supervisor(job, role_plan(job), start, queue, out, args.steps or job.spec.algorithm.steps,
                                 resume="auto" if args.resume else "0", redis=redis)

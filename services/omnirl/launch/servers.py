@@ -2,7 +2,8 @@
 
 Each judge's `command + args` runs as a local process (the `image` is ignored: the command must
 exist on this machine) with `{port}` replaced by a free port and `{modelPath}` by
-`server.modelPath`; its output goes to `OUT/logs/judge-<reward>.log`. The launcher waits until
+`server.modelPath` (the port is also in its environment, `OMNIRL_JUDGE_PORT`, as in its pod);
+its output goes to `OUT/logs/judge-<reward>.log`. The launcher waits until
 it answers — `GET healthPath` returns 200, or, without a health path, the port accepts a TCP
 connection — then writes the manifest the roles read with the judge's URL wired in
 (`http://127.0.0.1:<port><urlPath>`). The servers stop with the job (SIGTERM, then SIGKILL).
@@ -25,6 +26,7 @@ from omnirl.api.spec import RewardSpec, RLJob
 from omnirl.transfer.redis_server import free_port
 
 READY_TIMEOUT_S = 600.0  # a judge may load a large model
+PORT_ENV = "OMNIRL_JUDGE_PORT"  # the port, in the judge's environment as in its pod (operator/judges.py)
 
 
 class JudgeFailed(RuntimeError):
@@ -106,7 +108,8 @@ def start_judges(job: RLJob, logs: Path, timeout_s: float = READY_TIMEOUT_S) -> 
             log = logs / f"judge-{r.name}.log"
             with log.open("a") as f:
                 proc = subprocess.Popen(argv(r.server, port), stdout=f, stderr=subprocess.STDOUT,
-                                        env={**os.environ, "PORT": str(port), "PYTHONUNBUFFERED": "1"},
+                                        env={**os.environ, PORT_ENV: str(port), "PORT": str(port),
+                                             "PYTHONUNBUFFERED": "1"},
                                         start_new_session=True)
             judges.append(JudgeProcess(r, port, proc, log))
             print(f"omnirl: judge {r.name} starting on port {port}: {' '.join(argv(r.server, port))}", flush=True)
@@ -118,7 +121,8 @@ def start_judges(job: RLJob, logs: Path, timeout_s: float = READY_TIMEOUT_S) -> 
                     raise JudgeFailed(f"judge {j.reward.name} exited {j.proc.returncode} before answering:\n{tail}")
                 if time.monotonic() > deadline:
                     raise JudgeFailed(f"judge {j.reward.name} did not answer on port {j.port} in {timeout_s:.0f} s "
-                                      f"(log: {j.log})")
+                                      f"(log: {j.log}); its command must listen on that port: pass it '{{port}}' "
+                                      f"(e.g. args: [--port, '{{port}}']) or read ${PORT_ENV}")
                 time.sleep(0.2)
     except BaseException:
         stop_judges(judges)

@@ -20,12 +20,16 @@ class ScorerError(Exception):
         sample_id: the sample's stable id (``{step}:{prompt}:{index}``), or "" when the whole
             call is malformed (e.g. mismatched list lengths).
         reason: what went wrong and how to fix it.
+        unavailable: the scorer did not answer (unreachable, timed out, 408/409/429/5xx after its
+            retries), as opposed to answering that this sample cannot be scored; the reward role
+            holds such a sample and scores it again when the scorer is back (`RewardService`).
     """
 
-    def __init__(self, sample_id: str, reason: str) -> None:
+    def __init__(self, sample_id: str, reason: str, *, unavailable: bool = False) -> None:
         super().__init__(f"sample {sample_id!r}: {reason}" if sample_id else reason)
         self.sample_id = sample_id
         self.reason = reason
+        self.unavailable = unavailable
 
     def named(self, name: str) -> str:
         """The reason under the reward's `name`, once: remote scorers already start theirs with it

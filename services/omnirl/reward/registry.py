@@ -54,3 +54,23 @@ def check_api_keys(specs: list[RewardSpec]) -> None:
             from omnirl.reward.vlm import api_key  # the openai client only for jobs with a VLM judge
 
             api_key(spec.typed_params().apiKeyEnv, f"spec.reward[{i}].params.apiKeyEnv")
+
+
+def check_judges(specs: list[RewardSpec], only: set[str] | None = None, *, strict: bool = True) -> None:
+    """Every `kind: vlm` entry with a `url` answers, takes its key and serves its `params.model`
+    (`vlm.check_judge`; entries whose `server` the job has not started yet have no url and are
+    skipped): before `omnirl run` starts the roles and before `omnirl eval` loads a model.
+
+    Args:
+        specs: the job's whole `spec.reward` (the messages index it).
+        only: the names of the entries to check (None: every one).
+        strict: False in a reward worker: a judge that does not answer yet passes (`vlm.check_judge`).
+
+    Raises:
+        ValueError: naming `spec.reward[i]`'s url, params.apiKeyEnv or params.model and the fix.
+    """
+    for i, spec in enumerate(specs):
+        if spec.kind == "vlm" and spec.url and (only is None or spec.name in only):
+            from omnirl.reward.vlm import check_judge
+
+            check_judge(f"spec.reward[{i}]", spec.url, spec.typed_params(), spec.timeoutSeconds, strict=strict)

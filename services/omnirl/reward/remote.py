@@ -42,14 +42,14 @@ def with_retries(call: Callable[[], Outcome], max_retries: int, describe: str) -
     """Run `call` until it returns, retrying a `Retryable` failure up to `max_retries` times.
 
     Raises:
-        ScorerError: (sample id "") the last attempt failed; the reason names the attempts made.
+        ScorerError: (sample id "", `unavailable`) the last attempt failed; the reason names the attempts made.
     """
     for attempt in range(max_retries + 1):
         try:
             return call()
         except Retryable as err:
             if attempt == max_retries:
-                raise ScorerError("", f"{describe}: {err} (after {attempt + 1} attempt(s))") from err
+                raise ScorerError("", f"{describe}: {err} (after {attempt + 1} attempt(s))", unavailable=True) from err
             time.sleep(backoff_s(attempt))
     raise AssertionError("unreachable")
 

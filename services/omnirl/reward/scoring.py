@@ -16,7 +16,9 @@ from omnirl.reward.registry import build_scorer, check_api_keys
 
 
 def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -> tuple[float | None, dict[str, float], str]:
-    """Weighted sum of one sample's rewards → (reward, or None if a required scorer failed; per name; reason)."""
+    """Weighted sum of one sample's rewards → (reward, or None if a required scorer failed or every
+    scorer failed; per name; reason). A sample that no scorer scored fails even when none of them is
+    required: its sum would be an empty 0, a reward nobody gave it."""
     total, per_name, reasons = 0.0, {}, []
     for spec in specs:
         outcome = outcomes[spec.name]
@@ -28,6 +30,8 @@ def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -
             continue
         per_name[spec.name] = float(outcome.values[index])
         total += spec.weight * per_name[spec.name]
+    if specs and not per_name:
+        return None, per_name, "; ".join(reasons)
     return total, per_name, "; ".join(reasons)
 
 
@@ -51,8 +55,21 @@ class RewardSet:
               sample_ids: list[str]) -> list[tuple[float | None, dict[str, float], str]]:
         """`combine`d rewards of n images `[H, W, 3]` uint8 (sizes may differ; a scorer call takes one
         size): per sample (weighted sum or None when a required scorer failed, each reward, reasons)."""
+        return self.score_or_hold(images, prompts, sample_ids)[0]
+
+    def score_or_hold(self, images: list[np.ndarray], prompts: list[str], sample_ids: list[str]
+                      ) -> tuple[list[tuple[float | None, dict[str, float], str]], list[bool]]:
+        """`score`, and per sample whether it failed only because a scorer did not answer
+        (`ScorerError.unavailable`: every error of a required scorer, or of every scorer when none is
+        required, is one): worth scoring again once the scorer is back."""
         outcomes = {name: self._by_shape(scorer, images, prompts, sample_ids) for name, scorer in self.scorers.items()}
-        return [combine(self.specs, outcomes, i) for i in range(len(images))]
+        results = [combine(self.specs, outcomes, i) for i in range(len(images))]
+        hold = []
+        for i, (reward, _, _) in enumerate(results):
+            failed = [(s.required, outcomes[s.name].errors[i]) for s in self.specs if i in outcomes[s.name].errors]
+            causes = [e for required, e in failed if required] or [e for _, e in failed]  # none required: all failed
+            hold.append(reward is None and bool(causes) and all(e.unavailable for e in causes))
+        return results, hold
 
     @staticmethod
     def _by_shape(scorer: Scorer, images: list[np.ndarray], prompts: list[str], sample_ids: list[str]) -> Outcome:

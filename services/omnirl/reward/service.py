@@ -5,6 +5,9 @@ Several weighted rewards per job; the weighted sum is the sample's reward. A fai
 by the controller) — never a reward of 0. A non-required scorer that fails contributes nothing
 and its failure is recorded in the score's `reason`.
 
+A scorer that does not answer (a judge restarting) fails nothing at once: its samples are held
+and scored again until `failurePolicy.scorerOutageSeconds` has passed (`_score_holding`).
+
 In `sync` pipeline mode a training sample of step n is scored only once every rollout of step n
 exists (the baseline: reward starts after all rollouts).
 
@@ -24,6 +27,7 @@ from omnirl.api.errors import config_errors
 from omnirl.api.messages import SampleMeta, ScoreMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
+from omnirl.reward.registry import check_judges
 from omnirl.reward.scoring import RewardSet
 from omnirl.transfer import Message, TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
@@ -43,11 +47,14 @@ class RewardService:
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         with config_errors("spec.reward"):  # a scorer that cannot be built (its params, its files): permanent
             self.rewards = RewardSet(spec.reward, threads=env.threads or 1)
+            check_judges(spec.reward, strict=False)  # a pod gets no `omnirl run` pre-flight: a refused key, a wrong model
         path = Path(env.out_dir) / "ledger" / f"reward-{env.worker_id}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         self._ledger = path.open("a", buffering=1)
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "reward", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
+        self.hold_s = job.spec.failurePolicy.scorerOutageSeconds  # how long a scorer may be away
+        self._warned: set[str] = set()  # non-required rewards whose first failure was logged
         self.terminated = False
 
     def terminate(self) -> None:
@@ -75,10 +82,14 @@ class RewardService:
             for step in sorted({m.step for m in metas if m.kind == "train"}):
                 self._wait_all_rollouts(step)
         images = [self.queue.load_image(m).numpy() for m in msgs]
-        scored = self.rewards.score(images, [m.prompt for m in metas], [m.sample_id for m in metas])
+        scored = self._score_holding(images, [m.prompt for m in metas], [m.sample_id for m in metas])
+        if scored is None:
+            return  # stopping while a scorer was away: unacknowledged, the samples go to the successor
         now = time.time()
         for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):
             reward, per_name, reason = scored[i]
+            if reward is not None:
+                self._warn_missing(per_name, reason)
             score = ScoreMeta(
                 sample_id=meta.sample_id, kind=meta.kind, step=meta.step, group_id=meta.group_id,
                 policy_version=meta.policy_version, reward=reward, rewards=per_name, failed=reward is None,
@@ -88,6 +99,41 @@ class RewardService:
                                   done_kind="reward") is not None:
                 self._ledger.write(json.dumps({"sample_id": meta.sample_id, "reward": reward}) + "\n")
         self.queue.ack(self.queue.streams.samples, GROUP, [m.id for m in msgs])
+
+    def _warn_missing(self, per_name: dict[str, float], reason: str) -> None:
+        """Log the first failure of each non-required reward (the job goes on without its term):
+        without it such a reward could fail on every sample with nothing on the console."""
+        for spec in self.rewards.specs:
+            if spec.name not in per_name and spec.name not in self._warned:
+                self._warned.add(spec.name)
+                log.warning("reward %s (required: false) failed, left out of the sample's reward: %s; further failures "
+                            "are counted in metrics.jsonl as component_missing_%s", spec.name, reason, spec.name)
+
+    def _score_holding(self, images: list, prompts: list[str], ids: list[str]
+                       ) -> list[tuple[float | None, dict[str, float], str]] | None:
+        """`RewardSet.score`, except that a sample failed only by a scorer that did not answer
+        (unreachable, timing out, 5xx after its own retries: a judge restarting) is held and scored
+        again, every 1, 2, 4 … 30 s, for up to `failurePolicy.scorerOutageSeconds`; past that it
+        fails with the reason as any other. None when the job stops (or SIGTERM) meanwhile."""
+        results, hold = self.rewards.score_or_hold(images, prompts, ids)
+        deadline, delay = time.monotonic() + self.hold_s, 1.0
+        while any(hold) and time.monotonic() < deadline:
+            idx = [i for i, h in enumerate(hold) if h]
+            log.warning("reward: %d samples held, a scorer does not answer (%s); scoring them again in %.0f s "
+                        "(for up to %.0f s more, failurePolicy.scorerOutageSeconds)", len(idx), results[idx[0]][2],
+                        delay, deadline - time.monotonic())
+            until = min(time.monotonic() + delay, deadline)
+            while time.monotonic() < until:
+                if self.terminated or self.queue.get_json("stop"):
+                    return None
+                self.heartbeat.beat()  # alive, waiting: not stuck
+                time.sleep(0.2)
+            again, still = self.rewards.score_or_hold([images[i] for i in idx], [prompts[i] for i in idx],
+                                                      [ids[i] for i in idx])
+            for k, i in enumerate(idx):
+                results[i], hold[i] = again[k], still[k]
+            delay = min(2 * delay, 30.0)
+        return results
 
     def _wait_all_rollouts(self, step: int, timeout_s: float = 3600.0) -> None:
         start = time.monotonic()

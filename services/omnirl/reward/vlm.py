@@ -109,6 +109,60 @@ def api_key(env_var: str | None, field: str) -> str:
     return key
 
 
+def describe_error(err: openai.APIError, timeout_s: float) -> str:
+    """`Type: message` of a failed request with what caused it: the openai client says only
+    "Connection error." for a refused connection, an unknown host and a reset alike, so the
+    underlying httpx error (`[Errno 111] Connection refused`) is appended; a timeout names the limit."""
+    text = f"{type(err).__name__}: {err}"
+    if isinstance(err, openai.APITimeoutError):
+        return f"{text} (timeoutSeconds {timeout_s:g} per attempt)"
+    cause = err.__cause__
+    return f"{text} ({type(cause).__name__}: {cause})" if cause is not None and str(cause) else text
+
+
+def check_judge(field: str, base_url: str, params: VLMParams, timeout_s: float, *, strict: bool = True) -> None:
+    """Ask the judge which models it serves (`GET {base_url}/models`, one attempt): it answers, takes
+    the key, and serves `params.model`. Left to the run, each of these faults fails every sample with
+    the same HTTP error and the job ends at its first validation, after every role has loaded.
+
+    Args:
+        field: the reward's path, `spec.reward[i]`, for the messages.
+        strict: False for a reward worker starting beside a judge that may still be loading or
+            restarting: only a refused key or a model not served (answers that come back the same
+            every time) raise; a judge that does not answer is left to the scoring (it holds samples).
+    Raises:
+        ValueError: naming `field.url` (unreachable, or no model list there: not the API's base URL),
+            `field.params.apiKeyEnv` (HTTP 401/403) or `field.params.model` (not among those served),
+            with the fix.
+    """
+    key = api_key(params.apiKeyEnv, f"{field}.params.apiKeyEnv")
+    client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=0)
+    try:
+        served = [m.id for m in client.models.list()]
+    except (openai.AuthenticationError, openai.PermissionDeniedError) as err:
+        fix = (f"export the key it expects in {params.apiKeyEnv}" if params.apiKeyEnv else
+               "set params.apiKeyEnv to the environment variable holding its key")
+        raise ValueError(f"{field}.params.apiKeyEnv: the judge at {base_url} refused the key (HTTP {err.status_code}: "
+                         f"{err.response.text[:200]!r}); {fix}") from None
+    except openai.APIStatusError as err:
+        if not strict:
+            return
+        raise ValueError(f"{field}.url: {base_url}/models answered HTTP {err.status_code} "
+                         f"({err.response.text[:200]!r}); url must be the OpenAI API's base URL, the one "
+                         "/models and /chat/completions hang off (vLLM: http://HOST:PORT/v1)") from None
+    except openai.APIError as err:
+        if not strict:
+            return
+        raise ValueError(f"{field}.url: the judge at {base_url} does not answer ({describe_error(err, timeout_s)}); "
+                         "start it, or fix url") from None
+    finally:
+        client.close()
+    if params.model not in served:
+        raise ValueError(f"{field}.params.model: {params.model!r} is not served by {base_url}, which serves "
+                         f"{served}; set params.model to one of them (vllm serve names a model by its path, or "
+                         "--served-model-name)")
+
+
 class VLMScorer(PerSampleScorer):
     """A VLM judge over the OpenAI chat-completions API.
 
@@ -123,7 +177,7 @@ class VLMScorer(PerSampleScorer):
 
     def __init__(self, name: str, base_url: str, params: VLMParams, *, timeout_s: float = 30.0) -> None:
         key = api_key(params.apiKeyEnv, f"reward {name!r}: params.apiKeyEnv")
-        self.name, self.base_url, self.params = name, base_url, params
+        self.name, self.base_url, self.params, self.timeout_s = name, base_url, params, timeout_s
         self.instruction = params.instruction or INSTRUCTIONS[params.template]
         self.max_tokens = params.maxTokens or MAX_TOKENS[params.template]
         self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout_s,
@@ -166,10 +220,11 @@ class VLMScorer(PerSampleScorer):
             )
         except openai.APIStatusError as err:  # 408/409/429/5xx only after the retries; others at once
             return ScorerError(sample_id, f"{self.name}: {self.base_url} answered HTTP {err.status_code} "
-                                          f"(maxRetries {self.params.maxRetries}): {err.response.text[:300]!r}")
+                                          f"(maxRetries {self.params.maxRetries}): {err.response.text[:300]!r}",
+                               unavailable=err.status_code in (408, 409, 429) or err.status_code >= 500)
         except openai.APIError as err:  # connection errors and timeouts (APITimeoutError), after the retries
             return ScorerError(sample_id, f"{self.name}: {self.base_url} failed after {self.params.maxRetries} "
-                                          f"retries: {type(err).__name__}: {err}")
+                                          f"retries: {describe_error(err, self.timeout_s)}", unavailable=True)
         text = raw.http_response.text
         try:
             choice = raw.parse().choices[0]

@@ -1,0 +1,59 @@
+"""`omnirl run`'s judge servers (`reward[].server`, launch/servers.py) as real local processes:
+the port reaches the server, a dead or deaf server is named with the fix, and each one stops."""
+
+from __future__ import annotations
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from omnirl.api.loader import load_rljob
+from omnirl.api.spec import RLJob
+from omnirl.launch.servers import JudgeFailed, start_judges, stop_judges
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# listens on the port in its environment, as a pod's server reading $(OMNIRL_JUDGE_PORT) does
+ENV_PORT_SERVER = ("import http.server, os; http.server.HTTPServer(('127.0.0.1', int(os.environ['OMNIRL_JUDGE_PORT'])), "
+                   "http.server.BaseHTTPRequestHandler).serve_forever()")
+
+
+def job_with(tmp_path: Path, server: dict) -> RLJob:
+    """The NFT example plus an http judge the job runs with `server`."""
+    doc = yaml.safe_load((ROOT / "examples" / "ocr-nft.yaml").read_text())
+    doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    doc["spec"]["reward"].append({"name": "judge", "kind": "http", "server": {"urlPath": "/v1/score", **server}})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return load_rljob(str(path))
+
+
+def test_a_judge_reading_the_port_from_its_environment_is_started_wired_and_stopped(tmp_path):
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", ENV_PORT_SERVER]})
+    judges, wired = start_judges(job, tmp_path / "logs", timeout_s=60)
+    try:
+        (j,) = judges
+        assert wired.spec.reward[1].url == f"http://127.0.0.1:{j.port}/v1/score" and wired.spec.reward[1].server is None
+        assert j.answers()
+    finally:
+        stop_judges(judges)
+    assert j.proc.returncode is not None
+    with socket.socket() as s:
+        assert s.connect_ex(("127.0.0.1", j.port)) != 0
+
+
+def test_a_judge_that_exits_is_named_with_its_log(tmp_path):
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", "print('no GPU here'); raise SystemExit(3)"]})
+    with pytest.raises(JudgeFailed, match=r"judge judge exited 3 before answering:\nno GPU here"):
+        start_judges(job, tmp_path / "logs", timeout_s=60)
+
+
+def test_a_judge_that_never_listens_on_its_port_names_the_fix(tmp_path):
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", "import time; time.sleep(60)"]})
+    with pytest.raises(JudgeFailed) as err:
+        start_judges(job, tmp_path / "logs", timeout_s=1)
+    assert "its command must listen on that port: pass it '{port}' (e.g. args: [--port, '{port}']) or read " \
+           "$OMNIRL_JUDGE_PORT" in str(err.value), err.value
