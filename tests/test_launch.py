@@ -201,3 +201,17 @@ def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path)
     for role in ("rollout", "actor", "reward", "controller"):
         assert (out / "logs" / f"{role}-0.log").read_text().count(f"omnirl: {role} on cpu") <= 1, role
     assert (out / "logs" / "rollout-0.log").read_text().count("configuration error") <= 1
+
+
+def test_the_interrupt_verdict_repeats_the_runs_flags(tmp_path):
+    """`continue with:` must continue what was asked: a `--steps 3 --device cpu` run resumed without
+    them would train to spec.algorithm.steps (80) and place its roles on the GPUs."""
+    from omnirl.cli import build_parser
+    from omnirl.launch.local import resume_command
+
+    args = build_parser().parse_args(["run", "examples/ocr-awm.yaml", "--steps", "3", "--device", "cpu",
+                                      "--no-ray", "--share-gpus", "--resume"])
+    assert resume_command(args, tmp_path) == (f"omnirl run examples/ocr-awm.yaml --out {tmp_path} --steps 3 "
+                                              "--no-ray --device cpu --share-gpus --resume")
+    plain = build_parser().parse_args(["run", "job.yaml"])
+    assert resume_command(plain, tmp_path) == f"omnirl run job.yaml --out {tmp_path} --resume"

@@ -156,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
             redis.stop()
     _summary(out)
     if code:  # the table above reads like a finished run: the last line says it is not
-        print(_verdict(code, failure, args.job, out), flush=True)
+        print(_verdict(code, failure, resume_command(args, out)), flush=True)
     lock.close()
     return code
 
@@ -165,10 +165,23 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the job like Ctrl-C
 
 
-def _verdict(code: int, failure: str, job: str, out: Path) -> str:
-    """The launcher's last line when the job did not finish: why, and what continues it."""
+def resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The `omnirl run` command that continues this run: the same job, `--out` and flags. Without
+    `--steps` a resume trains to `spec.algorithm.steps` (e.g. 80 after a `--steps 3` run), and
+    without `--device cpu` it places the roles on the GPUs."""
+    flags = [f"--steps {args.steps}" if args.steps else "",
+             f"--ray-address {args.ray_address}" if args.ray_address else "",
+             "--no-ray" if args.no_ray else "",
+             f"--device {args.device}" if getattr(args, "device", "auto") != "auto" else "",
+             "--share-gpus" if getattr(args, "share_gpus", False) else ""]
+    return " ".join(["omnirl run", args.job, "--out", str(out), *filter(None, flags), "--resume"])
+
+
+def _verdict(code: int, failure: str, resume: str) -> str:
+    """The launcher's last line when the job did not finish: why, and (after an interrupt) the
+    command that continues it."""
     if code == 130:
-        return f"omnirl: interrupted (exit 130); continue with: omnirl run {job} --out {out} --resume"
+        return f"omnirl: interrupted (exit 130); continue with: {resume}"
     return f"omnirl: the job did not finish (exit {code})" + (f": {failure}" if failure else "")
 
 
