@@ -283,7 +283,8 @@ def test_resuming_a_run_that_has_all_its_steps_says_so_and_starts_nothing(tmp_pa
     (it used to start every role and show progress "3/2")."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"event": "step", "step": s}) + "\n" for s in range(3)))
+    records = [{"event": "start"}, *({"event": "step", "step": s} for s in range(3)), {"event": "finish"}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run / "job.yaml").write_text(Path(NFT).read_text())
     assert main(["run", NFT, "--resume", "--steps", "2", "--no-ray", "--out", str(run)]) == 0
     out = capsys.readouterr().out

@@ -85,7 +85,9 @@ def main(args: argparse.Namespace) -> int:
     if args.resume:
         preflight.check_same_job(job, out)
         total, trained = args.steps or job.spec.algorithm.steps, preflight.trained_steps(out)
-        if trained >= total:  # nothing would run: say so instead of starting every role for nothing
+        # nothing would run: say so instead of starting every role for nothing; a run stopped after its
+        # last step but before its final validation and export still starts, for those
+        if trained >= total and preflight.finished(out):
             print(f"omnirl: {out} has trained {trained} steps, the job asks for {total} "
                   f"({'--steps' if args.steps else 'spec.algorithm.steps'}): nothing to do; pass --steps N "
                   f"(N > {trained}) to train further", flush=True)

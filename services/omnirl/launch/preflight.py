@@ -152,6 +152,15 @@ def trained_steps(out: Path) -> int:
     return max(report.trained_steps(out), default=-1) + 1
 
 
+def finished(out: Path) -> bool:
+    """Whether the run in `out` ended with its controller's final record (`controller/report.py::finished`).
+
+    Raises:
+        FileNotFoundError: `out` holds no `metrics.jsonl`.
+    """
+    return report.finished(out)
+
+
 def check_same_job(job: RLJob, out: Path) -> None:
     """`--resume` continues the run in `out` only with that run's job: its name (the Redis key prefix
     of its pending work), algorithm and model family, as recorded in `out/job.yaml`.
