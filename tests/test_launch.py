@@ -205,13 +205,18 @@ def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path)
 
 def test_the_interrupt_verdict_repeats_the_runs_flags(tmp_path):
     """`continue with:` must continue what was asked: a `--steps 3 --device cpu` run resumed without
-    them would train to spec.algorithm.steps (80) and place its roles on the GPUs."""
+    them would train to spec.algorithm.steps (80) and place its roles on the GPUs; and a run stopped
+    before its controller started (no metrics.jsonl) is started again without --resume, which refuses it."""
     from omnirl.cli import build_parser
     from omnirl.launch.local import resume_command
 
     args = build_parser().parse_args(["run", "examples/ocr-awm.yaml", "--steps", "3", "--device", "cpu",
                                       "--no-ray", "--share-gpus", "--resume"])
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start"}\n')
     assert resume_command(args, tmp_path) == (f"omnirl run examples/ocr-awm.yaml --out {tmp_path} --steps 3 "
                                               "--no-ray --device cpu --share-gpus --resume")
+    (tmp_path / "metrics.jsonl").unlink()
     plain = build_parser().parse_args(["run", "job.yaml"])
+    assert resume_command(plain, tmp_path) == f"omnirl run job.yaml --out {tmp_path}"
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start"}\n')
     assert resume_command(plain, tmp_path) == f"omnirl run job.yaml --out {tmp_path} --resume"

@@ -170,13 +170,15 @@ def _raise_interrupt(signum: int, frame: object) -> None:
 def resume_command(args: argparse.Namespace, out: Path) -> str:
     """The `omnirl run` command that continues this run: the same job, `--out` and flags. Without
     `--steps` a resume trains to `spec.algorithm.steps` (e.g. 80 after a `--steps 3` run), and
-    without `--device cpu` it places the roles on the GPUs."""
+    without `--device cpu` it places the roles on the GPUs. No `--resume` when nothing was started
+    yet (no `metrics.jsonl`: a stop while the roles loaded), which `--resume` would refuse."""
     flags = [f"--steps {args.steps}" if args.steps else "",
              f"--ray-address {args.ray_address}" if args.ray_address else "",
              "--no-ray" if args.no_ray else "",
              f"--device {args.device}" if getattr(args, "device", "auto") != "auto" else "",
-             "--share-gpus" if getattr(args, "share_gpus", False) else ""]
-    return " ".join(["omnirl run", args.job, "--out", str(out), *filter(None, flags), "--resume"])
+             "--share-gpus" if getattr(args, "share_gpus", False) else "",
+             "--resume" if (out / METRICS_FILE).exists() else ""]
+    return " ".join(["omnirl run", args.job, "--out", str(out), *filter(None, flags)])
 
 
 def _verdict(code: int, failure: str, resume: str) -> str:
