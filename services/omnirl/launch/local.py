@@ -79,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
     # a live launcher here is named before "pass --resume" or "nothing to do", which would mislead
     lock = preflight.lock_run_dir(out) if out.is_dir() else None
     if not args.resume and (out / METRICS_FILE).exists():
+        preflight.check_same_job(job, out, flag="--out")  # another job's run: --resume is no fix either
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     if args.resume and not (out / METRICS_FILE).exists():
         raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl)")
