@@ -220,3 +220,19 @@ def test_the_interrupt_verdict_repeats_the_runs_flags(tmp_path):
     assert resume_command(plain, tmp_path) == f"omnirl run job.yaml --out {tmp_path}"
     (tmp_path / "metrics.jsonl").write_text('{"event": "start"}\n')
     assert resume_command(plain, tmp_path) == f"omnirl run job.yaml --out {tmp_path} --resume"
+
+
+def test_an_interrupt_after_the_job_finished_says_nothing_is_left(tmp_path):
+    """Ctrl-C while the launcher stops the roles of a finished job: it said "continue with: … --resume",
+    and that resume answered "nothing to do"."""
+    from omnirl.cli import build_parser
+    from omnirl.launch.local import verdict
+
+    args = build_parser().parse_args(["run", "job.yaml", "--no-ray"])
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start"}\n{"event": "step", "step": 0}\n')
+    assert verdict(130, "", args, tmp_path) == (f"omnirl: interrupted (exit 130); continue with: omnirl run job.yaml "
+                                                f"--out {tmp_path} --no-ray --resume")
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"event": "finish"}\n')
+    assert verdict(130, "", args, tmp_path) == "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
+    assert verdict(4, "role actor-0 failed: x", args, tmp_path) == "omnirl: the job did not finish (exit 4): role actor-0 failed: x"

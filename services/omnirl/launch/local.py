@@ -159,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
             redis.stop()
     _summary(out)
     if code:  # the table above reads like a finished run: the last line says it is not
-        print(_verdict(code, failure, resume_command(args, out)), flush=True)
+        print(verdict(code, failure, args, out), flush=True)
     lock.close()
     return code
 
@@ -182,11 +182,14 @@ def resume_command(args: argparse.Namespace, out: Path) -> str:
     return " ".join(["omnirl run", args.job, "--out", str(out), *filter(None, flags)])
 
 
-def _verdict(code: int, failure: str, resume: str) -> str:
-    """The launcher's last line when the job did not finish: why, and (after an interrupt) the
-    command that continues it."""
+def verdict(code: int, failure: str, args: argparse.Namespace, out: Path) -> str:
+    """The launcher's last line when it exits non-zero: why, and (after an interrupt) the command that
+    continues the run, or that nothing is left when the controller had finished before the Ctrl-C
+    (a `--resume` would say "nothing to do")."""
     if code == 130:
-        return f"omnirl: interrupted (exit 130); continue with: {resume}"
+        if (out / METRICS_FILE).exists() and preflight.finished(out):
+            return "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
+        return f"omnirl: interrupted (exit 130); continue with: {resume_command(args, out)}"
     return f"omnirl: the job did not finish (exit {code})" + (f": {failure}" if failure else "")
 
 
