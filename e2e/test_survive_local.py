@@ -247,3 +247,32 @@ def test_resume_of_a_run_stopped_before_its_first_checkpoint_needs_no_restart(tm
     assert [r["step"] for r in steps(out)] == [0, 1, 2, 3]
     counts = check_ledger(out, total_steps=4, group_size=3, prompts_per_step=2)
     assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 24, [])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_resume_of_a_run_stopped_after_its_last_step_writes_the_export_it_missed(tmp_path):
+    """A stop (Ctrl-C) after the last step was trained but before the controller exported it and
+    wrote its final record: `--resume` said "has trained 2 steps, the job asks for 2: nothing to do"
+    although the interrupt verdict had told the user to resume, and the run never got
+    `exports/latest`. Now the roles start, the controller (with nothing left to train) exports the
+    actor's latest checkpoint and finishes. The stop is reproduced exactly where it matters: a
+    finished run loses its `finish` record and its exports."""
+    job, out = chaos_job(tmp_path, "late", steps=1), tmp_path / "late"
+    first = start(job, out)
+    assert first.wait(timeout=600) == 0, tail(out)
+    assert json.loads((out / "exports" / "latest" / "export.json").read_text())["step"] == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["event"] == "finish"
+    (out / "metrics.jsonl").write_text("\n".join(lines[:-1]) + "\n")
+    __import__("shutil").rmtree(out / "exports")
+
+    again = start(job, out, resume=True)
+    assert again.wait(timeout=600) == 0, tail(out)
+    assert "nothing to do" not in tail(out)
+    assert json.loads((out / "exports" / "latest" / "export.json").read_text())["step"] == 0
+    assert [r["step"] for r in steps(out)] == [0]  # nothing trained twice
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["event"] == "finish"
+    # a finished run has nothing to do: the roles are not started again
+    done = start(job, out, resume=True)
+    assert done.wait(timeout=120) == 0 and "nothing to do" in tail(out)

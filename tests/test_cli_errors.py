@@ -283,9 +283,26 @@ def test_resuming_a_run_that_has_all_its_steps_says_so_and_starts_nothing(tmp_pa
     (it used to start every role and show progress "3/2")."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "metrics.jsonl").write_text("".join(json.dumps({"event": "step", "step": s}) + "\n" for s in range(3)))
+    records = [{"event": "start"}, *({"event": "step", "step": s} for s in range(3)), {"event": "finish"}]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     (run / "job.yaml").write_text(Path(NFT).read_text())
     assert main(["run", NFT, "--resume", "--steps", "2", "--no-ray", "--out", str(run)]) == 0
     out = capsys.readouterr().out
     assert "has trained 3 steps, the job asks for 2 (--steps): nothing to do" in out
     assert not (run / "roles.json").exists() and not (run / "redis").exists()
+
+
+def test_a_new_run_on_another_jobs_results_names_that_job_not_resume(tmp_path, capsys):
+    """`omnirl run AWM --out DIR` where DIR holds an ocr-nft run: it said "already holds a run: pass
+    --resume to continue it", and --resume then refused the other job; now the first line names it."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"event": "start"}) + "\n")
+    (run / "job.yaml").write_text(Path(NFT).read_text())
+    assert main(["run", str(ROOT / "examples" / "ocr-awm.yaml"), "--no-ray", "--out", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err == (f"omnirl run: --out: {run} holds a run with metadata.name 'ocr-nft', not 'ocr-awm'; resume it "
+                   "with its own manifest, or start a new run (another --out) with model.path: OUT/exports/latest\n")
+    # the same job's run: pass --resume
+    assert main(["run", NFT, "--no-ray", "--out", str(run)]) == 2
+    assert "already holds a run: pass --resume to continue it" in capsys.readouterr().err

@@ -147,6 +147,10 @@ def test_the_trained_steps_of_a_run_are_its_step_lines_for_the_controller_and_th
     assert read_metrics(tmp_path) == lines  # in order, the blank line skipped
     assert trained_steps(tmp_path) == {0, 2}
     assert preflight.trained_steps(tmp_path) == 3  # the highest step + 1, as the resume message counts
+    assert preflight.finished(tmp_path)
+    with (tmp_path / "metrics.jsonl").open("a") as f:  # a restarted controller that has not finished yet
+        f.write(json.dumps({"event": "start", "total_steps": 4, "start_step": 3}) + "\n")
+    assert not preflight.finished(tmp_path)
     job = load_rljob(str(Path(__file__).resolve().parents[1] / "examples" / "ocr-nft.yaml"))
     reporter = Reporter(tmp_path, RoleEnv(job_name="j", redis_url="redis://127.0.0.1:1/0", weight_sync_host="127.0.0.1",
                                              weight_sync_port=1, worker_id="controller-0", out_dir=str(tmp_path)), job)

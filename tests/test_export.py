@@ -185,6 +185,8 @@ def test_export_cli_errors_are_one_line_naming_the_fix(run_dir, tmp_path, capsys
         ((run_dir, "--out", tmp_path / "a", "--checkpoint", tmp_path), "no policy.safetensors; pass a run's checkpoint "
          "dir"),
         ((run_dir, "--out", run_dir), "already exists; choose another --out or remove it"),
+        ((run_dir, "--out", tmp_path / "a", "--checkpoint", run_dir / "checkpoints" / "step-999999"),
+         "step-999999: does not exist; pass a checkpoint the run still keeps"),
     ]
     for args, fix in cases:
         code, lines = _export(capsys, *args)

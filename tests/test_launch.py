@@ -201,3 +201,38 @@ def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path)
     for role in ("rollout", "actor", "reward", "controller"):
         assert (out / "logs" / f"{role}-0.log").read_text().count(f"omnirl: {role} on cpu") <= 1, role
     assert (out / "logs" / "rollout-0.log").read_text().count("configuration error") <= 1
+
+
+def test_the_interrupt_verdict_repeats_the_runs_flags(tmp_path):
+    """`continue with:` must continue what was asked: a `--steps 3 --device cpu` run resumed without
+    them would train to spec.algorithm.steps (80) and place its roles on the GPUs; and a run stopped
+    before its controller started (no metrics.jsonl) is started again without --resume, which refuses it."""
+    from omnirl.cli import build_parser
+    from omnirl.launch.local import resume_command
+
+    args = build_parser().parse_args(["run", "examples/ocr-awm.yaml", "--steps", "3", "--device", "cpu",
+                                      "--no-ray", "--share-gpus", "--resume"])
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start"}\n')
+    assert resume_command(args, tmp_path) == (f"omnirl run examples/ocr-awm.yaml --out {tmp_path} --steps 3 "
+                                              "--no-ray --device cpu --share-gpus --resume")
+    (tmp_path / "metrics.jsonl").unlink()
+    plain = build_parser().parse_args(["run", "job.yaml"])
+    assert resume_command(plain, tmp_path) == f"omnirl run job.yaml --out {tmp_path}"
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start"}\n')
+    assert resume_command(plain, tmp_path) == f"omnirl run job.yaml --out {tmp_path} --resume"
+
+
+def test_an_interrupt_after_the_job_finished_says_nothing_is_left(tmp_path):
+    """Ctrl-C while the launcher stops the roles of a finished job: it said "continue with: … --resume",
+    and that resume answered "nothing to do"."""
+    from omnirl.cli import build_parser
+    from omnirl.launch.local import verdict
+
+    args = build_parser().parse_args(["run", "job.yaml", "--no-ray"])
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start"}\n{"event": "step", "step": 0}\n')
+    assert verdict(130, "", args, tmp_path) == (f"omnirl: interrupted (exit 130); continue with: omnirl run job.yaml "
+                                                f"--out {tmp_path} --no-ray --resume")
+    with (tmp_path / "metrics.jsonl").open("a") as f:
+        f.write('{"event": "finish"}\n')
+    assert verdict(130, "", args, tmp_path) == "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
+    assert verdict(4, "role actor-0 failed: x", args, tmp_path) == "omnirl: the job did not finish (exit 4): role actor-0 failed: x"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -360,3 +361,66 @@ def test_touch_renews_the_lease_of_work_in_progress(redis_client):
     # the owner stopped renewing (died): it is reclaimed once idle for 1 s
     (again,) = wait_until(lambda: q.consume(stream, "g", "other", count=1, block_ms=0), "the lapsed lease's reclaim")
     assert again.id == msg.id and again.delivery_count >= 2
+
+
+class _ReplyDropper:
+    """A real TCP proxy to Redis that forwards everything but, once armed, drops the connection right
+    after forwarding a script call (EVALSHA) and before its reply: what a Redis restart does to a
+    publish that the server executed (and its AOF kept) but whose reply the client never read."""
+
+    def __init__(self, port: int) -> None:
+        self.port, self.armed, self.dropped, self._pending = port, False, 0, False
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"redis://127.0.0.1:{self.server.getsockname()[1]}/0"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(("127.0.0.1", self.port))
+            threading.Thread(target=self._pipe, args=(client, upstream, True), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, False), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket, to_redis: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if not to_redis and self._pending:  # the script ran; its reply never arrives
+                    self._pending, self.armed, self.dropped = False, False, self.dropped + 1
+                    src.close()
+                    dst.close()
+                    return
+                if to_redis and self.armed and b"EVALSHA" in data:
+                    self._pending = True
+                dst.sendall(data)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.server.close()
+
+
+def test_a_retried_publish_whose_reply_was_lost_reports_its_own_entry(redis_server) -> None:
+    """The reward role writes its ledger line only when `publish` returns an entry id. A Redis restart
+    between the script's execution and its reply made redis-py retry the call; the retry found the
+    marker its own first attempt had set and returned None, so a published score had no ledger line
+    (`make chaos`: "trained but never scored", lost=1). The retry now gets its entry id; a duplicate
+    from another call still gets None, and the stream holds one entry."""
+    proxy = _ReplyDropper(int(redis_server.url.rsplit(":", 1)[1].split("/")[0]))
+    q = TransferQueue.from_url(proxy.url, "retry-job", reconnect_s=10)
+    try:
+        s = q.streams.scores
+        q.publish(s, {"sample_id": "3:30:0"}, tensor_key="omnirl:retry-job:tensors:3:30:0", done_kind="reward")
+        proxy.armed = True  # the script is loaded now: the next EVALSHA runs it
+        entry = q.publish(s, {"sample_id": "3:31:0"}, tensor_key="omnirl:retry-job:tensors:3:31:0", done_kind="reward")
+        assert proxy.dropped == 1  # the first reply was lost: the id came from the retry
+        assert entry is not None and q.stream_length(s) == 2
+        assert q.publish(s, {"sample_id": "3:31:0"}, tensor_key="omnirl:retry-job:tensors:3:31:0",
+                         done_kind="reward") is None  # another call: a true duplicate
+        assert q.stream_length(s) == 2
+    finally:
+        q.cleanup()
+        q.close()
+        proxy.close()

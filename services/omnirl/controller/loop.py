@@ -165,6 +165,8 @@ class Controller:
                 self._export(done.checkpoint)
         if self.validator and not self._validation_due(self.total_steps - 1):
             self._validate(self.total_steps)
+        if self.start_step >= self.total_steps and self.env.export:
+            self._export_latest()
         return self.reporter.finished()
 
     def _report(self, step: int, stats: dict, done: TrainDone) -> None:
@@ -434,6 +436,17 @@ class Controller:
         path = export_run_checkpoint(self.job, self.out, self.out / self.spec.checkpoint.dir / Path(checkpoint).name,
                                      keep=self.spec.checkpoint.keep)
         log.info("exported %s", path)
+
+    def _export_latest(self) -> None:
+        """Every step was trained before this controller started (a stop after the last step, before
+        its predecessor exported): export the checkpoint the actor wrote when it was stopped."""
+        from omnirl.actor.checkpoint import LATEST, has_checkpoint
+
+        root = self.out / self.spec.checkpoint.dir
+        if not has_checkpoint(root):
+            raise JobFailed(f"every step is trained but {root / LATEST} is not a complete checkpoint: nothing to "
+                            "export; run omnirl export on an earlier checkpoint")
+        self._export(str((root / LATEST).resolve()))
 
     def stop(self) -> None:
         """Tell every role to finish (sets the job's `stop` flag)."""

@@ -46,6 +46,17 @@ def trained_steps(run_dir: Path) -> set[int]:
     return _steps_with(run_dir, "step")
 
 
+def finished(run_dir: Path) -> bool:
+    """True when the last controller to start in `run_dir` also finished (its final validation and
+    export written): a run stopped after training its last step, before that, is not finished.
+
+    Raises:
+        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
+    """
+    ends = [rec["event"] for rec in read_metrics(run_dir) if rec.get("event") in ("start", "finish")]
+    return bool(ends) and ends[-1] == "finish"
+
+
 def _steps_with(run_dir: Path, event: str) -> set[int]:
     return {int(rec["step"]) for rec in read_metrics(run_dir) if rec.get("event") == event}
 

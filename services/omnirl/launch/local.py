@@ -81,13 +81,16 @@ def main(args: argparse.Namespace) -> int:
     # a live launcher here is named before "pass --resume" or "nothing to do", which would mislead
     lock = preflight.lock_run_dir(out) if out.is_dir() else None
     if not args.resume and (out / METRICS_FILE).exists():
+        preflight.check_same_job(job, out, flag="--out")  # another job's run: --resume is no fix either
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     if args.resume and not (out / METRICS_FILE).exists():
         raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl)")
     if args.resume:
         preflight.check_same_job(job, out)
         total, trained = args.steps or job.spec.algorithm.steps, preflight.trained_steps(out)
-        if trained >= total:  # nothing would run: say so instead of starting every role for nothing
+        # nothing would run: say so instead of starting every role for nothing; a run stopped after its
+        # last step but before its final validation and export still starts, for those
+        if trained >= total and preflight.finished(out):
             print(f"omnirl: {out} has trained {trained} steps, the job asks for {total} "
                   f"({'--steps' if args.steps else 'spec.algorithm.steps'}): nothing to do; pass --steps N "
                   f"(N > {trained}) to train further", flush=True)
@@ -159,7 +162,7 @@ def main(args: argparse.Namespace) -> int:
             redis.stop()
     _summary(out)
     if code:  # the table above reads like a finished run: the last line says it is not
-        print(_verdict(code, failure, args.job, out), flush=True)
+        print(verdict(code, failure, args, out), flush=True)
     lock.close()
     return code
 
@@ -168,10 +171,28 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the job like Ctrl-C
 
 
-def _verdict(code: int, failure: str, job: str, out: Path) -> str:
-    """The launcher's last line when the job did not finish: why, and what continues it."""
+def resume_command(args: argparse.Namespace, out: Path) -> str:
+    """The `omnirl run` command that continues this run: the same job, `--out` and flags. Without
+    `--steps` a resume trains to `spec.algorithm.steps` (e.g. 80 after a `--steps 3` run), and
+    without `--device cpu` it places the roles on the GPUs. No `--resume` when nothing was started
+    yet (no `metrics.jsonl`: a stop while the roles loaded), which `--resume` would refuse."""
+    flags = [f"--steps {args.steps}" if args.steps else "",
+             f"--ray-address {args.ray_address}" if args.ray_address else "",
+             "--no-ray" if args.no_ray else "",
+             f"--device {args.device}" if getattr(args, "device", "auto") != "auto" else "",
+             "--share-gpus" if getattr(args, "share_gpus", False) else "",
+             "--resume" if (out / METRICS_FILE).exists() else ""]
+    return " ".join(["omnirl run", args.job, "--out", str(out), *filter(None, flags)])
+
+
+def verdict(code: int, failure: str, args: argparse.Namespace, out: Path) -> str:
+    """The launcher's last line when it exits non-zero: why, and (after an interrupt) the command that
+    continues the run, or that nothing is left when the controller had finished before the Ctrl-C
+    (a `--resume` would say "nothing to do")."""
     if code == 130:
-        return f"omnirl: interrupted (exit 130); continue with: omnirl run {job} --out {out} --resume"
+        if (out / METRICS_FILE).exists() and preflight.finished(out):
+            return "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
+        return f"omnirl: interrupted (exit 130); continue with: {resume_command(args, out)}"
     return f"omnirl: the job did not finish (exit {code})" + (f": {failure}" if failure else "")
 
 

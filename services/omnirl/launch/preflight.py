@@ -152,9 +152,19 @@ def trained_steps(out: Path) -> int:
     return max(report.trained_steps(out), default=-1) + 1
 
 
-def check_same_job(job: RLJob, out: Path) -> None:
+def finished(out: Path) -> bool:
+    """Whether the run in `out` ended with its controller's final record (`controller/report.py::finished`).
+
+    Raises:
+        FileNotFoundError: `out` holds no `metrics.jsonl`.
+    """
+    return report.finished(out)
+
+
+def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> None:
     """`--resume` continues the run in `out` only with that run's job: its name (the Redis key prefix
-    of its pending work), algorithm and model family, as recorded in `out/job.yaml`.
+    of its pending work), algorithm and model family, as recorded in `out/job.yaml`. `flag` starts
+    the message: `--out` when the run was not resumed (then "pass --resume" would mislead).
 
     Raises:
         ValueError: naming the field, both values and the fix.
@@ -171,5 +181,5 @@ def check_same_job(job: RLJob, out: Path) -> None:
         for key in keys:
             was = was.get(key) if isinstance(was, dict) else None
         if was is not None and was != now:
-            raise ValueError(f"--resume: {out} holds a run with {field} {was!r}, not {now!r}; resume it with its own "
+            raise ValueError(f"{flag}: {out} holds a run with {field} {was!r}, not {now!r}; resume it with its own "
                              "manifest, or start a new run (another --out) with model.path: OUT/exports/latest")

@@ -26,9 +26,13 @@ def resolve_checkpoint(path: str | Path) -> Path:
     checkpoints root (the layout of `omnirl.actor.checkpoint`), resolved.
 
     Raises:
-        FileNotFoundError: no policy.safetensors there, or no COMPLETE marker (its writer died).
+        FileNotFoundError: `path` does not exist, no policy.safetensors there, or no COMPLETE marker
+            (its writer died).
     """
     p = Path(path)
+    if not p.exists():  # e.g. a step-* directory pruned by checkpoint.keep: "no policy.safetensors" misled
+        raise FileNotFoundError(f"{path}: does not exist; pass a checkpoint the run still keeps "
+                                "(OUT/checkpoints/latest, or a step-* directory there)")
     if (p / LATEST).exists():
         p = p / LATEST
     p = p.resolve()

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 # Store the tensors and the image (if any), set the idempotency marker (if asked) and append the
 # stream entry, and INCR the count key (if asked), all or nothing. When the marker already exists
-# nothing is written and the script returns nil. The image key gets the tensors' TTL.
+# nothing is written and the script returns nil -- unless the marker holds this call's own token
+# (ARGV[11]): a client retry of a publish whose reply a dropped connection lost (a Redis restart)
+# gets the entry id its first attempt appended, so the caller knows it did publish (the reward
+# role's ledger missed such a score). The marker holds "token entry-id". The image key gets the tensors' TTL.
 # KEYS: stream, [tensor key if ARGV[2] == '1'], [image key if ARGV[8] == '1'], [done key if ARGV[6] == '1'],
 #       [count key if ARGV[10] == '1']
 # ARGV: meta, has_key, has_tensor_bytes, tensor_bytes, tensor_ttl_ms, has_done, done_ttl_ms,
-#       has_image, image_bytes, has_count
+#       has_image, image_bytes, has_count, token
 PUBLISH = """
 local n = 2
 local tkey = nil
@@ -20,15 +23,24 @@ local ckey = nil
 if ARGV[6] == '1' then dkey = KEYS[n]; n = n + 1 end
 if ARGV[10] == '1' then ckey = KEYS[n] end
 if dkey then
-  if not redis.call('SET', dkey, '1', 'NX', 'PX', ARGV[7]) then return false end
+  local was = redis.call('GET', dkey)
+  if was then
+    local sep = string.find(was, ' ', 1, true)
+    if sep and string.sub(was, 1, sep - 1) == ARGV[11] then return string.sub(was, sep + 1) end
+    return false
+  end
 end
 if ckey then redis.call('INCR', ckey) end
 if ikey then redis.call('SET', ikey, ARGV[9], 'PX', ARGV[5]) end
+local id
 if tkey then
   if ARGV[3] == '1' then redis.call('SET', tkey, ARGV[4], 'PX', ARGV[5]) end
-  return redis.call('XADD', KEYS[1], '*', 'm', ARGV[1], 'k', tkey)
+  id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[1], 'k', tkey)
+else
+  id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[1])
 end
-return redis.call('XADD', KEYS[1], '*', 'm', ARGV[1])
+if dkey then redis.call('SET', dkey, ARGV[11] .. ' ' .. id, 'PX', ARGV[7]) end
+return id
 """
 
 # Trim a stream to the entries some consumer group may still need:

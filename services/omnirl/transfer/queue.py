@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from typing import Any
 
 import redis
@@ -176,7 +177,8 @@ class TransferQueue:
                 duplicate), so a count of published results survives a kill at any moment.
 
         Returns:
-            The new entry id, or ``None`` when ``done_kind`` found the result already published.
+            The new entry id, or ``None`` when ``done_kind`` found the result already published by
+            another call (a retry of this call after a lost reply gets the id its attempt appended).
 
         Raises:
             TypeError: metadata or tensors that cannot be encoded (names the key).
@@ -212,6 +214,7 @@ class TransferQueue:
             meta_bytes, *flags, tensor_bytes or b"", int(self.tensor_ttl_s * 1000),
             "1" if marker else "0", int(self.done_ttl_s * 1000),
             "1" if image_bytes is not None else "0", image_bytes or b"", "1" if count_key is not None else "0",
+            uuid.uuid4().hex,  # the same in redis-py's retries of this call: the script knows its own marker
         ]
         entry_id = self._publish_script(keys=keys, args=args)
         return None if entry_id is None else _s(entry_id)
