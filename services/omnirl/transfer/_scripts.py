@@ -22,13 +22,11 @@ if ARGV[8] == '1' then ikey = KEYS[n]; n = n + 1 end
 local ckey = nil
 if ARGV[6] == '1' then dkey = KEYS[n]; n = n + 1 end
 if ARGV[10] == '1' then ckey = KEYS[n] end
-if dkey then
-  local was = redis.call('GET', dkey)
-  if was then
-    local sep = string.find(was, ' ', 1, true)
-    if sep and string.sub(was, 1, sep - 1) == ARGV[11] then return string.sub(was, sep + 1) end
-    return false
-  end
+if dkey and not redis.call('SET', dkey, ARGV[11], 'NX', 'PX', ARGV[7]) then
+  local was = redis.call('GET', dkey)  -- only on a duplicate: the first publish reads nothing
+  local sep = string.find(was, ' ', 1, true)
+  if sep and string.sub(was, 1, sep - 1) == ARGV[11] then return string.sub(was, sep + 1) end
+  return false
 end
 if ckey then redis.call('INCR', ckey) end
 if ikey then redis.call('SET', ikey, ARGV[9], 'PX', ARGV[5]) end
