@@ -24,10 +24,9 @@ SERVER = Path(__file__).with_name("judge_server.py")
 SERVED_MODELS = ["judge", "judge-no-logprobs", "malformed", "no-choices", "reject"]  # its GET /v1/models
 
 
-@pytest.fixture(scope="module")
-def judge() -> Iterator[str]:
-    """Base URL (`http://127.0.0.1:PORT/v1`) of a judge server process of this module."""
-    proc = subprocess.Popen([sys.executable, str(SERVER)], stdout=subprocess.PIPE, text=True)
+def _judge_server(*args: str) -> Iterator[str]:
+    """Base URL (`http://127.0.0.1:PORT/v1`) of a judge server process started with `args`."""
+    proc = subprocess.Popen([sys.executable, str(SERVER), *args], stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith("listening on "), line
@@ -35,6 +34,12 @@ def judge() -> Iterator[str]:
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="module")
+def judge() -> Iterator[str]:
+    """Base URL of a judge server process of this module."""
+    yield from _judge_server()
 
 
 def all_stats(base_url: str) -> dict:
@@ -229,14 +234,7 @@ def test_a_sample_no_reward_scored_fails_even_when_none_is_required(judge):
 @pytest.fixture(scope="module")
 def keyed_judge() -> Iterator[str]:
     """Base URL of a judge server that takes only the API key `sk-right` (`--api-key`)."""
-    proc = subprocess.Popen([sys.executable, str(SERVER), "--api-key", "sk-right"], stdout=subprocess.PIPE, text=True)
-    try:
-        line = proc.stdout.readline()
-        assert line.startswith("listening on "), line
-        yield f"http://127.0.0.1:{int(line.split()[-1])}/v1"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    yield from _judge_server("--api-key", "sk-right")
 
 
 def judged_job(tmp_path: Path, url: str, model: str = "judge", **params) -> str:
