@@ -18,11 +18,11 @@ the rollout gains. So the product keeps torch's GELU; `python -m benchmarks.gpu.
 
 from __future__ import annotations
 
-import sys
 from types import MethodType
 
 import torch
 import torch.nn.functional as F
+from diffusers.models.activations import GELU
 from torch import Tensor, nn
 
 
@@ -55,10 +55,8 @@ def _fused_forward(self, hidden_states: Tensor) -> Tensor:
 
 def fusable(module: nn.Module) -> bool:
     """A diffusers `GELU(approximate="tanh")` whose `proj` is a plain biased `nn.Linear` (not LoRA-wrapped)."""
-    # diffusers is an optional extra: a model built from its GELU has imported it already
-    activations = sys.modules.get("diffusers.models.activations")
-    return (activations is not None and isinstance(module, activations.GELU) and module.approximate == "tanh"
-            and type(module.proj) is nn.Linear and module.proj.bias is not None)
+    return (isinstance(module, GELU) and module.approximate == "tanh" and type(module.proj) is nn.Linear
+            and module.proj.bias is not None)
 
 
 def fuse_feedforward_gelu(module: nn.Module) -> int:
