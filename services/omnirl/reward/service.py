@@ -18,12 +18,11 @@ sample is scored once however often it is delivered.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from pathlib import Path
 
 from omnirl.api.errors import config_errors
+from omnirl.api.ledger import Ledger
 from omnirl.api.messages import SampleMeta, ScoreMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
@@ -48,9 +47,7 @@ class RewardService:
         with config_errors("spec.reward"):  # a scorer that cannot be built (its params, its files): permanent
             self.rewards = RewardSet(spec.reward, threads=env.threads or 1)
             check_judges(spec.reward, strict=False)  # a pod gets no `omnirl run` pre-flight: a refused key, a wrong model
-        path = Path(env.out_dir) / "ledger" / f"reward-{env.worker_id}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._ledger = path.open("a", buffering=1)
+        self._ledger = Ledger(env.out_dir, "reward", env.worker_id)
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "reward", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.hold_s = job.spec.failurePolicy.scorerOutageSeconds  # how long a scorer may be away
@@ -95,9 +92,9 @@ class RewardService:
                 policy_version=meta.policy_version, reward=reward, rewards=per_name, failed=reward is None,
                 reason=reason, generated_at=meta.generated_at, scored_at=now,
             )
-            if self.queue.publish(self.queue.streams.scores, score.model_dump(), tensor_key=msg.tensor_key,
-                                  done_kind="reward") is not None:
-                self._ledger.write(json.dumps({"sample_id": meta.sample_id, "reward": reward}) + "\n")
+            published = self.queue.publish(self.queue.streams.scores, score.model_dump(), tensor_key=msg.tensor_key,
+                                           done_kind="reward")
+            self._ledger.record(meta.sample_id, published is not None, reward=reward)
         self.queue.ack(self.queue.streams.samples, GROUP, [m.id for m in msgs])
 
     def _warn_missing(self, per_name: dict[str, float], reason: str) -> None:

@@ -18,14 +18,13 @@ at once, another replica after `claimIdleSeconds`. Samples already published are
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-from pathlib import Path
 
 import torch
 
 from omnirl.api.errors import config_errors
+from omnirl.api.ledger import Ledger
 from omnirl.api.messages import GenerateRequest, SampleMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
@@ -68,7 +67,7 @@ class RolloutService:
         self.pending: dict[str, dict] = {}  # request entry id → {"left": n, "started": t}
         self._lease_every = self.queue.claim_idle_s / 3
         self._last_lease = time.monotonic()
-        self.ledger = _Ledger(Path(env.out_dir) / "ledger" / f"rollout-{env.worker_id}.jsonl")
+        self.ledger = Ledger(env.out_dir, "rollout", env.worker_id)
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
@@ -149,8 +148,7 @@ class RolloutService:
             published = self.queue.publish(self.queue.streams.samples, meta, tensors, image=r.image,
                                            done_kind="rollout", count_key=count)
             self.heartbeat.beat(progressed=True)
-            if published is not None:
-                self.ledger.write(r.request.sample_id, r.policy_version)
+            self.ledger.record(r.request.sample_id, published is not None, policy_version=r.policy_version)
             entry = self.pending[m["entry"]]
             entry["left"] -= 1
             if entry["left"] == 0:
@@ -161,15 +159,5 @@ class RolloutService:
         """Release the weight-sync connection and the Redis client (deregistering only when the job
         goes on without this worker: after the job's `stop` the actor's store is gone or going)."""
         self.receiver.close(leave=not self.job_ended)
+        self.ledger.close()
         self.queue.close()
-
-
-class _Ledger:
-    """Append-only JSON lines of produced sample ids (the audit trail the ledger test reads)."""
-
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = path.open("a", buffering=1)
-
-    def write(self, sample_id: str, version: int) -> None:
-        self._f.write(json.dumps({"sample_id": sample_id, "policy_version": version}) + "\n")

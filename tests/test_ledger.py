@@ -1,0 +1,89 @@
+"""The ledger holds one line per published sample even when a worker dies between its publish and
+its ledger line (`make chaos` in CI: "trained but never scored", lost=1): a real RewardService
+against a real redis-server, the first worker killed (an exception) right after one publish."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import redis
+import torch
+import yaml
+
+from omnirl.api.ledger import Ledger
+from omnirl.api.loader import job_from_dict
+from omnirl.api.messages import SampleMeta
+from omnirl.api.runtime import RoleEnv
+from omnirl.reward.service import GROUP, RewardService
+from omnirl.transfer import TransferQueue
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB, N = "ledger", 3
+
+
+def _ids(out: Path, role: str) -> list[str]:
+    return [json.loads(line)["sample_id"] for f in sorted((out / "ledger").glob(f"{role}-*.jsonl"))
+            for line in f.read_text().splitlines()]
+
+
+def test_a_duplicate_writes_only_what_no_ledger_of_the_role_has(tmp_path) -> None:
+    a, b = Ledger(tmp_path, "reward", "0"), Ledger(tmp_path, "reward", "1")
+    a.record("0:0:0", True, reward=0.5)
+    b.record("0:0:0", False, reward=0.5)  # a published it and wrote its line
+    b.record("0:0:1", False, reward=0.25)  # its publisher died before its line
+    a.record("0:0:1", False, reward=0.25)  # written by b since a last read
+    a.close()
+    b.close()
+    assert sorted(_ids(tmp_path, "reward")) == ["0:0:0", "0:0:1"]
+    assert _ids(tmp_path, "rollout") == []
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_worker_killed_between_publish_and_ledger_line_loses_no_line(tmp_path, redis_url: str,
+                                                                         redis_client: redis.Redis,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
+    doc["metadata"]["name"] = JOB
+    doc["spec"]["reward"] = [{"name": "jpeg", "kind": "jpeg", "params": {"quality": 90}}]
+    env = RoleEnv(job_name=JOB, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
+                  worker_id="reward-0", out_dir=str(tmp_path))
+    g = torch.Generator().manual_seed(0)
+    with TransferQueue(redis_client, JOB) as rollout:
+        for i in range(N):
+            meta = SampleMeta(sample_id=f"0:0:{i}", kind="train", step=0, group_id="0:0", prompt="a sign",
+                              prompt_ids=[1], policy_version=0, noise_level=0.7, sde_type="sde", worker="rollout-0",
+                              generated_at=1.0, rollout_seconds=1.0).model_dump()
+            rollout.publish(rollout.streams.samples, meta, {"x0": torch.randn(4, 8, 8, generator=g)},
+                            image=torch.randint(0, 256, (8, 8, 3), dtype=torch.uint8, generator=g),
+                            done_kind="rollout")
+    first = RewardService(job_from_dict(doc), env)
+    record, calls = first._ledger.record, []
+
+    def dies_after_the_second_publish(sample_id: str, published: bool, **fields: object) -> None:
+        calls.append(sample_id)
+        if len(calls) == 2:
+            raise _Killed  # the second score is in Redis, its ledger line never written
+        record(sample_id, published, **fields)
+
+    monkeypatch.setattr(first._ledger, "record", dies_after_the_second_publish)
+    msgs = first.queue.consume(first.queue.streams.samples, GROUP, env.worker_id, count=N, block_ms=0)
+    with pytest.raises(_Killed):
+        first.score_batch(msgs)
+    first.close()
+    assert _ids(tmp_path, "reward") == ["0:0:0"]
+
+    successor = RewardService(job_from_dict(doc), env)  # the restarted worker: same id, its backlog
+    try:
+        backlog = successor.queue.recover(successor.queue.streams.samples, GROUP, env.worker_id)
+        assert len(backlog) == N  # nothing was acknowledged
+        successor.score_batch(backlog)
+        assert successor.queue.stream_length(successor.queue.streams.scores) == N  # two were duplicates
+    finally:
+        successor.queue.cleanup()
+        successor.close()
+    assert sorted(_ids(tmp_path, "reward")) == [f"0:0:{i}" for i in range(N)]  # each once
