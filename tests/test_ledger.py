@@ -17,6 +17,7 @@ from omnirl.api.loader import job_from_dict
 from omnirl.api.messages import SampleMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.reward.service import GROUP, RewardService
+from omnirl.rollout.service import RolloutService
 from omnirl.transfer import TransferQueue
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -87,3 +88,21 @@ def test_a_worker_killed_between_publish_and_ledger_line_loses_no_line(tmp_path,
         successor.queue.cleanup()
         successor.close()
     assert sorted(_ids(tmp_path, "reward")) == [f"0:0:{i}" for i in range(N)]  # each once
+
+
+def test_a_rollout_worker_writes_the_line_of_a_sample_its_predecessor_published(tmp_path,
+                                                                                 redis_client: redis.Redis) -> None:
+    """A restarted rollout worker skips samples already published (their `done:rollout` marker) and
+    writes the line its predecessor, killed between publish and line, did not."""
+    with TransferQueue(redis_client, JOB) as q:
+        q.publish(q.streams.samples, {"sample_id": "0:0:0"}, {"x": torch.zeros(1)}, done_kind="rollout")
+        worker = object.__new__(RolloutService)  # only the queue and the ledger: no model, no weight sync
+        worker.queue, worker.ledger = q, Ledger(tmp_path, "rollout", "rollout-0")
+        try:
+            assert worker._published_before("0:0:0") is True
+            assert worker._published_before("0:0:1") is False  # not published: generated
+            assert worker._published_before("0:0:0") is True
+        finally:
+            worker.ledger.close()
+            q.cleanup()
+    assert _ids(tmp_path, "rollout") == ["0:0:0"]  # once

@@ -157,18 +157,6 @@ def test_dead_consumer_entries_are_reclaimed(redis_client: redis.Redis) -> None:
     assert q.pending_count(s, "reward") == 0 and q.stream_length(s) == 0
 
 
-def test_claim_once_and_release(redis_client: redis.Redis) -> None:
-    q = _queue(redis_client, done_ttl_s=30)
-    assert q.is_done("reward", "1:2:3") is False
-    assert q.claim_once("reward", "1:2:3") is True
-    assert q.claim_once("reward", "1:2:3") is False
-    assert q.is_done("reward", "1:2:3") is True
-    assert q.claim_once("actor", "1:2:3") is True  # kinds are independent
-    assert 0 < redis_client.pttl("omnirl:test-job:done:reward:1:2:3") <= 30_000
-    assert q.release_claim("reward", "1:2:3") is True
-    assert q.claim_once("reward", "1:2:3") is True
-
-
 def test_publish_with_done_kind_is_exactly_once(redis_client: redis.Redis) -> None:
     q = _queue(redis_client)
     s = q.streams.scores
@@ -299,12 +287,12 @@ def test_cleanup_removes_only_this_job(redis_client: redis.Redis) -> None:
     for q in (a, b):
         q.ensure_group(q.streams.requests, "rollout")
         _publish_n(q, 3, tensors=True)
-        q.claim_once("reward", "0:0:0")
+        q.publish(q.streams.scores, {"sample_id": "0:0:0"}, done_kind="reward")
         q.set_json("policy_version", 1)
     redis_client.set(b"unrelated", b"1")
     keys_b = set(redis_client.keys("omnirl:job-a2:*"))
-    assert len(keys_b) == 1 + 1 + 3 + 1 + 1  # requests, samples, 3 tensors, done, kv
-    assert a.cleanup() == 7
+    assert len(keys_b) == 1 + 1 + 1 + 3 + 1 + 1  # requests, samples, scores, 3 tensors, done, kv
+    assert a.cleanup() == 8
     assert redis_client.keys("omnirl:job-a:*") == []
     assert set(redis_client.keys("omnirl:job-a2:*")) == keys_b and redis_client.exists(b"unrelated")
     # the queue still works after cleanup (groups are re-created on demand)

@@ -4,8 +4,8 @@ The rollout and reward roles append `{"sample_id": ..., ...}` to `ledger/{role}-
 after their atomic publish (`TransferQueue.publish(done_kind=...)`); `make chaos` reads the files
 to prove that nothing was lost or doubled. The publish and the file append are two steps: a worker
 killed between them published a sample without its line, and its successor's publish of the same
-sample is refused as a duplicate. So a duplicate publish looks the sample up in every ledger of the
-role and writes the line only where none has it.
+sample is refused as a duplicate (the reward role) or skipped as published (the rollout role). So
+either looks the sample up in every ledger of the role and writes the line only where none has it.
 """
 
 from __future__ import annotations

@@ -124,13 +124,21 @@ class RolloutService:
     def _submit(self, entry_id: str, req: GenerateRequest) -> None:
         if entry_id in self.pending:  # redelivered to us while we still work on it
             return
-        todo = sample_requests(req, {"entry": entry_id}, skip=lambda sid: self.queue.is_done("rollout", sid))
+        todo = sample_requests(req, {"entry": entry_id}, skip=self._published_before)
         if not todo:
             self.queue.ack(self.queue.streams.requests, GROUP, [entry_id])
             return
         self.pending[entry_id] = {"left": len(todo), "started": time.time()}
         for sample in todo:
             self.engine.submit(sample)
+
+    def _published_before(self, sample_id: str) -> bool:
+        """True for a sample a predecessor published (not generated again); its ledger line is
+        written here if that predecessor died before writing it."""
+        if not self.queue.is_done("rollout", sample_id):
+            return False
+        self.ledger.record(sample_id, published=False)
+        return True
 
     def _publish(self, results: list[SampleResult]) -> None:
         now = time.time()

@@ -63,7 +63,7 @@ class TransferQueue:
             it longer than the slowest consumer's processing time of one batch.
         backpressure_timeout_s: seconds :meth:`publish` waits for room before raising
             :class:`BackpressureTimeout`.
-        done_ttl_s: seconds an idempotency marker (:meth:`claim_once`, ``done_kind``) lives.
+        done_ttl_s: seconds an idempotency marker (``publish(done_kind=...)``) lives.
 
     Raises:
         ValueError: for an invalid job name, a non-positive bound, or a client that decodes
@@ -411,21 +411,6 @@ class TransferQueue:
         return int(self._trim_script(keys=[self._check_key("stream", stream)]))
 
     # ------------------------------------------------------------------ idempotency
-    def claim_once(self, kind: str, sample_id: str) -> bool:
-        """Set the marker ``done:{kind}:{sample_id}`` (SET NX, TTL ``done_ttl_s``); True the first time.
-
-        The marker is set before the work: if the caller dies before finishing, a redelivered
-        entry sees ``False``. For results published to a stream prefer
-        ``publish(..., done_kind=kind)``, which sets the marker atomically with the result; use
-        claim_once for effects outside the queue, and :meth:`release_claim` when the work fails.
-        """
-        key = done_key(self.job, kind, sample_id)
-        return bool(self.redis.set(key, b"1", nx=True, px=int(self.done_ttl_s * 1000)))
-
-    def release_claim(self, kind: str, sample_id: str) -> bool:
-        """Remove the marker so the work can be redone; True if it existed."""
-        return bool(self.redis.delete(done_key(self.job, kind, sample_id)))
-
     def is_done(self, kind: str, sample_id: str) -> bool:
         """True if the marker ``done:{kind}:{sample_id}`` exists."""
         return bool(self.redis.exists(done_key(self.job, kind, sample_id)))
