@@ -132,3 +132,25 @@ def test_a_reward_worker_refuses_a_wrong_path_but_not_a_scorer_still_away(slow_h
     for strict in (False, True):
         check("http", url_of("http", slow_http), strict)
         check("grpc", url_of("grpc", slow_grpc), strict)
+
+
+def test_a_grpc_server_that_is_not_a_scorer_is_refused_by_run_and_by_the_worker():
+    """A gRPC server without the Scorer service (here one serving only the health check) answers
+    UNIMPLEMENTED, every time: refused by both checks, naming url and what it must be."""
+    from concurrent import futures
+
+    import grpc
+    from grpc_health.v1 import health, health_pb2_grpc
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    health_pb2_grpc.add_HealthServicer_to_server(health.HealthServicer(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        for strict in (True, False):
+            with pytest.raises(ValueError, match=rf"^spec.reward\[0\].url: 127.0.0.1:{port} answered gRPC UNIMPLEMENTED "
+                                                 r".* to omnirl.scorer.v1.Scorer/Score; url must be host:port of a "
+                                                 r"scorer of the protocol"):
+                check_judges([RewardSpec(name="judge", kind="grpc", url=f"127.0.0.1:{port}")], strict=strict)
+    finally:
+        server.stop(grace=None)

@@ -368,8 +368,8 @@ def test_a_judge_slower_than_its_timeout_fails_at_once_naming_the_field_and_the_
     specs = [RewardSpec(name="jpeg", kind="jpeg", required=False),
              RewardSpec(name="judge", kind="vlm", url=judge, timeoutSeconds=0.3,
                         params={"model": model, "template": "rate", "maxRetries": 0, "concurrency": 1})]
-    results, hold = RewardSet(specs).score_or_hold([image("4"), image("5"), image("6")], ['"x"'] * 3,
-                                                    ["w0", "w1", "w2"])
+    rewards = RewardSet(specs)
+    results, hold = rewards.score_or_hold([image("4"), image("5"), image("6")], ['"x"'] * 3, ["w0", "w1", "w2"])
     assert hold == [False] * 3 and [r[0] for r in results] == [None] * 3
     reason = results[0][2]
     head = f"judge: {judge} is up (it listed its models in "
@@ -381,6 +381,9 @@ def test_a_judge_slower_than_its_timeout_fails_at_once_naming_the_field_and_the_
     assert "or lower spec.reward[1].params.concurrency (1) if requests queue at the judge" in reason
     assert all(r[2] == results[0][2] for r in results[1:])
     assert [r["seed"] for r in stats(judge, model)] == [request_seed("w0")] * 2  # the attempt and the measurement
+    again, hold = rewards.score_or_hold([image("7")], ['"x"'], ["w3"])  # measured once per scorer: the attempt only
+    assert hold == [False] and again[0][2].split(" s) but")[1] == reason.split(" s) but")[1]
+    assert [r["seed"] for r in stats(judge, model)] == [request_seed("w0")] * 2 + [request_seed("w3")]
 
 
 def test_a_judge_that_times_out_and_lists_no_models_is_held():

@@ -154,6 +154,7 @@ class RemoteScorer(PerSampleScorer):
     field: str
     timeout_s: float
     max_retries: int
+    _measured: tuple[float | None] | None = None  # one attempt's measured time (None: > the cap), once per scorer
 
     def _answers(self, timeout_s: float) -> bool:
         """Whether the server answers an empty request within `timeout_s`."""
@@ -162,21 +163,23 @@ class RemoteScorer(PerSampleScorer):
     def _slow_or_away(self, call: Callable[[float], Outcome]) -> str | None:
         """After a batch's every attempt timed out: the reason it fails when the server answers an
         empty request (up, but slower than `timeoutSeconds`; one more attempt, given up to 10 × the
-        timeout, is timed), or None when it does not (away: the batch is held)."""
+        timeout, is timed the first time), or None when it does not (away: the batch is held)."""
         start = time.monotonic()
         if not self._answers(probe_timeout(self.timeout_s)):
             return None
         answered_s = time.monotonic() - start
-        start = time.monotonic()
-        try:
-            call(measure_timeout(self.timeout_s))
-            took_s: float | None = time.monotonic() - start
-        except ScorerError:  # it answered (an error): the time is still its time
-            took_s = time.monotonic() - start
-        except Retryable as err:
-            if not err.timed_out:
-                return None  # refused or 5xx now: going away, the hold finds out
-            took_s = None
+        if self._measured is None:  # once per scorer: a slow one would cost every batch one more slow attempt
+            start = time.monotonic()
+            try:
+                call(measure_timeout(self.timeout_s))
+                self._measured = (time.monotonic() - start,)
+            except ScorerError:  # it answered (an error): the time is still its time
+                self._measured = (time.monotonic() - start,)
+            except Retryable as err:
+                if not err.timed_out:
+                    return None  # refused or 5xx now: going away, the hold finds out
+                self._measured = (None,)
+        took_s = self._measured[0]
         return slow_reason(self.name, self.where, self.field, self.timeout_s, self.max_retries + 1, answered_s, took_s,
                            cheap="answered an empty request",
                            fix=", or lower spec.roles.reward.batchSize (a request carries a whole batch)")

@@ -192,6 +192,7 @@ class VLMScorer(PerSampleScorer):
         self.field = field or f"spec.reward[{name}]"
         self._verdict_lock = threading.Lock()
         self._verdict: tuple[str | None, str] | None = None  # per batch: None undecided, else `_slow_or_away`
+        self._measured: tuple[float | None] | None = None  # a slow judge's measured request time (None: > the cap)
         self.instruction = params.instruction or INSTRUCTIONS[params.template]
         self.max_tokens = params.maxTokens or MAX_TOKENS[params.template]
         self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout_s,
@@ -271,9 +272,9 @@ class VLMScorer(PerSampleScorer):
     def _slow_or_away(self, request: dict) -> tuple[str | None, str]:
         """After a request's every attempt timed out: (the reason its samples fail, None when the judge
         is away; what was seen). Up but slower than `timeoutSeconds`: it lists its models and one
-        request, given up to 10 × the timeout, answers late or not at all (timed). Away: no model list
-        (restarting, stuck, gone), or the request is refused or answered 408/409/429/5xx now.
-        Decided once per batch; the other timed-out requests wait for the verdict."""
+        request, given up to 10 × the timeout, answers late or not at all (timed, the first time
+        only). Away: no model list (restarting, stuck, gone), or the measuring request is refused or
+        answered 408/409/429/5xx. Decided once per batch; the other timed-out requests wait for it."""
         with self._verdict_lock:
             if self._verdict is None:
                 self._verdict = self._measure_slow(request)
@@ -286,19 +287,21 @@ class VLMScorer(PerSampleScorer):
         except openai.APIError as err:
             return None, f"it does not list its models either ({type(err).__name__})"
         listed_s = time.monotonic() - start
-        start = time.monotonic()
-        try:
-            self.client.with_options(timeout=measure_timeout(self.timeout_s), max_retries=0).chat.completions.create(
-                **request)
-            took_s: float | None = time.monotonic() - start
-        except openai.APITimeoutError:
-            took_s = None
-        except openai.APIStatusError as err:
-            if err.status_code in (408, 409, 429) or err.status_code >= 500:
-                return None, f"it lists its models, but a request now got HTTP {err.status_code}"
-            took_s = time.monotonic() - start  # it answered (an error of the sample's own): its time all the same
-        except openai.APIError as err:
-            return None, f"it lists its models, but a request now failed ({describe_error(err, self.timeout_s)})"
+        if self._measured is None:  # once per scorer: a slow judge would cost every batch one more slow request
+            start = time.monotonic()
+            try:
+                self.client.with_options(timeout=measure_timeout(self.timeout_s),
+                                         max_retries=0).chat.completions.create(**request)
+                self._measured = (time.monotonic() - start,)
+            except openai.APITimeoutError:
+                self._measured = (None,)
+            except openai.APIStatusError as err:
+                if err.status_code in (408, 409, 429) or err.status_code >= 500:
+                    return None, f"it lists its models, but a request now got HTTP {err.status_code}"
+                self._measured = (time.monotonic() - start,)  # it answered (an error of the sample's own): its time
+            except openai.APIError as err:
+                return None, f"it lists its models, but a request now failed ({describe_error(err, self.timeout_s)})"
+        took_s = self._measured[0]
         return slow_reason(self.name, self.base_url, self.field, self.timeout_s, self.params.maxRetries + 1, listed_s,
                            took_s, cheap="listed its models",
                            fix=f", or lower {self.field}.params.concurrency ({self.params.concurrency}) if requests "
