@@ -128,7 +128,8 @@ def test_a_judge_slower_than_its_timeout_is_not_held_and_the_worker_says_so_at_o
         url = f"http://127.0.0.1:{int(server.stdout.readline().split()[-1])}/v1"
         judge = {"name": "judge", "kind": "vlm", "url": url, "timeoutSeconds": 0.3,
                  "params": {"model": "judge", "template": "rate", "maxRetries": 0}}
-        worker, msgs, _ = service(tmp_path, redis_url, redis_client, 0, deadline_s=600, judge=judge)
+        worker, msgs, _ = service(tmp_path, redis_url, redis_client, 0, deadline_s=600, judge=judge,
+                                  more=({"name": "jpeg", "kind": "jpeg", "required": False},))
 
         def score() -> None:
             worker.score_batch(msgs)
@@ -151,8 +152,8 @@ def test_a_judge_slower_than_its_timeout_is_not_held_and_the_worker_says_so_at_o
     assert scores[0].reason.startswith(f"judge: {url} is up (it listed its models in "), scores[0].reason
     assert "slower than spec.reward[0].timeoutSeconds 0.3: 1 attempt(s) timed out and one request took " in \
         scores[0].reason
-    (line,) = [m for m in logs.messages if m.startswith("reward judge failed a sample")]
-    assert "set spec.reward[0].timeoutSeconds above that" in line
+    (line,) = [m for m in logs.messages if m.startswith("reward ")]  # the judge's; jpeg, not summed, failed nothing
+    assert line.startswith("reward judge failed a sample") and "set spec.reward[0].timeoutSeconds above that" in line
 
 
 def test_a_failing_non_required_judge_is_left_out_and_logged_once(tmp_path, redis_url, redis_client):

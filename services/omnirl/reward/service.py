@@ -101,7 +101,10 @@ class RewardService:
         (without the line it could fail on every sample with nothing on the console); a failed sample
         says why here at once (a judge slower than its timeout), before the controller drops groups."""
         for spec in self.rewards.specs:
-            if spec.name in per_name or spec.name in self._warned:
+            # a failed sample's sum stops at its first failed required reward: those after it are not in
+            # per_name, failed or not; its reason has one "NAME: …" part per reward that failed (`combine`)
+            blamed = reason.startswith(f"{spec.name}: ") or f"; {spec.name}: " in reason
+            if spec.name in per_name or spec.name in self._warned or (failed and not blamed):
                 continue
             self._warned.add(spec.name)
             if failed:
