@@ -388,16 +388,34 @@ def test_a_judge_slower_than_its_timeout_fails_at_once_naming_the_field_and_the_
 
 def test_a_judge_that_times_out_and_lists_no_models_is_held():
     """A judge whose port takes connections but answers nothing (stuck, or still starting) is away:
-    its samples are held, as for a refused connection."""
+    its samples are held, as for a refused connection; once that is known, the batch's other
+    requests are not sent (each would wait out its timeout, keeping the worker from its heartbeat)."""
+    import threading
+
     from omnirl.reward.scoring import RewardSet
 
+    connections: list[socket.socket] = []
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(8)
+
+        def accept() -> None:  # a connection per request: the client closes one that timed out
+            while True:
+                try:
+                    connections.append(silent.accept()[0])
+                except OSError:
+                    return
+
+        threading.Thread(target=accept, daemon=True).start()
         url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
         spec = RewardSpec(name="judge", kind="vlm", url=url, timeoutSeconds=0.3,
-                          params={"model": "judge", "template": "rate", "maxRetries": 0})
-        results, hold = RewardSet([spec]).score_or_hold([image("4")], ['"x"'], ["a0"])
-    assert hold == [True], results
+                          params={"model": "judge", "template": "rate", "maxRetries": 0, "concurrency": 1})
+        results, hold = RewardSet([spec]).score_or_hold([image("4")] * 3, ['"x"'] * 3, ["a0", "a1", "a2"])
+        silent.shutdown(socket.SHUT_RDWR)
+    for conn in connections:
+        conn.close()
+    assert hold == [True] * 3, results
     assert results[0][2].endswith("APITimeoutError: Request timed out. (timeoutSeconds 0.3 per attempt); it does not "
                                   "list its models either (APITimeoutError)"), results[0][2]
+    assert {r[2] for r in results} == {results[0][2]}
+    assert len(connections) == 2  # the first request and the GET /models; a1 and a2 not sent

@@ -16,11 +16,11 @@ Retries are the openai client's: `maxRetries` more attempts after a connection e
 (`timeoutSeconds` per attempt), 408, 409, 429 or 5xx, waiting 0.5 s · 2^k (at most 8 s, jittered, or
 the server's Retry-After). An unparseable reply fails its sample with the raw text — never 0, never NaN.
 
-A request whose every attempt timed out is told apart (`VLMScorer._slow_or_away`, once per batch):
-a judge that still lists its models (`GET /models`) is up but slower than `timeoutSeconds`, which
-waiting does not cure — its samples fail at once, naming the field and the time one request takes
-(measured); one that does not is away (restarting, stuck) and its samples are held
-(`ScorerError.unavailable`).
+A request whose every attempt timed out is told apart (`VLMScorer._slow_or_away`, once per batch,
+whose requests not yet sent are then not sent): a judge that still lists its models (`GET /models`)
+is up but slower than `timeoutSeconds`, which waiting does not cure — its samples fail at once,
+naming the field and the time one request takes (measured); one that does not is away (restarting,
+stuck) and its samples are held (`ScorerError.unavailable`).
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ class VLMScorer(PerSampleScorer):
         self.name, self.base_url, self.params, self.timeout_s = name, base_url, params, timeout_s
         self.field = field or f"spec.reward[{name}]"
         self._verdict_lock = threading.Lock()
-        self._verdict: tuple[str | None, str] | None = None  # per batch: None undecided, else `_slow_or_away`
+        self._verdict: tuple[str, bool] | None = None  # per batch: None undecided, else `_slow_or_away`
         self._measured: tuple[float | None] | None = None  # a slow judge's measured request time (None: > the cap)
         self.instruction = params.instruction or INSTRUCTIONS[params.template]
         self.max_tokens = params.maxTokens or MAX_TOKENS[params.template]
@@ -224,8 +224,8 @@ class VLMScorer(PerSampleScorer):
             return ScorerError(sample_id, f"{self.name}: bad prompt: {err}")
         if template == "read-text" and not target.replace(" ", ""):
             return ScorerError(sample_id, f"{self.name}: prompt {prompt!r} has no text to read; quote it, e.g. \"2048\"")
-        if self._verdict is not None and self._verdict[0] is not None:
-            return ScorerError(sample_id, self._verdict[0])  # slow: not sent, it would time out as the others did
+        if self._verdict is not None:  # not sent: it would time out as the others did
+            return ScorerError(sample_id, self._verdict[0], unavailable=self._verdict[1])
         question = self.instruction.format(prompt=prompt, scale=self.params.scale)
         url = "data:image/png;base64," + base64.b64encode(encode_png(image)).decode()
         extra = {"logprobs": True, "top_logprobs": self.params.topLogprobs} if template == "yes-no" else {}
@@ -235,11 +235,10 @@ class VLMScorer(PerSampleScorer):
         try:
             raw = self.client.chat.completions.with_raw_response.create(**request)
         except openai.APITimeoutError as err:
-            slow, seen = self._slow_or_away(request)
-            if slow is not None:
-                return ScorerError(sample_id, slow)
-            return ScorerError(sample_id, f"{self.name}: {self.base_url} failed after {self.params.maxRetries} "
-                                          f"retries: {describe_error(err, self.timeout_s)}; {seen}", unavailable=True)
+            reason, away = self._slow_or_away(request, f"{self.name}: {self.base_url} failed after "
+                                                       f"{self.params.maxRetries} retries: "
+                                                       f"{describe_error(err, self.timeout_s)}")
+            return ScorerError(sample_id, reason, unavailable=away)
         except openai.APIStatusError as err:  # 408/409/429/5xx only after the retries; others at once
             return ScorerError(sample_id, f"{self.name}: {self.base_url} answered HTTP {err.status_code} "
                                           f"(maxRetries {self.params.maxRetries}): {err.response.text[:300]!r}",
@@ -269,15 +268,17 @@ class VLMScorer(PerSampleScorer):
         except ValueError as err:
             return ScorerError(sample_id, f"{self.name}: unparseable reply ({err}): {content[:500]!r}")
 
-    def _slow_or_away(self, request: dict) -> tuple[str | None, str]:
-        """After a request's every attempt timed out: (the reason its samples fail, None when the judge
-        is away; what was seen). Up but slower than `timeoutSeconds`: it lists its models and one
-        request, given up to 10 × the timeout, answers late or not at all (timed, the first time
-        only). Away: no model list (restarting, stuck, gone), or the measuring request is refused or
-        answered 408/409/429/5xx. Decided once per batch; the other timed-out requests wait for it."""
+    def _slow_or_away(self, request: dict, timed_out: str) -> tuple[str, bool]:
+        """After a request's every attempt timed out (`timed_out` says how): (the reason its samples
+        fail, whether the judge is away). Up but slower than `timeoutSeconds`: it lists its models and
+        one request, given up to 10 × the timeout, answers late or not at all (timed, the first time
+        only). Away (held): no model list (restarting, stuck, gone), or the measuring request is
+        refused or answered 408/409/429/5xx. Decided once per batch: the other timed-out requests wait
+        for it, and the batch's requests not yet sent are not sent."""
         with self._verdict_lock:
             if self._verdict is None:
-                self._verdict = self._measure_slow(request)
+                slow, seen = self._measure_slow(request)
+                self._verdict = (slow, False) if slow is not None else (f"{timed_out}; {seen}", True)
             return self._verdict
 
     def _measure_slow(self, request: dict) -> tuple[str | None, str]:
