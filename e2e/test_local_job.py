@@ -6,7 +6,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -142,16 +144,37 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, redis_url, algori
         assert (out / "checkpoints" / "latest" / "old.safetensors").exists()
 
 
+class _Broken(BaseHTTPRequestHandler):
+    """A scorer that passes `omnirl run`'s pre-flight (its empty request gets the protocol's 400)
+    and then answers every batch 503: one that broke after the job started."""
+
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        status = 503 if body.get("samples") else 400
+        self.send_response(status)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args) -> None:
+        pass
+
+
 def test_a_dead_required_scorer_fails_the_job_with_its_reason(tmp_path, redis_url):
-    dead = {"name": "judge", "kind": "http", "url": "http://127.0.0.1:9/score", "timeoutSeconds": 2}
-    path = tiny_job(tmp_path, "deadscorer", redis_url, steps=1, reward=dead)
-    doc = yaml.safe_load(path.read_text())
-    doc["spec"]["failurePolicy"] = {"scorerOutageSeconds": 0}  # fail at once, not after holding the samples 600 s
-    path.write_text(yaml.safe_dump(doc))
-    proc = run(path, tmp_path / "out")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        dead = {"name": "judge", "kind": "http", "url": f"http://127.0.0.1:{server.server_address[1]}/v1/score",
+                "timeoutSeconds": 2}
+        path = tiny_job(tmp_path, "deadscorer", redis_url, steps=1, reward=dead)
+        doc = yaml.safe_load(path.read_text())
+        doc["spec"]["failurePolicy"] = {"scorerOutageSeconds": 0}  # fail at once, not after holding the samples 600 s
+        path.write_text(yaml.safe_dump(doc))
+        proc = run(path, tmp_path / "out")
+    finally:
+        server.shutdown()
     text = proc.stdout + proc.stderr
     assert proc.returncode == 3, text[-3000:]  # JOB_FAILED_EXIT: the reward role already retried; no restart
-    assert "controller" in text and "unreachable" in text
+    assert "controller" in text and "unreachable: HTTP 503" in text
     assert "restart-job" not in (tmp_path / "out" / "events.jsonl").read_text()
 
 

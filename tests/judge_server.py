@@ -16,7 +16,8 @@ first), `flaky:N` (HTTP 503 to the first N requests per seed, then answers), `ma
 with a body that is not JSON), `no-choices` (HTTP 200 JSON without `choices`), `reject` (HTTP 400).
 
 `--port N` listens on N (default: a free port). `--api-key KEY` makes it refuse, as `vllm serve --api-key` does, every `/v1/` request without
-`Authorization: Bearer KEY` (HTTP 401).
+`Authorization: Bearer KEY` (HTTP 401). `--delay S` sleeps S seconds before answering every chat
+completion, whatever the model (a big judge on a small GPU); `/v1/models` still answers at once.
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ _attempts: Counter = Counter()
 _in_flight: Counter = Counter()
 _max_in_flight: Counter = Counter()
 _api_key: str | None = None
+_delay_s = 0.0
 SERVED = ["judge", "judge-no-logprobs", "malformed", "no-choices", "reject"]  # GET /v1/models (slow:S, flaky:N too)
 
 
@@ -130,6 +132,7 @@ class Handler(BaseHTTPRequestHandler):
                               "top_logprobs": body.get("top_logprobs"), "question": question,
                               "attempt": attempt, "retry_header": self.headers.get("x-stainless-retry-count"),
                               "authorization": self.headers.get("Authorization")})
+        time.sleep(_delay_s)
         if model.startswith("slow:"):
             time.sleep(float(model.split(":")[1]))
         if model.startswith("flaky:") and attempt <= int(model.split(":")[1]):
@@ -160,12 +163,13 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
-    global _api_key
+    global _api_key, _delay_s
     parser = argparse.ArgumentParser()
     parser.add_argument("--api-key", default=None)
     parser.add_argument("--port", type=int, default=0)
+    parser.add_argument("--delay", type=float, default=0.0)
     args = parser.parse_args()
-    _api_key = args.api_key
+    _api_key, _delay_s = args.api_key, args.delay
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     server.daemon_threads = True
     print(f"listening on {server.server_address[1]}", flush=True)

@@ -30,12 +30,15 @@ JOB, N = "hold", 3
 
 
 def service(tmp_path: Path, redis_url: str, redis_client: redis.Redis, port: int, deadline_s: float,
-            more: tuple = (), required: bool = True) -> tuple[RewardService, list, list[np.ndarray]]:
-    """A reward worker whose rewards are an http judge on `port` and `more`, and the messages of N samples."""
+            more: tuple = (), required: bool = True, judge: dict | None = None
+            ) -> tuple[RewardService, list, list[np.ndarray]]:
+    """A reward worker whose rewards are `judge` (default: an http judge on `port`) and `more`, and
+    the messages of N samples."""
     doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
     doc["metadata"]["name"] = JOB
-    doc["spec"]["reward"] = [{"name": "judge", "kind": "http", "url": f"http://127.0.0.1:{port}/v1/score",
-                              "required": required, "params": {"maxRetries": 0}}, *more]
+    judge = judge or {"name": "judge", "kind": "http", "url": f"http://127.0.0.1:{port}/v1/score",
+                      "required": required, "params": {"maxRetries": 0}}
+    doc["spec"]["reward"] = [judge, *more]
     doc["spec"]["failurePolicy"] = {"scorerOutageSeconds": deadline_s}
     env = RoleEnv(job_name=JOB, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
                   worker_id="reward-0", out_dir=str(tmp_path))
@@ -109,6 +112,48 @@ def test_a_judge_away_past_the_deadline_fails_the_samples_with_the_reason(tmp_pa
     assert len(scores) == N and all(s.failed and s.reward is None for s in scores)
     assert "unreachable: [Errno 111] Connection refused" in scores[0].reason, scores[0].reason
 
+
+
+def test_a_judge_slower_than_its_timeout_is_not_held_and_the_worker_says_so_at_once(tmp_path, redis_url,
+                                                                                    redis_client):
+    """A VLM judge that answers, but in 1 s with `timeoutSeconds: 0.3`: waiting the 600 s of
+    `scorerOutageSeconds` would not make it faster, so nothing is held; the samples are published
+    failed with the reason naming the field and the time one request took, and the worker logs it
+    with the first failure (before, every batch waited 600 s and then said "timed out")."""
+    server = subprocess.Popen([sys.executable, str(ROOT / "tests" / "judge_server.py"), "--delay", "1"],
+                              stdout=subprocess.PIPE, text=True)
+    logs, thread = _Held(), None
+    logging.getLogger("omnirl.reward").addHandler(logs)
+    try:
+        url = f"http://127.0.0.1:{int(server.stdout.readline().split()[-1])}/v1"
+        judge = {"name": "judge", "kind": "vlm", "url": url, "timeoutSeconds": 0.3,
+                 "params": {"model": "judge", "template": "rate", "maxRetries": 0}}
+        worker, msgs, _ = service(tmp_path, redis_url, redis_client, 0, deadline_s=600, judge=judge,
+                                  more=({"name": "jpeg", "kind": "jpeg", "required": False},))
+
+        def score() -> None:
+            worker.score_batch(msgs)
+            logs.event.set()  # done: the same event as "held", so a held batch fails the test at once
+
+        thread = threading.Thread(target=score)
+        thread.start()
+        assert logs.event.wait(120), "the batch was neither held nor scored"
+    finally:
+        logging.getLogger("omnirl.reward").removeHandler(logs)
+        if thread is not None:
+            worker.terminate()  # a held batch returns, unacknowledged
+            thread.join(60)
+            worker.close()
+        server.terminate()
+        server.wait(30)
+    assert not [m for m in logs.messages if "samples held" in m], logs.messages
+    scores = published(redis_client)
+    assert len(scores) == N and all(s.failed and s.reward is None for s in scores)
+    assert scores[0].reason.startswith(f"judge: {url} is up (it listed its models in "), scores[0].reason
+    assert "slower than spec.reward[0].timeoutSeconds 0.3: 1 attempt(s) timed out and one request took " in \
+        scores[0].reason
+    (line,) = [m for m in logs.messages if m.startswith("reward ")]  # the judge's; jpeg, not summed, failed nothing
+    assert line.startswith("reward judge failed a sample") and "set spec.reward[0].timeoutSeconds above that" in line
 
 
 def test_a_failing_non_required_judge_is_left_out_and_logged_once(tmp_path, redis_url, redis_client):

@@ -185,10 +185,13 @@ def test_4xx_is_not_retried(judge):
 
 
 def test_timeout_is_retried_then_fails(judge):
-    scorer = as_model(vlm(judge, timeout=0.5, template="rate", maxRetries=1), "slow:5")
+    """Each attempt times out; the judge lists its models, so it is up but slow: one more request,
+    with a longer timeout, measures it, and the sample fails (not held)."""
+    scorer = as_model(vlm(judge, timeout=0.5, template="rate", maxRetries=1), "slow:2")
     outcome = scorer.score_each(image("4")[None], ['"x"'], ["t0"])
-    assert "APITimeoutError: Request timed out. (timeoutSeconds 0.5 per attempt)" in outcome.errors[0].reason
-    assert len([r for r in stats(judge, "slow:5") if r["seed"] == request_seed("t0")]) == 2
+    assert "slower than spec.reward[judge].timeoutSeconds 0.5: 2 attempt(s) timed out" in outcome.errors[0].reason
+    assert not outcome.errors[0].unavailable
+    assert [r["attempt"] for r in stats(judge, "slow:2") if r["seed"] == request_seed("t0")] == [1, 2, 3]
 
 
 def test_unreachable_server_fails_every_sample():
@@ -352,3 +355,67 @@ def test_eval_of_a_sample_the_judge_cannot_score_is_one_line_not_a_traceback(jud
     assert err.startswith("omnirl eval: eval sample 0 ('\"12\"') could not be scored: judge: malformed reply "
                           "(JSONDecodeError): "), err
     assert err.rstrip().endswith("; nothing written") and not (tmp_path / "e").exists()
+
+
+def test_a_judge_slower_than_its_timeout_fails_at_once_naming_the_field_and_the_time_a_request_takes(judge):
+    """Every attempt timed out but the judge lists its models: it is up, only slower than
+    `timeoutSeconds`, which waiting does not cure. Its samples are not held; the reason names
+    `spec.reward[i].timeoutSeconds` and one request's time, measured with a longer timeout; the
+    batch's other samples are not sent (they would time out the same way)."""
+    from omnirl.reward.scoring import RewardSet
+
+    model = "slow:1.01"  # sleeps 1.01 s; a name of its own for the request count
+    specs = [RewardSpec(name="jpeg", kind="jpeg", required=False),
+             RewardSpec(name="judge", kind="vlm", url=judge, timeoutSeconds=0.3,
+                        params={"model": model, "template": "rate", "maxRetries": 0, "concurrency": 1})]
+    rewards = RewardSet(specs)
+    results, hold = rewards.score_or_hold([image("4"), image("5"), image("6")], ['"x"'] * 3, ["w0", "w1", "w2"])
+    assert hold == [False] * 3 and [r[0] for r in results] == [None] * 3
+    reason = results[0][2]
+    head = f"judge: {judge} is up (it listed its models in "
+    tail = " but slower than spec.reward[1].timeoutSeconds 0.3: 1 attempt(s) timed out and one request took "
+    assert reason.startswith(head) and tail in reason, reason
+    took = float(reason.split(tail)[1].split(" s ")[0])
+    assert took >= 1.0  # the judge's own sleep
+    assert "; set spec.reward[1].timeoutSeconds above that, e.g. " in reason
+    assert "or lower spec.reward[1].params.concurrency (1) if requests queue at the judge" in reason
+    assert all(r[2] == results[0][2] for r in results[1:])
+    assert [r["seed"] for r in stats(judge, model)] == [request_seed("w0")] * 2  # the attempt and the measurement
+    again, hold = rewards.score_or_hold([image("7")], ['"x"'], ["w3"])  # measured once per scorer: the attempt only
+    assert hold == [False] and again[0][2].split(" s) but")[1] == reason.split(" s) but")[1]
+    assert [r["seed"] for r in stats(judge, model)] == [request_seed("w0")] * 2 + [request_seed("w3")]
+
+
+def test_a_judge_that_times_out_and_lists_no_models_is_held():
+    """A judge whose port takes connections but answers nothing (stuck, or still starting) is away:
+    its samples are held, as for a refused connection; once that is known, the batch's other
+    requests are not sent (each would wait out its timeout, keeping the worker from its heartbeat)."""
+    import threading
+
+    from omnirl.reward.scoring import RewardSet
+
+    connections: list[socket.socket] = []
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)
+
+        def accept() -> None:  # a connection per request: the client closes one that timed out
+            while True:
+                try:
+                    connections.append(silent.accept()[0])
+                except OSError:
+                    return
+
+        threading.Thread(target=accept, daemon=True).start()
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}/v1"
+        spec = RewardSpec(name="judge", kind="vlm", url=url, timeoutSeconds=0.3,
+                          params={"model": "judge", "template": "rate", "maxRetries": 0, "concurrency": 1})
+        results, hold = RewardSet([spec]).score_or_hold([image("4")] * 3, ['"x"'] * 3, ["a0", "a1", "a2"])
+        silent.shutdown(socket.SHUT_RDWR)
+    for conn in connections:
+        conn.close()
+    assert hold == [True] * 3, results
+    assert results[0][2].endswith("APITimeoutError: Request timed out. (timeoutSeconds 0.3 per attempt); it does not "
+                                  "list its models either (APITimeoutError)"), results[0][2]
+    assert {r[2] for r in results} == {results[0][2]}
+    assert len(connections) == 2  # the first request and the GET /models; a1 and a2 not sent

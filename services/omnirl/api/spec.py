@@ -210,7 +210,10 @@ class RewardSpec(SpecModel):
         "jpeg {quality}, http/grpc {maxRetries}, vlm {model, template, instruction, scale, maxTokens, "
         "topLogprobs, concurrency, batchSize, maxRetries, apiKeyEnv}.",
     )
-    timeoutSeconds: float = Field(30.0, gt=0, description="Per-request scorer timeout, seconds.")
+    timeoutSeconds: float = Field(
+        30.0, gt=0, description="Per-request scorer timeout, seconds. A remote scorer whose requests time out but "
+        "that answers a cheap one (a judge's GET /models, an empty ScoreRequest) is slower than this: its samples "
+        "fail at once, naming this field and one request's measured time (not held for scorerOutageSeconds).")
     normalize: NormalizeMode = Field(
         "none", description="Per-reward normalisation before weighting, over each training step's batch: `none`, "
         "`group` (z-score within each prompt's group), `batch` (z-score over the step) or `minmax` (to [0, 1] over "
@@ -447,7 +450,8 @@ class FailurePolicySpec(SpecModel):
     )
     scorerOutageSeconds: float = Field(
         600.0, ge=0, description="How long a reward worker holds the samples of a scorer that does not answer "
-        "(unreachable, timing out, 408/409/429/5xx after its maxRetries: a judge restarting), scoring them again "
+        "(unreachable, timing out and not answering a cheap request either, 408/409/429/5xx after its maxRetries: a "
+        "judge restarting), scoring them again "
         "every 1..30 s, before they fail with the reason (their groups then refilled or dropped); 0: fail at once."
     )
     terminationGracePeriodSeconds: int = Field(

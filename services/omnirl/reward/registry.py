@@ -6,13 +6,15 @@ from omnirl.api.spec import RewardSpec
 from omnirl.reward.base import Scorer
 
 
-def build_scorer(spec: RewardSpec, threads: int = 1) -> Scorer:
+def build_scorer(spec: RewardSpec, threads: int = 1, field: str | None = None) -> Scorer:
     """Construct the scorer a `RewardSpec` names, from its typed params.
 
     Args:
         spec: the reward entry.
         threads: CPU threads of the reward process (`OMNIRL_THREADS`): the default of CPU scorers'
             own `threads` parameter, so a scorer on a GPU machine uses the cores it was given.
+        field: the entry's path (`spec.reward[1]`), named by remote scorers' messages about its
+            settings (default `spec.reward[NAME]`).
 
     Raises:
         ValueError: a scorer cannot be built (e.g. an OCR alphabet the recogniser does not know).
@@ -29,15 +31,15 @@ def build_scorer(spec: RewardSpec, threads: int = 1) -> Scorer:
     if spec.kind == "http":
         from omnirl.reward.remote import HTTPScorer
 
-        return HTTPScorer(spec.name, spec.url, timeout_s=spec.timeoutSeconds, max_retries=params.maxRetries)
+        return HTTPScorer(spec.name, spec.url, timeout_s=spec.timeoutSeconds, max_retries=params.maxRetries, field=field)
     if spec.kind == "grpc":
         from omnirl.reward.remote import GRPCScorer
 
-        return GRPCScorer(spec.name, spec.url, timeout_s=spec.timeoutSeconds, max_retries=params.maxRetries)
+        return GRPCScorer(spec.name, spec.url, timeout_s=spec.timeoutSeconds, max_retries=params.maxRetries, field=field)
     if spec.kind == "vlm":
         from omnirl.reward.vlm import VLMScorer
 
-        return VLMScorer(spec.name, spec.url, params, timeout_s=spec.timeoutSeconds)
+        return VLMScorer(spec.name, spec.url, params, timeout_s=spec.timeoutSeconds, field=field)
     raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is a group-level scorer (omnirl.reward.group_registry)")
 
 
@@ -57,20 +59,28 @@ def check_api_keys(specs: list[RewardSpec]) -> None:
 
 
 def check_judges(specs: list[RewardSpec], only: set[str] | None = None, *, strict: bool = True) -> None:
-    """Every `kind: vlm` entry with a `url` answers, takes its key and serves its `params.model`
-    (`vlm.check_judge`; entries whose `server` the job has not started yet have no url and are
-    skipped): before `omnirl run` starts the roles and before `omnirl eval` loads a model.
+    """Every remote entry with a `url` answers as its kind should (entries whose `server` the job has
+    not started yet have no url and are skipped): a `vlm` judge answers, takes its key and serves its
+    `params.model` (`vlm.check_judge`); an `http`/`grpc` scorer answers an empty request of the
+    scorer protocol at that url (`remote.check_remote`). Run before `omnirl run` starts the roles,
+    before `omnirl eval` loads a model, and (strict=False) when a reward worker starts.
 
     Args:
         specs: the job's whole `spec.reward` (the messages index it).
         only: the names of the entries to check (None: every one).
-        strict: False in a reward worker: a judge that does not answer yet passes (`vlm.check_judge`).
+        strict: False in a reward worker: a scorer that does not answer yet passes (it may be loading).
 
     Raises:
         ValueError: naming `spec.reward[i]`'s url, params.apiKeyEnv or params.model and the fix.
     """
     for i, spec in enumerate(specs):
-        if spec.kind == "vlm" and spec.url and (only is None or spec.name in only):
+        if not spec.url or (only is not None and spec.name not in only):
+            continue
+        if spec.kind == "vlm":
             from omnirl.reward.vlm import check_judge
 
             check_judge(f"spec.reward[{i}]", spec.url, spec.typed_params(), spec.timeoutSeconds, strict=strict)
+        elif spec.kind in ("http", "grpc"):
+            from omnirl.reward.remote import check_remote
+
+            check_remote(f"spec.reward[{i}]", spec.kind, spec.url, spec.timeoutSeconds, strict=strict)

@@ -49,7 +49,8 @@ class RewardSet:
     def __init__(self, specs: list[RewardSpec], threads: int = 1) -> None:
         check_api_keys(specs)
         self.specs = [r for r in specs if r.kind not in GROUP_KINDS]
-        self.scorers: dict[str, Scorer] = {r.name: build_scorer(r, threads=threads) for r in self.specs}
+        self.scorers: dict[str, Scorer] = {r.name: build_scorer(r, threads=threads, field=f"spec.reward[{i}]")
+                                           for i, r in enumerate(specs) if r.kind not in GROUP_KINDS}
 
     def score(self, images: list[np.ndarray], prompts: list[str],
               sample_ids: list[str]) -> list[tuple[float | None, dict[str, float], str]]:

@@ -3,8 +3,9 @@
 `--protocol grpc` serves `omnirl.scorer.v1.Scorer` and the standard `grpc.health.v1.Health`
 (SERVING once the scorer is loaded), so a Kubernetes gRPC probe works; `--protocol http` serves the
 JSON twin: `POST /v1/score` (a `ScoreRequest` in proto3 JSON → a `ScoreResponse`) and `GET /healthz`.
-A malformed request is gRPC INVALID_ARGUMENT / HTTP 400; a sample that cannot be scored gets its
-error in the response. Scorer calls are serialised (scorers are not assumed thread-safe).
+A malformed request is gRPC INVALID_ARGUMENT / HTTP 400, answered at once even while a batch scores
+(a request without samples is the clients' probe, `reward/remote.py`); a sample that cannot be
+scored gets its error in the response. Scorer calls are serialised (scorers are not assumed thread-safe).
 Once listening, the process prints one line `serving NAME over PROTOCOL on HOST:PORT` (with the
 bound port, also for `--port 0`) and serves until SIGTERM or SIGINT. `--delay-ms D` sleeps D ms per
 sample before scoring (requests are serialised, as a GPU judge serialises its batches): a stand-in
@@ -31,7 +32,7 @@ from omnirl.api.errors import ManifestError
 from omnirl.api.problems import problem_lines
 from omnirl.api.spec import RewardSpec
 from omnirl.reward.base import Scorer
-from omnirl.reward.protocol.codec import answer, from_json, pb2, pb2_grpc, to_json
+from omnirl.reward.protocol.codec import answer, check_request, from_json, pb2, pb2_grpc, to_json
 from omnirl.reward.registry import build_scorer
 from omnirl.reward.remote import MAX_MESSAGE_BYTES
 
@@ -42,6 +43,7 @@ class _Servicer(pb2_grpc.ScorerServicer):
 
     def Score(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802 - the rpc's name
         try:
+            check_request(request)  # outside the lock: a client's empty probe is answered while a batch scores
             with self.lock:
                 return answer(self.scorer, request)
         except ValueError as err:
@@ -96,6 +98,7 @@ def _handler(scorer: Scorer) -> type[BaseHTTPRequestHandler]:
             try:
                 length = int(self.headers.get("Content-Length", "0"))
                 request = from_json(json.loads(self.rfile.read(length)), pb2.ScoreRequest)
+                check_request(request)  # outside the lock: a client's empty probe is answered while a batch scores
                 with lock:
                     response = answer(scorer, request)
             except ValueError as err:  # bad JSON, bad message, empty batch

@@ -85,8 +85,7 @@ class RewardService:
         now = time.time()
         for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):
             reward, per_name, reason = scored[i]
-            if reward is not None:
-                self._warn_missing(per_name, reason)
+            self._log_first_failure(per_name, reason, failed=reward is None)
             score = ScoreMeta(
                 sample_id=meta.sample_id, kind=meta.kind, step=meta.step, group_id=meta.group_id,
                 policy_version=meta.policy_version, reward=reward, rewards=per_name, failed=reward is None,
@@ -97,14 +96,24 @@ class RewardService:
             self._ledger.record(meta.sample_id, published is not None, reward=reward)
         self.queue.ack(self.queue.streams.samples, GROUP, [m.id for m in msgs])
 
-    def _warn_missing(self, per_name: dict[str, float], reason: str) -> None:
-        """Log the first failure of each non-required reward (the job goes on without its term):
-        without it such a reward could fail on every sample with nothing on the console."""
+    def _log_first_failure(self, per_name: dict[str, float], reason: str, failed: bool) -> None:
+        """Log the first failure of each reward: a non-required one is left out of the sample's sum
+        (without the line it could fail on every sample with nothing on the console); a failed sample
+        says why here at once (a judge slower than its timeout), before the controller drops groups."""
         for spec in self.rewards.specs:
-            if spec.name not in per_name and spec.name not in self._warned:
-                self._warned.add(spec.name)
-                log.warning("reward %s (required: false) failed, left out of the sample's reward: %s; further failures "
-                            "are counted in metrics.jsonl as component_missing_%s", spec.name, reason, spec.name)
+            # a failed sample's sum stops at its first failed required reward: those after it are not in
+            # per_name, failed or not; its reason has one "NAME: …" part per reward that failed (`combine`)
+            blamed = reason.startswith(f"{spec.name}: ") or f"; {spec.name}: " in reason
+            if spec.name in per_name or spec.name in self._warned or (failed and not blamed):
+                continue
+            self._warned.add(spec.name)
+            if failed:
+                log.error("reward %s failed a sample, which fails (its group is refilled or dropped): %s; further "
+                          "failures are in the scores' reasons", spec.name, reason)
+            else:
+                log.warning("reward %s (required: false) failed, left out of the sample's reward: %s; further "
+                            "failures are counted in metrics.jsonl as component_missing_%s", spec.name, reason,
+                            spec.name)
 
     def _score_holding(self, images: list, prompts: list[str], ids: list[str]
                        ) -> list[tuple[float | None, dict[str, float], str]] | None:

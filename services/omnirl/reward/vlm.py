@@ -15,6 +15,12 @@ every time. Templates (`VLMParams.template`):
 Retries are the openai client's: `maxRetries` more attempts after a connection error, a timeout
 (`timeoutSeconds` per attempt), 408, 409, 429 or 5xx, waiting 0.5 s · 2^k (at most 8 s, jittered, or
 the server's Retry-After). An unparseable reply fails its sample with the raw text — never 0, never NaN.
+
+A request whose every attempt timed out is told apart (`VLMScorer._slow_or_away`, once per batch,
+whose requests not yet sent are then not sent): a judge that still lists its models (`GET /models`)
+is up but slower than `timeoutSeconds`, which waiting does not cure — its samples fail at once,
+naming the field and the time one request takes (measured); one that does not is away (restarting,
+stuck) and its samples are held (`ScorerError.unavailable`).
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ import base64
 import math
 import os
 import re
+import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -34,6 +42,7 @@ from omnirl.api.seeds import derive
 from omnirl.api.spec_reward import VLMParams
 from omnirl.reward.base import Outcome, PerSampleScorer, ScorerError, check_batch
 from omnirl.reward.protocol.codec import encode_png
+from omnirl.reward.slow import measure_timeout, probe_timeout, slow_reason
 from omnirl.reward.text import ocr_reward
 
 INSTRUCTIONS = {
@@ -171,13 +180,19 @@ class VLMScorer(PerSampleScorer):
         base_url: the API's base URL, e.g. `http://judge:8000/v1`.
         params: the checked `spec.reward[].params`.
         timeout_s: timeout of one attempt, seconds.
+        field: the reward's path in the job (`spec.reward[1]`) for messages naming its settings.
     Raises:
         ValueError: `params.apiKeyEnv` names an unset environment variable (`api_key`).
     """
 
-    def __init__(self, name: str, base_url: str, params: VLMParams, *, timeout_s: float = 30.0) -> None:
+    def __init__(self, name: str, base_url: str, params: VLMParams, *, timeout_s: float = 30.0,
+                 field: str | None = None) -> None:
         key = api_key(params.apiKeyEnv, f"reward {name!r}: params.apiKeyEnv")
         self.name, self.base_url, self.params, self.timeout_s = name, base_url, params, timeout_s
+        self.field = field or f"spec.reward[{name}]"
+        self._verdict_lock = threading.Lock()
+        self._verdict: tuple[str, bool] | None = None  # per batch: None undecided, else `_slow_or_away`
+        self._measured: tuple[float | None] | None = None  # a slow judge's measured request time (None: > the cap)
         self.instruction = params.instruction or INSTRUCTIONS[params.template]
         self.max_tokens = params.maxTokens or MAX_TOKENS[params.template]
         self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout_s,
@@ -188,6 +203,7 @@ class VLMScorer(PerSampleScorer):
         """One score or error per sample; at most `concurrency` requests in flight, `batchSize` images per wave."""
         check_batch(images, prompts, sample_ids)
         outcome = Outcome(np.zeros(len(sample_ids), dtype=np.float32))
+        self._verdict = None  # a judge slow in the last batch may be away in this one, or fine
         step = self.params.batchSize
         for start in range(0, len(sample_ids), step):
             idx = range(start, min(start + step, len(sample_ids)))
@@ -208,16 +224,21 @@ class VLMScorer(PerSampleScorer):
             return ScorerError(sample_id, f"{self.name}: bad prompt: {err}")
         if template == "read-text" and not target.replace(" ", ""):
             return ScorerError(sample_id, f"{self.name}: prompt {prompt!r} has no text to read; quote it, e.g. \"2048\"")
+        if self._verdict is not None:  # not sent: it would time out as the others did
+            return ScorerError(sample_id, self._verdict[0], unavailable=self._verdict[1])
         question = self.instruction.format(prompt=prompt, scale=self.params.scale)
         url = "data:image/png;base64," + base64.b64encode(encode_png(image)).decode()
         extra = {"logprobs": True, "top_logprobs": self.params.topLogprobs} if template == "yes-no" else {}
+        request = dict(model=self.params.model, temperature=0, seed=request_seed(sample_id), max_tokens=self.max_tokens,
+                       messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
+                                                              {"type": "text", "text": question}]}], **extra)
         try:
-            raw = self.client.chat.completions.with_raw_response.create(
-                model=self.params.model, temperature=0, seed=request_seed(sample_id), max_tokens=self.max_tokens,
-                messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                       {"type": "text", "text": question}]}],
-                **extra,
-            )
+            raw = self.client.chat.completions.with_raw_response.create(**request)
+        except openai.APITimeoutError as err:
+            reason, away = self._slow_or_away(request, f"{self.name}: {self.base_url} failed after "
+                                                       f"{self.params.maxRetries} retries: "
+                                                       f"{describe_error(err, self.timeout_s)}")
+            return ScorerError(sample_id, reason, unavailable=away)
         except openai.APIStatusError as err:  # 408/409/429/5xx only after the retries; others at once
             return ScorerError(sample_id, f"{self.name}: {self.base_url} answered HTTP {err.status_code} "
                                           f"(maxRetries {self.params.maxRetries}): {err.response.text[:300]!r}",
@@ -246,6 +267,46 @@ class VLMScorer(PerSampleScorer):
             return p_yes(tokens[0].top_logprobs or [])
         except ValueError as err:
             return ScorerError(sample_id, f"{self.name}: unparseable reply ({err}): {content[:500]!r}")
+
+    def _slow_or_away(self, request: dict, timed_out: str) -> tuple[str, bool]:
+        """After a request's every attempt timed out (`timed_out` says how): (the reason its samples
+        fail, whether the judge is away). Up but slower than `timeoutSeconds`: it lists its models and
+        one request, given up to 10 × the timeout, answers late or not at all (timed, the first time
+        only). Away (held): no model list (restarting, stuck, gone), or the measuring request is
+        refused or answered 408/409/429/5xx. Decided once per batch: the other timed-out requests wait
+        for it, and the batch's requests not yet sent are not sent."""
+        with self._verdict_lock:
+            if self._verdict is None:
+                slow, seen = self._measure_slow(request)
+                self._verdict = (slow, False) if slow is not None else (f"{timed_out}; {seen}", True)
+            return self._verdict
+
+    def _measure_slow(self, request: dict) -> tuple[str | None, str]:
+        start = time.monotonic()
+        try:
+            self.client.with_options(timeout=probe_timeout(self.timeout_s), max_retries=0).models.list()
+        except openai.APIError as err:
+            return None, f"it does not list its models either ({type(err).__name__})"
+        listed_s = time.monotonic() - start
+        if self._measured is None:  # once per scorer: a slow judge would cost every batch one more slow request
+            start = time.monotonic()
+            try:
+                self.client.with_options(timeout=measure_timeout(self.timeout_s),
+                                         max_retries=0).chat.completions.create(**request)
+                self._measured = (time.monotonic() - start,)
+            except openai.APITimeoutError:
+                self._measured = (None,)
+            except openai.APIStatusError as err:
+                if err.status_code in (408, 409, 429) or err.status_code >= 500:
+                    return None, f"it lists its models, but a request now got HTTP {err.status_code}"
+                self._measured = (time.monotonic() - start,)  # it answered (an error of the sample's own): its time
+            except openai.APIError as err:
+                return None, f"it lists its models, but a request now failed ({describe_error(err, self.timeout_s)})"
+        took_s = self._measured[0]
+        return slow_reason(self.name, self.base_url, self.field, self.timeout_s, self.params.maxRetries + 1, listed_s,
+                           took_s, cheap="listed its models",
+                           fix=f", or lower {self.field}.params.concurrency ({self.params.concurrency}) if requests "
+                               "queue at the judge"), ""
 
     def close(self) -> None:
         """Close the HTTP client and the request threads."""

@@ -76,19 +76,29 @@ def read_response(name: str, where: str, response: Any, sample_ids: list[str]) -
     return outcome
 
 
-def answer(scorer: Scorer, request: Any) -> Any:
-    """Score a `ScoreRequest` with `scorer` → `ScoreResponse` (one result per sample, in order).
-
-    Images of different sizes are scored as separate batches; an undecodable image fails alone.
+def check_request(request: Any) -> list[str]:
+    """The sample ids of a `ScoreRequest` that can be scored.
 
     Raises:
-        ValueError: the request has no samples or repeats a sample id.
+        ValueError: the request has no samples (a client's probe: `reward/remote.py`) or repeats a sample id.
     """
     ids = [s.sample_id for s in request.samples]
     if not ids:
         raise ValueError("the request has no samples")
     if len(set(ids)) != len(ids):
         raise ValueError("sample ids must be unique within a request")
+    return ids
+
+
+def answer(scorer: Scorer, request: Any) -> Any:
+    """Score a `ScoreRequest` with `scorer` → `ScoreResponse` (one result per sample, in order).
+
+    Images of different sizes are scored as separate batches; an undecodable image fails alone.
+
+    Raises:
+        ValueError: the request has no samples or repeats a sample id (`check_request`).
+    """
+    ids = check_request(request)
     errors: dict[int, str] = {}
     scores: dict[int, float] = {}
     by_shape: dict[tuple, list[tuple[int, np.ndarray]]] = {}
