@@ -268,7 +268,8 @@ class AcceleratorSpec(SpecModel):
     """Accelerator sugar, expanded by the operator into resource limits, nodeSelector and tolerations."""
 
     type: AcceleratorType = Field("cpu", description="nvidia (nvidia.com/gpu), ascend (huawei.com/Ascend910) or cpu.")
-    count: int = Field(0, ge=0, le=16, description="Accelerators per pod (must be 0 for cpu, >= 1 otherwise).")
+    count: int = Field(0, ge=0, le=16, description="Accelerators per pod (must be 0 for cpu, >= 1 otherwise; a "
+                       "role's pod uses exactly 1, a judge server's may use more).")
 
     @model_validator(mode="after")
     def _check(self) -> AcceleratorSpec:
@@ -405,6 +406,15 @@ class RolesSpec(SpecModel):
     def _check(self) -> RolesSpec:
         if self.controller.replicas != 1:
             raise FieldProblem("controller.replicas", self.controller.replicas, "must be 1 (one controller per job)")
+        for role in ("rollout", "reward", "actor", "controller"):
+            # a role pod (or local process) is one process on one device (`cuda:0`/`npu:0`): more
+            # would be allocated to the pod and sit idle
+            count = getattr(self, role).accelerator.count
+            if count > 1:
+                fix = ("use replicas: N with count: 1 (actor ranks shard the model with FSDP2)" if role == "actor"
+                       else "use replicas: N with count: 1 (one worker per device)")
+                raise FieldProblem(f"{role}.accelerator.count", count, f"must be at most 1: each {role} pod "
+                                   f"runs one process on one device, the others would sit idle; {fix}")
         return self
 
 
