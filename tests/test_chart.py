@@ -168,6 +168,68 @@ def test_external_redis():
 
 
 @needs_helm
+@pytest.mark.parametrize("value, message", [
+    ("watchNamespace={team-a}", "at '': additional properties 'watchNamespace' not allowed"),  # a misspelt key
+    ("redis.persistance.enabled=false", "at '/redis': additional properties 'persistance' not allowed"),
+    ("clusterWide=yes", "at '/clusterWide': got string, want boolean"),
+    ("watchNamespaces=team-a", "at '/watchNamespaces': got string, want array"),
+    ("watchNamespaces={Team_A}", "at '/watchNamespaces/0': 'Team_A' does not match pattern"),
+    ("operator.resyncSeconds=abc", "at '/operator/resyncSeconds': got string, want number"),
+    ("operator.resyncSeconds=0", "at '/operator/resyncSeconds'"),
+    ("operator.dataRoot=examples", "at '/operator/dataRoot': 'examples' does not match pattern '^/'"),
+    ("jobImages.pullPolicy=always", "at '/jobImages/pullPolicy': value must be one of"),
+    ("redis.externalUrl=my-redis:6379", "'my-redis:6379' does not match pattern '^rediss?://'"),
+    ("redis.persistence.size=8 Gi", "at '/redis/persistence/size': '8 Gi' does not match pattern"),
+])
+def test_values_schema_refuses_wrong_values_naming_the_key(value, message):
+    proc = helm("template", "omnirl", str(CHART), "--set", value, check=False)
+    assert proc.returncode != 0, f"--set {value} rendered"
+    assert "values don't meet the specifications of the schema" in proc.stderr and message in proc.stderr, proc.stderr
+
+
+def _leaf_paths(values: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = []
+    for key, value in values.items():
+        path = (*prefix, key)
+        out += _leaf_paths(value, path) if isinstance(value, dict) and value else [path]
+    return out
+
+
+def test_values_schema_covers_every_value_and_every_value_is_used():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    templates = "".join(p.read_text() for p in (CHART / "templates").iterdir())
+
+    def resolve(node: dict) -> dict:
+        ref = node.get("$ref", "")
+        return resolve(schema["definitions"][ref.rsplit("/", 1)[1]]) if ref else node
+
+    for path in _leaf_paths(values):
+        node = schema
+        for key in path:
+            props = resolve(node).get("properties", {})
+            if key not in props:  # a free-form map (resources.requests, labels): its keys are the user's
+                assert "additionalProperties" in resolve(node) and resolve(node)["additionalProperties"] is not \
+                    False, f"values.yaml {'.'.join(path)} is not in values.schema.json"
+                break
+            node = props[key]
+        # used by a template: the value itself, or the object holding it passed whole to a helper/toYaml
+        used = [".".join(path[:n]) for n in range(len(path), 0, -1)
+                if re.search(r"\.Values\." + re.escape(".".join(path[:n])) + r"(?![\w.])", templates)]
+        assert used, f"values.yaml {'.'.join(path)} is documented but no template reads it"
+
+
+@needs_helm
+def test_numeric_tags_and_passwords_render_as_text():
+    docs = render("--set", "jobImages.trainer.tag=2", "--set", "image.tag=1.5", "--set", "redis.password=12345")
+    env = operator_env(docs)
+    assert env["OMNIRL_TRAINER_IMAGE"] == "ghcr.io/omnirl/trainer:2"  # not trainer:%!s(int64=2)
+    (operator,) = by_kind(docs, "Deployment")
+    assert operator["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/omnirl/operator:1.5"
+    assert {s["data"]["password"] for s in by_kind(docs, "Secret")} == {"MTIzNDU="}  # base64 of "12345"
+
+
+@needs_helm
 def test_service_monitor_only_with_the_prometheus_operator_api():
     assert by_kind(render("--set", "metrics.serviceMonitor.enabled=true"), "ServiceMonitor") == []
     docs = render("--set", "metrics.serviceMonitor.enabled=true", "--api-versions", "monitoring.coreos.com/v1")
