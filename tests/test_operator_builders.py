@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from omnirl.api.loader import job_from_dict, load_rljob
 from omnirl_operator import render
 from omnirl_operator.builders import build_children
-from omnirl_operator.meta import MAX_JOB_NAME, adopt, deep_merge
+from omnirl_operator.meta import adopt, deep_merge
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import Observed, compute_status, decide_failure, permanent_failure
 
@@ -245,8 +245,6 @@ def test_deep_merge_semantics():
 
 
 def test_invalid_inputs_name_the_field():
-    with pytest.raises(ValueError, match="metadata.name"):
-        build_children(job("x" * (MAX_JOB_NAME + 1)), SETTINGS)
     with pytest.raises(ValueError, match="spec.transferQueue.redisUrl"):
         build_children(job(), OperatorSettings())
     with pytest.raises(ValueError, match="OMNIRL_RESYNC_SECONDS"):

@@ -108,8 +108,16 @@ def test_name_clash_and_length_are_refused():
     with pytest.raises(ValidationError, match=r"reward\[1\].name"):
         job([{"name": "a_b", "kind": "http", "server": {"command": ["x"]}},
              {"name": "a-b", "kind": "http", "server": {"command": ["x"]}}])
-    with pytest.raises(ValueError, match=r"spec.reward\[0\].name: the judge Service"):
-        build_children(job([{"name": "r" * 20, "kind": "http", "server": {"command": ["x"]}}], name="j" * 40), SETTINGS)
+    # refused by validation (`omnirl validate` said ok, the operator refused it), with the reason
+    with pytest.raises(ValidationError) as err:
+        job([{"name": "r" * 20, "kind": "http", "server": {"command": ["x"]}}], name="j" * 40)
+    assert [text for _, text in problem_lines(RLJob, err.value)] == [
+        f'spec.reward[0].name: "{"r" * 20}" is invalid: names the judge Service \'{"j" * 40}-judge-{"r" * 20}\' (67 '
+        "characters), which must be a DNS-1035 label of at most 63 characters ending with a letter or digit: shorten "
+        "or change the reward or job name"]
+    with pytest.raises(ValidationError, match=r"spec.reward\[0\].name.*ending with a letter or digit"):
+        job([{"name": "judge-", "kind": "http", "server": {"command": ["x"]}}])  # Service `demo-judge-judge-`
+    job([{"name": "judge-", "kind": "http", "url": "http://x"}])  # no Service: the name is free
 
 
 def test_substitution_and_wiring_are_plain():

@@ -37,7 +37,6 @@ from omnirl.api.spec import API_GROUP, RLJob
 from omnirl_operator.judges import build_judges, wired
 from omnirl_operator.meta import (
     LABEL_METRICS,
-    check_job_name,
     child_labels,
     child_name,
     object_meta,
@@ -265,9 +264,8 @@ def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | No
     ``settings.data_root`` (a directory in the pods) in the ConfigMap the pods read.
 
     Raises:
-        ValueError: naming the field, for a job name too long for its children or no Redis URL.
+        ValueError: naming ``spec.transferQueue.redisUrl`` when no Redis URL is known.
     """
-    check_job_name(job.metadata.name)
     job = resolve_paths(job, settings.data_root)  # relative prompt/model paths, as seen in the pods
     running = (not job.spec.suspend) if running is None else running
     judges = build_judges(job, settings, running=running)

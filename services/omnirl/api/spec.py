@@ -556,25 +556,41 @@ def is_dns1123_label(text: str) -> bool:
     return len(text) <= 63 and re.fullmatch(DNS1123_LABEL, text) is not None
 
 
+# Longest child name is the actor StatefulSet `<job>-actor`: the StatefulSet controller labels its
+# pods `controller-revision-hash: <name>-<10-char hash>`, and a label value holds 63 characters,
+# so the StatefulSet name may hold 52 and the job name 52 - len("-actor") = 46.
+MAX_JOB_NAME = 46
+# The job's Services (`<job>-actor`, `<job>-judge-<reward>` ...) are DNS-1035 labels: they start with a letter.
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+JOB_NAME_RULE = (f"at most {MAX_JOB_NAME} characters, lowercase letters, digits and '-', starting with a letter "
+                 "and ending with a letter or digit (the job's Services are named after it)")
+
+
+def judge_service_name(job_name: str, reward_name: str) -> str:
+    """`<job>-judge-<reward>`: Deployment and Service of a judge server (`_` is not allowed there: `-`)."""
+    return f"{job_name}-judge-{reward_name.replace('_', '-')}"
+
+
 class ObjectMeta(SpecModel):
     """The part of Kubernetes `metadata` omnirl reads; other fields are kept as they are."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: str = Field(
         ...,
-        description="Job name: a DNS-1123 label of at most 53 characters (children append suffixes).",
+        description=f"Job name: {JOB_NAME_RULE}.",
     )
     namespace: str | None = Field(None, description="Namespace: a DNS-1123 label (`DNS1123_LABEL_RULE`).")
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        # the rule's own words, not the regular expression; 53: the children's names append suffixes
-        if len(value) > 53:
-            raise ValueError(f"must be at most 53 characters (it has {len(value)}): the pods, Services and "
-                             "ConfigMaps of the job append suffixes to it")
-        if not is_dns1123_label(value):
-            raise ValueError(f"must be {DNS1123_LABEL_RULE} (e.g. ocr-nft-1)")
+        # the rule's own words, not the regular expression
+        if len(value) > MAX_JOB_NAME:
+            raise ValueError(f"must be at most {MAX_JOB_NAME} characters (it has {len(value)}): the actor "
+                             f"StatefulSet `{value}-actor` labels its pods with its name plus an 11-character "
+                             "revision hash, and label values hold 63 characters")
+        if re.fullmatch(DNS1035_LABEL, value) is None:
+            raise ValueError(f"must be {JOB_NAME_RULE} (e.g. ocr-nft-1)")
         return value
 
     @field_validator("namespace")
@@ -594,6 +610,17 @@ class RLJob(SpecModel):
     metadata: ObjectMeta
     spec: RLJobSpec
     status: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_judge_names(self) -> RLJob:
+        # needs metadata.name, so here rather than in RLJobSpec (which refuses clashing judge names)
+        for i, r in enumerate(self.spec.reward):
+            name = judge_service_name(self.metadata.name, r.name)
+            if r.server is not None and (len(name) > 63 or re.fullmatch(DNS1035_LABEL, name) is None):
+                raise FieldProblem(f"spec.reward[{i}].name", r.name, f"names the judge Service {name!r} "
+                                   f"({len(name)} characters), which must be a DNS-1035 label of at most 63 "
+                                   "characters ending with a letter or digit: shorten or change the reward or job name")
+        return self
 
 
 RewardSpec.model_rebuild()  # `server` refers to RewardServerSpec, defined after it
