@@ -8,7 +8,7 @@ import logging
 import socket
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import redis
 from kubernetes.client import ApiClient, Configuration
@@ -55,6 +55,60 @@ def test_reconcile_twice_is_idempotent():
             assert sorted(second.actions) == sorted(a.replace("created", "patched") for a in first.actions
                                                     if "Job/" not in a)
             assert len(after_first) == 11
+
+    asyncio.run(main())
+
+
+def test_a_spec_edit_restarts_a_running_job_visibly_and_leaves_a_finished_one_alone():
+    """Edit a running job: the controller Job is replaced, the status and an event say why and what
+    survives. Edit it once it has finished: nothing is rebuilt, observedGeneration stays at the
+    generation it finished with and the message says the edit was not applied."""
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+    manifest = {**MANIFEST, "metadata": {"name": "edited", "namespace": NS},
+                "spec": {**MANIFEST["spec"], "failurePolicy": {"controller": "fail-job"}}}
+
+    async def step(cluster: EmulatedCluster, seconds: int):
+        out = await reconcile(await cluster.rljob(NS, "edited"), cluster.api, OperatorSettings(),
+                              NOW + timedelta(seconds=seconds), LOG)
+        await cluster.patch(*rljob, NS, "edited", {"status": out.status}, sub="status")
+        return out
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(manifest))
+            await step(cluster, 0)
+            for kind, role in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor")):
+                await cluster.set_status("apps/v1", kind, NS, f"edited-{role}", {"readyReplicas": 1})
+            await cluster.set_status("batch/v1", "Job", NS, "edited-controller", {"active": 1, "ready": 1})
+            assert (await step(cluster, 1)).status["phase"] == "Running"
+            first = (await cluster.get("batch/v1", "Job", NS, "edited-controller"))["metadata"]["uid"]
+
+            await cluster.patch(*rljob, NS, "edited", {"spec": {"algorithm": {"steps": 50}}})
+            out = await step(cluster, 2)
+            text = ("spec changed (generation 2): the controller Job is replaced and every role's pods restart with "
+                    "the new spec; without spec.storage the run directory is an emptyDir, so training starts again "
+                    "from step 0")
+            assert out.events == [("Normal", "SpecChanged", text)]
+            ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
+            assert (out.status["phase"], out.status["message"], ready["reason"]) == ("Running", text, "SpecChanged")
+            assert (await step(cluster, 3)).events == []  # said once
+            second = await cluster.get("batch/v1", "Job", NS, "edited-controller")
+            assert second["metadata"]["uid"] != first and out.status["observedGeneration"] == 2
+
+            await cluster.set_status("batch/v1", "Job", NS, "edited-controller", {
+                "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
+            failed = (await step(cluster, 4)).status
+            assert (failed["phase"], failed["observedGeneration"]) == ("Failed", 2)
+            await cluster.patch(*rljob, NS, "edited", {"spec": {"algorithm": {"steps": 60}}})
+            out = await step(cluster, 5)
+            assert [a for a in out.actions if not a.startswith(("patched", "unchanged"))] == []  # nothing rebuilt
+            assert out.status["phase"] == "Failed" and out.status["observedGeneration"] == 2
+            assert out.status["message"] == failed["message"] + (
+                " (spec generation 3 not applied: the job finished at generation 2; delete the RLJob and apply it "
+                "again)")
+            cond = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+            assert cond["message"] == failed["message"] and cond["observedGeneration"] == 2
+            assert (await step(cluster, 6)).status["message"] == out.status["message"]  # the note is not repeated
 
     asyncio.run(main())
 

@@ -136,15 +136,21 @@ def _cond(type_: str, status: bool, reason: str, message: str, generation: int |
                      observedGeneration=generation)
 
 
+def _finished(previous: RLJobStatus) -> bool:
+    """Whether the job had finished (Succeeded, or Failed for a reason other than an invalid spec,
+    which an edit may fix): its status is a record that no later reconcile changes."""
+    prev_failed = next((c for c in previous.conditions if c.type == FAILED and c.status == "True"), None)
+    return previous.phase in TERMINAL_PHASES and not (prev_failed and prev_failed.reason == REASON_INVALID_SPEC)
+
+
 def _phase(previous: RLJobStatus, obs: Observed, all_ready: bool) -> tuple[str, str, str]:
     """(phase, reason, message) from the previous status and the observation."""
-    prev_failed = next((c for c in previous.conditions if c.type == FAILED and c.status == "True"), None)
     if obs.invalid_spec:
         return "Failed", REASON_INVALID_SPEC, "invalid spec: " + "; ".join(obs.invalid_spec)
-    if previous.phase in TERMINAL_PHASES and not (prev_failed and prev_failed.reason == REASON_INVALID_SPEC):
-        reason = next((c.reason for c in previous.conditions if c.type == previous.phase and c.status == "True"),
-                      previous.phase)
-        return previous.phase, reason, previous.message
+    if _finished(previous):
+        done = next((c for c in previous.conditions if c.type == previous.phase and c.status == "True"), None)
+        # the condition keeps the message the job finished with (status.message may carry a note)
+        return previous.phase, done.reason if done else previous.phase, done.message if done else previous.message
     if obs.failed is not None:
         return "Failed", obs.failed[0], obs.failed[1]
     if obs.controller == "succeeded":
@@ -187,6 +193,13 @@ def compute_status(job_obj: dict[str, Any], observed: Observed, progress: dict[s
     roles = {role: RoleStatus(desired=d, ready=min(r, d) if d else r) for role, (d, r) in observed.roles.items()}
     all_ready = bool(roles) and all(r.desired > 0 and r.ready >= r.desired for r in roles.values())
     phase, reason, message = _phase(previous, observed, all_ready)
+    note = ""
+    if _finished(previous) and previous.observedGeneration is not None:
+        # a finished job is not run again: an edit of its spec is not observed, and status.message says so
+        if generation is not None and generation > previous.observedGeneration:
+            note = (f" (spec generation {generation} not applied: the job finished at generation "
+                    f"{previous.observedGeneration}; delete the RLJob and apply it again)")
+        generation = previous.observedGeneration
     if phase == "Running" and progress.get("step") is not None:
         reward = progress.get("rewardMean")
         message += f"; {progress['step']} steps done" + (f", reward mean {reward:.4g}" if reward is not None else "")
@@ -211,7 +224,7 @@ def compute_status(job_obj: dict[str, Any], observed: Observed, progress: dict[s
         roles=roles,
         readyRoles=ready_roles_text(roles),
         restarts=max(previous.restarts, observed.restarts),
-        message=message,
+        message=message + note,
         startTime=start,
         completionTime=previous.completionTime or (now if terminal else None),
     )
