@@ -39,8 +39,8 @@ def job(name: str = "demo", roles: dict | None = None, **spec) -> object:
                           "metadata": {"name": name, "namespace": "team"}, "spec": base})
 
 
-def children(j, **kw) -> dict[str, dict]:
-    built = adopt(build_children(j, SETTINGS, **kw), j.metadata.name, "team", UID)
+def children(j, settings: OperatorSettings = SETTINGS, **kw) -> dict[str, dict]:
+    built = adopt(build_children(j, settings, **kw), j.metadata.name, "team", UID)
     return {f"{c['kind']}/{c['metadata']['name']}": c for c in built}
 
 
@@ -111,6 +111,28 @@ def test_a_node_pool_template_adds_to_the_accelerators_selector_and_toleration()
     spec = children(j)["Deployment/demo-rollout"]["spec"]["template"]["spec"]
     assert spec["nodeSelector"] == {"accelerator": "huawei-Ascend910", "pool": "npu-a"}
     assert [t["key"] for t in spec["tolerations"]] == ["huawei.com/Ascend910", "dedicated"]
+
+
+def test_the_default_redis_password_reaches_pods_in_any_namespace_through_the_jobs_own_secret():
+    """With the chart's Redis (the operator holds its password) a job in a namespace the chart never
+    saw (clusterWide) gets Secret <job>-redis, owned by the RLJob; a job naming its own Secret gets none."""
+    settings = OperatorSettings(default_redis_url="redis://r:6379/0", default_redis_password="s3cret",
+                                default_redis_password_secret="omnirl-redis")
+    kids = children(job(), settings=settings)
+    secret = kids["Secret/demo-redis"]
+    assert secret["data"] == {"password": "czNjcmV0"} and secret["metadata"]["ownerReferences"][0]["uid"] == UID
+    for workload in ("Deployment/demo-rollout", "Deployment/demo-reward", "StatefulSet/demo-actor",
+                     "Job/demo-controller"):
+        assert env(kids[workload])["REDIS_PASSWORD"] == {"secretKeyRef": {"name": "demo-redis", "key": "password"}}
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(secret, version, strict=True)
+    own = children(job(transferQueue={"passwordSecret": "team-redis"}), settings=settings)
+    assert not [k for k in own if k.startswith("Secret/")]
+    assert env(own["Deployment/demo-rollout"])["REDIS_PASSWORD"]["secretKeyRef"]["name"] == "team-redis"
+    # an operator told only the Secret's name (not the password) still points the pods at it
+    named = children(job(), settings=OperatorSettings(default_redis_url="redis://r:6379/0",
+                                                      default_redis_password_secret="omnirl-redis"))
+    assert env(named["Job/demo-controller"])["REDIS_PASSWORD"]["secretKeyRef"]["name"] == "omnirl-redis"
 
 
 def test_runtime_contract_env_ports_probes_security():

@@ -16,6 +16,7 @@ name                           kind               what
 ``J-actor``                    StatefulSet        trainer ranks; rank = pod ordinal
 ``J-controller``               Job (batch/v1)     the single controller
 ``J-run``                      PVC                the run directory (``spec.storage`` with ``size``)
+``J-redis``                    Secret             the default Redis's password (no ``passwordSecret``)
 ``J-judge-R``                  Deployment, Service  judge server of reward ``R`` (``reward[].server``)
 =============================  =================  ===============================================
 
@@ -46,6 +47,7 @@ from omnirl_operator.pods import (
     DIST_PORT,
     METRICS_PORT,
     WEIGHT_SYNC_PORT,
+    build_password_secret,
     pod_template,
     role_spec,
 )
@@ -273,6 +275,9 @@ def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | No
     text = job_yaml(job)
     digest = template_digest(job)
     children = [*build_controller_rbac(job), build_configmap(job, text), *build_services(job), *judges]
+    secret = build_password_secret(job, settings)
+    if secret is not None:
+        children.append(secret)
     claim = build_claim(job)  # kept when suspended or finished: it holds the results
     if claim is not None:
         children.append(claim)
