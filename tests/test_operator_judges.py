@@ -77,6 +77,27 @@ def test_judge_children_validate_and_the_pods_read_the_service_url():
     assert kids(j, running=False)["Deployment/demo-judge-vlm-judge"]["spec"]["replicas"] == 0
 
 
+def test_a_judge_template_puts_it_on_a_node_pool_and_keeps_its_selector():
+    template = {"metadata": {"labels": {"omnirl.dev/reward": "hijack", "team": "vision"}},
+                "spec": {"nodeSelector": {"pool": "h100"}, "imagePullSecrets": [{"name": "regcred"}],
+                         "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+                         "containers": [{"name": "judge", "env": [{"name": "HF_HOME", "value": "/cache"}]}]}}
+    j = job([{"name": "judge", "kind": "http", "server": {**VLLM, "template": template}}])
+    deploy = kids(j)["Deployment/demo-judge-judge"]
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(deploy, version, strict=True)
+    pod = deploy["spec"]["template"]
+    assert pod["metadata"]["labels"]["team"] == "vision"
+    assert deploy["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()  # not hijacked
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"pool": "h100"} and spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert [t["key"] for t in spec["tolerations"]] == ["nvidia.com/gpu", "dedicated"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["HF_HOME"] == "/cache" and env["OMNIRL_JUDGE_PORT"] == "8001"  # merged, not replaced
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+
+
 def test_judge_readiness_gates_the_controller():
     j = job([{"name": "j", "kind": "http", "server": {"command": ["srv"], "replicas": 2}}])
     assert judge_roles(j, {}, True) == {"judge-j": (2, 0)}

@@ -19,7 +19,7 @@ from typing import Any
 
 from omnirl.api.judges import VOLUME_MOUNT, argv, dns_name, judge_rewards, url, wire
 from omnirl.api.spec import RewardSpec, RLJob, judge_service_name
-from omnirl_operator.meta import child_labels, object_meta
+from omnirl_operator.meta import child_labels, deep_merge, object_meta
 from omnirl_operator.pods import accelerator_resources, accelerator_scheduling
 from omnirl_operator.settings import OperatorSettings
 
@@ -94,6 +94,10 @@ def build_judge(job: RLJob, reward: RewardSpec, settings: OperatorSettings, *, r
         "terminationGracePeriodSeconds": 30,
         **accelerator_scheduling(server),
     }
+    template: dict[str, Any] = {"metadata": {"labels": labels}, "spec": spec}
+    if server.template:  # user fields win, but the selector's labels stay (the Deployment needs them)
+        template = deep_merge(template, server.template)
+        template["metadata"].setdefault("labels", {}).update(selector)
     meta = object_meta(name, child, ROLE)
     meta["labels"][LABEL_REWARD] = dns_name(reward)
     return [
@@ -104,7 +108,7 @@ def build_judge(job: RLJob, reward: RewardSpec, settings: OperatorSettings, *, r
                 "selector": {"matchLabels": selector},
                 "progressDeadlineSeconds": 1800,
                 "revisionHistoryLimit": 3,
-                "template": {"metadata": {"labels": labels}, "spec": spec},
+                "template": template,
             },
         },
         {

@@ -307,6 +307,12 @@ class RewardServerSpec(SpecModel):
                          "scorer protocol, `/v1` for an OpenAI-compatible server).")
     healthPath: str | None = Field(None, pattern=r"^/", description="HTTP path answering 200 when the server is "
                                    "ready (`/health` on vLLM); null = ready once the port accepts connections.")
+    template: dict[str, Any] | None = Field(
+        None, description="Optional PodTemplateSpec merged over the judge's generated one (user fields win; its "
+        "container is named `judge`): node pools (nodeSelector, tolerations), imagePullSecrets, env. Ignored by "
+        "`omnirl run`.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RewardServerSpec:
