@@ -220,6 +220,14 @@ def test_values_schema_covers_every_value_and_every_value_is_used():
 
 
 @needs_helm
+def test_job_pull_secrets_reach_the_operator():
+    docs = render("--set", "jobImages.pullSecrets[0].name=regcred", "--set", "jobImages.pullSecrets[1].name=mirror")
+    validate_all(docs)
+    assert operator_env(docs)["OMNIRL_IMAGE_PULL_SECRETS"] == "regcred,mirror"
+    assert "OMNIRL_IMAGE_PULL_SECRETS" not in operator_env(render())
+
+
+@needs_helm
 def test_numeric_tags_and_passwords_render_as_text():
     docs = render("--set", "jobImages.trainer.tag=2", "--set", "image.tag=1.5", "--set", "redis.password=12345")
     env = operator_env(docs)

@@ -135,6 +135,20 @@ def test_the_default_redis_password_reaches_pods_in_any_namespace_through_the_jo
     assert env(named["Job/demo-controller"])["REDIS_PASSWORD"]["secretKeyRef"]["name"] == "omnirl-redis"
 
 
+def test_pull_secrets_go_to_every_pod_judges_included():
+    settings = OperatorSettings.from_env({"OMNIRL_DEFAULT_REDIS_URL": "redis://r:6379/0",
+                                          "OMNIRL_IMAGE_PULL_SECRETS": "regcred, mirror,"})
+    assert settings.image_pull_secrets == ("regcred", "mirror")
+    judge = {"name": "judge", "kind": "http", "server": {"command": ["omnirl", "scorer", "serve"]}}
+    kids = children(job(reward=[{"name": "ocr", "kind": "ocr"}, judge]), settings=settings)
+    pods = {k: o["spec"]["template"]["spec"] for k, o in kids.items() if k.split("/")[0] in WORKLOAD_KINDS}
+    assert sorted(pods) == ["Deployment/demo-judge-judge", "Deployment/demo-reward", "Deployment/demo-rollout",
+                            "Job/demo-controller", "StatefulSet/demo-actor"]
+    for name, pod in pods.items():
+        assert pod["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}], name
+    assert "imagePullSecrets" not in children(job())["Deployment/demo-rollout"]["spec"]["template"]["spec"]
+
+
 def test_runtime_contract_env_ports_probes_security():
     kids = children(job())
     rollout, actor, ctrl = kids["Deployment/demo-rollout"], kids["StatefulSet/demo-actor"], kids["Job/demo-controller"]

@@ -20,7 +20,7 @@ from typing import Any
 from omnirl.api.judges import VOLUME_MOUNT, argv, dns_name, judge_rewards, url, wire
 from omnirl.api.spec import RewardSpec, RLJob, judge_service_name
 from omnirl_operator.meta import child_labels, deep_merge, object_meta
-from omnirl_operator.pods import accelerator_resources, accelerator_scheduling
+from omnirl_operator.pods import accelerator_resources, accelerator_scheduling, pull_secrets
 from omnirl_operator.settings import OperatorSettings
 
 LABEL_JUDGE_OF = "omnirl.dev/judge-of"
@@ -93,6 +93,7 @@ def build_judge(job: RLJob, reward: RewardSpec, settings: OperatorSettings, *, r
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 30,
         **accelerator_scheduling(server),
+        **pull_secrets(settings),
     }
     template: dict[str, Any] = {"metadata": {"labels": labels}, "spec": spec}
     if server.template:  # user fields win, but the selector's labels stay (the Deployment needs them)

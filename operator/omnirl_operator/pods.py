@@ -90,6 +90,13 @@ def accelerator_scheduling(role: RoleSpec) -> dict[str, Any]:
     return {}
 
 
+def pull_secrets(settings: OperatorSettings) -> dict[str, Any]:
+    """``{"imagePullSecrets": [...]}`` of every RLJob pod (``settings.image_pull_secrets``), or ``{}``."""
+    if not settings.image_pull_secrets:
+        return {}
+    return {"imagePullSecrets": [{"name": n} for n in settings.image_pull_secrets]}
+
+
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -269,6 +276,7 @@ def pod_template(
     }
     if service_account is not None:
         spec["serviceAccountName"] = service_account
+    spec.update(pull_secrets(settings))
     template: dict[str, Any] = {
         "metadata": {"labels": child_labels(name, role), "annotations": {ANNOTATION_SPEC_HASH: spec_hash}},
         "spec": spec,
