@@ -113,6 +113,49 @@ def test_a_spec_edit_restarts_a_running_job_visibly_and_leaves_a_finished_one_al
     asyncio.run(main())
 
 
+def test_active_deadline_fails_the_job_instead_of_restarting_it():
+    """failurePolicy.activeDeadlineSeconds: past it (from status.startTime) the job fails and its
+    pods go; the controller Job's own DeadlineExceeded is not restarted by the failure policy
+    (whose default for the controller, restart-job, gave every new Job a fresh deadline)."""
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+
+    async def run_to_running(cluster: EmulatedCluster, name: str) -> None:
+        manifest = {**MANIFEST, "metadata": {"name": name, "namespace": NS},
+                    "spec": {**MANIFEST["spec"], "failurePolicy": {"activeDeadlineSeconds": 60}}}
+        await cluster.create(rljob_body(manifest))
+        await step(cluster, name, 0)
+        for kind, role in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor")):
+            await cluster.set_status("apps/v1", kind, NS, f"{name}-{role}", {"readyReplicas": 1})
+        await cluster.set_status("batch/v1", "Job", NS, f"{name}-controller", {"active": 1, "ready": 1})
+        assert (await step(cluster, name, 1)).status["phase"] == "Running"  # startTime = NOW + 1 s
+
+    async def step(cluster: EmulatedCluster, name: str, seconds: int):
+        out = await reconcile(await cluster.rljob(NS, name), cluster.api, OperatorSettings(),
+                              NOW + timedelta(seconds=seconds), LOG)
+        await cluster.patch(*rljob, NS, name, {"status": out.status}, sub="status")
+        return out
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await run_to_running(cluster, "clock")
+            assert (await step(cluster, "clock", 60)).status["phase"] == "Running"  # 59 s
+            out = await step(cluster, "clock", 61)
+            failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+            assert (out.status["phase"], failed["reason"]) == ("Failed", "DeadlineExceeded")
+            assert failed["message"] == ("the job ran 60 s, failurePolicy.activeDeadlineSeconds is 60 s; "
+                                         "not restarted")
+            assert (await cluster.get("apps/v1", "Deployment", NS, "clock-rollout"))["spec"]["replicas"] == 0
+
+            await run_to_running(cluster, "jobclock")
+            await cluster.set_status("batch/v1", "Job", NS, "jobclock-controller", {"conditions": [
+                {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "too long"}]})
+            out = await step(cluster, "jobclock", 30)
+            assert (out.status["phase"], out.status["restarts"]) == ("Failed", 0)
+            assert "DeadlineExceeded" in [c["reason"] for c in out.status["conditions"] if c["type"] == "Failed"]
+
+    asyncio.run(main())
+
+
 def test_finalizer_cleanup_removes_exactly_the_jobs_keys(redis_url):
     client = redis.Redis.from_url(redis_url)
     try:

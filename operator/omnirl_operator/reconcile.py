@@ -39,6 +39,7 @@ from omnirl_operator.status import (
     FailureDecision,
     Observed,
     compute_status,
+    deadline_exceeded,
     decide_failure,
     permanent_failure,
 )
@@ -227,7 +228,9 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     failed_role = "controller" if state == "failed" else next(iter(sorted(failures)), None)
     decision = FailureDecision("none")
     permanent = None
-    if running:  # a permanent exit code fails the job before any restart is considered
+    if running:  # a permanent exit code or the deadline fails the job before any restart is considered
+        permanent = deadline_exceeded(body, job.spec.failurePolicy.activeDeadlineSeconds, controller, now)
+    if running and permanent is None:
         pods = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns, selector_labels(job.metadata.name))
         permanent = permanent_failure(pods, LABEL_ROLE)
     if permanent is not None:

@@ -131,6 +131,28 @@ def permanent_failure(pods: list[dict[str, Any]], role_label: str) -> FailureDec
     return None
 
 
+def deadline_exceeded(job_obj: dict[str, Any], deadline_s: int | None, controller: dict[str, Any] | None,
+                      now: datetime) -> FailureDecision | None:
+    """``fail`` (reason ``DeadlineExceeded``) once the job has run ``failurePolicy.activeDeadlineSeconds``,
+    else None.
+
+    Measured from ``status.startTime`` (restarts and spec edits do not reset it), or reported by the
+    controller Job itself (its own ``activeDeadlineSeconds``: a Failed condition with reason
+    ``DeadlineExceeded``), which the failure policy must not restart.
+    """
+    if deadline_s is None:
+        return None
+    start = (job_obj.get("status") or {}).get("startTime")
+    elapsed = (now - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds() if start else 0.0
+    job_says = any(c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == "DeadlineExceeded"
+                   for c in ((controller or {}).get("status") or {}).get("conditions") or [])
+    if elapsed < deadline_s and not job_says:
+        return None
+    ran = f"ran {int(elapsed)} s" if start else "ran"
+    return FailureDecision("fail", "DeadlineExceeded",
+                           f"the job {ran}, failurePolicy.activeDeadlineSeconds is {deadline_s} s; not restarted")
+
+
 def _cond(type_: str, status: bool, reason: str, message: str, generation: int | None) -> Condition:
     return Condition(type=type_, status="True" if status else "False", reason=reason, message=message,
                      observedGeneration=generation)

@@ -455,7 +455,10 @@ class FailurePolicySpec(SpecModel):
     reward: FailureAction = Field("restart-role", description="Action when a reward pod fails.")
     actor: FailureAction = Field("restart-job", description="Action when an actor pod fails.")
     controller: FailureAction = Field("restart-job", description="Action when the controller fails.")
-    activeDeadlineSeconds: int | None = Field(None, ge=1, description="Fail the job after this many seconds.")
+    activeDeadlineSeconds: int | None = Field(
+        None, ge=1, description="Kubernetes: fail the job (not restarted) once this many seconds have passed since "
+        "it first ran (status.startTime; restarts, spec edits and suspensions do not reset the clock). Not used by "
+        "`omnirl run`.")
     progressDeadlineSeconds: float = Field(
         600.0, gt=0, description="A role whose main loop has not beaten (heartbeat in Redis, gRPC health) for this "
         "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
