@@ -43,7 +43,7 @@ from omnirl_operator.status import (
     decide_failure,
     permanent_failure,
 )
-from omnirl_operator.storage import ensure_claim
+from omnirl_operator.storage import claim_conflict, ensure_claim
 
 WORKLOADS = (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
              ("apps/v1", "StatefulSet", "actor"))
@@ -204,6 +204,12 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     suspended = job.spec.suspend and not terminal
     running = not suspended and not terminal
     children = adopt(build_children(job, settings, running=running), job.metadata.name, ns, uid)
+    claim = next((c for c in children if c["kind"] == "PersistentVolumeClaim"), None)
+    if claim is not None and not terminal:  # an edit the claim cannot follow: an invalid spec, nothing applied
+        stored_claim = await asyncio.to_thread(kube.get, "v1", "PersistentVolumeClaim", ns, claim["metadata"]["name"])
+        conflict = claim_conflict(stored_claim, claim)
+        if conflict is not None:
+            return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
     scaled, actions = await autoscale_reward(kube, job, ns, children, settings, now)
     more, stored = await _apply_all(kube, children, log)
     actions += more
