@@ -330,6 +330,18 @@ def test_invalid_spec_status_and_recovery():
     assert "spec.algorithm.groupSize" in failed["message"]
     fixed = compute_status(body(bad, generation=2), Observed(roles=ALL_READY, controller="active"), {}, NOW)
     assert fixed["phase"] == "Running" and fixed["observedGeneration"] == 2
+    # an invalid edit of a live job is refused, not a failure: the pods go on with generation 2
+    edited = compute_status(body(fixed, generation=3), Observed(invalid_spec=("spec.x: bad",)), {}, NOW)
+    conds = {c["type"]: c for c in edited["conditions"]}
+    assert (edited["phase"], edited["observedGeneration"], conds["Ready"]["reason"]) == ("Running", 2, "InvalidSpec")
+    assert conds["Failed"]["status"] == "False" and edited["message"] == (
+        "the edited spec is invalid and was not applied; the job goes on with generation 2: spec.x: bad")
+    # a finished job ignores edits, invalid ones too (it is not re-run after an invalid, then a valid edit)
+    done = compute_status(body(fixed, generation=2), Observed(roles=ALL_READY, controller="succeeded"), {}, NOW)
+    after = compute_status(body(done, generation=3), Observed(invalid_spec=("spec.x: bad",)), {}, NOW)
+    assert (after["phase"], after["observedGeneration"]) == ("Succeeded", 2)
+    assert after["message"].endswith("(spec generation 3 not applied: the job finished at generation 2; delete the "
+                                     "RLJob and apply it again)")
 
 
 @pytest.mark.parametrize("policy, restarts, role, action, reason", [

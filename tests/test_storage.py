@@ -275,11 +275,13 @@ def test_an_edit_the_claim_cannot_follow_is_refused_and_undoing_it_recovers():
             actor = await cluster.get("apps/v1", "StatefulSet", NS, "modes-actor")
             await cluster.patch(*rljob, NS, "modes", {"spec": {"storage": {"accessModes": ["ReadWriteMany"]}}})
             out = await step(cluster)
-            failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
-            assert (out.status["phase"], failed["reason"], out.actions) == ("Failed", "InvalidSpec", [])
-            assert failed["message"] == (
-                "invalid spec: spec.storage.accessModes: ['ReadWriteMany'] differs from ['ReadWriteOnce'] of the "
-                "claim modes-run it created, whose access modes cannot change: restore it, or delete the RLJob and "
+            ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
+            # the job goes on with the claim and pods it has: not Failed, the edit is what is refused
+            assert (out.status["phase"], ready["reason"], out.actions) == ("Pending", "InvalidSpec", [])
+            assert out.status["observedGeneration"] == 1 and ready["message"] == out.status["message"] == (
+                "the edited spec is invalid and was not applied; the job goes on with generation 1: "
+                "spec.storage.accessModes: ['ReadWriteMany'] differs from ['ReadWriteOnce'] of the claim modes-run it "
+                "created, whose access modes cannot change: restore it, or delete the RLJob and "
                 "PersistentVolumeClaim modes-run (its data goes with it) and apply again")
             # nothing was applied: the actor keeps its one-node affinity
             assert (await cluster.get("apps/v1", "StatefulSet", NS, "modes-actor"))["spec"] == actor["spec"]
@@ -289,7 +291,8 @@ def test_an_edit_the_claim_cannot_follow_is_refused_and_undoing_it_recovers():
             assert "spec.storage.storageClassName: 'fast' differs from 'standard'" in \
                 (await step(cluster)).status["message"]
             await cluster.patch(*rljob, NS, "modes", {"spec": {"storage": {"storageClassName": "standard"}}})
-            assert (await step(cluster)).status["phase"] == "Pending"  # undone: the job goes on
+            undone = (await step(cluster)).status
+            assert (undone["phase"], undone["observedGeneration"]) == ("Pending", 5)  # undone: the edits apply
 
     asyncio.run(main())
 

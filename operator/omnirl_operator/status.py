@@ -165,14 +165,23 @@ def _finished(previous: RLJobStatus) -> bool:
     return previous.phase in TERMINAL_PHASES and not (prev_failed and prev_failed.reason == REASON_INVALID_SPEC)
 
 
+def _live(previous: RLJobStatus) -> bool:
+    """Whether the job runs (or waits for pods) under a spec an earlier reconcile applied."""
+    return previous.phase in ("Pending", "Running", "Suspended") and previous.observedGeneration is not None
+
+
 def _phase(previous: RLJobStatus, obs: Observed, all_ready: bool) -> tuple[str, str, str]:
     """(phase, reason, message) from the previous status and the observation."""
-    if obs.invalid_spec:
-        return "Failed", REASON_INVALID_SPEC, "invalid spec: " + "; ".join(obs.invalid_spec)
     if _finished(previous):
         done = next((c for c in previous.conditions if c.type == previous.phase and c.status == "True"), None)
         # the condition keeps the message the job finished with (status.message may carry a note)
         return previous.phase, done.reason if done else previous.phase, done.message if done else previous.message
+    if obs.invalid_spec:
+        problems = "; ".join(obs.invalid_spec)
+        if _live(previous):  # an invalid edit: nothing was applied, the pods go on with the last valid spec
+            return (previous.phase, REASON_INVALID_SPEC, f"the edited spec is invalid and was not applied; the job "
+                    f"goes on with generation {previous.observedGeneration}: {problems}")
+        return "Failed", REASON_INVALID_SPEC, "invalid spec: " + problems
     if obs.failed is not None:
         return "Failed", obs.failed[0], obs.failed[1]
     if obs.controller == "succeeded":
@@ -216,6 +225,8 @@ def compute_status(job_obj: dict[str, Any], observed: Observed, progress: dict[s
     all_ready = bool(roles) and all(r.desired > 0 and r.ready >= r.desired for r in roles.values())
     phase, reason, message = _phase(previous, observed, all_ready)
     note = ""
+    if observed.invalid_spec and not _finished(previous) and _live(previous):
+        generation = previous.observedGeneration  # the generation the pods still run
     if _finished(previous) and previous.observedGeneration is not None:
         # a finished job is not run again: an edit of its spec is not observed, and status.message says so
         if generation is not None and generation > previous.observedGeneration:
