@@ -156,6 +156,56 @@ def test_active_deadline_fails_the_job_instead_of_restarting_it():
     asyncio.run(main())
 
 
+def test_a_replica_the_kubelet_keeps_restarting_follows_the_failure_policy():
+    """A rollout pod restarted in place more than failurePolicy.maxRestarts times (an OOM each time)
+    is a failed role: restart-role rolls its pods once, the old pod is not counted again, and the
+    next one to crash-loop exhausts the restarts. Before, nothing watched it: it looped forever."""
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+    name = "loop"
+    manifest = {**MANIFEST, "metadata": {"name": name, "namespace": NS},
+                "spec": {**MANIFEST["spec"], "failurePolicy": {"maxRestarts": 1}}}
+
+    async def step(cluster: EmulatedCluster, seconds: int):
+        out = await reconcile(await cluster.rljob(NS, name), cluster.api, OperatorSettings(),
+                              NOW + timedelta(seconds=seconds), LOG)
+        await cluster.patch(*rljob, NS, name, {"status": out.status}, sub="status")
+        return out.status
+
+    async def pod(cluster: EmulatedCluster, pod_name: str, restarts: int) -> None:
+        """A pod of the rollout Deployment's current template (as its ReplicaSet would make it)."""
+        template = (await cluster.get("apps/v1", "Deployment", NS, f"{name}-rollout"))["spec"]["template"]
+        await cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": pod_name, "namespace": NS, "labels": template["metadata"]["labels"],
+            "annotations": template["metadata"]["annotations"]},
+            "spec": {"containers": [{"name": "rollout", "image": "rollout"}]},
+            "status": {"containerStatuses": [{"name": "rollout", "restartCount": restarts,
+                                              "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                              "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}})
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(manifest))
+            await step(cluster, 0)
+            await pod(cluster, f"{name}-rollout-aaaaa", restarts=1)  # within maxRestarts: the kubelet's job
+            assert (await step(cluster, 1))["restarts"] == 0
+            await pod(cluster, f"{name}-rollout-bbbbb", restarts=2)
+            status = await step(cluster, 2)
+            assert (status["restarts"], status["phase"]) == (1, "Pending")
+            assert status["message"] == (
+                f"rollout failed: pod {name}-rollout-bbbbb restarted 2 times (last exit 137: OOMKilled), more than "
+                "failurePolicy.maxRestarts (1); restarting role rollout (1/1)")
+            deploy = await cluster.get("apps/v1", "Deployment", NS, f"{name}-rollout")
+            assert "omnirl.dev/restarted-at" in deploy["spec"]["template"]["metadata"]["annotations"]
+            status = await step(cluster, 3)  # the old pods are going away: not counted again
+            assert (status["restarts"], status["phase"]) == (1, "Pending")
+            await pod(cluster, f"{name}-rollout-ccccc", restarts=2)  # the rolled pod loops too
+            status = await step(cluster, 4)
+            failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+            assert (status["phase"], failed["reason"]) == ("Failed", "RestartsExhausted")
+
+    asyncio.run(main())
+
+
 def test_finalizer_cleanup_removes_exactly_the_jobs_keys(redis_url):
     client = redis.Redis.from_url(redis_url)
     try:

@@ -39,6 +39,7 @@ from omnirl_operator.status import (
     FailureDecision,
     Observed,
     compute_status,
+    crash_looping,
     deadline_exceeded,
     decide_failure,
     permanent_failure,
@@ -169,6 +170,15 @@ def observe_roles(job: RLJob, stored: dict[str, dict[str, Any]], controller: dic
     return roles, failures
 
 
+def _templates(job: RLJob, stored: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Per workload role, the annotations of its stored pod template."""
+    out = {}
+    for _, kind, role in WORKLOADS:
+        obj = stored.get(f"{kind}/{child_name(job.metadata.name, role)}") or {}
+        out[role] = ((obj.get("spec") or {}).get("template") or {}).get("metadata", {}).get("annotations") or {}
+    return out
+
+
 async def _restart(kube: KubeApi, job: RLJob, ns: str, now: datetime, role: str | None = None) -> list[str]:
     """Roll pods with a ``restarted-at`` template annotation (like ``kubectl rollout restart``):
     every workload plus a new controller Job when ``role`` is None, else that role's workload."""
@@ -239,6 +249,11 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     if running and permanent is None:
         pods = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns, selector_labels(job.metadata.name))
         permanent = permanent_failure(pods, LABEL_ROLE)
+        if failed_role is None:  # a replica the kubelet keeps restarting is a failed role
+            looping = crash_looping(pods, LABEL_ROLE, job.spec.failurePolicy.maxRestarts,
+                                    _templates(job, stored), (ANNOTATION_SPEC_HASH, ANNOTATION_RESTARTED_AT))
+            failed_role = next(iter(sorted(looping)), None)
+            failures.update(looping)
     if permanent is not None:
         decision = permanent
     elif running and failed_role is not None:

@@ -131,6 +131,41 @@ def permanent_failure(pods: list[dict[str, Any]], role_label: str) -> FailureDec
     return None
 
 
+def crash_looping(pods: list[dict[str, Any]], role_label: str, max_restarts: int,
+                  templates: dict[str, dict[str, str]], keys: tuple[str, ...]) -> dict[str, str]:
+    """Roles with a pod of their current template whose container the kubelet restarted more than
+    ``max_restarts`` times (``failurePolicy.maxRestarts``: a replica's own restarts), with a message.
+
+    A Deployment or StatefulSet pod that keeps crashing (OOM, a transient error each time) is
+    restarted in place forever, and its workload reports no failure once it has been available.
+
+    Args:
+        pods: the job's pods.
+        role_label: the pod label naming the role.
+        templates: per workload role (rollout, reward, actor), the annotations of its current pod template.
+        keys: the template annotations that identify a pod generation (spec hash, restarted-at): pods
+            of an older one are going away and are not counted again after a restart.
+    """
+    out: dict[str, str] = {}
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        meta = pod["metadata"]
+        role = (meta.get("labels") or {}).get(role_label)
+        if role not in templates or role in out or meta.get("deletionTimestamp"):
+            continue
+        annotations = meta.get("annotations") or {}
+        if any(annotations.get(k) != templates[role].get(k) for k in keys):
+            continue
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            count = int(container.get("restartCount") or 0)
+            if count > max_restarts:
+                ended = ((container.get("lastState") or {}).get("terminated") or {})
+                why = f" (last exit {ended['exitCode']}: {ended.get('reason', '')})" if "exitCode" in ended else ""
+                out[role] = (f"pod {meta['name']} restarted {count} times{why}, more than failurePolicy.maxRestarts "
+                             f"({max_restarts})")
+                break
+    return out
+
+
 def deadline_exceeded(job_obj: dict[str, Any], deadline_s: int | None, controller: dict[str, Any] | None,
                       now: datetime) -> FailureDecision | None:
     """``fail`` (reason ``DeadlineExceeded``) once the job has run ``failurePolicy.activeDeadlineSeconds``,
