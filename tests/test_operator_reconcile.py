@@ -59,6 +59,26 @@ def test_reconcile_twice_is_idempotent():
     asyncio.run(main())
 
 
+def test_the_jobs_redis_password_secret_is_created_in_its_namespace_once():
+    settings = OperatorSettings(default_redis_url="redis://redis:6379/0", default_redis_password="s3cret",
+                                default_redis_password_secret="omnirl-redis")
+    manifest = {**MANIFEST, "metadata": {"name": "pw", "namespace": NS},
+                "spec": {**MANIFEST["spec"], "transferQueue": {}}}
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            body = await cluster.create(rljob_body(manifest))
+            first = await reconcile(body, cluster.api, settings, NOW, LOG)
+            assert "created Secret/pw-redis" in first.actions
+            again = await reconcile(body, cluster.api, settings, NOW, LOG)
+            assert "patched Secret/pw-redis" in again.actions
+            secret = await cluster.get("v1", "Secret", NS, "pw-redis")
+            assert secret["data"] == {"password": "czNjcmV0"}
+            assert secret["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]  # goes with the job
+
+    asyncio.run(main())
+
+
 def test_a_spec_edit_restarts_a_running_job_visibly_and_leaves_a_finished_one_alone():
     """Edit a running job: the controller Job is replaced, the status and an event say why and what
     survives. Edit it once it has finished: nothing is rebuilt, observedGeneration stays at the
