@@ -334,6 +334,7 @@ def test_invalid_spec_status_and_recovery():
     edited = compute_status(body(fixed, generation=3), Observed(invalid_spec=("spec.x: bad",)), {}, NOW)
     conds = {c["type"]: c for c in edited["conditions"]}
     assert (edited["phase"], edited["observedGeneration"], conds["Ready"]["reason"]) == ("Running", 2, "InvalidSpec")
+    assert (edited["roles"], edited["readyRoles"]) == (fixed["roles"], "4/4")  # the pods as last seen, not 0/0
     assert conds["Failed"]["status"] == "False" and edited["message"] == (
         "the edited spec is invalid and was not applied; the job goes on with generation 2: spec.x: bad")
     # a finished job ignores edits, invalid ones too (it is not re-run after an invalid, then a valid edit)

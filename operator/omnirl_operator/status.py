@@ -260,6 +260,8 @@ def compute_status(job_obj: dict[str, Any], observed: Observed, progress: dict[s
     all_ready = bool(roles) and all(r.desired > 0 and r.ready >= r.desired for r in roles.values())
     phase, reason, message = _phase(previous, observed, all_ready)
     note = ""
+    if observed.invalid_spec:  # nothing was observed: the pods are as last seen (Ready stays False: see the edit)
+        roles = dict(previous.roles)
     if observed.invalid_spec and not _finished(previous) and _live(previous):
         generation = previous.observedGeneration  # the generation the pods still run
     if _finished(previous) and previous.observedGeneration is not None:
