@@ -75,6 +75,17 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
             "spec.roles.reward.accelerator.count: 2 is invalid: must be 0 for type cpu (set type nvidia or ascend)",
         ),
         (
+            {"roles": {"actor": {"accelerator": {"type": "ascend", "count": 4}}}},
+            "spec.roles.actor.accelerator.count: 4 is invalid: must be at most 1: each actor pod runs one process "
+            "on one device, the others would sit idle; use replicas: N with count: 1 (actor ranks shard the model "
+            "with FSDP2)",
+        ),
+        (
+            {"roles": {"rollout": {"accelerator": {"type": "nvidia", "count": 2}}}},
+            "spec.roles.rollout.accelerator.count: 2 is invalid: must be at most 1: each rollout pod runs one "
+            "process on one device, the others would sit idle; use replicas: N with count: 1 (one worker per device)",
+        ),
+        (
             {"reward": [{"name": "a", "kind": "ocr"}, {"name": "a", "kind": "jpeg"}]},
             'spec.reward[1].name: "a" is invalid: must be unique; reward[0] has it',
         ),

@@ -116,7 +116,8 @@ def test_default_render_is_namespaced_least_privilege_and_valid():
                   ("", "configmaps"), ("", "serviceaccounts"), ("rbac.authorization.k8s.io", "roles"),
                   ("rbac.authorization.k8s.io", "rolebindings")):
         assert rules[child] == {"create", "get", "list", "watch", "patch", "delete"}, child
-    assert rules[("", "events")] == {"create", "patch"} and rules[("", "secrets")] == {"get"}
+    assert rules[("", "events")] == {"create", "patch"}
+    assert rules[("", "secrets")] == {"create", "get", "patch"}  # a job's own <job>-redis copy of the password
     assert rules[("", "persistentvolumeclaims")] == {"create", "get", "patch"}  # spec.storage; GC deletes
     assert rules[("", "pods")] == {"list"} and ("", "*") not in rules  # only to read permanent exit codes
     # escalation check: the operator holds every permission of the per-job Role it creates
@@ -149,9 +150,8 @@ def test_cluster_wide_and_watched_namespaces():
     validate_all(docs)
     assert sorted(r["metadata"]["namespace"] for r in by_kind(docs, "Role")) == ["team-a", "team-b"]
     assert operator_env(docs)["__args"][1:] == ["--namespace=team-a", "--namespace=team-b"]
-    secrets = by_kind(docs, "Secret")  # role pods in each watched namespace read the Redis password
-    assert sorted(s["metadata"]["namespace"] for s in secrets) == ["omnirl-system", "team-a", "team-b"]
-    assert len({s["data"]["password"] for s in secrets}) == 1
+    # one password Secret, in the release namespace: the operator copies it into each job's namespace
+    assert [s["metadata"]["namespace"] for s in by_kind(docs, "Secret")] == ["omnirl-system"]
 
 
 @needs_helm
@@ -165,6 +165,76 @@ def test_external_redis():
     assert env["OMNIRL_DEFAULT_REDIS_PASSWORD_SECRET"] == "redis-auth"
     missing = helm("template", "omnirl", str(CHART), "--set", "redis.bundled=false", check=False)
     assert missing.returncode != 0 and "redis.externalUrl is required" in missing.stderr
+
+
+@needs_helm
+@pytest.mark.parametrize("value, message", [
+    ("watchNamespace={team-a}", "at '': additional properties 'watchNamespace' not allowed"),  # a misspelt key
+    ("redis.persistance.enabled=false", "at '/redis': additional properties 'persistance' not allowed"),
+    ("clusterWide=yes", "at '/clusterWide': got string, want boolean"),
+    ("watchNamespaces=team-a", "at '/watchNamespaces': got string, want array"),
+    ("watchNamespaces={Team_A}", "at '/watchNamespaces/0': 'Team_A' does not match pattern"),
+    ("operator.resyncSeconds=abc", "at '/operator/resyncSeconds': got string, want number"),
+    ("operator.resyncSeconds=0", "at '/operator/resyncSeconds'"),
+    ("operator.dataRoot=examples", "at '/operator/dataRoot': 'examples' does not match pattern '^/'"),
+    ("jobImages.pullPolicy=always", "at '/jobImages/pullPolicy': value must be one of"),
+    ("redis.externalUrl=my-redis:6379", "'my-redis:6379' does not match pattern '^rediss?://'"),
+    ("redis.persistence.size=8 Gi", "at '/redis/persistence/size': '8 Gi' does not match pattern"),
+])
+def test_values_schema_refuses_wrong_values_naming_the_key(value, message):
+    proc = helm("template", "omnirl", str(CHART), "--set", value, check=False)
+    assert proc.returncode != 0, f"--set {value} rendered"
+    assert "values don't meet the specifications of the schema" in proc.stderr and message in proc.stderr, proc.stderr
+
+
+def _leaf_paths(values: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = []
+    for key, value in values.items():
+        path = (*prefix, key)
+        out += _leaf_paths(value, path) if isinstance(value, dict) and value else [path]
+    return out
+
+
+def test_values_schema_covers_every_value_and_every_value_is_used():
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    templates = "".join(p.read_text() for p in (CHART / "templates").iterdir())
+
+    def resolve(node: dict) -> dict:
+        ref = node.get("$ref", "")
+        return resolve(schema["definitions"][ref.rsplit("/", 1)[1]]) if ref else node
+
+    for path in _leaf_paths(values):
+        node = schema
+        for key in path:
+            props = resolve(node).get("properties", {})
+            if key not in props:  # a free-form map (resources.requests, labels): its keys are the user's
+                assert "additionalProperties" in resolve(node) and resolve(node)["additionalProperties"] is not \
+                    False, f"values.yaml {'.'.join(path)} is not in values.schema.json"
+                break
+            node = props[key]
+        # used by a template: the value itself, or the object holding it passed whole to a helper/toYaml
+        used = [".".join(path[:n]) for n in range(len(path), 0, -1)
+                if re.search(r"\.Values\." + re.escape(".".join(path[:n])) + r"(?![\w.])", templates)]
+        assert used, f"values.yaml {'.'.join(path)} is documented but no template reads it"
+
+
+@needs_helm
+def test_job_pull_secrets_reach_the_operator():
+    docs = render("--set", "jobImages.pullSecrets[0].name=regcred", "--set", "jobImages.pullSecrets[1].name=mirror")
+    validate_all(docs)
+    assert operator_env(docs)["OMNIRL_IMAGE_PULL_SECRETS"] == "regcred,mirror"
+    assert "OMNIRL_IMAGE_PULL_SECRETS" not in operator_env(render())
+
+
+@needs_helm
+def test_numeric_tags_and_passwords_render_as_text():
+    docs = render("--set", "jobImages.trainer.tag=2", "--set", "image.tag=1.5", "--set", "redis.password=12345")
+    env = operator_env(docs)
+    assert env["OMNIRL_TRAINER_IMAGE"] == "ghcr.io/omnirl/trainer:2"  # not trainer:%!s(int64=2)
+    (operator,) = by_kind(docs, "Deployment")
+    assert operator["spec"]["template"]["spec"]["containers"][0]["image"] == "ghcr.io/omnirl/operator:1.5"
+    assert {s["data"]["password"] for s in by_kind(docs, "Secret")} == {"MTIzNDU="}  # base64 of "12345"
 
 
 @needs_helm

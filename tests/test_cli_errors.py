@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from omnirl.api.spec import DNS1123_LABEL_RULE
+from omnirl.api.spec import DNS1123_LABEL_RULE, JOB_NAME_RULE
 from omnirl.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,10 +215,13 @@ CASES = {
     "run-manifest-bad-namespace": (lambda t: ["run", namespaced(t, "Bad_NS")], "omnirl run: ",
                                    f'metadata.namespace: "Bad_NS" is invalid: must be {DNS1123_LABEL_RULE}'),
     "render-bad-name": (lambda t: ["render", namespaced(t, "OCR_nft", "name")], "omnirl render: ",
-                          f'metadata.name: "OCR_nft" is invalid: must be {DNS1123_LABEL_RULE} (e.g. ocr-nft-1)'),
-    "render-long-name": (lambda t: ["render", namespaced(t, "a" * 54, "name")], "omnirl render: ",
-                           "is invalid: must be at most 53 characters (it has 54): the pods, Services and "
-                           "ConfigMaps of the job append suffixes to it"),
+                          f'metadata.name: "OCR_nft" is invalid: must be {JOB_NAME_RULE} (e.g. ocr-nft-1)'),
+    # a Service name starts with a letter: "1job-actor" would be refused by the API server
+    "render-digit-name": (lambda t: ["render", namespaced(t, "1job", "name")], "omnirl render: ",
+                          f'metadata.name: "1job" is invalid: must be {JOB_NAME_RULE} (e.g. ocr-nft-1)'),
+    # 47 characters: the operator could not create `<name>-actor`'s pods (validate said ok up to 53)
+    "render-long-name": (lambda t: ["render", namespaced(t, "a" * 47, "name")], "omnirl render: ",
+                           "is invalid: must be at most 46 characters (it has 47): the actor StatefulSet"),
 }
 
 

@@ -77,6 +77,27 @@ def test_judge_children_validate_and_the_pods_read_the_service_url():
     assert kids(j, running=False)["Deployment/demo-judge-vlm-judge"]["spec"]["replicas"] == 0
 
 
+def test_a_judge_template_puts_it_on_a_node_pool_and_keeps_its_selector():
+    template = {"metadata": {"labels": {"omnirl.dev/reward": "hijack", "team": "vision"}},
+                "spec": {"nodeSelector": {"pool": "h100"}, "imagePullSecrets": [{"name": "regcred"}],
+                         "tolerations": [{"key": "dedicated", "operator": "Exists", "effect": "NoSchedule"}],
+                         "containers": [{"name": "judge", "env": [{"name": "HF_HOME", "value": "/cache"}]}]}}
+    j = job([{"name": "judge", "kind": "http", "server": {**VLLM, "template": template}}])
+    deploy = kids(j)["Deployment/demo-judge-judge"]
+    for version in K8S_VERSIONS:
+        kubernetes_validate.validate(deploy, version, strict=True)
+    pod = deploy["spec"]["template"]
+    assert pod["metadata"]["labels"]["team"] == "vision"
+    assert deploy["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()  # not hijacked
+    spec = pod["spec"]
+    assert spec["nodeSelector"] == {"pool": "h100"} and spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert [t["key"] for t in spec["tolerations"]] == ["nvidia.com/gpu", "dedicated"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["HF_HOME"] == "/cache" and env["OMNIRL_JUDGE_PORT"] == "8001"  # merged, not replaced
+    assert container["resources"]["limits"] == {"nvidia.com/gpu": 1}
+
+
 def test_judge_readiness_gates_the_controller():
     j = job([{"name": "j", "kind": "http", "server": {"command": ["srv"], "replicas": 2}}])
     assert judge_roles(j, {}, True) == {"judge-j": (2, 0)}
@@ -108,8 +129,16 @@ def test_name_clash_and_length_are_refused():
     with pytest.raises(ValidationError, match=r"reward\[1\].name"):
         job([{"name": "a_b", "kind": "http", "server": {"command": ["x"]}},
              {"name": "a-b", "kind": "http", "server": {"command": ["x"]}}])
-    with pytest.raises(ValueError, match=r"spec.reward\[0\].name: the judge Service"):
-        build_children(job([{"name": "r" * 20, "kind": "http", "server": {"command": ["x"]}}], name="j" * 40), SETTINGS)
+    # refused by validation (`omnirl validate` said ok, the operator refused it), with the reason
+    with pytest.raises(ValidationError) as err:
+        job([{"name": "r" * 20, "kind": "http", "server": {"command": ["x"]}}], name="j" * 40)
+    assert [text for _, text in problem_lines(RLJob, err.value)] == [
+        f'spec.reward[0].name: "{"r" * 20}" is invalid: names the judge Service \'{"j" * 40}-judge-{"r" * 20}\' (67 '
+        "characters), which must be a DNS-1035 label of at most 63 characters ending with a letter or digit: shorten "
+        "or change the reward or job name"]
+    with pytest.raises(ValidationError, match=r"spec.reward\[0\].name.*ending with a letter or digit"):
+        job([{"name": "judge-", "kind": "http", "server": {"command": ["x"]}}])  # Service `demo-judge-judge-`
+    job([{"name": "judge-", "kind": "http", "url": "http://x"}])  # no Service: the name is free
 
 
 def test_substitution_and_wiring_are_plain():

@@ -8,7 +8,7 @@ import logging
 import socket
 import subprocess
 import sys
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import redis
 from kubernetes.client import ApiClient, Configuration
@@ -55,6 +55,173 @@ def test_reconcile_twice_is_idempotent():
             assert sorted(second.actions) == sorted(a.replace("created", "patched") for a in first.actions
                                                     if "Job/" not in a)
             assert len(after_first) == 11
+
+    asyncio.run(main())
+
+
+def test_the_jobs_redis_password_secret_is_created_in_its_namespace_once():
+    settings = OperatorSettings(default_redis_url="redis://redis:6379/0", default_redis_password="s3cret",
+                                default_redis_password_secret="omnirl-redis")
+    manifest = {**MANIFEST, "metadata": {"name": "pw", "namespace": NS},
+                "spec": {**MANIFEST["spec"], "transferQueue": {}}}
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            body = await cluster.create(rljob_body(manifest))
+            first = await reconcile(body, cluster.api, settings, NOW, LOG)
+            assert "created Secret/pw-redis" in first.actions
+            again = await reconcile(body, cluster.api, settings, NOW, LOG)
+            assert "patched Secret/pw-redis" in again.actions
+            secret = await cluster.get("v1", "Secret", NS, "pw-redis")
+            assert secret["data"] == {"password": "czNjcmV0"}
+            assert secret["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]  # goes with the job
+
+    asyncio.run(main())
+
+
+def test_a_spec_edit_restarts_a_running_job_visibly_and_leaves_a_finished_one_alone():
+    """Edit a running job: the controller Job is replaced, the status and an event say why and what
+    survives. Edit it once it has finished: nothing is rebuilt, observedGeneration stays at the
+    generation it finished with and the message says the edit was not applied."""
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+    manifest = {**MANIFEST, "metadata": {"name": "edited", "namespace": NS},
+                "spec": {**MANIFEST["spec"], "failurePolicy": {"controller": "fail-job"}}}
+
+    async def step(cluster: EmulatedCluster, seconds: int):
+        out = await reconcile(await cluster.rljob(NS, "edited"), cluster.api, OperatorSettings(),
+                              NOW + timedelta(seconds=seconds), LOG)
+        await cluster.patch(*rljob, NS, "edited", {"status": out.status}, sub="status")
+        return out
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(manifest))
+            await step(cluster, 0)
+            for kind, role in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor")):
+                await cluster.set_status("apps/v1", kind, NS, f"edited-{role}", {"readyReplicas": 1})
+            await cluster.set_status("batch/v1", "Job", NS, "edited-controller", {"active": 1, "ready": 1})
+            assert (await step(cluster, 1)).status["phase"] == "Running"
+            first = (await cluster.get("batch/v1", "Job", NS, "edited-controller"))["metadata"]["uid"]
+
+            await cluster.patch(*rljob, NS, "edited", {"spec": {"algorithm": {"steps": 50}}})
+            out = await step(cluster, 2)
+            text = ("spec changed (generation 2): the controller Job is replaced and every role's pods restart with "
+                    "the new spec; without spec.storage the run directory is an emptyDir, so training starts again "
+                    "from step 0")
+            assert out.events == [("Normal", "SpecChanged", text)]
+            ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
+            assert (out.status["phase"], out.status["message"], ready["reason"]) == ("Running", text, "SpecChanged")
+            assert (await step(cluster, 3)).events == []  # said once
+            second = await cluster.get("batch/v1", "Job", NS, "edited-controller")
+            assert second["metadata"]["uid"] != first and out.status["observedGeneration"] == 2
+
+            await cluster.set_status("batch/v1", "Job", NS, "edited-controller", {
+                "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
+            failed = (await step(cluster, 4)).status
+            assert (failed["phase"], failed["observedGeneration"]) == ("Failed", 2)
+            await cluster.patch(*rljob, NS, "edited", {"spec": {"algorithm": {"steps": 60}}})
+            out = await step(cluster, 5)
+            assert [a for a in out.actions if not a.startswith(("patched", "unchanged"))] == []  # nothing rebuilt
+            assert out.status["phase"] == "Failed" and out.status["observedGeneration"] == 2
+            assert out.status["message"] == failed["message"] + (
+                " (spec generation 3 not applied: the job finished at generation 2; delete the RLJob and apply it "
+                "again)")
+            cond = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+            assert cond["message"] == failed["message"] and cond["observedGeneration"] == 2
+            assert (await step(cluster, 6)).status["message"] == out.status["message"]  # the note is not repeated
+
+    asyncio.run(main())
+
+
+def test_active_deadline_fails_the_job_instead_of_restarting_it():
+    """failurePolicy.activeDeadlineSeconds: past it (from status.startTime) the job fails and its
+    pods go; the controller Job's own DeadlineExceeded is not restarted by the failure policy
+    (whose default for the controller, restart-job, gave every new Job a fresh deadline)."""
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+
+    async def run_to_running(cluster: EmulatedCluster, name: str) -> None:
+        manifest = {**MANIFEST, "metadata": {"name": name, "namespace": NS},
+                    "spec": {**MANIFEST["spec"], "failurePolicy": {"activeDeadlineSeconds": 60}}}
+        await cluster.create(rljob_body(manifest))
+        await step(cluster, name, 0)
+        for kind, role in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor")):
+            await cluster.set_status("apps/v1", kind, NS, f"{name}-{role}", {"readyReplicas": 1})
+        await cluster.set_status("batch/v1", "Job", NS, f"{name}-controller", {"active": 1, "ready": 1})
+        assert (await step(cluster, name, 1)).status["phase"] == "Running"  # startTime = NOW + 1 s
+
+    async def step(cluster: EmulatedCluster, name: str, seconds: int):
+        out = await reconcile(await cluster.rljob(NS, name), cluster.api, OperatorSettings(),
+                              NOW + timedelta(seconds=seconds), LOG)
+        await cluster.patch(*rljob, NS, name, {"status": out.status}, sub="status")
+        return out
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await run_to_running(cluster, "clock")
+            assert (await step(cluster, "clock", 60)).status["phase"] == "Running"  # 59 s
+            out = await step(cluster, "clock", 61)
+            failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+            assert (out.status["phase"], failed["reason"]) == ("Failed", "DeadlineExceeded")
+            assert failed["message"] == ("the job ran 60 s, failurePolicy.activeDeadlineSeconds is 60 s; "
+                                         "not restarted")
+            assert (await cluster.get("apps/v1", "Deployment", NS, "clock-rollout"))["spec"]["replicas"] == 0
+
+            await run_to_running(cluster, "jobclock")
+            await cluster.set_status("batch/v1", "Job", NS, "jobclock-controller", {"conditions": [
+                {"type": "Failed", "status": "True", "reason": "DeadlineExceeded", "message": "too long"}]})
+            out = await step(cluster, "jobclock", 30)
+            assert (out.status["phase"], out.status["restarts"]) == ("Failed", 0)
+            assert "DeadlineExceeded" in [c["reason"] for c in out.status["conditions"] if c["type"] == "Failed"]
+
+    asyncio.run(main())
+
+
+def test_a_replica_the_kubelet_keeps_restarting_follows_the_failure_policy():
+    """A rollout pod restarted in place more than failurePolicy.maxRestarts times (an OOM each time)
+    is a failed role: restart-role rolls its pods once, the old pod is not counted again, and the
+    next one to crash-loop exhausts the restarts. Before, nothing watched it: it looped forever."""
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+    name = "loop"
+    manifest = {**MANIFEST, "metadata": {"name": name, "namespace": NS},
+                "spec": {**MANIFEST["spec"], "failurePolicy": {"maxRestarts": 1}}}
+
+    async def step(cluster: EmulatedCluster, seconds: int):
+        out = await reconcile(await cluster.rljob(NS, name), cluster.api, OperatorSettings(),
+                              NOW + timedelta(seconds=seconds), LOG)
+        await cluster.patch(*rljob, NS, name, {"status": out.status}, sub="status")
+        return out.status
+
+    async def pod(cluster: EmulatedCluster, pod_name: str, restarts: int) -> None:
+        """A pod of the rollout Deployment's current template (as its ReplicaSet would make it)."""
+        template = (await cluster.get("apps/v1", "Deployment", NS, f"{name}-rollout"))["spec"]["template"]
+        await cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+            "name": pod_name, "namespace": NS, "labels": template["metadata"]["labels"],
+            "annotations": template["metadata"]["annotations"]},
+            "spec": {"containers": [{"name": "rollout", "image": "rollout"}]},
+            "status": {"containerStatuses": [{"name": "rollout", "restartCount": restarts,
+                                              "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                                              "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]}})
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(manifest))
+            await step(cluster, 0)
+            await pod(cluster, f"{name}-rollout-aaaaa", restarts=1)  # within maxRestarts: the kubelet's job
+            assert (await step(cluster, 1))["restarts"] == 0
+            await pod(cluster, f"{name}-rollout-bbbbb", restarts=2)
+            status = await step(cluster, 2)
+            assert (status["restarts"], status["phase"]) == (1, "Pending")
+            assert status["message"] == (
+                f"rollout failed: pod {name}-rollout-bbbbb restarted 2 times (last exit 137: OOMKilled), more than "
+                "failurePolicy.maxRestarts (1); restarting role rollout (1/1)")
+            deploy = await cluster.get("apps/v1", "Deployment", NS, f"{name}-rollout")
+            assert "omnirl.dev/restarted-at" in deploy["spec"]["template"]["metadata"]["annotations"]
+            status = await step(cluster, 3)  # the old pods are going away: not counted again
+            assert (status["restarts"], status["phase"]) == (1, "Pending")
+            await pod(cluster, f"{name}-rollout-ccccc", restarts=2)  # the rolled pod loops too
+            status = await step(cluster, 4)
+            failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+            assert (status["phase"], failed["reason"]) == ("Failed", "RestartsExhausted")
 
     asyncio.run(main())
 

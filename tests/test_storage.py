@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from datetime import datetime, timezone
 from typing import Any
 
 import kubernetes_validate
@@ -18,6 +21,7 @@ from omnirl.api.spec_storage import quantity_bytes
 from omnirl_operator.builders import build_children
 from omnirl_operator.kube import KubeApi, KubeError
 from omnirl_operator.meta import PLACEHOLDER_UID, adopt
+from omnirl_operator.reconcile import reconcile
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.storage import ensure_claim
 from omnirl_operator.testing import BackgroundCluster, EmulatedCluster, rljob_body
@@ -251,6 +255,46 @@ def test_operator_creates_keeps_and_deletes_the_claim_per_when_deleted(bg):
     assert left["drop"] is None
     assert left["keep"]["spec"]["resources"]["requests"]["storage"] == "1Gi"
     assert left["switch"] is not None
+
+
+def test_an_edit_the_claim_cannot_follow_is_refused_and_undoing_it_recovers():
+    """accessModes ReadWriteOnce → ReadWriteMany on a live claim: the claim keeps RWO (its modes are
+    immutable) while the pods would lose their one-node affinity and hang attaching it elsewhere."""
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+    async def step(cluster: EmulatedCluster):
+        out = await reconcile(await cluster.rljob(NS, "modes"), cluster.api, SETTINGS, now, logging.getLogger("t"))
+        await cluster.patch(*rljob, NS, "modes", {"status": out.status}, sub="status")
+        return out
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(manifest("modes", {"size": "1Gi", "storageClassName": "standard"})))
+            assert (await step(cluster)).status["phase"] == "Pending"
+            actor = await cluster.get("apps/v1", "StatefulSet", NS, "modes-actor")
+            await cluster.patch(*rljob, NS, "modes", {"spec": {"storage": {"accessModes": ["ReadWriteMany"]}}})
+            out = await step(cluster)
+            ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
+            # the job goes on with the claim and pods it has: not Failed, the edit is what is refused
+            assert (out.status["phase"], ready["reason"], out.actions) == ("Pending", "InvalidSpec", [])
+            assert out.status["observedGeneration"] == 1 and ready["message"] == out.status["message"] == (
+                "the edited spec is invalid and was not applied; the job goes on with generation 1: "
+                "spec.storage.accessModes: ['ReadWriteMany'] differs from ['ReadWriteOnce'] of the claim modes-run it "
+                "created, whose access modes cannot change: restore it, or delete the RLJob and "
+                "PersistentVolumeClaim modes-run (its data goes with it) and apply again")
+            # nothing was applied: the actor keeps its one-node affinity
+            assert (await cluster.get("apps/v1", "StatefulSet", NS, "modes-actor"))["spec"] == actor["spec"]
+            await cluster.patch(*rljob, NS, "modes", {"spec": {"storage": {"storageClassName": "fast"}}})
+            assert "spec.storage.accessModes" in (await step(cluster)).status["message"]
+            await cluster.patch(*rljob, NS, "modes", {"spec": {"storage": {"accessModes": ["ReadWriteOnce"]}}})
+            assert "spec.storage.storageClassName: 'fast' differs from 'standard'" in \
+                (await step(cluster)).status["message"]
+            await cluster.patch(*rljob, NS, "modes", {"spec": {"storage": {"storageClassName": "standard"}}})
+            undone = (await step(cluster)).status
+            assert (undone["phase"], undone["observedGeneration"]) == ("Pending", 5)  # undone: the edits apply
+
+    asyncio.run(main())
 
 
 def test_a_claim_of_that_name_that_is_not_the_jobs_is_never_adopted(bg):

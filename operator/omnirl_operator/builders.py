@@ -16,6 +16,7 @@ name                           kind               what
 ``J-actor``                    StatefulSet        trainer ranks; rank = pod ordinal
 ``J-controller``               Job (batch/v1)     the single controller
 ``J-run``                      PVC                the run directory (``spec.storage`` with ``size``)
+``J-redis``                    Secret             the default Redis's password (no ``passwordSecret``)
 ``J-judge-R``                  Deployment, Service  judge server of reward ``R`` (``reward[].server``)
 =============================  =================  ===============================================
 
@@ -37,7 +38,6 @@ from omnirl.api.spec import API_GROUP, RLJob
 from omnirl_operator.judges import build_judges, wired
 from omnirl_operator.meta import (
     LABEL_METRICS,
-    check_job_name,
     child_labels,
     child_name,
     object_meta,
@@ -47,6 +47,7 @@ from omnirl_operator.pods import (
     DIST_PORT,
     METRICS_PORT,
     WEIGHT_SYNC_PORT,
+    build_password_secret,
     pod_template,
     role_spec,
 )
@@ -265,9 +266,8 @@ def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | No
     ``settings.data_root`` (a directory in the pods) in the ConfigMap the pods read.
 
     Raises:
-        ValueError: naming the field, for a job name too long for its children or no Redis URL.
+        ValueError: naming ``spec.transferQueue.redisUrl`` when no Redis URL is known.
     """
-    check_job_name(job.metadata.name)
     job = resolve_paths(job, settings.data_root)  # relative prompt/model paths, as seen in the pods
     running = (not job.spec.suspend) if running is None else running
     judges = build_judges(job, settings, running=running)
@@ -275,6 +275,9 @@ def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | No
     text = job_yaml(job)
     digest = template_digest(job)
     children = [*build_controller_rbac(job), build_configmap(job, text), *build_services(job), *judges]
+    secret = build_password_secret(job, settings)
+    if secret is not None:
+        children.append(secret)
     claim = build_claim(job)  # kept when suspended or finished: it holds the results
     if claim is not None:
         children.append(claim)

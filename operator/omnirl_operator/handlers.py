@@ -22,7 +22,7 @@ Status is written once per reconcile, only when it changed, as one merge patch o
 subresource that leaves the controller's progress fields alone. It is written inside the
 per-object lock rather than through kopf's ``patch`` (which kopf applies after the handler
 returns, when a timer run may already have read the old status). An event is posted on every
-phase transition.
+phase transition, and on a spec change of a running job (``SpecChanged``).
 """
 
 from __future__ import annotations
@@ -101,6 +101,8 @@ async def _reconcile_once(body: kopf.Body, memo: kopf.Memo, logger: logging.Logg
     memo["stats"]["reconciles"] += 1
     for action in outcome.actions:
         logger.info(action)
+    for kind, reason, message in outcome.events:
+        kopf.event(body, type=kind, reason=reason, message=message)
     change = transition(fresh, outcome.status)
     if change is not None:
         old, new = change

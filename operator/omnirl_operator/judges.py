@@ -18,33 +18,21 @@ from __future__ import annotations
 from typing import Any
 
 from omnirl.api.judges import VOLUME_MOUNT, argv, dns_name, judge_rewards, url, wire
-from omnirl.api.spec import RewardSpec, RLJob
-from omnirl_operator.meta import child_labels, child_name, object_meta
-from omnirl_operator.pods import accelerator_resources, accelerator_scheduling
+from omnirl.api.spec import RewardSpec, RLJob, judge_service_name
+from omnirl_operator.meta import child_labels, deep_merge, object_meta
+from omnirl_operator.pods import accelerator_resources, accelerator_scheduling, pull_secrets
 from omnirl_operator.settings import OperatorSettings
 
 LABEL_JUDGE_OF = "omnirl.dev/judge-of"
 LABEL_REWARD = "omnirl.dev/reward"
 ROLE = "judge"
-MAX_NAME = 63  # a Service name is a DNS-1035 label
 PORT_ENV = "OMNIRL_JUDGE_PORT"
 
 
 def judge_name(job: str, reward: RewardSpec) -> str:
-    """``<job>-judge-<reward>``: the judge's Deployment and Service."""
-    return child_name(job, suffix=f"judge-{dns_name(reward)}")
-
-
-def check_names(job: RLJob) -> None:
-    """Raise when a judge's Service name would be too long.
-
-    Raises:
-        ValueError: naming ``spec.reward[i].name``.
-    """
-    for i, r in enumerate(job.spec.reward):
-        if r.server is not None and len(name := judge_name(job.metadata.name, r)) > MAX_NAME:
-            raise ValueError(f"spec.reward[{i}].name: the judge Service {name!r} has {len(name)} characters, at "
-                             f"most {MAX_NAME} fit; shorten the reward or job name")
+    """``<job>-judge-<reward>``: the judge's Deployment and Service (its length and form are checked
+    when the RLJob is validated, :func:`omnirl.api.spec.judge_service_name`)."""
+    return judge_service_name(job, reward.name)
 
 
 def wired(job: RLJob) -> RLJob:
@@ -105,7 +93,12 @@ def build_judge(job: RLJob, reward: RewardSpec, settings: OperatorSettings, *, r
         "automountServiceAccountToken": False,
         "terminationGracePeriodSeconds": 30,
         **accelerator_scheduling(server),
+        **pull_secrets(settings),
     }
+    template: dict[str, Any] = {"metadata": {"labels": labels}, "spec": spec}
+    if server.template:  # user fields win, but the selector's labels stay (the Deployment needs them)
+        template = deep_merge(template, server.template)
+        template["metadata"].setdefault("labels", {}).update(selector)
     meta = object_meta(name, child, ROLE)
     meta["labels"][LABEL_REWARD] = dns_name(reward)
     return [
@@ -116,7 +109,7 @@ def build_judge(job: RLJob, reward: RewardSpec, settings: OperatorSettings, *, r
                 "selector": {"matchLabels": selector},
                 "progressDeadlineSeconds": 1800,
                 "revisionHistoryLimit": 3,
-                "template": {"metadata": {"labels": labels}, "spec": spec},
+                "template": template,
             },
         },
         {
@@ -129,7 +122,6 @@ def build_judge(job: RLJob, reward: RewardSpec, settings: OperatorSettings, *, r
 
 def build_judges(job: RLJob, settings: OperatorSettings, *, running: bool = True) -> list[dict[str, Any]]:
     """Every judge's Deployment and Service."""
-    check_names(job)
     return [obj for r in judge_rewards(job) for obj in build_judge(job, r, settings, running=running)]
 
 
@@ -147,5 +139,5 @@ def judges_ready(roles: dict[str, tuple[int, int]]) -> bool:
     return all(ready >= 1 for role, (_, ready) in roles.items() if role.startswith(f"{ROLE}-"))
 
 
-__all__ = ["build_judge", "build_judges", "check_names", "judge_name", "judge_roles", "judges_ready",
+__all__ = ["build_judge", "build_judges", "judge_name", "judge_roles", "judges_ready",
            "wired"]

@@ -21,27 +21,6 @@ ANNOTATION_RESTARTED_AT = f"{API_GROUP}/restarted-at"
 ANNOTATION_WHEN_DELETED = f"{API_GROUP}/when-deleted"
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
-# Longest child name is the actor StatefulSet `<job>-actor`: the StatefulSet controller labels its
-# pods `controller-revision-hash: <name>-<10-char hash>`, and a label value holds 63 characters,
-# so the StatefulSet name may hold 52 and the job name 52 - len("-actor") = 46.
-MAX_JOB_NAME = 46
-
-
-def check_job_name(name: str) -> str:
-    """Return ``name`` if every child name derived from it is valid, else raise.
-
-    Raises:
-        ValueError: naming ``metadata.name`` when it is longer than :data:`MAX_JOB_NAME`.
-    """
-    if len(name) > MAX_JOB_NAME:
-        raise ValueError(
-            f"metadata.name: {name!r} has {len(name)} characters; at most {MAX_JOB_NAME} fit "
-            f"(the actor StatefulSet `{name}-actor` labels its pods with its name plus an 11-character "
-            "revision hash, and label values hold 63 characters)"
-        )
-    return name
-
-
 def child_name(job: str, role: str | None = None, suffix: str | None = None) -> str:
     """``<job>``, ``<job>-<role>`` or ``<job>-<suffix>``: every child's name."""
     part = suffix if suffix is not None else role

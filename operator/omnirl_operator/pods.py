@@ -10,11 +10,19 @@ the workload needs to find its pods.
 
 from __future__ import annotations
 
+import base64
 from typing import Any
 
 from omnirl.api.runtime import REDIS_PASSWORD, VARIABLES, RoleEnv, sync_backend
 from omnirl.api.spec import MODEL_ROLES, RLJob, RoleSpec
-from omnirl_operator.meta import ANNOTATION_SPEC_HASH, child_labels, child_name, deep_merge, selector_labels
+from omnirl_operator.meta import (
+    ANNOTATION_SPEC_HASH,
+    child_labels,
+    child_name,
+    deep_merge,
+    object_meta,
+    selector_labels,
+)
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.storage import pod_affinity, run_volume
 
@@ -82,6 +90,13 @@ def accelerator_scheduling(role: RoleSpec) -> dict[str, Any]:
     return {}
 
 
+def pull_secrets(settings: OperatorSettings) -> dict[str, Any]:
+    """``{"imagePullSecrets": [...]}`` of every RLJob pod (``settings.image_pull_secrets``), or ``{}``."""
+    if not settings.image_pull_secrets:
+        return {}
+    return {"imagePullSecrets": [{"name": n} for n in settings.image_pull_secrets]}
+
+
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
 
@@ -91,6 +106,32 @@ def _field_env(name: str, path: str) -> dict[str, Any]:
 FROM_POD = "(downward API)"
 POD_FIELDS = {"namespace": "metadata.namespace", "worker_id": "metadata.name",
               "rank": "metadata.labels['apps.kubernetes.io/pod-index']"}
+
+
+def password_secret(job: RLJob, settings: OperatorSettings) -> str | None:
+    """The Secret (key ``password``) the job's pods read ``REDIS_PASSWORD`` from, in the job's namespace.
+
+    ``spec.transferQueue.passwordSecret`` when set; else, when the operator knows the default Redis's
+    password, the job's own Secret ``<job>-redis`` (:func:`build_password_secret`: a job in any
+    namespace, e.g. with ``clusterWide``, then finds it); else ``settings.default_redis_password_secret``
+    (expected in the job's namespace); else None (no password).
+    """
+    if job.spec.transferQueue.passwordSecret:
+        return job.spec.transferQueue.passwordSecret
+    if settings.default_redis_password:
+        return child_name(job.metadata.name, suffix="redis")
+    return settings.default_redis_password_secret
+
+
+def build_password_secret(job: RLJob, settings: OperatorSettings) -> dict[str, Any] | None:
+    """Secret ``<job>-redis`` holding the default Redis's password for the job's pods, or None when
+    the job names its own Secret or the operator knows no password."""
+    if job.spec.transferQueue.passwordSecret or not settings.default_redis_password:
+        return None
+    name = job.metadata.name
+    password = base64.b64encode(settings.default_redis_password.encode()).decode()
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": object_meta(name, child_name(name, suffix="redis")), "data": {"password": password}}
 
 
 def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str, Any]]:
@@ -122,7 +163,7 @@ def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str
             env.append(_field_env(var, path))
     env += [{"name": k, "value": v} for k, v in plain.items()]
     env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
-    secret = job.spec.transferQueue.passwordSecret or settings.default_redis_password_secret
+    secret = password_secret(job, settings)
     if secret:
         env.append({"name": REDIS_PASSWORD, "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}})
     return env
@@ -235,6 +276,7 @@ def pod_template(
     }
     if service_account is not None:
         spec["serviceAccountName"] = service_account
+    spec.update(pull_secrets(settings))
     template: dict[str, Any] = {
         "metadata": {"labels": child_labels(name, role), "annotations": {ANNOTATION_SPEC_HASH: spec_hash}},
         "spec": spec,

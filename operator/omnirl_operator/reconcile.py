@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
@@ -39,10 +39,12 @@ from omnirl_operator.status import (
     FailureDecision,
     Observed,
     compute_status,
+    crash_looping,
+    deadline_exceeded,
     decide_failure,
     permanent_failure,
 )
-from omnirl_operator.storage import ensure_claim
+from omnirl_operator.storage import claim_conflict, ensure_claim
 
 WORKLOADS = (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
              ("apps/v1", "StatefulSet", "actor"))
@@ -50,10 +52,23 @@ WORKLOADS = (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "re
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a reconcile did: the new status (a merge patch) and the child actions taken."""
+    """What a reconcile did: the new status (a merge patch), the child actions taken, and the
+    events to post besides the phase transitions (``(type, reason, message)``)."""
 
     status: dict[str, Any]
     actions: list[str]
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+
+REASON_SPEC_CHANGED = "SpecChanged"
+
+
+def spec_changed_message(job: RLJob, generation: int | None) -> str:
+    """What an edit of a running job's spec does, for its status and event."""
+    where = ("the actor resumes from the latest checkpoint on the run claim (spec.storage)" if job.spec.storage
+             else "without spec.storage the run directory is an emptyDir, so training starts again from step 0")
+    return (f"spec changed (generation {generation}): the controller Job is replaced and every role's pods "
+            f"restart with the new spec; {where}")
 
 
 def validate(body: dict[str, Any], settings: OperatorSettings) -> tuple[RLJob | None, tuple[str, ...]]:
@@ -112,27 +127,28 @@ async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], log: logging
 
 
 async def _sync_controller(kube: KubeApi, job: RLJob, ns: str, wanted: dict[str, Any] | None,
-                           suspended: bool) -> tuple[dict[str, Any] | None, list[str]]:
+                           suspended: bool) -> tuple[dict[str, Any] | None, list[str], bool]:
     """Create the controller Job if absent; recreate it when its template's spec hash changed;
-    delete it when suspended. Returns (the Job as it now stands or None, actions)."""
+    delete it when suspended. Returns (the Job as it now stands or None, actions, whether it was
+    deleted for a spec change)."""
     name = child_name(job.metadata.name, "controller")
     current = await asyncio.to_thread(kube.get, "batch/v1", "Job", ns, name)
     state, _ = controller_state(current)
     if suspended:
         if current is not None and await asyncio.to_thread(kube.delete, "batch/v1", "Job", ns, name):
-            return None, [f"deleted Job/{name} (suspended)"]
-        return None, []
+            return None, [f"deleted Job/{name} (suspended)"], False
+        return None, [], False
     if wanted is None:  # terminal: leave the finished Job as the record it is
-        return current, []
+        return current, [], False
     if current is None:
-        return await asyncio.to_thread(kube.create, wanted), [f"created Job/{name}"]
+        return await asyncio.to_thread(kube.create, wanted), [f"created Job/{name}"], False
     have = (current.get("spec", {}).get("template", {}).get("metadata", {}).get("annotations") or {})
     want = wanted["spec"]["template"]["metadata"]["annotations"]
     if state == "active" and have.get(ANNOTATION_SPEC_HASH) != want[ANNOTATION_SPEC_HASH]:
         # A Job's pod template is immutable: replace the Job; the next reconcile creates the new one.
         await asyncio.to_thread(kube.delete, "batch/v1", "Job", ns, name)
-        return None, [f"deleted Job/{name} (spec changed; recreated next reconcile)"]
-    return current, []
+        return None, [f"deleted Job/{name} (spec changed; recreated next reconcile)"], True
+    return current, [], False
 
 
 def observe_roles(job: RLJob, stored: dict[str, dict[str, Any]], controller: dict[str, Any] | None,
@@ -152,6 +168,15 @@ def observe_roles(job: RLJob, stored: dict[str, dict[str, Any]], controller: dic
     ready = int(((controller or {}).get("status") or {}).get("ready") or 0) if state == "active" else 0
     roles["controller"] = (desired["controller"] if state != "succeeded" else 0, ready)
     return roles, failures
+
+
+def _templates(job: RLJob, stored: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
+    """Per workload role, the annotations of its stored pod template."""
+    out = {}
+    for _, kind, role in WORKLOADS:
+        obj = stored.get(f"{kind}/{child_name(job.metadata.name, role)}") or {}
+        out[role] = ((obj.get("spec") or {}).get("template") or {}).get("metadata", {}).get("annotations") or {}
+    return out
 
 
 async def _restart(kube: KubeApi, job: RLJob, ns: str, now: datetime, role: str | None = None) -> list[str]:
@@ -189,6 +214,12 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     suspended = job.spec.suspend and not terminal
     running = not suspended and not terminal
     children = adopt(build_children(job, settings, running=running), job.metadata.name, ns, uid)
+    claim = next((c for c in children if c["kind"] == "PersistentVolumeClaim"), None)
+    if claim is not None and not terminal:  # an edit the claim cannot follow: an invalid spec, nothing applied
+        stored_claim = await asyncio.to_thread(kube.get, "v1", "PersistentVolumeClaim", ns, claim["metadata"]["name"])
+        conflict = claim_conflict(stored_claim, claim)
+        if conflict is not None:
+            return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
     scaled, actions = await autoscale_reward(kube, job, ns, children, settings, now)
     more, stored = await _apply_all(kube, children, log)
     actions += more
@@ -196,7 +227,7 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     wanted_job = next((c for c in children if c["kind"] == "Job"), None)
     if not judges_ready(judges):  # the controller starts scoring only once every judge answers
         wanted_job = None
-    controller, more = await _sync_controller(kube, job, ns, wanted_job, suspended)
+    controller, more, spec_changed = await _sync_controller(kube, job, ns, wanted_job, suspended)
     actions += more
     state, message = controller_state(controller)
     roles, failures = observe_roles(job, stored, controller, running)
@@ -205,12 +236,24 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         roles["reward"] = (scaled, roles["reward"][1])
     observed = Observed(roles=roles, controller=state, controller_message=message, suspended=suspended,
                         restarts=int((body.get("status") or {}).get("restarts") or 0))
+    events: list[tuple[str, str, str]] = []
+    if spec_changed:
+        text = spec_changed_message(job, body["metadata"].get("generation"))
+        observed = replace(observed, restarted=(REASON_SPEC_CHANGED, text))
+        events.append(("Normal", REASON_SPEC_CHANGED, text))
     failed_role = "controller" if state == "failed" else next(iter(sorted(failures)), None)
     decision = FailureDecision("none")
     permanent = None
-    if running:  # a permanent exit code fails the job before any restart is considered
+    if running:  # a permanent exit code or the deadline fails the job before any restart is considered
+        permanent = deadline_exceeded(body, job.spec.failurePolicy.activeDeadlineSeconds, controller, now)
+    if running and permanent is None:
         pods = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns, selector_labels(job.metadata.name))
         permanent = permanent_failure(pods, LABEL_ROLE)
+        if failed_role is None:  # a replica the kubelet keeps restarting is a failed role
+            looping = crash_looping(pods, LABEL_ROLE, job.spec.failurePolicy.maxRestarts,
+                                    _templates(job, stored), (ANNOTATION_SPEC_HASH, ANNOTATION_RESTARTED_AT))
+            failed_role = next(iter(sorted(looping)), None)
+            failures.update(looping)
     if permanent is not None:
         decision = permanent
     elif running and failed_role is not None:
@@ -229,4 +272,4 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
         actions += (await _apply_all(kube, stopped, log))[0]
         observed = replace(observed, roles={r: (0, ready) for r, (_, ready) in observed.roles.items()})
-    return Outcome(compute_status(body, observed, progress, now), actions)
+    return Outcome(compute_status(body, observed, progress, now), actions, events)

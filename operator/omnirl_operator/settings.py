@@ -36,6 +36,8 @@ class OperatorSettings:
         reward_image: image of reward pods (``OMNIRL_REWARD_IMAGE``).
         trainer_image: image of the actor and the controller (``OMNIRL_TRAINER_IMAGE``).
         image_pull_policy: ``IfNotPresent`` | ``Always`` | ``Never`` (``OMNIRL_IMAGE_PULL_POLICY``).
+        image_pull_secrets: names of the ``imagePullSecrets`` of every RLJob pod, judges included
+            (``OMNIRL_IMAGE_PULL_SECRETS``, comma-separated; each must exist in the job's namespace).
         default_redis_url: TransferQueue URL for jobs whose ``spec.transferQueue.redisUrl`` is empty
             (``OMNIRL_DEFAULT_REDIS_URL``; the chart points it at its bundled Redis). ``None``
             makes such jobs invalid (the operator cannot guess a Redis).
@@ -56,6 +58,7 @@ class OperatorSettings:
     reward_image: str = f"ghcr.io/omnirl/reward:{DEFAULT_VERSION}"
     trainer_image: str = f"ghcr.io/omnirl/trainer:{DEFAULT_VERSION}"
     image_pull_policy: str = "IfNotPresent"
+    image_pull_secrets: tuple[str, ...] = ()
     default_redis_url: str | None = None
     default_redis_password_secret: str | None = None
     default_redis_password: str | None = None
@@ -105,6 +108,8 @@ class OperatorSettings:
             reward_image=env.get("OMNIRL_REWARD_IMAGE") or d.reward_image,
             trainer_image=env.get("OMNIRL_TRAINER_IMAGE") or d.trainer_image,
             image_pull_policy=env.get("OMNIRL_IMAGE_PULL_POLICY") or d.image_pull_policy,
+            image_pull_secrets=tuple(n.strip() for n in (env.get("OMNIRL_IMAGE_PULL_SECRETS") or "").split(",")
+                                     if n.strip()),
             default_redis_url=env.get("OMNIRL_DEFAULT_REDIS_URL") or None,
             default_redis_password_secret=env.get("OMNIRL_DEFAULT_REDIS_PASSWORD_SECRET") or None,
             default_redis_password=env.get("OMNIRL_DEFAULT_REDIS_PASSWORD") or None,

@@ -131,20 +131,92 @@ def permanent_failure(pods: list[dict[str, Any]], role_label: str) -> FailureDec
     return None
 
 
+def crash_looping(pods: list[dict[str, Any]], role_label: str, max_restarts: int,
+                  templates: dict[str, dict[str, str]], keys: tuple[str, ...]) -> dict[str, str]:
+    """Roles with a pod of their current template whose container the kubelet restarted more than
+    ``max_restarts`` times (``failurePolicy.maxRestarts``: a replica's own restarts), with a message.
+
+    A Deployment or StatefulSet pod that keeps crashing (OOM, a transient error each time) is
+    restarted in place forever, and its workload reports no failure once it has been available.
+
+    Args:
+        pods: the job's pods.
+        role_label: the pod label naming the role.
+        templates: per workload role (rollout, reward, actor), the annotations of its current pod template.
+        keys: the template annotations that identify a pod generation (spec hash, restarted-at): pods
+            of an older one are going away and are not counted again after a restart.
+    """
+    out: dict[str, str] = {}
+    for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
+        meta = pod["metadata"]
+        role = (meta.get("labels") or {}).get(role_label)
+        if role not in templates or role in out or meta.get("deletionTimestamp"):
+            continue
+        annotations = meta.get("annotations") or {}
+        if any(annotations.get(k) != templates[role].get(k) for k in keys):
+            continue
+        for container in (pod.get("status") or {}).get("containerStatuses") or []:
+            count = int(container.get("restartCount") or 0)
+            if count > max_restarts:
+                ended = ((container.get("lastState") or {}).get("terminated") or {})
+                why = f" (last exit {ended['exitCode']}: {ended.get('reason', '')})" if "exitCode" in ended else ""
+                out[role] = (f"pod {meta['name']} restarted {count} times{why}, more than failurePolicy.maxRestarts "
+                             f"({max_restarts})")
+                break
+    return out
+
+
+def deadline_exceeded(job_obj: dict[str, Any], deadline_s: int | None, controller: dict[str, Any] | None,
+                      now: datetime) -> FailureDecision | None:
+    """``fail`` (reason ``DeadlineExceeded``) once the job has run ``failurePolicy.activeDeadlineSeconds``,
+    else None.
+
+    Measured from ``status.startTime`` (restarts and spec edits do not reset it), or reported by the
+    controller Job itself (its own ``activeDeadlineSeconds``: a Failed condition with reason
+    ``DeadlineExceeded``), which the failure policy must not restart.
+    """
+    if deadline_s is None:
+        return None
+    start = (job_obj.get("status") or {}).get("startTime")
+    elapsed = (now - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds() if start else 0.0
+    job_says = any(c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == "DeadlineExceeded"
+                   for c in ((controller or {}).get("status") or {}).get("conditions") or [])
+    if elapsed < deadline_s and not job_says:
+        return None
+    ran = f"ran {int(elapsed)} s" if start else "ran"
+    return FailureDecision("fail", "DeadlineExceeded",
+                           f"the job {ran}, failurePolicy.activeDeadlineSeconds is {deadline_s} s; not restarted")
+
+
 def _cond(type_: str, status: bool, reason: str, message: str, generation: int | None) -> Condition:
     return Condition(type=type_, status="True" if status else "False", reason=reason, message=message,
                      observedGeneration=generation)
 
 
+def _finished(previous: RLJobStatus) -> bool:
+    """Whether the job had finished (Succeeded, or Failed for a reason other than an invalid spec,
+    which an edit may fix): its status is a record that no later reconcile changes."""
+    prev_failed = next((c for c in previous.conditions if c.type == FAILED and c.status == "True"), None)
+    return previous.phase in TERMINAL_PHASES and not (prev_failed and prev_failed.reason == REASON_INVALID_SPEC)
+
+
+def _live(previous: RLJobStatus) -> bool:
+    """Whether the job runs (or waits for pods) under a spec an earlier reconcile applied."""
+    return previous.phase in ("Pending", "Running", "Suspended") and previous.observedGeneration is not None
+
+
 def _phase(previous: RLJobStatus, obs: Observed, all_ready: bool) -> tuple[str, str, str]:
     """(phase, reason, message) from the previous status and the observation."""
-    prev_failed = next((c for c in previous.conditions if c.type == FAILED and c.status == "True"), None)
+    if _finished(previous):
+        done = next((c for c in previous.conditions if c.type == previous.phase and c.status == "True"), None)
+        # the condition keeps the message the job finished with (status.message may carry a note)
+        return previous.phase, done.reason if done else previous.phase, done.message if done else previous.message
     if obs.invalid_spec:
-        return "Failed", REASON_INVALID_SPEC, "invalid spec: " + "; ".join(obs.invalid_spec)
-    if previous.phase in TERMINAL_PHASES and not (prev_failed and prev_failed.reason == REASON_INVALID_SPEC):
-        reason = next((c.reason for c in previous.conditions if c.type == previous.phase and c.status == "True"),
-                      previous.phase)
-        return previous.phase, reason, previous.message
+        problems = "; ".join(obs.invalid_spec)
+        if _live(previous):  # an invalid edit: nothing was applied, the pods go on with the last valid spec
+            return (previous.phase, REASON_INVALID_SPEC, f"the edited spec is invalid and was not applied; the job "
+                    f"goes on with generation {previous.observedGeneration}: {problems}")
+        return "Failed", REASON_INVALID_SPEC, "invalid spec: " + problems
     if obs.failed is not None:
         return "Failed", obs.failed[0], obs.failed[1]
     if obs.controller == "succeeded":
@@ -187,6 +259,17 @@ def compute_status(job_obj: dict[str, Any], observed: Observed, progress: dict[s
     roles = {role: RoleStatus(desired=d, ready=min(r, d) if d else r) for role, (d, r) in observed.roles.items()}
     all_ready = bool(roles) and all(r.desired > 0 and r.ready >= r.desired for r in roles.values())
     phase, reason, message = _phase(previous, observed, all_ready)
+    note = ""
+    if observed.invalid_spec:  # nothing was observed: the pods are as last seen (Ready stays False: see the edit)
+        roles = dict(previous.roles)
+    if observed.invalid_spec and not _finished(previous) and _live(previous):
+        generation = previous.observedGeneration  # the generation the pods still run
+    if _finished(previous) and previous.observedGeneration is not None:
+        # a finished job is not run again: an edit of its spec is not observed, and status.message says so
+        if generation is not None and generation > previous.observedGeneration:
+            note = (f" (spec generation {generation} not applied: the job finished at generation "
+                    f"{previous.observedGeneration}; delete the RLJob and apply it again)")
+        generation = previous.observedGeneration
     if phase == "Running" and progress.get("step") is not None:
         reward = progress.get("rewardMean")
         message += f"; {progress['step']} steps done" + (f", reward mean {reward:.4g}" if reward is not None else "")
@@ -211,7 +294,7 @@ def compute_status(job_obj: dict[str, Any], observed: Observed, progress: dict[s
         roles=roles,
         readyRoles=ready_roles_text(roles),
         restarts=max(previous.restarts, observed.restarts),
-        message=message,
+        message=message + note,
         startTime=start,
         completionTime=previous.completionTime or (now if terminal else None),
     )

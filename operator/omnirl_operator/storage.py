@@ -7,6 +7,7 @@
 - :func:`pod_affinity`: with a claim that is not ReadWriteMany (or ``singleNode``), the
   controller and the actor ranks must share one node: a required pod affinity on
   ``kubernetes.io/hostname`` towards each other (the first of them may go anywhere).
+- :func:`claim_conflict`: an edited spec the stored claim cannot serve (access modes, class).
 - :func:`ensure_claim`: create the claim once, never patch its spec (a claim's spec is immutable
   but for a size increase), and keep its ownerReference in line with ``whenDeleted``.
 
@@ -71,6 +72,29 @@ def pod_affinity(job: RLJob, role: str) -> dict[str, Any]:
                 "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(CLAIM_ROLES)}]}
     term = {"labelSelector": selector, "topologyKey": HOSTNAME}
     return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
+def claim_conflict(stored: dict[str, Any] | None, wanted: dict[str, Any]) -> str | None:
+    """Why the stored claim cannot serve the spec, naming the field, or None.
+
+    A claim's access modes and storage class cannot change, and the operator never patches them:
+    an edited ``spec.storage.accessModes`` would otherwise unpin the pods from the volume's one node
+    (ReadWriteOnce → ReadWriteMany) while the volume still attaches to one. An unset
+    ``storageClassName`` matches whatever class the cluster gave the claim; the size is left to
+    ``kubectl edit pvc``.
+    """
+    if stored is None:
+        return None
+    name = wanted["metadata"]["name"]
+    have, want = stored.get("spec") or {}, wanted["spec"]
+    fix = f"restore it, or delete the RLJob and PersistentVolumeClaim {name} (its data goes with it) and apply again"
+    if sorted(have.get("accessModes") or []) != sorted(want["accessModes"]):
+        return (f"spec.storage.accessModes: {want['accessModes']} differs from {have.get('accessModes')} of the claim "
+                f"{name} it created, whose access modes cannot change: {fix}")
+    if "storageClassName" in want and have.get("storageClassName") != want["storageClassName"]:
+        return (f"spec.storage.storageClassName: {want['storageClassName']!r} differs from "
+                f"{have.get('storageClassName')!r} of the claim {name}, whose class cannot change: {fix}")
+    return None
 
 
 def ensure_claim(kube: KubeApi, claim: dict[str, Any]) -> tuple[str, dict[str, Any]]:

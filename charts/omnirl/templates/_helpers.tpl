@@ -35,7 +35,8 @@ app.kubernetes.io/part-of: omnirl
 {{- end -}}
 
 {{- define "omnirl.image" -}}
-{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag) -}}
+{{- /* toString: `--set image.tag=2` gives a number, which %s would print as %!s(int64=2) */ -}}
+{{- printf "%s:%s" .image.repository (default .root.Chart.AppVersion .image.tag | toString) -}}
 {{- end -}}
 
 {{- define "omnirl.redisSecretName" -}}

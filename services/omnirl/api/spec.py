@@ -271,7 +271,8 @@ class AcceleratorSpec(SpecModel):
     """Accelerator sugar, expanded by the operator into resource limits, nodeSelector and tolerations."""
 
     type: AcceleratorType = Field("cpu", description="nvidia (nvidia.com/gpu), ascend (huawei.com/Ascend910) or cpu.")
-    count: int = Field(0, ge=0, le=16, description="Accelerators per pod (must be 0 for cpu, >= 1 otherwise).")
+    count: int = Field(0, ge=0, le=16, description="Accelerators per pod (must be 0 for cpu, >= 1 otherwise; a "
+                       "role's pod uses exactly 1, a judge server's may use more).")
 
     @model_validator(mode="after")
     def _check(self) -> AcceleratorSpec:
@@ -309,6 +310,12 @@ class RewardServerSpec(SpecModel):
                          "scorer protocol, `/v1` for an OpenAI-compatible server).")
     healthPath: str | None = Field(None, pattern=r"^/", description="HTTP path answering 200 when the server is "
                                    "ready (`/health` on vLLM); null = ready once the port accepts connections.")
+    template: dict[str, Any] | None = Field(
+        None, description="Optional PodTemplateSpec merged over the judge's generated one (user fields win; its "
+        "container is named `judge`): node pools (nodeSelector, tolerations), imagePullSecrets, env. Ignored by "
+        "`omnirl run`.",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RewardServerSpec:
@@ -408,6 +415,15 @@ class RolesSpec(SpecModel):
     def _check(self) -> RolesSpec:
         if self.controller.replicas != 1:
             raise FieldProblem("controller.replicas", self.controller.replicas, "must be 1 (one controller per job)")
+        for role in ("rollout", "reward", "actor", "controller"):
+            # a role pod (or local process) is one process on one device (`cuda:0`/`npu:0`): more
+            # would be allocated to the pod and sit idle
+            count = getattr(self, role).accelerator.count
+            if count > 1:
+                fix = ("use replicas: N with count: 1 (actor ranks shard the model with FSDP2)" if role == "actor"
+                       else "use replicas: N with count: 1 (one worker per device)")
+                raise FieldProblem(f"{role}.accelerator.count", count, f"must be at most 1: each {role} pod "
+                                   f"runs one process on one device, the others would sit idle; {fix}")
         return self
 
 
@@ -442,7 +458,10 @@ class FailurePolicySpec(SpecModel):
     reward: FailureAction = Field("restart-role", description="Action when a reward pod fails.")
     actor: FailureAction = Field("restart-job", description="Action when an actor pod fails.")
     controller: FailureAction = Field("restart-job", description="Action when the controller fails.")
-    activeDeadlineSeconds: int | None = Field(None, ge=1, description="Fail the job after this many seconds.")
+    activeDeadlineSeconds: int | None = Field(
+        None, ge=1, description="Kubernetes: fail the job (not restarted) once this many seconds have passed since "
+        "it first ran (status.startTime; restarts, spec edits and suspensions do not reset the clock). Not used by "
+        "`omnirl run`.")
     progressDeadlineSeconds: float = Field(
         600.0, gt=0, description="A role whose main loop has not beaten (heartbeat in Redis, gRPC health) for this "
         "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
@@ -550,25 +569,41 @@ def is_dns1123_label(text: str) -> bool:
     return len(text) <= 63 and re.fullmatch(DNS1123_LABEL, text) is not None
 
 
+# Longest child name is the actor StatefulSet `<job>-actor`: the StatefulSet controller labels its
+# pods `controller-revision-hash: <name>-<10-char hash>`, and a label value holds 63 characters,
+# so the StatefulSet name may hold 52 and the job name 52 - len("-actor") = 46.
+MAX_JOB_NAME = 46
+# The job's Services (`<job>-actor`, `<job>-judge-<reward>` ...) are DNS-1035 labels: they start with a letter.
+DNS1035_LABEL = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+JOB_NAME_RULE = (f"at most {MAX_JOB_NAME} characters, lowercase letters, digits and '-', starting with a letter "
+                 "and ending with a letter or digit (the job's Services are named after it)")
+
+
+def judge_service_name(job_name: str, reward_name: str) -> str:
+    """`<job>-judge-<reward>`: Deployment and Service of a judge server (`_` is not allowed there: `-`)."""
+    return f"{job_name}-judge-{reward_name.replace('_', '-')}"
+
+
 class ObjectMeta(SpecModel):
     """The part of Kubernetes `metadata` omnirl reads; other fields are kept as they are."""
 
     model_config = ConfigDict(extra="allow", populate_by_name=True)
     name: str = Field(
         ...,
-        description="Job name: a DNS-1123 label of at most 53 characters (children append suffixes).",
+        description=f"Job name: {JOB_NAME_RULE}.",
     )
     namespace: str | None = Field(None, description="Namespace: a DNS-1123 label (`DNS1123_LABEL_RULE`).")
 
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        # the rule's own words, not the regular expression; 53: the children's names append suffixes
-        if len(value) > 53:
-            raise ValueError(f"must be at most 53 characters (it has {len(value)}): the pods, Services and "
-                             "ConfigMaps of the job append suffixes to it")
-        if not is_dns1123_label(value):
-            raise ValueError(f"must be {DNS1123_LABEL_RULE} (e.g. ocr-nft-1)")
+        # the rule's own words, not the regular expression
+        if len(value) > MAX_JOB_NAME:
+            raise ValueError(f"must be at most {MAX_JOB_NAME} characters (it has {len(value)}): the actor "
+                             f"StatefulSet `{value}-actor` labels its pods with its name plus an 11-character "
+                             "revision hash, and label values hold 63 characters")
+        if re.fullmatch(DNS1035_LABEL, value) is None:
+            raise ValueError(f"must be {JOB_NAME_RULE} (e.g. ocr-nft-1)")
         return value
 
     @field_validator("namespace")
@@ -588,6 +623,17 @@ class RLJob(SpecModel):
     metadata: ObjectMeta
     spec: RLJobSpec
     status: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_judge_names(self) -> RLJob:
+        # needs metadata.name, so here rather than in RLJobSpec (which refuses clashing judge names)
+        for i, r in enumerate(self.spec.reward):
+            name = judge_service_name(self.metadata.name, r.name)
+            if r.server is not None and (len(name) > 63 or re.fullmatch(DNS1035_LABEL, name) is None):
+                raise FieldProblem(f"spec.reward[{i}].name", r.name, f"names the judge Service {name!r} "
+                                   f"({len(name)} characters), which must be a DNS-1035 label of at most 63 "
+                                   "characters ending with a letter or digit: shorten or change the reward or job name")
+        return self
 
 
 RewardSpec.model_rebuild()  # `server` refers to RewardServerSpec, defined after it
