@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+import yaml
 
+from omnirl.api.loader import job_from_dict
+from omnirl.api.runtime import RoleEnv
+from omnirl.api.spec import RLJob
 from omnirl.models.digits.adapter import DigitsAdapter
 from omnirl.models.digits.model import DigitsConfig, DigitsDiT
 from omnirl.rollout.types import SampleRequest
@@ -53,3 +58,14 @@ def wait_until(condition: Callable[[], object], what: str, timeout_s: float = 60
         assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
         time.sleep(poll_s)
     return value
+
+
+def jpeg_reward_job(name: str, redis_url: str, out_dir: Path) -> tuple[RLJob, RoleEnv]:
+    """The OCR example renamed `name`, scored by the in-process JPEG scorer (no OCR model), and the
+    role environment of its worker `reward-0` writing to `out_dir`."""
+    doc = yaml.safe_load((Path(__file__).resolve().parents[1] / "examples" / "ocr-flowgrpo.yaml").read_text())
+    doc["metadata"]["name"] = name
+    doc["spec"]["reward"] = [{"name": "jpeg", "kind": "jpeg", "params": {"quality": 90}}]
+    env = RoleEnv(job_name=name, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
+                  worker_id="reward-0", out_dir=str(out_dir))
+    return job_from_dict(doc), env

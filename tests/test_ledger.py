@@ -10,17 +10,14 @@ from pathlib import Path
 import pytest
 import redis
 import torch
-import yaml
+from tests.helpers import jpeg_reward_job
 
 from omnirl.api.ledger import Ledger
-from omnirl.api.loader import job_from_dict
 from omnirl.api.messages import SampleMeta
-from omnirl.api.runtime import RoleEnv
 from omnirl.reward.service import GROUP, RewardService
 from omnirl.rollout.service import RolloutService
 from omnirl.transfer import TransferQueue
 
-ROOT = Path(__file__).resolve().parents[1]
 JOB, N = "ledger", 3
 
 
@@ -48,11 +45,7 @@ class _Killed(Exception):
 def test_a_worker_killed_between_publish_and_ledger_line_loses_no_line(tmp_path, redis_url: str,
                                                                          redis_client: redis.Redis,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
-    doc["metadata"]["name"] = JOB
-    doc["spec"]["reward"] = [{"name": "jpeg", "kind": "jpeg", "params": {"quality": 90}}]
-    env = RoleEnv(job_name=JOB, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
-                  worker_id="reward-0", out_dir=str(tmp_path))
+    job, env = jpeg_reward_job(JOB, redis_url, tmp_path)
     g = torch.Generator().manual_seed(0)
     with TransferQueue(redis_client, JOB) as rollout:
         for i in range(N):
@@ -62,7 +55,7 @@ def test_a_worker_killed_between_publish_and_ledger_line_loses_no_line(tmp_path,
             rollout.publish(rollout.streams.samples, meta, {"x0": torch.randn(4, 8, 8, generator=g)},
                             image=torch.randint(0, 256, (8, 8, 3), dtype=torch.uint8, generator=g),
                             done_kind="rollout")
-    first = RewardService(job_from_dict(doc), env)
+    first = RewardService(job, env)
     record, calls = first._ledger.record, []
 
     def dies_after_the_second_publish(sample_id: str, published: bool, **fields: object) -> None:
@@ -78,7 +71,7 @@ def test_a_worker_killed_between_publish_and_ledger_line_loses_no_line(tmp_path,
     first.close()
     assert _ids(tmp_path, "reward") == ["0:0:0"]
 
-    successor = RewardService(job_from_dict(doc), env)  # the restarted worker: same id, its backlog
+    successor = RewardService(job, env)  # the restarted worker: same id, its backlog
     try:
         backlog = successor.queue.recover(successor.queue.streams.samples, GROUP, env.worker_id)
         assert len(backlog) == N  # nothing was acknowledged

@@ -3,22 +3,17 @@ JPEG scorer, in process) against a real redis-server, with Redis's own counters 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import redis
 import torch
-import yaml
+from tests.helpers import jpeg_reward_job
 
-from omnirl.api.loader import job_from_dict
 from omnirl.api.messages import SampleMeta
-from omnirl.api.runtime import RoleEnv
 from omnirl.reward.jpeg import JPEGCompressibilityScorer
 from omnirl.reward.service import GROUP, RewardService
 from omnirl.transfer import TransferQueue
 from omnirl.transfer.codec import encode_tensors
 
-ROOT = Path(__file__).resolve().parents[1]
 JOB, N = "fetch", 3
 
 
@@ -33,17 +28,13 @@ def _sample(i: int, g: torch.Generator) -> tuple[dict, dict[str, torch.Tensor], 
 
 
 def test_the_reward_role_fetches_only_the_images(tmp_path, redis_url: str, redis_client: redis.Redis) -> None:
-    doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
-    doc["metadata"]["name"] = JOB
-    doc["spec"]["reward"] = [{"name": "jpeg", "kind": "jpeg", "params": {"quality": 90}}]
-    env = RoleEnv(job_name=JOB, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
-                  worker_id="reward-0", out_dir=str(tmp_path))
+    job, env = jpeg_reward_job(JOB, redis_url, tmp_path)
     g = torch.Generator().manual_seed(0)
     samples = [_sample(i, g) for i in range(N)]
     with TransferQueue(redis_client, JOB) as rollout:
         for meta, trajectory, image in samples:
             rollout.publish(rollout.streams.samples, meta, trajectory, image=image, done_kind="rollout")
-    reward = RewardService(job_from_dict(doc), env)
+    reward = RewardService(job, env)
     try:
         msgs = reward.queue.consume(reward.queue.streams.samples, GROUP, env.worker_id, count=N, block_ms=0)
         assert len(msgs) == N
