@@ -1,0 +1,233 @@
+"""A run directory that cannot be written, and a stop while `omnirl run` is still starting.
+
+Real parts: `omnirl run` as a subprocess, real role-like processes under the real Supervisor, a real
+read-only or full file system where this machine lets the test mount one (root and `mount`: a tmpfs;
+otherwise `chmod 0555` for the read-only case, and the full-disk case is skipped with the reason).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from omnirl.launch import storage
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _mount_tmpfs(where: Path, *options: str) -> bool:
+    """Mount a 256 KiB tmpfs on `where` (root only); False when this machine does not allow it."""
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(("size=256k", *options)), "tmpfs", str(where)],
+                          capture_output=True)
+    return done.returncode == 0
+
+
+def _umount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory no write reaches: a read-only tmpfs (root), else one chmod 0555 (another user)."""
+    where = tmp_path / "ro"
+    if _mount_tmpfs(where, "ro"):
+        yield where
+        _umount(where)
+        return
+    if os.geteuid() == 0:
+        pytest.skip("root without mount: chmod does not stop root, and no read-only file system can be made")
+    where.chmod(0o555)
+    yield where
+    where.chmod(0o755)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A directory on its own 256 KiB tmpfs (root with mount only): a role can fill it for real."""
+    where = tmp_path / "small"
+    if not _mount_tmpfs(where):
+        pytest.skip("a full file system needs a tmpfs mount (root with mount)")
+    yield where
+    _umount(where)
+
+
+def _run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--device", "cpu",
+                           "--steps", "1", "--no-ray", *args], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, **kw)
+
+
+def test_an_out_that_cannot_be_written_is_one_line_naming_out_and_the_fix(tmp_path, read_only_dir):
+    """`--out` under a file, in a read-only directory, or a read-only directory itself: exit 2, one
+    line naming --out, the path, the errno text and the fix; nothing started, nothing created. It was a
+    traceback (`OSError: [Errno 30] Read-only file system` from the launcher's mkdir)."""
+    (tmp_path / "a_file").write_text("x")
+    refused = (f"[Errno {errno.EROFS}] Read-only file system); make it writable" if os.geteuid() == 0 else
+               f"[Errno {errno.EACCES}] Permission denied); make it writable")
+    cases = {
+        tmp_path / "a_file" / "sub": f"{tmp_path / 'a_file'} is a file, not a directory; choose a directory for the "
+                                     "run's outputs",
+        read_only_dir / "run": f"{read_only_dir} cannot be written ({refused} or choose another --out",
+        read_only_dir: f"{read_only_dir} cannot be written ({refused} or choose another --out",
+    }
+    for out, expected in cases.items():
+        proc = _run("--out", str(out))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.splitlines() == [f"omnirl run: --out {out}: {expected}"]
+        assert proc.stdout == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "ro"]
+
+
+def test_the_probe_sees_a_write_the_file_system_refuses_and_names_the_errno(small_fs):
+    """A full tmpfs still creates an empty file; the probe's byte is what it refuses (ENOSPC)."""
+    assert storage.unwritable(small_fs) is None
+    with (small_fs / "filler").open("wb") as f, pytest.raises(OSError) as raised:
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    assert raised.value.errno == errno.ENOSPC
+    err = storage.unwritable(small_fs)
+    assert err is not None and storage.describe(err) == "[Errno 28] No space left on device"
+    assert storage.fix(err) == "free space there"
+
+
+def test_storage_errors_are_recognised_behind_a_library_or_a_chain():
+    """An OSError's errno, a cause's, or a native writer's text (safetensors raises its own type
+    with the system's text); other errors are not storage faults."""
+    assert storage.storage_error(OSError(errno.ENOSPC, "No space left on device", "/x")).filename == "/x"
+    try:
+        try:
+            raise OSError(errno.EROFS, "Read-only file system")
+        except OSError as inner:
+            raise RuntimeError("could not save") from inner
+    except RuntimeError as outer:
+        assert storage.storage_error(outer).errno == errno.EROFS
+
+    class SafetensorError(Exception):
+        pass
+
+    native = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                             'message: "No space left on device" })')
+    assert storage.storage_error(native).errno == errno.ENOSPC
+    assert storage.storage_error(OSError(errno.ENOENT, "No such file or directory")) is None
+    assert storage.storage_error(ValueError("bad")) is None
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.update(int(c) for c in (task / "children").read_text().split())
+    return found
+
+
+def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothing(tmp_path):
+    """SIGINT while the launcher waits for its Redis to answer (a `redis-server` on PATH that never
+    does, and ignores SIGTERM): exit 130, the launcher's usual last line, no traceback, and the
+    server process is gone. It was a KeyboardInterrupt traceback, and the server outlived the
+    launcher (its parent-death signal is a SIGTERM)."""
+    fake = tmp_path / "bin" / "redis-server"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\ntrap '' TERM\nexec sleep 300\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--device", "cpu",
+                             "--steps", "1", "--no-ray", "--out", str(out)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = set()
+    try:
+        while not server and proc.poll() is None:  # the launcher started its (fake) Redis: it waits for PING
+            server = _children(proc.pid)
+            time.sleep(0.1)
+        assert server, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        for pid in server:  # the fake server, if the launcher left it (it ignores SIGTERM)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                left = True
+            except ProcessLookupError:
+                left = False
+    assert proc.returncode == 130, stdout + stderr
+    assert "Traceback" not in stdout + stderr, stdout + stderr
+    assert stdout.strip().splitlines()[-1] == (
+        f"omnirl: interrupted (exit 130); continue with: omnirl run examples/ocr-awm.yaml --out {out} --steps 1 "
+        "--no-ray --device cpu"), stdout
+    assert not left, "the redis-server the launcher started outlived it"
+
+
+def _supervise_filler(tmp_path: Path, redis_url: str, script: str) -> tuple[int, int, list[dict], str]:
+    """The Supervisor over a rollout process running `script` (in `tmp_path`) and a controller that
+    beats; restart-role with maxRestarts 2. Returns (exit code, rollout starts, events, failure)."""
+    from omnirl.api.loader import load_rljob
+    from omnirl.launch.procs import RoleProcess, _Child
+    from omnirl.launch.supervise import Supervisor
+    from omnirl.transfer import TransferQueue
+
+    job = load_rljob(str(REPO / "examples/ocr-awm.yaml"))
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 2, "rollout": "restart-role"})})})
+    beating = ("import time, redis; from omnirl.transfer.heartbeat import Heartbeat; "
+               f"beat = Heartbeat(redis.Redis.from_url({redis_url!r}), {job.metadata.name!r}, 'controller', "
+               "'controller-0', every_s=0.2)\nfor _ in range(600): beat.beat(); time.sleep(0.2)")
+    scripts = {"rollout": f"print('started', flush=True)\n{script}", "controller": beating}
+    logs = tmp_path / "logs"
+
+    def start(role: str, index: int, resume: str) -> RoleProcess:
+        return RoleProcess(role, index, _Child([sys.executable, "-c", scripts[role]], {"PYTHONPATH": os.environ.get(
+            "PYTHONPATH", "")}, str(logs / f"{role}-{index}.log")))
+
+    queue = TransferQueue.for_job(f"full-{uuid.uuid4().hex[:8]}", job.spec.transferQueue, redis_url)
+    supervisor = Supervisor(job, [("rollout", 0), ("controller", 0)], start, queue, tmp_path, 1)
+    try:
+        code = supervisor.run()
+    finally:
+        supervisor.stop_all(grace_s=1.0)
+        supervisor.close()
+        queue.close()
+    starts = [p for p in supervisor.procs.values() if p.role == "rollout"]
+    events_file = tmp_path / "events.jsonl"
+    events = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
+    return code, len(starts) + sum(e["action"] == "restart-role" for e in events), events, supervisor.failure
+
+
+def test_a_role_that_reports_a_storage_error_stops_the_job_without_a_restart(tmp_path, redis_url):
+    """Exit STORAGE_ERROR_EXIT (5): the job stops with 5 at once, no restart spent, the role's line
+    is the reason."""
+    from omnirl.api.runtime import STORAGE_ERROR_EXIT
+
+    line = "omnirl role rollout: cannot write /run/x ([Errno 28] No space left on device); free space there"
+    code, starts, events, failure = _supervise_filler(
+        tmp_path, redis_url, f"import sys; print({line!r}, file=sys.stderr, flush=True); raise SystemExit(5)")
+    assert (code, starts) == (STORAGE_ERROR_EXIT, 1)
+    assert failure == f"role rollout-0 failed: {line}"
+    assert [e["action"] for e in events] == ["stop-job (the run directory cannot be written: not restarted)"]
+
+
+def test_a_crash_on_a_full_run_directory_stops_the_job_instead_of_restarting(small_fs, redis_url):
+    """A role fills the run directory's file system and dies of something else (exit 1, as a role
+    whose Redis died of the full disk): the supervisor's probe write fails, so the job stops with
+    STORAGE_ERROR_EXIT naming the directory and the errno text instead of restarting the role twice.
+    The launcher's own writes to the full disk (the role's log, events.jsonl) do not raise."""
+    from omnirl.api.runtime import STORAGE_ERROR_EXIT
+
+    fill = (f"f = open({str(small_fs / 'filler')!r}, 'wb')\ntry:\n    while True: f.write(b'0' * 65536); f.flush()\n"
+            "except OSError as err: print('filled', err.errno, flush=True)\nraise SystemExit(1)")
+    code, starts, _, failure = _supervise_filler(small_fs, redis_url, fill)
+    assert (code, starts) == (STORAGE_ERROR_EXIT, 1), failure
+    assert failure.startswith(f"{small_fs} cannot be written ([Errno 28] No space left on device); rollout-0: exit 1")
+    assert failure.endswith("; free space there")
