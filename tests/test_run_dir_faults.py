@@ -18,8 +18,9 @@ import uuid
 from pathlib import Path
 
 import pytest
+import yaml
 
-from omnirl.launch import storage
+from omnirl.api import disk
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,42 +88,48 @@ def test_an_out_that_cannot_be_written_is_one_line_naming_out_and_the_fix(tmp_pa
         assert proc.returncode == 2, proc.stderr
         assert proc.stderr.splitlines() == [f"omnirl run: --out {out}: {expected}"]
         assert proc.stdout == ""
+    # omnirl eval checks its --out before minutes of sampling, not at the end
+    proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "eval", "examples/ocr-awm.yaml", "--out",
+                           str(read_only_dir / "eval")], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"omnirl eval: --out {read_only_dir / 'eval'}: {read_only_dir} cannot be written ({refused} or choose "
+        "another --out"], proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "ro"]
 
 
 def test_the_probe_sees_a_write_the_file_system_refuses_and_names_the_errno(small_fs):
     """A full tmpfs still creates an empty file; the probe's byte is what it refuses (ENOSPC)."""
-    assert storage.unwritable(small_fs) is None
+    assert disk.unwritable(small_fs) is None
     with (small_fs / "filler").open("wb") as f, pytest.raises(OSError) as raised:
         while True:
             f.write(b"\0" * 65536)
             f.flush()
     assert raised.value.errno == errno.ENOSPC
-    err = storage.unwritable(small_fs)
-    assert err is not None and storage.describe(err) == "[Errno 28] No space left on device"
-    assert storage.fix(err) == "free space there"
+    err = disk.unwritable(small_fs)
+    assert err is not None and disk.describe(err) == "[Errno 28] No space left on device"
+    assert disk.fix(err) == "free space there"
 
 
 def test_storage_errors_are_recognised_behind_a_library_or_a_chain():
     """An OSError's errno, a cause's, or a native writer's text (safetensors raises its own type
     with the system's text); other errors are not storage faults."""
-    assert storage.storage_error(OSError(errno.ENOSPC, "No space left on device", "/x")).filename == "/x"
+    assert disk.storage_error(OSError(errno.ENOSPC, "No space left on device", "/x")).filename == "/x"
     try:
         try:
             raise OSError(errno.EROFS, "Read-only file system")
         except OSError as inner:
             raise RuntimeError("could not save") from inner
     except RuntimeError as outer:
-        assert storage.storage_error(outer).errno == errno.EROFS
+        assert disk.storage_error(outer).errno == errno.EROFS
 
     class SafetensorError(Exception):
         pass
 
     native = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
                              'message: "No space left on device" })')
-    assert storage.storage_error(native).errno == errno.ENOSPC
-    assert storage.storage_error(OSError(errno.ENOENT, "No such file or directory")) is None
-    assert storage.storage_error(ValueError("bad")) is None
+    assert disk.storage_error(native).errno == errno.ENOSPC
+    assert disk.storage_error(OSError(errno.ENOENT, "No such file or directory")) is None
+    assert disk.storage_error(ValueError("bad")) is None
 
 
 def _children(pid: int) -> set[int]:
@@ -231,3 +238,44 @@ def test_a_crash_on_a_full_run_directory_stops_the_job_instead_of_restarting(sma
     assert (code, starts) == (STORAGE_ERROR_EXIT, 1), failure
     assert failure.startswith(f"{small_fs} cannot be written ([Errno 28] No space left on device); rollout-0: exit 1")
     assert failure.endswith("; free space there")
+
+
+@pytest.mark.slow
+def test_a_write_the_run_directory_refuses_stops_the_job_and_resume_finishes_it_with_nothing_lost(tmp_path):
+    """A real job whose processes may not write a file past 4 MB (RLIMIT_FSIZE, inherited by every
+    role and Redis: EFBIG, the same path through the code as a full disk): the actor's first
+    checkpoint (7.5 MB of policy weights, safetensors' own error type) fails, the job stops with
+    exit 5 after no restart, its last line naming the errno text, the fix and the resume command;
+    `--resume` without the limit finishes the job, and the ledger shows every sample generated,
+    scored and trained once. Before, the role crashed (exit 1) and was restarted
+    `failurePolicy.maxRestarts` times, each failing the same way."""
+    import resource
+
+    from e2e.chaos import chaos_job, check_ledger
+
+    from omnirl.api.runtime import STORAGE_ERROR_EXIT
+
+    job, out, steps = chaos_job(tmp_path, "full-disk", steps=4), tmp_path / "out", 4
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["failurePolicy"]["maxRestarts"] = 2  # the chaos job's 100 would make a regression slow to show
+    job.write_text(yaml.safe_dump(doc))
+    command = [sys.executable, "-m", "omnirl.cli", "run", str(job), "--no-ray", "--device", "cpu", "--out", str(out)]
+
+    def limited() -> None:  # pragma: no cover - runs in the child between fork and exec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, preexec_fn=limited)
+    assert first.returncode == STORAGE_ERROR_EXIT, first.stdout[-3000:] + first.stderr[-3000:]
+    last = first.stdout.strip().splitlines()[-1]
+    assert last.startswith("omnirl: the job did not finish (exit 5): role "), last
+    assert "[Errno 27] File too large" in last and last.endswith(
+        f"raise the file-size limit (ulimit -f), then continue with: omnirl run {job} --out {out} --no-ray "
+        "--device cpu --resume"), last
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [e["action"] for e in events] == ["stop-job (the run directory cannot be written: not restarted)"]
+    assert "Traceback" not in first.stdout + first.stderr
+
+    second = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    counts = check_ledger(out, steps, group_size=3, prompts_per_step=2)
+    assert (counts.trained, counts.lost, counts.duplicated, counts.problems) == (steps * 6, 0, 0, []), counts

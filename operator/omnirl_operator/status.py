@@ -121,7 +121,7 @@ def permanent_failure(pods: list[dict[str, Any]], role_label: str) -> FailureDec
     termination message (its log tail, ``terminationMessagePolicy: FallbackToLogsOnError``: the
     role's one-line reason); reason ``ConfigurationError``, ``JobFailed`` or ``StorageError`` (a
     write to the run volume failed for want of space or a writable mount: every restart would fail
-    the same way; grow or free the volume, then start the job again: its pods resume).
+    the same way until the volume is grown or freed).
     """
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         role = ((pod["metadata"].get("labels") or {}).get(role_label)) or pod["metadata"]["name"]

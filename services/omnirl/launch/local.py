@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from omnirl.api import disk
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
 from omnirl.api.runtime import STORAGE_ERROR_EXIT, VARIABLES, RoleEnv
@@ -95,7 +96,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path]) -> int:
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
     started["out"] = out
-    preflight.check_run_dir(out)  # read-only, full, under a file: one line now, not a traceback later
+    disk.check_writable(out)  # read-only, full, under a file: one line now, not a traceback later
     # a live launcher here is named before "pass --resume" or "nothing to do", which would mislead
     lock = preflight.lock_run_dir(out) if out.is_dir() else None
     if not args.resume and (out / METRICS_FILE).exists():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import tempfile
 from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
@@ -19,7 +18,6 @@ import yaml
 
 from omnirl.api.spec import MODEL_ROLES, RLJob
 from omnirl.controller import report
-from omnirl.launch import storage
 from omnirl.launch.placement import Placement
 from omnirl.reward.registry import check_api_keys
 
@@ -100,35 +98,6 @@ def check_prompts(job: RLJob) -> None:
     if spec.data.validationPrompts:
         check_prompt_file(spec.data.validationPrompts, tokenize, "spec.data.validationPrompts",
                           spec.validation.maxPrompts)
-
-
-def check_run_dir(out: Path, flag: str = "--out") -> None:
-    """`out` can hold the run: an existing directory takes a written byte, or the nearest existing
-    folder above a new one takes a directory holding one (nothing is left behind). Checked before the
-    lock, Redis or a role starts: left to them, a read-only, full or misnamed `--out` ended in a traceback.
-
-    Raises:
-        ValueError: naming `flag`, the path, the system's reason (errno text) and the fix.
-    """
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{flag} {out}: is a file, not a directory; choose a directory for the run's outputs")
-    where = out
-    while not where.exists():
-        where = where.parent
-    if not where.is_dir():
-        raise ValueError(f"{flag} {out}: {where} is a file, not a directory; choose a directory for the run's outputs")
-    try:
-        if where == out:
-            storage.probe(out)
-        else:
-            scratch = Path(tempfile.mkdtemp(dir=where, prefix=".omnirl-probe-"))
-            try:
-                storage.probe(scratch)
-            finally:
-                scratch.rmdir()
-    except OSError as err:
-        raise ValueError(f"{flag} {out}: {where} cannot be written ({storage.describe(err)}); "
-                         f"{storage.fix(err)} or choose another {flag}") from None
 
 
 def lock_run_dir(out: Path) -> IO[str]:

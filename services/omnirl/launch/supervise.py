@@ -17,7 +17,7 @@ A controller that exits with `JOB_FAILED_EXIT` (the job itself failed: a require
 every group of a step failed), and any role that exits with `CONFIG_ERROR_EXIT` (a setting it
 cannot run with: a model directory without the family's layout, an unreadable checkpoint), stop the
 job at once with the role's one-line message: restarting cannot help (`omnirl.api.runtime`).
-So does a run directory that cannot be written (`omnirl.launch.storage`): a role that exits
+So does a run directory that cannot be written (`omnirl.api.disk`): a role that exits
 `STORAGE_ERROR_EXIT`, or any role or the embedded Redis dying while a probe write to `out` fails
 (a Redis that cannot append to its AOF exits 1 and is not restarted then). The job stops with
 `STORAGE_ERROR_EXIT`, no restart spent; `--resume` continues once there is room.
@@ -38,9 +38,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from omnirl.api import disk
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
-from omnirl.launch import storage
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
 from omnirl.transfer import RedisServer, TransferQueue, kv_key, start_redis_server
@@ -147,7 +147,7 @@ class Supervisor:
         try:
             self._events.close()
         except OSError as err:  # a line that could not be flushed was reported by _event already
-            if storage.storage_error(err) is None:
+            if disk.storage_error(err) is None:
                 raise
 
     # ------------------------------------------------------------------ checks
@@ -213,7 +213,7 @@ class Supervisor:
             if self.redis is None or self.redis.alive():
                 continue
             what = f"redis-server exited ({_describe(self.redis.process.returncode)})"
-            err = storage.unwritable(self.out)
+            err = disk.unwritable(self.out)
             try:
                 if err is None:
                     self._event("redis", what, "restart-redis")
@@ -225,7 +225,7 @@ class Supervisor:
                 self._storage = failure.reason
                 return
             except OSError as raised:  # the server's log or AOF: the disk filled after the probe
-                err = storage.storage_error(raised)
+                err = disk.storage_error(raised)
                 if err is None:
                     raise
             self._storage = self._unwritable_reason("redis", what, err)
@@ -240,16 +240,16 @@ class Supervisor:
             self._event(p.name, f"exit {code}: {p.last_error()}", "stop-job (the run directory cannot be written: "
                                                                   "not restarted)")
             raise JobFailure(code, f"role {p.name} failed: {p.last_error()}")
-        err = storage.unwritable(self.out)
+        err = disk.unwritable(self.out)
         if err is not None:
             raise JobFailure(STORAGE_ERROR_EXIT, self._unwritable_reason(
                 p.name, f"exit {_describe(code)}: {p.last_error()}", err))
 
     def _unwritable_reason(self, who: str, what: str, err: OSError) -> str:
         """Record `who`'s failure as caused by the unwritable run directory; returns the job's reason."""
-        where = f"{self.out} cannot be written ({storage.describe(err)})"
+        where = f"{self.out} cannot be written ({disk.describe(err)})"
         self._event(who, f"{what}; {where}", "stop-job (the run directory cannot be written: not restarted)")
-        return f"{where}; {who}: {what}; {storage.fix(err)}"
+        return f"{where}; {who}: {what}; {disk.fix(err)}"
 
     # ------------------------------------------------------------------ actions
     def _failed(self, p: RoleProcess, reason: str, code: int) -> None:
@@ -281,9 +281,9 @@ class Supervisor:
                 self._events.write(json.dumps({"time": time.time(), "role": who, "reason": reason,
                                                "action": action, "restarts": restarts}) + "\n")
             except OSError as err:  # the console line above stands; the failure itself is what is reported
-                if storage.storage_error(err) is None:
+                if disk.storage_error(err) is None:
                     raise
-                print(f"omnirl: {self.out / 'events.jsonl'}: the line above was not recorded ({storage.describe(err)})",
+                print(f"omnirl: {self.out / 'events.jsonl'}: the line above was not recorded ({disk.describe(err)})",
                       flush=True)
 
     def _write_pids(self) -> None:
@@ -295,11 +295,11 @@ class Supervisor:
             try:
                 tmp.write_text(json.dumps(pids))
             except OSError as raised:
-                err = storage.storage_error(raised)
+                err = disk.storage_error(raised)
                 if err is None:
                     raise
-                raise JobFailure(STORAGE_ERROR_EXIT, f"{tmp} cannot be written ({storage.describe(err)}); "
-                                                     f"{storage.fix(err)}") from raised
+                raise JobFailure(STORAGE_ERROR_EXIT, f"{tmp} cannot be written ({disk.describe(err)}); "
+                                                     f"{disk.fix(err)}") from raised
             tmp.replace(self.out / "roles.json")
 
 

@@ -1,11 +1,12 @@
-"""A run directory that cannot take a write: a full disk, a quota, a file-size limit, a read-only mount.
+"""A directory that cannot take a write: a full disk, a quota, a file-size limit, a read-only mount.
 
 Such a fault comes back on every restart until someone frees space (or remounts), so a local run
 stops instead of burning `failurePolicy.maxRestarts` on it, and `--resume` continues once there is
-room. Three places use this module: `omnirl run`'s pre-flight check (`preflight.check_run_dir`), a
-role that dies on such a write (`roles.main` exits `STORAGE_ERROR_EXIT` with one line), and the
-supervisor, which probes the directory whenever a role or the embedded Redis dies, whatever the
-process said (a Redis that cannot append to its AOF just exits 1; a role then fails on Redis).
+room. Used by `omnirl run`'s and `omnirl eval`'s check of `--out` before anything starts
+(`check_writable`), by a role that dies on such a write (`launch/roles.py` exits
+`STORAGE_ERROR_EXIT` with one line), and by the local supervisor, which probes the run directory
+whenever a role or the embedded Redis dies, whatever the process said (a Redis that cannot append
+to its AOF just exits 1; a role then fails on Redis). Standard library only.
 """
 
 from __future__ import annotations
@@ -77,3 +78,33 @@ def unwritable(directory: Path) -> OSError | None:
     except OSError as err:
         return err if err.errno in STORAGE_ERRNOS else None
     return None
+
+
+def check_writable(out: Path, flag: str = "--out", purpose: str = "the run's outputs") -> None:
+    """`out` can hold `purpose`: an existing directory takes a probe byte, or the nearest existing
+    folder above a new one takes a directory holding one (nothing is left behind). Left to the
+    first real write, a read-only, full or misnamed `--out` ended in a traceback (after minutes of
+    sampling, for `omnirl eval`).
+
+    Raises:
+        ValueError: naming `flag`, the path, the system's reason (errno text) and the fix.
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {out}: is a file, not a directory; choose a directory for {purpose}")
+    where = out
+    while not where.exists():
+        where = where.parent
+    if not where.is_dir():
+        raise ValueError(f"{flag} {out}: {where} is a file, not a directory; choose a directory for {purpose}")
+    try:
+        if where == out:
+            probe(out)
+        else:
+            scratch = Path(tempfile.mkdtemp(dir=where, prefix=".omnirl-probe-"))
+            try:
+                probe(scratch)
+            finally:
+                scratch.rmdir()
+    except OSError as err:
+        raise ValueError(f"{flag} {out}: {where} cannot be written ({describe(err)}); {fix(err)} "
+                         f"or choose another {flag}") from None
