@@ -177,9 +177,11 @@ def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothi
     assert not left, "the redis-server the launcher started outlived it"
 
 
-def _supervise_filler(tmp_path: Path, redis_url: str, script: str) -> tuple[int, int, list[dict], str]:
-    """The Supervisor over a rollout process running `script` (in `tmp_path`) and a controller that
-    beats; restart-role with maxRestarts 2. Returns (exit code, rollout starts, events, failure)."""
+def _supervise_filler(tmp_path: Path, redis_url: str, script: str, embedded=None,
+                      beats: int = 600) -> tuple[int, int, list[dict], str]:
+    """The Supervisor over a rollout process running `script` and a controller that beats `beats`
+    times (every 0.2 s) then exits 0; restart-role with maxRestarts 2; `embedded`: the RedisServer
+    it watches as its own. Returns (exit code, rollout starts, events, failure)."""
     from omnirl.api.loader import load_rljob
     from omnirl.launch.procs import RoleProcess, _Child
     from omnirl.launch.supervise import Supervisor
@@ -190,7 +192,7 @@ def _supervise_filler(tmp_path: Path, redis_url: str, script: str) -> tuple[int,
         "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 2, "rollout": "restart-role"})})})
     beating = ("import time, redis; from omnirl.transfer.heartbeat import Heartbeat; "
                f"beat = Heartbeat(redis.Redis.from_url({redis_url!r}), {job.metadata.name!r}, 'controller', "
-               "'controller-0', every_s=0.2)\nfor _ in range(600): beat.beat(); time.sleep(0.2)")
+               f"'controller-0', every_s=0.2)\nfor _ in range({beats}): beat.beat(); time.sleep(0.2)")
     scripts = {"rollout": f"print('started', flush=True)\n{script}", "controller": beating}
     logs = tmp_path / "logs"
 
@@ -199,7 +201,7 @@ def _supervise_filler(tmp_path: Path, redis_url: str, script: str) -> tuple[int,
             "PYTHONPATH", "")}, str(logs / f"{role}-{index}.log")))
 
     queue = TransferQueue.for_job(f"full-{uuid.uuid4().hex[:8]}", job.spec.transferQueue, redis_url)
-    supervisor = Supervisor(job, [("rollout", 0), ("controller", 0)], start, queue, tmp_path, 1)
+    supervisor = Supervisor(job, [("rollout", 0), ("controller", 0)], start, queue, tmp_path, 1, redis=embedded)
     try:
         code = supervisor.run()
     finally:
@@ -222,6 +224,26 @@ def test_a_role_that_reports_a_storage_error_stops_the_job_without_a_restart(tmp
         tmp_path, redis_url, f"import sys; print({line!r}, file=sys.stderr, flush=True); raise SystemExit(5)")
     assert (code, starts) == (STORAGE_ERROR_EXIT, 1)
     assert failure == f"role rollout-0 failed: {line}"
+    assert [e["action"] for e in events] == ["stop-job (the run directory cannot be written: not restarted)"]
+
+
+def test_a_redis_killed_for_a_file_too_large_is_not_restarted_and_stops_the_job(tmp_path, redis_url):
+    """The embedded redis-server killed by SIGXFSZ (its AOF past RLIMIT_FSIZE; unlike Python it does
+    not ignore the signal): a restart would die at its next append, so the watchdog stops the job
+    with STORAGE_ERROR_EXIT naming the errno text and the fix. Before, it restarted Redis and the
+    job went on (here: the controller finishes after 15 s and the run returns 0)."""
+    from omnirl.api.runtime import STORAGE_ERROR_EXIT
+    from omnirl.transfer import start_redis_server
+
+    embedded = start_redis_server(dir=str(tmp_path / "redis"), aof=True)
+    try:
+        kill = f"import os, signal; os.kill({embedded.pid}, signal.SIGXFSZ)\nimport time; time.sleep(60)"
+        code, starts, events, failure = _supervise_filler(tmp_path, redis_url, kill, embedded=embedded, beats=75)
+    finally:
+        embedded.stop()
+    assert (code, starts) == (STORAGE_ERROR_EXIT, 1), failure
+    assert failure == (f"{tmp_path} cannot be written ([Errno 27] File too large); redis: redis-server exited "
+                       "(signal SIGXFSZ); raise the file-size limit (ulimit -f)")
     assert [e["action"] for e in events] == ["stop-job (the run directory cannot be written: not restarted)"]
 
 

@@ -30,7 +30,9 @@ the current process ids (the chaos suite reads it).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import signal
 import sys
 import threading
@@ -213,7 +215,7 @@ class Supervisor:
             if self.redis is None or self.redis.alive():
                 continue
             what = f"redis-server exited ({_describe(self.redis.process.returncode)})"
-            err = disk.unwritable(self.out)
+            err = disk.unwritable(self.out) or _redis_storage_error(self.redis)
             try:
                 if err is None:
                     self._event("redis", what, "restart-redis")
@@ -301,6 +303,20 @@ class Supervisor:
                 raise JobFailure(STORAGE_ERROR_EXIT, f"{tmp} cannot be written ({disk.describe(err)}); "
                                                      f"{disk.fix(err)}") from raised
             tmp.replace(self.out / "roles.json")
+
+
+def _redis_storage_error(server: RedisServer) -> OSError | None:
+    """Why an exited redis-server could not write, when that is why it exited: killed by SIGXFSZ (a
+    file past RLIMIT_FSIZE; it does not ignore the signal as Python does), or its log's last lines
+    carry a `disk.STORAGE_ERRNOS` text ("Error writing to the AOF file: No space left on device"
+    when the disk had room for the log line but not for the AOF write). None otherwise."""
+    if server.process.returncode == -signal.SIGXFSZ:
+        return OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    try:
+        tail = server.log_path.read_text(errors="replace").splitlines()[-5:]
+    except OSError:
+        return None
+    return disk.storage_error(RuntimeError("\n".join(tail)))
 
 
 def _describe(code: int | None) -> str:
