@@ -301,3 +301,32 @@ def test_a_write_the_run_directory_refuses_stops_the_job_and_resume_finishes_it_
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     counts = check_ledger(out, steps, group_size=3, prompts_per_step=2)
     assert (counts.trained, counts.lost, counts.duplicated, counts.problems) == (steps * 6, 0, 0, []), counts
+
+
+def test_a_line_a_full_disk_cut_short_is_dropped_before_the_next_append_and_skipped_by_the_reader(tmp_path):
+    """A write that failed for want of space can leave part of a JSON line: `omnirl run --resume`
+    read it as a corrupt record (JSONDecodeError), and a resumed role appending after it made one
+    corrupt line in the middle. The reader skips an unterminated last line; the appender drops it."""
+    from omnirl.api.disk import append_lines
+    from omnirl.api.ledger import Ledger
+    from omnirl.api.run_dir import METRICS_FILE, read_metrics
+
+    metrics = tmp_path / METRICS_FILE
+    metrics.write_text('{"event": "start"}\n{"event": "step", "step": 0}\n{"event": "st')
+    assert read_metrics(tmp_path) == [{"event": "start"}, {"event": "step", "step": 0}]
+    with append_lines(metrics) as f:
+        f.write('{"event": "step", "step": 1}\n')
+    assert metrics.read_text() == '{"event": "start"}\n{"event": "step", "step": 0}\n{"event": "step", "step": 1}\n'
+    assert [r.get("step") for r in read_metrics(tmp_path)] == [None, 0, 1]
+
+    (tmp_path / "ledger").mkdir()
+    cut = tmp_path / "ledger" / "reward-reward-0.jsonl"
+    cut.write_text('{"sample_id": "s0"}\n{"sample_id": "s')  # the worker died on its second line
+    ledger = Ledger(tmp_path, "reward", "reward-0")
+    ledger.record("s1", published=True)
+    ledger.record("s0", published=False)  # a duplicate publish: its line is there already
+    ledger.close()
+    assert cut.read_text() == '{"sample_id": "s0"}\n{"sample_id": "s1"}\n'
+    fresh = tmp_path / "ledger" / "empty.jsonl"
+    append_lines(fresh).close()
+    assert fresh.read_text() == ""

@@ -108,3 +108,25 @@ def check_writable(out: Path, flag: str = "--out", purpose: str = "the run's out
     except OSError as err:
         raise ValueError(f"{flag} {out}: {where} cannot be written ({describe(err)}); {fix(err)} "
                          f"or choose another {flag}") from None
+
+
+def append_lines(path: Path):
+    """`path` opened for appending JSON lines (text, line-buffered), after dropping a last line cut
+    short: a write that failed for want of space may leave part of a line on disk, and the next line
+    appended after it (by a resumed role) would make one corrupt line in the middle of the file. The
+    cut line's record was never complete (its writer got the error), so nothing written is lost.
+
+    Raises:
+        OSError: the file cannot be opened or truncated.
+    """
+    with path.open("ab+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size:
+            f.seek(max(0, size - (1 << 16)))
+            tail = f.read()
+            if not tail.endswith(b"\n"):
+                cut = tail.rfind(b"\n")
+                if cut < 0 and size > len(tail):
+                    raise OSError(errno.EINVAL, f"{path}: its last line is longer than 64 KiB and unterminated")
+                f.truncate(size - len(tail) + cut + 1)
+    return path.open("a", buffering=1)  # noqa: SIM115 - the caller owns it
