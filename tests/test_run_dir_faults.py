@@ -97,6 +97,25 @@ def test_an_out_that_cannot_be_written_is_one_line_naming_out_and_the_fix(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "ro"]
 
 
+def test_a_launcher_write_refused_after_the_probe_ends_with_the_storage_verdict(tmp_path):
+    """The probe's byte fits but the launcher's job.yaml does not (RLIMIT_FSIZE 512 bytes: EFBIG, as a
+    disk with a few bytes left): exit 5 and the storage verdict naming the file, the errno text, the
+    fix and the command that continues; no traceback. Before, an OSError traceback."""
+    import resource
+
+    def limited() -> None:  # pragma: no cover - runs in the child between fork and exec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+
+    out = tmp_path / "out"
+    proc = _run("--out", str(out), preexec_fn=limited)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines() == [
+        f"omnirl: the job did not finish (exit 5): {out} cannot be written ([Errno 27] File too large); "
+        f"raise the file-size limit (ulimit -f), then continue with: omnirl run examples/ocr-awm.yaml --out {out} "
+        "--steps 1 --no-ray --device cpu"], proc.stdout
+
+
 def test_the_probe_sees_a_write_the_file_system_refuses_and_names_the_errno(small_fs):
     """A full tmpfs still creates an empty file; the probe's byte is what it refuses (ENOSPC)."""
     assert disk.unwritable(small_fs) is None

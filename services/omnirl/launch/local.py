@@ -67,7 +67,8 @@ def main(args: argparse.Namespace) -> int:
     """Run a job locally; returns the exit code (0 = finished, 130 = interrupted).
 
     Ctrl-C or SIGTERM at any point — the pre-flight checks, Redis or Ray starting, the roles
-    running — stops whatever was started and ends with the same last line (`verdict`).
+    running — stops whatever was started and ends with the same last line (`verdict`); so does a
+    launcher write to the run directory that fails for want of space (exit `STORAGE_ERROR_EXIT`).
     """
     old = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops the job like Ctrl-C, from the start
     started: dict[str, Path] = {}  # "out": the run directory, once known
@@ -77,6 +78,14 @@ def main(args: argparse.Namespace) -> int:
         out = started.get("out") or Path(args.out or "runs/<job>")
         print(verdict(130, "", args, out), flush=True)
         return 130
+    except OSError as raised:  # the launcher's own write (job.yaml, a log) after the pre-flight probe passed
+        err = disk.storage_error(raised)
+        if err is None or "out" not in started:
+            raise
+        where = err.filename or started["out"]
+        print(verdict(STORAGE_ERROR_EXIT, f"{where} cannot be written ({disk.describe(err)}); {disk.fix(err)}",
+                      args, started["out"]), flush=True)
+        return STORAGE_ERROR_EXIT
     finally:
         signal.signal(signal.SIGTERM, old)
 
