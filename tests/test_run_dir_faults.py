@@ -273,7 +273,9 @@ def test_a_crash_on_a_full_run_directory_stops_the_job_instead_of_restarting(sma
     The launcher's own writes to the full disk (the role's log, events.jsonl) do not raise."""
     from omnirl.api.runtime import STORAGE_ERROR_EXIT
 
-    fill = (f"f = open({str(small_fs / 'filler')!r}, 'wb')\ntry:\n    while True: f.write(b'0' * 65536); f.flush()\n"
+    # it fills the disk only once the supervisor wrote roles.json (its last write before it watches)
+    fill = (f"import os, time\nwhile not os.path.exists({str(small_fs / 'roles.json')!r}): time.sleep(0.05)\n"
+            f"f = open({str(small_fs / 'filler')!r}, 'wb')\ntry:\n    while True: f.write(b'0' * 65536); f.flush()\n"
             "except OSError as err: print('filled', err.errno, flush=True)\nraise SystemExit(1)")
     code, starts, _, failure = _supervise_filler(small_fs, redis_url, fill)
     assert (code, starts) == (STORAGE_ERROR_EXIT, 1), failure
