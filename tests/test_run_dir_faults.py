@@ -250,14 +250,14 @@ def test_a_redis_killed_for_a_file_too_large_is_not_restarted_and_stops_the_job(
     """The embedded redis-server killed by SIGXFSZ (its AOF past RLIMIT_FSIZE; unlike Python it does
     not ignore the signal): a restart would die at its next append, so the watchdog stops the job
     with STORAGE_ERROR_EXIT naming the errno text and the fix. Before, it restarted Redis and the
-    job went on (here: the controller finishes after 15 s and the run returns 0)."""
+    job went on (here: the controller finishes after 60 s and the run returns 0)."""
     from omnirl.api.runtime import STORAGE_ERROR_EXIT
     from omnirl.transfer import start_redis_server
 
     embedded = start_redis_server(dir=str(tmp_path / "redis"), aof=True)
     try:
         kill = f"import os, signal; os.kill({embedded.pid}, signal.SIGXFSZ)\nimport time; time.sleep(60)"
-        code, starts, events, failure = _supervise_filler(tmp_path, redis_url, kill, embedded=embedded, beats=75)
+        code, starts, events, failure = _supervise_filler(tmp_path, redis_url, kill, embedded=embedded, beats=300)
     finally:
         embedded.stop()
     assert (code, starts) == (STORAGE_ERROR_EXIT, 1), failure
@@ -314,8 +314,10 @@ def test_a_write_the_run_directory_refuses_stops_the_job_and_resume_finishes_it_
     assert "[Errno 27] File too large" in last and last.endswith(
         f"raise the file-size limit (ulimit -f), then continue with: omnirl run {job} --out {out} --no-ray "
         "--device cpu --resume"), last
-    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
-    assert [e["action"] for e in events] == ["stop-job (the run directory cannot be written: not restarted)"]
+    actions = [json.loads(line)["action"] for line in (out / "events.jsonl").read_text().splitlines()]
+    # the actor's failure is never restarted (a rollout worker whose broadcast broke with it might be, in theory)
+    assert actions[-1] == "stop-job (the run directory cannot be written: not restarted)", actions
+    assert "restart-job" not in actions, actions
     assert "Traceback" not in first.stdout + first.stderr
 
     second = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600, cwd=REPO)
