@@ -218,7 +218,7 @@ def test_controller_job_failure_policy(action, backoff):
     spec = ctrl["Job/demo-controller"]["spec"]
     assert (spec["template"]["spec"]["restartPolicy"], spec["backoffLimit"]) == ("Never", backoff)
     assert spec["podFailurePolicy"] == {"rules": [{"action": "FailJob", "onExitCodes": {
-        "containerName": "controller", "operator": "In", "values": [3, 4]}}]}
+        "containerName": "controller", "operator": "In", "values": [3, 4, 5]}}]}
     assert spec["activeDeadlineSeconds"] == 600
     for pod in (spec["template"], children(job())["Deployment/demo-rollout"]["spec"]["template"]):
         assert pod["spec"]["containers"][0]["terminationMessagePolicy"] == "FallbackToLogsOnError"
@@ -376,6 +376,11 @@ def test_permanent_exit_codes_fail_the_job_transient_ones_do_not():
     controller = permanent_failure([pod("controller", 3, "", where="state")], "omnirl.dev/role")
     assert (controller.reason, controller.message) == (
         "JobFailed", "controller exited 3 (the job failed; not restarted): see kubectl logs --previous demo-controller-x")
+    full = "omnirl role actor: cannot write /run/checkpoints/.tmp-step-000040/policy.safetensors ([Errno 28] No space " \
+           "left on device); free space there\n"
+    storage = permanent_failure([pod("actor", 5, full)], "omnirl.dev/role")
+    assert (storage.action, storage.reason, storage.message) == (
+        "fail", "StorageError", f"actor exited 5 (the run volume cannot be written; not restarted): {full.strip()}")
     # a crash, an OOM kill (137), SIGTERM (143), a running pod: the failure policy decides, not this
     assert permanent_failure([pod("actor", c) for c in (1, 137, 143)] + [{"metadata": {"name": "p"}}],
                              "omnirl.dev/role") is None

@@ -286,21 +286,26 @@ def test_phase_transitions_post_events(bg):
     bg.run(scenario)
 
 
-@pytest.mark.parametrize("role", ["rollout", "controller"])
-def test_a_configuration_error_fails_the_job_with_its_message_instead_of_restarting(bg, role):
-    """A role pod that exited CONFIG_ERROR_EXIT (4): the RLJob turns Failed with the pod's last log
-    line (its termination message), nothing is restarted, the workloads scale to zero. The rollout's
-    kubelet already restarted it in place (the code is in `lastState`); the controller Job failed
-    through its podFailurePolicy (reason PodFailurePolicy, which alone would be a restart-job)."""
+@pytest.mark.parametrize("role,code", [("rollout", 4), ("controller", 4), ("actor", 5)])
+def test_a_configuration_error_fails_the_job_with_its_message_instead_of_restarting(bg, role, code):
+    """A role pod that exited CONFIG_ERROR_EXIT (4), or STORAGE_ERROR_EXIT (5: its write to the run
+    volume failed for want of space): the RLJob turns Failed with the pod's last log line (its
+    termination message), nothing is restarted, the workloads scale to zero. The rollout's and the
+    actor's kubelet already restarted them in place (the code is in `lastState`); the controller Job
+    failed through its podFailurePolicy (reason PodFailurePolicy, which alone would be a restart-job)."""
     name = f"config-{role}"
-    line = f"omnirl role {role}: configuration error: spec.model.path: /models/sd3/transformer/config.json not found"
+    line = (f"omnirl role {role}: configuration error: spec.model.path: /models/sd3/transformer/config.json not found"
+            if code == 4 else f"omnirl role {role}: cannot write /run/checkpoints/.tmp-step-000040-7/policy.safetensors "
+            "([Errno 28] No space left on device); free space there")
+    reason, kind = {4: ("ConfigurationError", "a configuration error"),
+                    5: ("StorageError", "the run volume cannot be written")}[code]
 
     async def scenario(cluster: EmulatedCluster) -> None:
         await cluster.create(rljob_body(manifest(name, failurePolicy={"maxRestarts": 3})))
         await _phase(cluster, name, "Pending")
         await _exists(cluster, "batch/v1", "Job", f"{name}-controller")
-        ended = {"terminated": {"exitCode": 4, "reason": "Error", "message": f"12:00:00 {role} INFO start\n{line}\n"}}
-        states = {"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": ended} if role == "rollout" \
+        ended = {"terminated": {"exitCode": code, "reason": "Error", "message": f"12:00:00 {role} INFO start\n{line}\n"}}
+        states = {"state": {"waiting": {"reason": "CrashLoopBackOff"}}, "lastState": ended} if role != "controller" \
             else {"state": ended}
         await cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": f"{name}-{role}-abcde", "namespace": NS,
@@ -314,8 +319,7 @@ def test_a_configuration_error_fails_the_job_with_its_message_instead_of_restart
                             "matching FailJob rule at index 0"}]})
         job = await _phase(cluster, name, "Failed")
         failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
-        assert (failed["reason"], failed["message"]) == (
-            "ConfigurationError", f"{role} exited 4 (a configuration error; not restarted): {line}")
+        assert (failed["reason"], failed["message"]) == (reason, f"{role} exited {code} ({kind}; not restarted): {line}")
         assert job["status"]["message"] == failed["message"] and job["status"]["restarts"] == 0
         await _replicas(cluster, "StatefulSet", f"{name}-actor", 0)
         sts = await cluster.get("apps/v1", "StatefulSet", NS, f"{name}-actor")

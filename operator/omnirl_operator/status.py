@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
-from omnirl.api.runtime import CONFIG_ERROR_EXIT, PERMANENT_EXITS
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT
 from omnirl.api.status import (
     FAILED,
     READY,
@@ -34,6 +34,12 @@ from omnirl.api.status import (
 PROGRESS_FIELDS = ("step", "rewardMean", "policyVersion", "lastCheckpoint")
 ControllerState = Literal["absent", "active", "succeeded", "failed"]
 REASON_INVALID_SPEC = "InvalidSpec"
+# a permanent exit code (`omnirl.api.runtime.PERMANENT_EXITS`) → the Failed condition's reason, and what it means
+PERMANENT_REASONS = {
+    CONFIG_ERROR_EXIT: ("ConfigurationError", "a configuration error"),
+    JOB_FAILED_EXIT: ("JobFailed", "the job failed"),
+    STORAGE_ERROR_EXIT: ("StorageError", "the run volume cannot be written"),
+}
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,9 @@ def permanent_failure(pods: list[dict[str, Any]], role_label: str) -> FailureDec
     Deployment's pod is restarted in place by the kubelet before the operator sees it). The
     message is the role (``role_label`` of the pod), the code and the last line of the container's
     termination message (its log tail, ``terminationMessagePolicy: FallbackToLogsOnError``: the
-    role's one-line reason); reason ``ConfigurationError`` or ``JobFailed``.
+    role's one-line reason); reason ``ConfigurationError``, ``JobFailed`` or ``StorageError`` (a
+    write to the run volume failed for want of space or a writable mount: every restart would fail
+    the same way until the volume is grown or freed).
     """
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         role = ((pod["metadata"].get("labels") or {}).get(role_label)) or pod["metadata"]["name"]
@@ -125,9 +133,8 @@ def permanent_failure(pods: list[dict[str, Any]], role_label: str) -> FailureDec
                     continue
                 lines = [line.strip() for line in (ended.get("message") or "").splitlines() if line.strip()]
                 why = lines[-1] if lines else f"see kubectl logs --previous {pod['metadata']['name']}"
-                kind = "a configuration error" if code == CONFIG_ERROR_EXIT else "the job failed"
-                return FailureDecision("fail", "ConfigurationError" if code == CONFIG_ERROR_EXIT else "JobFailed",
-                                       f"{role} exited {code} ({kind}; not restarted): {why}")
+                reason, kind = PERMANENT_REASONS[code]
+                return FailureDecision("fail", reason, f"{role} exited {code} ({kind}; not restarted): {why}")
     return None
 
 

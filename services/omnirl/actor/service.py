@@ -43,6 +43,7 @@ from omnirl.actor.batch import TrainSample
 from omnirl.actor.checkpoint import LATEST
 from omnirl.actor.ranks import Ranks
 from omnirl.actor.trainer import Trainer
+from omnirl.api.disk import append_lines
 from omnirl.api.errors import config_errors
 from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
@@ -107,8 +108,8 @@ class ActorService:
         if leader:
             path = Path(env.out_dir) / "ledger" / f"actor-{env.worker_id}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._ledger = path.open("a", buffering=1)
-            self._ckpt_ledger = (path.parent / f"checkpoints-{env.worker_id}.jsonl").open("a", buffering=1)
+            self._ledger = append_lines(path)  # a line a full disk cut is dropped (api/disk.py)
+            self._ckpt_ledger = append_lines(path.parent / f"checkpoints-{env.worker_id}.jsonl")
 
     def terminate(self) -> None:
         """SIGTERM: finish the step in hand, checkpoint the last trained step, return from `run`."""

@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from omnirl.api.disk import append_lines
+
 LEDGER_DIR = "ledger"
 
 
@@ -29,7 +31,7 @@ class Ledger:
         self._dir = Path(out_dir) / LEDGER_DIR
         self._dir.mkdir(parents=True, exist_ok=True)
         self._role = role
-        self._f = (self._dir / f"{role}-{worker_id}.jsonl").open("a", buffering=1)
+        self._f = append_lines(self._dir / f"{role}-{worker_id}.jsonl")  # a line a full disk cut is dropped
         self._seen: set[str] = set()  # the role's ids read so far (only duplicates read them)
         self._read_upto: dict[Path, int] = {}  # per ledger file: bytes read, whole lines only
 

@@ -16,10 +16,13 @@ METRICS_FILE = "metrics.jsonl"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """Every record of `run_dir/metrics.jsonl`, in the order written (blank lines skipped).
+    """Every record of `run_dir/metrics.jsonl`, in the order written (blank lines skipped, and a last
+    line without its newline: one being appended now, or cut short by a full disk).
 
     Raises:
         FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
         json.JSONDecodeError: a line that is not JSON.
     """
-    return [json.loads(line) for line in (Path(run_dir) / METRICS_FILE).read_text().splitlines() if line.strip()]
+    text = (Path(run_dir) / METRICS_FILE).read_text()
+    whole = text[: text.rfind("\n") + 1]
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]

@@ -9,6 +9,7 @@ import math
 import time
 from pathlib import Path
 
+from omnirl.api.disk import append_lines
 from omnirl.api.messages import TrainDone
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
 from omnirl.api.runtime import RoleEnv
@@ -73,7 +74,7 @@ class Reporter:
     def __init__(self, out: Path, env: RoleEnv, job: RLJob) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / METRICS_FILE
-        self._f = self.path.open("a", buffering=1)
+        self._f = append_lines(self.path)  # a line a full disk cut is dropped (api/disk.py)
         self.meters = Meters(env.job_name, env.metrics_port)
         self.status = None
         if env.report_status == "kubernetes":

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
+from omnirl.api import disk
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import load_rljob
 from omnirl.controller.data import check_prompts
@@ -35,8 +36,7 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--steps {args.steps}: must be >= 2 (denoising steps; default validation.numSteps)")
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed {args.seed}: must be >= 0")
-    if Path(args.out).exists() and not Path(args.out).is_dir():  # before minutes of sampling, not after
-        raise ValueError(f"--out {args.out}: is a file, not a directory; choose a directory for grid.png and rewards.json")
+    disk.check_writable(Path(args.out), purpose="grid.png and rewards.json")  # before minutes of sampling, not after
     job = load_rljob(args.job)
     spec = job.spec
     check_api_keys(spec.reward)  # before minutes of model loading and sampling

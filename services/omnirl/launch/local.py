@@ -16,20 +16,22 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 from pathlib import Path
 
 import yaml
 
+from omnirl.api import disk
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
-from omnirl.api.runtime import VARIABLES, RoleEnv
+from omnirl.api.runtime import STORAGE_ERROR_EXIT, VARIABLES, RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.launch import preflight
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
 from omnirl.launch.procs import start_role
 from omnirl.launch.progress import validation_table
 from omnirl.launch.servers import JudgeFailed, check_local, start_judges, stop_judges
-from omnirl.launch.supervise import Supervisor, clear_start_flags
+from omnirl.launch.supervise import STATELESS_GRACE_S, Supervisor, clear_start_flags
 from omnirl.reward.registry import check_judges
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
@@ -62,7 +64,33 @@ def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, ou
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run a job locally; returns the exit code (0 = finished)."""
+    """Run a job locally; returns the exit code (0 = finished, 130 = interrupted).
+
+    Ctrl-C or SIGTERM at any point — the pre-flight checks, Redis or Ray starting, the roles
+    running — stops whatever was started and ends with the same last line (`verdict`); so does a
+    launcher write to the run directory that fails for want of space (exit `STORAGE_ERROR_EXIT`).
+    """
+    old = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops the job like Ctrl-C, from the start
+    started: dict[str, Path] = {}  # "out": the run directory, once known
+    try:
+        return _run(args, started)
+    except KeyboardInterrupt:  # before the roles' supervision began: nothing is left running (see _run)
+        out = started.get("out") or Path(args.out or "runs/<job>")
+        print(verdict(130, "", args, out), flush=True)
+        return 130
+    except OSError as raised:  # the launcher's own write (job.yaml, a log) after the pre-flight probe passed
+        err = disk.storage_error(raised)
+        if err is None or "out" not in started:
+            raise
+        where = err.filename or started["out"]
+        print(verdict(STORAGE_ERROR_EXIT, f"{where} cannot be written ({disk.describe(err)}); {disk.fix(err)}",
+                      args, started["out"]), flush=True)
+        return STORAGE_ERROR_EXIT
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def _run(args: argparse.Namespace, started: dict[str, Path]) -> int:
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps {args.steps}: must be >= 1 (the total number of training steps)")
     if args.ray_address and not args.no_ray:
@@ -76,8 +104,8 @@ def main(args: argparse.Namespace) -> int:
     check_judges(job.spec.reward)  # the judges of reward[].url; those of reward[].server once they answer
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out}: is a file, not a directory; choose a directory for the run's outputs")
+    started["out"] = out
+    disk.check_writable(out)  # read-only, full, under a file: one line now, not a traceback later
     # a live launcher here is named before "pass --resume" or "nothing to do", which would mislead
     lock = preflight.lock_run_dir(out) if out.is_dir() else None
     if not args.resume and (out / METRICS_FILE).exists():
@@ -102,36 +130,33 @@ def main(args: argparse.Namespace) -> int:
     out.mkdir(parents=True, exist_ok=True)
     lock = lock or preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
-    redis, judges = None, []
-    redis_url = job.spec.transferQueue.redisUrl
-    if not redis_url:  # AOF on: the supervisor restarts it on the same port and directory if it dies
-        redis = start_redis_server(dir=str(out / "redis"), aof=True)
-        redis_url = redis.url
-    queue = TransferQueue.for_job(job.metadata.name, job.spec.transferQueue, redis_url)
-    if not args.resume:
-        queue.cleanup()  # a fresh run starts from empty streams
-    else:
-        clear_start_flags(queue)
-    sync_port, dist_port = free_port(), free_port()
-    supervisor = None
-    ray_ctx = None
-    if not args.no_ray:
-        from omnirl.launch.procs import init_ray
-
-        ray_ctx = init_ray(args.ray_address)
-    print(f"omnirl: job {job.metadata.name} → {out} (redis {redis_url}, {'ray' if ray_ctx else 'subprocesses'})",
-          flush=True)
-    print(describe(placements, backend), flush=True)
-    where = {(p.role, p.index): p for p in placements}
-
-    def start(role: str, index: int, resume: str):
-        env = role_env(job, where[role, index], redis_url=redis_url, sync_port=sync_port, out=out,
-                       resume=resume, steps=args.steps, dist_port=dist_port, sync_backend=backend)
-        return start_role(role, index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None)
-
-    old = signal.signal(signal.SIGTERM, _raise_interrupt)
-    failure = ""
+    redis, judges, queue, supervisor, ray_ctx = None, [], None, None, None
+    failure, code = "", 1
     try:
+        redis_url = job.spec.transferQueue.redisUrl
+        if not redis_url:  # AOF on: the supervisor restarts it on the same port and directory if it dies
+            redis = start_redis_server(dir=str(out / "redis"), aof=True)
+            redis_url = redis.url
+        queue = TransferQueue.for_job(job.metadata.name, job.spec.transferQueue, redis_url)
+        if not args.resume:
+            queue.cleanup()  # a fresh run starts from empty streams
+        else:
+            clear_start_flags(queue)
+        sync_port, dist_port = free_port(), free_port()
+        if not args.no_ray:
+            from omnirl.launch.procs import init_ray
+
+            ray_ctx = init_ray(args.ray_address)
+        print(f"omnirl: job {job.metadata.name} → {out} (redis {redis_url}, {'ray' if ray_ctx else 'subprocesses'})",
+              flush=True)
+        print(describe(placements, backend), flush=True)
+        where = {(p.role, p.index): p for p in placements}
+
+        def start(role: str, index: int, resume: str):
+            env = role_env(job, where[role, index], redis_url=redis_url, sync_port=sync_port, out=out,
+                           resume=resume, steps=args.steps, dist_port=dist_port, sync_backend=backend)
+            return start_role(role, index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None)
+
         judges, wired = start_judges(job, out / "logs")  # reward[].server: local processes, URLs wired in
         check_judges(wired.spec.reward, only={j.reward.name for j in judges})
         (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
@@ -150,16 +175,20 @@ def main(args: argparse.Namespace) -> int:
         print(f"omnirl: {err}", flush=True)
         code = 1
     finally:
-        signal.signal(signal.SIGTERM, old)
         if supervisor is not None:
             failure = supervisor.failure
             redis = supervisor.redis
-            supervisor.stop_all()
+            # a full or read-only run directory: the actor's SIGTERM checkpoint cannot be written (nor, when its
+            # Redis died of it, handed over); the last complete one stands, so no grace period is waited out
+            supervisor.stop_all(grace_s=STATELESS_GRACE_S if code == STORAGE_ERROR_EXIT else None)
             supervisor.close()
         stop_judges(judges)
-        queue.close()
+        if queue is not None:
+            queue.close()
         if redis is not None:
             redis.stop()
+        if ray_ctx is None and "ray" in sys.modules:  # interrupted in ray.init: stop what it started
+            sys.modules["ray"].shutdown()
     _summary(out)
     if code:  # the table above reads like a finished run: the last line says it is not
         print(verdict(code, failure, args, out), flush=True)
@@ -186,13 +215,16 @@ def resume_command(args: argparse.Namespace, out: Path) -> str:
 
 
 def verdict(code: int, failure: str, args: argparse.Namespace, out: Path) -> str:
-    """The launcher's last line when it exits non-zero: why, and (after an interrupt) the command that
-    continues the run, or that nothing is left when the controller had finished before the Ctrl-C
-    (a `--resume` would say "nothing to do")."""
+    """The launcher's last line when it exits non-zero: why, and (after an interrupt, or a run
+    directory that could not be written: `STORAGE_ERROR_EXIT`, whose `failure` ends with the fix)
+    the command that continues the run, or that nothing is left when the controller had finished
+    before the Ctrl-C (a `--resume` would say "nothing to do")."""
     if code == 130:
         if (out / METRICS_FILE).exists() and preflight.finished(out):
             return "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
         return f"omnirl: interrupted (exit 130); continue with: {resume_command(args, out)}"
+    if code == STORAGE_ERROR_EXIT:  # the failure ends with the fix ("free space there"): the resume follows it
+        return f"omnirl: the job did not finish (exit {code}): {failure}, then continue with: {resume_command(args, out)}"
     return f"omnirl: the job did not finish (exit {code})" + (f": {failure}" if failure else "")
 
 

@@ -46,10 +46,17 @@ class _Child:
         self._reader.start()
 
     def _read(self) -> None:
+        log_ok = True
         for line in self.proc.stdout:
-            self._log.write(line)
             self.lines.append(line)
             self.tail.append(line)
+            if log_ok:
+                try:
+                    self._log.write(line)
+                except OSError as err:  # a full or read-only disk: keep draining the pipe, or the role blocks on it
+                    log_ok = False
+                    self.lines.append(f"omnirl: {self._log.name}: cannot append ({err.strerror or err}); "
+                                      "this role's lines go to the console only\n")
 
     def take(self) -> list[str]:
         out = []
@@ -79,7 +86,10 @@ class _Child:
                 self.proc.kill()
                 self.proc.wait()
         self._reader.join(timeout=2)
-        self._log.close()
+        try:
+            self._log.close()
+        except OSError:  # lines it could not flush were announced by _read: the console has them
+            pass
 
 
 class RoleProcess:

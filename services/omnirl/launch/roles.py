@@ -12,8 +12,10 @@ loop has not beaten for `failurePolicy.progressDeadlineSeconds`.
 
 Exit codes (`omnirl.api.runtime`): 0 done; 1 crashed (restarted per `failurePolicy`);
 `JOB_FAILED_EXIT` (3) the controller failed the job; `CONFIG_ERROR_EXIT` (4) a `ConfigError` at
-start-up — a setting the role cannot run with, printed as one line, never restarted; 130 Ctrl-C;
-143 SIGTERM.
+start-up — a setting the role cannot run with, printed as one line, never restarted;
+`STORAGE_ERROR_EXIT` (5) a write failed for want of space or a writable mount (ENOSPC, EDQUOT,
+EFBIG, EROFS; `omnirl.api.disk`), one line naming the path and the errno, never restarted
+(a resume continues once there is room); 130 Ctrl-C; 143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -27,9 +29,10 @@ import signal
 import sys
 from pathlib import Path
 
+from omnirl.api.disk import describe, fix, storage_error
 from omnirl.api.errors import ConfigError
 from omnirl.api.loader import load_rljob
-from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, RoleEnv
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv
 
 
 def resolve_device(device: str, environ: dict[str, str] | None = None) -> str:
@@ -156,6 +159,13 @@ def main(args: argparse.Namespace) -> int:
         if args.role == "controller" and type(err).__name__ == "JobFailed":  # a verdict, not a crash
             print(f"omnirl role controller: the job failed: {err}", file=sys.stderr, flush=True)
             return JOB_FAILED_EXIT
+        full = storage_error(err)
+        if full is not None:  # a restart would fail the same way: one line, a permanent exit code
+            where = full.filename or os.environ.get(VARIABLES["out_dir"]) or "the run directory"
+            raised = "" if full is err else f" ({type(err).__name__}: {err})"  # a library's own wrapper
+            print(f"omnirl role {args.role}: cannot write {where} ({describe(full)}){raised}; {fix(full)}",
+                  file=sys.stderr, flush=True)
+            return STORAGE_ERROR_EXIT
         logging.getLogger("omnirl").exception("role %s failed", args.role)
         print(f"omnirl role {args.role} failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         return 1

@@ -17,6 +17,10 @@ A controller that exits with `JOB_FAILED_EXIT` (the job itself failed: a require
 every group of a step failed), and any role that exits with `CONFIG_ERROR_EXIT` (a setting it
 cannot run with: a model directory without the family's layout, an unreadable checkpoint), stop the
 job at once with the role's one-line message: restarting cannot help (`omnirl.api.runtime`).
+So does a run directory that cannot be written (`omnirl.api.disk`): a role that exits
+`STORAGE_ERROR_EXIT`, or any role or the embedded Redis dying while a probe write to `out` fails
+(a Redis that cannot append to its AOF exits 1 and is not restarted then). The job stops with
+`STORAGE_ERROR_EXIT`, no restart spent; `--resume` continues once there is room.
 
 Each replica's restarts and the job's restarts count against `maxRestarts` separately; one more
 fails the job. The embedded Redis (AOF) is restarted on its port and directory when it dies.
@@ -26,7 +30,9 @@ the current process ids (the chaos suite reads it).
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import signal
 import sys
 import threading
@@ -34,7 +40,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT
+from omnirl.api import disk
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
@@ -85,6 +92,7 @@ class Supervisor:
         self.restarts: dict[str, int] = {}  # replica name or "job" → restarts so far
         self._resume = resume
         self.failure = ""  # why run() gave up (its JobFailure's reason), for the launcher's last line
+        self._storage = ""  # set by the Redis watchdog: the run directory cannot be written (the reason)
         self._last_beats = 0.0
         self._alive: dict[tuple[str, int], float] = {}  # (process name, pid) → its last beat, or when first seen
         self._events = (out / "events.jsonl").open("a", buffering=1)
@@ -97,16 +105,19 @@ class Supervisor:
     # ------------------------------------------------------------------ lifecycle
     def run(self) -> int:
         """Start every role and supervise until the job finishes; returns the exit code."""
-        for role, index in self.plan:
-            self.procs[f"{role}-{index}"] = self.start(role, index, self._resume)
-        self._write_pids()
         try:
+            for role, index in self.plan:
+                self.procs[f"{role}-{index}"] = self.start(role, index, self._resume)
+            self._write_pids()
             while True:
                 self._pump()
+                if self._storage:
+                    raise JobFailure(STORAGE_ERROR_EXIT, self._storage)
                 done = self._check_exits()
                 if done is not None:
                     return done
-                self._check_heartbeats()
+                if self.redis is None or self.redis.alive():  # else the watchdog acts; a read would wait for it
+                    self._check_heartbeats()
                 time.sleep(0.2)
         except JobFailure as failure:  # not printed here: the launcher's last line (its verdict) names it
             self.failure = failure.reason
@@ -135,7 +146,11 @@ class Supervisor:
         """Stop watching Redis, close the events file."""
         self._closed.set()
         self._watchdog.join(timeout=5)
-        self._events.close()
+        try:
+            self._events.close()
+        except OSError as err:  # a line that could not be flushed was reported by _event already
+            if disk.storage_error(err) is None:
+                raise
 
     # ------------------------------------------------------------------ checks
     def _pump(self) -> None:
@@ -152,6 +167,7 @@ class Supervisor:
         if code in (JOB_FAILED_EXIT, CONFIG_ERROR_EXIT):
             raise JobFailure(code, f"role controller failed: {controller.last_error()}")
         if code is not None:
+            self._stop_if_unwritable(controller, code)
             self._failed(controller, f"exit {_describe(code)}: {controller.last_error()}", code)
             return None
         for p in list(self.procs.values()):
@@ -161,6 +177,7 @@ class Supervisor:
             if c == CONFIG_ERROR_EXIT:
                 self._event(p.name, f"exit {c}: {p.last_error()}", "fail-job (configuration error: not restarted)")
                 raise JobFailure(c, f"role {p.name} failed: {p.last_error()}")
+            self._stop_if_unwritable(p, c)
             why = p.last_error() if c else "exited before the job finished"
             self._failed(p, f"exit {_describe(c)}: {why}", c)
             return None
@@ -197,11 +214,44 @@ class Supervisor:
         while not self._closed.wait(0.2):
             if self.redis is None or self.redis.alive():
                 continue
-            code = self.redis.process.returncode
-            self._event("redis", f"redis-server exited ({_describe(code)})", "restart-redis")
-            self.redis = start_redis_server(port=self.redis.port, dir=str(self.redis.dir), aof=True,
-                                            die_with_parent=False)
-            self._write_pids()
+            what = f"redis-server exited ({_describe(self.redis.process.returncode)})"
+            err = disk.unwritable(self.out) or _redis_storage_error(self.redis)
+            try:
+                if err is None:
+                    self._event("redis", what, "restart-redis")
+                    self.redis = start_redis_server(port=self.redis.port, dir=str(self.redis.dir), aof=True,
+                                                    die_with_parent=False)
+                    self._write_pids()
+                    continue
+            except JobFailure as failure:  # roles.json: the disk filled after the probe
+                self._storage = failure.reason
+                return
+            except OSError as raised:  # the server's log or AOF: the disk filled after the probe
+                err = disk.storage_error(raised)
+                if err is None:
+                    raise
+            self._storage = self._unwritable_reason("redis", what, err)
+            return  # a server that cannot append to its AOF would exit again at its first write
+
+    def _stop_if_unwritable(self, p: RoleProcess, code: int) -> None:
+        """Stop the job (`JobFailure` with `STORAGE_ERROR_EXIT`) instead of restarting `p`, which
+        exited `code`, when the run directory cannot be written: `p` said so itself (exit
+        `STORAGE_ERROR_EXIT`), or a probe write fails now (whatever `p` died of: a Redis that could not
+        append, a library that wraps the error)."""
+        if code == STORAGE_ERROR_EXIT:
+            self._event(p.name, f"exit {code}: {p.last_error()}", "stop-job (the run directory cannot be written: "
+                                                                  "not restarted)")
+            raise JobFailure(code, f"role {p.name} failed: {p.last_error()}")
+        err = disk.unwritable(self.out)
+        if err is not None:
+            raise JobFailure(STORAGE_ERROR_EXIT, self._unwritable_reason(
+                p.name, f"exit {_describe(code)}: {p.last_error()}", err))
+
+    def _unwritable_reason(self, who: str, what: str, err: OSError) -> str:
+        """Record `who`'s failure as caused by the unwritable run directory; returns the job's reason."""
+        where = f"{self.out} cannot be written ({disk.describe(err)})"
+        self._event(who, f"{what}; {where}", "stop-job (the run directory cannot be written: not restarted)")
+        return f"{where}; {who}: {what}; {disk.fix(err)}"
 
     # ------------------------------------------------------------------ actions
     def _failed(self, p: RoleProcess, reason: str, code: int) -> None:
@@ -229,8 +279,14 @@ class Supervisor:
         limit = f" ({restarts}/{self.policy.maxRestarts})" if restarts else ""
         print(f"omnirl: {who}: {reason} → {action}{limit}", flush=True)
         with self._lock:
-            self._events.write(json.dumps({"time": time.time(), "role": who, "reason": reason, "action": action,
-                                           "restarts": restarts}) + "\n")
+            try:
+                self._events.write(json.dumps({"time": time.time(), "role": who, "reason": reason,
+                                               "action": action, "restarts": restarts}) + "\n")
+            except OSError as err:  # the console line above stands; the failure itself is what is reported
+                if disk.storage_error(err) is None:
+                    raise
+                print(f"omnirl: {self.out / 'events.jsonl'}: the line above was not recorded ({disk.describe(err)})",
+                      flush=True)
 
     def _write_pids(self) -> None:
         with self._lock:
@@ -238,8 +294,29 @@ class Supervisor:
             if self.redis is not None:
                 pids["redis"] = self.redis.pid
             tmp = self.out / ".roles.json.tmp"
-            tmp.write_text(json.dumps(pids))
+            try:
+                tmp.write_text(json.dumps(pids))
+            except OSError as raised:
+                err = disk.storage_error(raised)
+                if err is None:
+                    raise
+                raise JobFailure(STORAGE_ERROR_EXIT, f"{tmp} cannot be written ({disk.describe(err)}); "
+                                                     f"{disk.fix(err)}") from raised
             tmp.replace(self.out / "roles.json")
+
+
+def _redis_storage_error(server: RedisServer) -> OSError | None:
+    """Why an exited redis-server could not write, when that is why it exited: killed by SIGXFSZ (a
+    file past RLIMIT_FSIZE; it does not ignore the signal as Python does), or its log's last lines
+    carry a `disk.STORAGE_ERRNOS` text ("Error writing to the AOF file: No space left on device"
+    when the disk had room for the log line but not for the AOF write). None otherwise."""
+    if server.process.returncode == -signal.SIGXFSZ:
+        return OSError(errno.EFBIG, os.strerror(errno.EFBIG))
+    try:
+        tail = server.log_path.read_text(errors="replace").splitlines()[-5:]
+    except OSError:
+        return None
+    return disk.storage_error(RuntimeError("\n".join(tail)))
 
 
 def _describe(code: int | None) -> str:

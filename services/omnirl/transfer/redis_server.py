@@ -207,11 +207,11 @@ def start_redis_server(
         process, log_path = _launch(binary, chosen, workdir, extra_args, die_with_parent, aof)
         try:
             _wait_ready(process, f"redis://127.0.0.1:{chosen}/0", log_path, timeout_s)
-        except RedisServerError:
+        except BaseException as err:  # a Ctrl-C while it starts too: no server is left behind
             if process.poll() is None:
                 process.kill()
                 process.wait()
-            if attempt + 1 == attempts:
+            if not isinstance(err, RedisServerError) or attempt + 1 == attempts:
                 raise  # the message carries the log's tail; the directory is kept for inspection
             continue
         return RedisServer(process, chosen, workdir, log_path, own_dir)

@@ -1,0 +1,132 @@
+"""A directory that cannot take a write: a full disk, a quota, a file-size limit, a read-only mount.
+
+Such a fault comes back on every restart until someone frees space (or remounts), so a local run
+stops instead of burning `failurePolicy.maxRestarts` on it, and `--resume` continues once there is
+room. Used by `omnirl run`'s and `omnirl eval`'s check of `--out` before anything starts
+(`check_writable`), by a role that dies on such a write (`launch/roles.py` exits
+`STORAGE_ERROR_EXIT` with one line), and by the local supervisor, which probes the run directory
+whenever a role or the embedded Redis dies, whatever the process said (a Redis that cannot append
+to its AOF just exits 1; a role then fails on Redis). Standard library only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import tempfile
+from pathlib import Path
+
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
+"""No space left on device, disk quota exceeded, file too large (RLIMIT_FSIZE), read-only file system."""
+
+
+def storage_error(exc: BaseException | None) -> OSError | None:
+    """The OSError with a `STORAGE_ERRNOS` errno behind `exc` (itself, a cause or a context), or None.
+
+    Libraries that write from native code (safetensors' Rust writer) raise their own exception type
+    with the system's text inside; that text (`os.strerror`) is recognised too and returned as an
+    OSError with its errno and no file name.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
+            return exc
+        text = str(exc)
+        for code in STORAGE_ERRNOS:
+            if os.strerror(code) in text:
+                return OSError(code, os.strerror(code))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def describe(err: OSError) -> str:
+    """`"[Errno 28] No space left on device"`: the errno's number and text (the error's own text without one)."""
+    return f"[Errno {err.errno}] {err.strerror}" if err.errno else str(err)
+
+
+def fix(err: OSError) -> str:
+    """What frees the run directory, by errno: space (or quota, or the file-size limit) for the
+    first three of `STORAGE_ERRNOS`, a writable mount for a read-only one (and any other errno)."""
+    if err.errno == errno.ENOSPC:
+        return "free space there"
+    if err.errno == errno.EDQUOT:
+        return "free space or raise the disk quota"
+    if err.errno == errno.EFBIG:
+        return "raise the file-size limit (ulimit -f)"
+    return "make it writable"
+
+
+def probe(directory: Path) -> None:
+    """Write one byte to a new file in `directory` (an existing directory), flush it to the file
+    system and remove it: a full tmpfs or disk refuses the byte even where it still creates the file.
+
+    Raises:
+        OSError: the write failed (its errno says why).
+    """
+    with tempfile.TemporaryFile(dir=directory, prefix=".omnirl-probe-") as f:
+        f.write(b"x")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def unwritable(directory: Path) -> OSError | None:
+    """The storage error a probe write to `directory` gets now, or None when it takes the write.
+    A probe failing for another reason (the directory was removed) is no storage fault: None."""
+    try:
+        probe(directory)
+    except OSError as err:
+        return err if err.errno in STORAGE_ERRNOS else None
+    return None
+
+
+def check_writable(out: Path, flag: str = "--out", purpose: str = "the run's outputs") -> None:
+    """`out` can hold `purpose`: an existing directory takes a probe byte, or the nearest existing
+    folder above a new one takes a directory holding one (nothing is left behind). Left to the
+    first real write, a read-only, full or misnamed `--out` ended in a traceback (after minutes of
+    sampling, for `omnirl eval`).
+
+    Raises:
+        ValueError: naming `flag`, the path, the system's reason (errno text) and the fix.
+    """
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{flag} {out}: is a file, not a directory; choose a directory for {purpose}")
+    where = out
+    while not where.exists():
+        where = where.parent
+    if not where.is_dir():
+        raise ValueError(f"{flag} {out}: {where} is a file, not a directory; choose a directory for {purpose}")
+    try:
+        if where == out:
+            probe(out)
+        else:
+            scratch = Path(tempfile.mkdtemp(dir=where, prefix=".omnirl-probe-"))
+            try:
+                probe(scratch)
+            finally:
+                scratch.rmdir()
+    except OSError as err:
+        raise ValueError(f"{flag} {out}: {where} cannot be written ({describe(err)}); {fix(err)} "
+                         f"or choose another {flag}") from None
+
+
+def append_lines(path: Path):
+    """`path` opened for appending JSON lines (text, line-buffered), after dropping a last line cut
+    short: a write that failed for want of space may leave part of a line on disk, and the next line
+    appended after it (by a resumed role) would make one corrupt line in the middle of the file. The
+    cut line's record was never complete (its writer got the error), so nothing written is lost.
+
+    Raises:
+        OSError: the file cannot be opened or truncated.
+    """
+    with path.open("ab+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size:
+            f.seek(max(0, size - (1 << 16)))
+            tail = f.read()
+            if not tail.endswith(b"\n"):
+                cut = tail.rfind(b"\n")
+                if cut < 0 and size > len(tail):
+                    raise OSError(errno.EINVAL, f"{path}: its last line is longer than 64 KiB and unterminated")
+                f.truncate(size - len(tail) + cut + 1)
+    return path.open("a", buffering=1)  # noqa: SIM115 - the caller owns it

@@ -1,0 +1,355 @@
+"""A run directory that cannot be written, and a stop while `omnirl run` is still starting.
+
+Real parts: `omnirl run` as a subprocess, real role-like processes under the real Supervisor, a real
+read-only or full file system where this machine lets the test mount one (root and `mount`: a tmpfs;
+otherwise `chmod 0555` for the read-only case, and the full-disk case is skipped with the reason).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from omnirl.api import disk
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _mount_tmpfs(where: Path, *options: str) -> bool:
+    """Mount a 256 KiB tmpfs on `where` (root only); False when this machine does not allow it."""
+    where.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", ",".join(("size=256k", *options)), "tmpfs", str(where)],
+                          capture_output=True)
+    return done.returncode == 0
+
+
+def _umount(where: Path) -> None:
+    subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory no write reaches: a read-only tmpfs (root), else one chmod 0555 (another user)."""
+    where = tmp_path / "ro"
+    if _mount_tmpfs(where, "ro"):
+        yield where
+        _umount(where)
+        return
+    if os.geteuid() == 0:
+        pytest.skip("root without mount: chmod does not stop root, and no read-only file system can be made")
+    where.chmod(0o555)
+    yield where
+    where.chmod(0o755)
+
+
+@pytest.fixture
+def small_fs(tmp_path):
+    """A directory on its own 256 KiB tmpfs (root with mount only): a role can fill it for real."""
+    where = tmp_path / "small"
+    if not _mount_tmpfs(where):
+        pytest.skip("a full file system needs a tmpfs mount (root with mount)")
+    yield where
+    _umount(where)
+
+
+def _run(*args: str, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--device", "cpu",
+                           "--steps", "1", "--no-ray", *args], capture_output=True, text=True, timeout=300,
+                          cwd=REPO, **kw)
+
+
+def test_an_out_that_cannot_be_written_is_one_line_naming_out_and_the_fix(tmp_path, read_only_dir):
+    """`--out` under a file, in a read-only directory, or a read-only directory itself: exit 2, one
+    line naming --out, the path, the errno text and the fix; nothing started, nothing created. It was a
+    traceback (`OSError: [Errno 30] Read-only file system` from the launcher's mkdir)."""
+    (tmp_path / "a_file").write_text("x")
+    refused = (f"[Errno {errno.EROFS}] Read-only file system); make it writable" if os.geteuid() == 0 else
+               f"[Errno {errno.EACCES}] Permission denied); make it writable")
+    cases = {
+        tmp_path / "a_file" / "sub": f"{tmp_path / 'a_file'} is a file, not a directory; choose a directory for the "
+                                     "run's outputs",
+        read_only_dir / "run": f"{read_only_dir} cannot be written ({refused} or choose another --out",
+        read_only_dir: f"{read_only_dir} cannot be written ({refused} or choose another --out",
+    }
+    for out, expected in cases.items():
+        proc = _run("--out", str(out))
+        assert proc.returncode == 2, proc.stderr
+        assert proc.stderr.splitlines() == [f"omnirl run: --out {out}: {expected}"]
+        assert proc.stdout == ""
+    # omnirl eval checks its --out before minutes of sampling, not at the end
+    proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "eval", "examples/ocr-awm.yaml", "--out",
+                           str(read_only_dir / "eval")], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"omnirl eval: --out {read_only_dir / 'eval'}: {read_only_dir} cannot be written ({refused} or choose "
+        "another --out"], proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "ro"]
+
+
+def test_a_launcher_write_refused_after_the_probe_ends_with_the_storage_verdict(tmp_path):
+    """The probe's byte fits but the launcher's job.yaml does not (RLIMIT_FSIZE 512 bytes: EFBIG, as a
+    disk with a few bytes left): exit 5 and the storage verdict naming the file, the errno text, the
+    fix and the command that continues; no traceback. Before, an OSError traceback."""
+    import resource
+
+    def limited() -> None:  # pragma: no cover - runs in the child between fork and exec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
+
+    out = tmp_path / "out"
+    proc = _run("--out", str(out), preexec_fn=limited)
+    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines() == [
+        f"omnirl: the job did not finish (exit 5): {out} cannot be written ([Errno 27] File too large); "
+        f"raise the file-size limit (ulimit -f), then continue with: omnirl run examples/ocr-awm.yaml --out {out} "
+        "--steps 1 --no-ray --device cpu"], proc.stdout
+
+
+def test_the_probe_sees_a_write_the_file_system_refuses_and_names_the_errno(small_fs):
+    """A full tmpfs still creates an empty file; the probe's byte is what it refuses (ENOSPC)."""
+    assert disk.unwritable(small_fs) is None
+    with (small_fs / "filler").open("wb") as f, pytest.raises(OSError) as raised:
+        while True:
+            f.write(b"\0" * 65536)
+            f.flush()
+    assert raised.value.errno == errno.ENOSPC
+    err = disk.unwritable(small_fs)
+    assert err is not None and disk.describe(err) == "[Errno 28] No space left on device"
+    assert disk.fix(err) == "free space there"
+
+
+def test_storage_errors_are_recognised_behind_a_library_or_a_chain():
+    """An OSError's errno, a cause's, or a native writer's text (safetensors raises its own type
+    with the system's text); other errors are not storage faults."""
+    assert disk.storage_error(OSError(errno.ENOSPC, "No space left on device", "/x")).filename == "/x"
+    try:
+        try:
+            raise OSError(errno.EROFS, "Read-only file system")
+        except OSError as inner:
+            raise RuntimeError("could not save") from inner
+    except RuntimeError as outer:
+        assert disk.storage_error(outer).errno == errno.EROFS
+
+    class SafetensorError(Exception):
+        pass
+
+    native = SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, '
+                             'message: "No space left on device" })')
+    assert disk.storage_error(native).errno == errno.ENOSPC
+    assert disk.storage_error(OSError(errno.ENOENT, "No such file or directory")) is None
+    assert disk.storage_error(ValueError("bad")) is None
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found.update(int(c) for c in (task / "children").read_text().split())
+    return found
+
+
+def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothing(tmp_path):
+    """SIGINT while the launcher waits for its Redis to answer (a `redis-server` on PATH that never
+    does, and ignores SIGTERM): exit 130, the launcher's usual last line, no traceback, and the
+    server process is gone. It was a KeyboardInterrupt traceback, and the server outlived the
+    launcher (its parent-death signal is a SIGTERM)."""
+    fake = tmp_path / "bin" / "redis-server"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\ntrap '' TERM\nexec sleep 300\n")
+    fake.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--device", "cpu",
+                             "--steps", "1", "--no-ray", "--out", str(out)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server = set()
+    try:
+        while not server and proc.poll() is None:  # the launcher started its (fake) Redis: it waits for PING
+            server = _children(proc.pid)
+            time.sleep(0.1)
+        assert server, proc.communicate()
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        for pid in server:  # the fake server, if the launcher left it (it ignores SIGTERM)
+            try:
+                os.kill(pid, signal.SIGKILL)
+                left = True
+            except ProcessLookupError:
+                left = False
+    assert proc.returncode == 130, stdout + stderr
+    assert "Traceback" not in stdout + stderr, stdout + stderr
+    assert stdout.strip().splitlines()[-1] == (
+        f"omnirl: interrupted (exit 130); continue with: omnirl run examples/ocr-awm.yaml --out {out} --steps 1 "
+        "--no-ray --device cpu"), stdout
+    assert not left, "the redis-server the launcher started outlived it"
+
+
+def _supervise_filler(tmp_path: Path, redis_url: str, script: str, embedded=None,
+                      beats: int = 600) -> tuple[int, int, list[dict], str]:
+    """The Supervisor over a rollout process running `script` and a controller that beats `beats`
+    times (every 0.2 s) then exits 0; restart-role with maxRestarts 2; `embedded`: the RedisServer
+    it watches as its own. Returns (exit code, rollout starts, events, failure)."""
+    from omnirl.api.loader import load_rljob
+    from omnirl.launch.procs import RoleProcess, _Child
+    from omnirl.launch.supervise import Supervisor
+    from omnirl.transfer import TransferQueue
+
+    job = load_rljob(str(REPO / "examples/ocr-awm.yaml"))
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 2, "rollout": "restart-role"})})})
+    beating = ("import time, redis; from omnirl.transfer.heartbeat import Heartbeat; "
+               f"beat = Heartbeat(redis.Redis.from_url({redis_url!r}), {job.metadata.name!r}, 'controller', "
+               f"'controller-0', every_s=0.2)\nfor _ in range({beats}): beat.beat(); time.sleep(0.2)")
+    scripts = {"rollout": f"print('started', flush=True)\n{script}", "controller": beating}
+    logs = tmp_path / "logs"
+
+    def start(role: str, index: int, resume: str) -> RoleProcess:
+        return RoleProcess(role, index, _Child([sys.executable, "-c", scripts[role]], {"PYTHONPATH": os.environ.get(
+            "PYTHONPATH", "")}, str(logs / f"{role}-{index}.log")))
+
+    queue = TransferQueue.for_job(f"full-{uuid.uuid4().hex[:8]}", job.spec.transferQueue, redis_url)
+    supervisor = Supervisor(job, [("rollout", 0), ("controller", 0)], start, queue, tmp_path, 1, redis=embedded)
+    try:
+        code = supervisor.run()
+    finally:
+        supervisor.stop_all(grace_s=1.0)
+        supervisor.close()
+        queue.close()
+    starts = [p for p in supervisor.procs.values() if p.role == "rollout"]
+    events_file = tmp_path / "events.jsonl"
+    events = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
+    return code, len(starts) + sum(e["action"] == "restart-role" for e in events), events, supervisor.failure
+
+
+def test_a_role_that_reports_a_storage_error_stops_the_job_without_a_restart(tmp_path, redis_url):
+    """Exit STORAGE_ERROR_EXIT (5): the job stops with 5 at once, no restart spent, the role's line
+    is the reason."""
+    from omnirl.api.runtime import STORAGE_ERROR_EXIT
+
+    line = "omnirl role rollout: cannot write /run/x ([Errno 28] No space left on device); free space there"
+    code, starts, events, failure = _supervise_filler(
+        tmp_path, redis_url, f"import sys; print({line!r}, file=sys.stderr, flush=True); raise SystemExit(5)")
+    assert (code, starts) == (STORAGE_ERROR_EXIT, 1)
+    assert failure == f"role rollout-0 failed: {line}"
+    assert [e["action"] for e in events] == ["stop-job (the run directory cannot be written: not restarted)"]
+
+
+def test_a_redis_killed_for_a_file_too_large_is_not_restarted_and_stops_the_job(tmp_path, redis_url):
+    """The embedded redis-server killed by SIGXFSZ (its AOF past RLIMIT_FSIZE; unlike Python it does
+    not ignore the signal): a restart would die at its next append, so the watchdog stops the job
+    with STORAGE_ERROR_EXIT naming the errno text and the fix. Before, it restarted Redis and the
+    job went on (here: the controller finishes after 60 s and the run returns 0)."""
+    from omnirl.api.runtime import STORAGE_ERROR_EXIT
+    from omnirl.transfer import start_redis_server
+
+    embedded = start_redis_server(dir=str(tmp_path / "redis"), aof=True)
+    try:
+        kill = f"import os, signal; os.kill({embedded.pid}, signal.SIGXFSZ)\nimport time; time.sleep(60)"
+        code, starts, events, failure = _supervise_filler(tmp_path, redis_url, kill, embedded=embedded, beats=300)
+    finally:
+        embedded.stop()
+    assert (code, starts) == (STORAGE_ERROR_EXIT, 1), failure
+    assert failure == (f"{tmp_path} cannot be written ([Errno 27] File too large); redis: redis-server exited "
+                       "(signal SIGXFSZ); raise the file-size limit (ulimit -f)")
+    assert [e["action"] for e in events] == ["stop-job (the run directory cannot be written: not restarted)"]
+
+
+def test_a_crash_on_a_full_run_directory_stops_the_job_instead_of_restarting(small_fs, redis_url):
+    """A role fills the run directory's file system and dies of something else (exit 1, as a role
+    whose Redis died of the full disk): the supervisor's probe write fails, so the job stops with
+    STORAGE_ERROR_EXIT naming the directory and the errno text instead of restarting the role twice.
+    The launcher's own writes to the full disk (the role's log, events.jsonl) do not raise."""
+    from omnirl.api.runtime import STORAGE_ERROR_EXIT
+
+    # it fills the disk only once the supervisor wrote roles.json (its last write before it watches)
+    fill = (f"import os, time\nwhile not os.path.exists({str(small_fs / 'roles.json')!r}): time.sleep(0.05)\n"
+            f"f = open({str(small_fs / 'filler')!r}, 'wb')\ntry:\n    while True: f.write(b'0' * 65536); f.flush()\n"
+            "except OSError as err: print('filled', err.errno, flush=True)\nraise SystemExit(1)")
+    code, starts, _, failure = _supervise_filler(small_fs, redis_url, fill)
+    assert (code, starts) == (STORAGE_ERROR_EXIT, 1), failure
+    assert failure.startswith(f"{small_fs} cannot be written ([Errno 28] No space left on device); rollout-0: exit 1")
+    assert failure.endswith("; free space there")
+
+
+@pytest.mark.slow
+def test_a_write_the_run_directory_refuses_stops_the_job_and_resume_finishes_it_with_nothing_lost(tmp_path):
+    """A real job whose processes may not write a file past 4 MB (RLIMIT_FSIZE, inherited by every
+    role and Redis: EFBIG, the same path through the code as a full disk): the actor's first
+    checkpoint (7.5 MB of policy weights, safetensors' own error type) fails, the job stops with
+    exit 5 after no restart, its last line naming the errno text, the fix and the resume command;
+    `--resume` without the limit finishes the job, and the ledger shows every sample generated,
+    scored and trained once. Before, the role crashed (exit 1) and was restarted
+    `failurePolicy.maxRestarts` times, each failing the same way."""
+    import resource
+
+    from e2e.chaos import chaos_job, check_ledger
+
+    from omnirl.api.runtime import STORAGE_ERROR_EXIT
+
+    job, out, steps = chaos_job(tmp_path, "full-disk", steps=4), tmp_path / "out", 4
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["failurePolicy"]["maxRestarts"] = 2  # the chaos job's 100 would make a regression slow to show
+    job.write_text(yaml.safe_dump(doc))
+    command = [sys.executable, "-m", "omnirl.cli", "run", str(job), "--no-ray", "--device", "cpu", "--out", str(out)]
+
+    def limited() -> None:  # pragma: no cover - runs in the child between fork and exec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
+
+    first = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, preexec_fn=limited)
+    assert first.returncode == STORAGE_ERROR_EXIT, first.stdout[-3000:] + first.stderr[-3000:]
+    last = first.stdout.strip().splitlines()[-1]
+    assert last.startswith("omnirl: the job did not finish (exit 5): role "), last
+    assert "[Errno 27] File too large" in last and last.endswith(
+        f"raise the file-size limit (ulimit -f), then continue with: omnirl run {job} --out {out} --no-ray "
+        "--device cpu --resume"), last
+    actions = [json.loads(line)["action"] for line in (out / "events.jsonl").read_text().splitlines()]
+    # the actor's failure is never restarted (a rollout worker whose broadcast broke with it might be, in theory)
+    assert actions[-1] == "stop-job (the run directory cannot be written: not restarted)", actions
+    assert "restart-job" not in actions, actions
+    assert "Traceback" not in first.stdout + first.stderr
+
+    second = subprocess.run([*command, "--resume"], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    counts = check_ledger(out, steps, group_size=3, prompts_per_step=2)
+    assert (counts.trained, counts.lost, counts.duplicated, counts.problems) == (steps * 6, 0, 0, []), counts
+
+
+def test_a_line_a_full_disk_cut_short_is_dropped_before_the_next_append_and_skipped_by_the_reader(tmp_path):
+    """A write that failed for want of space can leave part of a JSON line: `omnirl run --resume`
+    read it as a corrupt record (JSONDecodeError), and a resumed role appending after it made one
+    corrupt line in the middle. The reader skips an unterminated last line; the appender drops it."""
+    from omnirl.api.disk import append_lines
+    from omnirl.api.ledger import Ledger
+    from omnirl.api.run_dir import METRICS_FILE, read_metrics
+
+    metrics = tmp_path / METRICS_FILE
+    metrics.write_text('{"event": "start"}\n{"event": "step", "step": 0}\n{"event": "st')
+    assert read_metrics(tmp_path) == [{"event": "start"}, {"event": "step", "step": 0}]
+    with append_lines(metrics) as f:
+        f.write('{"event": "step", "step": 1}\n')
+    assert metrics.read_text() == '{"event": "start"}\n{"event": "step", "step": 0}\n{"event": "step", "step": 1}\n'
+    assert [r.get("step") for r in read_metrics(tmp_path)] == [None, 0, 1]
+
+    (tmp_path / "ledger").mkdir()
+    cut = tmp_path / "ledger" / "reward-reward-0.jsonl"
+    cut.write_text('{"sample_id": "s0"}\n{"sample_id": "s')  # the worker died on its second line
+    ledger = Ledger(tmp_path, "reward", "reward-0")
+    ledger.record("s1", published=True)
+    ledger.record("s0", published=False)  # a duplicate publish: its line is there already
+    ledger.close()
+    assert cut.read_text() == '{"sample_id": "s0"}\n{"sample_id": "s1"}\n'
+    fresh = tmp_path / "ledger" / "empty.jsonl"
+    append_lines(fresh).close()
+    assert fresh.read_text() == ""
