@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_vali
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
+from omnirl.api.podtemplate import check_pod_template
 from omnirl.api.spec_algorithm import (
     AdvantageSpec,
     AlgorithmSpec,
@@ -331,6 +332,8 @@ class RewardServerSpec(SpecModel):
         uses_model = any("{modelPath}" in a for a in [*self.command, *self.args])
         if uses_model and self.modelPath is None and self.volume is None:
             raise FieldProblem("args", "{modelPath}", "is used but neither modelPath nor volume is given")
+        if self.template is not None:
+            check_pod_template(self.template, "judge", "template")
         return self
 
 
@@ -424,6 +427,9 @@ class RolesSpec(SpecModel):
                        else "use replicas: N with count: 1 (one worker per device)")
                 raise FieldProblem(f"{role}.accelerator.count", count, f"must be at most 1: each {role} pod "
                                    f"runs one process on one device, the others would sit idle; {fix}")
+            template = getattr(self, role).template
+            if template is not None:
+                check_pod_template(template, role, f"{role}.template")
         return self
 
 
