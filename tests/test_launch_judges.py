@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+import omnirl.launch.servers as servers
 from omnirl.api.loader import load_rljob
 from omnirl.api.spec import RLJob
-import omnirl.launch.servers as servers
 from omnirl.launch.servers import JudgeFailed, start_judges, stop_judges
 
 ROOT = Path(__file__).resolve().parents[1]
