@@ -98,6 +98,17 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
             'spec.model.path: "builtin" is invalid: must name a model directory for family flux (builtin, the default, is ocr-digits only)',
         ),
         ({"reward": []}, "spec.reward: [] is invalid: must have at least 1 item(s)"),
+        # names the API server refuses in the pods' secretKeyRef / the claim: validate said ok
+        (
+            {"transferQueue": {"passwordSecret": "Redis_Auth"}},
+            'spec.transferQueue.passwordSecret: "Redis_Auth" is invalid: must name a Secret: at most 253 characters, '
+            "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (e.g. team-runs)",
+        ),
+        (
+            {"storage": {"size": "1Gi", "storageClassName": "Fast_SSD"}},
+            'spec.storage.storageClassName: "Fast_SSD" is invalid: must name a StorageClass: at most 253 characters, '
+            "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (e.g. team-runs)",
+        ),
     ],
 )
 def test_cross_field_checks_name_the_field(update: dict[str, Any], expected: str) -> None:
@@ -263,3 +274,13 @@ def test_a_pod_template_merging_into_the_container_or_adding_a_sidecar_is_accept
     job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "roles": roles,
                                                     "reward": [MINIMAL["spec"]["reward"][0], judge]}})
     assert [c["name"] for c in job.spec.roles.rollout.template["spec"]["containers"]] == ["rollout", "log-shipper"]
+
+
+def test_object_names_kubernetes_accepts_pass() -> None:
+    spec = {**MINIMAL["spec"], "transferQueue": {"passwordSecret": "redis.auth-1"},
+            "storage": {"size": "1Gi", "storageClassName": "gp3.encrypted"}}
+    job = RLJob.model_validate({**MINIMAL, "spec": spec})
+    assert (job.spec.transferQueue.passwordSecret, job.spec.storage.storageClassName) == ("redis.auth-1", "gp3.encrypted")
+    spec["storage"]["storageClassName"] = ""  # no class: bind a pre-made PersistentVolume
+    spec["transferQueue"]["passwordSecret"] = ""  # no Secret, as unset
+    assert RLJob.model_validate({**MINIMAL, "spec": spec}).spec.storage.storageClassName == ""

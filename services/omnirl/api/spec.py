@@ -36,7 +36,7 @@ from omnirl.api.spec_algorithm import (
     WindowSpec,
 )
 from omnirl.api.spec_reward import check_url, parse_params
-from omnirl.api.spec_storage import StorageSpec, check_storage
+from omnirl.api.spec_storage import StorageSpec, check_object_name, check_storage
 
 API_GROUP = "omnirl.dev"
 API_VERSION = "v1alpha1"
@@ -443,6 +443,12 @@ class TransferQueueSpec(SpecModel):
     maxStreamLength: int = Field(10_000, ge=1, description="Back-pressure bound on each stream (entries).")
     tensorTtlSeconds: float = Field(3600.0, gt=0, description="TTL of trajectory tensors in Redis, seconds.")
     claimIdleSeconds: float = Field(60.0, gt=0, description="Reclaim a dead consumer's entries after, seconds.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TransferQueueSpec:
+        if self.passwordSecret:  # "" is no Secret, as unset; the pods' secretKeyRef: the API server refuses another name
+            check_object_name("passwordSecret", self.passwordSecret, "Secret")
+        return self
 
 
 class CheckpointSpec(SpecModel):
