@@ -154,3 +154,16 @@ def test_a_grpc_server_that_is_not_a_scorer_is_refused_by_run_and_by_the_worker(
                 check_judges([RewardSpec(name="judge", kind="grpc", url=f"127.0.0.1:{port}")], strict=strict)
     finally:
         server.stop(grace=None)
+
+
+def test_kind_http_at_a_grpc_scorer_is_refused_naming_url_and_kind(slow_grpc):
+    """`kind: http` with the url of a gRPC scorer: the HTTP/2 server's reply is no HTTP/1.1 status line
+    (http.client.BadStatusLine reached the user as a traceback); refused by both checks, every time."""
+    url = f"http://127.0.0.1:{slow_grpc}/v1/score"
+    for strict in (True, False):
+        with pytest.raises(ValueError) as err:
+            check_judges([RewardSpec(name="judge", kind="http", url=url)], strict=strict)
+        assert str(err.value) == (
+            f"spec.reward[0].url: {url} answers, but not in HTTP/1.1 (BadStatusLine: its first reply line is not an "
+            "HTTP status line); a gRPC scorer (omnirl scorer serve --protocol grpc) is kind: grpc with url "
+            "HOST:PORT; kind: http needs the score endpoint of an HTTP scorer (http://HOST:PORT/v1/score)")

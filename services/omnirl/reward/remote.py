@@ -16,6 +16,7 @@ The same probe is the pre-flight of `omnirl run`/`omnirl eval` and of a reward w
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -74,12 +75,15 @@ def with_retries(call: Callable[[float], Outcome], timeout_s: float, max_retries
     raise AssertionError("unreachable")
 
 
+NOT_HTTP = -1  # probe_http's status when what answers does not speak HTTP/1.1 (a gRPC server's HTTP/2)
+
+
 def probe_http(url: str, timeout_s: float) -> tuple[int | None, str]:
     """POST a `ScoreRequest` without samples (`{"samples": []}`) to `url`, once → (HTTP status, the
     body's start); 0 when the server took the request and closed the connection without a reply (up,
     but not fond of empty requests); (None, why) when nothing answered: refused, unknown host, timed
     out. A scorer of the protocol answers 400 (no samples) or 200; 404/405 mean `url` is not its
-    score endpoint."""
+    score endpoint; `NOT_HTTP` when the reply is not HTTP/1.1 at all (a gRPC server)."""
     request = urllib.request.Request(url, data=b'{"samples": []}', headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
@@ -92,6 +96,8 @@ def probe_http(url: str, timeout_s: float) -> tuple[int | None, str]:
         return None, f"TimeoutError: no reply within {timeout_s:g} s ({err})"
     except ConnectionError as err:  # http.client.RemoteDisconnected: it read the request, then hung up
         return 0, f"closed the connection without a reply ({type(err).__name__})"
+    except http.client.HTTPException as err:  # BadStatusLine: something answered, in another protocol
+        return NOT_HTTP, f"{type(err).__name__}: its first reply line is not an HTTP status line"
 
 
 def probe_grpc(stub: Any, timeout_s: float) -> tuple[grpc.StatusCode | None, str]:
@@ -118,7 +124,8 @@ def check_remote(field: str, kind: str, url: str, timeout_s: float, *, strict: b
             the same every time); one that does not answer is left to the scoring (it holds samples).
     Raises:
         ValueError: naming `field.url` and the fix: nothing answers there (strict only), or what
-            answers is not a scorer's endpoint (HTTP 404/405; gRPC UNIMPLEMENTED or another error).
+            answers is not a scorer's endpoint (HTTP 404/405, a reply that is not HTTP/1.1; gRPC
+            UNIMPLEMENTED or another error).
     """
     if kind == "http":
         status, text = probe_http(url, timeout_s)
@@ -126,6 +133,10 @@ def check_remote(field: str, kind: str, url: str, timeout_s: float, *, strict: b
             if strict:
                 why = text if status is None else f"HTTP {status}: {text!r}"
                 raise ValueError(f"{field}.url: the scorer at {url} does not answer ({why}); start it, or fix url")
+        elif status == NOT_HTTP:
+            raise ValueError(f"{field}.url: {url} answers, but not in HTTP/1.1 ({text}); a gRPC scorer (omnirl "
+                             "scorer serve --protocol grpc) is kind: grpc with url HOST:PORT; kind: http needs the "
+                             "score endpoint of an HTTP scorer (http://HOST:PORT/v1/score)")
         elif status in (404, 405):
             raise ValueError(f"{field}.url: {url} answered HTTP {status} to a POST ({text!r}); url must be the score "
                              "endpoint of a scorer of the protocol (omnirl scorer serve --protocol http: "
