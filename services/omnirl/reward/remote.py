@@ -103,13 +103,17 @@ def probe_http(url: str, timeout_s: float) -> tuple[int | None, str]:
 def probe_grpc(stub: Any, timeout_s: float) -> tuple[grpc.StatusCode | None, str]:
     """Call `Score` with an empty request through `stub`, once → (status code, details), or (None,
     why nothing answered: UNAVAILABLE, DEADLINE_EXCEEDED). A scorer answers INVALID_ARGUMENT (no
-    samples); UNIMPLEMENTED means the server at the target is not one."""
+    samples); UNIMPLEMENTED means the server at the target is not one, and so does an UNAVAILABLE
+    whose reply was not HTTP/2 (an HTTP/1.1 server, e.g. an HTTP scorer, answered)."""
     try:
         stub.Score(pb2.ScoreRequest(), timeout=timeout_s)
     except grpc.RpcError as err:
-        if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return None, f"gRPC {err.code().name}: {err.details()}"
-        return err.code(), str(err.details())
+        details = str(err.details())
+        # an HTTP/1.1 server (an HTTP scorer) answers too: gRPC cannot parse its reply as HTTP/2
+        if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
+                "Failed parsing HTTP/2" not in details:
+            return None, f"gRPC {err.code().name}: {details}"
+        return err.code(), details
     return grpc.StatusCode.OK, ""
 
 
