@@ -13,6 +13,7 @@ import yaml
 import omnirl.launch.servers as servers
 from omnirl.api.loader import load_rljob
 from omnirl.api.spec import RLJob
+from omnirl.launch.local import check_served_judges
 from omnirl.launch.servers import JudgeFailed, start_judges, stop_judges
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,3 +82,19 @@ def test_a_judge_command_not_on_this_machine_names_the_field_and_stops_the_judge
         "it, put it on PATH or give its full path")
     (first,) = started
     assert first.proc.returncode is not None  # the judge started before it was stopped, not left behind
+
+
+def test_a_served_judge_at_the_wrong_path_names_server_url_path(tmp_path):
+    # the user wrote no url: the one the pre-flight refused was wired from server.urlPath (default "/")
+    scorer = ("import sys; from omnirl.cli import main; sys.exit(main(['scorer', 'serve', '--reward', 'jpeg', "
+              "'--protocol', 'http', '--host', '127.0.0.1', '--port', sys.argv[1]]))")
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", scorer, "{port}"], "urlPath": "/"})
+    judges, wired = start_judges(job, tmp_path / "logs", timeout_s=120)
+    try:
+        with pytest.raises(ValueError) as err:
+            check_served_judges(wired, judges)
+    finally:
+        stop_judges(judges)
+    assert str(err.value).startswith(f"spec.reward[1].url: http://127.0.0.1:{judges[0].port}/ answered HTTP 404")
+    assert str(err.value).endswith("[this url is the judge omnirl run started from spec.reward[1].server: fix "
+                                   "spec.reward[1].server.urlPath ('/') or the server's command]")
