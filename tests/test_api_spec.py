@@ -265,6 +265,15 @@ def test_a_pod_template_that_would_not_run_as_meant_is_refused(update: dict[str,
     assert _lines(update) == [expected]
 
 
+def test_a_grpc_judge_with_an_http_health_path_is_refused() -> None:
+    # the kubelet's httpGet (and omnirl run's GET) never passes on a gRPC port: the job waited forever
+    judge = {"name": "judge", "kind": "grpc", "server": {"command": ["serve"], "healthPath": "/healthz"}}
+    assert _lines({"reward": [MINIMAL["spec"]["reward"][0], judge]}) == [
+        'spec.reward[1].server.healthPath: "/healthz" is invalid: must be unset for kind grpc (a gRPC server does '
+        "not answer an HTTP GET: the judge would never be ready); remove it, the judge is then ready once its port "
+        "accepts connections"]
+
+
 def test_a_pod_template_merging_into_the_container_or_adding_a_sidecar_is_accepted() -> None:
     roles = {"rollout": {"template": {"metadata": {"labels": {"team": "rl"}}, "spec": {
         "nodeSelector": {"pool": "h100"},

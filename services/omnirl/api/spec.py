@@ -232,6 +232,10 @@ class RewardSpec(SpecModel):
             if self.url:
                 raise FieldProblem("url", self.url, "must be unset when server is given (the URL of the server "
                                    "the job runs is wired in); remove url or server")
+            if self.kind == "grpc" and self.server.healthPath is not None:  # an HTTP GET a gRPC server never passes
+                raise FieldProblem("server.healthPath", self.server.healthPath, "must be unset for kind grpc (a gRPC "
+                                   "server does not answer an HTTP GET: the judge would never be ready); remove it, "
+                                   "the judge is then ready once its port accepts connections")
         else:
             check_url(self.kind, self.url)
         parse_params(self.kind, self.params)
