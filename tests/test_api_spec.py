@@ -105,6 +105,12 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
             "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (e.g. team-runs)",
         ),
         (
+            {"storage": {"claimName": "Team_Runs"}},  # in words, not the CRD's regular expression
+            'spec.storage.claimName: "Team_Runs" is invalid: must name a PersistentVolumeClaim: at most 253 '
+            "characters, lowercase letters, digits, '-' and '.', starting and ending with a letter or digit "
+            "(e.g. team-runs)",
+        ),
+        (
             {"storage": {"size": "1Gi", "storageClassName": "Fast_SSD"}},
             'spec.storage.storageClassName: "Fast_SSD" is invalid: must name a StorageClass: at most 253 characters, '
             "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (e.g. team-runs)",

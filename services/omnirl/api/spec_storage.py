@@ -63,7 +63,8 @@ class StorageSpec(SpecModel):
     """Where the run directory lives on Kubernetes (a PersistentVolumeClaim)."""
 
     claimName: str | None = Field(
-        None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        # the CRD keeps the pattern (admission refuses it too); validation says the rule in words (_check)
+        None, min_length=1, max_length=253, json_schema_extra={"pattern": DNS1123_SUBDOMAIN.pattern},
         description="An existing PersistentVolumeClaim in the job's namespace (never deleted by the operator). "
         "Leave unset to have the operator create `<job>-run` from size.")
     size: str | None = Field(
@@ -88,6 +89,7 @@ class StorageSpec(SpecModel):
         if self.storageClassName:  # "" is meaningful: no class, bind a pre-made PersistentVolume
             check_object_name("storageClassName", self.storageClassName, "StorageClass")
         if self.claimName is not None:
+            check_object_name("claimName", self.claimName, "PersistentVolumeClaim")
             if self.size is not None:
                 raise FieldProblem("size", self.size, "must not be set together with claimName (an existing claim "
                                    "has its own size); remove size, or claimName to have the operator create one")
