@@ -98,6 +98,23 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
             'spec.model.path: "builtin" is invalid: must name a model directory for family flux (builtin, the default, is ocr-digits only)',
         ),
         ({"reward": []}, "spec.reward: [] is invalid: must have at least 1 item(s)"),
+        # names the API server refuses in the pods' secretKeyRef / the claim: validate said ok
+        (
+            {"transferQueue": {"passwordSecret": "Redis_Auth"}},
+            'spec.transferQueue.passwordSecret: "Redis_Auth" is invalid: must name a Secret: at most 253 characters, '
+            "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (e.g. team-runs)",
+        ),
+        (
+            {"storage": {"claimName": "Team_Runs"}},  # in words, not the CRD's regular expression
+            'spec.storage.claimName: "Team_Runs" is invalid: must name a PersistentVolumeClaim: at most 253 '
+            "characters, lowercase letters, digits, '-' and '.', starting and ending with a letter or digit "
+            "(e.g. team-runs)",
+        ),
+        (
+            {"storage": {"size": "1Gi", "storageClassName": "Fast_SSD"}},
+            'spec.storage.storageClassName: "Fast_SSD" is invalid: must name a StorageClass: at most 253 characters, '
+            "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (e.g. team-runs)",
+        ),
     ],
 )
 def test_cross_field_checks_name_the_field(update: dict[str, Any], expected: str) -> None:
@@ -222,3 +239,63 @@ def test_config_errors_name_the_field_once_and_keep_other_errors() -> None:
         raise KeyError("policy")
     with pytest.raises(RuntimeError), config_errors("spec.model.path"):  # not a reading error: a crash
         raise RuntimeError("CUDA out of memory")
+
+
+_JUDGE = {"name": "judge", "kind": "http", "server": {"command": ["serve"], "urlPath": "/v1/score"}}
+
+
+@pytest.mark.parametrize("update,expected", [
+    # a misspelt container name: the merge would add an image-less sidecar, which the API server refuses
+    ({"roles": {"rollout": {"template": {"spec": {"containers": [{"name": "rolout", "resources": {}}]}}}}},
+     'spec.roles.rollout.template.spec.containers[0].name: "rolout" is invalid: is not the generated container '
+     "(rollout) and has no image, so the pod would be refused; name it rollout to merge into that container, or "
+     "give the sidecar an image"),
+    ({"reward": [{"name": "ocr", "kind": "ocr"},
+                 {**_JUDGE, "server": {**_JUDGE["server"], "template": {"spec": {"containers": [{"name": "vllm"}]}}}}]},
+     'spec.reward[1].server.template.spec.containers[0].name: "vllm" is invalid: is not the generated container '
+     "(judge) and has no image, so the pod would be refused; name it judge to merge into that container, or give "
+     "the sidecar an image"),
+    # a forgotten `spec:` level: Kubernetes would drop the node selector without a word
+    ({"roles": {"actor": {"template": {"nodeSelector": {"pool": "h100"}}}}},
+     'spec.roles.actor.template.nodeSelector: {"pool": "h100"} is invalid: a pod template holds only metadata and '
+     "spec (Kubernetes ignores anything else); move it under spec: template: {spec: {nodeSelector: ...}}"),
+    # a container without a name would replace the generated one instead of merging into it
+    ({"roles": {"reward": {"template": {"spec": {"containers": [{"resources": {}}]}}}}},
+     'spec.roles.reward.template.spec.containers[0]: {"resources": {}} is invalid: must be a mapping with a name: '
+     "reward to change the generated container, another name (and an image) for a sidecar"),
+    ({"roles": {"reward": {"template": {"spec": {"containers": {"name": "reward"}}}}}},
+     'spec.roles.reward.template.spec.containers: {"name": "reward"} is invalid: must be a list, e.g. '
+     "[{name: reward, resources: {...}}]"),
+])
+def test_a_pod_template_that_would_not_run_as_meant_is_refused(update: dict[str, Any], expected: str) -> None:
+    assert _lines(update) == [expected]
+
+
+def test_a_grpc_judge_with_an_http_health_path_is_refused() -> None:
+    # the kubelet's httpGet (and omnirl run's GET) never passes on a gRPC port: the job waited forever
+    judge = {"name": "judge", "kind": "grpc", "server": {"command": ["serve"], "healthPath": "/healthz"}}
+    assert _lines({"reward": [MINIMAL["spec"]["reward"][0], judge]}) == [
+        'spec.reward[1].server.healthPath: "/healthz" is invalid: must be unset for kind grpc (a gRPC server does '
+        "not answer an HTTP GET: the judge would never be ready); remove it, the judge is then ready once its port "
+        "accepts connections"]
+
+
+def test_a_pod_template_merging_into_the_container_or_adding_a_sidecar_is_accepted() -> None:
+    roles = {"rollout": {"template": {"metadata": {"labels": {"team": "rl"}}, "spec": {
+        "nodeSelector": {"pool": "h100"},
+        "containers": [{"name": "rollout", "resources": {"requests": {"memory": "64Gi"}}},
+                       {"name": "log-shipper", "image": "fluent/fluent-bit:3.0"}]}}}}
+    judge = {**_JUDGE, "server": {**_JUDGE["server"], "template": {"spec": {"containers": [{"name": "judge"}]}}}}
+    job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "roles": roles,
+                                                    "reward": [MINIMAL["spec"]["reward"][0], judge]}})
+    assert [c["name"] for c in job.spec.roles.rollout.template["spec"]["containers"]] == ["rollout", "log-shipper"]
+
+
+def test_object_names_kubernetes_accepts_pass() -> None:
+    spec = {**MINIMAL["spec"], "transferQueue": {"passwordSecret": "redis.auth-1"},
+            "storage": {"size": "1Gi", "storageClassName": "gp3.encrypted"}}
+    job = RLJob.model_validate({**MINIMAL, "spec": spec})
+    assert (job.spec.transferQueue.passwordSecret, job.spec.storage.storageClassName) == ("redis.auth-1", "gp3.encrypted")
+    spec["storage"]["storageClassName"] = ""  # no class: bind a pre-made PersistentVolume
+    spec["transferQueue"]["passwordSecret"] = ""  # no Secret, as unset
+    assert RLJob.model_validate({**MINIMAL, "spec": spec}).spec.storage.storageClassName == ""

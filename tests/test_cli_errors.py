@@ -55,6 +55,17 @@ def untokenizable_prompt(tmp: Path) -> str:
     return str(path)
 
 
+def with_judge_server(tmp: Path) -> str:
+    """The NFT example plus an http judge the job runs itself (`reward[].server`, no url)."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {"trainPrompts": HELDOUT, "validationPrompts": HELDOUT}
+    doc["spec"]["reward"].append({"name": "judge", "kind": "http", "server": {"command": ["serve", "--port", "{port}"],
+                                                                              "urlPath": "/v1/score"}})
+    path = tmp / "judge.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def prompt_file(tmp: Path, content: str | bytes) -> str:
     path = tmp / "p.txt"
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -222,6 +233,10 @@ CASES = {
     # 47 characters: the operator could not create `<name>-actor`'s pods (validate said ok up to 53)
     "render-long-name": (lambda t: ["render", namespaced(t, "a" * 47, "name")], "omnirl render: ",
                            "is invalid: must be at most 46 characters (it has 47): the actor StatefulSet"),
+    # eval starts no judge: it sampled, then failed scoring with "unknown url type: 'None"
+    "eval-judge-server": (lambda t: ["eval", with_judge_server(t), "--out", str(t / "o")], "omnirl eval: ",
+                          "spec.reward[1].server: omnirl eval does not start judge servers (omnirl run does); start "
+                          "the judge yourself and give spec.reward[1].url instead of server"),
 }
 
 

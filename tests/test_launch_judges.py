@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+import omnirl.launch.servers as servers
 from omnirl.api.loader import load_rljob
 from omnirl.api.spec import RLJob
+from omnirl.launch.local import check_served_judges
 from omnirl.launch.servers import JudgeFailed, start_judges, stop_judges
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,3 +59,42 @@ def test_a_judge_that_never_listens_on_its_port_names_the_fix(tmp_path):
         start_judges(job, tmp_path / "logs", timeout_s=1)
     assert "its command must listen on that port: pass it '{port}' (e.g. args: [--port, '{port}']) or read " \
            "$OMNIRL_JUDGE_PORT" in str(err.value), err.value
+
+
+
+def test_a_judge_command_not_on_this_machine_names_the_field_and_stops_the_judges_started(tmp_path, monkeypatch):
+    # `omnirl scorer serve` from a venv that is not activated: Popen's FileNotFoundError reached the user as
+    # "omnirl run: [Errno 2] No such file or directory: 'omnirl" (no field, no fix)
+    doc = yaml.safe_load((ROOT / "examples" / "ocr-nft.yaml").read_text())
+    doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    doc["spec"]["reward"] += [
+        {"name": "judge", "kind": "http", "server": {"command": [sys.executable, "-c", ENV_PORT_SERVER]}},
+        {"name": "other", "kind": "http", "server": {"command": ["no-such-judge-b3", "--port", "{port}"]}}]
+    job = RLJob.model_validate(doc)
+    started: list[servers.JudgeProcess] = []
+    real = servers.JudgeProcess
+    monkeypatch.setattr(servers, "JudgeProcess", lambda *a: started.append(real(*a)) or started[-1])
+    with pytest.raises(ValueError) as err:
+        start_judges(job, tmp_path / "logs", timeout_s=60)
+    assert str(err.value) == (
+        "spec.reward[2].server.command: 'no-such-judge-b3' cannot be started on this machine (FileNotFoundError: "
+        "No such file or directory); `omnirl run` runs the judge's command here (its image is ignored): install "
+        "it, put it on PATH or give its full path")
+    (first,) = started
+    assert first.proc.returncode is not None  # the judge started before it was stopped, not left behind
+
+
+def test_a_served_judge_at_the_wrong_path_names_server_url_path(tmp_path):
+    # the user wrote no url: the one the pre-flight refused was wired from server.urlPath (default "/")
+    scorer = ("import sys; from omnirl.cli import main; sys.exit(main(['scorer', 'serve', '--reward', 'jpeg', "
+              "'--protocol', 'http', '--host', '127.0.0.1', '--port', sys.argv[1]]))")
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", scorer, "{port}"], "urlPath": "/"})
+    judges, wired = start_judges(job, tmp_path / "logs", timeout_s=120)
+    try:
+        with pytest.raises(ValueError) as err:
+            check_served_judges(wired, judges)
+    finally:
+        stop_judges(judges)
+    assert str(err.value).startswith(f"spec.reward[1].url: http://127.0.0.1:{judges[0].port}/ answered HTTP 404")
+    assert str(err.value).endswith("[this url is the judge omnirl run started from spec.reward[1].server: fix "
+                                   "spec.reward[1].server.urlPath ('/') or the server's command]")

@@ -10,12 +10,14 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
+import pytest
 import redis
 from kubernetes.client import ApiClient, Configuration
 
 from omnirl.telemetry.k8s_status import StatusReporter
 from omnirl.transfer import TransferQueue, cleanup
 from omnirl_operator import redis_cleanup
+from omnirl_operator.kube import KubeError
 from omnirl_operator.reconcile import reconcile
 from omnirl_operator.redis_cleanup import cleanup_job, redacted
 from omnirl_operator.settings import OperatorSettings
@@ -75,6 +77,34 @@ def test_the_jobs_redis_password_secret_is_created_in_its_namespace_once():
             secret = await cluster.get("v1", "Secret", NS, "pw-redis")
             assert secret["data"] == {"password": "czNjcmV0"}
             assert secret["metadata"]["ownerReferences"][0]["uid"] == body["metadata"]["uid"]  # goes with the job
+
+    asyncio.run(main())
+
+
+def test_a_job_named_after_the_release_does_not_take_the_charts_redis_secret():
+    # release `omnirl` keeps its Redis password in Secret omnirl-redis; an RLJob `omnirl` in that namespace
+    # wants Secret omnirl-redis too: patched over, it got the RLJob as controller and went with it on delete
+    settings = OperatorSettings(default_redis_url="redis://omnirl-redis:6379/0", default_redis_password="s3cret",
+                                default_redis_password_secret="omnirl-redis")
+    chart_secret = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+                    "metadata": {"name": "omnirl-redis", "namespace": NS,
+                                 "labels": {"app.kubernetes.io/managed-by": "Helm"}},
+                    "data": {"password": "czNjcmV0"}}
+    manifest = {**MANIFEST, "metadata": {"name": "omnirl", "namespace": NS},
+                "spec": {**MANIFEST["spec"], "transferQueue": {}}}
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(chart_secret)
+            body = await cluster.create(rljob_body(manifest))
+            with pytest.raises(KubeError) as err:
+                await reconcile(body, cluster.api, settings, NOW, LOG)
+            assert err.value.status == 409
+            assert ("Secret/omnirl-redis exists and is not RLJob omnirl's (no label omnirl.dev/job=omnirl): "
+                    "rename the RLJob (its pods read the Redis password from Secret omnirl-redis)") in str(err.value)
+            secret = await cluster.get("v1", "Secret", NS, "omnirl-redis")
+            assert "ownerReferences" not in secret["metadata"]  # never garbage-collected with the RLJob
+            assert secret["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "Helm"}
 
     asyncio.run(main())
 

@@ -87,8 +87,8 @@ PREFLIGHT = {  # kind, url ({port}: the slow HTTP scorer's) → the start of `om
                         "the protocol (omnirl scorer serve --protocol http: http://HOST:PORT/v1/score)"),
     "grpc-nothing-there": ("grpc", "127.0.0.1:9", "spec.reward[1].url: the scorer at 127.0.0.1:9 does not answer "
                                                   "(gRPC UNAVAILABLE: "),
-    "grpc-at-an-http-port": ("grpc", "127.0.0.1:{port}", "spec.reward[1].url: the scorer at 127.0.0.1:{port} does not "
-                                                         "answer (gRPC UNAVAILABLE: "),
+    "grpc-at-an-http-port": ("grpc", "127.0.0.1:{port}", "spec.reward[1].url: 127.0.0.1:{port} answered gRPC "
+                                                         "UNAVAILABLE ("),
 }
 
 
@@ -154,3 +154,29 @@ def test_a_grpc_server_that_is_not_a_scorer_is_refused_by_run_and_by_the_worker(
                 check_judges([RewardSpec(name="judge", kind="grpc", url=f"127.0.0.1:{port}")], strict=strict)
     finally:
         server.stop(grace=None)
+
+
+def test_kind_http_at_a_grpc_scorer_is_refused_naming_url_and_kind(slow_grpc):
+    """`kind: http` with the url of a gRPC scorer: the HTTP/2 server's reply is no HTTP/1.1 status line
+    (http.client.BadStatusLine reached the user as a traceback); refused by both checks, every time."""
+    url = f"http://127.0.0.1:{slow_grpc}/v1/score"
+    for strict in (True, False):
+        with pytest.raises(ValueError) as err:
+            check_judges([RewardSpec(name="judge", kind="http", url=url)], strict=strict)
+        assert str(err.value) == (
+            f"spec.reward[0].url: {url} answers, but not in HTTP/1.1 (BadStatusLine: its first reply line is not an "
+            "HTTP status line); a gRPC scorer (omnirl scorer serve --protocol grpc) is kind: grpc with url "
+            "HOST:PORT; kind: http needs the score endpoint of an HTTP scorer (http://HOST:PORT/v1/score)")
+
+
+def test_kind_grpc_at_an_http_scorer_is_refused_not_held(slow_http):
+    """`kind: grpc` with the host:port of an HTTP scorer: gRPC reads its HTTP/1.1 reply as UNAVAILABLE,
+    which the reward worker's check (the only one on Kubernetes) took for a scorer still starting, and
+    the samples were held for scorerOutageSeconds; it answers, so both checks refuse it at once."""
+    url = f"127.0.0.1:{slow_http}"
+    for strict in (True, False):
+        with pytest.raises(ValueError, match=rf"^spec.reward\[0\].url: {url} answered gRPC UNAVAILABLE \(.*Failed "
+                                             r"parsing HTTP/2.*\) to omnirl.scorer.v1.Scorer/Score; url must be "
+                                             r"host:port of a scorer of the protocol .*, not another gRPC or HTTP "
+                                             r"server$"):
+            check_judges([RewardSpec(name="judge", kind="grpc", url=url)], strict=strict)

@@ -118,6 +118,9 @@ async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], log: logging
             continue
         if child["kind"] == "PersistentVolumeClaim":  # created once: a claim's spec is immutable
             verb, obj = await asyncio.to_thread(ensure_claim, kube, child)
+        elif child["kind"] == "Secret":  # <job>-redis is also the chart's Secret of a release named like the job
+            verb, obj = await asyncio.to_thread(kube.apply_own, child, "its pods read the Redis password from "
+                                                f"Secret {child['metadata']['name']}")
         else:
             verb, obj = await asyncio.to_thread(kube.apply, child)
         actions.append(f"{verb} {label_of(child)}")

@@ -20,6 +20,7 @@ from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_vali
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
+from omnirl.api.podtemplate import check_pod_template
 from omnirl.api.spec_algorithm import (
     AdvantageSpec,
     AlgorithmSpec,
@@ -35,7 +36,7 @@ from omnirl.api.spec_algorithm import (
     WindowSpec,
 )
 from omnirl.api.spec_reward import check_url, parse_params
-from omnirl.api.spec_storage import StorageSpec, check_storage
+from omnirl.api.spec_storage import StorageSpec, check_object_name, check_storage
 
 API_GROUP = "omnirl.dev"
 API_VERSION = "v1alpha1"
@@ -231,6 +232,10 @@ class RewardSpec(SpecModel):
             if self.url:
                 raise FieldProblem("url", self.url, "must be unset when server is given (the URL of the server "
                                    "the job runs is wired in); remove url or server")
+            if self.kind == "grpc" and self.server.healthPath is not None:  # an HTTP GET a gRPC server never passes
+                raise FieldProblem("server.healthPath", self.server.healthPath, "must be unset for kind grpc (a gRPC "
+                                   "server does not answer an HTTP GET: the judge would never be ready); remove it, "
+                                   "the judge is then ready once its port accepts connections")
         else:
             check_url(self.kind, self.url)
         parse_params(self.kind, self.params)
@@ -331,6 +336,8 @@ class RewardServerSpec(SpecModel):
         uses_model = any("{modelPath}" in a for a in [*self.command, *self.args])
         if uses_model and self.modelPath is None and self.volume is None:
             raise FieldProblem("args", "{modelPath}", "is used but neither modelPath nor volume is given")
+        if self.template is not None:
+            check_pod_template(self.template, "judge", "template")
         return self
 
 
@@ -424,6 +431,9 @@ class RolesSpec(SpecModel):
                        else "use replicas: N with count: 1 (one worker per device)")
                 raise FieldProblem(f"{role}.accelerator.count", count, f"must be at most 1: each {role} pod "
                                    f"runs one process on one device, the others would sit idle; {fix}")
+            template = getattr(self, role).template
+            if template is not None:
+                check_pod_template(template, role, f"{role}.template")
         return self
 
 
@@ -437,6 +447,12 @@ class TransferQueueSpec(SpecModel):
     maxStreamLength: int = Field(10_000, ge=1, description="Back-pressure bound on each stream (entries).")
     tensorTtlSeconds: float = Field(3600.0, gt=0, description="TTL of trajectory tensors in Redis, seconds.")
     claimIdleSeconds: float = Field(60.0, gt=0, description="Reclaim a dead consumer's entries after, seconds.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TransferQueueSpec:
+        if self.passwordSecret:  # "" is no Secret, as unset; the pods' secretKeyRef: the API server refuses another name
+            check_object_name("passwordSecret", self.passwordSecret, "Secret")
+        return self
 
 
 class CheckpointSpec(SpecModel):

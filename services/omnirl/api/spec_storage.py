@@ -31,6 +31,26 @@ _FACTORS = {None: 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**1
             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
 
 
+# Names of Secrets, StorageClasses, claims: the API server refuses an object (a pod template's
+# secretKeyRef, a claim's storageClassName) naming anything else, after `omnirl validate` said ok.
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
+
+
+def check_object_name(path: str, value: str, what: str) -> None:
+    """Refuse `value` unless it can name a Kubernetes object (a DNS-1123 subdomain).
+
+    Args:
+        path: the field, relative to the validating model (`passwordSecret`).
+        value: the name.
+        what: the kind of object named (`Secret`), for the message.
+    Raises:
+        FieldProblem: naming `path`, the rule and an example.
+    """
+    if len(value) > 253 or DNS1123_SUBDOMAIN.fullmatch(value) is None:
+        raise FieldProblem(path, value, f"must name a {what}: at most 253 characters, lowercase letters, digits, "
+                           "'-' and '.', starting and ending with a letter or digit (e.g. team-runs)")
+
+
 def quantity_bytes(text: str) -> float:
     """Bytes of a Kubernetes quantity (`50Gi` → 53687091200). Raises ValueError for anything else."""
     m = QUANTITY.match(text)
@@ -43,7 +63,8 @@ class StorageSpec(SpecModel):
     """Where the run directory lives on Kubernetes (a PersistentVolumeClaim)."""
 
     claimName: str | None = Field(
-        None, min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        # the CRD keeps the pattern (admission refuses it too); validation says the rule in words (_check)
+        None, min_length=1, max_length=253, json_schema_extra={"pattern": DNS1123_SUBDOMAIN.pattern},
         description="An existing PersistentVolumeClaim in the job's namespace (never deleted by the operator). "
         "Leave unset to have the operator create `<job>-run` from size.")
     size: str | None = Field(
@@ -65,7 +86,10 @@ class StorageSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> StorageSpec:
+        if self.storageClassName:  # "" is meaningful: no class, bind a pre-made PersistentVolume
+            check_object_name("storageClassName", self.storageClassName, "StorageClass")
         if self.claimName is not None:
+            check_object_name("claimName", self.claimName, "PersistentVolumeClaim")
             if self.size is not None:
                 raise FieldProblem("size", self.size, "must not be set together with claimName (an existing claim "
                                    "has its own size); remove size, or claimName to have the operator create one")

@@ -31,7 +31,8 @@ from omnirl.reward.registry import check_api_keys, check_judges
 def main(args: argparse.Namespace) -> int:
     """CLI adapter; returns 0. Raises ValueError (FileNotFoundError) naming the flag for a bad --steps,
     --seed, --out or --prompts (missing, a directory, empty, or a line the model cannot tokenize), or a
-    --checkpoint that is not one, is damaged, or belongs to another job or model family (`check_owner`)."""
+    --checkpoint that is not one, is damaged, or belongs to another job or model family (`check_owner`), or
+    naming `spec.reward[i].server` (a judge server `omnirl run` would start: eval needs its url)."""
     if args.steps is not None and args.steps < 2:
         raise ValueError(f"--steps {args.steps}: must be >= 2 (denoising steps; default validation.numSteps)")
     if args.seed is not None and args.seed < 0:
@@ -40,6 +41,10 @@ def main(args: argparse.Namespace) -> int:
     job = load_rljob(args.job)
     spec = job.spec
     check_api_keys(spec.reward)  # before minutes of model loading and sampling
+    for i, r in enumerate(spec.reward):  # no url to score with: it failed after sampling, "unknown url type: 'None"
+        if r.server is not None:
+            raise ValueError(f"spec.reward[{i}].server: omnirl eval does not start judge servers (omnirl run does); "
+                             f"start the judge yourself and give spec.reward[{i}].url instead of server")
     check_judges(spec.reward)
     fix = "restore it, or pass an older OUT/checkpoints/step-* directory"
     if args.checkpoint:  # another job's checkpoint is refused as `omnirl export` refuses it, before the model loads

@@ -30,7 +30,7 @@ from omnirl.launch import preflight
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
 from omnirl.launch.procs import start_role
 from omnirl.launch.progress import validation_table
-from omnirl.launch.servers import JudgeFailed, check_local, start_judges, stop_judges
+from omnirl.launch.servers import JudgeFailed, JudgeProcess, check_local, start_judges, stop_judges
 from omnirl.launch.supervise import STATELESS_GRACE_S, Supervisor, clear_start_flags
 from omnirl.reward.registry import check_judges
 from omnirl.transfer import TransferQueue, start_redis_server
@@ -158,7 +158,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path]) -> int:
             return start_role(role, index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None)
 
         judges, wired = start_judges(job, out / "logs")  # reward[].server: local processes, URLs wired in
-        check_judges(wired.spec.reward, only={j.reward.name for j in judges})
+        check_served_judges(wired, judges)
         (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
         supervisor = Supervisor(job, role_plan(job), start, queue, out, args.steps or job.spec.algorithm.steps,
                                 resume="auto" if args.resume else "0", redis=redis)
@@ -194,6 +194,25 @@ def _run(args: argparse.Namespace, started: dict[str, Path]) -> int:
         print(verdict(code, failure, args, out), flush=True)
     lock.close()
     return code
+
+
+def check_served_judges(wired: RLJob, judges: list[JudgeProcess]) -> None:
+    """`check_judges` of the judges this run started, whose `url` the user did not write: a refusal
+    names the `server` fields it was wired from.
+
+    Raises:
+        ValueError: naming `spec.reward[i].url`, then `spec.reward[i].server.urlPath` (an http/vlm
+            judge: the path; grpc has none) as the field to fix.
+    """
+    for j in judges:
+        try:
+            check_judges(wired.spec.reward, only={j.reward.name})
+        except ValueError as err:
+            i = [r.name for r in wired.spec.reward].index(j.reward.name)
+            fix = ("fix spec.reward[{i}].server.urlPath ({path!r}) or the server's command" if j.reward.kind != "grpc"
+                   else "fix the server's command").format(i=i, path=j.reward.server.urlPath)
+            raise ValueError(f"{err} [this url is the judge omnirl run started from spec.reward[{i}].server: "
+                             f"{fix}]") from err
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:

@@ -96,7 +96,8 @@ def start_judges(job: RLJob, logs: Path, timeout_s: float = READY_TIMEOUT_S) -> 
     Returns:
         The running judges and `job` with their URLs wired in (what the roles must read).
     Raises:
-        ValueError: from :func:`check_local`.
+        ValueError: from :func:`check_local`, or naming `spec.reward[i].server.command` when the
+            command cannot be started here (not found, not executable).
         JudgeFailed: a judge exited or did not answer within `timeout_s` (the others are stopped).
     """
     check_local(job)
@@ -107,10 +108,17 @@ def start_judges(job: RLJob, logs: Path, timeout_s: float = READY_TIMEOUT_S) -> 
             port = free_port()
             log = logs / f"judge-{r.name}.log"
             with log.open("a") as f:
-                proc = subprocess.Popen(argv(r.server, port), stdout=f, stderr=subprocess.STDOUT,
-                                        env={**os.environ, PORT_ENV: str(port), "PORT": str(port),
-                                             "PYTHONUNBUFFERED": "1"},
-                                        start_new_session=True)
+                try:
+                    proc = subprocess.Popen(argv(r.server, port), stdout=f, stderr=subprocess.STDOUT,
+                                            env={**os.environ, PORT_ENV: str(port), "PORT": str(port),
+                                                 "PYTHONUNBUFFERED": "1"},
+                                            start_new_session=True)
+                except OSError as err:  # not installed here, not executable: the user's command, not ours
+                    i = job.spec.reward.index(r)
+                    raise ValueError(f"spec.reward[{i}].server.command: {argv(r.server, port)[0]!r} cannot be started "
+                                     f"on this machine ({type(err).__name__}: {err.strerror}); `omnirl run` runs "
+                                     "the judge's command here (its image is ignored): install it, put it on PATH "
+                                     "or give its full path") from err
             judges.append(JudgeProcess(r, port, proc, log))
             print(f"omnirl: judge {r.name} starting on port {port}: {' '.join(argv(r.server, port))}", flush=True)
         deadline = time.monotonic() + timeout_s

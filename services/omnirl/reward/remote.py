@@ -16,6 +16,7 @@ The same probe is the pre-flight of `omnirl run`/`omnirl eval` and of a reward w
 
 from __future__ import annotations
 
+import http.client
 import json
 import time
 import urllib.error
@@ -74,12 +75,15 @@ def with_retries(call: Callable[[float], Outcome], timeout_s: float, max_retries
     raise AssertionError("unreachable")
 
 
+NOT_HTTP = -1  # probe_http's status when what answers does not speak HTTP/1.1 (a gRPC server's HTTP/2)
+
+
 def probe_http(url: str, timeout_s: float) -> tuple[int | None, str]:
     """POST a `ScoreRequest` without samples (`{"samples": []}`) to `url`, once → (HTTP status, the
     body's start); 0 when the server took the request and closed the connection without a reply (up,
     but not fond of empty requests); (None, why) when nothing answered: refused, unknown host, timed
     out. A scorer of the protocol answers 400 (no samples) or 200; 404/405 mean `url` is not its
-    score endpoint."""
+    score endpoint; `NOT_HTTP` when the reply is not HTTP/1.1 at all (a gRPC server)."""
     request = urllib.request.Request(url, data=b'{"samples": []}', headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(request, timeout=timeout_s) as resp:
@@ -92,18 +96,24 @@ def probe_http(url: str, timeout_s: float) -> tuple[int | None, str]:
         return None, f"TimeoutError: no reply within {timeout_s:g} s ({err})"
     except ConnectionError as err:  # http.client.RemoteDisconnected: it read the request, then hung up
         return 0, f"closed the connection without a reply ({type(err).__name__})"
+    except http.client.HTTPException as err:  # BadStatusLine: something answered, in another protocol
+        return NOT_HTTP, f"{type(err).__name__}: its first reply line is not an HTTP status line"
 
 
 def probe_grpc(stub: Any, timeout_s: float) -> tuple[grpc.StatusCode | None, str]:
     """Call `Score` with an empty request through `stub`, once → (status code, details), or (None,
     why nothing answered: UNAVAILABLE, DEADLINE_EXCEEDED). A scorer answers INVALID_ARGUMENT (no
-    samples); UNIMPLEMENTED means the server at the target is not one."""
+    samples); UNIMPLEMENTED means the server at the target is not one, and so does an UNAVAILABLE
+    whose reply was not HTTP/2 (an HTTP/1.1 server, e.g. an HTTP scorer, answered)."""
     try:
         stub.Score(pb2.ScoreRequest(), timeout=timeout_s)
     except grpc.RpcError as err:
-        if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
-            return None, f"gRPC {err.code().name}: {err.details()}"
-        return err.code(), str(err.details())
+        details = str(err.details())
+        # an HTTP/1.1 server (an HTTP scorer) answers too: gRPC cannot parse its reply as HTTP/2
+        if err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and \
+                "Failed parsing HTTP/2" not in details:
+            return None, f"gRPC {err.code().name}: {details}"
+        return err.code(), details
     return grpc.StatusCode.OK, ""
 
 
@@ -118,7 +128,8 @@ def check_remote(field: str, kind: str, url: str, timeout_s: float, *, strict: b
             the same every time); one that does not answer is left to the scoring (it holds samples).
     Raises:
         ValueError: naming `field.url` and the fix: nothing answers there (strict only), or what
-            answers is not a scorer's endpoint (HTTP 404/405; gRPC UNIMPLEMENTED or another error).
+            answers is not a scorer's endpoint (HTTP 404/405, a reply that is not HTTP/1.1; gRPC
+            UNIMPLEMENTED or another error).
     """
     if kind == "http":
         status, text = probe_http(url, timeout_s)
@@ -126,6 +137,10 @@ def check_remote(field: str, kind: str, url: str, timeout_s: float, *, strict: b
             if strict:
                 why = text if status is None else f"HTTP {status}: {text!r}"
                 raise ValueError(f"{field}.url: the scorer at {url} does not answer ({why}); start it, or fix url")
+        elif status == NOT_HTTP:
+            raise ValueError(f"{field}.url: {url} answers, but not in HTTP/1.1 ({text}); a gRPC scorer (omnirl "
+                             "scorer serve --protocol grpc) is kind: grpc with url HOST:PORT; kind: http needs the "
+                             "score endpoint of an HTTP scorer (http://HOST:PORT/v1/score)")
         elif status in (404, 405):
             raise ValueError(f"{field}.url: {url} answered HTTP {status} to a POST ({text!r}); url must be the score "
                              "endpoint of a scorer of the protocol (omnirl scorer serve --protocol http: "
