@@ -158,6 +158,13 @@ def _children(pid: int) -> set[int]:
     return found
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return b""  # gone since it was listed
+
+
 def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothing(tmp_path):
     """SIGINT while the launcher waits for its Redis to answer (a `redis-server` on PATH that never
     does, and ignores SIGTERM): exit 130, the launcher's usual last line, no traceback, and the
@@ -168,18 +175,23 @@ def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothi
     fake.write_text("#!/bin/sh\ntrap '' TERM\nexec sleep 300\n")
     fake.chmod(0o755)
     out = tmp_path / "out"
-    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}"}
+    env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "PYTHONFAULTHANDLER": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--device", "cpu",
                              "--steps", "1", "--no-ray", "--out", str(out)], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     server = set()
     try:
         while not server and proc.poll() is None:  # the launcher started its (fake) Redis: it waits for PING
-            server = _children(proc.pid)
+            server = {pid for pid in _children(proc.pid) if b"sleep" in _cmdline(pid)}  # exec'd: not in Popen
             time.sleep(0.1)
         assert server, proc.communicate()
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=60)
+        try:
+            stdout, stderr = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)  # PYTHONFAULTHANDLER: the launcher prints where it is stuck
+            stdout, stderr = proc.communicate(timeout=30)
+            raise AssertionError(f"the launcher did not stop within 120 s of Ctrl-C:\n{stdout}\n{stderr}") from None
     finally:
         proc.kill()
         for pid in server:  # the fake server, if the launcher left it (it ignores SIGTERM)

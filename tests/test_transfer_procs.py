@@ -104,3 +104,34 @@ def test_missing_binary_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(shutil, "which", lambda name: None)
     with pytest.raises(RedisServerError, match="apt-get install redis-server"):
         start_redis_server()
+
+
+def test_a_ctrl_c_inside_popen_stops_the_server_it_was_starting(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that arrives while `Popen` forks the server (a long window on a loaded machine) used
+    to raise inside `Popen`: no process object, no pid, the server outlived the launcher. The stop
+    signals are blocked around `Popen`, so it lands once the process is known, which is stopped.
+    The server itself gets them unblocked (its mask is empty: `stop()`'s SIGTERM works)."""
+    import os
+    import signal
+    import subprocess
+
+    from omnirl.transfer import redis_server
+
+    started: list[subprocess.Popen] = []
+    real = subprocess.Popen
+
+    def popen_then_ctrl_c(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C arrives before Popen returns
+        return started[-1]
+
+    monkeypatch.setattr(redis_server.subprocess, "Popen", popen_then_ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        start_redis_server(dir=str(tmp_path / "a"))
+    assert len(started) == 1 and started[0].poll() is not None  # stopped, not left running
+    monkeypatch.setattr(redis_server.subprocess, "Popen", real)
+    with start_redis_server(dir=str(tmp_path / "b")) as server:
+        status = dict(line.split(":\t") for line in open(f"/proc/{server.process.pid}/status").read().splitlines()
+                      if ":\t" in line)
+        assert int(status["SigBlk"], 16) == 0
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set()  # the launcher's mask is restored

@@ -50,8 +50,19 @@ def set_parent_death_signal(sig: int) -> None:  # pragma: no cover - runs in the
         pass  # not glibc: the callers' own stop paths remain
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+"""Blocked in the launcher while it forks the server: a Ctrl-C inside `Popen` would lose the child (no
+`Popen` object, no pid to stop); blocked, it lands once the server's process is known."""
+
+
+def _unblock_stop_signals() -> None:  # pragma: no cover - runs in the child between fork and exec
+    """The child inherits the launcher's blocked `_STOP_SIGNALS`; the server must get them."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
 def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
     """SIGTERM the server when the launcher dies, so a crashed launcher leaves no server."""
+    _unblock_stop_signals()
     set_parent_death_signal(signal.SIGTERM)
 
 
@@ -127,13 +138,25 @@ def _launch(
         binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence,
         "--dir", str(workdir), "--daemonize", "no", "--logfile", "", *extra_args,
     ]
-    with open(log_path, "ab") as log:
-        process = subprocess.Popen(
-            cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-            # its own session: a terminal's Ctrl-C goes to the launcher, which stops the roles first
-            start_new_session=True,
-            preexec_fn=_die_with_parent if die_with_parent and sys.platform.startswith("linux") else None,
-        )
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        with open(log_path, "ab") as log:
+            process = subprocess.Popen(
+                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                # its own session: a terminal's Ctrl-C goes to the launcher, which stops the roles first
+                start_new_session=True,
+                preexec_fn=_die_with_parent if die_with_parent and sys.platform.startswith("linux")
+                else _unblock_stop_signals,
+            )
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # a Ctrl-C during Popen is raised here
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
     return process, log_path
 
 
