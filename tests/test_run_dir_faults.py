@@ -176,9 +176,16 @@ def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothi
     fake.chmod(0o755)
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "PYTHONFAULTHANDLER": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--device", "cpu",
-                             "--steps", "1", "--no-ray", "--out", str(out)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # a test run started in the background by a shell without job control (CI's `cmd &`) inherits SIGINT
+    # *ignored*, and so would the launcher (Python then installs no KeyboardInterrupt handler): a handled
+    # SIGINT here is reset to the default across exec, so the launcher gets a terminal's Ctrl-C
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--device",
+                                 "cpu", "--steps", "1", "--no-ray", "--out", str(out)], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     server = set()
     try:
         while not server and proc.poll() is None:  # the launcher started its (fake) Redis: it waits for PING

@@ -125,13 +125,19 @@ def test_a_ctrl_c_inside_popen_stops_the_server_it_was_starting(tmp_path, monkey
         os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C arrives before Popen returns
         return started[-1]
 
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
     monkeypatch.setattr(redis_server.subprocess, "Popen", popen_then_ctrl_c)
-    with pytest.raises(KeyboardInterrupt):
-        start_redis_server(dir=str(tmp_path / "a"))
+    # pytest started in the background by a shell without job control inherits SIGINT ignored (CI)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            start_redis_server(dir=str(tmp_path / "a"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert len(started) == 1 and started[0].poll() is not None  # stopped, not left running
     monkeypatch.setattr(redis_server.subprocess, "Popen", real)
     with start_redis_server(dir=str(tmp_path / "b")) as server:
         status = dict(line.split(":\t") for line in open(f"/proc/{server.process.pid}/status").read().splitlines()
                       if ":\t" in line)
         assert int(status["SigBlk"], 16) == 0
-    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == set()  # the launcher's mask is restored
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == mask  # the launcher's mask is restored
