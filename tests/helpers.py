@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -69,3 +71,33 @@ def jpeg_reward_job(name: str, redis_url: str, out_dir: Path) -> tuple[RLJob, Ro
     env = RoleEnv(job_name=name, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
                   worker_id="reward-0", out_dir=str(out_dir))
     return job_from_dict(doc), env
+
+
+def supervise_scripts(job: RLJob, rollout_script: str, redis_url: str, out: Path, queue_name: str, *,
+                      beats: int = 600, redis=None):
+    """Run the local Supervisor to its end over two real processes: a rollout that prints `started`
+    then runs `rollout_script`, and a controller that beats `beats` times (every 0.2 s) then exits 0.
+    `redis`: a RedisServer it watches as its own. Returns (exit code, the supervisor, already
+    stopped and closed); role logs are under `out/logs/`."""
+    from omnirl.launch.procs import RoleProcess, _Child
+    from omnirl.launch.supervise import Supervisor
+    from omnirl.transfer import TransferQueue
+
+    beating = ("import time, redis; from omnirl.transfer.heartbeat import Heartbeat; "
+               f"beat = Heartbeat(redis.Redis.from_url({redis_url!r}), {job.metadata.name!r}, 'controller', "
+               f"'controller-0', every_s=0.2)\nfor _ in range({beats}): beat.beat(); time.sleep(0.2)")
+    scripts = {"rollout": f"print('started', flush=True)\n{rollout_script}", "controller": beating}
+
+    def start(role: str, index: int, resume: str) -> RoleProcess:
+        return RoleProcess(role, index, _Child([sys.executable, "-c", scripts[role]], {"PYTHONPATH": os.environ.get(
+            "PYTHONPATH", "")}, str(out / "logs" / f"{role}-{index}.log")))
+
+    queue = TransferQueue.for_job(queue_name, job.spec.transferQueue, redis_url)
+    supervisor = Supervisor(job, [("rollout", 0), ("controller", 0)], start, queue, out, 1, redis=redis)
+    try:
+        code = supervisor.run()
+    finally:
+        supervisor.stop_all(grace_s=1.0)
+        supervisor.close()
+        queue.close()
+    return code, supervisor

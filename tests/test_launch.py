@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from tests.helpers import supervise_scripts
 
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import sync_backend
@@ -108,35 +109,14 @@ def _supervise(tmp_path, redis_url, rollout_exit: int | None, **policy) -> tuple
     `rollout_exit` (None: SIGSTOPs itself before any heartbeat, as if frozen while loading), and a
     controller that beats for 120 s. `policy` updates `failurePolicy` (maxRestarts 2 by default). Returns
     (launcher exit code, rollout starts)."""
-    import sys
     from pathlib import Path
-
-    from omnirl.launch.procs import RoleProcess, _Child
-    from omnirl.launch.supervise import Supervisor
-    from omnirl.transfer import TransferQueue
 
     job = _gpu_job(tmp_path)
     job = job.model_copy(update={"spec": job.spec.model_copy(update={
         "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 2, **policy})})})
     end = ("import os, signal; os.kill(os.getpid(), signal.SIGSTOP)" if rollout_exit is None
            else f"raise SystemExit({rollout_exit})")
-    beating = ("import time, redis; from omnirl.transfer.heartbeat import Heartbeat; "
-               f"beat = Heartbeat(redis.Redis.from_url({redis_url!r}), {job.metadata.name!r}, 'controller', "
-               "'controller-0', every_s=0.2)\nfor _ in range(600): beat.beat(); time.sleep(0.2)")
-    scripts = {"rollout": f"print('started', flush=True); {end}", "controller": beating}
-
-    def start(role: str, index: int, resume: str) -> RoleProcess:
-        return RoleProcess(role, index, _Child([sys.executable, "-c", scripts[role]], {},
-                                               str(tmp_path / "logs" / f"{role}-{index}.log")))
-
-    queue = TransferQueue.for_job(f"sup-{rollout_exit or 'frozen'}", job.spec.transferQueue, redis_url)
-    supervisor = Supervisor(job, [("rollout", 0), ("controller", 0)], start, queue, Path(tmp_path), 1)
-    try:
-        code = supervisor.run()
-    finally:
-        supervisor.stop_all(grace_s=1.0)
-        supervisor.close()
-        queue.close()
+    code, _ = supervise_scripts(job, end, redis_url, Path(tmp_path), f"sup-{rollout_exit or 'frozen'}")
     return code, (tmp_path / "logs" / "rollout-0.log").read_text().count("started")
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from tests.helpers import supervise_scripts
 
 from omnirl.api import disk
 
@@ -221,31 +222,12 @@ def _supervise_filler(tmp_path: Path, redis_url: str, script: str, embedded=None
     times (every 0.2 s) then exits 0; restart-role with maxRestarts 2; `embedded`: the RedisServer
     it watches as its own. Returns (exit code, rollout starts, events, failure)."""
     from omnirl.api.loader import load_rljob
-    from omnirl.launch.procs import RoleProcess, _Child
-    from omnirl.launch.supervise import Supervisor
-    from omnirl.transfer import TransferQueue
 
     job = load_rljob(str(REPO / "examples/ocr-awm.yaml"))
     job = job.model_copy(update={"spec": job.spec.model_copy(update={
         "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 2, "rollout": "restart-role"})})})
-    beating = ("import time, redis; from omnirl.transfer.heartbeat import Heartbeat; "
-               f"beat = Heartbeat(redis.Redis.from_url({redis_url!r}), {job.metadata.name!r}, 'controller', "
-               f"'controller-0', every_s=0.2)\nfor _ in range({beats}): beat.beat(); time.sleep(0.2)")
-    scripts = {"rollout": f"print('started', flush=True)\n{script}", "controller": beating}
-    logs = tmp_path / "logs"
-
-    def start(role: str, index: int, resume: str) -> RoleProcess:
-        return RoleProcess(role, index, _Child([sys.executable, "-c", scripts[role]], {"PYTHONPATH": os.environ.get(
-            "PYTHONPATH", "")}, str(logs / f"{role}-{index}.log")))
-
-    queue = TransferQueue.for_job(f"full-{uuid.uuid4().hex[:8]}", job.spec.transferQueue, redis_url)
-    supervisor = Supervisor(job, [("rollout", 0), ("controller", 0)], start, queue, tmp_path, 1, redis=embedded)
-    try:
-        code = supervisor.run()
-    finally:
-        supervisor.stop_all(grace_s=1.0)
-        supervisor.close()
-        queue.close()
+    code, supervisor = supervise_scripts(job, script, redis_url, tmp_path, f"full-{uuid.uuid4().hex[:8]}", beats=beats,
+                                         redis=embedded)
     starts = [p for p in supervisor.procs.values() if p.role == "rollout"]
     events_file = tmp_path / "events.jsonl"
     events = [json.loads(line) for line in events_file.read_text().splitlines()] if events_file.exists() else []
