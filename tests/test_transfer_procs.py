@@ -111,9 +111,9 @@ def test_a_ctrl_c_inside_popen_stops_the_server_it_was_starting(tmp_path, monkey
     to raise inside `Popen`: no process object, no pid, the server outlived the launcher. The stop
     signals are blocked around `Popen`, so it lands once the process is known, which is stopped.
     The server itself gets them unblocked (its mask is empty: `stop()`'s SIGTERM works)."""
-    import os
     import signal
     import subprocess
+    import threading
 
     from omnirl.transfer import redis_server
 
@@ -122,7 +122,9 @@ def test_a_ctrl_c_inside_popen_stops_the_server_it_was_starting(tmp_path, monkey
 
     def popen_then_ctrl_c(*args, **kwargs):
         started.append(real(*args, **kwargs))
-        os.kill(os.getpid(), signal.SIGINT)  # the Ctrl-C arrives before Popen returns
+        # the Ctrl-C arrives before Popen returns; aimed at this thread, as in the single-threaded launcher
+        # (a process-directed one may go to another pytest thread, which does not block it)
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)
         return started[-1]
 
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
