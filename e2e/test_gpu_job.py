@@ -89,12 +89,18 @@ def test_a_gpu_manifest_needs_the_gpus_or_an_explicit_choice(tmp_path, redis_url
 
 
 def test_packed_sd3_job_on_one_shared_gpu(tmp_path, redis_url):
-    """`roles.rollout.batching: packed` through the role processes on a GPU (bf16 SD3, CFG)."""
+    """`roles.rollout.batching: packed` with `model.resolutions` through the role processes on a GPU
+    (bf16 SD3, CFG): three sizes in turn, packed into shared forwards."""
+    from e2e.test_packed_job import RESOLUTIONS, check_sizes
+
     job = gpu_job(tmp_path, "gpu1-packed", redis_url, "sd3")
     doc = yaml.safe_load(job.read_text())
     doc["spec"]["roles"]["rollout"]["batching"] = "packed"
+    del doc["spec"]["model"]["resolution"]
+    doc["spec"]["model"]["resolutions"] = RESOLUTIONS
     job.write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
     proc = run(job, out, "--share-gpus", timeout=900)
     check_job(out, proc, 2, "cuda-ipc", {"actor-0": "0", "rollout-0": "0"}, "sd3")
     assert "engine: batching packed" in (out / "logs" / "rollout-0.log").read_text()
+    check_sizes(out, 2)

@@ -1,7 +1,7 @@
-"""`roles.rollout.batching: packed` through the role processes: `omnirl run` of a tiny SD3 pipeline
-(random weights, saved locally) on the CPU. A job has one resolution (`model.resolution`), so the
-engine's packed scheduler runs every forward over one shape here; the mixed-shape forward itself is
-checked against the unpacked one in `tests/test_sd3_packed.py`."""
+"""`roles.rollout.batching: packed` with `model.resolutions` through the role processes: `omnirl run`
+of a tiny SD3 pipeline (random weights, saved locally) on the CPU, its prompt groups sampled at three
+sizes, packed into shared forwards and trained in micro-batches of one shape. The mixed-shape forward
+itself is checked against the unpacked one in `tests/test_sd3_packed.py`."""
 
 from __future__ import annotations
 
@@ -16,8 +16,12 @@ pytest.importorskip("diffusers")
 pytestmark = pytest.mark.slow  # a whole job
 
 
+RESOLUTIONS = [[32, 32], [32, 48], [48, 32]]  # pixels; the tiny VAE halves them
+
+
 def packed_sd3_job(tmp: Path, name: str, redis_url: str, *, steps: int, dtype: str = "float32") -> Path:
-    """`tiny_job` with a tiny saved SD3 pipeline (32², CFG 2, LoRA r4), a JPEG reward and packed batching."""
+    """`tiny_job` with a tiny saved SD3 pipeline (RESOLUTIONS in turn, CFG 2, LoRA r4), a JPEG reward and
+    packed batching."""
     from tests.test_models_diffusers import _sd3_pipeline
 
     path = tiny_job(tmp, name, redis_url, steps=steps)
@@ -25,7 +29,7 @@ def packed_sd3_job(tmp: Path, name: str, redis_url: str, *, steps: int, dtype: s
     spec = doc["spec"]
     model_dir = tmp / "tiny-sd3"
     _sd3_pipeline().save_pretrained(model_dir)
-    spec["model"] = {"family": "sd3", "path": str(model_dir), "dtype": dtype, "resolution": [32, 32],
+    spec["model"] = {"family": "sd3", "path": str(model_dir), "dtype": dtype, "resolutions": RESOLUTIONS,
                      "lora": {"enabled": True, "rank": 4, "alpha": 8}}
     spec["algorithm"]["sampling"].update(shift=3.0, guidanceScale=2.0)
     spec["reward"] = [{"name": "jpeg", "kind": "jpeg"}]
@@ -45,6 +49,19 @@ def check_packed_job(out: Path, proc, steps: int) -> None:
     state = json.loads((out / "checkpoints" / f"step-{steps - 1:06d}" / "state.json").read_text())
     assert (state["step"], state["job"], state["family"]) == (steps - 1, "packed-sd3", "sd3")  # what export checks
     assert_each_sample_once(out, steps * 2 * 3)
+    check_sizes(out, steps)
+
+
+def check_sizes(out: Path, steps: int) -> None:
+    """Groups in turn over RESOLUTIONS (2 prompts a step): every size made, each group one size."""
+    lines = [json.loads(line) for f in (out / "ledger").glob("rollout-*.jsonl") for line in f.read_text().splitlines()]
+    by_group: dict[str, set] = {}
+    for line in lines:
+        by_group.setdefault(line["sample_id"].rsplit(":", 1)[0], set()).add(tuple(line["latent"][1:]))
+    assert all(len(sizes) == 1 for sizes in by_group.values()), by_group
+    made = sorted({next(iter(sizes)) for sizes in by_group.values()})
+    expected = sorted({(h // 2, w // 2) for h, w in (RESOLUTIONS * steps)[: steps * 2]})
+    assert made == expected, (made, expected)
 
 
 def test_a_packed_sd3_job_runs_through_the_role_processes(tmp_path, redis_url):

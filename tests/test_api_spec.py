@@ -162,6 +162,7 @@ def test_walk_and_dotted_paths() -> None:
 
 @pytest.mark.parametrize(("model", "sampling", "field"), [
     ({"resolution": [512, 512]}, {}, "model.resolution"),
+    ({"resolutions": [[512, 512]]}, {}, "model.resolutions"),
     ({}, {"guidanceScale": 4.5}, "algorithm.sampling.guidanceScale"),
 ])
 def test_digits_rejects_diffusers_only_options(model: dict, sampling: dict, field: str) -> None:
@@ -174,6 +175,24 @@ def test_diffusers_resolution_must_fit_the_latent_grid() -> None:
     with pytest.raises(ValidationError, match=r"model.resolution: \[500, 512\] is invalid: .*\[496, 512\]"):
         RLJobSpec.model_validate({"model": {"family": "sd3", "path": "/m", "resolution": [500, 512]},
                                   "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]})
+
+
+def _sd3_spec(**model) -> RLJobSpec:
+    return RLJobSpec.model_validate({"model": {"family": "sd3", "path": "/m", **model},
+                                     "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]})
+
+
+def test_resolutions_are_dealt_in_turn_and_checked_one_by_one() -> None:
+    model = _sd3_spec(resolutions=[[512, 512], [384, 640], [640, 384]]).model
+    assert [model.resolution_for(i) for i in range(5)] == [(512, 512), (384, 640), (640, 384), (512, 512), (384, 640)]
+    assert _sd3_spec(resolution=[256, 512]).model.resolution_for(7) == (256, 512)
+    assert _sd3_spec().model.resolution_for(0) is None  # the adapter's default
+    with pytest.raises(ValidationError, match=r"model.resolutions\[1\]: \[384, 500\] is invalid: .*\[384, 496\]"):
+        _sd3_spec(resolutions=[[512, 512], [384, 500]])
+    with pytest.raises(ValidationError, match=r"model.resolutions: .* cannot be set together with model.resolution"):
+        _sd3_spec(resolution=[512, 512], resolutions=[[512, 512], [384, 640]])
+    with pytest.raises(ValidationError, match=r"model.resolutions"):
+        _sd3_spec(resolutions=[])
 
 
 @pytest.mark.parametrize("family", ["ocr-digits", "flux", "qwen-image"])

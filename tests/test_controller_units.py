@@ -161,3 +161,21 @@ def test_the_trained_steps_of_a_run_are_its_step_lines_for_the_controller_and_th
         reporter.close()
     (tmp_path / "metrics.jsonl").write_text("")
     assert trained_steps(tmp_path) == set() and preflight.trained_steps(tmp_path) == 0
+
+
+def test_held_out_prompts_and_refills_keep_their_resolution():
+    """`model.resolutions`: held-out prompt i is sampled at resolutions[i mod n] (validation and
+    `omnirl eval` build the same request), a refilled group keeps its size, and the engine request
+    carries it as a (height, width) tuple."""
+    from omnirl.api.spec import RLJobSpec
+    from omnirl.rollout.requests import heldout_request, sample_requests
+
+    spec = RLJobSpec.model_validate({"model": {"family": "sd3", "path": "/m", "resolutions": [[32, 48], [48, 32]]},
+                                     "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "j", "kind": "jpeg"}]})
+    reqs = [heldout_request(spec, i, "p", [1, 2], step=0, sample_id=f"val0:{i}:0") for i in range(3)]
+    assert [r.resolution for r in reqs] == [[32, 48], [48, 32], [32, 48]]
+    assert [s.resolution for s in sample_requests(reqs[1])] == [(48, 32)]
+    assert refill_request(reqs[1].model_copy(update={"kind": "train"}), 1, [5]).resolution == [48, 32]
+    single = RLJobSpec.model_validate({"model": {"family": "sd3", "path": "/m", "resolution": [32, 48]},
+                                       "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "j", "kind": "jpeg"}]})
+    assert heldout_request(single, 1, "p", [1], step=0, sample_id="v").resolution is None  # the adapter's default

@@ -14,6 +14,9 @@ first 6 steps, CPS noise 0.8):
 - sparse: groups of 1 or 2 over 8 sizes (SPARSE_SIZES: the 6 above, 1024×576 and 896×640) —
   validation prompts next to training, one or two samples per prompt and resolution: the
   per-shape batches a shape-bucketing engine can form stay at 1–4 samples.
+- small: groups of 4 or 8 over 6 sizes below 512² (SMALL_SIZES: 256², 320², 384², 384×256,
+  256×384, 256×512; 256–576 image tokens) — low-resolution, multi-aspect sampling, where a
+  per-shape batch leaves the GPU's GEMMs small.
 Arrival: `burst` (the whole batch queued at once, as the sync controller sends a step) and
 `stream` (one group joins before every engine step, as fully-async refills arrive).
 """
@@ -49,6 +52,7 @@ def requests(adapter, n: int, mixed: bool, seed: int = 0) -> list[SampleRequest]
 FRAGMENTED_SIZES = [(512, 512), (640, 640), (768, 768), (768, 512), (512, 768), (576, 1024)]
 FRAGMENTED_GROUP = 4
 SPARSE_SIZES = [*FRAGMENTED_SIZES, (1024, 576), (896, 640)]
+SMALL_SIZES = [(256, 256), (320, 320), (384, 384), (384, 256), (256, 384), (256, 512)]
 
 
 def fragmented_requests(adapter, n: int, seed: int = 0, sizes: list[tuple[int, int]] | None = None,

@@ -177,6 +177,20 @@ def packing_sparse_section(cfg: dict, device: torch.device, peak: float, args) -
     return {"runs": _batching_runs(adapter, workloads, device, peak, cfg), "sizes": rollout.SPARSE_SIZES}
 
 
+def packing_small_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
+    """Static vs step-wise vs packed on the small workloads: groups of 4 and of 8 over the 6
+    SMALL_SIZES (below 512²; `--requests`/2 images each), same compiled kernels."""
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    adapter = BenchSD3Adapter(build_transformer(cfg, device, dtype), attention=args.attention)
+    prepare_rollout_module(adapter, LoRASpec())
+    if args.compile:
+        compile_adapter_module(adapter)
+    sizes = [(h // 4, w // 4) for h, w in rollout.SMALL_SIZES] if args.tiny else rollout.SMALL_SIZES
+    workloads = {f"small-g{g}": (rollout.fragmented_requests(adapter, args.requests // 2, seed=9, sizes=sizes, group=g), g)
+                 for g in (4, 8)}
+    return {"runs": _batching_runs(adapter, workloads, device, peak, cfg), "sizes": rollout.SMALL_SIZES}
+
+
 def _batching_runs(adapter, workloads: dict, device: torch.device, peak: float, cfg: dict) -> list[dict]:
     """Each workload under static, step-wise and packed batching, stream and burst arrival; each
     (workload, batching) first runs once unmeasured (compiled graphs, prompt cache, allocator)."""
@@ -194,7 +208,8 @@ def _batching_runs(adapter, workloads: dict, device: torch.device, peak: float, 
     return runs
 
 
-SECTIONS = {"rollout": rollout_section, "packing": packing_section, "packing_sparse": packing_sparse_section, "compile": compile_section, "actor": actor_section, "e2e": e2e_section, "sync": sync_section}
+SECTIONS = {"rollout": rollout_section, "packing": packing_section, "packing_sparse": packing_sparse_section,
+            "packing_small": packing_small_section, "compile": compile_section, "actor": actor_section, "e2e": e2e_section, "sync": sync_section}
 
 
 def headline(res: dict) -> dict:
@@ -231,6 +246,12 @@ def headline(res: dict) -> dict:
         if rows:
             h[f"rollout_speedup_sparse_g{g}"] = rows[("stream", "packed")] / rows[("stream", "static")]
             h[f"rollout_packed_vs_stepwise_sparse_g{g}"] = rows[("stream", "packed")] / rows[("stream", "stepwise")]
+    small = res.get("packing_small", {}).get("runs", [])
+    for g in (4, 8):
+        rows = {(r["arrival"], r["batching"]): r["images_per_second"] for r in small if r["workload"] == f"small-g{g}"}
+        if rows:
+            h[f"rollout_speedup_small_g{g}"] = rows[("stream", "packed")] / rows[("stream", "static")]
+            h[f"rollout_packed_vs_stepwise_small_g{g}"] = rows[("stream", "packed")] / rows[("stream", "stepwise")]
     act = res.get("actor", {})
     if "lora_bypass" in act:
         best = act["lora_bypass"].get("compiled", act["lora_bypass"]["eager"])

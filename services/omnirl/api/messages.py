@@ -47,6 +47,9 @@ class GenerateRequest(_Msg):
     sde_type: Literal["sde", "cps"] = "sde"
     shift: float | None = Field(None, description="σ-grid shift override; None = the model family's own grid.")
     guidance_scale: float = 1.0
+    resolution: list[int] | None = Field(
+        None, description="Image (height, width) in pixels of this group (`model.resolutions`); None = the "
+        "adapter's default size (`model.resolution`).")
 
 
 class SampleMeta(_Msg):

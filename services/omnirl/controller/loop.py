@@ -222,14 +222,17 @@ class Controller:
         self.next_unpublished = step + 1
         plan = algorithm_for(algo.name).rollout(algo, window_seed=derive(self.spec.seed, "window", step=step))
         expected = 0
-        for p in prompts:
+        sizes = self.spec.model.resolutions
+        for position, p in enumerate(prompts):
             key = f"{step}:{p.index}"
+            size = self.spec.model.resolution_for(step * algo.promptsPerStep + position) if sizes else None
             seeds = [SampleSeed(sample_id=f"{key}:{i}", seed=seed)
                      for i, seed in enumerate(self._seeds(step, p.index, 0))]
             req = GenerateRequest(kind="train", step=step, group_id=key, prompt=p.text, prompt_ids=p.ids,
                                   samples=seeds, num_steps=algo.sampling.numSteps, window=list(plan.window),
                                   noise_level=plan.noise_level, sde_type=plan.sde_type, shift=algo.sampling.shift,
-                                  guidance_scale=algo.sampling.guidanceScale)
+                                  guidance_scale=algo.sampling.guidanceScale,
+                                  resolution=None if size is None else list(size))
             if key in book.groups:  # the same prompt twice in one step (tiny prompt files)
                 continue
             book.add(key, req)

@@ -52,7 +52,10 @@ class ModelAdapter(Protocol):
         ...
 
     def latent_shape(self, prompt_ids: list[int]) -> tuple[int, ...]:
-        """The latent shape `(C, H, W)` of one sample for this prompt (no batch dimension)."""
+        """The latent shape `(C, H, W)` of one sample for this prompt (no batch dimension).
+
+        The diffusers families also take `resolution=(height, width)` in pixels, a request's own
+        size (`model.resolutions`); the engine passes it only for requests that carry one."""
         ...
 
     def sigma_grid(self, num_steps: int, latent_shape: tuple[int, ...], shift: float | None = None) -> torch.Tensor:

@@ -75,8 +75,9 @@ def adapter_options(spec: RLJobSpec) -> dict:
         options: dict = {}  # FLUX-dev's embedded guidance keeps its default (3.5); schnell has none
     else:
         options = {"guidance_scale": guidance}
-    if spec.model.resolution is not None:
-        options["resolution"] = tuple(spec.model.resolution)
+    default = spec.model.resolution_for(0)  # with model.resolutions, requests carry their own sizes
+    if default is not None:
+        options["resolution"] = default
     return options
 
 

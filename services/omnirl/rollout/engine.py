@@ -157,11 +157,16 @@ class RolloutEngine:
         while self.waiting and len(self.in_flight) < 2 * self.max_batch_size:
             self.in_flight.append(self._start(self.waiting.popleft()))
 
+    def _shape(self, req: SampleRequest) -> tuple[int, ...]:
+        if req.resolution is None:
+            return tuple(self.adapter.latent_shape(list(req.prompt_ids)))
+        return tuple(self.adapter.latent_shape(list(req.prompt_ids), resolution=req.resolution))
+
     def _key(self, req: SampleRequest) -> tuple:
-        return (tuple(self.adapter.latent_shape(list(req.prompt_ids))), req.guidance_scale)
+        return (self._shape(req), req.guidance_scale)
 
     def _start(self, req: SampleRequest) -> _InFlight:
-        shape = tuple(self.adapter.latent_shape(list(req.prompt_ids)))
+        shape = self._shape(req)
         # the sample's own generator on the engine's device: its noise never depends on the batch
         gen = torch.Generator(device=self.device).manual_seed(req.seed)
         x = torch.randn(shape, generator=gen, dtype=torch.float32, device=self.device)

@@ -57,7 +57,8 @@ def heldout_request(spec: RLJobSpec, index: int, prompt: str, prompt_ids: list[i
     return GenerateRequest(
         kind="val", step=step, group_id=group, prompt=prompt, prompt_ids=list(prompt_ids),
         samples=[SampleSeed(sample_id=sample_id, seed=eval_seed(v.seed if seed is None else seed, index))],
-        num_steps=n, window=window, noise_level=noise, shift=s.shift, guidance_scale=s.guidanceScale)
+        num_steps=n, window=window, noise_level=noise, shift=s.shift, guidance_scale=s.guidanceScale,
+        resolution=list(spec.model.resolution_for(index)) if spec.model.resolutions else None)
 
 
 def sample_requests(req: GenerateRequest, meta: dict | None = None, skip=lambda sample_id: False) -> list[SampleRequest]:
@@ -70,4 +71,5 @@ def sample_requests(req: GenerateRequest, meta: dict | None = None, skip=lambda 
         sample_id=s.sample_id, prompt=req.prompt, prompt_ids=tuple(req.prompt_ids), seed=s.seed,
         num_steps=req.num_steps, window=tuple(req.window), noise_level=req.noise_level, sde_type=req.sde_type,
         shift=req.shift, guidance_scale=req.guidance_scale, meta=dict(base),
+        resolution=None if req.resolution is None else (int(req.resolution[0]), int(req.resolution[1])),
     ) for s in req.samples if not skip(s.sample_id)]

@@ -156,7 +156,8 @@ class RolloutService:
             published = self.queue.publish(self.queue.streams.samples, meta, tensors, image=r.image,
                                            done_kind="rollout", count_key=count)
             self.heartbeat.beat(progressed=True)
-            self.ledger.record(r.request.sample_id, published is not None, policy_version=r.policy_version)
+            self.ledger.record(r.request.sample_id, published is not None, policy_version=r.policy_version,
+                               latent=list(r.x0.shape))
             entry = self.pending[m["entry"]]
             entry["left"] -= 1
             if entry["left"] == 0:

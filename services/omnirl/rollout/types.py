@@ -22,6 +22,9 @@ class SampleRequest:
         sde_type: "sde" or "cps".
         shift: σ-grid shift override (`ModelAdapter.sigma_grid`); None = the family's own grid.
         guidance_scale: CFG scale (1 = off); part of the batching key.
+        resolution: image (height, width) in pixels (`model.resolutions`); None = the adapter's
+            default. Sets the latent shape, so samples of different sizes share a forward only
+            under packed batching.
         meta: passed through to the result (step, group id, kind, attempt...).
     """
 
@@ -35,6 +38,7 @@ class SampleRequest:
     sde_type: str = "sde"
     shift: float | None = None
     guidance_scale: float = 1.0
+    resolution: tuple[int, int] | None = None
     meta: dict = field(default_factory=dict)
 
 
