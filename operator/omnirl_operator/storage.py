@@ -97,25 +97,23 @@ def claim_conflict(stored: dict[str, Any] | None, wanted: dict[str, Any]) -> str
     return None
 
 
-def ensure_claim(kube: KubeApi, claim: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Create the adopted claim when absent; otherwise only bring its ownerReferences in line.
+def ensure_claim(kube: KubeApi, claim: dict[str, Any], stored: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """Create the adopted claim when absent (``stored`` is None); otherwise only bring its
+    ownerReferences in line.
+
+    ``stored`` must be this job's claim (the reconcile checks every child's owner first,
+    :func:`omnirl_operator.meta.foreign_owner`: a claim of that name that is not the job's is never
+    adopted, so never garbage-collected).
 
     Returns:
         ``("created" | "patched" | "unchanged", the stored claim)``.
     Raises:
-        KubeError: an API call failed, or (409) a claim of that name exists that is not this job's
-            (no ``omnirl.dev/job`` label naming it): it is never adopted, so never garbage-collected.
+        KubeError: an API call failed.
     """
-    from omnirl_operator.kube import KubeError
-
     meta = claim["metadata"]
-    stored = kube.get("v1", "PersistentVolumeClaim", meta["namespace"], meta["name"])
     if stored is None:
         return "created", kube.create(claim)
     job = meta["labels"][LABEL_JOB]
-    if (stored["metadata"].get("labels") or {}).get(LABEL_JOB) != job:
-        raise KubeError(409, f"adopt PersistentVolumeClaim/{meta['name']}", f"it exists and is not RLJob {job}'s "
-                        f"(no label {LABEL_JOB}={job}); mount it with spec.storage.claimName, or rename the RLJob")
     want = meta.get("ownerReferences", [])
     have = stored["metadata"].get("ownerReferences", [])
     kept = [r for r in have if not (r.get("kind") == "RLJob" and r.get("name") == job)]
