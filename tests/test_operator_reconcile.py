@@ -224,7 +224,7 @@ def test_active_deadline_fails_the_job_instead_of_restarting_it():
         for kind, role in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor")):
             await cluster.set_status("apps/v1", kind, NS, f"{name}-{role}", {"readyReplicas": 1})
         await cluster.set_status("batch/v1", "Job", NS, f"{name}-controller", {"active": 1, "ready": 1})
-        assert (await step(cluster, name, 1)).status["phase"] == "Running"  # startTime = NOW + 1 s
+        assert (await step(cluster, name, 1)).status["phase"] == "Running"  # active since NOW (the first reconcile)
 
     async def step(cluster: EmulatedCluster, name: str, seconds: int):
         out = await reconcile(await cluster.rljob(NS, name), cluster.api, OperatorSettings(),
@@ -235,12 +235,12 @@ def test_active_deadline_fails_the_job_instead_of_restarting_it():
     async def main() -> None:
         async with EmulatedCluster() as cluster:
             await run_to_running(cluster, "clock")
-            assert (await step(cluster, "clock", 60)).status["phase"] == "Running"  # 59 s
-            out = await step(cluster, "clock", 61)
+            assert (await step(cluster, "clock", 59)).status["phase"] == "Running"
+            out = await step(cluster, "clock", 60)
             failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
             assert (out.status["phase"], failed["reason"]) == ("Failed", "DeadlineExceeded")
-            assert failed["message"] == ("the job ran 60 s, failurePolicy.activeDeadlineSeconds is 60 s; "
-                                         "not restarted")
+            assert failed["message"] == ("the job has been active 60 s (since its creation or resume), "
+                                         "failurePolicy.activeDeadlineSeconds is 60 s; not restarted")
             assert (await cluster.get("apps/v1", "Deployment", NS, "clock-rollout"))["spec"]["replicas"] == 0
 
             await run_to_running(cluster, "jobclock")

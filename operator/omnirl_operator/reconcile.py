@@ -23,7 +23,7 @@ from omnirl.api.spec import RLJob
 from omnirl.api.status import TERMINAL_PHASES
 from omnirl_operator.autoscale import autoscale_reward
 from omnirl_operator.builders import build_children, desired_replicas, label_of
-from omnirl_operator.judges import judge_roles, judges_ready
+from omnirl_operator.judges import LABEL_JUDGE_OF, judge_roles, judges_ready
 from omnirl_operator.kube import KubeApi, KubeError
 from omnirl_operator.meta import (
     ANNOTATION_RESTARTED_AT,
@@ -35,6 +35,7 @@ from omnirl_operator.meta import (
     foreign_owner,
     selector_labels,
 )
+from omnirl_operator.podcheck import judge_failure, waiting_problems, waiting_summary
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
     PROGRESS_FIELDS,
@@ -300,9 +301,13 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         permanent = deadline_exceeded(body, job.spec.failurePolicy.activeDeadlineSeconds, controller, now)
     if running and permanent is None:
         pods = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns, selector_labels(job.metadata.name))
-        permanent = permanent_failure(pods, LABEL_ROLE)
+        judge_pods = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns,
+                                             {LABEL_JUDGE_OF: job.metadata.name}) if judges else []
+        max_restarts = job.spec.failurePolicy.maxRestarts
+        permanent = permanent_failure(pods, LABEL_ROLE) or judge_failure(judge_pods, job, max_restarts)
+        observed = replace(observed, waiting=waiting_summary(waiting_problems(pods + judge_pods)))
         if failed_role is None:  # a replica the kubelet keeps restarting is a failed role
-            looping = crash_looping(pods, LABEL_ROLE, job.spec.failurePolicy.maxRestarts,
+            looping = crash_looping(pods, LABEL_ROLE, max_restarts,
                                     _templates(job, stored), (ANNOTATION_SPEC_HASH, ANNOTATION_RESTARTED_AT))
             failed_role = next(iter(sorted(looping)), None)
             failures.update(looping)
@@ -324,4 +329,8 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
         actions += (await _apply_all(kube, stopped, before, log))[0]
         observed = replace(observed, roles={r: (0, ready) for r, (_, ready) in observed.roles.items()})
-    return Outcome(compute_status(body, observed, progress, now), actions, events)
+    status = compute_status(body, observed, progress, now)
+    if observed.waiting is not None and status["message"] != (body.get("status") or {}).get("message") \
+            and observed.waiting[1] in status["message"]:  # said once per change, not every resync
+        events.append(("Warning", observed.waiting[0], status["message"]))
+    return Outcome(status, actions, events)
