@@ -174,8 +174,9 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
                                         ("apps/v1", "Deployment", "judge-judge")):  # accelerators freed
             assert kube.get(api_version, kind, NS, f"{NAME}-{role}")["spec"]["replicas"] == 0
         header, row = table.splitlines()[:2]
-        assert header.split() == ["NAME", "PHASE", "STEPS", "REWARD", "READY", "AGE"]
+        assert header.split() == ["NAME", "PHASE", "STEPS", "REWARD", "READY", "REASON", "AGE"]
         assert row.split()[:4] == [NAME, "Succeeded", "3", str(status["rewardMean"])]
+        assert "ControllerSucceeded" in row.split()
         # every pod ran what the operator wrote and ended cleanly (exit 0, or stopped at scale-down)
         by_name = {pod.name: pod for pod in kubelet.deleted}
         assert len(by_name) == 5 and all(pod.exits in ([], [0]) for pod in by_name.values()), kubelet.tails()
