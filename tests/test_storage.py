@@ -110,8 +110,13 @@ def test_created_claim_is_mounted_by_the_controller_and_every_actor_rank_and_val
         assert "affinity" not in children[name]["spec"]["template"]["spec"]  # ReadWriteMany: ranks spread
         env = {e["name"]: e.get("value") for e in children[name]["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env["OMNIRL_EXPORT"] == "1"
-    for name in ("Deployment/demo-rollout", "Deployment/demo-reward"):  # they write only their ledgers
-        assert volumes(children[name])[0] == {"name": "run", "emptyDir": {}}
+    for name in ("Deployment/demo-rollout", "Deployment/demo-reward"):  # their ledgers outlive their pods
+        volume, mounts = volumes(children[name])
+        assert volume == {"name": "run", "persistentVolumeClaim": {"claimName": "demo-run"}}
+        assert {"name": "run", "mountPath": "/var/lib/omnirl"} in mounts
+        assert "affinity" not in children[name]["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in children[name]["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["OMNIRL_OUT"] == "/var/lib/omnirl"  # ledger/{role}-<pod name>.jsonl there
     for version in K8S_VERSIONS:
         for obj in children.values():
             kubernetes_validate.validate(obj, version, strict=True)
@@ -119,6 +124,8 @@ def test_created_claim_is_mounted_by_the_controller_and_every_actor_rank_and_val
 
 def test_retained_claim_has_no_owner_and_read_write_once_pins_to_one_node():
     children = kids({"size": "1Gi"})
+    for name in ("Deployment/demo-rollout", "Deployment/demo-reward"):  # a one-node volume: not theirs
+        assert volumes(children[name])[0] == {"name": "run", "emptyDir": {}}
     claim = children["PersistentVolumeClaim/demo-run"]
     assert "ownerReferences" not in claim["metadata"]  # outlives the RLJob, whatever happens to the operator
     assert claim["metadata"]["annotations"] == {"omnirl.dev/when-deleted": "Retain"}

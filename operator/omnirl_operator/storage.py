@@ -3,7 +3,11 @@
 - :func:`build_claim`: the claim ``<job>-run`` the operator creates from ``size``,
   ``storageClassName`` and ``accessModes`` (none for an existing ``claimName``).
 - :func:`run_volume`: the ``run`` volume of a role's pod; the controller and the actor ranks
-  mount the claim, rollout and reward keep an emptyDir (they write only their ledgers).
+  mount the claim. Rollout and reward write only their sample ledgers (``ledger/{role}-<pod>.jsonl``,
+  :mod:`omnirl.api.ledger`: one file per pod, so writers never share one): they mount a
+  ``ReadWriteMany`` claim too, so every role's ledger outlives its pod and a cluster job can be
+  accounted like ``make chaos`` does; a ``ReadWriteOnce`` volume attaches to one node (the actor's),
+  where the rollout and reward pods need not run, so they keep an emptyDir then.
 - :func:`pod_affinity`: with a claim that is not ReadWriteMany (or ``singleNode``), the
   controller and the actor ranks must share one node: a required pod affinity on
   ``kubernetes.io/hostname`` towards each other (the first of them may go anywhere).
@@ -55,10 +59,19 @@ def build_claim(job: RLJob) -> dict[str, Any] | None:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
 
 
+def shares_claim(job: RLJob, role: str) -> bool:
+    """Whether ``role``'s pods mount the run claim: the controller and the actor whenever there is one,
+    rollout and reward when it is ``ReadWriteMany`` (their ledgers, from any node)."""
+    storage = job.spec.storage
+    if storage is None:
+        return False
+    return role in CLAIM_ROLES or "ReadWriteMany" in storage.accessModes
+
+
 def run_volume(job: RLJob, role: str) -> dict[str, Any]:
-    """The ``run`` volume of ``role``'s pods: the claim for the controller and the actor, else an emptyDir."""
+    """The ``run`` volume of ``role``'s pods: the claim (:func:`shares_claim`), else an emptyDir."""
     claim = claim_name(job)
-    if claim is None or role not in CLAIM_ROLES:
+    if claim is None or not shares_claim(job, role):
         return {"name": "run", "emptyDir": {}}
     return {"name": "run", "persistentVolumeClaim": {"claimName": claim}}
 
