@@ -90,6 +90,26 @@ def test_pods_that_wait_show_why_in_the_status_and_one_event_and_do_not_fail_the
     asyncio.run(main())
 
 
+def test_a_deployment_that_cannot_create_its_pods_says_why():
+    """No pod at all to look at: Pod Security admission refuses the judge's pod (a hostPath model),
+    and the Deployment's ReplicaFailure condition is what the RLJob reports."""
+    forbidden = ('pods "cap-judge-vlm-judge-7d9f-x" is forbidden: violates PodSecurity "restricted:latest": '
+                 'restricted volume types (volume "model" uses restricted volume type "hostPath")')
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(manifest("cap", {})))
+            await step(cluster, "cap", 0)
+            await cluster.set_status("apps/v1", "Deployment", NS, "cap-judge-vlm-judge", {"conditions": [
+                {"type": "ReplicaFailure", "status": "True", "reason": "FailedCreate", "message": forbidden}]})
+            out = await step(cluster, "cap", 10)
+            assert (out.status["phase"], out.events[0][:2]) == ("Pending", ("Warning", "FailedCreate"))
+            assert out.status["message"] == ("waiting for pods of: actor, controller, judge-vlm-judge, reward, "
+                                             f"rollout; Deployment/cap-judge-vlm-judge FailedCreate: {forbidden}")
+
+    asyncio.run(main())
+
+
 def test_a_judge_that_crash_loops_past_the_restart_budget_fails_the_job_naming_it():
     """The controller starts only once every judge is Ready: a judge OOM-killed again and again kept
     the job Pending for ever (the crash-loop accounting covered rollout/reward/actor only). Within

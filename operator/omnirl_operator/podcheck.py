@@ -4,8 +4,9 @@
   restarted more than ``failurePolicy.maxRestarts`` times fails the job (reason ``JudgeFailed``):
   the controller starts only once every judge is Ready, so a judge that crash-loops keeps the job
   Pending for ever. The message names ``spec.reward[i]``, the pod, its last exit and what to fix.
-- :func:`waiting_problems`: pods that wait for something (unschedulable, an image that does not
-  pull, a container the kubelet cannot create, a crash loop still within the budget) as
+- :func:`waiting_problems`, :func:`workload_problems`: pods that wait for something (unschedulable,
+  an image that does not pull, a container the kubelet cannot create, a crash loop still within the
+  budget) or that a Deployment cannot create (a quota, Pod Security admission) as
   ``(reason, text)`` for the status and a Warning event. They never fail the job by themselves:
   an unschedulable GPU pod may be waiting for the cluster autoscaler and an image pull may be a
   registry hiccup; ``failurePolicy.activeDeadlineSeconds`` (counted from the job's creation or
@@ -112,6 +113,22 @@ def waiting_problems(pods: list[dict[str, Any]]) -> list[tuple[str, str]]:
                 text += f": {_short(waiting['message'])}"
             out.append((reason, text))
             break
+    return out
+
+
+def workload_problems(stored: dict[str, dict[str, Any]]) -> list[tuple[str, str]]:
+    """``(reason, text)`` per Deployment whose ReplicaSet cannot create pods (condition
+    ``ReplicaFailure``: a ResourceQuota, a LimitRange, Pod Security admission refusing the pod), so
+    there is no pod to look at. ``stored``: the applied children by ``Kind/name``."""
+    out = []
+    for key in sorted(stored):
+        obj = stored[key] or {}
+        if obj.get("kind") != "Deployment":
+            continue
+        for cond in (obj.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
+                reason = cond.get("reason") or "FailedCreate"
+                out.append((reason, f"{key} {reason}: {_short(cond.get('message', ''))}".rstrip(": ")))
     return out
 
 
