@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
+from e2e.chaos import check_ledger
 from e2e.kubelet import Kubelet, NotClaimed, field_value, mount_volumes, remap_path
 from e2e.test_local_job import tiny_job
 
@@ -66,12 +67,14 @@ def kubectl(server: str, home: Path, *args: str) -> str:
 def manifest(tmp: Path, redis_url: str) -> Path:
     """The local e2e's tiny job (3 steps × 2 prompts × group 3, 4 sampling steps, validation every
     2 steps on 4 prompts) in namespace NS, its Redis password in Secret SECRET, its run directory
-    on a claim the operator creates (``<job>-run``, kept when the RLJob goes)."""
+    on a ReadWriteMany claim the operator creates (``<job>-run``, kept when the RLJob goes), which
+    every role mounts."""
     path = tiny_job(tmp, NAME, redis_url)
     doc = yaml.safe_load(path.read_text())
     doc["metadata"]["namespace"] = NS
     doc["spec"]["transferQueue"]["passwordSecret"] = SECRET
-    doc["spec"]["storage"] = {"size": "1Gi"}
+    # ReadWriteMany: the rollout and reward pods mount it too, so every role's ledger is on it
+    doc["spec"]["storage"] = {"size": "1Gi", "accessModes": ["ReadWriteMany"]}
     doc["spec"]["reward"].append({"name": "judge", "kind": "http", "weight": 0.5, "server": JUDGE})
     # JSON, not YAML: PyYAML writes the alphabet 0123456789 unquoted and kubectl (YAML 1.1) reads an int
     path.write_text(json.dumps(doc))
@@ -174,8 +177,9 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
                                         ("apps/v1", "Deployment", "judge-judge")):  # accelerators freed
             assert kube.get(api_version, kind, NS, f"{NAME}-{role}")["spec"]["replicas"] == 0
         header, row = table.splitlines()[:2]
-        assert header.split() == ["NAME", "PHASE", "STEPS", "REWARD", "READY", "AGE"]
+        assert header.split() == ["NAME", "PHASE", "STEPS", "REWARD", "READY", "REASON", "AGE"]
         assert row.split()[:4] == [NAME, "Succeeded", "3", str(status["rewardMean"])]
+        assert "ControllerSucceeded" in row.split()
         # every pod ran what the operator wrote and ended cleanly (exit 0, or stopped at scale-down)
         by_name = {pod.name: pod for pod in kubelet.deleted}
         assert len(by_name) == 5 and all(pod.exits in ([], [0]) for pod in by_name.values()), kubelet.tails()
@@ -192,6 +196,12 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
         assert [(r["step"], r["policy_version"]) for r in steps] == [(0, 1), (1, 2), (2, 3)]
         assert all(r["reward_judge"] < 0 and r["component_missing_judge"] == 0 for r in steps)  # −JPEG kB
         assert status["rewardMean"] == round(steps[-1]["reward_mean"], 4)  # the controller's own number
+        # every role's ledger is on the claim, one file per pod: the cluster job is accounted as `make chaos` does
+        assert {f.name.split(f"-{NAME}-")[0] for f in (claim / "ledger").glob("*.jsonl")} == {
+            "rollout", "reward", "actor", "checkpoints"}
+        counts = check_ledger(claim, total_steps=3, group_size=3, prompts_per_step=2)
+        assert (counts.trained, counts.lost, counts.duplicated) == (18, 0, 0), (counts.line(), counts.problems)
+        assert counts.generated >= 18 and counts.scored >= 18
         # the result on the claim: the controller exported the actor's last checkpoint, and the built-in
         # model's export scores what the run's last validation reported
         export = claim / "exports" / "latest"
@@ -274,6 +284,11 @@ def test_rljob_survives_a_killed_controller_pod_and_a_replaced_rollout_pod(tmp_p
         assert sorted({r["step"] for r in trained}) == [0, 1, 2]
         state = json.loads((actor / "checkpoints" / "latest" / "state.json").read_text())
         assert (state["step"], state["policy_version"]) == (2, 3)
+        # the killed rollout pod's ledger outlived it (was: its emptyDir went with it), and the accounting
+        # over every pod's ledger finds nothing lost or doubled
+        assert len(list((actor / "ledger").glob(f"rollout-{NAME}-rollout-*.jsonl"))) >= 2
+        counts = check_ledger(actor, total_steps=3, group_size=3, prompts_per_step=2)
+        assert (counts.lost, counts.duplicated) == (0, 0), (counts.line(), counts.problems)
 
 
 def test_kubelet_substitutions_are_the_documented_ones(tmp_path):

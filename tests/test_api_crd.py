@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -49,15 +50,20 @@ def test_crd_names_version_subresource_and_columns() -> None:
     (v,) = spec["versions"]
     assert (v["name"], v["served"], v["storage"], v["subresources"]) == ("v1alpha1", True, True, {"status": {}})
     cols = {c["name"]: c for c in v["additionalPrinterColumns"]}
-    assert [n for n, c in cols.items() if not c.get("priority")] == ["Phase", "Steps", "Reward", "Ready", "Age"]
+    assert [n for n, c in cols.items() if not c.get("priority")] == ["Phase", "Steps", "Reward", "Ready", "Reason",
+                                                                      "Age"]
     assert cols["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
     schema = v["schema"]["openAPIV3Schema"]
     for c in v["additionalPrinterColumns"]:  # every column points at a schema field of the same type
         if c["jsonPath"].startswith(".metadata"):
             continue
         node = schema
-        for part in c["jsonPath"].strip(".").split("."):
-            node = node["properties"][part]
+        for part in re.findall(r'\[\?\(@\.\w+=="[^"]*"\)\]|[^.\[]+', c["jsonPath"]):
+            if part.startswith("[?"):  # a filter on a list: the field it tests is one of the items'
+                node = node["items"]
+                assert part[5:].split("==")[0] in node["properties"], c
+            else:
+                node = node["properties"][part]
         assert node["type"] == c["type"], c
 
 

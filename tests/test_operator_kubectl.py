@@ -62,8 +62,8 @@ def test_kubectl_apply_example_and_get_rljobs(cluster, tmp_path):
 
     table = wait_for_output(cluster, tmp_path, ("get", "rljobs"), "Pending")
     header, row = table.splitlines()[:2]
-    assert header.split() == ["NAME", "PHASE", "STEPS", "REWARD", "READY", "AGE"]
-    assert row.split()[:3] == ["ocr-nft", "Pending", "0/4"]
+    assert header.split() == ["NAME", "PHASE", "STEPS", "REWARD", "READY", "REASON", "AGE"]
+    assert row.split()[:4] == ["ocr-nft", "Pending", "0/4", "WaitingForPods"]  # the Ready condition's reason
 
     wide = kubectl(cluster, tmp_path, "get", "rlj", "-o", "wide")
     assert wide.returncode == 0 and "diffusion-nft" in wide.stdout and "ocr-digits" in wide.stdout

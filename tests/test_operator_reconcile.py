@@ -10,14 +10,12 @@ import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
-import pytest
 import redis
 from kubernetes.client import ApiClient, Configuration
 
 from omnirl.telemetry.k8s_status import StatusReporter
 from omnirl.transfer import TransferQueue, cleanup
 from omnirl_operator import redis_cleanup
-from omnirl_operator.kube import KubeError
 from omnirl_operator.reconcile import reconcile
 from omnirl_operator.redis_cleanup import cleanup_job, redacted
 from omnirl_operator.settings import OperatorSettings
@@ -97,14 +95,63 @@ def test_a_job_named_after_the_release_does_not_take_the_charts_redis_secret():
         async with EmulatedCluster() as cluster:
             await cluster.create(chart_secret)
             body = await cluster.create(rljob_body(manifest))
-            with pytest.raises(KubeError) as err:
-                await reconcile(body, cluster.api, settings, NOW, LOG)
-            assert err.value.status == 409
-            assert ("Secret/omnirl-redis exists and is not RLJob omnirl's (no label omnirl.dev/job=omnirl): "
-                    "rename the RLJob (its pods read the Redis password from Secret omnirl-redis)") in str(err.value)
-            secret = await cluster.get("v1", "Secret", NS, "omnirl-redis")
-            assert "ownerReferences" not in secret["metadata"]  # never garbage-collected with the RLJob
-            assert secret["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "Helm"}
+            before = snapshot(cluster)
+            out = await reconcile(body, cluster.api, settings, NOW, LOG)
+            failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+            assert (out.status["phase"], failed["reason"], out.actions) == ("Failed", "NameConflict", [])
+            assert ("Secret/omnirl-redis exists and is not this job's: it has no label omnirl.dev/job=omnirl; "
+                    "managed by Helm; rename the RLJob") in failed["message"]
+            assert snapshot(cluster) == before  # nothing created, the Secret untouched (no ownerReference)
+
+    asyncio.run(main())
+
+
+def test_a_child_name_taken_by_another_owner_fails_the_job_and_leaves_that_object_alone():
+    """Every child, not only the Redis Secret: RLJob `x` with judge reward `rollout` wants Deployment
+    x-judge-rollout, which RLJob `x-judge` runs; a user's Service x-metrics and Job x-controller (a
+    merge patch gave each the RLJob's ownerReference: garbage-collected with it; the Job was even
+    observed as the controller and deleted on a spec change). The job fails naming each object and
+    the fix; nothing is created and the three are byte for byte as they were. Then `x-judge` itself,
+    whose children are its own, runs (an earlier RLJob x-judge's leftover is adopted)."""
+    judge = {"name": "rollout", "kind": "http", "server": {"command": ["serve", "--port", "{port}"]}}
+    x = {**MANIFEST, "metadata": {"name": "x", "namespace": NS},
+         "spec": {**MANIFEST["spec"], "reward": [*MANIFEST["spec"]["reward"], judge]}}
+    other = {**MANIFEST, "metadata": {"name": "x-judge", "namespace": NS}}
+    user = {"app.kubernetes.io/managed-by": "someone"}
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "x-metrics", "namespace": NS,
+               "labels": user}, "spec": {"ports": [{"port": 80}]}}
+    batch = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x-controller", "namespace": NS},
+             "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "busybox"}]}}}}
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            first = await cluster.create(rljob_body(other))
+            await reconcile(first, cluster.api, OperatorSettings(), NOW, LOG)  # x-judge-rollout is x-judge's
+            await cluster.create(service)
+            await cluster.create(batch)
+            before = snapshot(cluster)
+            body = await cluster.create(rljob_body(x))
+            out = await reconcile(body, cluster.api, OperatorSettings(), NOW, LOG)
+            failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+            assert (out.status["phase"], failed["reason"], out.actions) == ("Failed", "NameConflict", [])
+            assert failed["message"] == (
+                "a child's name is taken, so nothing was created and the existing objects were left as they are: "
+                "Service/x-metrics exists and is not this job's: it has no label omnirl.dev/job=x; managed by "
+                "someone; rename the RLJob; Deployment/x-judge-rollout exists and is not this job's: it is controlled "
+                "by RLJob x-judge; rename the RLJob; Job/x-controller exists and is not "
+                "this job's: it has no label omnirl.dev/job=x; rename the RLJob. Apply the job again under another "
+                "metadata.name (or delete the object if it is a leftover of yours)")
+            assert snapshot(cluster) == before
+            again = await reconcile(await cluster.rljob(NS, "x"), cluster.api, OperatorSettings(), NOW, LOG)
+            assert again.actions == [] and snapshot(cluster) == before
+
+            # a new RLJob x-judge (new uid) takes over the children its predecessor left
+            await cluster.delete("omnirl.dev/v1alpha1", "RLJob", NS, "x-judge")
+            second = await cluster.create(rljob_body(other))
+            out = await reconcile(second, cluster.api, OperatorSettings(), NOW, LOG)
+            assert out.status["phase"] == "Pending" and "patched Deployment/x-judge-rollout" in out.actions
+            deploy = await cluster.get("apps/v1", "Deployment", NS, "x-judge-rollout")
+            assert [r["uid"] for r in deploy["metadata"]["ownerReferences"]] == [second["metadata"]["uid"]]
 
     asyncio.run(main())
 
@@ -177,7 +224,7 @@ def test_active_deadline_fails_the_job_instead_of_restarting_it():
         for kind, role in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor")):
             await cluster.set_status("apps/v1", kind, NS, f"{name}-{role}", {"readyReplicas": 1})
         await cluster.set_status("batch/v1", "Job", NS, f"{name}-controller", {"active": 1, "ready": 1})
-        assert (await step(cluster, name, 1)).status["phase"] == "Running"  # startTime = NOW + 1 s
+        assert (await step(cluster, name, 1)).status["phase"] == "Running"  # active since NOW (the first reconcile)
 
     async def step(cluster: EmulatedCluster, name: str, seconds: int):
         out = await reconcile(await cluster.rljob(NS, name), cluster.api, OperatorSettings(),
@@ -188,12 +235,12 @@ def test_active_deadline_fails_the_job_instead_of_restarting_it():
     async def main() -> None:
         async with EmulatedCluster() as cluster:
             await run_to_running(cluster, "clock")
-            assert (await step(cluster, "clock", 60)).status["phase"] == "Running"  # 59 s
-            out = await step(cluster, "clock", 61)
+            assert (await step(cluster, "clock", 59)).status["phase"] == "Running"
+            out = await step(cluster, "clock", 60)
             failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
             assert (out.status["phase"], failed["reason"]) == ("Failed", "DeadlineExceeded")
-            assert failed["message"] == ("the job ran 60 s, failurePolicy.activeDeadlineSeconds is 60 s; "
-                                         "not restarted")
+            assert failed["message"] == ("the job has been active 60 s (since its creation or resume), "
+                                         "failurePolicy.activeDeadlineSeconds is 60 s; not restarted")
             assert (await cluster.get("apps/v1", "Deployment", NS, "clock-rollout"))["spec"]["replicas"] == 0
 
             await run_to_running(cluster, "jobclock")

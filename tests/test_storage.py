@@ -19,11 +19,9 @@ from omnirl.api.problems import problem_lines
 from omnirl.api.spec import RLJob
 from omnirl.api.spec_storage import quantity_bytes
 from omnirl_operator.builders import build_children
-from omnirl_operator.kube import KubeApi, KubeError
 from omnirl_operator.meta import PLACEHOLDER_UID, adopt
 from omnirl_operator.reconcile import reconcile
 from omnirl_operator.settings import OperatorSettings
-from omnirl_operator.storage import ensure_claim
 from omnirl_operator.testing import BackgroundCluster, EmulatedCluster, rljob_body
 
 NS = "team"
@@ -112,8 +110,13 @@ def test_created_claim_is_mounted_by_the_controller_and_every_actor_rank_and_val
         assert "affinity" not in children[name]["spec"]["template"]["spec"]  # ReadWriteMany: ranks spread
         env = {e["name"]: e.get("value") for e in children[name]["spec"]["template"]["spec"]["containers"][0]["env"]}
         assert env["OMNIRL_EXPORT"] == "1"
-    for name in ("Deployment/demo-rollout", "Deployment/demo-reward"):  # they write only their ledgers
-        assert volumes(children[name])[0] == {"name": "run", "emptyDir": {}}
+    for name in ("Deployment/demo-rollout", "Deployment/demo-reward"):  # their ledgers outlive their pods
+        volume, mounts = volumes(children[name])
+        assert volume == {"name": "run", "persistentVolumeClaim": {"claimName": "demo-run"}}
+        assert {"name": "run", "mountPath": "/var/lib/omnirl"} in mounts
+        assert "affinity" not in children[name]["spec"]["template"]["spec"]
+        env = {e["name"]: e.get("value") for e in children[name]["spec"]["template"]["spec"]["containers"][0]["env"]}
+        assert env["OMNIRL_OUT"] == "/var/lib/omnirl"  # ledger/{role}-<pod name>.jsonl there
     for version in K8S_VERSIONS:
         for obj in children.values():
             kubernetes_validate.validate(obj, version, strict=True)
@@ -121,6 +124,8 @@ def test_created_claim_is_mounted_by_the_controller_and_every_actor_rank_and_val
 
 def test_retained_claim_has_no_owner_and_read_write_once_pins_to_one_node():
     children = kids({"size": "1Gi"})
+    for name in ("Deployment/demo-rollout", "Deployment/demo-reward"):  # a one-node volume: not theirs
+        assert volumes(children[name])[0] == {"name": "run", "emptyDir": {}}
     claim = children["PersistentVolumeClaim/demo-run"]
     assert "ownerReferences" not in claim["metadata"]  # outlives the RLJob, whatever happens to the operator
     assert claim["metadata"]["annotations"] == {"omnirl.dev/when-deleted": "Retain"}
@@ -297,16 +302,24 @@ def test_an_edit_the_claim_cannot_follow_is_refused_and_undoing_it_recovers():
     asyncio.run(main())
 
 
-def test_a_claim_of_that_name_that_is_not_the_jobs_is_never_adopted(bg):
-    """Adopting it with whenDeleted: Delete would let garbage collection delete someone's data."""
-    kube = KubeApi.for_server(bg.cluster.url)
+def test_a_claim_of_that_name_that_is_not_the_jobs_is_never_adopted():
+    """Adopting it with whenDeleted: Delete would let garbage collection delete someone's data: the
+    job fails (NameConflict) naming the claim and both fixes, and the claim is left as it was."""
     foreign = {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "other-run", "namespace": NS},
                "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "7Gi"}}}}
-    kube.create(foreign)
-    job = job_from_dict(manifest("other", {"size": "1Gi", "whenDeleted": "Delete"}))
-    (claim,) = [c for c in adopt(build_children(job, SETTINGS), "other", NS, PLACEHOLDER_UID)
-                if c["kind"] == "PersistentVolumeClaim"]
-    with pytest.raises(KubeError, match="is not RLJob other's .* mount it with spec.storage.claimName"):
-        ensure_claim(kube, claim)
-    stored = kube.get(*PVC, NS, "other-run")
-    assert "ownerReferences" not in stored["metadata"] and stored["spec"]["resources"]["requests"]["storage"] == "7Gi"
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(foreign)
+            body = await cluster.create(rljob_body(manifest("other", {"size": "1Gi", "whenDeleted": "Delete"})))
+            out = await reconcile(body, cluster.api, SETTINGS, datetime.now(timezone.utc), logging.getLogger("t"))
+            assert (out.status["phase"], out.actions) == ("Failed", [])
+            assert ("PersistentVolumeClaim/other-run exists and is not this job's: it has no label "
+                    "omnirl.dev/job=other; rename the RLJob (or mount it with spec.storage.claimName)") \
+                in out.status["message"]
+            stored = await cluster.get(*PVC, NS, "other-run")
+            assert "ownerReferences" not in stored["metadata"]
+            assert stored["spec"]["resources"]["requests"]["storage"] == "7Gi"
+            assert await cluster.get("apps/v1", "StatefulSet", NS, "other-actor") is None  # nothing created
+
+    asyncio.run(main())

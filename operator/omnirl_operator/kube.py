@@ -16,7 +16,6 @@ from kubernetes.client import ApiClient, Configuration
 from kubernetes.client.exceptions import ApiException
 
 from omnirl_operator.builders import label_of
-from omnirl_operator.meta import LABEL_JOB
 
 # (apiVersion, kind) → plural of every kind the operator reads or writes.
 PLURALS: dict[tuple[str, str], str] = {
@@ -171,27 +170,6 @@ class KubeApi:
                 return False
             raise
         return True
-
-    def apply_own(self, obj: dict[str, Any], why: str) -> tuple[str, dict[str, Any]]:
-        """:meth:`apply`, never over an object of that name that is not the RLJob's.
-
-        A merge patch over someone else's object (the chart's Redis Secret ``<release>-redis`` when the
-        job is named after the release) would give it the RLJob's ownerReference: garbage-collected
-        with the job. One more GET per call, so only for children whose names others use.
-
-        Args:
-            obj: the child, adopted (labels carry ``omnirl.dev/job``).
-            why: what the job needs the object for, ending the error (``its pods read ...``).
-        Raises:
-            KubeError: (409) an object of that name exists without the label ``omnirl.dev/job=<job>``.
-        """
-        meta = obj["metadata"]
-        job = meta["labels"][LABEL_JOB]
-        stored = self.get(obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        if stored is not None and (stored["metadata"].get("labels") or {}).get(LABEL_JOB) != job:
-            raise KubeError(409, f"adopt {obj['kind']}/{meta['name']}", f"{obj['kind']}/{meta['name']} exists and "
-                            f"is not RLJob {job}'s (no label {LABEL_JOB}={job}): rename the RLJob ({why})")
-        return self.apply(obj)
 
     def apply(self, obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         """Create-or-patch: merge-patch ``obj`` over the stored object, or create it when absent.

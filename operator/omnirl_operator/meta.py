@@ -98,6 +98,29 @@ def adopt(children: Iterable[dict[str, Any]], job: str, namespace: str, uid: str
     return adopted
 
 
+def foreign_owner(stored: dict[str, Any], job: str) -> str | None:
+    """Who an existing object of a child's name belongs to when it is not RLJob ``job``'s, else None.
+
+    Ours: labelled ``omnirl.dev/job=<job>`` and controlled by nothing or by an RLJob named ``job``
+    (an earlier RLJob of that name whose children garbage collection has not removed yet, or a
+    ``Retain`` claim it left, are adopted). Anything else (a user's object, a Helm release's,
+    another RLJob's, one controlled by another kind) is never written: a merge patch would give it
+    this job's ownerReference, and garbage collection would delete it with the job.
+    """
+    meta = stored.get("metadata") or {}
+    labels = meta.get("labels") or {}
+    ref = next((r for r in meta.get("ownerReferences") or [] if r.get("controller")), None)
+    if ref is not None and not (ref.get("kind") == KIND and ref.get("name") == job):
+        return f"it is controlled by {ref.get('kind')} {ref.get('name')}"
+    if labels.get(LABEL_JOB) != job:
+        other = labels.get(LABEL_JOB)
+        if other:
+            return f"it belongs to RLJob {other} (label {LABEL_JOB}={other})"
+        managed = labels.get("app.kubernetes.io/managed-by")
+        return f"it has no label {LABEL_JOB}={job}" + (f"; managed by {managed}" if managed else "")
+    return None
+
+
 # ---------------------------------------------------------------- template merge
 
 # Lists of named items merged item by item (key field); any other list is replaced whole.

@@ -1,4 +1,5 @@
-"""One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → apply →
+"""One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → read (a
+child's name taken by another owner's object fails the job, nothing of it written) → apply →
 observe (workloads, and the pods' exit codes) → failure policy → status. Idempotent: running it
 twice creates nothing twice (409 on create becomes a merge patch) and writes the same status.
 
@@ -22,16 +23,19 @@ from omnirl.api.spec import RLJob
 from omnirl.api.status import TERMINAL_PHASES
 from omnirl_operator.autoscale import autoscale_reward
 from omnirl_operator.builders import build_children, desired_replicas, label_of
-from omnirl_operator.judges import judge_roles, judges_ready
+from omnirl_operator.judges import LABEL_JUDGE_OF, judge_roles, judges_ready
 from omnirl_operator.kube import KubeApi, KubeError
 from omnirl_operator.meta import (
     ANNOTATION_RESTARTED_AT,
     ANNOTATION_SPEC_HASH,
+    LABEL_JOB,
     LABEL_ROLE,
     adopt,
     child_name,
+    foreign_owner,
     selector_labels,
 )
+from omnirl_operator.podcheck import judge_failure, waiting_problems, waiting_summary, workload_problems
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
     PROGRESS_FIELDS,
@@ -108,34 +112,72 @@ def controller_state(job_obj: dict[str, Any] | None) -> tuple[str, str]:
     return "active", ""
 
 
-async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], log: logging.Logger
-                     ) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """Create-or-patch every child but the Job; returns the actions and the stored objects by
-    ``Kind/name`` (their ``status`` is what the reconcile observes)."""
-    actions, stored = [], {}
+REASON_NAME_CONFLICT = "NameConflict"
+
+
+async def _read_all(kube: KubeApi, job: str, ns: str, children: list[dict[str, Any]]
+                    ) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
+    """Every child as stored (by ``Kind/name``; the controller Job's name always, as a suspended or
+    finished job's reconcile may delete it), and one line per name taken by an object that is not
+    this job's (:func:`omnirl_operator.meta.foreign_owner`)."""
+    names = [(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children]
+    controller = ("batch/v1", "Job", child_name(job, "controller"))
+    if controller not in names:
+        names.append(controller)
+    stored, taken = {}, []
+    for api_version, kind, name in names:
+        obj = await asyncio.to_thread(kube.get, api_version, kind, ns, name)
+        stored[f"{kind}/{name}"] = obj
+        who = foreign_owner(obj, job) if obj is not None else None
+        if who is not None:
+            hint = " (or mount it with spec.storage.claimName)" if kind == "PersistentVolumeClaim" else ""
+            taken.append(f"{kind}/{name} exists and is not this job's: {who}; rename the RLJob{hint}")
+    return stored, taken
+
+
+def name_conflict_message(taken: list[str]) -> str:
+    """The Failed message of a job whose children's names are taken (nothing of theirs was changed)."""
+    return ("a child's name is taken, so nothing was created and the existing objects were left as they are: "
+            + "; ".join(taken) + ". Apply the job again under another metadata.name (or delete the object "
+            "if it is a leftover of yours)")
+
+
+async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], stored: dict[str, dict[str, Any] | None],
+                     log: logging.Logger, *, create: bool = True) -> tuple[list[str], dict[str, dict[str, Any]]]:
+    """Create-or-patch every child but the Job; returns the actions and the objects as now stored by
+    ``Kind/name`` (their ``status`` is what the reconcile observes).
+
+    Args:
+        stored: the children as read by :func:`_read_all`; only this job's are ever written.
+        create: False: only patch the job's existing children (a name is taken: the job fails, and
+            only what it already runs is scaled down).
+    """
+    job = children[0]["metadata"]["labels"][LABEL_JOB] if children else ""
+    actions, now = [], {}
     for child in children:
-        if child["kind"] == "Job":
+        key = label_of(child)
+        have = stored.get(key)
+        if child["kind"] == "Job" or (have is not None and foreign_owner(have, job) is not None) \
+                or (have is None and not create):
             continue
         if child["kind"] == "PersistentVolumeClaim":  # created once: a claim's spec is immutable
-            verb, obj = await asyncio.to_thread(ensure_claim, kube, child)
-        elif child["kind"] == "Secret":  # <job>-redis is also the chart's Secret of a release named like the job
-            verb, obj = await asyncio.to_thread(kube.apply_own, child, "its pods read the Redis password from "
-                                                f"Secret {child['metadata']['name']}")
+            verb, obj = await asyncio.to_thread(ensure_claim, kube, child, have)
         else:
             verb, obj = await asyncio.to_thread(kube.apply, child)
-        actions.append(f"{verb} {label_of(child)}")
-        stored[label_of(child)] = obj
+        actions.append(f"{verb} {key}")
+        now[key] = obj
     log.debug("applied %d children", len(actions))
-    return actions, stored
+    return actions, now
 
 
-async def _sync_controller(kube: KubeApi, job: RLJob, ns: str, wanted: dict[str, Any] | None,
-                           suspended: bool) -> tuple[dict[str, Any] | None, list[str], bool]:
-    """Create the controller Job if absent; recreate it when its template's spec hash changed;
+async def _sync_controller(kube: KubeApi, job: RLJob, ns: str, current: dict[str, Any] | None,
+                           wanted: dict[str, Any] | None, suspended: bool
+                           ) -> tuple[dict[str, Any] | None, list[str], bool]:
+    """From the stored controller Job ``current`` (this job's: :func:`_read_all` checked it):
+    create the controller Job if absent; recreate it when its template's spec hash changed;
     delete it when suspended. Returns (the Job as it now stands or None, actions, whether it was
     deleted for a spec change)."""
     name = child_name(job.metadata.name, "controller")
-    current = await asyncio.to_thread(kube.get, "batch/v1", "Job", ns, name)
     state, _ = controller_state(current)
     if suspended:
         if current is not None and await asyncio.to_thread(kube.delete, "batch/v1", "Job", ns, name):
@@ -224,13 +266,21 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         if conflict is not None:
             return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
     scaled, actions = await autoscale_reward(kube, job, ns, children, settings, now)
-    more, stored = await _apply_all(kube, children, log)
+    before, taken = await _read_all(kube, job.metadata.name, ns, children)
+    if taken:  # never write another owner's object; fail, and stop what this job already runs
+        stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
+        more = (await _apply_all(kube, stopped, before, log, create=False))[0]
+        failed = None if terminal else (REASON_NAME_CONFLICT, name_conflict_message(taken))
+        observed = Observed(failed=failed, restarts=int((body.get("status") or {}).get("restarts") or 0))
+        return Outcome(compute_status(body, observed, progress, now), actions + more)
+    more, stored = await _apply_all(kube, children, before, log)
     actions += more
     judges = judge_roles(job, stored, running)
     wanted_job = next((c for c in children if c["kind"] == "Job"), None)
     if not judges_ready(judges):  # the controller starts scoring only once every judge answers
         wanted_job = None
-    controller, more, spec_changed = await _sync_controller(kube, job, ns, wanted_job, suspended)
+    current = before[f"Job/{child_name(job.metadata.name, 'controller')}"]
+    controller, more, spec_changed = await _sync_controller(kube, job, ns, current, wanted_job, suspended)
     actions += more
     state, message = controller_state(controller)
     roles, failures = observe_roles(job, stored, controller, running)
@@ -251,9 +301,14 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         permanent = deadline_exceeded(body, job.spec.failurePolicy.activeDeadlineSeconds, controller, now)
     if running and permanent is None:
         pods = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns, selector_labels(job.metadata.name))
-        permanent = permanent_failure(pods, LABEL_ROLE)
+        judge_pods = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns,
+                                             {LABEL_JUDGE_OF: job.metadata.name}) if judges else []
+        max_restarts = job.spec.failurePolicy.maxRestarts
+        permanent = permanent_failure(pods, LABEL_ROLE) or judge_failure(judge_pods, job, max_restarts)
+        problems = workload_problems(stored) + waiting_problems(pods + judge_pods)
+        observed = replace(observed, waiting=waiting_summary(problems))
         if failed_role is None:  # a replica the kubelet keeps restarting is a failed role
-            looping = crash_looping(pods, LABEL_ROLE, job.spec.failurePolicy.maxRestarts,
+            looping = crash_looping(pods, LABEL_ROLE, max_restarts,
                                     _templates(job, stored), (ANNOTATION_SPEC_HASH, ANNOTATION_RESTARTED_AT))
             failed_role = next(iter(sorted(looping)), None)
             failures.update(looping)
@@ -273,6 +328,10 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     if decision.action == "fail" or (running and state == "succeeded"):
         # finished: free the accelerators now rather than at the next reconcile
         stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
-        actions += (await _apply_all(kube, stopped, log))[0]
+        actions += (await _apply_all(kube, stopped, before, log))[0]
         observed = replace(observed, roles={r: (0, ready) for r, (_, ready) in observed.roles.items()})
-    return Outcome(compute_status(body, observed, progress, now), actions, events)
+    status = compute_status(body, observed, progress, now)
+    if observed.waiting is not None and status["message"] != (body.get("status") or {}).get("message") \
+            and observed.waiting[1] in status["message"]:  # said once per change, not every resync
+        events.append(("Warning", observed.waiting[0], status["message"]))
+    return Outcome(status, actions, events)

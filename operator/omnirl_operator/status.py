@@ -55,6 +55,8 @@ class Observed:
         failed: ``(reason, message)`` when the failure policy failed the job in this reconcile.
         restarted: ``(reason, message)`` when the job was restarted in this reconcile.
         restarts: restarts so far, including one made in this reconcile.
+        waiting: ``(reason, text)`` of pods that wait for something (unschedulable, an image that
+            does not pull, ...; :func:`omnirl_operator.podcheck.waiting_summary`), or None.
     """
 
     roles: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -65,6 +67,7 @@ class Observed:
     failed: tuple[str, str] | None = None
     restarted: tuple[str, str] | None = None
     restarts: int = 0
+    waiting: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -173,26 +176,46 @@ def crash_looping(pods: list[dict[str, Any]], role_label: str, max_restarts: int
     return out
 
 
+def active_since(job_obj: dict[str, Any]) -> datetime | None:
+    """When ``failurePolicy.activeDeadlineSeconds`` starts counting: the job's creation, or its last
+    resume from ``spec.suspend`` (the ``Suspended`` condition's last flip to False, else
+    ``metadata.creationTimestamp``); None when neither is known or the job is being resumed (this
+    reconcile is the start).
+
+    Pending time counts (pods waiting for nodes, images, judges loading), as a batch/v1 Job's
+    deadline counts from its start, not its pods'; restarts and spec edits do not reset it.
+    """
+    # the condition is set by the first reconcile (never before the creation), and flips on resume
+    cond = next((c for c in (job_obj.get("status") or {}).get("conditions") or [] if c.get("type") == SUSPENDED), {})
+    if cond.get("status") == "True":  # being resumed by this reconcile
+        return None
+    stamp = cond.get("lastTransitionTime") or (job_obj.get("metadata") or {}).get("creationTimestamp")
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else None
+
+
 def deadline_exceeded(job_obj: dict[str, Any], deadline_s: int | None, controller: dict[str, Any] | None,
                       now: datetime) -> FailureDecision | None:
-    """``fail`` (reason ``DeadlineExceeded``) once the job has run ``failurePolicy.activeDeadlineSeconds``,
-    else None.
+    """``fail`` (reason ``DeadlineExceeded``) once the job has been active ``failurePolicy.activeDeadlineSeconds``
+    (:func:`active_since`: creation or last resume, Pending included), else None.
 
-    Measured from ``status.startTime`` (restarts and spec edits do not reset it), or reported by the
-    controller Job itself (its own ``activeDeadlineSeconds``: a Failed condition with reason
-    ``DeadlineExceeded``), which the failure policy must not restart.
+    Also when the controller Job reports it itself (its own ``activeDeadlineSeconds``: a Failed
+    condition with reason ``DeadlineExceeded``), which the failure policy must not restart. A job
+    that never ran says what it was waiting for (its last ``status.message``).
     """
     if deadline_s is None:
         return None
-    start = (job_obj.get("status") or {}).get("startTime")
-    elapsed = (now - datetime.fromisoformat(start.replace("Z", "+00:00"))).total_seconds() if start else 0.0
+    start = active_since(job_obj)
+    elapsed = (now - start).total_seconds() if start else 0.0
     job_says = any(c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == "DeadlineExceeded"
                    for c in ((controller or {}).get("status") or {}).get("conditions") or [])
     if elapsed < deadline_s and not job_says:
         return None
-    ran = f"ran {int(elapsed)} s" if start else "ran"
+    status = job_obj.get("status") or {}
+    ran = f"has been active {int(elapsed)} s (since its creation or resume)" if start else "ran"
+    pending = f"; it never ran: {status['message']}" if status.get("phase") == "Pending" and status.get("message") \
+        else ""
     return FailureDecision("fail", "DeadlineExceeded",
-                           f"the job {ran}, failurePolicy.activeDeadlineSeconds is {deadline_s} s; not restarted")
+                           f"the job {ran}, failurePolicy.activeDeadlineSeconds is {deadline_s} s; not restarted{pending}")
 
 
 def _cond(type_: str, status: bool, reason: str, message: str, generation: int | None) -> Condition:
@@ -236,8 +259,10 @@ def _phase(previous: RLJobStatus, obs: Observed, all_ready: bool) -> tuple[str, 
         return "Running", "AllRolesReady", "every role has all its pods ready"
     waiting = sorted(r for r, (d, ready) in obs.roles.items() if ready < d)
     reason = "Restarting" if previous.startTime is not None else "WaitingForPods"
-    return ("Running" if previous.startTime is not None else "Pending"), reason, \
-        "waiting for pods of: " + ", ".join(waiting)
+    message = "waiting for pods of: " + ", ".join(waiting)
+    if obs.waiting is not None:  # what the pods wait for: the scheduler's or the kubelet's reason
+        reason, message = obs.waiting[0], f"{message}; {obs.waiting[1]}"
+    return ("Running" if previous.startTime is not None else "Pending"), reason, message
 
 
 def compute_status(job_obj: dict[str, Any], observed: Observed, progress: dict[str, Any], now: datetime

@@ -3,7 +3,11 @@
 - :func:`build_claim`: the claim ``<job>-run`` the operator creates from ``size``,
   ``storageClassName`` and ``accessModes`` (none for an existing ``claimName``).
 - :func:`run_volume`: the ``run`` volume of a role's pod; the controller and the actor ranks
-  mount the claim, rollout and reward keep an emptyDir (they write only their ledgers).
+  mount the claim. Rollout and reward write only their sample ledgers (``ledger/{role}-<pod>.jsonl``,
+  :mod:`omnirl.api.ledger`: one file per pod, so writers never share one): they mount a
+  ``ReadWriteMany`` claim too, so every role's ledger outlives its pod and a cluster job can be
+  accounted like ``make chaos`` does; a ``ReadWriteOnce`` volume attaches to one node (the actor's),
+  where the rollout and reward pods need not run, so they keep an emptyDir then.
 - :func:`pod_affinity`: with a claim that is not ReadWriteMany (or ``singleNode``), the
   controller and the actor ranks must share one node: a required pod affinity on
   ``kubernetes.io/hostname`` towards each other (the first of them may go anywhere).
@@ -55,10 +59,19 @@ def build_claim(job: RLJob) -> dict[str, Any] | None:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": meta, "spec": spec}
 
 
+def shares_claim(job: RLJob, role: str) -> bool:
+    """Whether ``role``'s pods mount the run claim: the controller and the actor whenever there is one,
+    rollout and reward when it is ``ReadWriteMany`` (their ledgers, from any node)."""
+    storage = job.spec.storage
+    if storage is None:
+        return False
+    return role in CLAIM_ROLES or "ReadWriteMany" in storage.accessModes
+
+
 def run_volume(job: RLJob, role: str) -> dict[str, Any]:
-    """The ``run`` volume of ``role``'s pods: the claim for the controller and the actor, else an emptyDir."""
+    """The ``run`` volume of ``role``'s pods: the claim (:func:`shares_claim`), else an emptyDir."""
     claim = claim_name(job)
-    if claim is None or role not in CLAIM_ROLES:
+    if claim is None or not shares_claim(job, role):
         return {"name": "run", "emptyDir": {}}
     return {"name": "run", "persistentVolumeClaim": {"claimName": claim}}
 
@@ -97,25 +110,23 @@ def claim_conflict(stored: dict[str, Any] | None, wanted: dict[str, Any]) -> str
     return None
 
 
-def ensure_claim(kube: KubeApi, claim: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Create the adopted claim when absent; otherwise only bring its ownerReferences in line.
+def ensure_claim(kube: KubeApi, claim: dict[str, Any], stored: dict[str, Any] | None) -> tuple[str, dict[str, Any]]:
+    """Create the adopted claim when absent (``stored`` is None); otherwise only bring its
+    ownerReferences in line.
+
+    ``stored`` must be this job's claim (the reconcile checks every child's owner first,
+    :func:`omnirl_operator.meta.foreign_owner`: a claim of that name that is not the job's is never
+    adopted, so never garbage-collected).
 
     Returns:
         ``("created" | "patched" | "unchanged", the stored claim)``.
     Raises:
-        KubeError: an API call failed, or (409) a claim of that name exists that is not this job's
-            (no ``omnirl.dev/job`` label naming it): it is never adopted, so never garbage-collected.
+        KubeError: an API call failed.
     """
-    from omnirl_operator.kube import KubeError
-
     meta = claim["metadata"]
-    stored = kube.get("v1", "PersistentVolumeClaim", meta["namespace"], meta["name"])
     if stored is None:
         return "created", kube.create(claim)
     job = meta["labels"][LABEL_JOB]
-    if (stored["metadata"].get("labels") or {}).get(LABEL_JOB) != job:
-        raise KubeError(409, f"adopt PersistentVolumeClaim/{meta['name']}", f"it exists and is not RLJob {job}'s "
-                        f"(no label {LABEL_JOB}={job}); mount it with spec.storage.claimName, or rename the RLJob")
     want = meta.get("ownerReferences", [])
     have = stored["metadata"].get("ownerReferences", [])
     kept = [r for r in have if not (r.get("kind") == "RLJob" and r.get("name") == job)]

@@ -23,6 +23,7 @@ import asyncio
 import concurrent.futures
 import copy
 import itertools
+import re
 import threading
 import time
 import uuid
@@ -41,10 +42,16 @@ _versions = itertools.count(1000)
 _KEEP_REQUESTS = 64
 
 
-def _jsonpath(obj: dict[str, Any], path: str) -> Any:
-    """The value at a simple ``.a.b.c`` JSONPath (what CRD printer columns use), or None."""
-    for part in path.strip(".").split("."):
-        obj = obj.get(part) if isinstance(obj, dict) else None
+def _jsonpath(obj: Any, path: str) -> Any:
+    """The value at a ``.a.b.c`` JSONPath with ``[?(@.key=="value")]`` filters on lists (what CRD
+    printer columns use), or None."""
+    for part in re.findall(r'\[\?\(@\.\w+=="[^"]*"\)\]|[^.\[]+', path):
+        test = re.fullmatch(r'\[\?\(@\.(\w+)=="([^"]*)"\)\]', part)
+        if test:
+            obj = next((x for x in obj if isinstance(x, dict) and x.get(test[1]) == test[2]), None) \
+                if isinstance(obj, list) else None
+        else:
+            obj = obj.get(part) if isinstance(obj, dict) else None
     return obj
 
 

@@ -135,6 +135,9 @@ def _printer_columns() -> list[dict[str, Any]]:
         ("Steps", "integer", ".status.step", "Training steps completed (the last checkpoint is step-<Steps - 1>).", 0),
         ("Reward", "number", ".status.rewardMean", "Mean reward of the last training step.", 0),
         ("Ready", "string", ".status.readyRoles", "Roles with all pods ready / roles.", 0),
+        # the Ready condition's reason is the phase's: WaitingForPods, Unschedulable, ImagePullBackOff, JudgeFailed ...
+        ("Reason", "string", '.status.conditions[?(@.type=="Ready")].reason',
+         "Why the job is in its phase (the Ready condition's reason).", 0),
         ("Age", "date", ".metadata.creationTimestamp", "", 0),
         ("Algorithm", "string", ".spec.algorithm.name", "RL algorithm.", 1),
         ("Model", "string", ".spec.model.family", "Model family.", 1),

@@ -6,6 +6,8 @@ to prove that nothing was lost or doubled. The publish and the file append are t
 killed between them published a sample without its line, and its successor's publish of the same
 sample is refused as a duplicate (the reward role) or skipped as published (the rollout role). So
 either looks the sample up in every ledger of the role and writes the line only where none has it.
+On Kubernetes the worker is the pod's name (one file per pod) and `ledger/` is on the job's claim
+when it is ReadWriteMany (`omnirl_operator.storage.shares_claim`), so a successor pod sees them too.
 """
 
 from __future__ import annotations

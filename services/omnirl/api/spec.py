@@ -487,16 +487,16 @@ class FailurePolicySpec(SpecModel):
 
     maxRestarts: int = Field(
         3, ge=0, description="Restarts allowed before the job fails: each restart of the whole job (from the latest "
-        "checkpoint), and each role replica's own restarts, count against it separately."
+        "checkpoint), and each role replica's or judge server pod's own restarts, count against it separately."
     )
     rollout: FailureAction = Field("restart-role", description="Action when a rollout pod fails.")
     reward: FailureAction = Field("restart-role", description="Action when a reward pod fails.")
     actor: FailureAction = Field("restart-job", description="Action when an actor pod fails.")
     controller: FailureAction = Field("restart-job", description="Action when the controller fails.")
     activeDeadlineSeconds: int | None = Field(
-        None, ge=1, description="Kubernetes: fail the job (not restarted) once this many seconds have passed since "
-        "it first ran (status.startTime; restarts, spec edits and suspensions do not reset the clock). Not used by "
-        "`omnirl run`.")
+        None, ge=1, description="Kubernetes: fail the job (not restarted) once it has been active this many seconds: "
+        "counted from its creation or its last resume from suspend, Pending time (pods waiting for nodes, images, "
+        "judges) included; restarts and spec edits do not reset the clock. Not used by `omnirl run`.")
     progressDeadlineSeconds: float = Field(
         600.0, gt=0, description="A role whose main loop has not beaten (heartbeat in Redis, gRPC health) for this "
         "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
