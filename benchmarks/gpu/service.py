@@ -12,8 +12,10 @@ sees exactly the real shapes (333 text tokens). Reward: JPEG compressibility on 
 
     python -m benchmarks.gpu.service [--configs omnirl,baseline] [--steps 4] [--tiny]
 
-One GPU: rollout and actor share it (`--share-gpus`, broadcast over gloo). Two GPUs (when the
+One GPU: rollout and actor share it (`--share-gpus`, broadcast over CUDA IPC). Two GPUs (when the
 machine has them): `omnirl-2gpu`, rollout and actor on a GPU each, `fully-async`, NCCL.
+`multires` / `multires-packed`: the omnirl configuration with `model.resolutions` = the 6 sizes
+below 512² of `benchmarks.gpu.rollout.SMALL_SIZES`, shape buckets vs packed batching.
 `--tiny` runs a small configuration on the CPU (a smoke test; numbers meaningless).
 """
 
@@ -30,6 +32,7 @@ import torch
 import yaml
 
 from benchmarks.gpu.model import SD35_MEDIUM, TINY
+from benchmarks.gpu.rollout import SMALL_SIZES
 
 ROOT = Path(__file__).resolve().parents[2]
 INPROCESS_STEP_SECONDS = 8.71
@@ -37,10 +40,13 @@ INPROCESS_STEP_SECONDS = 8.71
 attention, as `spec.model.attention: auto` runs the service on an H200)."""
 
 CONFIGS = {
-    # name: (pipeline mode, rollout correction, batching, compile, GPUs)
-    "omnirl": ("async-reward", "bypass", "stepwise", True, 1),
-    "baseline": ("sync", "recompute", "static", False, 1),
-    "omnirl-2gpu": ("fully-async", "bypass", "stepwise", True, 2),
+    # name: (pipeline mode, rollout correction, batching, compile, GPUs, several sizes)
+    "omnirl": ("async-reward", "bypass", "stepwise", True, 1, False),
+    "baseline": ("sync", "recompute", "static", False, 1, False),
+    "omnirl-2gpu": ("fully-async", "bypass", "stepwise", True, 2, False),
+    # model.resolutions = SMALL_SIZES (6 sizes below 512², groups dealt in turn): shape buckets vs packed
+    "multires": ("async-reward", "bypass", "stepwise", True, 1, True),
+    "multires-packed": ("async-reward", "bypass", "packed", True, 1, True),
 }
 
 
@@ -106,12 +112,14 @@ def build_model_dir(path: Path, transformer_config: dict, device: str, seed: int
 
 def job_manifest(path: Path, model_dir: Path, config: str, *, steps: int, side: int, device: str) -> Path:
     """The benchmark RLJob: FlowGRPO with LoRA r32, 8 prompts × 8 samples, 10 denoising steps."""
-    mode, correction, batching, compile_, gpus = CONFIGS[config]
+    mode, correction, batching, compile_, gpus, several = CONFIGS[config]
     acc = {"type": "nvidia", "count": 1} if device == "cuda" else {"type": "cpu"}
+    scale = 512 // side  # --tiny: every size shrunk as the single side is
+    size = {"resolutions": [[h // scale, w // scale] for h, w in SMALL_SIZES]} if several else {"resolution": [side, side]}
     doc = {
         "apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": f"service-{config}"},
         "spec": {
-            "model": {"family": "sd3", "path": str(model_dir), "dtype": "bfloat16", "resolution": [side, side],
+            "model": {"family": "sd3", "path": str(model_dir), "dtype": "bfloat16", **size,
                       "compile": compile_ and device == "cuda", "lora": {"enabled": True, "rank": 32, "alpha": 64}},
             "data": {"trainPrompts": str(ROOT / "examples/prompts/ocr-train.txt"),
                      "validationPrompts": str(ROOT / "examples/prompts/ocr-heldout.txt")},
@@ -193,7 +201,7 @@ def main(argv: list[str] | None = None) -> dict:
         if device == "cuda" and need > gpus:
             print(f"{config}: needs {need} GPUs, this machine has {gpus} — skipped", flush=True)
             continue
-        job = job_manifest(work, model_dir, config, steps=args.steps, side=64 if args.tiny else 512, device=device)
+        job = job_manifest(work, model_dir, config, steps=args.steps, side=128 if args.tiny else 512, device=device)
         out = work / f"run-{config}-{int(time.time())}"
         results[config] = run_service(job, out, share=device == "cuda" and need == 1, device=device,
                                       timeout_s=args.timeout)
@@ -210,6 +218,9 @@ def main(argv: list[str] | None = None) -> dict:
         if "omnirl-2gpu" in results:
             results["service_two_gpu_speedup"] = (results["omnirl-2gpu"]["images_per_second"]
                                                   / results["omnirl"]["images_per_second"])
+    if "multires" in results and "multires-packed" in results:
+        results["service_packed_speedup_small"] = (results["multires-packed"]["images_per_second"]
+                                                   / results["multires"]["images_per_second"])
     print(json.dumps({k: v for k, v in results.items() if not isinstance(v, dict)}, indent=2), flush=True)
     return results
 
