@@ -143,16 +143,23 @@ def sd3_dir(tmp_path_factory) -> Path:
     return path
 
 
-@pytest.mark.parametrize("shift", [None, 1.5], ids=["family-grid", "shift-override"])
-def test_eval_equals_validation_tiny_sd3(tmp_path, redis_url, sd3_dir, shift):
-    model = {"family": "sd3", "path": str(sd3_dir), "dtype": "float32", "resolution": [32, 32]}
-    job = _job(tmp_path, f"evalval-sd3-{'own' if shift is None else 'override'}", model, shift=shift)  # own keys
+@pytest.mark.parametrize(("shift", "sizes"), [(None, None), (1.5, None), (None, [[32, 32], [32, 48]])],
+                         ids=["family-grid", "shift-override", "resolutions"])
+def test_eval_equals_validation_tiny_sd3(tmp_path, redis_url, sd3_dir, shift, sizes):
+    """Validation and `omnirl eval` agree; with `model.resolutions` both sample held-out prompt i at
+    resolutions[i mod 2] (the grid's cells are as wide as the widest image)."""
+    model = {"family": "sd3", "path": str(sd3_dir), "dtype": "float32",
+             **({"resolutions": sizes} if sizes else {"resolution": [32, 32]})}
+    name = "sizes" if sizes else "own" if shift is None else "override"
+    job = _job(tmp_path, f"evalval-sd3-{name}", model, shift=shift)  # own keys
     spec = load_rljob(job).spec
     ckpt = _checkpoint(load_adapter("sd3", str(sd3_dir), **adapter_options(spec)), tmp_path / "ckpt")
     val = _validation_round(job, ckpt, redis_url, tmp_path / "val")
     ev = _eval(job, ckpt, tmp_path / "eval")
     _assert_same(val, ev)
     assert load_file(ckpt / "policy.safetensors").keys()  # a full-weights checkpoint was evaluated
+    widest = 48 if sizes else 32
+    assert Image.open(tmp_path / "eval" / "grid.png").size[0] == 4 * (widest + 2) + 2  # 4 prompts in one row
 
 
 def test_sigma_grid_owner_family_default_and_override(sd3_dir):
