@@ -280,6 +280,20 @@ def test_a_grpc_judge_with_an_http_health_path_is_refused() -> None:
         "accepts connections"]
 
 
+def test_a_grpc_judge_with_an_url_path_is_refused() -> None:
+    # the wired target of a gRPC judge is host:port (omnirl.api.judges.judge_url): the path was dropped silently
+    judge = {"name": "judge", "kind": "grpc", "server": {"command": ["serve"], "urlPath": "/v1/score"}}
+    assert _lines({"reward": [MINIMAL["spec"]["reward"][0], judge]}) == [
+        'spec.reward[1].server.urlPath: "/v1/score" is invalid: must be unset for kind grpc (the reward workers reach '
+        "a gRPC server at host:port, so a path would be ignored); remove it, or use kind http for a server of the "
+        "HTTP scorer protocol at that path"]
+    judge["server"]["urlPath"] = "/"  # the default, written out: nothing is dropped
+    job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "reward": [MINIMAL["spec"]["reward"][0], judge]}})
+    from omnirl.api.judges import url
+
+    assert url(job.spec.reward[1], "127.0.0.1", 50051) == "127.0.0.1:50051"
+
+
 def test_a_pod_template_merging_into_the_container_or_adding_a_sidecar_is_accepted() -> None:
     roles = {"rollout": {"template": {"metadata": {"labels": {"team": "rl"}}, "spec": {
         "nodeSelector": {"pool": "h100"},
@@ -299,3 +313,47 @@ def test_object_names_kubernetes_accepts_pass() -> None:
     spec["storage"]["storageClassName"] = ""  # no class: bind a pre-made PersistentVolume
     spec["transferQueue"]["passwordSecret"] = ""  # no Secret, as unset
     assert RLJob.model_validate({**MINIMAL, "spec": spec}).spec.storage.storageClassName == ""
+
+
+_FORM = "use redis://[[user]:password@]host[:port][/db], or rediss:// for TLS, e.g. redis://redis:6379/0"
+
+
+@pytest.mark.parametrize("url,why", [
+    ("http://redis:6379", "must start with redis:// or rediss:// (redis-py's schemes); " + _FORM),
+    ("redis:/redis", "has no host (redis-py would quietly use localhost); " + _FORM),
+    ("redis://:6379/0", "has no host (redis-py would quietly use localhost); " + _FORM),
+    ("redis://redis:0", "port must be 1..65535; " + _FORM),
+    ("redis://redis:70000", "is not a valid URL (Port out of range 0-65535); " + _FORM),
+    ("redis://redis:6379/queue", "the path must be a database number, not '/queue'; " + _FORM),
+    ("redis://redis?db=2", "must have no query or fragment (connection options are not passed on); put the "
+                           "database in the path: " + _FORM[4:]),
+    ("unix:///run/redis.sock", "a unix socket is reachable only on one machine (a job's pods each have their own "
+                               "filesystem); " + _FORM + ", or remove redisUrl for an embedded Redis"),
+])
+def test_a_redis_url_the_roles_cannot_use_is_refused(url: str, why: str) -> None:
+    # each of these passed `omnirl validate` and failed only in `omnirl run` (or quietly meant localhost)
+    assert _lines({"transferQueue": {"redisUrl": url}}) == [f"spec.transferQueue.redisUrl: \"{url}\" is invalid: {why}"]
+
+
+def test_a_refused_redis_url_never_shows_its_password() -> None:
+    assert _lines({"transferQueue": {"redisUrl": "http://app:s3cret@redis:6379/0"}}) == [
+        'spec.transferQueue.redisUrl: "http://app:***@redis:6379/0" is invalid: must start with redis:// or '
+        "rediss:// (redis-py's schemes); " + _FORM]
+
+
+def test_every_redis_url_form_accepted_reaches_redis(redis_url: str) -> None:
+    import redis
+
+    from omnirl.launch.preflight import check_redis
+
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    for url in (f"redis://127.0.0.1:{port}", f"redis://127.0.0.1:{port}/", f"redis://127.0.0.1:{port}/3",
+                f"redis://default@127.0.0.1:{port}/0", ""):
+        job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "transferQueue": {"redisUrl": url}}})
+        if url:
+            check_redis(job.spec.transferQueue.redisUrl)  # `omnirl run`'s pre-flight: a real PING
+            with redis.Redis.from_url(url) as client:
+                client.set("gaps:url-form", url)
+                assert client.get("gaps:url-form") == url.encode()
+    assert RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "transferQueue": {
+        "redisUrl": "rediss://:pw@redis.example:6380/1"}}}).spec.transferQueue.redisUrl.startswith("rediss://")

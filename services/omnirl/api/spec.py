@@ -35,6 +35,7 @@ from omnirl.api.spec_algorithm import (
     SamplingSpec,
     WindowSpec,
 )
+from omnirl.api.spec_queue import check_redis_url
 from omnirl.api.spec_reward import check_url, parse_params
 from omnirl.api.spec_storage import StorageSpec, check_object_name, check_storage
 
@@ -236,6 +237,10 @@ class RewardSpec(SpecModel):
                 raise FieldProblem("server.healthPath", self.server.healthPath, "must be unset for kind grpc (a gRPC "
                                    "server does not answer an HTTP GET: the judge would never be ready); remove it, "
                                    "the judge is then ready once its port accepts connections")
+            if self.kind == "grpc" and self.server.urlPath != "/":  # a gRPC target is host:port, nothing after it
+                raise FieldProblem("server.urlPath", self.server.urlPath, "must be unset for kind grpc (the reward "
+                                   "workers reach a gRPC server at host:port, so a path would be ignored); remove "
+                                   "it, or use kind http for a server of the HTTP scorer protocol at that path")
         else:
             check_url(self.kind, self.url)
         parse_params(self.kind, self.params)
@@ -311,8 +316,8 @@ class RewardServerSpec(SpecModel):
     accelerator: AcceleratorSpec = Field(default_factory=AcceleratorSpec, description="Accelerator sugar.")
     replicas: int = Field(1, ge=1, le=64, description="Judge pods behind the Service.")
     port: int = Field(8000, ge=1024, le=65535, description="Port the server listens on in its pod.")
-    urlPath: str = Field("/", pattern=r"^/", description="Path appended to the wired URL (`/score` for the HTTP "
-                         "scorer protocol, `/v1` for an OpenAI-compatible server).")
+    urlPath: str = Field("/", pattern=r"^/", description="Path appended to the wired URL (`/v1/score` for the HTTP "
+                         "scorer protocol, `/v1` for an OpenAI-compatible server); not for kind grpc (host:port).")
     healthPath: str | None = Field(None, pattern=r"^/", description="HTTP path answering 200 when the server is "
                                    "ready (`/health` on vLLM); null = ready once the port accepts connections.")
     template: dict[str, Any] | None = Field(
@@ -441,7 +446,8 @@ class TransferQueueSpec(SpecModel):
     """The Redis-Streams TransferQueue."""
 
     redisUrl: str | None = Field(
-        None, description="redis:// URL; null means an embedded redis-server (local) or the chart's Redis."
+        None, description="The Redis of the queue: redis://[[user]:password@]host[:port][/db] (rediss:// for TLS); "
+        "null means an embedded redis-server (local) or the chart's Redis."
     )
     passwordSecret: str | None = Field(None, description="Kubernetes Secret (key `password`) for Redis.")
     maxStreamLength: int = Field(10_000, ge=1, description="Back-pressure bound on each stream (entries).")
@@ -452,6 +458,8 @@ class TransferQueueSpec(SpecModel):
     def _check(self) -> TransferQueueSpec:
         if self.passwordSecret:  # "" is no Secret, as unset; the pods' secretKeyRef: the API server refuses another name
             check_object_name("passwordSecret", self.passwordSecret, "Secret")
+        if self.redisUrl:  # "" is no URL, as unset (the launcher and the operator read it so)
+            check_redis_url(self.redisUrl)
         return self
 
 
