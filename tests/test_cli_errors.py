@@ -324,3 +324,25 @@ def test_a_new_run_on_another_jobs_results_names_that_job_not_resume(tmp_path, c
     # the same job's run: pass --resume
     assert main(["run", NFT, "--no-ray", "--out", str(run)]) == 2
     assert "already holds a run: pass --resume to continue it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("raised,printed", [
+    # a value quoted at the end of the message keeps its quotes (they were stripped from every message)
+    (ValueError("--out: cannot use 'runs/a b'"), "--out: cannot use 'runs/a b'"),
+    (ValueError('"12" is not a prompt'), '"12" is not a prompt'),
+    (FileNotFoundError(2, "No such file or directory", "/x/p.txt"), "[Errno 2] No such file or directory: '/x/p.txt'"),
+    # what the strip was for: a KeyError's str is the repr of its message
+    (KeyError("OMNIRL_JOB_NAME is not set: the launcher (`omnirl run`) or the operator sets it"),
+     "OMNIRL_JOB_NAME is not set: the launcher (`omnirl run`) or the operator sets it"),
+    (KeyError("it's"), "it's"),
+])
+def test_errors_print_as_raised(raised, printed, capsys, monkeypatch):
+    import omnirl.cli as cli
+
+    def fail(args):
+        raise raised
+
+    monkeypatch.delenv("OMNIRL_DEBUG", raising=False)
+    monkeypatch.setattr(cli, "_cmd_render", fail)  # the parser binds the command when main builds it
+    assert cli.main(["render", NFT]) == 2
+    assert capsys.readouterr().err == f"omnirl render: {printed}\n"
