@@ -489,7 +489,8 @@ class FailurePolicySpec(SpecModel):
     progressDeadlineSeconds: float = Field(
         600.0, gt=0, description="A role whose main loop has not beaten (heartbeat in Redis, gRPC health) for this "
         "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
-        "single unit of work (one scorer call, one training step, one checkpoint write)."
+        "single unit of work (one in-process scorer call, one training step, one checkpoint write). A reward worker "
+        "waiting on a remote scorer beats meanwhile, up to that scorer's timeouts."
     )
     scorerOutageSeconds: float = Field(
         600.0, ge=0, description="How long a reward worker holds the samples of a scorer that does not answer "
