@@ -371,3 +371,13 @@ def test_seeds_are_the_signed_64_bit_integers_derive_takes() -> None:
     for seed in (2**63 - 1, -(2**63)):  # the bounds run: every draw's seed comes from derive
         job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "seed": seed, "validation": {"seed": seed}}})
         assert 0 <= derive(job.spec.seed, "sample") < 2**63 and 0 <= derive(job.spec.validation.seed, "validation") < 2**63
+
+
+@pytest.mark.parametrize("path", ["/mnt/ckpt", "../ckpt", "runs/../../ckpt"])
+def test_a_checkpoint_dir_outside_the_run_directory_is_refused(path: str) -> None:
+    # the actor wrote there, the controller's export and a restarted pod looked in OUT/: not on the volume
+    assert _lines({"checkpoint": {"dir": path}}) == [
+        f'spec.checkpoint.dir: "{path}" is invalid: must be a path inside the run directory (relative, no \'..\'): '
+        "on Kubernetes only the run directory is on the job's volume; e.g. checkpoints"]
+    job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "checkpoint": {"dir": "ckpt/v1..2"}}})
+    assert job.spec.checkpoint.dir == "ckpt/v1..2"  # '..' inside a name is a name

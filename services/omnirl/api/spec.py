@@ -469,8 +469,18 @@ class CheckpointSpec(SpecModel):
     """Checkpointing of the actor's weights and optimiser state."""
 
     everySteps: int = Field(10, ge=0, description="Save every N training steps (0 = only at the end).")
-    dir: str = Field("checkpoints", min_length=1, description="Checkpoint directory (relative to the run output).")
+    dir: str = Field("checkpoints", min_length=1, description="Checkpoint directory, relative to the run output "
+                     "(inside it: on Kubernetes only the run directory is on the job's volume).")
     keep: int = Field(2, ge=1, description="Checkpoints kept besides `latest`.")
+
+    @model_validator(mode="after")
+    def _check(self) -> CheckpointSpec:
+        # the actor writes OUT/dir, the controller and `omnirl export` read it there: outside OUT a pod's
+        # checkpoints would miss the volume (lost on restart, not seen by the controller's pod)
+        if self.dir.startswith("/") or ".." in self.dir.split("/"):
+            raise FieldProblem("dir", self.dir, "must be a path inside the run directory (relative, no '..'): on "
+                               "Kubernetes only the run directory is on the job's volume; e.g. checkpoints")
+        return self
 
 
 class FailurePolicySpec(SpecModel):
