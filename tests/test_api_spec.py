@@ -381,3 +381,22 @@ def test_a_checkpoint_dir_outside_the_run_directory_is_refused(path: str) -> Non
         "on Kubernetes only the run directory is on the job's volume; e.g. checkpoints"]
     job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "checkpoint": {"dir": "ckpt/v1..2"}}})
     assert job.spec.checkpoint.dir == "ckpt/v1..2"  # '..' inside a name is a name
+
+
+def test_a_stream_too_short_for_what_the_controller_holds_is_refused() -> None:
+    # maxStreamLength 1 passed validate; `omnirl run` then stalled: the reward worker waited to publish a score
+    # the controller keeps until its step is collected, the rollout on the reward, the controller on the rollout
+    algo = {"promptsPerStep": 3, "groupSize": 4}
+    assert _lines({"algorithm": algo, "transferQueue": {"maxStreamLength": 11}}) == [
+        "spec.transferQueue.maxStreamLength: 11 is invalid: must be >= 12, what the controller holds in a stream at "
+        "once (promptsPerStep × groupSize = 3 × 4 scores of a step); below it the roles wait on each other until "
+        "the back-pressure timeout; raise it"]
+    data = {"trainPrompts": "p.txt", "validationPrompts": "v.txt"}
+    assert _lines({"algorithm": algo, "data": data, "validation": {"maxPrompts": 5},
+                   "transferQueue": {"maxStreamLength": 16}}) == [
+        "spec.transferQueue.maxStreamLength: 16 is invalid: must be >= 17, what the controller holds in a stream at "
+        "once (promptsPerStep × groupSize = 3 × 4 scores of a step + validation.maxPrompts = 5 requests of a "
+        "validation round); below it the roles wait on each other until the back-pressure timeout; raise it"]
+    for spec in ({"algorithm": algo, "transferQueue": {"maxStreamLength": 12}},
+                 {"algorithm": algo, "data": data, "validation": {"maxPrompts": 5}, "transferQueue": {"maxStreamLength": 17}}):
+        RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], **spec}})

@@ -590,11 +590,27 @@ class RLJobSpec(SpecModel):
             if self.model.dtype == "float32":
                 raise FieldProblem("model.attention", "cudnn", "needs model.dtype bfloat16 or float16 (it is float32): "
                                    "set the dtype, or attention auto or torch")
+        self._check_stream_length()
         res = self.model.resolution
         if self.model.family != "ocr-digits" and res is not None and (res[0] % 16 or res[1] % 16):
             raise FieldProblem("model.resolution", list(res), "must be multiples of 16 (VAE 8x times patch 2); use "
                                f"e.g. [{res[0] // 16 * 16 or 16}, {res[1] // 16 * 16 or 16}]")
         return self
+
+
+    def _check_stream_length(self) -> None:
+        """`transferQueue.maxStreamLength` must hold what the controller keeps in a stream at once: a
+        step's scores stay there until the whole step is collected (promptsPerStep × groupSize), and a
+        validation round's requests go out in one go (maxPrompts). Below that the producers wait on a
+        controller that waits on them: every role stalls until the back-pressure timeout fails it."""
+        algo, needed = self.algorithm, self.algorithm.promptsPerStep * self.algorithm.groupSize
+        rounds = self.validation.maxPrompts if self.data.validationPrompts else 0
+        if self.transferQueue.maxStreamLength < needed + rounds:
+            held = f"promptsPerStep × groupSize = {algo.promptsPerStep} × {algo.groupSize} scores of a step"
+            held += f" + validation.maxPrompts = {rounds} requests of a validation round" if rounds else ""
+            raise FieldProblem("transferQueue.maxStreamLength", self.transferQueue.maxStreamLength,
+                               f"must be >= {needed + rounds}, what the controller holds in a stream at once ({held}); "
+                               "below it the roles wait on each other until the back-pressure timeout; raise it")
 
 
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
