@@ -400,3 +400,14 @@ def test_a_stream_too_short_for_what_the_controller_holds_is_refused() -> None:
     for spec in ({"algorithm": algo, "transferQueue": {"maxStreamLength": 12}},
                  {"algorithm": algo, "data": data, "validation": {"maxPrompts": 5}, "transferQueue": {"maxStreamLength": 17}}):
         RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], **spec}})
+
+
+def test_a_scorer_timeout_the_clients_cannot_take_is_refused() -> None:
+    # 1e10 passed validate; urllib then raised OverflowError (time_t) and gRPC answered DEADLINE_EXCEEDED at once
+    judge = {"name": "judge", "kind": "http", "url": "http://judge:8000/v1/score", "timeoutSeconds": 1e10}
+    assert _lines({"reward": [judge]}) == ["spec.reward[0].timeoutSeconds: 10000000000.0 is invalid: must be <= 86400"]
+    import urllib.request
+
+    with pytest.raises(OSError):  # a day is a timeout urllib takes: the refused port answers, no OverflowError
+        urllib.request.urlopen("http://127.0.0.1:1/", timeout=RLJob.model_validate({**MINIMAL, "spec": {
+            **MINIMAL["spec"], "reward": [{**judge, "timeoutSeconds": 86400}]}}).spec.reward[0].timeoutSeconds)

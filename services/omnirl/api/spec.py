@@ -214,7 +214,8 @@ class RewardSpec(SpecModel):
         "topLogprobs, concurrency, batchSize, maxRetries, apiKeyEnv}.",
     )
     timeoutSeconds: float = Field(
-        30.0, gt=0, description="Per-request scorer timeout, seconds. A remote scorer whose requests time out but "
+        30.0, gt=0, le=86400, description="Per-request scorer timeout, seconds (at most a day: from about 1e10 s "
+        "the HTTP and gRPC clients overflow). A remote scorer whose requests time out but "
         "that answers a cheap one (a judge's GET /models, an empty ScoreRequest) is slower than this: its samples "
         "fail at once, naming this field and one request's measured time (not held for scorerOutageSeconds).")
     normalize: NormalizeMode = Field(
