@@ -143,6 +143,16 @@ def dead_redis(tmp: Path) -> str:
     return str(path)
 
 
+def unreadable_alphabet(tmp: Path) -> str:
+    """The NFT example whose OCR reward may read a snowman, a character the recogniser has no class for."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {"trainPrompts": HELDOUT, "validationPrompts": HELDOUT}
+    doc["spec"]["reward"][0]["params"] = {"alphabet": "0123456789\u2603"}
+    path = tmp / "alphabet.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def existing_run(tmp: Path) -> str:
     (tmp / "run").mkdir()
     (tmp / "run" / "metrics.jsonl").write_text("{}\n")
@@ -172,6 +182,10 @@ CASES = {
                           f"Kubernetes give the reward container {UNSET_KEY} from a Secret in spec.roles.reward.template"),
     "eval-unset-api-key": (lambda t: ["eval", judge_with_unset_key(t), "--prompts", HELDOUT, "--out", str(t / "o")],
                            "omnirl eval: spec.reward[1].params.apiKeyEnv: ", f"export {UNSET_KEY}=<"),
+    # passed validate; the reward worker refused it (exit 4) only after every role had loaded
+    "run-unreadable-ocr-alphabet": (lambda t: ["run", unreadable_alphabet(t), "--no-ray", "--out", str(t / "o")],
+                                    "omnirl run: spec.reward[0].params.alphabet: ", "'0123456789\u2603' has characters "
+                                    "the PP-OCRv4 recogniser does not know: ['\u2603']; remove them"),
     "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-cudnn-on-the-cpu": (lambda t: ["run", cudnn_on_gpus(t), "--device", "cpu", "--no-ray", "--out",
