@@ -197,7 +197,7 @@ def test_cudnn_attention_needs_nvidia_roles_and_half_precision() -> None:
         'spec.model.attention: "cudnn" is invalid: runs on NVIDIA GPUs only; roles.actor.accelerator.type is cpu: '
         "set auto (cuDNN where it applies) or torch"]
     assert _lines({"model": {**half, "dtype": "float32"}, "roles": {"rollout": gpu, "actor": gpu}, "reward": reward}) == [
-        'spec.model.attention: "cudnn" is invalid: needs model.dtype bfloat16 or float16 (it is float32): set the '
+        'spec.model.attention: "cudnn" is invalid: needs model.dtype bfloat16 (it is float32): set the '
         "dtype, or attention auto or torch"]
     job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "model": half, "reward": reward,
                                                     "roles": {"rollout": gpu, "actor": gpu}}})
@@ -411,3 +411,23 @@ def test_a_scorer_timeout_the_clients_cannot_take_is_refused() -> None:
     with pytest.raises(OSError):  # a day is a timeout urllib takes: the refused port answers, no OverflowError
         urllib.request.urlopen("http://127.0.0.1:1/", timeout=RLJob.model_validate({**MINIMAL, "spec": {
             **MINIMAL["spec"], "reward": [{**judge, "timeoutSeconds": 86400}]}}).spec.reward[0].timeoutSeconds)
+
+
+def test_float16_weights_are_refused_because_adamw_turns_them_nan() -> None:
+    # `dtype: float16` passed validate; one `omnirl run` step of ocr-nft then drew black images (held-out reward
+    # 0.298 -> 0.000): AdamW on float16 weights, as the actor builds it, makes them non-finite
+    import torch
+    from tests.helpers import tiny_adapter
+
+    module = tiny_adapter().module.to(torch.float16)
+    params = list(module.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-4)  # actor/trainer.py's optimizer, its default eps 1e-8
+    for p in params:
+        p.grad = torch.full_like(p, 1e-5)  # a small gradient: its square underflows in float16
+    optimizer.step()
+    assert not any(torch.isfinite(p).any() for p in params)  # every weight inf or NaN
+    assert _lines({"model": {"dtype": "float16"}}) == [
+        'spec.model.dtype: "float16" is invalid: cannot be trained: the actor runs AdamW on the float16 weights (LoRA '
+        "adapters too), whose eps (1e-8) and small second moments underflow to 0, so its first step makes the "
+        "weights inf or NaN; use bfloat16 (float32's exponent range)"]
+    assert RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "model": {"dtype": "bfloat16"}}})

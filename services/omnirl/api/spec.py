@@ -144,7 +144,9 @@ class ModelSpec(SpecModel):
         "shipped with omnirl (ocr-digits only). Relative paths resolve against the manifest's directory.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weight dtype. Latents, SDE math and log-probs always stay float32."
+        "float32", description="Weight dtype. Latents, SDE math and log-probs always stay float32. float16 is "
+        "refused: the actor trains the weights (or LoRA adapters) in this dtype with AdamW, whose eps and small "
+        "second moments underflow to 0 in float16, so the first step makes them inf or NaN; use bfloat16."
     )
     lora: LoRASpec = Field(default_factory=LoRASpec, description="LoRA settings.")
     resolution: tuple[PositiveInt, PositiveInt] | None = Field(
@@ -163,6 +165,14 @@ class ModelSpec(SpecModel):
     gradientCheckpointing: bool = Field(
         False, description="Actor: recompute each transformer block's activations in the backward pass "
         "(less activation memory for about one extra forward).")
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.dtype == "float16":  # no float32 master copy: AdamW's update is computed in float16
+            raise FieldProblem("dtype", "float16", "cannot be trained: the actor runs AdamW on the float16 weights "
+                               "(LoRA adapters too), whose eps (1e-8) and small second moments underflow to 0, so "
+                               "its first step makes the weights inf or NaN; use bfloat16 (float32's exponent range)")
+        return self
 
 
 # ---------------------------------------------------------------- data
@@ -589,7 +599,7 @@ class RLJobSpec(SpecModel):
                     raise FieldProblem("model.attention", "cudnn", f"runs on NVIDIA GPUs only; roles.{role}.accelerator"
                                        f".type is {kind}: set auto (cuDNN where it applies) or torch")
             if self.model.dtype == "float32":
-                raise FieldProblem("model.attention", "cudnn", "needs model.dtype bfloat16 or float16 (it is float32): "
+                raise FieldProblem("model.attention", "cudnn", "needs model.dtype bfloat16 (it is float32): "
                                    "set the dtype, or attention auto or torch")
         self._check_stream_length()
         res = self.model.resolution
