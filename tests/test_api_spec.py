@@ -431,3 +431,15 @@ def test_float16_weights_are_refused_because_adamw_turns_them_nan() -> None:
         "adapters too), whose eps (1e-8) and small second moments underflow to 0, so its first step makes the "
         "weights inf or NaN; use bfloat16 (float32's exponent range)"]
     assert RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "model": {"dtype": "bfloat16"}}})
+
+
+def test_tensors_must_outlive_a_reclaim() -> None:
+    # tensorTtlSeconds 0.001 passed validate; the reward worker then found every image expired (MissingTensors),
+    # was restarted maxRestarts times and the job failed
+    assert _lines({"transferQueue": {"tensorTtlSeconds": 30}}) == [
+        "spec.transferQueue.tensorTtlSeconds: 30.0 is invalid: must be > claimIdleSeconds (60): a sample reclaimed "
+        "from a dead consumer after claimIdleSeconds must still have its tensors, and a sample's image and "
+        "trajectory must outlive its rollout, scoring and training step (default 3600)"]
+    job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "transferQueue": {
+        "tensorTtlSeconds": 30, "claimIdleSeconds": 5}}})
+    assert job.spec.transferQueue.tensorTtlSeconds == 30

@@ -473,6 +473,11 @@ class TransferQueueSpec(SpecModel):
             check_object_name("passwordSecret", self.passwordSecret, "Secret")
         if self.redisUrl:  # "" is no URL, as unset (the launcher and the operator read it so)
             check_redis_url(self.redisUrl)
+        if self.tensorTtlSeconds <= self.claimIdleSeconds:
+            raise FieldProblem("tensorTtlSeconds", self.tensorTtlSeconds, f"must be > claimIdleSeconds "
+                               f"({self.claimIdleSeconds:g}): a sample reclaimed from a dead consumer after "
+                               "claimIdleSeconds must still have its tensors, and a sample's image and trajectory must "
+                               "outlive its rollout, scoring and training step (default 3600)")
         return self
 
 
