@@ -237,3 +237,13 @@ def test_lora_targets_that_name_no_linear_layer_are_a_config_error(targets, mess
     adapter = tiny_adapter()
     prepare_rollout_module(adapter, LoRASpec(enabled=True, targetModules=["qkv", "nope"]))  # one match is enough
     assert sum(".lora_A.default." in name for name, _ in adapter.module.named_parameters()) == 2  # depth 2
+    # the actor's second adapter (the old policy) goes into layers that hold one already
+    from omnirl.models.lora import inject_lora
+
+    inject_lora(adapter.module, LoRASpec(enabled=True), ["qkv"], adapter_name="old")
+    assert sum(".lora_A.old." in name for name, _ in adapter.module.named_parameters()) == 2
+    with pytest.raises(ConfigError) as info:
+        inject_lora(adapter.module, LoRASpec(enabled=True), ["nope"], adapter_name="old2")
+    assert info.value.args[0].endswith("list linear layers of DigitsDiT: attn.proj, attn.qkv, mlp.fc1, mlp.fc2, "
+                                       "modulation, modulation_out, out_proj, patch_embed, sigma_mlp.0, sigma_mlp.2 "
+                                       "(empty: the model's defaults)")

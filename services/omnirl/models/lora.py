@@ -46,14 +46,19 @@ def check_targets(module: nn.Module, targets: list[str]) -> None:
         ConfigError: naming `spec.model.lora.targetModules`, the offending target and the model's
             linear layers (their names after the last block index, e.g. `attn.qkv`).
     """
-    names = dict(module.named_modules())
-    linear = sorted({_suffix(name) for name, m in names.items() if isinstance(m, nn.Linear)})
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    # a layer that holds an adapter already (the actor's second one, `old`) is a peft layer wrapping its own
+    names = {name: m for name, m in module.named_modules()
+             if not any(part == "base_layer" or part.startswith("lora_") for part in name.split("."))}
+    linear = sorted({_suffix(name) for name, m in names.items()
+                     if isinstance(m, nn.Linear) or isinstance(getattr(m, "base_layer", None), nn.Linear)})
     shown = ", ".join(linear[:16]) + (", ..." if len(linear) > 16 else "")
     fix = f"list linear layers of {type(module).__name__}: {shown} (empty: the model's defaults)"
     matched = False
     for target in targets:
         hits = [name for name in names if name == target or name.endswith("." + target)]
-        other = next((name for name in hits if not isinstance(names[name], ADAPTABLE)), None)
+        other = next((name for name in hits if not isinstance(names[name], (*ADAPTABLE, BaseTunerLayer))), None)
         if other is not None:
             raise ConfigError(f"spec.model.lora.targetModules: {target!r} names {other}, a "
                               f"{type(names[other]).__name__}, which LoRA cannot adapt; {fix}")
