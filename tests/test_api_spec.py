@@ -443,3 +443,16 @@ def test_tensors_must_outlive_a_reclaim() -> None:
     job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "transferQueue": {
         "tensorTtlSeconds": 30, "claimIdleSeconds": 5}}})
     assert job.spec.transferQueue.tensorTtlSeconds == 30
+
+
+def test_validation_needs_a_per_sample_reward() -> None:
+    # with only a group-level reward, validation (one sample per prompt) reported val_reward_mean 0.0, unscored
+    contrast = {"name": "contrast", "kind": "pairwise-contrast"}
+    data = {"trainPrompts": "p.txt", "validationPrompts": "v.txt"}
+    assert _lines({"data": data, "reward": [contrast]}) == [
+        'spec.data.validationPrompts: "v.txt" is invalid: needs a per-sample reward: validation scores single '
+        "samples and every reward is group-level (pairwise-contrast); add one (e.g. kind ocr) or remove "
+        "validationPrompts"]
+    RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "reward": [contrast]}})  # no validation: fine
+    RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "data": data,
+                                              "reward": [contrast, {"name": "ocr", "kind": "ocr", "weight": 0}]}})

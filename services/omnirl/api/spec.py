@@ -565,6 +565,13 @@ class RLJobSpec(SpecModel):
         if all(r.weight == 0 for r in self.reward):  # every sample's reward 0: every advantage 0, nothing learnt
             raise FieldProblem("reward", [f"{r.name}: weight 0" for r in self.reward], "every weight is 0, so every "
                                "sample's reward is 0 and nothing is learnt; give at least one reward a non-zero weight")
+        if self.data.validationPrompts and all(r.kind in GROUP_KINDS for r in self.reward):
+            # validation samples one image per prompt: a group-level scorer has no group to score, and the
+            # held-out reward came out 0 for every sample, a reward nobody gave
+            raise FieldProblem("data.validationPrompts", self.data.validationPrompts, "needs a per-sample reward: "
+                               f"validation scores single samples and every reward is group-level "
+                               f"({', '.join(r.kind for r in self.reward)}); add one (e.g. kind ocr) or remove "
+                               "validationPrompts")
         check_storage(self.storage, self.roles.actor.replicas)
         judges: dict[str, int] = {}
         for i, r in enumerate(self.reward):
