@@ -34,6 +34,9 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 PURPOSES = ("sample", "window", "prompts", "validation", "minibatch", "nft", "awm-sigma", "awm-eps", "judge")
 PERSON = b"omnirl-seed-v1"
@@ -42,6 +45,17 @@ _PACK = struct.Struct("<16s6q16s")
 _NO_KEY = bytes(16)
 SEED_RANGE = (-(1 << 63), (1 << 63) - 1)
 """What `derive` takes as a seed (and `spec.seed`, `spec.validation.seed` may be): a signed 64-bit integer."""
+
+
+def _in_seed_range(value: int) -> int:
+    # a validator, not ge/le: the CRD would carry ±2**63 as bounds, which YAML tools (helm) turn into floats
+    if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise ValueError(f"must be a signed 64-bit integer, {SEED_RANGE[0]} .. {SEED_RANGE[1]} (what derive hashes)")
+    return value
+
+
+Seed = Annotated[int, AfterValidator(_in_seed_range)]
+"""The type of `spec.seed` and `spec.validation.seed`: an int in `SEED_RANGE`."""
 
 
 def derive(job_seed: int, purpose: str, *, step: int = 0, group: int = 0, sample: int = 0, attempt: int = 0,

@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_vali
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
 from omnirl.api.podtemplate import check_pod_template
-from omnirl.api.seeds import SEED_RANGE
+from omnirl.api.seeds import Seed
 from omnirl.api.spec_algorithm import (
     AdvantageSpec,
     AlgorithmSpec,
@@ -286,8 +286,8 @@ class ValidationSpec(SpecModel):
     everySteps: int = Field(5, ge=0, description="Validate every N training steps (0 = only at start and end).")
     numSteps: int = Field(20, ge=2, le=1000, description="ODE sampler denoising steps for validation.")
     maxPrompts: int = Field(256, ge=1, description="Use at most this many validation prompts.")
-    seed: int = Field(1234, ge=SEED_RANGE[0], le=SEED_RANGE[1], description="Noise seed; fixed so validations are "
-                      "comparable. A signed 64-bit integer (`omnirl.api.seeds.derive` hashes it).")
+    seed: Seed = Field(1234, description="Noise seed; fixed so validations are comparable. A signed 64-bit integer "
+                       "(`omnirl.api.seeds.derive` hashes it).")
 
 
 class AcceleratorSpec(SpecModel):
@@ -551,8 +551,8 @@ class RLJobSpec(SpecModel):
     storage: StorageSpec | None = Field(
         None, description="Kubernetes: the PersistentVolumeClaim holding the run directory (checkpoints, metrics, "
         "samples, the exported model); unset = an emptyDir, lost with the pods. Locally: `omnirl run --out`.")
-    seed: int = Field(0, ge=SEED_RANGE[0], le=SEED_RANGE[1], description="Global seed (data order, SDE windows, "
-                      "sampling noise). A signed 64-bit integer (`omnirl.api.seeds.derive` hashes it).")
+    seed: Seed = Field(0, description="Global seed (data order, SDE windows, sampling noise). A signed 64-bit "
+                       "integer (`omnirl.api.seeds.derive` hashes it).")
     suspend: bool = Field(False, description="Suspended jobs have no running pods (Kueue admission).")
 
     @model_validator(mode="after")
