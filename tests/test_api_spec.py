@@ -456,3 +456,14 @@ def test_validation_needs_a_per_sample_reward() -> None:
     RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "reward": [contrast]}})  # no validation: fine
     RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "data": data,
                                               "reward": [contrast, {"name": "ocr", "kind": "ocr", "weight": 0}]}})
+
+
+@pytest.mark.parametrize("path", ["exports", "./exports/ckpt", "samples", ".", "logs"])
+def test_a_checkpoint_dir_in_the_run_directorys_own_folders_is_refused(path: str) -> None:
+    # `dir: exports` passed validate: the controller's export of step 0 replaced the checkpoint it read
+    # (exports/step-000000), the actor could not resume and the job failed after maxRestarts restarts
+    assert _lines({"checkpoint": {"dir": path}}) == [
+        f'spec.checkpoint.dir: "{path}" is invalid: must not be the run directory itself nor in its exports, samples, '
+        "logs, ledger, redis (the export of a checkpoint replaced it under exports/: the job restarted and failed); "
+        "e.g. checkpoints"]
+    assert RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "checkpoint": {"dir": "./ckpt/exports"}}})

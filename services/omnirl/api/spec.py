@@ -481,6 +481,11 @@ class TransferQueueSpec(SpecModel):
         return self
 
 
+RUN_DIR_ENTRIES: tuple[str, ...] = ("exports", "samples", "logs", "ledger", "redis")
+"""The run directory's own folders (exports, validation grids, role logs, sample ledgers, the embedded
+Redis): `checkpoint.dir` may not be one of them."""
+
+
 class CheckpointSpec(SpecModel):
     """Checkpointing of the actor's weights and optimiser state."""
 
@@ -496,6 +501,11 @@ class CheckpointSpec(SpecModel):
         if self.dir.startswith("/") or ".." in self.dir.split("/"):
             raise FieldProblem("dir", self.dir, "must be a path inside the run directory (relative, no '..'): on "
                                "Kubernetes only the run directory is on the job's volume; e.g. checkpoints")
+        top = next((part for part in self.dir.split("/") if part not in ("", ".")), "")
+        if top in RUN_DIR_ENTRIES or not top:
+            raise FieldProblem("dir", self.dir, f"must not be the run directory itself nor in its {', '.join(RUN_DIR_ENTRIES)} "
+                               "(the export of a checkpoint replaced it under exports/: the job restarted and failed); "
+                               "e.g. checkpoints")
         return self
 
 
