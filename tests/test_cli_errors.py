@@ -153,6 +153,17 @@ def unreadable_alphabet(tmp: Path) -> str:
     return str(path)
 
 
+def without_validation(tmp: Path, reward: list | None = None) -> str:
+    """The NFT example without validation prompts (and with `reward` instead of its own)."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {"trainPrompts": HELDOUT}
+    if reward is not None:
+        doc["spec"]["reward"] = reward
+    path = tmp / "noval.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def existing_run(tmp: Path) -> str:
     (tmp / "run").mkdir()
     (tmp / "run" / "metrics.jsonl").write_text("{}\n")
@@ -211,6 +222,15 @@ CASES = {
                                   "tokenizer alphabet '0123456789'; fix or remove that line"),
     "run-prompts-directory": (lambda t: ["run", prompts_dir(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                               "spec.data.trainPrompts: "),
+    # a job without validation prompts and no --prompts: a TypeError traceback
+    "eval-no-validation-prompts": (lambda t: ["eval", without_validation(t), "--out", str(t / "o")],
+                                   "omnirl eval: --prompts: ", "noval.yaml has no spec.data.validationPrompts to sample "
+                                   "by default; pass --prompts FILE (one prompt per line)"),
+    # only group-level rewards: every sample's reward came out 0, unscored
+    "eval-group-rewards-only": (lambda t: ["eval", without_validation(t, [{"name": "pc", "kind": "pairwise-contrast"}]),
+                                           "--prompts", HELDOUT, "--out", str(t / "o")], "omnirl eval: spec.reward: ",
+                                "every reward is group-level (pc), and omnirl eval scores single samples; add a "
+                                "per-sample reward (e.g. kind ocr) to the manifest"),
     "eval-zero-steps": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--steps", "1"], "omnirl eval: ",
                         "--steps 1: must be >= 2"),
     "eval-negative-seed": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--seed", "-1"], "omnirl eval: ",
