@@ -467,3 +467,18 @@ def test_a_checkpoint_dir_in_the_run_directorys_own_folders_is_refused(path: str
         "logs, ledger, redis (the export of a checkpoint replaced it under exports/: the job restarted and failed); "
         "e.g. checkpoints"]
     assert RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "checkpoint": {"dir": "./ckpt/exports"}}})
+
+
+def test_a_reward_named_like_a_step_statistic_is_refused() -> None:
+    # `name: mean` passed validate; its raw mean then overwrote the step's weighted reward_mean (metrics.jsonl, the
+    # RLJob's status.rewardMean, Prometheus) and val_reward_mean of every validation
+    from omnirl.api.spec import RewardSpec
+    from omnirl.controller.normalize import component_stats
+
+    stats = {"reward_mean": 0.9}  # the controller's step stats, then updated with each component's (loop.py)
+    stats.update(component_stats([RewardSpec.model_construct(name="mean", kind="jpeg")], [{"mean": 0.1}]))
+    assert stats["reward_mean"] == 0.1
+    assert _lines({"reward": [{"name": "mean", "kind": "ocr"}]}) == [
+        'spec.reward[0].name: "mean" is invalid: is reserved: metrics name each reward reward_<name> and '
+        "val_reward_<name>, and reward_mean is the job's own (mean, std, seconds, latency_seconds are taken); "
+        "rename it, e.g. mean-score"]

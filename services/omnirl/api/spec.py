@@ -199,6 +199,10 @@ class DataSpec(SpecModel):
 # ---------------------------------------------------------------- reward
 
 
+RESERVED_REWARD_NAMES: tuple[str, ...] = ("mean", "std", "seconds", "latency_seconds")
+"""Reward names whose `reward_<name>` metric is a step statistic of the whole reward (controller/loop.py)."""
+
+
 class RewardSpec(SpecModel):
     """One weighted reward function; the sample's reward is Σ weight · normalize(score)."""
 
@@ -238,6 +242,10 @@ class RewardSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> RewardSpec:
+        if self.name in RESERVED_REWARD_NAMES:  # `reward_<name>` would overwrite the step's own metric
+            raise FieldProblem("name", self.name, f"is reserved: metrics name each reward reward_<name> and "
+                               f"val_reward_<name>, and reward_{self.name} is the job's own "
+                               f"({', '.join(RESERVED_REWARD_NAMES)} are taken); rename it, e.g. {self.name}-score")
         if self.server is not None:
             if self.kind not in REMOTE_KINDS:
                 raise FieldProblem("server", {"command": self.server.command}, f"only for kinds {', '.join(REMOTE_KINDS)} (kind {self.kind} "
