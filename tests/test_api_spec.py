@@ -478,7 +478,8 @@ def test_a_reward_named_like_a_step_statistic_is_refused() -> None:
     stats = {"reward_mean": 0.9}  # the controller's step stats, then updated with each component's (loop.py)
     stats.update(component_stats([RewardSpec.model_construct(name="mean", kind="jpeg")], [{"mean": 0.1}]))
     assert stats["reward_mean"] == 0.1
-    assert _lines({"reward": [{"name": "mean", "kind": "ocr"}]}) == [
-        'spec.reward[0].name: "mean" is invalid: is reserved: metrics name each reward reward_<name> and '
-        "val_reward_<name>, and reward_mean is the job's own (mean, std, seconds, latency_seconds are taken); "
-        "rename it, e.g. mean-score"]
+    for name in ("mean", "total"):  # total: the weighted sum's omnirl_reward_mean{reward="total"} series
+        assert _lines({"reward": [{"name": name, "kind": "ocr"}]}) == [
+            f'spec.reward[0].name: "{name}" is invalid: is reserved: metrics name each reward reward_<name>, '
+            "val_reward_<name> and omnirl_reward_mean{reward=<name>}, and this one is the whole reward's (mean, std, "
+            f"seconds, latency_seconds, total are taken); rename it, e.g. {name}-score"]

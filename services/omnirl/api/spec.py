@@ -199,8 +199,9 @@ class DataSpec(SpecModel):
 # ---------------------------------------------------------------- reward
 
 
-RESERVED_REWARD_NAMES: tuple[str, ...] = ("mean", "std", "seconds", "latency_seconds")
-"""Reward names whose `reward_<name>` metric is a step statistic of the whole reward (controller/loop.py)."""
+RESERVED_REWARD_NAMES: tuple[str, ...] = ("mean", "std", "seconds", "latency_seconds", "total")
+"""Reward names whose `reward_<name>` metric is a step statistic of the whole reward (controller/loop.py), and
+`total`, the `reward` label of the weighted sum's Prometheus series (telemetry/meters.py)."""
 
 
 class RewardSpec(SpecModel):
@@ -243,9 +244,10 @@ class RewardSpec(SpecModel):
     @model_validator(mode="after")
     def _check(self) -> RewardSpec:
         if self.name in RESERVED_REWARD_NAMES:  # `reward_<name>` would overwrite the step's own metric
-            raise FieldProblem("name", self.name, f"is reserved: metrics name each reward reward_<name> and "
-                               f"val_reward_<name>, and reward_{self.name} is the job's own "
-                               f"({', '.join(RESERVED_REWARD_NAMES)} are taken); rename it, e.g. {self.name}-score")
+            raise FieldProblem("name", self.name, "is reserved: metrics name each reward reward_<name>, "
+                               "val_reward_<name> and omnirl_reward_mean{reward=<name>}, and this one is the whole "
+                               f"reward's ({', '.join(RESERVED_REWARD_NAMES)} are taken); rename it, e.g. "
+                               f"{self.name}-score")
         if self.server is not None:
             if self.kind not in REMOTE_KINDS:
                 raise FieldProblem("server", {"command": self.server.command}, f"only for kinds {', '.join(REMOTE_KINDS)} (kind {self.kind} "
