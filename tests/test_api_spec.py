@@ -216,7 +216,7 @@ def test_cudnn_attention_needs_nvidia_roles_and_half_precision() -> None:
         'spec.model.attention: "cudnn" is invalid: runs on NVIDIA GPUs only; roles.actor.accelerator.type is cpu: '
         "set auto (cuDNN where it applies) or torch"]
     assert _lines({"model": {**half, "dtype": "float32"}, "roles": {"rollout": gpu, "actor": gpu}, "reward": reward}) == [
-        'spec.model.attention: "cudnn" is invalid: needs model.dtype bfloat16 or float16 (it is float32): set the '
+        'spec.model.attention: "cudnn" is invalid: needs model.dtype bfloat16 (it is float32): set the '
         "dtype, or attention auto or torch"]
     job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "model": half, "reward": reward,
                                                     "roles": {"rollout": gpu, "actor": gpu}}})
@@ -246,10 +246,12 @@ def test_packed_families_are_the_adapters_with_a_packed_forward() -> None:
 def test_config_errors_name_the_field_once_and_keep_other_errors() -> None:
     from omnirl.api.errors import ConfigError, config_errors
 
-    with pytest.raises(ConfigError, match=r"^spec.model.path: \[Errno 2\] No such file") as info:
+    with pytest.raises(ConfigError) as info:
         with config_errors("spec.model.path"):
             open("/nonexistent/model.safetensors")
     assert isinstance(info.value.__cause__, FileNotFoundError)
+    # as raised: the path keeps its closing quote (a blanket strip of quotes cut it off)
+    assert str(info.value) == "spec.model.path: [Errno 2] No such file or directory: '/nonexistent/model.safetensors'"
     with pytest.raises(ConfigError, match=r"^spec.data.trainPrompts: p.txt not found$"):
         with config_errors("spec.data"):  # the error names its field already: not named twice
             raise FileNotFoundError("spec.data.trainPrompts: p.txt not found")
@@ -299,6 +301,20 @@ def test_a_grpc_judge_with_an_http_health_path_is_refused() -> None:
         "accepts connections"]
 
 
+def test_a_grpc_judge_with_an_url_path_is_refused() -> None:
+    # the wired target of a gRPC judge is host:port (omnirl.api.judges.judge_url): the path was dropped silently
+    judge = {"name": "judge", "kind": "grpc", "server": {"command": ["serve"], "urlPath": "/v1/score"}}
+    assert _lines({"reward": [MINIMAL["spec"]["reward"][0], judge]}) == [
+        'spec.reward[1].server.urlPath: "/v1/score" is invalid: must be unset for kind grpc (the reward workers reach '
+        "a gRPC server at host:port, so a path would be ignored); remove it, or use kind http for a server of the "
+        "HTTP scorer protocol at that path"]
+    judge["server"]["urlPath"] = "/"  # the default, written out: nothing is dropped
+    job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "reward": [MINIMAL["spec"]["reward"][0], judge]}})
+    from omnirl.api.judges import url
+
+    assert url(job.spec.reward[1], "127.0.0.1", 50051) == "127.0.0.1:50051"
+
+
 def test_a_pod_template_merging_into_the_container_or_adding_a_sidecar_is_accepted() -> None:
     roles = {"rollout": {"template": {"metadata": {"labels": {"team": "rl"}}, "spec": {
         "nodeSelector": {"pool": "h100"},
@@ -318,3 +334,171 @@ def test_object_names_kubernetes_accepts_pass() -> None:
     spec["storage"]["storageClassName"] = ""  # no class: bind a pre-made PersistentVolume
     spec["transferQueue"]["passwordSecret"] = ""  # no Secret, as unset
     assert RLJob.model_validate({**MINIMAL, "spec": spec}).spec.storage.storageClassName == ""
+
+
+_FORM = "use redis://[[user]:password@]host[:port][/db], or rediss:// for TLS, e.g. redis://redis:6379/0"
+
+
+@pytest.mark.parametrize("url,why", [
+    ("http://redis:6379", "must start with redis:// or rediss:// (redis-py's schemes); " + _FORM),
+    ("redis:/redis", "has no host (redis-py would quietly use localhost); " + _FORM),
+    ("redis://:6379/0", "has no host (redis-py would quietly use localhost); " + _FORM),
+    ("redis://redis:0", "port must be 1..65535; " + _FORM),
+    ("redis://redis:70000", "is not a valid URL (Port out of range 0-65535); " + _FORM),
+    ("redis://redis:6379/queue", "the path must be a database number, not '/queue'; " + _FORM),
+    ("redis://redis?db=2", "must have no query or fragment (connection options are not passed on); put the "
+                           "database in the path: " + _FORM[4:]),
+    ("unix:///run/redis.sock", "a unix socket is reachable only on one machine (a job's pods each have their own "
+                               "filesystem); " + _FORM + ", or remove redisUrl for an embedded Redis"),
+])
+def test_a_redis_url_the_roles_cannot_use_is_refused(url: str, why: str) -> None:
+    # each of these passed `omnirl validate` and failed only in `omnirl run` (or quietly meant localhost)
+    assert _lines({"transferQueue": {"redisUrl": url}}) == [f"spec.transferQueue.redisUrl: \"{url}\" is invalid: {why}"]
+
+
+def test_a_refused_redis_url_never_shows_its_password() -> None:
+    assert _lines({"transferQueue": {"redisUrl": "http://app:s3cret@redis:6379/0"}}) == [
+        'spec.transferQueue.redisUrl: "http://app:***@redis:6379/0" is invalid: must start with redis:// or '
+        "rediss:// (redis-py's schemes); " + _FORM]
+
+
+def test_every_redis_url_form_accepted_reaches_redis(redis_url: str) -> None:
+    import redis
+
+    from omnirl.launch.preflight import check_redis
+
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    for url in (f"redis://127.0.0.1:{port}", f"redis://127.0.0.1:{port}/", f"redis://127.0.0.1:{port}/3",
+                f"redis://default@127.0.0.1:{port}/0", ""):
+        job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "transferQueue": {"redisUrl": url}}})
+        if url:
+            check_redis(job.spec.transferQueue.redisUrl)  # `omnirl run`'s pre-flight: a real PING
+            with redis.Redis.from_url(url) as client:
+                client.set("gaps:url-form", url)
+                assert client.get("gaps:url-form") == url.encode()
+    assert RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "transferQueue": {
+        "redisUrl": "rediss://:pw@redis.example:6380/1"}}}).spec.transferQueue.redisUrl.startswith("rediss://")
+
+
+def test_seeds_are_the_signed_64_bit_integers_derive_takes() -> None:
+    # 2**64 passed `omnirl validate`; `omnirl run` then failed in the controller ("spec.data: seed argument ...")
+    from omnirl.api.seeds import derive
+
+    rule = "must be a signed 64-bit integer, -9223372036854775808 .. 9223372036854775807 (what derive hashes)"
+    assert _lines({"seed": 2**64}) == [f"spec.seed: 18446744073709551616 is invalid: {rule}"]
+    assert _lines({"validation": {"seed": -(2**63) - 1}}) == [f"spec.validation.seed: -9223372036854775809 is invalid: {rule}"]
+    for seed in (2**63 - 1, -(2**63)):  # the bounds run: every draw's seed comes from derive
+        job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "seed": seed, "validation": {"seed": seed}}})
+        assert 0 <= derive(job.spec.seed, "sample") < 2**63 and 0 <= derive(job.spec.validation.seed, "validation") < 2**63
+
+
+@pytest.mark.parametrize("path", ["/mnt/ckpt", "../ckpt", "runs/../../ckpt"])
+def test_a_checkpoint_dir_outside_the_run_directory_is_refused(path: str) -> None:
+    # the actor wrote there, the controller's export and a restarted pod looked in OUT/: not on the volume
+    assert _lines({"checkpoint": {"dir": path}}) == [
+        f'spec.checkpoint.dir: "{path}" is invalid: must be a path inside the run directory (relative, no \'..\'): '
+        "on Kubernetes only the run directory is on the job's volume; e.g. checkpoints"]
+    job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "checkpoint": {"dir": "ckpt/v1..2"}}})
+    assert job.spec.checkpoint.dir == "ckpt/v1..2"  # '..' inside a name is a name
+
+
+def test_a_stream_too_short_for_what_the_controller_holds_is_refused() -> None:
+    # maxStreamLength 1 passed validate; `omnirl run` then stalled: the reward worker waited to publish a score
+    # the controller keeps until its step is collected, the rollout on the reward, the controller on the rollout
+    algo = {"promptsPerStep": 3, "groupSize": 4}
+    assert _lines({"algorithm": algo, "transferQueue": {"maxStreamLength": 11}}) == [
+        "spec.transferQueue.maxStreamLength: 11 is invalid: must be >= 12, what the controller holds in a stream at "
+        "once (promptsPerStep × groupSize = 3 × 4 scores of a step); below it the roles wait on each other until "
+        "the back-pressure timeout; raise it"]
+    data = {"trainPrompts": "p.txt", "validationPrompts": "v.txt"}
+    assert _lines({"algorithm": algo, "data": data, "validation": {"maxPrompts": 5},
+                   "transferQueue": {"maxStreamLength": 16}}) == [
+        "spec.transferQueue.maxStreamLength: 16 is invalid: must be >= 17, what the controller holds in a stream at "
+        "once (promptsPerStep × groupSize = 3 × 4 scores of a step + validation.maxPrompts = 5 requests of a "
+        "validation round); below it the roles wait on each other until the back-pressure timeout; raise it"]
+    for spec in ({"algorithm": algo, "transferQueue": {"maxStreamLength": 12}},
+                 {"algorithm": algo, "data": data, "validation": {"maxPrompts": 5}, "transferQueue": {"maxStreamLength": 17}}):
+        RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], **spec}})
+
+
+def test_a_scorer_timeout_the_clients_cannot_take_is_refused() -> None:
+    # 1e10 passed validate; urllib then raised OverflowError (time_t) and gRPC answered DEADLINE_EXCEEDED at once
+    judge = {"name": "judge", "kind": "http", "url": "http://judge:8000/v1/score", "timeoutSeconds": 1e10}
+    assert _lines({"reward": [judge]}) == ["spec.reward[0].timeoutSeconds: 10000000000.0 is invalid: must be <= 86400"]
+    import urllib.request
+
+    with pytest.raises(OSError):  # a day is a timeout urllib takes: the refused port answers, no OverflowError
+        urllib.request.urlopen("http://127.0.0.1:1/", timeout=RLJob.model_validate({**MINIMAL, "spec": {
+            **MINIMAL["spec"], "reward": [{**judge, "timeoutSeconds": 86400}]}}).spec.reward[0].timeoutSeconds)
+
+
+def test_float16_weights_are_refused_because_adamw_turns_them_nan() -> None:
+    # `dtype: float16` passed validate; one `omnirl run` step of ocr-nft then drew black images (held-out reward
+    # 0.298 -> 0.000): AdamW on float16 weights, as the actor builds it, makes them non-finite
+    import torch
+    from tests.helpers import tiny_adapter
+
+    module = tiny_adapter().module.to(torch.float16)
+    params = list(module.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-4)  # actor/trainer.py's optimizer, its default eps 1e-8
+    for p in params:
+        p.grad = torch.full_like(p, 1e-5)  # a small gradient: its square underflows in float16
+    optimizer.step()
+    assert not any(torch.isfinite(p).any() for p in params)  # every weight inf or NaN
+    assert _lines({"model": {"dtype": "float16"}}) == [
+        'spec.model.dtype: "float16" is invalid: cannot be trained: the actor runs AdamW on the float16 weights (LoRA '
+        "adapters too), whose eps (1e-8) and small second moments underflow to 0, so its first step makes the "
+        "weights inf or NaN; use bfloat16 (float32's exponent range)"]
+    assert RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "model": {"dtype": "bfloat16"}}})
+
+
+def test_tensors_must_outlive_a_reclaim() -> None:
+    # tensorTtlSeconds 0.001 passed validate; the reward worker then found every image expired (MissingTensors),
+    # was restarted maxRestarts times and the job failed
+    assert _lines({"transferQueue": {"tensorTtlSeconds": 30}}) == [
+        "spec.transferQueue.tensorTtlSeconds: 30.0 is invalid: must be > claimIdleSeconds (60): a sample reclaimed "
+        "from a dead consumer after claimIdleSeconds must still have its tensors, and a sample's image and "
+        "trajectory must outlive its rollout, scoring and training step (default 3600)"]
+    job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "transferQueue": {
+        "tensorTtlSeconds": 30, "claimIdleSeconds": 5}}})
+    assert job.spec.transferQueue.tensorTtlSeconds == 30
+
+
+def test_validation_needs_a_per_sample_reward() -> None:
+    # with only a group-level reward, validation (one sample per prompt) reported val_reward_mean 0.0, unscored
+    contrast = {"name": "contrast", "kind": "pairwise-contrast"}
+    data = {"trainPrompts": "p.txt", "validationPrompts": "v.txt"}
+    assert _lines({"data": data, "reward": [contrast]}) == [
+        'spec.data.validationPrompts: "v.txt" is invalid: needs a per-sample reward: validation scores single '
+        "samples and every reward is group-level (pairwise-contrast); add one (e.g. kind ocr) or remove "
+        "validationPrompts"]
+    RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "reward": [contrast]}})  # no validation: fine
+    RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "data": data,
+                                              "reward": [contrast, {"name": "ocr", "kind": "ocr", "weight": 0}]}})
+
+
+@pytest.mark.parametrize("path", ["exports", "./exports/ckpt", "samples", ".", "logs"])
+def test_a_checkpoint_dir_in_the_run_directorys_own_folders_is_refused(path: str) -> None:
+    # `dir: exports` passed validate: the controller's export of step 0 replaced the checkpoint it read
+    # (exports/step-000000), the actor could not resume and the job failed after maxRestarts restarts
+    assert _lines({"checkpoint": {"dir": path}}) == [
+        f'spec.checkpoint.dir: "{path}" is invalid: must not be the run directory itself nor in its exports, samples, '
+        "logs, ledger, redis (the export of a checkpoint replaced it under exports/: the job restarted and failed); "
+        "e.g. checkpoints"]
+    assert RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "checkpoint": {"dir": "./ckpt/exports"}}})
+
+
+def test_a_reward_named_like_a_step_statistic_is_refused() -> None:
+    # `name: mean` passed validate; its raw mean then overwrote the step's weighted reward_mean (metrics.jsonl, the
+    # RLJob's status.rewardMean, Prometheus) and val_reward_mean of every validation
+    from omnirl.api.spec import RewardSpec
+    from omnirl.controller.normalize import component_stats
+
+    stats = {"reward_mean": 0.9}  # the controller's step stats, then updated with each component's (loop.py)
+    stats.update(component_stats([RewardSpec.model_construct(name="mean", kind="jpeg")], [{"mean": 0.1}]))
+    assert stats["reward_mean"] == 0.1
+    for name in ("mean", "total"):  # total: the weighted sum's omnirl_reward_mean{reward="total"} series
+        assert _lines({"reward": [{"name": name, "kind": "ocr"}]}) == [
+            f'spec.reward[0].name: "{name}" is invalid: is reserved: metrics name each reward reward_<name>, '
+            "val_reward_<name> and omnirl_reward_mean{reward=<name>}, and this one is the whole reward's (mean, std, "
+            f"seconds, latency_seconds, total are taken); rename it, e.g. {name}-score"]

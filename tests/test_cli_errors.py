@@ -143,6 +143,27 @@ def dead_redis(tmp: Path) -> str:
     return str(path)
 
 
+def unreadable_alphabet(tmp: Path) -> str:
+    """The NFT example whose OCR reward may read a snowman, a character the recogniser has no class for."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {"trainPrompts": HELDOUT, "validationPrompts": HELDOUT}
+    doc["spec"]["reward"][0]["params"] = {"alphabet": "0123456789\u2603"}
+    path = tmp / "alphabet.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def without_validation(tmp: Path, reward: list | None = None) -> str:
+    """The NFT example without validation prompts (and with `reward` instead of its own)."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {"trainPrompts": HELDOUT}
+    if reward is not None:
+        doc["spec"]["reward"] = reward
+    path = tmp / "noval.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def existing_run(tmp: Path) -> str:
     (tmp / "run").mkdir()
     (tmp / "run" / "metrics.jsonl").write_text("{}\n")
@@ -172,6 +193,10 @@ CASES = {
                           f"Kubernetes give the reward container {UNSET_KEY} from a Secret in spec.roles.reward.template"),
     "eval-unset-api-key": (lambda t: ["eval", judge_with_unset_key(t), "--prompts", HELDOUT, "--out", str(t / "o")],
                            "omnirl eval: spec.reward[1].params.apiKeyEnv: ", f"export {UNSET_KEY}=<"),
+    # passed validate; the reward worker refused it (exit 4) only after every role had loaded
+    "run-unreadable-ocr-alphabet": (lambda t: ["run", unreadable_alphabet(t), "--no-ray", "--out", str(t / "o")],
+                                    "omnirl run: spec.reward[0].params.alphabet: ", "'0123456789\u2603' has characters "
+                                    "the PP-OCRv4 recogniser does not know: ['\u2603']; remove them"),
     "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-cudnn-on-the-cpu": (lambda t: ["run", cudnn_on_gpus(t), "--device", "cpu", "--no-ray", "--out",
@@ -197,6 +222,15 @@ CASES = {
                                   "tokenizer alphabet '0123456789'; fix or remove that line"),
     "run-prompts-directory": (lambda t: ["run", prompts_dir(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                               "spec.data.trainPrompts: "),
+    # a job without validation prompts and no --prompts: a TypeError traceback
+    "eval-no-validation-prompts": (lambda t: ["eval", without_validation(t), "--out", str(t / "o")],
+                                   "omnirl eval: --prompts: ", "noval.yaml has no spec.data.validationPrompts to sample "
+                                   "by default; pass --prompts FILE (one prompt per line)"),
+    # only group-level rewards: every sample's reward came out 0, unscored
+    "eval-group-rewards-only": (lambda t: ["eval", without_validation(t, [{"name": "pc", "kind": "pairwise-contrast"}]),
+                                           "--prompts", HELDOUT, "--out", str(t / "o")], "omnirl eval: spec.reward: ",
+                                "every reward is group-level (pc), and omnirl eval scores single samples; add a "
+                                "per-sample reward (e.g. kind ocr) to the manifest"),
     "eval-zero-steps": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--steps", "1"], "omnirl eval: ",
                         "--steps 1: must be >= 2"),
     "eval-negative-seed": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--seed", "-1"], "omnirl eval: ",
@@ -324,3 +358,25 @@ def test_a_new_run_on_another_jobs_results_names_that_job_not_resume(tmp_path, c
     # the same job's run: pass --resume
     assert main(["run", NFT, "--no-ray", "--out", str(run)]) == 2
     assert "already holds a run: pass --resume to continue it" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("raised,printed", [
+    # a value quoted at the end of the message keeps its quotes (they were stripped from every message)
+    (ValueError("--out: cannot use 'runs/a b'"), "--out: cannot use 'runs/a b'"),
+    (ValueError('"12" is not a prompt'), '"12" is not a prompt'),
+    (FileNotFoundError(2, "No such file or directory", "/x/p.txt"), "[Errno 2] No such file or directory: '/x/p.txt'"),
+    # what the strip was for: a KeyError's str is the repr of its message
+    (KeyError("OMNIRL_JOB_NAME is not set: the launcher (`omnirl run`) or the operator sets it"),
+     "OMNIRL_JOB_NAME is not set: the launcher (`omnirl run`) or the operator sets it"),
+    (KeyError("it's"), "it's"),
+])
+def test_errors_print_as_raised(raised, printed, capsys, monkeypatch):
+    import omnirl.cli as cli
+
+    def fail(args):
+        raise raised
+
+    monkeypatch.delenv("OMNIRL_DEBUG", raising=False)
+    monkeypatch.setattr(cli, "_cmd_render", fail)  # the parser binds the command when main builds it
+    assert cli.main(["render", NFT]) == 2
+    assert capsys.readouterr().err == f"omnirl render: {printed}\n"

@@ -211,3 +211,39 @@ def test_train_pool_is_large_deterministic_shipped_and_never_held_out():
     assert (root / "ocr-train-pool.txt").read_text().splitlines() == pool
     with pytest.raises(ValueError, match="size"):
         make_train_pool(0)
+
+
+@pytest.mark.parametrize("targets,message", [
+    (["nope"], "['nope'] match no layer of the model, so LoRA would train nothing"),
+    (["norm1"], "'norm1' names blocks.0.norm1, a LayerNorm, which LoRA cannot adapt"),
+    (["attn.qkv", "blocks"], "'blocks' names blocks, a ModuleList, which LoRA cannot adapt"),
+])
+def test_lora_targets_that_name_no_linear_layer_are_a_config_error(targets, message):
+    # each passed `omnirl validate` and crashed every role that injects LoRA with peft's traceback,
+    # restarted until maxRestarts; a ConfigError stops the job at once with one line
+    from tests.helpers import tiny_adapter
+
+    from omnirl.api.errors import ConfigError
+    from omnirl.api.spec import LoRASpec
+    from omnirl.models.lora import prepare_rollout_module
+
+    adapter = tiny_adapter()
+    with pytest.raises(ConfigError) as info:
+        prepare_rollout_module(adapter, LoRASpec(enabled=True, targetModules=targets))
+    assert str(info.value) == (
+        f"spec.model.lora.targetModules: {message}; list linear layers of DigitsDiT: attn.proj, attn.qkv, mlp.fc1, "
+        "mlp.fc2, modulation, modulation_out, out_proj, patch_embed, sigma_mlp.0, sigma_mlp.2 (empty: the model's "
+        "defaults)")
+    adapter = tiny_adapter()
+    prepare_rollout_module(adapter, LoRASpec(enabled=True, targetModules=["qkv", "nope"]))  # one match is enough
+    assert sum(".lora_A.default." in name for name, _ in adapter.module.named_parameters()) == 2  # depth 2
+    # the actor's second adapter (the old policy) goes into layers that hold one already
+    from omnirl.models.lora import inject_lora
+
+    inject_lora(adapter.module, LoRASpec(enabled=True), ["qkv"], adapter_name="old")
+    assert sum(".lora_A.old." in name for name, _ in adapter.module.named_parameters()) == 2
+    with pytest.raises(ConfigError) as info:
+        inject_lora(adapter.module, LoRASpec(enabled=True), ["nope"], adapter_name="old2")
+    assert info.value.args[0].endswith("list linear layers of DigitsDiT: attn.proj, attn.qkv, mlp.fc1, mlp.fc2, "
+                                       "modulation, modulation_out, out_proj, patch_embed, sigma_mlp.0, sigma_mlp.2 "
+                                       "(empty: the model's defaults)")

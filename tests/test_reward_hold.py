@@ -30,16 +30,16 @@ JOB, N = "hold", 3
 
 
 def service(tmp_path: Path, redis_url: str, redis_client: redis.Redis, port: int, deadline_s: float,
-            more: tuple = (), required: bool = True, judge: dict | None = None
+            more: tuple = (), required: bool = True, judge: dict | None = None, policy: dict | None = None
             ) -> tuple[RewardService, list, list[np.ndarray]]:
     """A reward worker whose rewards are `judge` (default: an http judge on `port`) and `more`, and
-    the messages of N samples."""
+    the messages of N samples; `policy`: more `failurePolicy` fields."""
     doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
     doc["metadata"]["name"] = JOB
     judge = judge or {"name": "judge", "kind": "http", "url": f"http://127.0.0.1:{port}/v1/score",
                       "required": required, "params": {"maxRetries": 0}}
     doc["spec"]["reward"] = [judge, *more]
-    doc["spec"]["failurePolicy"] = {"scorerOutageSeconds": deadline_s}
+    doc["spec"]["failurePolicy"] = {"scorerOutageSeconds": deadline_s, **(policy or {})}
     env = RoleEnv(job_name=JOB, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=0,
                   worker_id="reward-0", out_dir=str(tmp_path))
     g = torch.Generator().manual_seed(0)

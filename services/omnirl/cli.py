@@ -178,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush must not raise too
         return 1
     except (FileNotFoundError, ValueError, KeyError) as err:
-        lines = getattr(err, "problems", None) or [str(err).strip("'\"")]
+        from omnirl.api.errors import error_text
+
+        lines = getattr(err, "problems", None) or [error_text(err)]  # as raised: a quoted value keeps its quotes
         for line in lines:
             print(f"omnirl {args.command}: {line}", file=sys.stderr)
         return 2

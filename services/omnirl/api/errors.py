@@ -69,6 +69,18 @@ class ConfigError(ValueError):
     """
 
 
+def error_text(err: BaseException) -> str:
+    """The message of `err` as raised, for a one-line report.
+
+    A `KeyError`'s `str` is the `repr` of its argument (`KeyError("OMNIRL_JOB_NAME is not set")`
+    prints `'OMNIRL_JOB_NAME is not set'`), so a KeyError with one string argument gives that string;
+    any other error its `str` unchanged: quotes around a user's value at either end stay.
+    """
+    if isinstance(err, KeyError) and len(err.args) == 1 and isinstance(err.args[0], str):
+        return err.args[0]
+    return str(err)
+
+
 @contextmanager
 def config_errors(field: str, *kinds: type[BaseException], fix: str = "") -> Iterator[None]:
     """Turn the `kinds` of errors raised inside (default: OSError, ValueError) into a `ConfigError`
@@ -84,6 +96,6 @@ def config_errors(field: str, *kinds: type[BaseException], fix: str = "") -> Ite
     except ConfigError:
         raise
     except caught as err:
-        text = str(err).strip("'\"")  # a KeyError's str is quoted
+        text = error_text(err)
         text = text if text.startswith(field) else f"{field}: {text}"
         raise ConfigError(f"{text}; {fix}" if fix else text) from err

@@ -34,13 +34,28 @@ from __future__ import annotations
 
 import hashlib
 import struct
+from typing import Annotated
+
+from pydantic import AfterValidator
 
 PURPOSES = ("sample", "window", "prompts", "validation", "minibatch", "nft", "awm-sigma", "awm-eps", "judge")
 PERSON = b"omnirl-seed-v1"
 MASK = (1 << 63) - 1
 _PACK = struct.Struct("<16s6q16s")
 _NO_KEY = bytes(16)
-_INT64 = (-(1 << 63), (1 << 63) - 1)
+SEED_RANGE = (-(1 << 63), (1 << 63) - 1)
+"""What `derive` takes as a seed (and `spec.seed`, `spec.validation.seed` may be): a signed 64-bit integer."""
+
+
+def _in_seed_range(value: int) -> int:
+    # a validator, not ge/le: the CRD would carry ±2**63 as bounds, which YAML tools (helm) turn into floats
+    if not SEED_RANGE[0] <= value <= SEED_RANGE[1]:
+        raise ValueError(f"must be a signed 64-bit integer, {SEED_RANGE[0]} .. {SEED_RANGE[1]} (what derive hashes)")
+    return value
+
+
+Seed = Annotated[int, AfterValidator(_in_seed_range)]
+"""The type of `spec.seed` and `spec.validation.seed`: an int in `SEED_RANGE`."""
 
 
 def derive(job_seed: int, purpose: str, *, step: int = 0, group: int = 0, sample: int = 0, attempt: int = 0,
@@ -63,7 +78,7 @@ def derive(job_seed: int, purpose: str, *, step: int = 0, group: int = 0, sample
         raise ValueError(f"seed purpose {purpose!r}: expected one of {', '.join(PURPOSES)}")
     values = {"job_seed": job_seed, "step": step, "group": group, "sample": sample, "attempt": attempt, "draw": draw}
     for name, v in values.items():
-        if isinstance(v, bool) or not isinstance(v, int) or not _INT64[0] <= v <= _INT64[1]:
+        if isinstance(v, bool) or not isinstance(v, int) or not SEED_RANGE[0] <= v <= SEED_RANGE[1]:
             raise ValueError(f"seed argument {name}={v!r}: must be an int in the signed 64-bit range")
     if not isinstance(key, str):
         raise ValueError(f"seed argument key={key!r}: must be a str")

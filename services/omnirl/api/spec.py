@@ -21,6 +21,7 @@ from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_vali
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
 from omnirl.api.podtemplate import check_pod_template
+from omnirl.api.seeds import Seed
 from omnirl.api.spec_algorithm import (
     AdvantageSpec,
     AlgorithmSpec,
@@ -35,6 +36,7 @@ from omnirl.api.spec_algorithm import (
     SamplingSpec,
     WindowSpec,
 )
+from omnirl.api.spec_queue import check_redis_url
 from omnirl.api.spec_reward import check_url, parse_params
 from omnirl.api.spec_storage import StorageSpec, check_object_name, check_storage
 
@@ -142,7 +144,9 @@ class ModelSpec(SpecModel):
         "shipped with omnirl (ocr-digits only). Relative paths resolve against the manifest's directory.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weight dtype. Latents, SDE math and log-probs always stay float32."
+        "float32", description="Weight dtype. Latents, SDE math and log-probs always stay float32. float16 is "
+        "refused: the actor trains the weights (or LoRA adapters) in this dtype with AdamW, whose eps and small "
+        "second moments underflow to 0 in float16, so the first step makes them inf or NaN; use bfloat16."
     )
     lora: LoRASpec = Field(default_factory=LoRASpec, description="LoRA settings.")
     resolution: tuple[PositiveInt, PositiveInt] | None = Field(
@@ -180,6 +184,14 @@ class ModelSpec(SpecModel):
             return int(h), int(w)
         return None if self.resolution is None else (int(self.resolution[0]), int(self.resolution[1]))
 
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        if self.dtype == "float16":  # no float32 master copy: AdamW's update is computed in float16
+            raise FieldProblem("dtype", "float16", "cannot be trained: the actor runs AdamW on the float16 weights "
+                               "(LoRA adapters too), whose eps (1e-8) and small second moments underflow to 0, so "
+                               "its first step makes the weights inf or NaN; use bfloat16 (float32's exponent range)")
+        return self
+
 
 # ---------------------------------------------------------------- data
 
@@ -203,6 +215,11 @@ class DataSpec(SpecModel):
 
 
 # ---------------------------------------------------------------- reward
+
+
+RESERVED_REWARD_NAMES: tuple[str, ...] = ("mean", "std", "seconds", "latency_seconds", "total")
+"""Reward names whose `reward_<name>` metric is a step statistic of the whole reward (controller/loop.py), and
+`total`, the `reward` label of the weighted sum's Prometheus series (telemetry/meters.py)."""
 
 
 class RewardSpec(SpecModel):
@@ -230,7 +247,8 @@ class RewardSpec(SpecModel):
         "topLogprobs, concurrency, batchSize, maxRetries, apiKeyEnv}.",
     )
     timeoutSeconds: float = Field(
-        30.0, gt=0, description="Per-request scorer timeout, seconds. A remote scorer whose requests time out but "
+        30.0, gt=0, le=86400, description="Per-request scorer timeout, seconds (at most a day: from about 1e10 s "
+        "the HTTP and gRPC clients overflow). A remote scorer whose requests time out but "
         "that answers a cheap one (a judge's GET /models, an empty ScoreRequest) is slower than this: its samples "
         "fail at once, naming this field and one request's measured time (not held for scorerOutageSeconds).")
     normalize: NormalizeMode = Field(
@@ -243,6 +261,11 @@ class RewardSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> RewardSpec:
+        if self.name in RESERVED_REWARD_NAMES:  # `reward_<name>` would overwrite the step's own metric
+            raise FieldProblem("name", self.name, "is reserved: metrics name each reward reward_<name>, "
+                               "val_reward_<name> and omnirl_reward_mean{reward=<name>}, and this one is the whole "
+                               f"reward's ({', '.join(RESERVED_REWARD_NAMES)} are taken); rename it, e.g. "
+                               f"{self.name}-score")
         if self.server is not None:
             if self.kind not in REMOTE_KINDS:
                 raise FieldProblem("server", {"command": self.server.command}, f"only for kinds {', '.join(REMOTE_KINDS)} (kind {self.kind} "
@@ -254,6 +277,10 @@ class RewardSpec(SpecModel):
                 raise FieldProblem("server.healthPath", self.server.healthPath, "must be unset for kind grpc (a gRPC "
                                    "server does not answer an HTTP GET: the judge would never be ready); remove it, "
                                    "the judge is then ready once its port accepts connections")
+            if self.kind == "grpc" and self.server.urlPath != "/":  # a gRPC target is host:port, nothing after it
+                raise FieldProblem("server.urlPath", self.server.urlPath, "must be unset for kind grpc (the reward "
+                                   "workers reach a gRPC server at host:port, so a path would be ignored); remove "
+                                   "it, or use kind http for a server of the HTTP scorer protocol at that path")
         else:
             check_url(self.kind, self.url)
         parse_params(self.kind, self.params)
@@ -287,7 +314,8 @@ class ValidationSpec(SpecModel):
     everySteps: int = Field(5, ge=0, description="Validate every N training steps (0 = only at start and end).")
     numSteps: int = Field(20, ge=2, le=1000, description="ODE sampler denoising steps for validation.")
     maxPrompts: int = Field(256, ge=1, description="Use at most this many validation prompts.")
-    seed: int = Field(1234, description="Noise seed; fixed so validations are comparable.")
+    seed: Seed = Field(1234, description="Noise seed; fixed so validations are comparable. A signed 64-bit integer "
+                       "(`omnirl.api.seeds.derive` hashes it).")
 
 
 class AcceleratorSpec(SpecModel):
@@ -329,8 +357,8 @@ class RewardServerSpec(SpecModel):
     accelerator: AcceleratorSpec = Field(default_factory=AcceleratorSpec, description="Accelerator sugar.")
     replicas: int = Field(1, ge=1, le=64, description="Judge pods behind the Service.")
     port: int = Field(8000, ge=1024, le=65535, description="Port the server listens on in its pod.")
-    urlPath: str = Field("/", pattern=r"^/", description="Path appended to the wired URL (`/score` for the HTTP "
-                         "scorer protocol, `/v1` for an OpenAI-compatible server).")
+    urlPath: str = Field("/", pattern=r"^/", description="Path appended to the wired URL (`/v1/score` for the HTTP "
+                         "scorer protocol, `/v1` for an OpenAI-compatible server); not for kind grpc (host:port).")
     healthPath: str | None = Field(None, pattern=r"^/", description="HTTP path answering 200 when the server is "
                                    "ready (`/health` on vLLM); null = ready once the port accepts connections.")
     template: dict[str, Any] | None = Field(
@@ -460,7 +488,8 @@ class TransferQueueSpec(SpecModel):
     """The Redis-Streams TransferQueue."""
 
     redisUrl: str | None = Field(
-        None, description="redis:// URL; null means an embedded redis-server (local) or the chart's Redis."
+        None, description="The Redis of the queue: redis://[[user]:password@]host[:port][/db] (rediss:// for TLS); "
+        "null means an embedded redis-server (local) or the chart's Redis."
     )
     passwordSecret: str | None = Field(None, description="Kubernetes Secret (key `password`) for Redis.")
     maxStreamLength: int = Field(10_000, ge=1, description="Back-pressure bound on each stream (entries).")
@@ -471,15 +500,42 @@ class TransferQueueSpec(SpecModel):
     def _check(self) -> TransferQueueSpec:
         if self.passwordSecret:  # "" is no Secret, as unset; the pods' secretKeyRef: the API server refuses another name
             check_object_name("passwordSecret", self.passwordSecret, "Secret")
+        if self.redisUrl:  # "" is no URL, as unset (the launcher and the operator read it so)
+            check_redis_url(self.redisUrl)
+        if self.tensorTtlSeconds <= self.claimIdleSeconds:
+            raise FieldProblem("tensorTtlSeconds", self.tensorTtlSeconds, f"must be > claimIdleSeconds "
+                               f"({self.claimIdleSeconds:g}): a sample reclaimed from a dead consumer after "
+                               "claimIdleSeconds must still have its tensors, and a sample's image and trajectory must "
+                               "outlive its rollout, scoring and training step (default 3600)")
         return self
+
+
+RUN_DIR_ENTRIES: tuple[str, ...] = ("exports", "samples", "logs", "ledger", "redis")
+"""The run directory's own folders (exports, validation grids, role logs, sample ledgers, the embedded
+Redis): `checkpoint.dir` may not be one of them."""
 
 
 class CheckpointSpec(SpecModel):
     """Checkpointing of the actor's weights and optimiser state."""
 
     everySteps: int = Field(10, ge=0, description="Save every N training steps (0 = only at the end).")
-    dir: str = Field("checkpoints", min_length=1, description="Checkpoint directory (relative to the run output).")
+    dir: str = Field("checkpoints", min_length=1, description="Checkpoint directory, relative to the run output "
+                     "(inside it: on Kubernetes only the run directory is on the job's volume).")
     keep: int = Field(2, ge=1, description="Checkpoints kept besides `latest`.")
+
+    @model_validator(mode="after")
+    def _check(self) -> CheckpointSpec:
+        # the actor writes OUT/dir, the controller and `omnirl export` read it there: outside OUT a pod's
+        # checkpoints would miss the volume (lost on restart, not seen by the controller's pod)
+        if self.dir.startswith("/") or ".." in self.dir.split("/"):
+            raise FieldProblem("dir", self.dir, "must be a path inside the run directory (relative, no '..'): on "
+                               "Kubernetes only the run directory is on the job's volume; e.g. checkpoints")
+        top = next((part for part in self.dir.split("/") if part not in ("", ".")), "")
+        if top in RUN_DIR_ENTRIES or not top:
+            raise FieldProblem("dir", self.dir, f"must not be the run directory itself nor in its {', '.join(RUN_DIR_ENTRIES)} "
+                               "(the export of a checkpoint replaced it under exports/: the job restarted and failed); "
+                               "e.g. checkpoints")
+        return self
 
 
 class FailurePolicySpec(SpecModel):
@@ -500,7 +556,8 @@ class FailurePolicySpec(SpecModel):
     progressDeadlineSeconds: float = Field(
         600.0, gt=0, description="A role whose main loop has not beaten (heartbeat in Redis, gRPC health) for this "
         "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
-        "single unit of work (one scorer call, one training step, one checkpoint write)."
+        "single unit of work (one in-process scorer call, one training step, one checkpoint write). A reward worker "
+        "waiting on a remote scorer beats meanwhile, up to that scorer's timeouts."
     )
     scorerOutageSeconds: float = Field(
         600.0, ge=0, description="How long a reward worker holds the samples of a scorer that does not answer "
@@ -533,7 +590,8 @@ class RLJobSpec(SpecModel):
     storage: StorageSpec | None = Field(
         None, description="Kubernetes: the PersistentVolumeClaim holding the run directory (checkpoints, metrics, "
         "samples, the exported model); unset = an emptyDir, lost with the pods. Locally: `omnirl run --out`.")
-    seed: int = Field(0, description="Global seed (data order, SDE windows, sampling noise).")
+    seed: Seed = Field(0, description="Global seed (data order, SDE windows, sampling noise). A signed 64-bit "
+                       "integer (`omnirl.api.seeds.derive` hashes it).")
     suspend: bool = Field(False, description="Suspended jobs have no running pods (Kueue admission).")
 
     @model_validator(mode="after")
@@ -546,6 +604,13 @@ class RLJobSpec(SpecModel):
         if all(r.weight == 0 for r in self.reward):  # every sample's reward 0: every advantage 0, nothing learnt
             raise FieldProblem("reward", [f"{r.name}: weight 0" for r in self.reward], "every weight is 0, so every "
                                "sample's reward is 0 and nothing is learnt; give at least one reward a non-zero weight")
+        if self.data.validationPrompts and all(r.kind in GROUP_KINDS for r in self.reward):
+            # validation samples one image per prompt: a group-level scorer has no group to score, and the
+            # held-out reward came out 0 for every sample, a reward nobody gave
+            raise FieldProblem("data.validationPrompts", self.data.validationPrompts, "needs a per-sample reward: "
+                               f"validation scores single samples and every reward is group-level "
+                               f"({', '.join(r.kind for r in self.reward)}); add one (e.g. kind ocr) or remove "
+                               "validationPrompts")
         check_storage(self.storage, self.roles.actor.replicas)
         judges: dict[str, int] = {}
         for i, r in enumerate(self.reward):
@@ -590,8 +655,9 @@ class RLJobSpec(SpecModel):
                     raise FieldProblem("model.attention", "cudnn", f"runs on NVIDIA GPUs only; roles.{role}.accelerator"
                                        f".type is {kind}: set auto (cuDNN where it applies) or torch")
             if self.model.dtype == "float32":
-                raise FieldProblem("model.attention", "cudnn", "needs model.dtype bfloat16 or float16 (it is float32): "
+                raise FieldProblem("model.attention", "cudnn", "needs model.dtype bfloat16 (it is float32): "
                                    "set the dtype, or attention auto or torch")
+        self._check_stream_length()
         sizes = [("model.resolution", self.model.resolution)] + [
             (f"model.resolutions[{i}]", r) for i, r in enumerate(self.model.resolutions or ())]
         for field, res in sizes:
@@ -599,6 +665,21 @@ class RLJobSpec(SpecModel):
                 raise FieldProblem(field, list(res), "must be multiples of 16 (VAE 8x times patch 2); use "
                                    f"e.g. [{res[0] // 16 * 16 or 16}, {res[1] // 16 * 16 or 16}]")
         return self
+
+
+    def _check_stream_length(self) -> None:
+        """`transferQueue.maxStreamLength` must hold what the controller keeps in a stream at once: a
+        step's scores stay there until the whole step is collected (promptsPerStep × groupSize), and a
+        validation round's requests go out in one go (maxPrompts). Below that the producers wait on a
+        controller that waits on them: every role stalls until the back-pressure timeout fails it."""
+        algo, needed = self.algorithm, self.algorithm.promptsPerStep * self.algorithm.groupSize
+        rounds = self.validation.maxPrompts if self.data.validationPrompts else 0
+        if self.transferQueue.maxStreamLength < needed + rounds:
+            held = f"promptsPerStep × groupSize = {algo.promptsPerStep} × {algo.groupSize} scores of a step"
+            held += f" + validation.maxPrompts = {rounds} requests of a validation round" if rounds else ""
+            raise FieldProblem("transferQueue.maxStreamLength", self.transferQueue.maxStreamLength,
+                               f"must be >= {needed + rounds}, what the controller holds in a stream at once ({held}); "
+                               "below it the roles wait on each other until the back-pressure timeout; raise it")
 
 
 DNS1123_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"

@@ -20,6 +20,7 @@ from safetensors import SafetensorError
 from omnirl.api import disk
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import load_rljob
+from omnirl.api.spec import GROUP_KINDS
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.evaluation.evaluate import SampleUnscored, evaluate
@@ -45,6 +46,12 @@ def main(args: argparse.Namespace) -> int:
         if r.server is not None:
             raise ValueError(f"spec.reward[{i}].server: omnirl eval does not start judge servers (omnirl run does); "
                              f"start the judge yourself and give spec.reward[{i}].url instead of server")
+    if not args.prompts and not spec.data.validationPrompts:  # it was a TypeError traceback
+        raise ValueError(f"--prompts: {args.job} has no spec.data.validationPrompts to sample by default; pass "
+                         "--prompts FILE (one prompt per line)")
+    if all(r.kind in GROUP_KINDS for r in spec.reward):  # each sample's mean reward came out 0, unscored
+        raise ValueError(f"spec.reward: every reward is group-level ({', '.join(r.name for r in spec.reward)}), and "
+                         "omnirl eval scores single samples; add a per-sample reward (e.g. kind ocr) to the manifest")
     check_judges(spec.reward)
     fix = "restore it, or pass an older OUT/checkpoints/step-* directory"
     if args.checkpoint:  # another job's checkpoint is refused as `omnirl export` refuses it, before the model loads

@@ -19,7 +19,7 @@ import yaml
 from omnirl.api.spec import MODEL_ROLES, RLJob
 from omnirl.controller import report
 from omnirl.launch.placement import Placement
-from omnirl.reward.registry import check_api_keys
+from omnirl.reward.registry import check_api_keys, check_in_process
 
 
 def check_local_paths(job: RLJob) -> None:
@@ -29,7 +29,8 @@ def check_local_paths(job: RLJob) -> None:
 
     Raises:
         FileNotFoundError: naming the field and the missing path.
-        ValueError: an unset `spec.reward[i].params.apiKeyEnv` variable (`reward.registry.check_api_keys`).
+        ValueError: an unset `spec.reward[i].params.apiKeyEnv` variable (`reward.registry.check_api_keys`), an
+            in-process scorer its model cannot build (`reward.registry.check_in_process`: an OCR alphabet).
     """
     spec = job.spec
     paths = [("spec.data.trainPrompts", spec.data.trainPrompts),
@@ -43,6 +44,7 @@ def check_local_paths(job: RLJob) -> None:
     check_prompts(job)
     check_model_weights(job)
     check_api_keys(job.spec.reward)  # the roles inherit this environment
+    check_in_process(job.spec.reward)
 
 
 def check_model_weights(job: RLJob) -> None:

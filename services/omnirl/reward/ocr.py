@@ -105,7 +105,8 @@ class OCRScorer:
         index[" "] = len(characters) + 1
         missing = [ch for ch in alphabet if ch not in index]
         if missing or not alphabet:
-            raise ValueError(f"alphabet {alphabet!r} has characters the PP-OCRv4 recogniser does not know: {missing}")
+            raise ValueError(f"alphabet: {alphabet!r} has characters the PP-OCRv4 recogniser does not know: {missing}; "
+                             "remove them (it reads digits, Latin letters, common punctuation and Chinese)")
         self.alphabet = alphabet
         self.class_ids = np.array([index[ch] for ch in alphabet], dtype=np.int64)
         self.batch_size = batch_size

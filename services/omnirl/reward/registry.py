@@ -23,7 +23,10 @@ def build_scorer(spec: RewardSpec, threads: int = 1, field: str | None = None) -
     if spec.kind == "ocr":
         from omnirl.reward.ocr import OCRScorer
 
-        return OCRScorer(alphabet=params.alphabet, threads=params.threads or threads, batch_size=params.batchSize)
+        try:
+            return OCRScorer(alphabet=params.alphabet, threads=params.threads or threads, batch_size=params.batchSize)
+        except ValueError as err:  # the only one it raises on a checked spec: an alphabet the model cannot read
+            raise ValueError(f"{field or f'spec.reward[{spec.name}]'}.params.{err}") from err
     if spec.kind == "jpeg":
         from omnirl.reward.jpeg import JPEGCompressibilityScorer
 
@@ -56,6 +59,19 @@ def check_api_keys(specs: list[RewardSpec]) -> None:
             from omnirl.reward.vlm import api_key  # the openai client only for jobs with a VLM judge
 
             api_key(spec.typed_params().apiKeyEnv, f"spec.reward[{i}].params.apiKeyEnv")
+
+
+def check_in_process(specs: list[RewardSpec]) -> None:
+    """Build every in-process scorer of `spec.reward` once (OCR: its recogniser and alphabet), before
+    `omnirl run` starts a process: left to the reward worker, a setting its model cannot take stops
+    the job only after every role has loaded.
+
+    Raises:
+        ValueError: naming `spec.reward[i].params.…` (e.g. an alphabet the recogniser cannot read).
+    """
+    for i, spec in enumerate(specs):
+        if spec.kind in ("ocr", "jpeg"):
+            build_scorer(spec, field=f"spec.reward[{i}]")
 
 
 def check_judges(specs: list[RewardSpec], only: set[str] | None = None, *, strict: bool = True) -> None:

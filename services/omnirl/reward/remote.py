@@ -29,7 +29,7 @@ import numpy as np
 
 from omnirl.reward.base import Outcome, PerSampleScorer, ScorerError, check_batch
 from omnirl.reward.protocol.codec import build_request, from_json, pb2, pb2_grpc, read_response, to_json
-from omnirl.reward.slow import measure_timeout, probe_timeout, slow_reason
+from omnirl.reward.slow import longest_call_s, measure_timeout, probe_timeout, slow_reason
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """gRPC message size limit both ways (a batch of 64 PNGs at 1024² fits)."""
@@ -174,6 +174,11 @@ class RemoteScorer(PerSampleScorer):
     def _answers(self, timeout_s: float) -> bool:
         """Whether the server answers an empty request within `timeout_s`."""
         raise NotImplementedError
+
+    def longest_call_s(self, n: int) -> float:
+        """The longest one `score_each` call (one request of `n` samples) can take, seconds: every
+        attempt timing out, the backoffs between them, the empty request and the measuring one."""
+        return longest_call_s(self.timeout_s, self.max_retries + 1, sum(backoff_s(k) for k in range(self.max_retries)))
 
     def _slow_or_away(self, call: Callable[[float], Outcome]) -> str | None:
         """After a batch's every attempt timed out: the reason it fails when the server answers an

@@ -8,6 +8,8 @@ groups have one sample and get none).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from omnirl.api.spec import GROUP_KINDS, RewardSpec
@@ -71,6 +73,14 @@ class RewardSet:
             causes = [e for required, e in failed if required] or [e for _, e in failed]  # none required: all failed
             hold.append(reward is None and bool(causes) and all(e.unavailable for e in causes))
         return results, hold
+
+    def longest_s(self, images: list[np.ndarray]) -> float:
+        """The longest `score_or_hold` on `images` can take waiting on remote scorers, seconds: the sum
+        of their `longest_call_s` over their calls (one per image shape). In-process scorers count 0:
+        their time is the worker's own and stays under `progressDeadlineSeconds`."""
+        sizes = list(Counter(image.shape for image in images).values())
+        remote = [scorer for scorer in self.scorers.values() if hasattr(scorer, "longest_call_s")]  # http, grpc, vlm
+        return sum(scorer.longest_call_s(n) for scorer in remote for n in sizes)
 
     @staticmethod
     def _by_shape(scorer: Scorer, images: list[np.ndarray], prompts: list[str], sample_ids: list[str]) -> Outcome:

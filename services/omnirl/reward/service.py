@@ -121,7 +121,8 @@ class RewardService:
         (unreachable, timing out, 5xx after its own retries: a judge restarting) is held and scored
         again, every 1, 2, 4 … 30 s, for up to `failurePolicy.scorerOutageSeconds`; past that it
         fails with the reason as any other. None when the job stops (or SIGTERM) meanwhile."""
-        results, hold = self.rewards.score_or_hold(images, prompts, ids)
+        with self.heartbeat.covering(self.rewards.longest_s(images)):  # a slow judge's minutes are not a hang
+            results, hold = self.rewards.score_or_hold(images, prompts, ids)
         deadline, delay = time.monotonic() + self.hold_s, 1.0
         while any(hold) and time.monotonic() < deadline:
             idx = [i for i, h in enumerate(hold) if h]
@@ -134,8 +135,9 @@ class RewardService:
                     return None
                 self.heartbeat.beat()  # alive, waiting: not stuck
                 time.sleep(0.2)
-            again, still = self.rewards.score_or_hold([images[i] for i in idx], [prompts[i] for i in idx],
-                                                      [ids[i] for i in idx])
+            with self.heartbeat.covering(self.rewards.longest_s([images[i] for i in idx])):
+                again, still = self.rewards.score_or_hold([images[i] for i in idx], [prompts[i] for i in idx],
+                                                          [ids[i] for i in idx])
             for k, i in enumerate(idx):
                 results[i], hold[i] = again[k], still[k]
             delay = min(2 * delay, 30.0)

@@ -15,8 +15,8 @@ PROBE_TIMEOUT_S = (2.0, 10.0)
 """Bounds of the cheap request's timeout (`timeoutSeconds` clipped to them)."""
 MEASURE_TIMEOUT_S = (60.0, 300.0)
 """Bounds of the timeout of the one real request that measures a slow scorer (10 × `timeoutSeconds`
-clipped to them): long enough to see a big model answer, short of the default
-`failurePolicy.progressDeadlineSeconds` (600) that a reward worker must beat within."""
+clipped to them): long enough to see a big model answer. The reward worker keeps beating meanwhile
+(`longest_call_s`), so it may exceed `failurePolicy.progressDeadlineSeconds`."""
 
 
 def probe_timeout(timeout_s: float) -> float:
@@ -52,3 +52,11 @@ def slow_reason(name: str, where: str, field: str, timeout_s: float, attempts: i
     return (f"{name}: {where} is up (it {cheap} in {answered_s:.2f} s) but slower than {field}.timeoutSeconds "
             f"{timeout_s:g}: {attempts} attempt(s) timed out and {took}; {change}{fix}; not held, as waiting does "
             "not make a scorer faster")
+
+
+def longest_call_s(timeout_s: float, attempts: int, waits_s: float) -> float:
+    """The longest one scorer call can take when its server is slow or away, seconds: `attempts`
+    attempts of `timeout_s` each that time out, `waits_s` of backoff between them, then the cheap
+    request (`probe_timeout`) and the measuring one (`measure_timeout`). The reward worker's
+    heartbeat covers that long (`Heartbeat.covering`), so the wait is not taken for a hang."""
+    return attempts * timeout_s + waits_s + probe_timeout(timeout_s) + measure_timeout(timeout_s)

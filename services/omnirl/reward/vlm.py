@@ -42,7 +42,7 @@ from omnirl.api.seeds import derive
 from omnirl.api.spec_reward import VLMParams
 from omnirl.reward.base import Outcome, PerSampleScorer, ScorerError, check_batch
 from omnirl.reward.protocol.codec import encode_png
-from omnirl.reward.slow import measure_timeout, probe_timeout, slow_reason
+from omnirl.reward.slow import longest_call_s, measure_timeout, probe_timeout, slow_reason
 from omnirl.reward.text import ocr_reward
 
 INSTRUCTIONS = {
@@ -53,6 +53,9 @@ INSTRUCTIONS = {
 }
 """Default question of each template (`VLMParams.instruction` replaces it)."""
 MAX_TOKENS = {"read-text": 64, "rate": 8, "yes-no": 1}
+RETRY_AFTER_MAX_S = 120.0
+"""The longest server-directed wait (Retry-After) the openai client honours before a retry (its
+`MAX_RETRY_AFTER_DELAY`); its own backoff is at most 8 s."""
 _INTEGER = re.compile(r"\s*(\d{1,4})\s*")
 
 
@@ -214,6 +217,17 @@ class VLMScorer(PerSampleScorer):
                 else:
                     outcome.values[i] = result
         return outcome
+
+    def longest_call_s(self, n: int) -> float:
+        """The longest one `score_each` call on `n` images can take, seconds: its rounds of
+        `concurrency` requests one after the other (`batchSize` per wave), each request's attempts
+        timing out with the longest waits between them (a server's Retry-After, which the openai
+        client honours up to `RETRY_AFTER_MAX_S`), then the model list and the measuring request."""
+        step, concurrency = self.params.batchSize, self.params.concurrency
+        rounds = sum(math.ceil(min(step, n - start) / concurrency) for start in range(0, n, step))
+        request_s = (self.params.maxRetries + 1) * self.timeout_s + self.params.maxRetries * RETRY_AFTER_MAX_S
+        return (rounds - 1) * request_s + longest_call_s(self.timeout_s, self.params.maxRetries + 1,
+                                                         self.params.maxRetries * RETRY_AFTER_MAX_S)
 
     def _one(self, image: np.ndarray, prompt: str, sample_id: str) -> float | ScorerError:
         """The reward of one image, or the ScorerError saying why there is none."""

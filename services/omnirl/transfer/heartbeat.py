@@ -4,20 +4,27 @@ A beat is ``omnirl:{job}:kv:heartbeat:{worker}`` = ``{"role", "worker", "pid", "
 (``t`` in Unix seconds, ``progress`` a counter the role bumps when it finishes a unit of work).
 A beat is written at most once a second, so it costs one SET per second per role. A role whose
 last beat is older than ``failurePolicy.progressDeadlineSeconds`` is stuck (a hung scorer, a
-SIGSTOPped process, a dead node): see :func:`stale_roles`.
+SIGSTOPped process, a dead node): see :func:`stale_roles`. A call that may legitimately outlast
+that deadline, bounded by its own timeouts (a slow remote scorer), runs under
+:meth:`Heartbeat.covering`, which beats from a thread for at most that bound.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import redis
 
 from omnirl.transfer.keys import kv_key
 
 HEARTBEAT = "heartbeat"
+log = logging.getLogger("omnirl.heartbeat")
 
 
 class Heartbeat:
@@ -39,17 +46,54 @@ class Heartbeat:
         self.key = kv_key(job, f"{HEARTBEAT}:{worker}")
         self.progress = 0
         self.last = 0.0  # monotonic time of the last write
+        self._lock = threading.Lock()  # `covering`'s thread beats too
 
     def beat(self, progressed: bool = False) -> None:
         """Note the loop is alive (and, with ``progressed``, that a unit of work finished)."""
-        self.progress += int(progressed)
-        now = time.monotonic()
-        if now - self.last < self.every_s:
+        with self._lock:
+            self.progress += int(progressed)
+            now = time.monotonic()
+            if now - self.last < self.every_s:
+                return
+            doc = {"role": self.role, "worker": self.worker, "pid": os.getpid(), "t": time.time(),
+                   "progress": self.progress}
+            self.client.set(self.key, json.dumps(doc).encode(), px=int(self.ttl_s * 1000))
+            self.last = now
+
+    @contextmanager
+    def covering(self, bound_s: float) -> Iterator[None]:
+        """Beat from a thread while the block runs, for at most `bound_s` seconds.
+
+        For one call whose own timeouts bound how long it may take (a remote scorer's attempts,
+        its backoffs and the request that measures a slow one: minutes, `omnirl.reward.slow`),
+        which may be longer than `progressDeadlineSeconds`: the role is alive, waiting, not stuck.
+        Past `bound_s` the thread stops beating, so a call stuck beyond its own bound is still
+        reported stale once `progressDeadlineSeconds` more have passed. `bound_s` <= 0: no thread.
+        """
+        if bound_s <= 0:
+            yield
             return
-        doc = {"role": self.role, "worker": self.worker, "pid": os.getpid(), "t": time.time(),
-               "progress": self.progress}
-        self.client.set(self.key, json.dumps(doc).encode(), px=int(self.ttl_s * 1000))
-        self.last = now
+        done = threading.Event()
+        until = time.monotonic() + bound_s
+
+        def keep_alive() -> None:
+            warned = False
+            while not done.wait(self.every_s) and time.monotonic() < until:
+                try:
+                    self.beat()
+                except redis.RedisError as err:  # Redis away: the role's own next call meets it and handles it
+                    if not warned:
+                        log.warning("heartbeat of %s not written (%s); trying again every %g s", self.worker, err,
+                                    self.every_s)
+                    warned = True
+
+        thread = threading.Thread(target=keep_alive, name=f"heartbeat-{self.worker}", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def age_s(self) -> float:
         """Seconds since this process last wrote a beat (its own view; the health probe reads it)."""
