@@ -216,3 +216,32 @@ def test_an_interrupt_after_the_job_finished_says_nothing_is_left(tmp_path):
         f.write('{"event": "finish"}\n')
     assert verdict(130, "", args, tmp_path) == "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
     assert verdict(4, "role actor-0 failed: x", args, tmp_path) == "omnirl: the job did not finish (exit 4): role actor-0 failed: x"
+
+
+RAY_THEN_SIGTERM = """
+import os, signal, time
+def stop(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, stop)  # what omnirl run's main installs before anything starts
+from omnirl.launch.procs import init_ray
+ray = init_ray(None)
+try:
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+    print("SIGTERM ignored")
+except KeyboardInterrupt:
+    print("SIGTERM stopped the launcher")
+finally:
+    ray.shutdown()
+"""
+
+
+def test_sigterm_after_ray_starts_still_reaches_the_launchers_handler():
+    """`omnirl run` (with Ray, the default) SIGTERMed mid-run died with exit 134 — "*** SIGTERM received"
+    from Ray's C++ handler, no held-out table, no `continue with` line — because ray.init replaces the
+    driver's SIGTERM handler with its own (sys.exit, chained to an aborting one). A real Ray instance here."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", RAY_THEN_SIGTERM], capture_output=True, text=True, timeout=240)
+    assert (done.returncode, done.stdout.strip()) == (0, "SIGTERM stopped the launcher"), done.stderr[-2000:]

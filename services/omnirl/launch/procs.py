@@ -154,7 +154,12 @@ def init_ray(address: str | None):
         # background work, and niced roles starve next to any other busy process.
         os.environ.setdefault("RAY_worker_niceness", "0")
     kwargs = {"address": address} if address else {"num_cpus": os.cpu_count() or 1, "include_dashboard": False}
+    ours = signal.getsignal(signal.SIGTERM)
     ray.init(log_to_driver=False, configure_logging=False, **kwargs)
+    # ray.init installs its own SIGTERM handler in the driver (sys.exit, chained to a C++ one that aborts):
+    # `omnirl run` then died with 134 and no verdict instead of stopping the job the way Ctrl-C does.
+    if ours is not None:
+        signal.signal(signal.SIGTERM, ours)
     return ray
 
 
