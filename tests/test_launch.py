@@ -141,6 +141,22 @@ def test_a_process_frozen_before_its_first_heartbeat_is_replaced_after_the_deadl
     assert events[0]["reason"].startswith("no progress for ") and events[0]["action"] == "restart-role"
 
 
+def test_a_role_killed_by_a_signal_has_its_last_log_line_labelled_not_taken_for_the_reason(tmp_path, redis_url):
+    """A SIGKILLed role prints no reason; the event said `exit signal SIGKILL: <its last line>`, an INFO
+    line read as the cause (`exit signal SIGKILL: … weight sync v3 … in 0.179 s`). Now the line is labelled."""
+    from pathlib import Path
+
+    job = _gpu_job(tmp_path)
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 1})})})
+    killed = "import os, signal; print('weights bound v3', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    code, supervisor = supervise_scripts(job, killed, redis_url, Path(tmp_path), "sup-sigkill")
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert code == 137 and [e["reason"] for e in events] == ["exit signal SIGKILL (last log line: weights bound v3)"]
+    assert supervisor.failure == ("role rollout-0 failed (exit signal SIGKILL (last log line: weights bound v3)); "
+                                  "rollout-0 restarted 1 times already (failurePolicy.maxRestarts=1)")
+
+
 def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path):
     """`omnirl run` (real role processes) on a model directory whose model.safetensors was cut short
     (pre-flight checks only that it exists): the rollout and actor exit CONFIG_ERROR_EXIT with one
