@@ -273,6 +273,30 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
     assert proc.wait() == 1 and err == "", err
 
 
+def test_ctrl_c_in_eval_is_one_line_and_exit_130_not_a_traceback(tmp_path):
+    """Ctrl-C during `omnirl eval` printed a KeyboardInterrupt traceback from wherever it landed (the
+    model's forward). The eval here reads its --prompts from a FIFO: once the test's open for writing
+    returns, eval is inside the command, blocked reading it, when SIGINT arrives (set to its default
+    disposition: a shell without job control would start the child with SIGINT ignored)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "prompts.fifo"
+    os.mkfifo(fifo)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}
+    env.pop("OMNIRL_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "eval", NFT, "--prompts", str(fifo),
+                             "--out", str(tmp_path / "o")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    with open(fifo, "w"):  # returns once eval opened it: eval is reading its prompts
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err.decode()) == (130, "omnirl eval: interrupted\n"), err.decode()[-2000:]
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_second_launcher_on_a_run_directory_in_use_is_refused(tmp_path, capsys, monkeypatch):
     """`omnirl run --resume --out X` while another `omnirl run` holds X: exit 2 naming that pid, before
     a second Redis or actor touches X. The lock is held here as the running launcher holds it."""

@@ -165,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `omnirl` console script; returns the process exit code.
 
     A user error (bad manifest, missing file, bad value) prints one line per problem and exits 2;
-    OMNIRL_DEBUG=1 shows the traceback instead. `omnirl role` reports its own failures.
+    Ctrl-C prints `omnirl COMMAND: interrupted` and exits 130 (`omnirl run` stops its job first and
+    says how to continue); OMNIRL_DEBUG=1 shows the traceback instead. `omnirl role` reports its own failures.
     """
     import os
 
@@ -174,6 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     try:
         return int(args.fn(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 130, not a traceback from wherever it landed
+        print(f"omnirl {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `omnirl validate … | head`: the reader left; no traceback, as other CLIs
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush must not raise too
         return 1
