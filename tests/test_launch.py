@@ -234,16 +234,24 @@ def test_an_interrupt_after_the_job_finished_says_nothing_is_left(tmp_path):
     assert verdict(4, "role actor-0 failed: x", args, tmp_path) == "omnirl: the job did not finish (exit 4): role actor-0 failed: x"
 
 
-RAY_THEN_SIGTERM = """
-import os, signal, time
+RAY_AND_SIGTERM = """
+import os, signal, sys, threading, time
 def stop(signum, frame):
     raise KeyboardInterrupt
 signal.signal(signal.SIGTERM, stop)  # what omnirl run's main installs before anything starts
+if sys.argv[1] == "during":  # once ray.init has put its own handler in (its first step), before it returns
+    def kill_when_replaced():
+        while signal.getsignal(signal.SIGTERM) is stop:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=kill_when_replaced, daemon=True).start()
 from omnirl.launch.procs import init_ray
-ray = init_ray(None)
+import ray
 try:
-    os.kill(os.getpid(), signal.SIGTERM)
-    time.sleep(30)
+    init_ray(None)
+    if sys.argv[1] == "after":
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
     print("SIGTERM ignored")
 except KeyboardInterrupt:
     print("SIGTERM stopped the launcher")
@@ -252,12 +260,14 @@ finally:
 """
 
 
-def test_sigterm_after_ray_starts_still_reaches_the_launchers_handler():
+@pytest.mark.parametrize("when", ["after", "during"])
+def test_sigterm_during_or_after_ray_init_reaches_the_launchers_handler(when):
     """`omnirl run` (with Ray, the default) SIGTERMed mid-run died with exit 134 — "*** SIGTERM received"
-    from Ray's C++ handler, no held-out table, no `continue with` line — because ray.init replaces the
-    driver's SIGTERM handler with its own (sys.exit, chained to an aborting one). A real Ray instance here."""
+    from Ray's C++ handler, no held-out table, no `continue with` line — and with exit 15 while Ray started:
+    ray.init replaces the driver's SIGTERM handler with its own (sys.exit, chained to an aborting one).
+    A real local Ray instance here."""
     import subprocess
     import sys
 
-    done = subprocess.run([sys.executable, "-c", RAY_THEN_SIGTERM], capture_output=True, text=True, timeout=240)
+    done = subprocess.run([sys.executable, "-c", RAY_AND_SIGTERM, when], capture_output=True, text=True, timeout=240)
     assert (done.returncode, done.stdout.strip()) == (0, "SIGTERM stopped the launcher"), done.stderr[-2000:]
