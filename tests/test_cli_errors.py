@@ -348,3 +348,27 @@ def test_a_new_run_on_another_jobs_results_names_that_job_not_resume(tmp_path, c
     # the same job's run: pass --resume
     assert main(["run", NFT, "--no-ray", "--out", str(run)]) == 2
     assert "already holds a run: pass --resume to continue it" in capsys.readouterr().err
+
+
+def test_every_argument_of_every_subcommand_says_what_it_takes():
+    """`omnirl <command> --help` for a new user: no bare `--steps STEPS` (pretrain's --steps, --seed and
+    --batch-size, eval's --sampler, run's and render's JOB had no text), and run's --steps says it is the total,
+    with --resume too (its help said "override spec.algorithm.steps")."""
+    import argparse
+
+    from omnirl.cli import build_parser
+
+    bare = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not action.help:
+                bare.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "omnirl")
+    assert bare == []
+    run = next(a for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions if a.dest == "steps")
+    assert "total" in run.help and "--resume" in run.help
