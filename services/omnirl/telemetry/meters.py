@@ -28,7 +28,8 @@ class Meters:
         self.provider = MeterProvider(metric_readers=[self.reader])
         m = self.provider.get_meter("omnirl")
         self.attrs = {"job": job}
-        self.hist = {n: m.create_histogram(n) for n in (N.STEP_SECONDS, N.WEIGHT_SYNC_SECONDS, N.REWARD_LATENCY_SECONDS)}
+        self.hist = {n: m.create_histogram(n, explicit_bucket_boundaries_advisory=N.SECONDS_BUCKETS)
+                     for n in (N.STEP_SECONDS, N.WEIGHT_SYNC_SECONDS, N.REWARD_LATENCY_SECONDS)}
         self.counters = {n: m.create_counter(n.removesuffix("_total"))
                          for n in (N.GROUPS_DROPPED, N.GROUPS_REFILLED, N.ZERO_STD_GROUPS, N.SAMPLES_TRAINED)}
         gauges = set(N.ALL) - set(self.hist) - set(self.counters)

@@ -37,6 +37,13 @@ GROUPS_REFILLED = "omnirl_groups_refilled_total"  # counter
 ZERO_STD_GROUPS = "omnirl_zero_std_groups_total"  # counter
 SAMPLES_TRAINED = "omnirl_samples_trained_total"  # counter
 
+# Bucket upper bounds (seconds) of the three histograms: from a LoRA weight sync (0.2 s on a GPU) to a
+# CPU step of minutes. OpenTelemetry's default (0, 5, 10, 25, … 10000) is made for milliseconds: every
+# reward latency (~1 s) and weight sync fell in (0, 5], so the dashboards' histogram_quantile read
+# 2.5 s (p50) and 4.75 s (p95) whatever the job did.
+SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0,
+                   2500.0)
+
 ALL = [
     STEP_SECONDS, IMAGES_PER_SECOND, REWARD_MEAN, REWARD_STD, REWARD_COMPONENT_STD, REWARD_COMPONENT_MISSING,
     REWARD_REPLICAS, VALIDATION_REWARD, TRAINING_STEP, POLICY_VERSION,
