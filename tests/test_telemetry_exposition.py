@@ -1,4 +1,5 @@
-"""The seconds histograms have buckets at the scale of what they measure.
+"""What Prometheus scrapes: the seconds histograms have buckets at the scale of what they measure, and
+every family has a help text.
 
 With OpenTelemetry's default boundaries (0, 5, 10, 25, … 10000: milliseconds) every reward latency
 (about 1 s) and weight sync (0.2–1 s) fell in the one bucket (0, 5], and the pipeline dashboard's
@@ -47,3 +48,18 @@ def test_reward_latency_and_sync_quantiles_land_near_the_recorded_seconds():
     assert 0.5 <= latency <= 1.0, latency  # both observations in (0.5, 1]: was 2.5 (the (0, 5] bucket's middle)
     assert 0.25 <= sync <= 0.5, sync
     assert 5.0 <= step <= 25.0, step
+
+
+def test_every_exported_family_has_a_help_text():
+    """Prometheus' `# HELP omnirl_x` lines were empty: Grafana's metric browser said nothing about them."""
+    from omnirl.telemetry import names
+
+    assert set(names.HELP) == set(names.ALL)
+    meters = Meters("help-test")
+    try:
+        meters.record_step({"reward_mean": 0.5, "step_seconds": 1.0, "samples": 4})
+        helps = {line.split()[2]: line.split(maxsplit=3)[3:] for line in generate_latest(REGISTRY).decode().splitlines()
+                 if line.startswith("# HELP omnirl_")}
+    finally:
+        meters.shutdown()
+    assert helps and all(text and text[0].strip() for text in helps.values()), helps
