@@ -307,6 +307,30 @@ def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
     assert proc.wait() == 1 and err == "", err
 
 
+def test_ctrl_c_in_eval_is_one_line_and_exit_130_not_a_traceback(tmp_path):
+    """Ctrl-C during `omnirl eval` printed a KeyboardInterrupt traceback from wherever it landed (the
+    model's forward). The eval here reads its --prompts from a FIFO: once the test's open for writing
+    returns, eval is inside the command, blocked reading it, when SIGINT arrives (set to its default
+    disposition: a shell without job control would start the child with SIGINT ignored)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "prompts.fifo"
+    os.mkfifo(fifo)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}
+    env.pop("OMNIRL_DEBUG", None)
+    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "eval", NFT, "--prompts", str(fifo),
+                             "--out", str(tmp_path / "o")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    with open(fifo, "w"):  # returns once eval opened it: eval is reading its prompts
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    assert (proc.returncode, err.decode()) == (130, "omnirl eval: interrupted\n"), err.decode()[-2000:]
+    assert not (tmp_path / "o").exists()
+
+
 def test_a_second_launcher_on_a_run_directory_in_use_is_refused(tmp_path, capsys, monkeypatch):
     """`omnirl run --resume --out X` while another `omnirl run` holds X: exit 2 naming that pid, before
     a second Redis or actor touches X. The lock is held here as the running launcher holds it."""
@@ -380,3 +404,27 @@ def test_errors_print_as_raised(raised, printed, capsys, monkeypatch):
     monkeypatch.setattr(cli, "_cmd_render", fail)  # the parser binds the command when main builds it
     assert cli.main(["render", NFT]) == 2
     assert capsys.readouterr().err == f"omnirl render: {printed}\n"
+
+
+def test_every_argument_of_every_subcommand_says_what_it_takes():
+    """`omnirl <command> --help` for a new user: no bare `--steps STEPS` (pretrain's --steps, --seed and
+    --batch-size, eval's --sampler, run's and render's JOB had no text), and run's --steps says it is the total,
+    with --resume too (its help said "override spec.algorithm.steps")."""
+    import argparse
+
+    from omnirl.cli import build_parser
+
+    bare = []
+
+    def walk(parser: argparse.ArgumentParser, path: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    walk(sub, f"{path} {name}")
+            elif not action.help:
+                bare.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+
+    walk(build_parser(), "omnirl")
+    assert bare == []
+    run = next(a for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions if a.dest == "steps")
+    assert "total" in run.help and "--resume" in run.help

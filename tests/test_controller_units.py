@@ -82,6 +82,10 @@ def test_validation_table_reports_the_change():
     assert "0.450" in text and "0.700" in text and "0.610" in text
     assert "0.450 → 0.700 (+0.250)" in text
     assert validation_table([{"event": "step", "step": 0}]) == ""
+    # a run stopped before its second validation: the table, and no "0.450 → 0.450 (+0.000)" that reads as
+    # "training changed nothing"
+    alone = validation_table(records[:1])
+    assert "0.450" in alone and "→" not in alone
 
 
 def test_background_darkness_reads_only_the_border_rows():

@@ -141,6 +141,22 @@ def test_a_process_frozen_before_its_first_heartbeat_is_replaced_after_the_deadl
     assert events[0]["reason"].startswith("no progress for ") and events[0]["action"] == "restart-role"
 
 
+def test_a_role_killed_by_a_signal_has_its_last_log_line_labelled_not_taken_for_the_reason(tmp_path, redis_url):
+    """A SIGKILLed role prints no reason; the event said `exit signal SIGKILL: <its last line>`, an INFO
+    line read as the cause (`exit signal SIGKILL: … weight sync v3 … in 0.179 s`). Now the line is labelled."""
+    from pathlib import Path
+
+    job = _gpu_job(tmp_path)
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 1})})})
+    killed = "import os, signal; print('weights bound v3', flush=True); os.kill(os.getpid(), signal.SIGKILL)"
+    code, supervisor = supervise_scripts(job, killed, redis_url, Path(tmp_path), "sup-sigkill")
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert code == 137 and [e["reason"] for e in events] == ["exit signal SIGKILL (last log line: weights bound v3)"]
+    assert supervisor.failure == ("role rollout-0 failed (exit signal SIGKILL (last log line: weights bound v3)); "
+                                  "rollout-0 restarted 1 times already (failurePolicy.maxRestarts=1)")
+
+
 def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path):
     """`omnirl run` (real role processes) on a model directory whose model.safetensors was cut short
     (pre-flight checks only that it exists): the rollout and actor exit CONFIG_ERROR_EXIT with one
@@ -216,3 +232,42 @@ def test_an_interrupt_after_the_job_finished_says_nothing_is_left(tmp_path):
         f.write('{"event": "finish"}\n')
     assert verdict(130, "", args, tmp_path) == "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
     assert verdict(4, "role actor-0 failed: x", args, tmp_path) == "omnirl: the job did not finish (exit 4): role actor-0 failed: x"
+
+
+RAY_AND_SIGTERM = """
+import os, signal, sys, threading, time
+def stop(signum, frame):
+    raise KeyboardInterrupt
+signal.signal(signal.SIGTERM, stop)  # what omnirl run's main installs before anything starts
+if sys.argv[1] == "during":  # once ray.init has put its own handler in (its first step), before it returns
+    def kill_when_replaced():
+        while signal.getsignal(signal.SIGTERM) is stop:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=kill_when_replaced, daemon=True).start()
+from omnirl.launch.procs import init_ray
+import ray
+try:
+    init_ray(None)
+    if sys.argv[1] == "after":
+        os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(60)
+    print("SIGTERM ignored")
+except KeyboardInterrupt:
+    print("SIGTERM stopped the launcher")
+finally:
+    ray.shutdown()
+"""
+
+
+@pytest.mark.parametrize("when", ["after", "during"])
+def test_sigterm_during_or_after_ray_init_reaches_the_launchers_handler(when):
+    """`omnirl run` (with Ray, the default) SIGTERMed mid-run died with exit 134 — "*** SIGTERM received"
+    from Ray's C++ handler, no held-out table, no `continue with` line — and with exit 15 while Ray started:
+    ray.init replaces the driver's SIGTERM handler with its own (sys.exit, chained to an aborting one).
+    A real local Ray instance here."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", RAY_AND_SIGTERM, when], capture_output=True, text=True, timeout=240)
+    assert (done.returncode, done.stdout.strip()) == (0, "SIGTERM stopped the launcher"), done.stderr[-2000:]

@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("validate", help="check RLJob manifests; exit 2 with one line per problem")
-    s.add_argument("files", nargs="+")
+    s.add_argument("files", nargs="+", help="RLJob manifests (YAML or JSON; a file may hold several documents)")
     s.set_defaults(fn=_cmd_validate)
 
     s = sub.add_parser("crd", help="print the RLJob CustomResourceDefinition generated from the spec")
@@ -95,9 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("pretrain", help="pretrain the built-in OCR digits model by flow matching")
     s.add_argument("--out", required=True, help="output directory (safetensors weights + config.json)")
-    s.add_argument("--steps", type=int, default=3000)
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--batch-size", type=int, default=64)
+    s.add_argument("--steps", type=int, default=3000, help="optimiser steps (default 3000; the shipped model: 550)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the weights, images and noise (default 0)")
+    s.add_argument("--batch-size", type=int, default=64, help="rendered images per step (default 64)")
     s.add_argument("--lr", type=float, default=None, help="peak AdamW lr (default: the shipped checkpoint's, 1.5e-3)")
     s.add_argument("--device", default="cpu", help="cpu | cuda")
     s.set_defaults(fn=_cmd_pretrain)
@@ -109,16 +109,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--prompts", default=None,
                    help="file with one prompt per line (default: the job's first validation.maxPrompts held-out prompts)")
     s.add_argument("--steps", type=int, default=None, help="denoising steps (default: validation.numSteps)")
-    s.add_argument("--sampler", choices=["ode", "sde"], default="ode")
+    s.add_argument("--sampler", choices=["ode", "sde"], default="ode",
+                   help="ode (default, as validation) or sde (every step but the last stochastic)")
     s.add_argument("--seed", type=int, default=None, help="noise seed (default: spec.validation.seed)")
-    s.add_argument("--out", default="eval-out", help="directory for grid.png and rewards.json")
+    s.add_argument("--out", default="eval-out", help="directory for grid.png and rewards.json (default eval-out)")
     s.set_defaults(fn=_cmd_eval)
 
     s = sub.add_parser("run", help="run an RLJob on this machine (embedded Redis, roles as processes)")
-    s.add_argument("job")
-    s.add_argument("--steps", type=int, default=None, help="override spec.algorithm.steps")
+    s.add_argument("job", help="RLJob manifest (YAML or JSON, one RLJob)")
+    s.add_argument("--steps", type=int, default=None,
+                   help="total training steps, also with --resume (default: spec.algorithm.steps)")
     s.add_argument("--out", default=None, help="output directory (default runs/<job name>)")
-    s.add_argument("--resume", action="store_true", help="resume from OUT/checkpoints/latest")
+    s.add_argument("--resume", action="store_true",
+                   help="continue the run in --out (its latest checkpoint, then the batches its Redis kept)")
     s.add_argument("--ray-address", default=None, help="an existing Ray cluster (default: a local one)")
     s.add_argument("--no-ray", action="store_true", help="place roles as plain subprocesses")
     s.add_argument("--device", choices=["auto", "cpu"], default="auto",
@@ -128,7 +131,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_cmd_run)
 
     s = sub.add_parser("role", help="run one role of a job (the container entrypoint)")
-    s.add_argument("role", choices=["rollout", "reward", "actor", "controller"])
+    s.add_argument("role", choices=["rollout", "reward", "actor", "controller"], help="the role to run")
     s.add_argument("--job", required=True, help="RLJob manifest (YAML or JSON)")
     s.add_argument("--out", default=None, help="run output directory")
     s.add_argument("--index", type=int, default=0, help="replica index of this role")
@@ -145,7 +148,8 @@ def build_parser() -> argparse.ArgumentParser:
     scorer_sub = s.add_subparsers(dest="scorer_command", required=True)
     s = scorer_sub.add_parser("serve", help="serve a built-in scorer over gRPC (with gRPC health) or HTTP/JSON")
     s.add_argument("--reward", required=True, choices=["ocr", "jpeg"], help="the built-in scorer to serve")
-    s.add_argument("--protocol", choices=["grpc", "http"], default="grpc")
+    s.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
+                   help="grpc (default; omnirl.scorer.v1.Scorer + gRPC health) or http (POST /v1/score)")
     s.add_argument("--host", default="0.0.0.0", help="address to listen on (default all interfaces)")
     s.add_argument("--port", type=int, default=50051, help="TCP port (0 picks a free one, printed on start)")
     s.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
@@ -155,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_cmd_scorer_serve)
 
     s = sub.add_parser("render", help="print the Kubernetes objects the operator would create")
-    s.add_argument("job")
+    s.add_argument("job", help="RLJob manifest (YAML or JSON, one RLJob)")
     s.add_argument("--namespace", default=None, help="default: the manifest's namespace, else 'default'")
     s.set_defaults(fn=_cmd_render)
     return p
@@ -165,7 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `omnirl` console script; returns the process exit code.
 
     A user error (bad manifest, missing file, bad value) prints one line per problem and exits 2;
-    OMNIRL_DEBUG=1 shows the traceback instead. `omnirl role` reports its own failures.
+    Ctrl-C prints `omnirl COMMAND: interrupted` and exits 130 (`omnirl run` stops its job first and
+    says how to continue); OMNIRL_DEBUG=1 shows the traceback instead. `omnirl role` reports its own failures.
     """
     import os
 
@@ -174,6 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     try:
         return int(args.fn(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 130, not a traceback from wherever it landed
+        print(f"omnirl {args.command}: interrupted", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `omnirl validate … | head`: the reader left; no traceback, as other CLIs
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush must not raise too
         return 1

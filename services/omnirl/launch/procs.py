@@ -144,7 +144,10 @@ class RoleProcess:
 
 
 def init_ray(address: str | None):
-    """Connect to Ray (a fresh local instance when `address` is None); returns the context."""
+    """Connect to Ray (a fresh local instance when `address` is None); returns the context.
+
+    The caller's SIGTERM handler stays in force (ray.init replaces it); a SIGTERM during ray.init runs it.
+    """
     import ray
 
     if ray.is_initialized():
@@ -154,7 +157,20 @@ def init_ray(address: str | None):
         # background work, and niced roles starve next to any other busy process.
         os.environ.setdefault("RAY_worker_niceness", "0")
     kwargs = {"address": address} if address else {"num_cpus": os.cpu_count() or 1, "include_dashboard": False}
-    ray.init(log_to_driver=False, configure_logging=False, **kwargs)
+    # ray.init installs its own SIGTERM handler in the driver first thing (sys.exit(15), later chained to a
+    # C++ one that aborts): `omnirl run` SIGTERMed then died with 15 or 134 and no verdict instead of stopping
+    # the job the way Ctrl-C does. Ours is put back, and a SIGTERM that Ray's caught meanwhile becomes ours.
+    ours = signal.getsignal(signal.SIGTERM)
+    try:
+        ray.init(log_to_driver=False, configure_logging=False, **kwargs)
+    except SystemExit as stop:
+        if stop.code != signal.SIGTERM or not callable(ours):
+            raise
+        ours(signal.SIGTERM, None)  # the launcher's raises KeyboardInterrupt: its interrupted verdict follows
+        raise
+    finally:
+        if ours is not None:
+            signal.signal(signal.SIGTERM, ours)
     return ray
 
 

@@ -70,6 +70,7 @@ def validation_table(records: list[dict]) -> str:
                       "" if train is None else f"{train:.3f}", v["grid"])
     console = Console(file=io.StringIO(), width=160)
     console.print(table)
-    console.print(f"held-out reward: {base:.3f} → {vals[-1]['val_reward_mean']:.3f} "
-                  f"({vals[-1]['val_reward_mean'] - base:+.3f})")
+    if len(vals) > 1:  # one validation (a run stopped early) has no change to report, not "+0.000"
+        console.print(f"held-out reward: {base:.3f} → {vals[-1]['val_reward_mean']:.3f} "
+                      f"({vals[-1]['val_reward_mean'] - base:+.3f})")
     return console.file.getvalue()

@@ -168,7 +168,7 @@ class Supervisor:
             raise JobFailure(code, f"role controller failed: {controller.last_error()}")
         if code is not None:
             self._stop_if_unwritable(controller, code)
-            self._failed(controller, f"exit {_describe(code)}: {controller.last_error()}", code)
+            self._failed(controller, _exit_reason(controller, code), code)
             return None
         for p in list(self.procs.values()):
             c = p.poll()
@@ -178,8 +178,7 @@ class Supervisor:
                 self._event(p.name, f"exit {c}: {p.last_error()}", "fail-job (configuration error: not restarted)")
                 raise JobFailure(c, f"role {p.name} failed: {p.last_error()}")
             self._stop_if_unwritable(p, c)
-            why = p.last_error() if c else "exited before the job finished"
-            self._failed(p, f"exit {_describe(c)}: {why}", c)
+            self._failed(p, _exit_reason(p, c), c)
             return None
         return None
 
@@ -317,6 +316,17 @@ def _redis_storage_error(server: RedisServer) -> OSError | None:
     except OSError:
         return None
     return disk.storage_error(RuntimeError("\n".join(tail)))
+
+
+def _exit_reason(p: RoleProcess, code: int) -> str:
+    """Why a role process ended, for the event line: `exit N: <its last log line>` (a role prints its
+    failure reason last). One killed by a signal printed no reason, so its last line — any INFO line — is
+    labelled as such instead of reading as the cause (`exit signal SIGKILL: … weight sync v3 … in 0.179 s`)."""
+    if code == 0:
+        return "exit 0: exited before the job finished"
+    if code < 0:
+        return f"exit {_describe(code)} (last log line: {p.last_error()})"
+    return f"exit {code}: {p.last_error()}"
 
 
 def _describe(code: int | None) -> str:

@@ -28,11 +28,12 @@ class Meters:
         self.provider = MeterProvider(metric_readers=[self.reader])
         m = self.provider.get_meter("omnirl")
         self.attrs = {"job": job}
-        self.hist = {n: m.create_histogram(n) for n in (N.STEP_SECONDS, N.WEIGHT_SYNC_SECONDS, N.REWARD_LATENCY_SECONDS)}
-        self.counters = {n: m.create_counter(n.removesuffix("_total"))
+        self.hist = {n: m.create_histogram(n, description=N.HELP[n], explicit_bucket_boundaries_advisory=N.SECONDS_BUCKETS)
+                     for n in (N.STEP_SECONDS, N.WEIGHT_SYNC_SECONDS, N.REWARD_LATENCY_SECONDS)}
+        self.counters = {n: m.create_counter(n.removesuffix("_total"), description=N.HELP[n])
                          for n in (N.GROUPS_DROPPED, N.GROUPS_REFILLED, N.ZERO_STD_GROUPS, N.SAMPLES_TRAINED)}
         gauges = set(N.ALL) - set(self.hist) - set(self.counters)
-        self.gauges = {n: m.create_gauge(n) for n in gauges}
+        self.gauges = {n: m.create_gauge(n, description=N.HELP[n]) for n in gauges}
         if port:
             from prometheus_client import start_http_server
 

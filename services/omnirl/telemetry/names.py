@@ -37,6 +37,45 @@ GROUPS_REFILLED = "omnirl_groups_refilled_total"  # counter
 ZERO_STD_GROUPS = "omnirl_zero_std_groups_total"  # counter
 SAMPLES_TRAINED = "omnirl_samples_trained_total"  # counter
 
+# Bucket upper bounds (seconds) of the three histograms: from a LoRA weight sync (0.2 s on a GPU) to a
+# CPU step of minutes. OpenTelemetry's default (0, 5, 10, 25, … 10000) is made for milliseconds: every
+# reward latency (~1 s) and weight sync fell in (0, 5], so the dashboards' histogram_quantile read
+# 2.5 s (p50) and 4.75 s (p95) whatever the job did.
+SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0,
+                   2500.0)
+
+# The `# HELP` line of each (Prometheus and Grafana show it; it was empty).
+HELP = {
+    STEP_SECONDS: "Seconds of one training step, by phase (total, rollout, reward, train, sync)",
+    IMAGES_PER_SECOND: "Training samples per second of the last step (samples / step seconds)",
+    REWARD_MEAN: "Mean reward of the last step's trained samples: the weighted total, or one raw component",
+    REWARD_STD: "Standard deviation of the last step's total reward",
+    REWARD_COMPONENT_STD: "Standard deviation of one reward component's raw scores in the last step",
+    REWARD_COMPONENT_MISSING: "Samples of the last step a non-required reward component failed on",
+    REWARD_REPLICAS: "Reward workers the operator's autoscaler asks for",
+    VALIDATION_REWARD: "Mean held-out reward of the last validation (ODE sampler)",
+    TRAINING_STEP: "Number (from 0) of the last trained step, as in metrics.jsonl",
+    POLICY_VERSION: "Policy version after the last trained step",
+    POLICY_STALENESS: "Mean policy versions the last step's samples lagged behind",
+    KL: "KL to the reference policy in the last step",
+    CLIP_FRACTION: "Fraction of clipped ratios in the last step (FlowGRPO)",
+    IS_WEIGHT: "Mean importance weight, rollout vs actor (FlowGRPO rollout correction)",
+    IS_ESS: "Normalised effective sample size of the importance weights (FlowGRPO)",
+    RS_MASKED_FRACTION: "Fraction of samples masked by rejection sampling (FlowGRPO)",
+    LOGPROB_MISMATCH: "Mean |rollout - actor log-prob| per denoising step (FlowGRPO)",
+    LOGPROB_MISMATCH_MAX: "Largest |rollout - actor log-prob| over the last step's samples and steps (FlowGRPO)",
+    GRAD_NORM: "Gradient norm of the last step",
+    LOSS: "Training loss of the last step",
+    WEIGHT_SYNC_SECONDS: "Seconds to broadcast the new weights to every rollout worker",
+    REWARD_LATENCY_SECONDS: "Mean seconds from a sample's generation to its score, per step",
+    QUEUE_DEPTH: "Entries in a TransferQueue stream (requests, samples, scores)",
+    QUEUE_LAG: "Entries of a TransferQueue stream not yet delivered to its consumer group",
+    GROUPS_DROPPED: "Prompt groups dropped (a member failed after every refill)",
+    GROUPS_REFILLED: "Prompt groups regenerated after a member failed or was too stale",
+    ZERO_STD_GROUPS: "Prompt groups whose rewards were all equal (no advantage signal)",
+    SAMPLES_TRAINED: "Samples the actor trained on",
+}
+
 ALL = [
     STEP_SECONDS, IMAGES_PER_SECOND, REWARD_MEAN, REWARD_STD, REWARD_COMPONENT_STD, REWARD_COMPONENT_MISSING,
     REWARD_REPLICAS, VALIDATION_REWARD, TRAINING_STEP, POLICY_VERSION,
