@@ -140,14 +140,21 @@ def compile_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
     return out
 
 
-def packing_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
-    """Static vs step-wise (shape buckets) vs packed (mixed shapes in one forward), same compiled
-    kernels, on the fragmented, mixed and uniform workloads, stream and burst arrival; each (workload, batching) runs once unmeasured first (compiled graphs, prompt cache, allocator)."""
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16  # CPU bf16 matmuls crawl
+def _frozen_adapter(cfg: dict, device: torch.device, args) -> BenchSD3Adapter:
+    """The benchmark model as a rollout worker holds it: frozen, compiled unless `--no-compile`
+    (bf16 on a GPU, float32 on a CPU, whose bf16 matmuls crawl)."""
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
     adapter = BenchSD3Adapter(build_transformer(cfg, device, dtype), attention=args.attention)
     prepare_rollout_module(adapter, LoRASpec())
     if args.compile:
         compile_adapter_module(adapter)
+    return adapter
+
+
+def packing_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
+    """Static vs step-wise (shape buckets) vs packed (mixed shapes in one forward), same compiled
+    kernels, on the fragmented, mixed and uniform workloads, stream and burst arrival; each (workload, batching) runs once unmeasured first (compiled graphs, prompt cache, allocator)."""
+    adapter = _frozen_adapter(cfg, device, args)
     frag = rollout.FRAGMENTED_GROUP
     if args.tiny:  # CPU smoke test: a quarter of each side, every workload in groups of 4
         sizes = [(h // 4, w // 4) for h, w in rollout.FRAGMENTED_SIZES]
@@ -166,11 +173,7 @@ def packing_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
 def packing_sparse_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
     """Static vs step-wise vs packed on the sparse workloads: groups of 1 and of 2 over the 8
     SPARSE_SIZES (`--requests`/2 images each), same compiled kernels."""
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    adapter = BenchSD3Adapter(build_transformer(cfg, device, dtype), attention=args.attention)
-    prepare_rollout_module(adapter, LoRASpec())
-    if args.compile:
-        compile_adapter_module(adapter)
+    adapter = _frozen_adapter(cfg, device, args)
     sizes = [(h // 4, w // 4) for h, w in rollout.SPARSE_SIZES] if args.tiny else rollout.SPARSE_SIZES
     workloads = {f"sparse-g{g}": (rollout.fragmented_requests(adapter, args.requests // 2, seed=7, sizes=sizes, group=g), g)
                  for g in (1, 2)}
@@ -180,11 +183,7 @@ def packing_sparse_section(cfg: dict, device: torch.device, peak: float, args) -
 def packing_small_section(cfg: dict, device: torch.device, peak: float, args) -> dict:
     """Static vs step-wise vs packed on the small workloads: groups of 4 and of 8 over the 6
     SMALL_SIZES (below 512²; `--requests`/2 images each), same compiled kernels."""
-    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
-    adapter = BenchSD3Adapter(build_transformer(cfg, device, dtype), attention=args.attention)
-    prepare_rollout_module(adapter, LoRASpec())
-    if args.compile:
-        compile_adapter_module(adapter)
+    adapter = _frozen_adapter(cfg, device, args)
     sizes = [(h // 4, w // 4) for h, w in rollout.SMALL_SIZES] if args.tiny else rollout.SMALL_SIZES
     workloads = {f"small-g{g}": (rollout.fragmented_requests(adapter, args.requests // 2, seed=9, sizes=sizes, group=g), g)
                  for g in (4, 8)}
