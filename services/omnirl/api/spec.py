@@ -167,10 +167,10 @@ class ModelSpec(SpecModel):
         False, description="Compile each transformer block with torch.compile (dynamic shapes; GPU recommended).")
     attention: AttentionBackend = Field(
         "auto", description="The attention kernel of the transformer blocks in rollout and actor. auto: cuDNN for "
-        "families sd3 and qwen-image on an NVIDIA Hopper GPU (compute capability 9.x: H100, H200) with bf16/fp16 "
+        "families sd3 and qwen-image on an NVIDIA Hopper GPU (compute capability 9.x: H100, H200) with bf16 "
         "weights and a head dimension that is a multiple of 8 up to 128 (1.45-1.55x FlashAttention-2 at SD3.5's "
         "head dim 64), else torch's choice. torch: torch chooses per call. cudnn: cuDNN only (sd3 or qwen-image, "
-        "rollout and actor on nvidia, bf16/fp16 weights). math: the reference kernel (slow; for debugging).")
+        "rollout and actor on nvidia, bf16 weights). math: the reference kernel (slow; for debugging).")
     gradientCheckpointing: bool = Field(
         False, description="Actor: recompute each transformer block's activations in the backward pass "
         "(less activation memory for about one extra forward).")
