@@ -193,6 +193,8 @@ def test_resolutions_are_dealt_in_turn_and_checked_one_by_one() -> None:
         _sd3_spec(resolution=[512, 512], resolutions=[[512, 512], [384, 640]])
     with pytest.raises(ValidationError, match=r"model.resolutions"):
         _sd3_spec(resolutions=[])
+    with pytest.raises(ValidationError, match=r"must be a list of \[height, width\] pairs, e.g. \[\[512, 512\]"):
+        _sd3_spec(resolutions=[512, 512])
 
 
 @pytest.mark.parametrize("family", ["ocr-digits", "flux", "qwen-image"])

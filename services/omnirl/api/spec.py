@@ -184,6 +184,15 @@ class ModelSpec(SpecModel):
             return int(h), int(w)
         return None if self.resolution is None else (int(self.resolution[0]), int(self.resolution[1]))
 
+    @field_validator("resolutions", mode="before")
+    @classmethod
+    def _pairs(cls, value: Any) -> Any:
+        # `resolutions: [512, 512]` (one size, not nested) is the likely slip: say so, not "must be a list" twice
+        if isinstance(value, list) and any(not isinstance(v, (list, tuple)) for v in value):
+            raise ValueError("must be a list of [height, width] pairs, e.g. [[512, 512], [384, 640]] (one size: "
+                             "model.resolution: [512, 512])")
+        return value
+
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
         if self.dtype == "float16":  # no float32 master copy: AdamW's update is computed in float16
