@@ -197,6 +197,16 @@ def test_resolutions_are_dealt_in_turn_and_checked_one_by_one() -> None:
         _sd3_spec(resolutions=[512, 512])
 
 
+def test_resolutions_load_through_the_strict_loader() -> None:
+    # the loader (omnirl validate / run) validates strictly as JSON: the pairs must pass there too
+    from omnirl.api.loader import job_from_dict
+
+    doc = {"apiVersion": RLJob.model_fields["apiVersion"].default, "kind": "RLJob", "metadata": {"name": "ms"},
+           "spec": {"model": {"family": "sd3", "path": "/m", "resolutions": [[32, 32], [32, 48]]},
+                    "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]}}
+    assert job_from_dict(doc).spec.model.resolutions == [(32, 32), (32, 48)]
+
+
 @pytest.mark.parametrize("family", ["ocr-digits", "flux", "qwen-image"])
 def test_packed_batching_needs_a_family_that_packs(family: str) -> None:
     model = {"family": family} if family == "ocr-digits" else {"family": family, "path": "/m"}

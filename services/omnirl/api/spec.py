@@ -191,7 +191,9 @@ class ModelSpec(SpecModel):
         if isinstance(value, list) and any(not isinstance(v, (list, tuple)) for v in value):
             raise ValueError("must be a list of [height, width] pairs, e.g. [[512, 512], [384, 640]] (one size: "
                              "model.resolution: [512, 512])")
-        return value
+        # tuples: after a before-validator pydantic checks the value as Python, where strict mode (the loader's)
+        # refuses a list for a tuple
+        return [tuple(v) for v in value] if isinstance(value, list) else value
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
