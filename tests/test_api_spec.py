@@ -8,6 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from omnirl.api.errors import FieldProblem, ManifestError, format_value
+from omnirl.api.loader import job_from_dict
 from omnirl.api.problems import dotted, problem_lines, walk
 from omnirl.api.spec import AlgorithmSpec, NFTSpec, RLJob, RLJobSpec, RolesSpec, RSSpec
 
@@ -199,8 +200,6 @@ def test_resolutions_are_dealt_in_turn_and_checked_one_by_one() -> None:
 
 def test_resolutions_load_through_the_strict_loader() -> None:
     # the loader (omnirl validate / run) validates strictly as JSON: the pairs must pass there too
-    from omnirl.api.loader import job_from_dict
-
     doc = {"apiVersion": RLJob.model_fields["apiVersion"].default, "kind": "RLJob", "metadata": {"name": "ms"},
            "spec": {"model": {"family": "sd3", "path": "/m", "resolutions": [[32, 32], [32, 48]]},
                     "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]}}
