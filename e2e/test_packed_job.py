@@ -53,14 +53,15 @@ def check_packed_job(out: Path, proc, steps: int) -> None:
 
 
 def check_sizes(out: Path, steps: int) -> None:
-    """Groups in turn over RESOLUTIONS (2 prompts a step): every size made, each group one size."""
+    """Groups in turn over RESOLUTIONS (group i of step s at (s + i) mod 3; 2 prompts a step): every
+    size made, each group one size."""
     lines = [json.loads(line) for f in (out / "ledger").glob("rollout-*.jsonl") for line in f.read_text().splitlines()]
     by_group: dict[str, set] = {}
     for line in lines:
         by_group.setdefault(line["sample_id"].rsplit(":", 1)[0], set()).add(tuple(line["latent"][1:]))
     assert all(len(sizes) == 1 for sizes in by_group.values()), by_group
     made = sorted({next(iter(sizes)) for sizes in by_group.values()})
-    expected = sorted({(h // 2, w // 2) for h, w in (RESOLUTIONS * steps)[: steps * 2]})
+    expected = sorted({tuple(v // 2 for v in RESOLUTIONS[(s + i) % 3]) for s in range(steps) for i in range(2)})
     assert made == expected, (made, expected)
 
 

@@ -119,3 +119,32 @@ def test_anchors_pull_theta_back(batch, kl_coef, ema_kl_coef, key):
     if key == "kl":  # the base model stays put: the gap shrinks step by step
         second = trainer.train_step(neutral, step=1)
         assert second["kl"] < first["kl"]
+
+
+def test_each_group_draws_on_the_grid_of_its_own_size(batch, monkeypatch):
+    """`timeSampling: grid` with groups of several latent sizes (the digits model's width follows the
+    text; `model.resolutions` for the diffusers families, whose grid shifts with the size): each group's
+    σ draws come from its own size's rollout grid, not the first sample's."""
+    import omnirl.actor.awm_update as awm
+
+    adapter, samples = batch
+    shapes = {s.group_id: tuple(s.x0.shape) for s in samples}
+    assert len(set(shapes.values())) > 1  # the batch has several sizes
+    trainer = Trainer(copy.deepcopy(adapter), _spec(klCoef=0.0, emaKlCoef=0.0, timeSampling="grid"))
+
+    def sized_grid(num_steps, shape, shift=None):  # a grid that depends on the size, as FLUX's does
+        return sigma_schedule(num_steps, 1.0 + shape[-1] / 8)
+
+    monkeypatch.setattr(trainer.policies.adapter, "sigma_grid", sized_grid)
+    used: dict[str, torch.Tensor] = {}
+    real = awm.draw_sigmas
+
+    def spy(group_id, spec, grid, seed):
+        used[group_id] = grid
+        return real(group_id, spec, grid, seed)
+
+    monkeypatch.setattr(awm, "draw_sigmas", spy)
+    trainer.train_step(samples, step=0)
+    assert set(used) == set(shapes)
+    for g, shape in shapes.items():
+        torch.testing.assert_close(used[g], sized_grid(6, shape))

@@ -11,7 +11,7 @@ import yaml
 from tests.helpers import PROMPTS, requests, tiny_adapter
 
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds, RolloutPlan, algorithm_for
-from omnirl.actor.batch import TrainSample
+from omnirl.actor.batch import GridOf, TrainSample
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks
 from omnirl.actor.trainer import Trainer
@@ -104,7 +104,7 @@ class Toy(Algorithm):
         return PolicyNeeds(reference=False, old_policy=OldPolicySpec(schedule="copy"))
 
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
-               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
+               algo: AlgorithmSpec, *, seed: int, step: int, grid_of: GridOf, device: torch.device,
                ranks: Ranks = SINGLE) -> dict:
         optimizer.zero_grad(set_to_none=True)
         loss = toy_loss(policies.adapter, samples, seed)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from omnirl.actor.batch import TrainSample
+from omnirl.actor.batch import GridOf, TrainSample
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks
 from omnirl.api.spec_algorithm import ALGORITHMS, AlgorithmSpec, OldPolicySpec
@@ -85,12 +85,14 @@ class Algorithm(ABC):
 
     @abstractmethod
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
-               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
+               algo: AlgorithmSpec, *, seed: int, step: int, grid_of: GridOf, device: torch.device,
                ranks: Ranks = SINGLE) -> dict:
         """Train on one complete batch; return metrics, including `optimizer_steps` (int).
 
         Args:
-            grid: `[N+1]` fp32 the rollout σ grid (`sigma_schedule(numSteps, shift)`).
+            grid_of: latent shape `(C, H, W)` → the rollout σ grid `[N+1]` fp32 of samples of that shape
+                (`adapter.sigma_grid(numSteps, shape, shift)`: it depends on the size for families with
+                resolution-dependent shifting, and a job may sample several sizes, `model.resolutions`).
             seed: the job seed; every draw derives from it with `step` (`api/seeds.py::derive`).
             step: the training step (0-based).
             ranks: this actor rank; every rank passes the whole batch and returns the same metrics.

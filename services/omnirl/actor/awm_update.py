@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds
-from omnirl.actor.batch import TrainSample, group_minibatches, micro_batches
+from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, group_shapes, micro_batches
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
 from omnirl.algorithms import (
@@ -44,11 +44,11 @@ class AdvantageWeightedMatching(Algorithm):
         return PolicyNeeds(reference=a.klCoef > 0, old_policy=a.anchor if a.emaKlCoef > 0 else None)
 
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
-               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
+               algo: AlgorithmSpec, *, seed: int, step: int, grid_of: GridOf, device: torch.device,
                ranks: Ranks = SINGLE) -> dict:
         """`awm_step` with the job's `awm`, optimizer and advantage-clip settings."""
         return awm_step(policies, optimizer, samples, algo.awm, algo.optimizer, advantage_clip=algo.advantage.clip,
-                        grid=grid, seed=seed, step=step, device=device, ranks=ranks)
+                        grid_of=grid_of, seed=seed, step=step, device=device, ranks=ranks)
 
 
 def draw_sigmas(group_id: str, spec: AWMSpec, grid: torch.Tensor, seed: int) -> torch.Tensor:
@@ -74,7 +74,7 @@ def draw_noise(sample: TrainSample, spec: AWMSpec, seed: int) -> torch.Tensor:
 
 
 def awm_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample], spec: AWMSpec,
-             opt: OptimizerSpec, *, advantage_clip: float, grid: torch.Tensor, seed: int, step: int,
+             opt: OptimizerSpec, *, advantage_clip: float, grid_of: GridOf, seed: int, step: int,
              device: torch.device, ranks: Ranks = SINGLE) -> dict:
     """Train on one batch; returns metrics (loss, policy_loss, kl, ema_kl, matching_error, clip_fraction,
     ratio_max_abs_dev, grad_norm, x0_norm, optimizer_steps).
@@ -86,7 +86,8 @@ def awm_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
 
     Args:
         advantage_clip: the controller's advantage clamp c (`spec.algorithm.advantage.clip`).
-        grid: `[N+1]` the rollout σ grid (`adapter.sigma_grid(numSteps, shape, shift)`), for `timeSampling: grid`.
+        grid_of: latent shape → the rollout σ grid `[N+1]` (`adapter.sigma_grid(numSteps, shape, shift)`), for
+            `timeSampling: grid`; each group draws on its own size's grid.
     Raises:
         ValueError: non-finite loss (with the sample ids).
     """
@@ -94,7 +95,7 @@ def awm_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
             for mini in group_minibatches(samples, opt.updatesPerStep, derive(seed, "minibatch", step=step))]
     n_mini = len(plan)
     sizes = [sum(len(mb) for mb in mbs) for mbs in plan]
-    sigmas = {g: draw_sigmas(g, spec, grid, seed) for g in dict.fromkeys(s.group_id for s in samples)}
+    sigmas = {g: draw_sigmas(g, spec, grid_of(shape), seed) for g, shape in group_shapes(samples).items()}
     old = _old_log_probs(policies, plan[1:], spec, sigmas, seed, device, ranks) if n_mini > 1 else {}
     sums = {k: 0.0 for k in ("loss", "policy_loss", "kl", "ema_kl", "matching_error", "clip_fraction", "grad_norm")}
     dev = 0.0

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+GridOf = Callable[[tuple[int, ...]], torch.Tensor]
+"""Latent shape `(C, H, W)` → the rollout σ grid `[N+1]` fp32 of samples of that shape."""
 
 
 @dataclass
@@ -73,6 +77,11 @@ def micro_batches(samples: list[TrainSample], size: int, *, keep_groups: bool = 
         if cur:
             out.append(cur)
     return out
+
+
+def group_shapes(samples: list[TrainSample]) -> dict[str, tuple[int, ...]]:
+    """Each group's latent shape `(C, H, W)` (a group is sampled at one size), in first-seen order."""
+    return {s.group_id: tuple(s.x0.shape) for s in samples}
 
 
 def group_minibatches(samples: list[TrainSample], updates: int, seed: int) -> list[list[TrainSample]]:

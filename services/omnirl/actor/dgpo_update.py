@@ -16,7 +16,7 @@ import torch
 
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds
 from omnirl.actor.awm_update import _forward, _velocity_gap, draw_sigmas
-from omnirl.actor.batch import TrainSample, group_minibatches, micro_batches
+from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, group_shapes, micro_batches
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
 from omnirl.algorithms import dgpo_loss, matching_error
@@ -39,15 +39,15 @@ class DirectGroupPreference(Algorithm):
                            old_policy=d.anchor if d.reference == "ema" else None)
 
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
-               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
+               algo: AlgorithmSpec, *, seed: int, step: int, grid_of: GridOf, device: torch.device,
                ranks: Ranks = SINGLE) -> dict:
         """`dgpo_step` with the job's `dgpo` and optimizer settings."""
-        return dgpo_step(policies, optimizer, samples, algo.dgpo, algo.optimizer, grid=grid, seed=seed, step=step,
+        return dgpo_step(policies, optimizer, samples, algo.dgpo, algo.optimizer, grid_of=grid_of, seed=seed, step=step,
                          device=device, ranks=ranks)
 
 
 def dgpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample], spec: DGPOSpec,
-              opt: OptimizerSpec, *, grid: torch.Tensor, seed: int, step: int, device: torch.device,
+              opt: OptimizerSpec, *, grid_of: GridOf, seed: int, step: int, device: torch.device,
               ranks: Ranks = SINGLE) -> dict:
     """Train on one batch; returns metrics (loss, policy_loss, kl, group_nll, group_weight (mean σ(s)),
     matching_error, grad_norm, x0_norm, optimizer_steps).
@@ -57,14 +57,14 @@ def dgpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: li
     actor ranks each train their `ranks.share` of the micro-batches, metrics reduced.
 
     Args:
-        grid: `[N+1]` the rollout σ grid, for `timeSampling: grid`.
+        grid_of: latent shape → the rollout σ grid `[N+1]`, for `timeSampling: grid` (each group its own size's).
     Raises:
         ValueError: non-finite loss (with the sample ids).
     """
     plan = [micro_batches(mini, opt.microBatchSize, keep_groups=True)
             for mini in group_minibatches(samples, opt.updatesPerStep, derive(seed, "minibatch", step=step))]
     sizes = [sum(len(mb) for mb in mbs) for mbs in plan]
-    sigmas = {g: draw_sigmas(g, spec, grid, seed) for g in dict.fromkeys(s.group_id for s in samples)}
+    sigmas = {g: draw_sigmas(g, spec, grid_of(shape), seed) for g, shape in group_shapes(samples).items()}
     sums = dict.fromkeys(_METRICS, 0.0)
     grad_norm = 0.0
     for m, mbs in enumerate(plan):

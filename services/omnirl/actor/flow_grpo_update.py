@@ -14,7 +14,7 @@ import random
 import torch
 
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds, RolloutPlan
-from omnirl.actor.batch import TrainSample, micro_batches, stack_window
+from omnirl.actor.batch import GridOf, TrainSample, micro_batches, stack_window
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
 from omnirl.algorithms import (
@@ -71,21 +71,21 @@ class FlowGRPO(Algorithm):
         return PolicyNeeds(reference=algo.flowGrpo.klCoef > 0)
 
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
-               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
+               algo: AlgorithmSpec, *, seed: int, step: int, grid_of: GridOf, device: torch.device,
                ranks: Ranks = SINGLE) -> dict:
         """`flow_grpo_step` with the job's `flowGrpo` and optimizer settings."""
         return flow_grpo_step(policies, optimizer, samples, algo.flowGrpo, algo.optimizer, seed=seed,
-                              step=step, device=device, ranks=ranks, grid=grid)
+                              step=step, device=device, ranks=ranks, grid_of=grid_of)
 
 
 def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
                    spec: FlowGRPOSpec, opt: OptimizerSpec, *, seed: int, step: int, device: torch.device,
-                   ranks: Ranks = SINGLE, grid: torch.Tensor | None = None) -> dict:
+                   ranks: Ranks = SINGLE, grid_of: GridOf | None = None) -> dict:
     """Train on one batch; return metrics (loss, kl, clip_fraction, ratio, IS diagnostics, RS, and the
     rollout-vs-actor log-prob mismatch: `logprob_mismatch_max`, `logprob_mismatch_mean` and
     `logprob_mismatch_step{k}` = mean |Δ log_prob| at denoising step k, before any update).
 
-    `grid`: the rollout σ grid `[N+1]`; it names the steps k (window position j otherwise).
+    `grid_of`: latent shape → the rollout σ grid `[N+1]`; it names the steps k (window position j otherwise).
     `seed` is the job seed: samples are shuffled into minibatches by `derive(seed, "minibatch", step)`.
 
     With several actor ranks every rank passes the whole batch and trains its `ranks.share` of
@@ -142,7 +142,7 @@ def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, sample
         live = ranks.merge(live, seen)
         current = {i: live[i] for i in seen}
         diag = is_diagnostics(torch.stack([live[i] for i in seen]), torch.stack([rollout_lp[i] for i in seen]))
-    sums.update(_mismatch(current, rollout_lp, {s.sample_id: s for s in samples}, grid))
+    sums.update(_mismatch(current, rollout_lp, {s.sample_id: s for s in samples}, grid_of))
     sums.update(
         is_mean_log_ratio=diag.mean_log_ratio, is_weight_mean=diag.is_weight_mean, is_ess=diag.ess,
         is_max_abs_log_ratio=diag.max_abs_log_ratio,
@@ -169,12 +169,16 @@ def _recompute(policies: PolicySet, samples: list[TrainSample], opt: OptimizerSp
 
 
 def _mismatch(current: dict[str, torch.Tensor], rollout_lp: dict[str, torch.Tensor],
-              by_id: dict[str, TrainSample], grid: torch.Tensor | None) -> dict[str, float]:
-    """Mean |Δ log_prob| per denoising step (keyed by the step's index on `grid`), plus max and mean."""
+              by_id: dict[str, TrainSample], grid_of: GridOf | None) -> dict[str, float]:
+    """Mean |Δ log_prob| per denoising step (keyed by the step's index on the σ grid), plus max and mean."""
     ids = sorted(current)
     gap = per_step_abs_log_ratio(torch.stack([current[i] for i in ids]), torch.stack([rollout_lp[i] for i in ids]))
-    sigmas = by_id[ids[0]].sigmas[:-1]  # one window per training step: every sample shares it
-    steps = [int((grid - s).abs().argmin()) for s in sigmas] if grid is not None else range(len(gap))
+    first = by_id[ids[0]]  # one window (step indices) per training step: every sample shares it
+    if grid_of is None:
+        steps = range(len(gap))
+    else:  # found on the sample's own grid: with several sizes the σ at one step index may differ
+        grid = grid_of(tuple(first.x0.shape))
+        steps = [int((grid - s).abs().argmin()) for s in first.sigmas[:-1]]
     out = {f"logprob_mismatch_step{k}": float(g) for k, g in zip(steps, gap, strict=True)}
     full = torch.stack([(current[i] - rollout_lp[i]).abs() for i in ids])
     return {**out, "logprob_mismatch_max": float(full.max()), "logprob_mismatch_mean": float(full.mean())}

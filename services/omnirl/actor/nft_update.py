@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds
-from omnirl.actor.batch import TrainSample, group_minibatches, micro_batches
+from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, micro_batches
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
 from omnirl.algorithms import nft_loss, optimality_probability
@@ -34,7 +34,7 @@ class DiffusionNFT(Algorithm):
         return PolicyNeeds(reference=algo.nft.klCoef > 0, old_policy=algo.nft.oldPolicy, rollout_old=True)
 
     def update(self, policies: PolicySet, optimizer: torch.optim.Optimizer, samples: list[TrainSample],
-               algo: AlgorithmSpec, *, seed: int, step: int, grid: torch.Tensor, device: torch.device,
+               algo: AlgorithmSpec, *, seed: int, step: int, grid_of: GridOf, device: torch.device,
                ranks: Ranks = SINGLE) -> dict:
         """`nft_step` with the job's `nft` and optimizer settings (the σ draws ignore the grid)."""
         return nft_step(policies, optimizer, samples, algo.nft, algo.optimizer, seed=seed, step=step, device=device,

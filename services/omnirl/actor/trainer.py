@@ -61,9 +61,15 @@ class Trainer:
             raise ValueError(f"step {step}: empty training batch")
         algo = self.spec.algorithm
         seed = self.spec.seed  # each update derives its draws from it (api/seeds.py)
-        # the rollout engine's σ grid (the adapter's, for the batch's latent shape)
-        grid = self.policies.adapter.sigma_grid(algo.sampling.numSteps, tuple(samples[0].x0.shape), algo.sampling.shift)
-        metrics = self.algorithm.update(self.policies, self.optimizer, samples, algo, seed=seed, step=step, grid=grid,
+        grids: dict[tuple[int, ...], torch.Tensor] = {}
+
+        def grid_of(shape: tuple[int, ...]) -> torch.Tensor:
+            # the rollout engine's σ grid for this latent shape (model.resolutions: several per batch)
+            if shape not in grids:
+                grids[shape] = self.policies.adapter.sigma_grid(algo.sampling.numSteps, shape, algo.sampling.shift)
+            return grids[shape]
+
+        metrics = self.algorithm.update(self.policies, self.optimizer, samples, algo, seed=seed, step=step, grid_of=grid_of,
                                         device=self.device, ranks=self.ranks)
         before = self.optimizer_steps
         self.optimizer_steps += int(metrics["optimizer_steps"])

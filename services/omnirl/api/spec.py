@@ -159,7 +159,8 @@ class ModelSpec(SpecModel):
         min_length=1,
         description="Several image sizes (height, width) in pixels, multiples of 16, for the diffusers families "
         "(multi-aspect training); instead of `resolution`. Each prompt group is sampled at one of them, in turn: "
-        "the i-th group of training step s at resolutions[(s * promptsPerStep + i) mod len], held-out prompt i "
+        "the i-th group of training step s at resolutions[(s + i) mod len] (every size in every step once "
+        "promptsPerStep >= len, and the sizes rotate from step to step), held-out prompt i "
         "(validation, omnirl eval) at resolutions[i mod len]. Pair it with roles.rollout.batching: packed, which "
         "runs samples of different sizes in one forward.",
     )

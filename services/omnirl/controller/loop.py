@@ -223,9 +223,10 @@ class Controller:
         plan = algorithm_for(algo.name).rollout(algo, window_seed=derive(self.spec.seed, "window", step=step))
         expected = 0
         sizes = self.spec.model.resolutions
-        for position, p in enumerate(prompts):
+        for p in prompts:
             key = f"{step}:{p.index}"
-            size = self.spec.model.resolution_for(step * algo.promptsPerStep + position) if sizes else None
+            # model.resolutions in turn: counted over the groups kept, so a repeated prompt skips no size
+            size = self.spec.model.resolution_for(step + len(book.groups)) if sizes else None
             seeds = [SampleSeed(sample_id=f"{key}:{i}", seed=seed)
                      for i, seed in enumerate(self._seeds(step, p.index, 0))]
             req = GenerateRequest(kind="train", step=step, group_id=key, prompt=p.text, prompt_ids=p.ids,
