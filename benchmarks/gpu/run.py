@@ -239,18 +239,14 @@ def headline(res: dict) -> dict:
             for arrival, suffix in (("stream", ""), ("burst", "_burst")):
                 h[f"rollout_packed_vs_static_{w}{suffix}"] = pips(w, arrival, "packed") / pips(w, arrival, "static")
                 h[f"rollout_packed_vs_stepwise_{w}{suffix}"] = pips(w, arrival, "packed") / pips(w, arrival, "stepwise")
-    sparse = res.get("packing_sparse", {}).get("runs", [])
-    for g in (1, 2):
-        rows = {(r["arrival"], r["batching"]): r["images_per_second"] for r in sparse if r["workload"] == f"sparse-g{g}"}
-        if rows:
-            h[f"rollout_speedup_sparse_g{g}"] = rows[("stream", "packed")] / rows[("stream", "static")]
-            h[f"rollout_packed_vs_stepwise_sparse_g{g}"] = rows[("stream", "packed")] / rows[("stream", "stepwise")]
-    small = res.get("packing_small", {}).get("runs", [])
-    for g in (4, 8):
-        rows = {(r["arrival"], r["batching"]): r["images_per_second"] for r in small if r["workload"] == f"small-g{g}"}
-        if rows:
-            h[f"rollout_speedup_small_g{g}"] = rows[("stream", "packed")] / rows[("stream", "static")]
-            h[f"rollout_packed_vs_stepwise_small_g{g}"] = rows[("stream", "packed")] / rows[("stream", "stepwise")]
+    for section, name, groups in (("packing_sparse", "sparse", (1, 2)), ("packing_small", "small", (4, 8))):
+        runs_of = res.get(section, {}).get("runs", [])
+        for g in groups:
+            rows = {(r["arrival"], r["batching"]): r["images_per_second"] for r in runs_of
+                    if r["workload"] == f"{name}-g{g}"}
+            if rows:
+                h[f"rollout_speedup_{name}_g{g}"] = rows[("stream", "packed")] / rows[("stream", "static")]
+                h[f"rollout_packed_vs_stepwise_{name}_g{g}"] = rows[("stream", "packed")] / rows[("stream", "stepwise")]
     act = res.get("actor", {})
     if "lora_bypass" in act:
         best = act["lora_bypass"].get("compiled", act["lora_bypass"]["eager"])
