@@ -29,6 +29,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
+import torch._inductor.config  # noqa: F401  (the "coord"/"aggr" variants patch it)
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
@@ -42,7 +43,9 @@ from omnirl.models.attention import BACKENDS
 from omnirl.models.compile import compile_adapter_module
 from omnirl.models.lora import inject_lora
 
-VARIANT_PARTS = {"frozen", "lora", "gelu"}
+VARIANT_PARTS = {"frozen", "lora", "gelu", "coord", "aggr"}
+INDUCTOR_VARIANTS = {"coord": "coordinate_descent_tuning", "aggr": "aggressive_fusion"}
+"""Variant parts that switch an Inductor option on while the blocks compile (lazily, at first call)."""
 MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|matmul", re.I)
 ATTENTION = re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)
 
@@ -179,7 +182,14 @@ def per_backend(backend: str, cfg: dict, args, device, peak: float, variant: str
 
     `variant`: "plain", or "+"-joined "frozen" (parameters without requires_grad, as a rollout
     worker holds them), "lora" (peft LoRA r 32 on SD3's targets, unmerged, as a rollout worker
-    holds it) and "gelu" (`benchmarks.gpu.fused_gelu`)."""
+    holds it), "gelu" (`benchmarks.gpu.fused_gelu`), and Inductor options: "coord"
+    (coordinate-descent tuning of the Triton kernels) and "aggr" (aggressive fusion)."""
+    options = {INDUCTOR_VARIANTS[p]: True for p in variant.split("+") if p in INDUCTOR_VARIANTS}
+    with torch._inductor.config.patch(options):
+        return _per_backend(backend, cfg, args, device, peak, variant)
+
+
+def _per_backend(backend: str, cfg: dict, args, device, peak: float, variant: str) -> dict:
     torch._dynamo.reset()
     adapter = BenchSD3Adapter(build_transformer(cfg, device), attention=backend)
     parts = set(variant.split("+")) - {"plain"}

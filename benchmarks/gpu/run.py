@@ -258,6 +258,9 @@ def headline(res: dict) -> dict:
         h["end_to_end_speedup"] = e["baseline"]["step_seconds"] / e["omnirl"]["step_seconds"]
     if "baseline-compiled" in e and "omnirl" in e:
         h["end_to_end_speedup_same_kernels"] = e["baseline-compiled"]["step_seconds"] / e["omnirl"]["step_seconds"]
+    multires = res.get("service_multires", {})  # written from `benchmarks.gpu.service --configs multires…`
+    if "service_packed_speedup_small" in multires:
+        h["service_packed_speedup_small"] = multires["service_packed_speedup_small"]
     s = res.get("sync", {})
     for key in ("lora_sync_seconds", "full_sync_seconds"):
         if key in s:
