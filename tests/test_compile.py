@@ -51,3 +51,28 @@ def test_block_types_come_from_the_adapter_or_diffusers_attribute():
 def test_compile_blocks_refuses_names_that_match_nothing():
     with pytest.raises(ValueError, match="nothing to compile"):
         compile_blocks(nn.Sequential(nn.Linear(2, 2)), ["JointTransformerBlock"])
+
+
+def test_blocks_compile_with_the_inductor_options_unless_a_mode_is_named(monkeypatch):
+    """Every block gets `INDUCTOR_OPTIONS` (torch accepts them: the compiled block runs and equals
+    eager); a named mode replaces them, since torch.compile refuses mode and options together."""
+    from omnirl.models.compile import INDUCTOR_OPTIONS
+
+    seen = []
+    real = nn.Module.compile
+
+    def spy(self, *args, **kwargs):
+        seen.append(kwargs)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(nn.Module, "compile", spy)
+    torch._dynamo.reset()
+    model = nn.Sequential(nn.Linear(4, 4), nn.GELU(), nn.Linear(4, 4))
+    x = torch.randn(3, 4)
+    eager = model(x)
+    assert compile_blocks(model, ["Linear"]) == 2
+    assert seen == [{"dynamic": True, "options": INDUCTOR_OPTIONS}] * 2
+    torch.testing.assert_close(model(x), eager)
+    seen.clear()
+    compile_blocks(nn.Sequential(nn.Linear(4, 4)), ["Linear"], mode="max-autotune-no-cudagraphs")
+    assert seen == [{"dynamic": True, "mode": "max-autotune-no-cudagraphs"}]

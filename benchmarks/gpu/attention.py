@@ -29,7 +29,7 @@ from datetime import date
 from pathlib import Path
 
 import torch
-import torch._inductor.config  # noqa: F401  (the "coord"/"aggr" variants patch it)
+import torch._inductor.config  # noqa: F401  (the "aggr" variant patches it)
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
@@ -39,12 +39,13 @@ from benchmarks.gpu.flops import sd3_forward_flops
 from benchmarks.gpu.fused_gelu import fuse_feedforward_gelu, linear_gelu_tanh
 from benchmarks.gpu.model import SD35_MEDIUM, TEXT_TOKENS, TINY, BenchSD3Adapter, build_transformer
 from omnirl.api.spec import LoRASpec
+from omnirl.models import compile as compile_options
 from omnirl.models.attention import BACKENDS
 from omnirl.models.compile import compile_adapter_module
 from omnirl.models.lora import inject_lora
 
-VARIANT_PARTS = {"frozen", "lora", "gelu", "coord", "aggr"}
-INDUCTOR_VARIANTS = {"coord": "coordinate_descent_tuning", "aggr": "aggressive_fusion"}
+VARIANT_PARTS = {"frozen", "lora", "gelu", "untuned", "aggr"}
+INDUCTOR_VARIANTS = {"aggr": "aggressive_fusion"}
 """Variant parts that switch an Inductor option on while the blocks compile (lazily, at first call)."""
 MATMUL = re.compile(r"gemm|nvjet|cutlass|xmma|cublas|sm90_|matmul", re.I)
 ATTENTION = re.compile(r"flash|fmha|attention|sdpa|cudnn", re.I)
@@ -182,11 +183,18 @@ def per_backend(backend: str, cfg: dict, args, device, peak: float, variant: str
 
     `variant`: "plain", or "+"-joined "frozen" (parameters without requires_grad, as a rollout
     worker holds them), "lora" (peft LoRA r 32 on SD3's targets, unmerged, as a rollout worker
-    holds it), "gelu" (`benchmarks.gpu.fused_gelu`), and Inductor options: "coord"
-    (coordinate-descent tuning of the Triton kernels) and "aggr" (aggressive fusion)."""
-    options = {INDUCTOR_VARIANTS[p]: True for p in variant.split("+") if p in INDUCTOR_VARIANTS}
-    with torch._inductor.config.patch(options):
-        return _per_backend(backend, cfg, args, device, peak, variant)
+    holds it), "gelu" (`benchmarks.gpu.fused_gelu`), "untuned" (without the product's
+    `omnirl.models.compile.INDUCTOR_OPTIONS`: Inductor's defaults) and "aggr" (aggressive fusion)."""
+    parts = variant.split("+")
+    options = {INDUCTOR_VARIANTS[p]: True for p in parts if p in INDUCTOR_VARIANTS}
+    product = dict(compile_options.INDUCTOR_OPTIONS)
+    try:
+        if "untuned" in parts:  # compile_kwargs reads the dict when the blocks compile
+            compile_options.INDUCTOR_OPTIONS.clear()
+        with torch._inductor.config.patch(options):
+            return _per_backend(backend, cfg, args, device, peak, variant)
+    finally:
+        compile_options.INDUCTOR_OPTIONS.update(product)
 
 
 def _per_backend(backend: str, cfg: dict, args, device, peak: float, variant: str) -> dict:

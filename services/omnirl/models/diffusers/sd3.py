@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from omnirl.models.compile import compile_kwargs
 from omnirl.models.diffusers._common import (
     check_latents,
     decode_scaled,
@@ -262,7 +263,7 @@ class SD3Adapter(DiffusersAdapterBase):
         The packed path calls the blocks' submodules, not the (regionally compiled) blocks, so it
         needs its own compiled function; `omnirl.models.compile.compile_adapter_module` calls this.
         """
-        self._packed_block = PackedBlock({"dynamic": dynamic, "mode": mode})
+        self._packed_block = PackedBlock(compile_kwargs(dynamic=dynamic, mode=mode))
 
     @torch.no_grad()
     def decode(self, x0: Tensor) -> Tensor:
