@@ -1,7 +1,8 @@
 """One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → read (a
-child's name taken by another owner's object fails the job, nothing of it written) → apply →
-observe (workloads, and the pods' exit codes) → failure policy → status. Idempotent: running it
-twice creates nothing twice (409 on create becomes a merge patch) and writes the same status.
+child's name taken by another owner's object fails the job, nothing of that object written) →
+apply → observe (workloads, and the pods' exit codes) → failure policy → status. A job that fails
+stops its own pods (``stop.py``). Idempotent: running it twice creates nothing twice (409 on
+create becomes a merge patch) and writes the same status.
 
 Handlers (``handlers.py``) only wire kopf to :func:`reconcile`; everything that talks to the API
 server goes through :class:`omnirl_operator.kube.KubeApi` in a worker thread.
@@ -48,6 +49,7 @@ from omnirl_operator.status import (
     decide_failure,
     permanent_failure,
 )
+from omnirl_operator.stop import stop_owned
 from omnirl_operator.storage import claim_conflict, ensure_claim
 
 WORKLOADS = (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
@@ -135,30 +137,29 @@ async def _read_all(kube: KubeApi, job: str, ns: str, children: list[dict[str, A
     return stored, taken
 
 
-def name_conflict_message(taken: list[str]) -> str:
-    """The Failed message of a job whose children's names are taken (nothing of theirs was changed)."""
+def name_conflict_message(taken: list[str], stopped: list[str]) -> str:
+    """The Failed message of a job whose children's names are taken (nothing of theirs was changed);
+    ``stopped``: what of the job's own was stopped (:func:`omnirl_operator.stop.stop_owned`)."""
     return ("a child's name is taken, so nothing was created and the existing objects were left as they are: "
-            + "; ".join(taken) + ". Apply the job again under another metadata.name (or delete the object "
-            "if it is a leftover of yours)")
+            + "; ".join(taken) + ". "
+            + (f"This job's own pods were stopped ({', '.join(a.split()[1] for a in stopped)}). " if stopped else "")
+            + "Apply the job again under another metadata.name (or delete the object if it is a leftover of yours)")
 
 
 async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], stored: dict[str, dict[str, Any] | None],
-                     log: logging.Logger, *, create: bool = True) -> tuple[list[str], dict[str, dict[str, Any]]]:
+                     log: logging.Logger) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """Create-or-patch every child but the Job; returns the actions and the objects as now stored by
     ``Kind/name`` (their ``status`` is what the reconcile observes).
 
     Args:
         stored: the children as read by :func:`_read_all`; only this job's are ever written.
-        create: False: only patch the job's existing children (a name is taken: the job fails, and
-            only what it already runs is scaled down).
     """
     job = children[0]["metadata"]["labels"][LABEL_JOB] if children else ""
     actions, now = [], {}
     for child in children:
         key = label_of(child)
         have = stored.get(key)
-        if child["kind"] == "Job" or (have is not None and foreign_owner(have, job) is not None) \
-                or (have is None and not create):
+        if child["kind"] == "Job" or (have is not None and foreign_owner(have, job) is not None):
             continue
         if child["kind"] == "PersistentVolumeClaim":  # created once: a claim's spec is immutable
             verb, obj = await asyncio.to_thread(ensure_claim, kube, child, have)
@@ -268,11 +269,10 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     scaled, actions = await autoscale_reward(kube, job, ns, children, settings, now)
     before, taken = await _read_all(kube, job.metadata.name, ns, children)
     if taken:  # never write another owner's object; fail, and stop what this job already runs
-        stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
-        more = (await _apply_all(kube, stopped, before, log, create=False))[0]
-        failed = None if terminal else (REASON_NAME_CONFLICT, name_conflict_message(taken))
+        stopped = await stop_owned(kube, ns, uid, before)
+        failed = None if terminal else (REASON_NAME_CONFLICT, name_conflict_message(taken, stopped))
         observed = Observed(failed=failed, restarts=int((body.get("status") or {}).get("restarts") or 0))
-        return Outcome(compute_status(body, observed, progress, now), actions + more)
+        return Outcome(compute_status(body, observed, progress, now), actions + stopped)
     more, stored = await _apply_all(kube, children, before, log)
     actions += more
     judges = judge_roles(job, stored, running)
@@ -330,6 +330,8 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
         actions += (await _apply_all(kube, stopped, before, log))[0]
         observed = replace(observed, roles={r: (0, ready) for r, (_, ready) in observed.roles.items()})
+    if decision.action == "fail" or terminal:  # a failed job's controller Job stops too (a finished one stays)
+        actions += await stop_owned(kube, ns, uid, {f"Job/{child_name(job.metadata.name, 'controller')}": controller})
     status = compute_status(body, observed, progress, now)
     if observed.waiting is not None and status["message"] != (body.get("status") or {}).get("message") \
             and observed.waiting[1] in status["message"]:  # said once per change, not every resync
