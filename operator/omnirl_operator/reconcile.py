@@ -1,8 +1,8 @@
-"""One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → read (a
-child's name taken by another owner's object fails the job, nothing of that object written) →
-apply → observe (workloads, and the pods' exit codes) → failure policy → status. A job that fails
-stops its own pods (``stop.py``). Idempotent: running it twice creates nothing twice (409 on
-create becomes a merge patch) and writes the same status.
+"""One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → read (one
+LIST per kind, ``read.py``; a child's name taken by another owner's object fails the job, nothing
+of that object written) → apply → observe (workloads, and the pods' exit codes) → failure policy →
+status. A job that fails stops its own pods (``stop.py``). Idempotent: running it twice creates
+nothing twice (409 on create becomes a merge patch) and writes the same status.
 
 Handlers (``handlers.py``) only wire kopf to :func:`reconcile`; everything that talks to the API
 server goes through :class:`omnirl_operator.kube.KubeApi` in a worker thread.
@@ -37,6 +37,7 @@ from omnirl_operator.meta import (
     selector_labels,
 )
 from omnirl_operator.podcheck import judge_failure, waiting_problems, waiting_summary, workload_problems
+from omnirl_operator.read import read_children
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
     PROGRESS_FIELDS,
@@ -117,26 +118,6 @@ def controller_state(job_obj: dict[str, Any] | None) -> tuple[str, str]:
 REASON_NAME_CONFLICT = "NameConflict"
 
 
-async def _read_all(kube: KubeApi, job: str, ns: str, children: list[dict[str, Any]]
-                    ) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
-    """Every child as stored (by ``Kind/name``; the controller Job's name always, as a suspended or
-    finished job's reconcile may delete it), and one line per name taken by an object that is not
-    this job's (:func:`omnirl_operator.meta.foreign_owner`)."""
-    names = [(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children]
-    controller = ("batch/v1", "Job", child_name(job, "controller"))
-    if controller not in names:
-        names.append(controller)
-    stored, taken = {}, []
-    for api_version, kind, name in names:
-        obj = await asyncio.to_thread(kube.get, api_version, kind, ns, name)
-        stored[f"{kind}/{name}"] = obj
-        who = foreign_owner(obj, job) if obj is not None else None
-        if who is not None:
-            hint = " (or mount it with spec.storage.claimName)" if kind == "PersistentVolumeClaim" else ""
-            taken.append(f"{kind}/{name} exists and is not this job's: {who}; rename the RLJob{hint}")
-    return stored, taken
-
-
 def name_conflict_message(taken: list[str], stopped: list[str]) -> str:
     """The Failed message of a job whose children's names are taken (nothing of theirs was changed);
     ``stopped``: what of the job's own was stopped (:func:`omnirl_operator.stop.stop_owned`)."""
@@ -152,7 +133,7 @@ async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], stored: dict
     ``Kind/name`` (their ``status`` is what the reconcile observes).
 
     Args:
-        stored: the children as read by :func:`_read_all`; only this job's are ever written.
+        stored: the children as read by :func:`omnirl_operator.read.read_children`; only this job's are ever written.
     """
     job = children[0]["metadata"]["labels"][LABEL_JOB] if children else ""
     actions, now = [], {}
@@ -174,7 +155,7 @@ async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], stored: dict
 async def _sync_controller(kube: KubeApi, job: RLJob, ns: str, current: dict[str, Any] | None,
                            wanted: dict[str, Any] | None, suspended: bool
                            ) -> tuple[dict[str, Any] | None, list[str], bool]:
-    """From the stored controller Job ``current`` (this job's: :func:`_read_all` checked it):
+    """From the stored controller Job ``current`` (this job's: :func:`omnirl_operator.read.read_children` checked it):
     create the controller Job if absent; recreate it when its template's spec hash changed;
     delete it when suspended. Returns (the Job as it now stands or None, actions, whether it was
     deleted for a spec change)."""
@@ -260,14 +241,14 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     suspended = job.spec.suspend and not terminal
     running = not suspended and not terminal
     children = adopt(build_children(job, settings, running=running), job.metadata.name, ns, uid)
+    before, taken = await read_children(kube, job.metadata.name, ns, children)
     claim = next((c for c in children if c["kind"] == "PersistentVolumeClaim"), None)
     if claim is not None and not terminal:  # an edit the claim cannot follow: an invalid spec, nothing applied
-        stored_claim = await asyncio.to_thread(kube.get, "v1", "PersistentVolumeClaim", ns, claim["metadata"]["name"])
-        conflict = claim_conflict(stored_claim, claim)
+        conflict = claim_conflict(before[label_of(claim)], claim)
         if conflict is not None:
             return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
-    scaled, actions = await autoscale_reward(kube, job, ns, children, settings, now)
-    before, taken = await _read_all(kube, job.metadata.name, ns, children)
+    reward = before.get(f"Deployment/{child_name(job.metadata.name, 'reward')}")
+    scaled, actions = await autoscale_reward(kube, job, ns, children, reward, settings, now)
     if taken:  # never write another owner's object; fail, and stop what this job already runs
         stopped = await stop_owned(kube, ns, uid, before)
         failed = None if terminal else (REASON_NAME_CONFLICT, name_conflict_message(taken, stopped))
