@@ -36,7 +36,7 @@ from omnirl_operator.meta import (
     foreign_owner,
     selector_labels,
 )
-from omnirl_operator.podcheck import judge_failure, waiting_problems, waiting_summary, workload_problems
+from omnirl_operator.podcheck import judge_failure, judge_stalls, waiting_problems, waiting_summary, workload_problems
 from omnirl_operator.read import read_children
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
@@ -286,7 +286,7 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
                                              {LABEL_JUDGE_OF: job.metadata.name}) if judges else []
         max_restarts = job.spec.failurePolicy.maxRestarts
         permanent = permanent_failure(pods, LABEL_ROLE) or judge_failure(judge_pods, job, max_restarts)
-        problems = workload_problems(stored) + waiting_problems(pods + judge_pods)
+        problems = judge_stalls(stored, job) + workload_problems(stored) + waiting_problems(pods + judge_pods)
         observed = replace(observed, waiting=waiting_summary(problems))
         if failed_role is None:  # a replica the kubelet keeps restarting is a failed role
             looping = crash_looping(pods, LABEL_ROLE, max_restarts,
