@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from omnirl.api.loader import job_from_dict
 from omnirl.api.problems import problem_lines
+from omnirl.api.runtime import STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.api.status import TERMINAL_PHASES
 from omnirl_operator.autoscale import autoscale_reward
@@ -40,6 +41,7 @@ from omnirl_operator.podcheck import judge_failure, judge_stalls, waiting_proble
 from omnirl_operator.read import read_children
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
+    PERMANENT_REASONS,
     PROGRESS_FIELDS,
     REASON_INVALID_SPEC,
     FailureDecision,
@@ -51,7 +53,7 @@ from omnirl_operator.status import (
     permanent_failure,
 )
 from omnirl_operator.stop import stop_owned
-from omnirl_operator.storage import claim_conflict, ensure_claim
+from omnirl_operator.storage import claim_conflict, ensure_claim, full_volume_fix
 
 WORKLOADS = (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
              ("apps/v1", "StatefulSet", "actor"))
@@ -286,6 +288,8 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
                                              {LABEL_JUDGE_OF: job.metadata.name}) if judges else []
         max_restarts = job.spec.failurePolicy.maxRestarts
         permanent = permanent_failure(pods, LABEL_ROLE) or judge_failure(judge_pods, job, max_restarts)
+        if permanent is not None and permanent.reason == PERMANENT_REASONS[STORAGE_ERROR_EXIT][0]:
+            permanent = replace(permanent, message=f"{permanent.message}. {full_volume_fix(job, permanent.role)}")
         problems = judge_stalls(stored, job) + workload_problems(stored) + waiting_problems(pods + judge_pods)
         observed = replace(observed, waiting=waiting_summary(problems))
         if failed_role is None:  # a replica the kubelet keeps restarting is a failed role
