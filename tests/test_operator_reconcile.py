@@ -156,6 +156,100 @@ def test_a_child_name_taken_by_another_owner_fails_the_job_and_leaves_that_objec
     asyncio.run(main())
 
 
+def test_a_name_taken_mid_run_fails_the_job_and_stops_only_what_it_owns():
+    """A running job whose Service x-metrics is replaced by a user's: the job fails NameConflict and
+    its own pods stop (rollout and actor to 0 replicas, its running controller Job deleted), where
+    before its controller Job (and the workloads, while the job stayed Failed) kept running. The
+    user's Service is left byte for byte, and a Deployment of the job's name and label that an
+    earlier RLJob of that name controls (another uid: garbage collection has not removed it yet) is
+    not touched: only objects whose ownerReference is this RLJob's uid are stopped."""
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+    manifest = {**MANIFEST, "metadata": {"name": "mid", "namespace": NS}}
+
+    async def step(cluster: EmulatedCluster, seconds: int):
+        out = await reconcile(await cluster.rljob(NS, "mid"), cluster.api, OperatorSettings(),
+                              NOW + timedelta(seconds=seconds), LOG)
+        await cluster.patch(*rljob, NS, "mid", {"status": out.status}, sub="status")
+        return out
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            body = await cluster.create(rljob_body(manifest))
+            await step(cluster, 0)
+            for kind, role in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor")):
+                await cluster.set_status("apps/v1", kind, NS, f"mid-{role}", {"readyReplicas": 1})
+            await cluster.set_status("batch/v1", "Job", NS, "mid-controller", {"active": 1, "ready": 1})
+            assert (await step(cluster, 1)).status["phase"] == "Running"
+
+            await cluster.delete("v1", "Service", NS, "mid-metrics")
+            await cluster.create({"apiVersion": "v1", "kind": "Service", "metadata": {
+                "name": "mid-metrics", "namespace": NS, "labels": {"app.kubernetes.io/managed-by": "someone"}},
+                "spec": {"ports": [{"port": 80}]}})
+            predecessor = {"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "name": "mid",
+                           "uid": "11111111-2222-3333-4444-555555555555", "controller": True}
+            await cluster.patch("apps/v1", "Deployment", NS, "mid-reward",
+                                {"metadata": {"ownerReferences": [predecessor]}})
+            user_service = await cluster.get("v1", "Service", NS, "mid-metrics")
+            leftover = await cluster.get("apps/v1", "Deployment", NS, "mid-reward")
+
+            out = await step(cluster, 2)
+            failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+            assert (out.status["phase"], failed["reason"]) == ("Failed", "NameConflict")
+            assert out.actions == ["scaled Deployment/mid-rollout to 0 (the job failed)",
+                                   "deleted Job/mid-controller (the job failed: its pods stop)",
+                                   "scaled StatefulSet/mid-actor to 0 (the job failed)"]
+            assert failed["message"] == (
+                "a child's name is taken, so nothing was created and the existing objects were left as they are: "
+                "Service/mid-metrics exists and is not this job's: it has no label omnirl.dev/job=mid; managed by "
+                "someone; rename the RLJob. This job's own pods were stopped (Deployment/mid-rollout, "
+                "Job/mid-controller, StatefulSet/mid-actor). Apply the job again under another metadata.name (or "
+                "delete the object if it is a leftover of yours)")
+            assert await cluster.get("batch/v1", "Job", NS, "mid-controller") is None
+            for kind, name in (("Deployment", "mid-rollout"), ("StatefulSet", "mid-actor")):
+                stored = await cluster.get("apps/v1", kind, NS, name)
+                assert stored["spec"]["replicas"] == 0
+                assert [r["uid"] for r in stored["metadata"]["ownerReferences"]] == [body["metadata"]["uid"]]
+            assert await cluster.get("apps/v1", "Deployment", NS, "mid-reward") == leftover
+            assert await cluster.get("v1", "Service", NS, "mid-metrics") == user_service
+            again = await step(cluster, 3)  # the failed job's later reconciles change nothing
+            assert (again.actions, again.status["phase"]) == ([], "Failed")
+
+    asyncio.run(main())
+
+
+def test_a_steady_reconcile_lists_each_kind_once_instead_of_getting_each_child():
+    """Reads of one reconcile of a job with a judge and a run claim, counted by the API server: one
+    LIST per kind by the job's label, a GET only for the claim (the operator may not list claims)
+    and for a name no list returned. Before, a GET per child (the claim twice): 15 reads."""
+    judge = {"name": "pick", "kind": "http", "server": {"command": ["serve", "--port", "{port}"]}}
+    manifest = {**MANIFEST, "metadata": {"name": "calls", "namespace": NS},
+                "spec": {**MANIFEST["spec"], "reward": [*MANIFEST["spec"]["reward"], judge],
+                         "storage": {"size": "1Gi"}}}
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            body = await cluster.create(rljob_body(manifest))
+            await reconcile(body, cluster.api, OperatorSettings(), NOW, LOG)
+            await cluster.set_status("apps/v1", "Deployment", NS, "calls-judge-pick", {"readyReplicas": 1})
+            await reconcile(body, cluster.api, OperatorSettings(), NOW, LOG)  # creates the controller Job
+            cluster.emulator.served.clear()
+            out = await reconcile(body, cluster.api, OperatorSettings(), NOW, LOG)
+            reads = {k: n for k, n in cluster.emulator.served.items() if k[0] in ("fetch", "list")}
+            kinds = ("configmaps", "deployments", "jobs", "rolebindings", "roles", "serviceaccounts", "services",
+                     "statefulsets")
+            assert reads == {("fetch", "persistentvolumeclaims"): 1, ("list", "pods"): 2,
+                             **{("list", kind): 1 for kind in kinds}}
+            assert len([a for a in out.actions if a.startswith("patched")]) == 12  # the writes stay one per child
+
+            # a child deleted behind the operator's back: not listed, so read by name (404) and created again
+            await cluster.delete("v1", "ConfigMap", NS, "calls-spec")
+            cluster.emulator.served.clear()
+            out = await reconcile(body, cluster.api, OperatorSettings(), NOW, LOG)
+            assert cluster.emulator.served[("fetch", "configmaps")] == 1 and "created ConfigMap/calls-spec" in out.actions
+
+    asyncio.run(main())
+
+
 def test_a_spec_edit_restarts_a_running_job_visibly_and_leaves_a_finished_one_alone():
     """Edit a running job: the controller Job is replaced, the status and an event say why and what
     survives. Edit it once it has finished: nothing is rebuilt, observedGeneration stays at the
@@ -242,6 +336,8 @@ def test_active_deadline_fails_the_job_instead_of_restarting_it():
             assert failed["message"] == ("the job has been active 60 s (since its creation or resume), "
                                          "failurePolicy.activeDeadlineSeconds is 60 s; not restarted")
             assert (await cluster.get("apps/v1", "Deployment", NS, "clock-rollout"))["spec"]["replicas"] == 0
+            assert await cluster.get("batch/v1", "Job", NS, "clock-controller") is None  # its running pods stop too
+            assert "deleted Job/clock-controller (the job failed: its pods stop)" in out.actions
 
             await run_to_running(cluster, "jobclock")
             await cluster.set_status("batch/v1", "Job", NS, "jobclock-controller", {"conditions": [
@@ -249,6 +345,7 @@ def test_active_deadline_fails_the_job_instead_of_restarting_it():
             out = await step(cluster, "jobclock", 30)
             assert (out.status["phase"], out.status["restarts"]) == ("Failed", 0)
             assert "DeadlineExceeded" in [c["reason"] for c in out.status["conditions"] if c["type"] == "Failed"]
+            assert await cluster.get("batch/v1", "Job", NS, "jobclock-controller") is not None  # finished: the record
 
     asyncio.run(main())
 

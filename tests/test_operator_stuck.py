@@ -110,6 +110,43 @@ def test_a_deployment_that_cannot_create_its_pods_says_why():
     asyncio.run(main())
 
 
+def test_a_judge_past_its_progress_deadline_says_so_naming_the_reward_and_the_fix():
+    """A judge Deployment with no Ready pod for its progressDeadlineSeconds (Progressing=False,
+    ProgressDeadlineExceeded: a model that never loads, a pod that never starts): the RLJob said only
+    `waiting for pods of: ..., judge-vlm-judge`. Now its Ready reason is ProgressDeadlineExceeded and the
+    message and one Warning event name spec.reward[1], the Deployment, the condition's message and the
+    fix, followed by what the judge's pod waits for. The job is not failed (a judge has no failure
+    policy; activeDeadlineSeconds bounds the wait) and nothing is restarted."""
+    stalled = {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded",
+               "message": 'ReplicaSet "late-judge-vlm-judge-5d8f" has timed out progressing.'}
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(manifest("late", {})))
+            await step(cluster, "late", 0)
+            for kind, role in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor")):
+                await cluster.set_status("apps/v1", kind, NS, f"late-{role}", {"readyReplicas": 1})
+            await pod(cluster, "late-judge-vlm-judge", "late-judge-vlm-judge-aaaaa", IMAGE_PULL)
+            await cluster.set_status("apps/v1", "Deployment", NS, "late-judge-vlm-judge", {"conditions": [stalled]})
+            out = await step(cluster, "late", 1900)
+            text = ("waiting for pods of: controller, judge-vlm-judge; spec.reward[1] (vlm_judge): judge Deployment "
+                    "late-judge-vlm-judge made no progress within its progressDeadlineSeconds (1800 s): ReplicaSet "
+                    "\"late-judge-vlm-judge-5d8f\" has timed out progressing; the controller starts only once every "
+                    "judge is Ready. See kubectl describe pods -n team-s -l omnirl.dev/judge-of=late,"
+                    "omnirl.dev/reward=vlm-judge and fix spec.reward[1].server (image, command, accelerator, "
+                    "template); pod late-judge-vlm-judge-aaaaa: ImagePullBackOff: Back-off pulling image "
+                    "\"vllm/vllm-openai:v0.11.0\"")
+            ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
+            assert (out.status["phase"], out.status["message"]) == ("Pending", text)
+            assert (ready["reason"], ready["message"]) == ("ProgressDeadlineExceeded", text)
+            assert out.events == [("Warning", "ProgressDeadlineExceeded", text)]
+            assert not [a for a in out.actions if not a.startswith("patched")]  # nothing restarted
+            again = await step(cluster, "late", 1910)
+            assert (again.status["message"], again.events) == (text, [])  # said once
+
+    asyncio.run(main())
+
+
 def test_a_judge_that_crash_loops_past_the_restart_budget_fails_the_job_naming_it():
     """The controller starts only once every judge is Ready: a judge OOM-killed again and again kept
     the job Pending for ever (the crash-loop accounting covered rollout/reward/actor only). Within

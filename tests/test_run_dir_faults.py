@@ -354,3 +354,59 @@ def test_a_line_a_full_disk_cut_short_is_dropped_before_the_next_append_and_skip
     fresh = tmp_path / "ledger" / "empty.jsonl"
     append_lines(fresh).close()
     assert fresh.read_text() == ""
+
+
+_CHECKPOINT_SCRIPT = """
+import json, sys
+import torch
+from omnirl.actor.checkpoint import load_checkpoint, save_checkpoint
+from omnirl.api import disk
+
+root, big = sys.argv[1], int(sys.argv[2])
+
+def save(step, numel):
+    t = {"w": torch.full((numel,), float(step))}
+    return save_checkpoint(root, step, policy=t, trained=t, old=None, optimizer=(t, {"param_groups": [], "scalars": {}}),
+                           state={"step": step}, keep=2)
+
+save(1, 256)
+try:
+    save(2, big)
+except Exception as exc:
+    err = disk.storage_error(exc)
+    print(json.dumps({"errno": err.errno if err else repr(exc), "resumed": load_checkpoint(root + "/latest")["state"]}))
+"""
+
+
+def _checkpoint_refused(root: Path, big: int, **kw) -> dict:
+    done = subprocess.run([sys.executable, "-c", _CHECKPOINT_SCRIPT, str(root), str(big)], capture_output=True,
+                          text=True, timeout=120, cwd=REPO, **kw)
+    assert done.returncode == 0 and done.stdout.strip(), done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def test_a_checkpoint_the_file_system_refuses_leaves_nothing_half_written(tmp_path):
+    """The actor's checkpoint write refused part way (RLIMIT_FSIZE 64 KiB: EFBIG, the path a full disk
+    takes through safetensors' writer): the error is a storage error, `latest` still names the last
+    complete checkpoint, which is what a resume loads, and no half-written `.tmp-step-*` directory is
+    left holding the space the error asks to free (before, it stayed until the next save)."""
+    import resource
+
+    def limited() -> None:  # pragma: no cover - runs in the child between fork and exec
+        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
+
+    root = tmp_path / "checkpoints"
+    seen = _checkpoint_refused(root, 1 << 15, preexec_fn=limited)  # 128 KiB of fp32 per file
+    assert seen == {"errno": errno.EFBIG, "resumed": {"step": 1}}
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001"]
+    assert os.readlink(root / "latest") == "step-000001"
+
+
+def test_a_checkpoint_that_fills_the_disk_frees_it_again(small_fs):
+    """A real full disk (a 256 KiB tmpfs, root only): the second checkpoint (3 × 160 KiB) gets ENOSPC;
+    the last complete one stays `latest`, and the file system takes a write again at once (the
+    half-written files are gone), so the verdict's "free space there" is about the user's data."""
+    root = small_fs / "checkpoints"
+    assert _checkpoint_refused(root, 40 << 10) == {"errno": errno.ENOSPC, "resumed": {"step": 1}}
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001"]
+    assert disk.unwritable(small_fs) is None

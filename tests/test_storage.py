@@ -323,3 +323,45 @@ def test_a_claim_of_that_name_that_is_not_the_jobs_is_never_adopted():
             assert await cluster.get("apps/v1", "StatefulSet", NS, "other-actor") is None  # nothing created
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("storage,fix", [
+    ({"size": "1Gi"}, "The run volume is PersistentVolumeClaim full-run (spec.storage.size 1Gi): expand it (kubectl "
+     "edit pvc -n team-a full-run, where its StorageClass allows volume expansion) or lower spec.checkpoint.keep (2), "
+     "then delete the RLJob and apply it again: the claim stays (whenDeleted: Retain) and the actor resumes from its "
+     "latest checkpoint."),
+    ({"claimName": "shared"}, "The run volume is PersistentVolumeClaim shared (spec.storage.claimName): free space on "
+     "it or expand it (kubectl edit pvc -n team-a shared), then delete the RLJob and apply it again: the actor resumes "
+     "from its latest checkpoint."),
+])
+def test_an_actor_that_fills_the_claim_fails_the_job_naming_the_claim_and_stops_its_pods(storage, fix):
+    """The actor's checkpoint write got ENOSPC (exit 5, its line naming a path inside the pod and
+    "free space there"): the RLJob fails StorageError with that line plus the claim to expand and
+    what a new RLJob resumes from; its workloads go to 0 and its running controller Job is deleted
+    (before, the controller Job ran on, waiting for an actor that never came back)."""
+    line = ("omnirl role actor: cannot write /var/lib/omnirl/checkpoints/.tmp-step-000040-7/policy.safetensors "
+            "([Errno 28] No space left on device); free space there")
+    now = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    ns = "team-a"
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            body = rljob_body(manifest("full", storage))
+            body["metadata"]["namespace"] = ns
+            body = await cluster.create(body)
+            await reconcile(body, cluster.api, SETTINGS, now, logging.getLogger("test"))
+            await cluster.set_status("batch/v1", "Job", ns, "full-controller", {"active": 1})
+            await cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": "full-actor-0", "namespace": ns, "labels": {"omnirl.dev/job": "full", "omnirl.dev/role": "actor"}},
+                "spec": {"containers": [{"name": "actor", "image": "trainer"}]},
+                "status": {"containerStatuses": [{"name": "actor", "restartCount": 1, "lastState": {"terminated": {
+                    "exitCode": 5, "reason": "Error", "message": f"12:00:00 actor INFO step 40\n{line}\n"}}}]}})
+            out = await reconcile(await cluster.rljob(ns, "full"), cluster.api, SETTINGS, now,
+                                  logging.getLogger("test"))
+            failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
+            assert (out.status["phase"], failed["reason"]) == ("Failed", "StorageError")
+            assert failed["message"] == f"actor exited 5 (the run volume cannot be written; not restarted): {line}. {fix}"
+            assert await cluster.get("batch/v1", "Job", ns, "full-controller") is None
+            assert (await cluster.get("apps/v1", "StatefulSet", ns, "full-actor"))["spec"]["replicas"] == 0
+
+    asyncio.run(main())

@@ -135,8 +135,12 @@ def _client(url: str, password: str | None) -> redis.Redis:
 
 
 async def autoscale_reward(kube: KubeApi, job: RLJob, ns: str, children: list[dict[str, Any]],
-                           settings: OperatorSettings, now: datetime) -> tuple[int | None, list[str]]:
+                           stored: dict[str, Any] | None, settings: OperatorSettings, now: datetime
+                           ) -> tuple[int | None, list[str]]:
     """Set the replicas of the reward Deployment in ``children`` (in place) from the backlog.
+
+    Args:
+        stored: the reward Deployment as the reconcile read it (None: not created yet).
 
     Returns ``(replicas, actions)``; ``(None, [])`` without ``roles.reward.autoscale``.
     """
@@ -145,7 +149,6 @@ async def autoscale_reward(kube: KubeApi, job: RLJob, ns: str, children: list[di
     child = next((c for c in children if c["kind"] == "Deployment" and c["metadata"]["name"] == name), None)
     if policy is None or child is None or child["spec"]["replicas"] == 0:  # fixed, or not running
         return None, []
-    stored = await asyncio.to_thread(kube.get, "apps/v1", "Deployment", ns, name)
     if stored is None:  # first reconcile: start at roles.reward.replicas
         return child["spec"]["replicas"], []
     current = int(stored["spec"].get("replicas") or 0)

@@ -98,6 +98,13 @@ def adopt(children: Iterable[dict[str, Any]], job: str, namespace: str, uid: str
     return adopted
 
 
+def owned_by(stored: dict[str, Any], uid: str) -> bool:
+    """Whether ``stored``'s controller ownerReference is the object of ``uid`` (what a failed RLJob
+    may stop: its own children, never an object it only shares a name or a label with)."""
+    refs = (stored.get("metadata") or {}).get("ownerReferences") or []
+    return bool(uid) and any(r.get("controller") and r.get("uid") == uid for r in refs)
+
+
 def foreign_owner(stored: dict[str, Any], job: str) -> str | None:
     """Who an existing object of a child's name belongs to when it is not RLJob ``job``'s, else None.
 

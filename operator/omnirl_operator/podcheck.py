@@ -4,6 +4,9 @@
   restarted more than ``failurePolicy.maxRestarts`` times fails the job (reason ``JudgeFailed``):
   the controller starts only once every judge is Ready, so a judge that crash-loops keeps the job
   Pending for ever. The message names ``spec.reward[i]``, the pod, its last exit and what to fix.
+- :func:`judge_stalls`: a judge Deployment past its ``progressDeadlineSeconds`` (reason
+  ``ProgressDeadlineExceeded``), reported first among the waiting reasons below, naming
+  ``spec.reward[i]`` and the fix (a judge is not under ``failurePolicy``: nothing is restarted).
 - :func:`waiting_problems`, :func:`workload_problems`: pods that wait for something (unschedulable,
   an image that does not pull, a container the kubelet cannot create, a crash loop still within the
   budget) or that a Deployment cannot create (a quota, Pod Security admission) as
@@ -21,7 +24,7 @@ from typing import Any
 
 from omnirl.api.judges import dns_name
 from omnirl.api.spec import RLJob
-from omnirl_operator.judges import LABEL_REWARD
+from omnirl_operator.judges import LABEL_JUDGE_OF, LABEL_REWARD, judge_name
 from omnirl_operator.status import FailureDecision
 
 REASON_JUDGE_FAILED = "JudgeFailed"
@@ -129,6 +132,34 @@ def workload_problems(stored: dict[str, dict[str, Any]]) -> list[tuple[str, str]
             if cond.get("type") == "ReplicaFailure" and cond.get("status") == "True":
                 reason = cond.get("reason") or "FailedCreate"
                 out.append((reason, f"{key} {reason}: {_short(cond.get('message', ''))}".rstrip(": ")))
+    return out
+
+
+def judge_stalls(stored: dict[str, dict[str, Any]], job: RLJob) -> list[tuple[str, str]]:
+    """``("ProgressDeadlineExceeded", text)`` per judge Deployment (``spec.reward[i].server``) past its
+    ``progressDeadlineSeconds`` (condition ``Progressing=False``): no Ready pod for that long, so the
+    controller has not started. The text names ``spec.reward[i]``, the Deployment, the condition's
+    message and the fix; the pods' own reasons follow it in the status (:func:`waiting_problems`).
+    ``stored``: the applied children by ``Kind/name``."""
+    ns = job.metadata.namespace or "default"
+    out = []
+    for i, reward in enumerate(job.spec.reward):
+        if reward.server is None:
+            continue
+        name = judge_name(job.metadata.name, reward)
+        obj = stored.get(f"Deployment/{name}") or {}
+        deadline = (obj.get("spec") or {}).get("progressDeadlineSeconds")
+        for cond in (obj.get("status") or {}).get("conditions") or []:
+            if (cond.get("type"), cond.get("status"), cond.get("reason")) != \
+                    ("Progressing", "False", "ProgressDeadlineExceeded"):
+                continue
+            said = _short(cond.get("message", "")).rstrip(".")
+            out.append(("ProgressDeadlineExceeded", (
+                f"spec.reward[{i}] ({reward.name}): judge Deployment {name} made no progress within its "
+                f"progressDeadlineSeconds ({deadline} s)" + (f": {said}" if said else "")
+                + f"; the controller starts only once every judge is Ready. See kubectl describe pods -n {ns} -l "
+                f"{LABEL_JUDGE_OF}={job.metadata.name},{LABEL_REWARD}={dns_name(reward)} and fix "
+                f"spec.reward[{i}].server (image, command, accelerator, template)")))
     return out
 
 

@@ -1,7 +1,8 @@
-"""One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → read (a
-child's name taken by another owner's object fails the job, nothing of it written) → apply →
-observe (workloads, and the pods' exit codes) → failure policy → status. Idempotent: running it
-twice creates nothing twice (409 on create becomes a merge patch) and writes the same status.
+"""One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → read (one
+LIST per kind, ``read.py``; a child's name taken by another owner's object fails the job, nothing
+of that object written) → apply → observe (workloads, and the pods' exit codes) → failure policy →
+status. A job that fails stops its own pods (``stop.py``). Idempotent: running it twice creates
+nothing twice (409 on create becomes a merge patch) and writes the same status.
 
 Handlers (``handlers.py``) only wire kopf to :func:`reconcile`; everything that talks to the API
 server goes through :class:`omnirl_operator.kube.KubeApi` in a worker thread.
@@ -19,6 +20,7 @@ from pydantic import ValidationError
 
 from omnirl.api.loader import job_from_dict
 from omnirl.api.problems import problem_lines
+from omnirl.api.runtime import STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.api.status import TERMINAL_PHASES
 from omnirl_operator.autoscale import autoscale_reward
@@ -35,9 +37,11 @@ from omnirl_operator.meta import (
     foreign_owner,
     selector_labels,
 )
-from omnirl_operator.podcheck import judge_failure, waiting_problems, waiting_summary, workload_problems
+from omnirl_operator.podcheck import judge_failure, judge_stalls, waiting_problems, waiting_summary, workload_problems
+from omnirl_operator.read import read_children
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
+    PERMANENT_REASONS,
     PROGRESS_FIELDS,
     REASON_INVALID_SPEC,
     FailureDecision,
@@ -48,7 +52,8 @@ from omnirl_operator.status import (
     decide_failure,
     permanent_failure,
 )
-from omnirl_operator.storage import claim_conflict, ensure_claim
+from omnirl_operator.stop import stop_owned
+from omnirl_operator.storage import claim_conflict, ensure_claim, full_volume_fix
 
 WORKLOADS = (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
              ("apps/v1", "StatefulSet", "actor"))
@@ -115,50 +120,29 @@ def controller_state(job_obj: dict[str, Any] | None) -> tuple[str, str]:
 REASON_NAME_CONFLICT = "NameConflict"
 
 
-async def _read_all(kube: KubeApi, job: str, ns: str, children: list[dict[str, Any]]
-                    ) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
-    """Every child as stored (by ``Kind/name``; the controller Job's name always, as a suspended or
-    finished job's reconcile may delete it), and one line per name taken by an object that is not
-    this job's (:func:`omnirl_operator.meta.foreign_owner`)."""
-    names = [(c["apiVersion"], c["kind"], c["metadata"]["name"]) for c in children]
-    controller = ("batch/v1", "Job", child_name(job, "controller"))
-    if controller not in names:
-        names.append(controller)
-    stored, taken = {}, []
-    for api_version, kind, name in names:
-        obj = await asyncio.to_thread(kube.get, api_version, kind, ns, name)
-        stored[f"{kind}/{name}"] = obj
-        who = foreign_owner(obj, job) if obj is not None else None
-        if who is not None:
-            hint = " (or mount it with spec.storage.claimName)" if kind == "PersistentVolumeClaim" else ""
-            taken.append(f"{kind}/{name} exists and is not this job's: {who}; rename the RLJob{hint}")
-    return stored, taken
-
-
-def name_conflict_message(taken: list[str]) -> str:
-    """The Failed message of a job whose children's names are taken (nothing of theirs was changed)."""
+def name_conflict_message(taken: list[str], stopped: list[str]) -> str:
+    """The Failed message of a job whose children's names are taken (nothing of theirs was changed);
+    ``stopped``: what of the job's own was stopped (:func:`omnirl_operator.stop.stop_owned`)."""
     return ("a child's name is taken, so nothing was created and the existing objects were left as they are: "
-            + "; ".join(taken) + ". Apply the job again under another metadata.name (or delete the object "
-            "if it is a leftover of yours)")
+            + "; ".join(taken) + ". "
+            + (f"This job's own pods were stopped ({', '.join(a.split()[1] for a in stopped)}). " if stopped else "")
+            + "Apply the job again under another metadata.name (or delete the object if it is a leftover of yours)")
 
 
 async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], stored: dict[str, dict[str, Any] | None],
-                     log: logging.Logger, *, create: bool = True) -> tuple[list[str], dict[str, dict[str, Any]]]:
+                     log: logging.Logger) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """Create-or-patch every child but the Job; returns the actions and the objects as now stored by
     ``Kind/name`` (their ``status`` is what the reconcile observes).
 
     Args:
-        stored: the children as read by :func:`_read_all`; only this job's are ever written.
-        create: False: only patch the job's existing children (a name is taken: the job fails, and
-            only what it already runs is scaled down).
+        stored: the children as read by :func:`omnirl_operator.read.read_children`; only this job's are ever written.
     """
     job = children[0]["metadata"]["labels"][LABEL_JOB] if children else ""
     actions, now = [], {}
     for child in children:
         key = label_of(child)
         have = stored.get(key)
-        if child["kind"] == "Job" or (have is not None and foreign_owner(have, job) is not None) \
-                or (have is None and not create):
+        if child["kind"] == "Job" or (have is not None and foreign_owner(have, job) is not None):
             continue
         if child["kind"] == "PersistentVolumeClaim":  # created once: a claim's spec is immutable
             verb, obj = await asyncio.to_thread(ensure_claim, kube, child, have)
@@ -173,7 +157,7 @@ async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], stored: dict
 async def _sync_controller(kube: KubeApi, job: RLJob, ns: str, current: dict[str, Any] | None,
                            wanted: dict[str, Any] | None, suspended: bool
                            ) -> tuple[dict[str, Any] | None, list[str], bool]:
-    """From the stored controller Job ``current`` (this job's: :func:`_read_all` checked it):
+    """From the stored controller Job ``current`` (this job's: :func:`omnirl_operator.read.read_children` checked it):
     create the controller Job if absent; recreate it when its template's spec hash changed;
     delete it when suspended. Returns (the Job as it now stands or None, actions, whether it was
     deleted for a spec change)."""
@@ -259,20 +243,19 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     suspended = job.spec.suspend and not terminal
     running = not suspended and not terminal
     children = adopt(build_children(job, settings, running=running), job.metadata.name, ns, uid)
+    before, taken = await read_children(kube, job.metadata.name, ns, children)
     claim = next((c for c in children if c["kind"] == "PersistentVolumeClaim"), None)
     if claim is not None and not terminal:  # an edit the claim cannot follow: an invalid spec, nothing applied
-        stored_claim = await asyncio.to_thread(kube.get, "v1", "PersistentVolumeClaim", ns, claim["metadata"]["name"])
-        conflict = claim_conflict(stored_claim, claim)
+        conflict = claim_conflict(before[label_of(claim)], claim)
         if conflict is not None:
             return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
-    scaled, actions = await autoscale_reward(kube, job, ns, children, settings, now)
-    before, taken = await _read_all(kube, job.metadata.name, ns, children)
+    reward = before.get(f"Deployment/{child_name(job.metadata.name, 'reward')}")
+    scaled, actions = await autoscale_reward(kube, job, ns, children, reward, settings, now)
     if taken:  # never write another owner's object; fail, and stop what this job already runs
-        stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
-        more = (await _apply_all(kube, stopped, before, log, create=False))[0]
-        failed = None if terminal else (REASON_NAME_CONFLICT, name_conflict_message(taken))
+        stopped = await stop_owned(kube, ns, uid, before)
+        failed = None if terminal else (REASON_NAME_CONFLICT, name_conflict_message(taken, stopped))
         observed = Observed(failed=failed, restarts=int((body.get("status") or {}).get("restarts") or 0))
-        return Outcome(compute_status(body, observed, progress, now), actions + more)
+        return Outcome(compute_status(body, observed, progress, now), actions + stopped)
     more, stored = await _apply_all(kube, children, before, log)
     actions += more
     judges = judge_roles(job, stored, running)
@@ -305,7 +288,9 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
                                              {LABEL_JUDGE_OF: job.metadata.name}) if judges else []
         max_restarts = job.spec.failurePolicy.maxRestarts
         permanent = permanent_failure(pods, LABEL_ROLE) or judge_failure(judge_pods, job, max_restarts)
-        problems = workload_problems(stored) + waiting_problems(pods + judge_pods)
+        if permanent is not None and permanent.reason == PERMANENT_REASONS[STORAGE_ERROR_EXIT][0]:
+            permanent = replace(permanent, message=f"{permanent.message}. {full_volume_fix(job, permanent.role)}")
+        problems = judge_stalls(stored, job) + workload_problems(stored) + waiting_problems(pods + judge_pods)
         observed = replace(observed, waiting=waiting_summary(problems))
         if failed_role is None:  # a replica the kubelet keeps restarting is a failed role
             looping = crash_looping(pods, LABEL_ROLE, max_restarts,
@@ -330,6 +315,8 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
         actions += (await _apply_all(kube, stopped, before, log))[0]
         observed = replace(observed, roles={r: (0, ready) for r, (_, ready) in observed.roles.items()})
+    if decision.action == "fail" or terminal:  # a failed job's controller Job stops too (a finished one stays)
+        actions += await stop_owned(kube, ns, uid, {f"Job/{child_name(job.metadata.name, 'controller')}": controller})
     status = compute_status(body, observed, progress, now)
     if observed.waiting is not None and status["message"] != (body.get("status") or {}).get("message") \
             and observed.waiting[1] in status["message"]:  # said once per change, not every resync

@@ -73,11 +73,13 @@ class Observed:
 @dataclass(frozen=True)
 class FailureDecision:
     """What to do about a failed child: ``none``, ``restart-role`` (roll that role's pods),
-    ``restart-job`` (new controller Job, every role rolled) or ``fail``."""
+    ``restart-job`` (new controller Job, every role rolled) or ``fail``; ``role``: the role whose pod
+    decided it, where one did (:func:`permanent_failure`)."""
 
     action: Literal["none", "restart-role", "restart-job", "fail"]
     reason: str = ""
     message: str = ""
+    role: str = ""
 
 
 def decide_failure(
@@ -137,7 +139,7 @@ def permanent_failure(pods: list[dict[str, Any]], role_label: str) -> FailureDec
                 lines = [line.strip() for line in (ended.get("message") or "").splitlines() if line.strip()]
                 why = lines[-1] if lines else f"see kubectl logs --previous {pod['metadata']['name']}"
                 reason, kind = PERMANENT_REASONS[code]
-                return FailureDecision("fail", reason, f"{role} exited {code} ({kind}; not restarted): {why}")
+                return FailureDecision("fail", reason, f"{role} exited {code} ({kind}; not restarted): {why}", role)
     return None
 
 

@@ -12,6 +12,9 @@
   controller and the actor ranks must share one node: a required pod affinity on
   ``kubernetes.io/hostname`` towards each other (the first of them may go anywhere).
 - :func:`claim_conflict`: an edited spec the stored claim cannot serve (access modes, class).
+- :func:`full_volume_fix`: what frees the run volume of a role that exited ``STORAGE_ERROR_EXIT``
+  (the claim to expand, or the emptyDir's node), appended to the RLJob's ``StorageError`` message:
+  the role's own line says only "free space there" about a path inside the pod.
 - :func:`ensure_claim`: create the claim once, never patch its spec (a claim's spec is immutable
   but for a size increase), and keep its ownerReference in line with ``whenDeleted``.
 
@@ -85,6 +88,33 @@ def pod_affinity(job: RLJob, role: str) -> dict[str, Any]:
                 "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(CLAIM_ROLES)}]}
     term = {"labelSelector": selector, "topologyKey": HOSTNAME}
     return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
+def full_volume_fix(job: RLJob, role: str) -> str:
+    """The fix for ``role``'s run volume refusing writes (no space, a quota): one or two sentences
+    naming the claim and how to grow it, or the emptyDir and ``spec.storage``.
+
+    Args:
+        job: the RLJob (``spec.storage``, ``spec.checkpoint.keep``).
+        role: the role whose pod exited ``STORAGE_ERROR_EXIT`` (rollout, reward, actor, controller).
+    """
+    storage, name = job.spec.storage, claim_name(job)
+    again = "then delete the RLJob and apply it again"
+    if name is None or not shares_claim(job, role):
+        why = "no spec.storage" if storage is None else f"{role} pods do not mount the ReadWriteOnce claim {name}"
+        return (f"The {role} pod's run volume is an emptyDir on its node ({why}): free space on the node, or give "
+                f"the job a claim (spec.storage.size) large enough for the run directory and "
+                f"spec.checkpoint.keep ({job.spec.checkpoint.keep}) + 1 checkpoints; {again}.")
+    ns = job.metadata.namespace or "default"
+    if storage.claimName is not None:
+        return (f"The run volume is PersistentVolumeClaim {name} (spec.storage.claimName): free space on it or "
+                f"expand it (kubectl edit pvc -n {ns} {name}), {again}: the actor resumes from its latest checkpoint.")
+    kept = ("the claim stays (whenDeleted: Retain) and the actor resumes from its latest checkpoint"
+            if storage.whenDeleted == "Retain" else
+            "with whenDeleted: Delete the claim and its checkpoints go with the RLJob")
+    return (f"The run volume is PersistentVolumeClaim {name} (spec.storage.size {storage.size}): expand it "
+            f"(kubectl edit pvc -n {ns} {name}, where its StorageClass allows volume expansion) or lower "
+            f"spec.checkpoint.keep ({job.spec.checkpoint.keep}), {again}: {kept}.")
 
 
 def claim_conflict(stored: dict[str, Any] | None, wanted: dict[str, Any]) -> str | None:

@@ -5,6 +5,9 @@ stores objects and streams watch events, but has no schema validation, no garbag
 controllers (Deployments never get pods, Jobs never finish) and no label selectors: tests play
 the kubelet by patching children's ``status`` (:meth:`EmulatedCluster.set_status`).
 
+``emulator.served`` counts the requests it served by ``(action, resource plural)`` (``("list",
+"deployments")``, ``("fetch", "persistentvolumeclaims")``): what a reconcile asks of the API server.
+
 Two emulator gaps are filled here: it does not bump ``resourceVersion`` or ``generation`` on
 writes (a thin subclass does, as kopf relies on it), and it does not assign ``uid``, so
 :func:`rljob_body` fills it in.
@@ -20,6 +23,7 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import copy
 import itertools
@@ -93,7 +97,13 @@ def _versioned_emulator_class(printer_columns: dict[str, list[dict[str, Any]]]) 
     from kmock._internal.dicts import patch_dict
 
     class VersionedEmulator(kmock.KubernetesEmulator):
+        # requests served, by (action, resource plural): tests count what a reconcile asks for
+        served: collections.Counter = collections.Counter()
+
         async def _handle(self, request: Any) -> Any:
+            if request.resource is not None:
+                self.served[(str(request.action.name if request.action else request.method).lower(),
+                             request.resource.plural)] += 1
             data = request.data
             rv = str(next(_versions))
             if request.resource is not None and request.action == enums.action.CREATE and isinstance(data, dict):

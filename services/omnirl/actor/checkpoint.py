@@ -77,6 +77,11 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
 
     `optimizer` is `optimizer_to_flat`'s (tensors, meta), full (unsharded) tensors.
     Returns the checkpoint directory.
+
+    Raises:
+        OSError (or safetensors' `SafetensorError` carrying the system's text, see
+        `omnirl.api.disk.storage_error`): a write failed, e.g. no space left; the partly written
+        temporary directory is removed and `latest` is unchanged.
     """
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
@@ -85,16 +90,22 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
     for stale in root.glob(".tmp-step-*"):  # a killed writer's leftovers (one writer per job: rank 0)
         shutil.rmtree(stale, ignore_errors=True)
     tmp.mkdir()
-    save_file(_contiguous(policy), tmp / "policy.safetensors")
-    save_file(_contiguous(trained), tmp / "trained.safetensors")
-    if old is not None:
-        save_file(_contiguous(old), tmp / "old.safetensors")
-    opt_tensors, opt_meta = optimizer
-    save_file(_contiguous(opt_tensors), tmp / "optimizer.safetensors")
-    (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
-    (tmp / "state.json").write_text(json.dumps(state, indent=1))
-    _fsync_dir(tmp)
-    (tmp / COMPLETE).write_text(str(step))
+    try:
+        save_file(_contiguous(policy), tmp / "policy.safetensors")
+        save_file(_contiguous(trained), tmp / "trained.safetensors")
+        if old is not None:
+            save_file(_contiguous(old), tmp / "old.safetensors")
+        opt_tensors, opt_meta = optimizer
+        save_file(_contiguous(opt_tensors), tmp / "optimizer.safetensors")
+        (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
+        (tmp / "state.json").write_text(json.dumps(state, indent=1))
+        _fsync_dir(tmp)
+        (tmp / COMPLETE).write_text(str(step))
+    except BaseException:
+        # a full disk (or a kill signal turned exception): the half-written files would hold the space the
+        # error asks the user to free until the next save; `latest` still names the last complete checkpoint
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     make_latest(root, final, keep)
