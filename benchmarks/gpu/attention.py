@@ -24,6 +24,7 @@ import argparse
 import gc
 import json
 import re
+import time
 from collections import defaultdict
 from datetime import date
 from pathlib import Path
@@ -108,7 +109,11 @@ def forward(adapter, backend: str, cfg: dict, batch: int, device, peak: float) -
         def run():
             return module(**inputs, return_dict=False)[0]
 
-        for _ in range(3):  # compile + autotune + allocator
+        t0 = time.perf_counter()
+        run()  # compile + autotune (+ coordinate descent, `INDUCTOR_OPTIONS`) + allocator
+        sync(device)
+        first_call_s = time.perf_counter() - t0
+        for _ in range(2):
             run()
         ms = cuda_ms(run, 10)
         from torch.profiler import ProfilerActivity, profile
@@ -141,12 +146,13 @@ def forward(adapter, backend: str, cfg: dict, batch: int, device, peak: float) -
         except Exception as e:  # capture is a measurement here, not a product path: report why it failed
             print(f"  {backend}: CUDA graph capture failed: {type(e).__name__}: {str(e).splitlines()[0]}", flush=True)
     busy = sum(by_kind.values())
-    row = {"ms": ms, "mfu": mfu(flops, ms / 1e3, peak), "kernel_ms": dict(by_kind), "busy_ms": busy,
+    row = {"ms": ms, "mfu": mfu(flops, ms / 1e3, peak), "first_call_s": first_call_s, "kernel_ms": dict(by_kind), "busy_ms": busy,
            "slowest_other": sorted(others.items(), key=lambda kv: -kv[1])[:10], "graph_ms": graph_ms,
            "graph_mfu": mfu(flops, graph_ms / 1e3, peak) if graph_ms else None}
     print(f"  forward {backend:9} batch {batch}: {ms:7.1f} ms MFU {row['mfu']:.1%}; kernels "
           + ", ".join(f"{k} {v:.1f} ms" for k, v in sorted(by_kind.items()))
-          + (f"; CUDA graph {graph_ms:.1f} ms MFU {row['graph_mfu']:.1%}" if graph_ms else ""), flush=True)
+          + (f"; CUDA graph {graph_ms:.1f} ms MFU {row['graph_mfu']:.1%}" if graph_ms else "")
+          + f"; first call (compile) {first_call_s:.1f} s", flush=True)
     for key, v in row["slowest_other"]:
         print(f"      {v:6.2f} ms  {key}", flush=True)
     return row
