@@ -49,6 +49,7 @@ from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.attention import select_attention
+from omnirl.models.compile import while_compiling
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.transfer import TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
@@ -66,33 +67,36 @@ class ActorService:
         self.spec, self.env = spec, env
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
-        self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device))
-        with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
-            adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
-                                   **adapter_options(spec))
-        select_attention(adapter, spec.model, self.device)
-        self.trainer = Trainer(adapter, spec, self.device, ranks=self.ranks)
-        self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
-        self.version = 0
-        self.trained_step = -1  # the last step whose update is in the weights
-        self.checkpointed_step = -1
-        self.data_position: list = [0, 0]
-        # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
-        if resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0:
-            with config_errors(f"checkpoint {self.ckpt_root / LATEST}", OSError, ValueError, KeyError, SafetensorError,
-                               fix="restore it, or start a fresh run in another --out (the same file fails "
-                               "every restart)"):
-                state = self.trainer.load(self.ckpt_root / LATEST)
-            self.version = int(state["policy_version"])
-            self.trained_step = self.checkpointed_step = int(state["step"])
-            self.data_position = list(state.get("data_position", [0, 0]))
-            log.info("resumed from %s at step %d, policy_version %d", self.ckpt_root / LATEST, self.trained_step,
-                     self.version)
-        elif resume:
-            raise FileNotFoundError(f"resume: no checkpoint at {self.ckpt_root / LATEST} "
-                                    "(OMNIRL_RESUME=auto starts fresh when there is none)")
+        policy = spec.failurePolicy
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "actor", env.worker_id,
-                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
+                                   ttl_s=2 * policy.progressDeadlineSeconds)
+        # the ranks' rendezvous, the model and checkpoint loads: progress, up to startupDeadlineSeconds
+        with self.heartbeat.covering(policy.startupDeadlineSeconds):
+            self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device))
+            with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
+                adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
+                                       **adapter_options(spec))
+            select_attention(adapter, spec.model, self.device)
+            self.trainer = Trainer(adapter, spec, self.device, ranks=self.ranks)
+            self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
+            self.version = 0
+            self.trained_step = -1  # the last step whose update is in the weights
+            self.checkpointed_step = -1
+            self.data_position: list = [0, 0]
+            # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
+            if resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0:
+                with config_errors(f"checkpoint {self.ckpt_root / LATEST}", OSError, ValueError, KeyError, SafetensorError,
+                                   fix="restore it, or start a fresh run in another --out (the same file fails "
+                                   "every restart)"):
+                    state = self.trainer.load(self.ckpt_root / LATEST)
+                self.version = int(state["policy_version"])
+                self.trained_step = self.checkpointed_step = int(state["step"])
+                self.data_position = list(state.get("data_position", [0, 0]))
+                log.info("resumed from %s at step %d, policy_version %d", self.ckpt_root / LATEST, self.trained_step,
+                         self.version)
+            elif resume:
+                raise FileNotFoundError(f"resume: no checkpoint at {self.ckpt_root / LATEST} "
+                                        "(OMNIRL_RESUME=auto starts fresh when there is none)")
         self.terminated = False
         self._trainreqs, self._trained = kv_key(env.job_name, "trainreqs"), kv_key(env.job_name, "trained")
         self._run_id = f"{env.worker_id}-{os.getpid()}-{int(time.time() * 1000)}"
@@ -110,6 +114,8 @@ class ActorService:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._ledger = append_lines(path)  # a line a full disk cut is dropped (api/disk.py)
             self._ckpt_ledger = append_lines(path.parent / f"checkpoints-{env.worker_id}.jsonl")
+        # model.compile compiles at the first step (train, no-grad and reference graphs) and on a new shape
+        self._uncompiling = while_compiling(lambda: self.heartbeat.start_covering(policy.startupDeadlineSeconds))
 
     def terminate(self) -> None:
         """SIGTERM: finish the step in hand, checkpoint the last trained step, return from `run`."""
@@ -200,13 +206,15 @@ class ActorService:
         if self.sender is None:
             return
         want = self.spec.roles.rollout.replicas
-        deadline = time.monotonic() + 600
+        limit = self.spec.failurePolicy.startup_limit_s  # a worker registers once it has loaded its model
+        deadline = time.monotonic() + limit
         while len(self.sender.members()) < want:
             if self.queue.get_json("stop") or self.terminated:
                 return
             self.heartbeat.beat()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(self.sender.members())} of {want} rollout workers registered in 600 s")
+                raise TimeoutError(f"only {len(self.sender.members())} of {want} rollout workers registered in "
+                                   f"{limit:g} s (failurePolicy.startupDeadlineSeconds + progressDeadlineSeconds)")
             time.sleep(0.1)
         report = self.sender.broadcast(self._rollout, self.version)
         log.info("initial weights v%d to %s in %.3f s", self.version, report.receivers, report.seconds)
@@ -331,6 +339,7 @@ class ActorService:
 
     def close(self) -> None:
         """Close the weight-sync store, the ledger, the Redis client and the ranks' process group."""
+        self._uncompiling()
         if self.sender is not None:
             self.sender.close()
         if self._ledger is not None:

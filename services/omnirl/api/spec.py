@@ -569,7 +569,18 @@ class FailurePolicySpec(SpecModel):
         600.0, gt=0, description="A role whose main loop has not beaten (heartbeat in Redis, gRPC health) for this "
         "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
         "single unit of work (one in-process scorer call, one training step, one checkpoint write). A reward worker "
-        "waiting on a remote scorer beats meanwhile, up to that scorer's timeouts."
+        "waiting on a remote scorer beats meanwhile, up to that scorer's timeouts; a role loading its model, and "
+        "torch.compile compiling (model.compile's warm-up, a recompile), beat meanwhile up to "
+        "startupDeadlineSeconds."
+    )
+    startupDeadlineSeconds: float = Field(
+        1200.0, gt=0, description="How long a role's start-up (loading the model, its checkpoint and scorers, "
+        "joining the actor's ranks) and each torch.compile compilation (model.compile's first step, a recompile for a "
+        "new shape) may take: they count as progress for this many seconds, so a load longer than "
+        "progressDeadlineSeconds is not taken for a hang. One that is still running after it is stuck once "
+        "progressDeadlineSeconds more have passed: the sum is the longest a start-up may take (on Kubernetes the pods' "
+        "startup probe allows it; the actor waits as long for the rollout workers to register, the controller twice "
+        "as long for the actor)."
     )
     scorerOutageSeconds: float = Field(
         600.0, ge=0, description="How long a reward worker holds the samples of a scorer that does not answer "
@@ -584,6 +595,12 @@ class FailurePolicySpec(SpecModel):
     ttlSecondsAfterFinished: int | None = Field(
         None, ge=0, description="Delete the job this many seconds after it finishes."
     )
+
+    @property
+    def startup_limit_s(self) -> float:
+        """Seconds a role's start-up may take before it is found stale: its load beats for
+        `startupDeadlineSeconds`, then `progressDeadlineSeconds` pass without a beat."""
+        return self.startupDeadlineSeconds + self.progressDeadlineSeconds
 
 
 class RLJobSpec(SpecModel):

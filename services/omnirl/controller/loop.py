@@ -70,9 +70,12 @@ class Controller:
         self.job, self.spec, self.env = job, job.spec, env
         spec = self.spec
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
+                                   ttl_s=2 * spec.failurePolicy.progressDeadlineSeconds)
         self.total_steps = steps if steps is not None else spec.algorithm.steps
-        with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
-            tokenize = load_tokenizer(spec.model.family, spec.model.path)
+        # a tokenizer load is progress, up to startupDeadlineSeconds
+        with self.heartbeat.covering(spec.failurePolicy.startupDeadlineSeconds), config_errors("spec.model.path"):
+            tokenize = load_tokenizer(spec.model.family, spec.model.path)  # its files: wrong on every restart
         self.out = Path(env.out_dir)
         self.start_step, self.version = 0, 0  # set from the actor's state in run()
         self.next_unpublished = 0  # the first step without a book: its scores wait in the inbox
@@ -92,8 +95,6 @@ class Controller:
         self.trained: dict[int, TrainDone] = {}
         self.group_scoring = GroupScoring(spec.reward, self.queue)
         self.recombine = needs_recombination(spec.reward) or bool(self.group_scoring.specs)
-        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
-                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
         self._trainreqs = kv_key(env.job_name, "trainreqs")
         self._stepstats, self._trained_hash = kv_key(env.job_name, "stepstats"), kv_key(env.job_name, "trained")
@@ -374,7 +375,10 @@ class Controller:
         return items, stats
 
     # ------------------------------------------------------------------ actor, validation
-    def _wait_actor_ready(self, timeout_s: float = 900.0) -> None:
+    def _wait_actor_ready(self) -> None:
+        """Wait for the actor's `actor_ready` (beating); JobFailed after twice the start-up limit:
+        the actor's own start-up, then its wait for the rollout workers (`startup_limit_s` each)."""
+        timeout_s = 2 * self.spec.failurePolicy.startup_limit_s
         start = time.monotonic()
         while self.queue.get_json("actor_ready") is None:
             self._check_terminated()
@@ -386,7 +390,8 @@ class Controller:
             if failures:
                 raise RoleFailed(f"{failures[0]['role']} {failures[0]['worker']} failed: {failures[0]['reason']}")
             if time.monotonic() - start > timeout_s:
-                raise JobFailed(f"the actor was not ready after {timeout_s:.0f} s (no rollout worker registered?)")
+                raise JobFailed(f"the actor was not ready after {timeout_s:.0f} s, twice failurePolicy."
+                                "startupDeadlineSeconds + progressDeadlineSeconds (no rollout worker registered?)")
 
     def _wait_trained(self, step: int) -> TrainDone:
         while step not in self.trained:
