@@ -35,7 +35,7 @@ from omnirl.api.ids import parse_group_id
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.seeds import derive, group_seeds
-from omnirl.api.spec import RLJob
+from omnirl.api.spec import GROUP_ATTEMPTS, RLJob
 from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.controller.group_scoring import GroupScoring
 from omnirl.controller.groups import StepBook, refill_request
@@ -48,7 +48,6 @@ from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
 
 log = logging.getLogger("omnirl.controller")
 GROUP = "controller"
-MAX_ATTEMPTS = 3
 
 
 class JobFailed(RuntimeError):
@@ -326,9 +325,9 @@ class Controller:
             if not reasons:
                 continue
             self.queue.delete_tensors(list(group.tensor_keys.values()))
-            if group.attempt + 1 >= MAX_ATTEMPTS:
+            if group.attempt + 1 >= GROUP_ATTEMPTS:
                 book.drop(key, f"group {key}: {reasons[0]}")
-                log.warning("dropped group %s after %d attempts: %s", key, MAX_ATTEMPTS, reasons[0])
+                log.warning("dropped group %s after %d attempts: %s", key, GROUP_ATTEMPTS, reasons[0])
                 continue
             group.attempt += 1
             group.request = refill_request(group.request, group.attempt,
