@@ -40,7 +40,7 @@ from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.controller.group_scoring import GroupScoring
 from omnirl.controller.groups import StepBook, refill_request
 from omnirl.controller.normalize import combine_step, component_stats, needs_recombination
-from omnirl.controller.report import Reporter
+from omnirl.controller.report import REWARD_LATENCIES, Reporter
 from omnirl.controller.validation import SampleUnscored, Validator
 from omnirl.models.registry import load_tokenizer
 from omnirl.transfer import Message, TransferQueue, kv_key
@@ -364,6 +364,8 @@ class Controller:
             "rollout_seconds": max(0.0, max(s.generated_at for _, s in scores) - t_pub),
             "reward_seconds": max(0.0, max(s.scored_at for _, s in scores) - t_pub),
             "reward_latency_seconds": sum(s.scored_at - s.generated_at for _, s in scores) / len(scores),
+            # each trained sample's, for the histogram (its p95 is a sample's; the Reporter keeps it out of metrics.jsonl)
+            REWARD_LATENCIES: [round(s.scored_at - s.generated_at, 4) for _, s in scores],
             "staleness_mean": sum(self.version - v for v in versions) / len(versions),
             "staleness_max": max(self.version - v for v in versions),
         }
