@@ -3,9 +3,10 @@
 A role loading its model (a big checkpoint from slow storage) or compiling (model.compile's first
 step) keeps no heartbeat from its main loop; with `progressDeadlineSeconds` shorter than that, the
 supervisor killed healthy roles over and over (`omnirl run` of the OCR example with compile on and a
-15 s deadline failed after 3 restarts of the actor; a 25 s load failed the same way). The load and
-each compilation now beat from a thread, bounded by `failurePolicy.startupDeadlineSeconds`, so a load
-stuck for good is still killed `progressDeadlineSeconds` after that bound.
+15 s deadline failed after 3 restarts of the actor; a 25 s load failed the same way). A role's
+start-up (`omnirl role` from before it imports torch until its service is built) and each compilation
+now beat from a thread, bounded by `failurePolicy.startupDeadlineSeconds`, so a load stuck for good is
+still killed `progressDeadlineSeconds` after that bound.
 """
 
 from __future__ import annotations
@@ -29,27 +30,30 @@ from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats
 
 ROOT = Path(__file__).resolve().parents[1]
 # imported by every Python process started with this directory first on PYTHONPATH: a role process
-# (`omnirl role ...`) sleeps SLOW_LOAD_S seconds inside its model load, as on slow storage
+# (`omnirl role ...`) sleeps SLOW_LOAD_S seconds more while it builds its service (model load), as on
+# slow storage
 SLOW_LOAD = """
 import os, sys, time
 if os.environ.get("SLOW_LOAD_S") and "role" in sys.argv:
-    import omnirl.models.registry as registry
-    load = registry.load_adapter
-    def slow_load(*args, **kwargs):
+    import omnirl.launch.roles as roles  # no torch: importing omnirl.models here would move its import first
+    build = roles._build
+    def slow_build(*args, **kwargs):
         time.sleep(float(os.environ["SLOW_LOAD_S"]))
-        return load(*args, **kwargs)
-    registry.load_adapter = slow_load
+        return build(*args, **kwargs)
+    roles._build = slow_build
 """
 
 
 def _run(tmp_path: Path, load_s: float, **policy) -> tuple[subprocess.CompletedProcess, float]:
-    """`omnirl run` of examples/ocr-nft.yaml for 1 step without validation, every model load taking
-    `load_s` seconds longer, `failurePolicy` = `policy`. Returns the process and its seconds."""
+    """`omnirl run` of examples/ocr-nft.yaml (2 prompts × 4 samples: a short step) for 1 step without
+    validation, every role's start-up taking `load_s` seconds longer, `failurePolicy` = `policy`.
+    Returns the process and its seconds."""
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(SLOW_LOAD)
     doc = yaml.safe_load((ROOT / "examples" / "ocr-nft.yaml").read_text())
     doc["spec"]["data"] = {"trainPrompts": str(ROOT / "examples" / "prompts" / "ocr-train.txt")}
+    doc["spec"]["algorithm"].update(promptsPerStep=2, groupSize=4)
     doc["spec"]["failurePolicy"] = policy
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     env = {**os.environ, "SLOW_LOAD_S": str(load_s),
@@ -63,9 +67,10 @@ def _run(tmp_path: Path, load_s: float, **policy) -> tuple[subprocess.CompletedP
 
 @pytest.mark.slow
 def test_a_model_load_longer_than_the_progress_deadline_is_not_a_hang(tmp_path):
-    """Every role's model load takes 20 s, the deadline is 10 s (longer than a role's imports, which
-    beat nothing): the job finishes, no role restarted (before: `rollout-0: no progress for 10 s` →
-    restart, until maxRestarts failed the job)."""
+    """Every role's start-up takes 20 s more, the deadline is 10 s: the job finishes, no role restarted
+    (before: `rollout-0: no progress for 10 s` → restart, until maxRestarts failed the job; with the
+    services beating only around their own loads, four roles importing torch on 2 cores still took
+    more than 10 s before the first beat)."""
     proc, _ = _run(tmp_path, 20, progressDeadlineSeconds=10, maxRestarts=1)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     events = (tmp_path / "out" / "events.jsonl").read_text()

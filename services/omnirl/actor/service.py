@@ -67,36 +67,33 @@ class ActorService:
         self.spec, self.env = spec, env
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
-        policy = spec.failurePolicy
+        self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device))
+        with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
+            adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
+                                   **adapter_options(spec))
+        select_attention(adapter, spec.model, self.device)
+        self.trainer = Trainer(adapter, spec, self.device, ranks=self.ranks)
+        self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
+        self.version = 0
+        self.trained_step = -1  # the last step whose update is in the weights
+        self.checkpointed_step = -1
+        self.data_position: list = [0, 0]
+        # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
+        if resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0:
+            with config_errors(f"checkpoint {self.ckpt_root / LATEST}", OSError, ValueError, KeyError, SafetensorError,
+                               fix="restore it, or start a fresh run in another --out (the same file fails "
+                               "every restart)"):
+                state = self.trainer.load(self.ckpt_root / LATEST)
+            self.version = int(state["policy_version"])
+            self.trained_step = self.checkpointed_step = int(state["step"])
+            self.data_position = list(state.get("data_position", [0, 0]))
+            log.info("resumed from %s at step %d, policy_version %d", self.ckpt_root / LATEST, self.trained_step,
+                     self.version)
+        elif resume:
+            raise FileNotFoundError(f"resume: no checkpoint at {self.ckpt_root / LATEST} "
+                                    "(OMNIRL_RESUME=auto starts fresh when there is none)")
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "actor", env.worker_id,
-                                   ttl_s=2 * policy.progressDeadlineSeconds)
-        # the ranks' rendezvous, the model and checkpoint loads: progress, up to startupDeadlineSeconds
-        with self.heartbeat.covering(policy.startupDeadlineSeconds):
-            self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device))
-            with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
-                adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
-                                       **adapter_options(spec))
-            select_attention(adapter, spec.model, self.device)
-            self.trainer = Trainer(adapter, spec, self.device, ranks=self.ranks)
-            self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
-            self.version = 0
-            self.trained_step = -1  # the last step whose update is in the weights
-            self.checkpointed_step = -1
-            self.data_position: list = [0, 0]
-            # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
-            if resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0:
-                with config_errors(f"checkpoint {self.ckpt_root / LATEST}", OSError, ValueError, KeyError, SafetensorError,
-                                   fix="restore it, or start a fresh run in another --out (the same file fails "
-                                   "every restart)"):
-                    state = self.trainer.load(self.ckpt_root / LATEST)
-                self.version = int(state["policy_version"])
-                self.trained_step = self.checkpointed_step = int(state["step"])
-                self.data_position = list(state.get("data_position", [0, 0]))
-                log.info("resumed from %s at step %d, policy_version %d", self.ckpt_root / LATEST, self.trained_step,
-                         self.version)
-            elif resume:
-                raise FileNotFoundError(f"resume: no checkpoint at {self.ckpt_root / LATEST} "
-                                        "(OMNIRL_RESUME=auto starts fresh when there is none)")
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
         self._trainreqs, self._trained = kv_key(env.job_name, "trainreqs"), kv_key(env.job_name, "trained")
         self._run_id = f"{env.worker_id}-{os.getpid()}-{int(time.time() * 1000)}"
@@ -115,7 +112,8 @@ class ActorService:
             self._ledger = append_lines(path)  # a line a full disk cut is dropped (api/disk.py)
             self._ckpt_ledger = append_lines(path.parent / f"checkpoints-{env.worker_id}.jsonl")
         # model.compile compiles at the first step (train, no-grad and reference graphs) and on a new shape
-        self._uncompiling = while_compiling(lambda: self.heartbeat.start_covering(policy.startupDeadlineSeconds))
+        bound = spec.failurePolicy.startupDeadlineSeconds
+        self._uncompiling = while_compiling(lambda: self.heartbeat.start_covering(bound))
 
     def terminate(self) -> None:
         """SIGTERM: finish the step in hand, checkpoint the last trained step, return from `run`."""

@@ -578,8 +578,8 @@ class FailurePolicySpec(SpecModel):
         "startupDeadlineSeconds."
     )
     startupDeadlineSeconds: float = Field(
-        1200.0, gt=0, description="How long a role's start-up (loading the model, its checkpoint and scorers, "
-        "joining the actor's ranks) and each torch.compile compilation (model.compile's first step, a recompile for a "
+        1200.0, gt=0, description="How long a role's start-up (importing torch, loading the model, its checkpoint "
+        "and scorers, joining the actor's ranks) and each torch.compile compilation (model.compile's first step, a recompile for a "
         "new shape) may take: they count as progress for this many seconds, so a load longer than "
         "progressDeadlineSeconds is not taken for a hang. One that is still running after it is stuck once "
         "progressDeadlineSeconds more have passed: the sum is the longest a start-up may take (on Kubernetes the pods' "

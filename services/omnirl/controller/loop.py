@@ -69,12 +69,9 @@ class Controller:
         self.job, self.spec, self.env = job, job.spec, env
         spec = self.spec
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
-        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
-                                   ttl_s=2 * spec.failurePolicy.progressDeadlineSeconds)
         self.total_steps = steps if steps is not None else spec.algorithm.steps
-        # a tokenizer load is progress, up to startupDeadlineSeconds
-        with self.heartbeat.covering(spec.failurePolicy.startupDeadlineSeconds), config_errors("spec.model.path"):
-            tokenize = load_tokenizer(spec.model.family, spec.model.path)  # its files: wrong on every restart
+        with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
+            tokenize = load_tokenizer(spec.model.family, spec.model.path)
         self.out = Path(env.out_dir)
         self.start_step, self.version = 0, 0  # set from the actor's state in run()
         self.next_unpublished = 0  # the first step without a book: its scores wait in the inbox
@@ -94,6 +91,8 @@ class Controller:
         self.trained: dict[int, TrainDone] = {}
         self.group_scoring = GroupScoring(spec.reward, self.queue)
         self.recombine = needs_recombination(spec.reward) or bool(self.group_scoring.specs)
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
         self._trainreqs = kv_key(env.job_name, "trainreqs")
         self._stepstats, self._trained_hash = kv_key(env.job_name, "stepstats"), kv_key(env.job_name, "trained")

@@ -44,15 +44,12 @@ class RewardService:
         self.sync_mode = spec.pipeline.mode == "sync"
         self.batch_size = spec.roles.reward.batchSize
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
-        policy = spec.failurePolicy
-        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "reward", env.worker_id,
-                                   ttl_s=2 * policy.progressDeadlineSeconds)
-        # loading the scorers' models is progress, up to startupDeadlineSeconds
-        with self.heartbeat.covering(policy.startupDeadlineSeconds), config_errors("spec.reward"):
-            # a scorer that cannot be built (its params, its files): permanent
+        with config_errors("spec.reward"):  # a scorer that cannot be built (its params, its files): permanent
             self.rewards = RewardSet(spec.reward, threads=env.threads or 1)
             check_judges(spec.reward, strict=False)  # a pod gets no `omnirl run` pre-flight: a refused key, a wrong model
         self._ledger = Ledger(env.out_dir, "reward", env.worker_id)
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "reward", env.worker_id,
+                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.hold_s = job.spec.failurePolicy.scorerOutageSeconds  # how long a scorer may be away
         self._warned: set[str] = set()  # non-required rewards whose first failure was logged
         self.terminated = False

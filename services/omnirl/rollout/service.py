@@ -52,14 +52,11 @@ class RolloutService:
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
         policy = job.spec.failurePolicy
-        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id,
-                                   ttl_s=2 * policy.progressDeadlineSeconds)
-        with self.heartbeat.covering(policy.startupDeadlineSeconds):  # a model load is progress, up to this bound
-            with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
-                adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
-                                       **adapter_options(spec))
-            select_attention(adapter, spec.model, self.device)
-            prepare_rollout_module(adapter, spec.model.lora)
+        with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
+            adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
+                                   **adapter_options(spec))
+        select_attention(adapter, spec.model, self.device)
+        prepare_rollout_module(adapter, spec.model.lora)
         if spec.model.compile:
             compile_adapter_module(adapter)
         role = spec.roles.rollout
@@ -72,6 +69,8 @@ class RolloutService:
         self._lease_every = self.queue.claim_idle_s / 3
         self._last_lease = time.monotonic()
         self.ledger = Ledger(env.out_dir, "rollout", env.worker_id)
+        self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id,
+                                   ttl_s=2 * policy.progressDeadlineSeconds)
         self.terminated = False
         self.job_ended = False  # the controller's `stop`: the actor's weight-sync store goes away too
         self._bound = False
