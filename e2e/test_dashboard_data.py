@@ -27,6 +27,8 @@ def test_every_dashboard_panel_gets_data_from_a_short_job(tmp_path, redis_url):
     # the last scrape (every 0.2 s) may come before the last step's update: the controller exits right after it
     step = values["omnirl_training_step"]
     assert step in (0, 1) and values["omnirl_samples_trained_total"] == (step + 1) * 2 * 3
+    # one latency observation per trained sample (it was one per step: the step's mean, so p95 hid slow samples)
+    assert values["omnirl_reward_latency_seconds_count"] == values["omnirl_samples_trained_total"]
     empty = empty_panels(seen, {"job": name})
     assert set(empty) == set(EXEMPT), f"panels without data (missing series): {empty}"
     # the queue panels: each data stream's depth and lag, recorded after the step

@@ -415,20 +415,23 @@ def test_a_checkpoint_dir_outside_the_run_directory_is_refused(path: str) -> Non
 
 def test_a_stream_too_short_for_what_the_controller_holds_is_refused() -> None:
     # maxStreamLength 1 passed validate; `omnirl run` then stalled: the reward worker waited to publish a score
-    # the controller keeps until its step is collected, the rollout on the reward, the controller on the rollout
+    # the controller keeps until its step is collected, the rollout on the reward, the controller on the rollout.
+    # A refilled group's earlier scores stay too: promptsPerStep × groupSize passed and a refill stalled the job
+    # (tests/test_stream_refills.py), so the bound counts every attempt of every group.
     algo = {"promptsPerStep": 3, "groupSize": 4}
-    assert _lines({"algorithm": algo, "transferQueue": {"maxStreamLength": 11}}) == [
-        "spec.transferQueue.maxStreamLength: 11 is invalid: must be >= 12, what the controller holds in a stream at "
-        "once (promptsPerStep × groupSize = 3 × 4 scores of a step); below it the roles wait on each other until "
-        "the back-pressure timeout; raise it"]
+    assert _lines({"algorithm": algo, "transferQueue": {"maxStreamLength": 35}}) == [
+        "spec.transferQueue.maxStreamLength: 35 is invalid: must be >= 36, what the controller holds in a stream at "
+        "once (promptsPerStep × groupSize × 3 attempts = 3 × 4 × 3 scores of a step whose groups are all refilled); "
+        "below it the roles wait on each other until the back-pressure timeout; raise it"]
     data = {"trainPrompts": "p.txt", "validationPrompts": "v.txt"}
     assert _lines({"algorithm": algo, "data": data, "validation": {"maxPrompts": 5},
-                   "transferQueue": {"maxStreamLength": 16}}) == [
-        "spec.transferQueue.maxStreamLength: 16 is invalid: must be >= 17, what the controller holds in a stream at "
-        "once (promptsPerStep × groupSize = 3 × 4 scores of a step + validation.maxPrompts = 5 requests of a "
-        "validation round); below it the roles wait on each other until the back-pressure timeout; raise it"]
-    for spec in ({"algorithm": algo, "transferQueue": {"maxStreamLength": 12}},
-                 {"algorithm": algo, "data": data, "validation": {"maxPrompts": 5}, "transferQueue": {"maxStreamLength": 17}}):
+                   "transferQueue": {"maxStreamLength": 40}}) == [
+        "spec.transferQueue.maxStreamLength: 40 is invalid: must be >= 41, what the controller holds in a stream at "
+        "once (promptsPerStep × groupSize × 3 attempts = 3 × 4 × 3 scores of a step whose groups are all refilled + "
+        "validation.maxPrompts = 5 requests of a validation round); below it the roles wait on each other until "
+        "the back-pressure timeout; raise it"]
+    for spec in ({"algorithm": algo, "transferQueue": {"maxStreamLength": 36}},
+                 {"algorithm": algo, "data": data, "validation": {"maxPrompts": 5}, "transferQueue": {"maxStreamLength": 41}}):
         RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], **spec}})
 
 

@@ -8,6 +8,8 @@ With OpenTelemetry's default boundaries (0, 5, 10, 25, … 10000: milliseconds) 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from prometheus_client import REGISTRY, generate_latest
 
 from omnirl.telemetry.meters import Meters
@@ -28,7 +30,7 @@ def test_reward_latency_and_sync_quantiles_land_near_the_recorded_seconds():
     meters = Meters("bucket-test")
     try:
         for latency, sync, step in ((0.6, 0.2, 9.0), (0.8, 0.3, 11.0)):
-            meters.record_step({"reward_latency_seconds": latency, "sync_seconds": sync, "step_seconds": step})
+            meters.record_step({"sync_seconds": sync, "step_seconds": step}, reward_latencies=[latency])
         text = generate_latest(REGISTRY).decode()
     finally:
         meters.shutdown()
@@ -48,6 +50,50 @@ def test_reward_latency_and_sync_quantiles_land_near_the_recorded_seconds():
     assert 0.5 <= latency <= 1.0, latency  # both observations in (0.5, 1]: was 2.5 (the (0, 5] bucket's middle)
     assert 0.25 <= sync <= 0.5, sync
     assert 5.0 <= step <= 25.0, step
+
+
+def _series(job: str, name: str) -> dict[str, float]:
+    """`name`'s samples of `job` in the exposition: label text (without job) → value."""
+    out = {}
+    for line in generate_latest(REGISTRY).decode().splitlines():
+        if line.startswith(name) and f'job="{job}"' in line:
+            key, value = line.rsplit(" ", 1)
+            out[key] = float(value)
+    return out
+
+
+def test_the_reward_latency_histogram_holds_each_samples_latency(tmp_path):
+    """A step of 20 samples, 18 scored 0.5 s after generation and two 40 s: the histogram holds 20
+    observations and its p95 is in the slow samples' bucket (25, 50]. It held the step's mean (4.45 s),
+    one observation per step, and its p95 read 4.9 s (the (2.5, 5] bucket) whatever the tail. The per-sample list stays out
+    of metrics.jsonl, whose line keeps the mean."""
+    from omnirl.api.loader import load_rljob
+    from omnirl.api.messages import TrainDone
+    from omnirl.api.run_dir import read_metrics
+    from omnirl.api.runtime import RoleEnv
+    from omnirl.controller.report import REWARD_LATENCIES, Reporter
+
+    job = load_rljob(str(Path(__file__).resolve().parents[1] / "examples" / "ocr-nft.yaml"))
+    env = RoleEnv(job_name="latency-test", redis_url="redis://127.0.0.1:1/0", weight_sync_host="127.0.0.1",
+                  weight_sync_port=1, worker_id="controller-0", out_dir=str(tmp_path))
+    latencies = [0.5] * 18 + [40.0] * 2
+    reporter = Reporter(tmp_path, env, job)
+    try:
+        reporter.started(1, 0)
+        reporter.step(0, 1, {"reward_mean": 0.5, "reward_std": 0.1, "samples": 20, "step_seconds": 50.0,
+                             "reward_latency_seconds": sum(latencies) / 20, REWARD_LATENCIES: latencies},
+                      TrainDone(step=0, policy_version=1, metrics={}))
+        count = _series("latency-test", "omnirl_reward_latency_seconds_count")
+        buckets = sorted((float(k.split('le="')[1].split('"')[0]), v)
+                         for k, v in _series("latency-test", "omnirl_reward_latency_seconds_bucket").items()
+                         if 'le="+Inf"' not in k)
+    finally:
+        reporter.close()
+    assert list(count.values()) == [20.0]
+    assert 25.0 <= _quantile(buckets, 0.95) <= 50.0, buckets
+    assert 0.25 <= _quantile(buckets, 0.5) <= 0.5, buckets
+    line = read_metrics(tmp_path)[-1]
+    assert REWARD_LATENCIES not in line and line["reward_latency_seconds"] == 4.45
 
 
 def test_every_exported_family_has_a_help_text():

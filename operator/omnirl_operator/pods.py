@@ -11,6 +11,7 @@ the workload needs to find its pods.
 from __future__ import annotations
 
 import base64
+import math
 from typing import Any
 
 from omnirl.api.runtime import REDIS_PASSWORD, VARIABLES, RoleEnv, sync_backend
@@ -34,6 +35,7 @@ HEALTH_PORT = 8081
 WEIGHT_SYNC_PORT = 29500
 DIST_PORT = 29400  # torch.distributed rendezvous of actor ranks (torchrun's c10d default)
 RUN_AS_USER = 1000
+STARTUP_PERIOD_S = 10  # the startup probe's periodSeconds
 
 NVIDIA_RESOURCE = "nvidia.com/gpu"
 ASCEND_RESOURCE = "huawei.com/Ascend910"
@@ -182,6 +184,13 @@ def role_ports(job: RLJob, role: str) -> list[dict[str, Any]]:
     return ports
 
 
+def startup_failures(job: RLJob) -> int:
+    """The startup probe's failureThreshold: a role serves once it has loaded its model, which may
+    take `failurePolicy.startup_limit_s` (its load beats for `startupDeadlineSeconds`, the
+    `omnirl run` supervisor kills it `progressDeadlineSeconds` later); the kubelet allows as long."""
+    return max(1, math.ceil(job.spec.failurePolicy.startup_limit_s / STARTUP_PERIOD_S))
+
+
 def _grpc_probe(period_s: int, failures: int) -> dict[str, Any]:
     return {"grpc": {"port": HEALTH_PORT}, "periodSeconds": period_s, "failureThreshold": failures,
             "timeoutSeconds": 5}
@@ -202,11 +211,10 @@ def role_container(job: RLJob, role: str, settings: OperatorSettings) -> dict[st
             {"name": "job-spec", "mountPath": CONFIG_DIR, "readOnly": True},
             {"name": "run", "mountPath": RUN_DIR},
         ],
-        # Model loading can take minutes: the startup probe allows 10 minutes before liveness counts.
         # a failed container's last log lines become its termination message: the operator puts a
         # configuration error's one line (`omnirl role R: configuration error: ...`) in the RLJob status
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "startupProbe": _grpc_probe(10, 60),
+        "startupProbe": _grpc_probe(STARTUP_PERIOD_S, startup_failures(job)),
         "livenessProbe": _grpc_probe(20, 3),
         "securityContext": {
             "runAsNonRoot": True,

@@ -49,6 +49,7 @@ from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.attention import select_attention
+from omnirl.models.compile import while_compiling
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.transfer import TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
@@ -110,6 +111,9 @@ class ActorService:
             path.parent.mkdir(parents=True, exist_ok=True)
             self._ledger = append_lines(path)  # a line a full disk cut is dropped (api/disk.py)
             self._ckpt_ledger = append_lines(path.parent / f"checkpoints-{env.worker_id}.jsonl")
+        # model.compile compiles at the first step (train, no-grad and reference graphs) and on a new shape
+        bound = spec.failurePolicy.startupDeadlineSeconds
+        self._uncompiling = while_compiling(lambda: self.heartbeat.start_covering(bound))
 
     def terminate(self) -> None:
         """SIGTERM: finish the step in hand, checkpoint the last trained step, return from `run`."""
@@ -200,13 +204,15 @@ class ActorService:
         if self.sender is None:
             return
         want = self.spec.roles.rollout.replicas
-        deadline = time.monotonic() + 600
+        limit = self.spec.failurePolicy.startup_limit_s  # a worker registers once it has loaded its model
+        deadline = time.monotonic() + limit
         while len(self.sender.members()) < want:
             if self.queue.get_json("stop") or self.terminated:
                 return
             self.heartbeat.beat()
             if time.monotonic() > deadline:
-                raise TimeoutError(f"only {len(self.sender.members())} of {want} rollout workers registered in 600 s")
+                raise TimeoutError(f"only {len(self.sender.members())} of {want} rollout workers registered in "
+                                   f"{limit:g} s (failurePolicy.startupDeadlineSeconds + progressDeadlineSeconds)")
             time.sleep(0.1)
         report = self.sender.broadcast(self._rollout, self.version)
         log.info("initial weights v%d to %s in %.3f s", self.version, report.receivers, report.seconds)
@@ -331,6 +337,7 @@ class ActorService:
 
     def close(self) -> None:
         """Close the weight-sync store, the ledger, the Redis client and the ranks' process group."""
+        self._uncompiling()
         if self.sender is not None:
             self.sender.close()
         if self._ledger is not None:

@@ -53,6 +53,10 @@ REMOTE_KINDS: tuple[str, ...] = ("http", "grpc", "vlm")
 ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
 # The roles that hold the model (on their accelerator): attention kernel, /dev/shm for NCCL/HCCL.
 MODEL_ROLES: tuple[str, ...] = ("rollout", "actor")
+GROUP_ATTEMPTS = 3
+"""Attempts of a prompt group in one step: a failed (or too stale) group is generated again up to
+twice, then dropped (the controller); every attempt's scores stay in their stream until the step is
+collected, which `transferQueue.maxStreamLength` must hold."""
 # Families whose adapter has `velocity_packed` (mixed shapes in one forward); tests keep this in sync.
 PACKED_FAMILIES: tuple[str, ...] = ("sd3",)
 # Families whose velocity and gradients with cuDNN attention matched torch's own kernel choice on the
@@ -569,7 +573,18 @@ class FailurePolicySpec(SpecModel):
         600.0, gt=0, description="A role whose main loop has not beaten (heartbeat in Redis, gRPC health) for this "
         "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
         "single unit of work (one in-process scorer call, one training step, one checkpoint write). A reward worker "
-        "waiting on a remote scorer beats meanwhile, up to that scorer's timeouts."
+        "waiting on a remote scorer beats meanwhile, up to that scorer's timeouts; a role loading its model, and "
+        "torch.compile compiling (model.compile's warm-up, a recompile), beat meanwhile up to "
+        "startupDeadlineSeconds."
+    )
+    startupDeadlineSeconds: float = Field(
+        1200.0, gt=0, description="How long a role's start-up (importing torch, loading the model, its checkpoint "
+        "and scorers, joining the actor's ranks) and each torch.compile compilation (model.compile's first step, a recompile for a "
+        "new shape) may take: they count as progress for this many seconds, so a load longer than "
+        "progressDeadlineSeconds is not taken for a hang. One that is still running after it is stuck once "
+        "progressDeadlineSeconds more have passed: the sum is the longest a start-up may take (on Kubernetes the pods' "
+        "startup probe allows it; the actor waits as long for the rollout workers to register, the controller twice "
+        "as long for the actor)."
     )
     scorerOutageSeconds: float = Field(
         600.0, ge=0, description="How long a reward worker holds the samples of a scorer that does not answer "
@@ -584,6 +599,12 @@ class FailurePolicySpec(SpecModel):
     ttlSecondsAfterFinished: int | None = Field(
         None, ge=0, description="Delete the job this many seconds after it finishes."
     )
+
+    @property
+    def startup_limit_s(self) -> float:
+        """Seconds a role's start-up may take before it is found stale: its load beats for
+        `startupDeadlineSeconds`, then `progressDeadlineSeconds` pass without a beat."""
+        return self.startupDeadlineSeconds + self.progressDeadlineSeconds
 
 
 class RLJobSpec(SpecModel):
@@ -681,13 +702,16 @@ class RLJobSpec(SpecModel):
 
     def _check_stream_length(self) -> None:
         """`transferQueue.maxStreamLength` must hold what the controller keeps in a stream at once: a
-        step's scores stay there until the whole step is collected (promptsPerStep × groupSize), and a
+        step's scores stay there until the whole step is collected, those of every attempt of a group
+        (a refilled group's first scores too: promptsPerStep × groupSize × GROUP_ATTEMPTS), and a
         validation round's requests go out in one go (maxPrompts). Below that the producers wait on a
         controller that waits on them: every role stalls until the back-pressure timeout fails it."""
-        algo, needed = self.algorithm, self.algorithm.promptsPerStep * self.algorithm.groupSize
+        algo = self.algorithm
+        needed = algo.promptsPerStep * algo.groupSize * GROUP_ATTEMPTS
         rounds = self.validation.maxPrompts if self.data.validationPrompts else 0
         if self.transferQueue.maxStreamLength < needed + rounds:
-            held = f"promptsPerStep × groupSize = {algo.promptsPerStep} × {algo.groupSize} scores of a step"
+            held = (f"promptsPerStep × groupSize × {GROUP_ATTEMPTS} attempts = {algo.promptsPerStep} × {algo.groupSize}"
+                    f" × {GROUP_ATTEMPTS} scores of a step whose groups are all refilled")
             held += f" + validation.maxPrompts = {rounds} requests of a validation round" if rounds else ""
             raise FieldProblem("transferQueue.maxStreamLength", self.transferQueue.maxStreamLength,
                                f"must be >= {needed + rounds}, what the controller holds in a stream at once ({held}); "

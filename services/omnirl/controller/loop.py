@@ -35,12 +35,12 @@ from omnirl.api.ids import parse_group_id
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.seeds import derive, group_seeds
-from omnirl.api.spec import RLJob
+from omnirl.api.spec import GROUP_ATTEMPTS, RLJob
 from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.controller.group_scoring import GroupScoring
 from omnirl.controller.groups import StepBook, refill_request
 from omnirl.controller.normalize import combine_step, component_stats, needs_recombination
-from omnirl.controller.report import Reporter
+from omnirl.controller.report import REWARD_LATENCIES, Reporter
 from omnirl.controller.validation import SampleUnscored, Validator
 from omnirl.models.registry import load_tokenizer
 from omnirl.transfer import Message, TransferQueue, kv_key
@@ -48,7 +48,6 @@ from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
 
 log = logging.getLogger("omnirl.controller")
 GROUP = "controller"
-MAX_ATTEMPTS = 3
 
 
 class JobFailed(RuntimeError):
@@ -325,9 +324,9 @@ class Controller:
             if not reasons:
                 continue
             self.queue.delete_tensors(list(group.tensor_keys.values()))
-            if group.attempt + 1 >= MAX_ATTEMPTS:
+            if group.attempt + 1 >= GROUP_ATTEMPTS:
                 book.drop(key, f"group {key}: {reasons[0]}")
-                log.warning("dropped group %s after %d attempts: %s", key, MAX_ATTEMPTS, reasons[0])
+                log.warning("dropped group %s after %d attempts: %s", key, GROUP_ATTEMPTS, reasons[0])
                 continue
             group.attempt += 1
             group.request = refill_request(group.request, group.attempt,
@@ -364,6 +363,8 @@ class Controller:
             "rollout_seconds": max(0.0, max(s.generated_at for _, s in scores) - t_pub),
             "reward_seconds": max(0.0, max(s.scored_at for _, s in scores) - t_pub),
             "reward_latency_seconds": sum(s.scored_at - s.generated_at for _, s in scores) / len(scores),
+            # each trained sample's, for the histogram (its p95 is a sample's; the Reporter keeps it out of metrics.jsonl)
+            REWARD_LATENCIES: [round(s.scored_at - s.generated_at, 4) for _, s in scores],
             "staleness_mean": sum(self.version - v for v in versions) / len(versions),
             "staleness_max": max(self.version - v for v in versions),
         }
@@ -374,7 +375,10 @@ class Controller:
         return items, stats
 
     # ------------------------------------------------------------------ actor, validation
-    def _wait_actor_ready(self, timeout_s: float = 900.0) -> None:
+    def _wait_actor_ready(self) -> None:
+        """Wait for the actor's `actor_ready` (beating); JobFailed after twice the start-up limit:
+        the actor's own start-up, then its wait for the rollout workers (`startup_limit_s` each)."""
+        timeout_s = 2 * self.spec.failurePolicy.startup_limit_s
         start = time.monotonic()
         while self.queue.get_json("actor_ready") is None:
             self._check_terminated()
@@ -386,7 +390,8 @@ class Controller:
             if failures:
                 raise RoleFailed(f"{failures[0]['role']} {failures[0]['worker']} failed: {failures[0]['reason']}")
             if time.monotonic() - start > timeout_s:
-                raise JobFailed(f"the actor was not ready after {timeout_s:.0f} s (no rollout worker registered?)")
+                raise JobFailed(f"the actor was not ready after {timeout_s:.0f} s, twice failurePolicy."
+                                "startupDeadlineSeconds + progressDeadlineSeconds (no rollout worker registered?)")
 
     def _wait_trained(self, step: int) -> TrainDone:
         while step not in self.trained:

@@ -17,6 +17,8 @@ from omnirl.api.spec import RLJob
 from omnirl.telemetry.meters import Meters
 
 log = logging.getLogger("omnirl.controller")
+# a step's stats key: every trained sample's seconds from generation to score, for the latency histogram
+REWARD_LATENCIES = "reward_latencies"
 
 
 def step_line(step: int, total: int, version: int, record: dict) -> str:
@@ -106,13 +108,14 @@ class Reporter:
         """Record one finished training step."""
         record = {"event": "step", "step": step, "policy_version": version, "time": time.time(), **stats,
                   **done.metrics}
+        latencies = record.pop(REWARD_LATENCIES, ())  # one per sample: the histogram's, too long for the line
         if "step_seconds" in stats:  # absent for a step its predecessor trained but never timed
             record["images_per_second"] = stats["samples"] / max(stats["step_seconds"], 1e-9)
         if done.checkpoint:
             self.last_checkpoint = done.checkpoint
             record["checkpoint"] = done.checkpoint
         self._write(record)
-        self.meters.record_step(record)
+        self.meters.record_step(record, reward_latencies=latencies)
         log.info("%s", step_line(step, self.total, version, record))
         if self.status is not None:
             self.status.report(step=step + 1, reward_mean=stats["reward_mean"], policy_version=version,

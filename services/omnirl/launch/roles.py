@@ -27,6 +27,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from omnirl.api.disk import describe, fix, storage_error
@@ -93,15 +94,19 @@ def run_role(role: str, job_path: str, env: RoleEnv) -> int:
     """Run one role to completion in this process with `env` (its `resume` and `steps` included);
     returns the exit code (143 after SIGTERM)."""
     job = load_rljob(job_path)
-    env = _setup(env, role)
-    resume = should_resume(env.resume, Path(env.out_dir) / job.spec.checkpoint.dir)
-    steps = env.steps
-    health = None
-    if env.health_port:
-        from omnirl.telemetry.health import HealthServer
+    started = _beat_while_starting(job, env, role)
+    try:
+        env = _setup(env, role)
+        resume = should_resume(env.resume, Path(env.out_dir) / job.spec.checkpoint.dir)
+        steps = env.steps
+        health = None
+        if env.health_port:
+            from omnirl.telemetry.health import HealthServer
 
-        health = HealthServer(env.health_port)
-    service = _build(role, job, env, resume=resume, steps=steps)
+            health = HealthServer(env.health_port)
+        service = _build(role, job, env, resume=resume, steps=steps)
+    finally:
+        started()
     old = signal.signal(signal.SIGTERM, lambda signum, frame: service.terminate())
     if health:
         deadline = job.spec.failurePolicy.progressDeadlineSeconds
@@ -121,6 +126,32 @@ def run_role(role: str, job_path: str, env: RoleEnv) -> int:
         if health:
             health.stop()
         service.close()
+
+
+def _beat_while_starting(job, env: RoleEnv, role: str) -> Callable[[], None]:
+    """Beat for this process while it starts, for at most `failurePolicy.startupDeadlineSeconds`;
+    returns the function that stops (the service's own heartbeat takes over).
+
+    Start-up is importing torch (seconds; more with every role starting on a few cores), setting
+    up the device and building the service: the model, checkpoint and scorer loads, the actor
+    ranks' rendezvous (minutes from slow storage). None of it is a hang, and a beat before it (the
+    launcher counts a process from its spawn) keeps `progressDeadlineSeconds` about the main loop.
+    A start-up still running past the bound is stale `progressDeadlineSeconds` later.
+    """
+    import redis
+
+    from omnirl.transfer.heartbeat import Heartbeat
+
+    client = redis.Redis.from_url(env.redis_url)  # Redis away: the thread warns, the service's queue waits for it
+    policy = job.spec.failurePolicy
+    beat = Heartbeat(client, env.job_name, role, env.worker_id, ttl_s=2 * policy.progressDeadlineSeconds)
+    stop = beat.start_covering(policy.startupDeadlineSeconds)
+
+    def started() -> None:
+        stop()
+        client.close()
+
+    return started
 
 
 def _build(role: str, job, env: RoleEnv, *, resume: bool, steps: int | None):

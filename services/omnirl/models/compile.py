@@ -11,7 +11,7 @@ which needs a `_repeated_blocks` class attribute that SD3's transformer lacks.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -71,3 +71,39 @@ def compile_adapter_module(adapter, *, dynamic: bool = True, mode: str | None = 
     if hasattr(adapter, "compile_packed"):
         adapter.compile_packed(dynamic=dynamic, mode=mode)
     return count
+
+
+def while_compiling(start: Callable[[], Callable[[], None]]) -> Callable[[], None]:
+    """Run `start()` whenever torch.compile begins compiling in this process, and the function it
+    returned when that compilation ends; returns the function that unregisters both.
+
+    A compilation is dynamo tracing a new frame (the first call, a recompile for a new shape or
+    grad mode) with its inductor codegen, or a backward compiled lazily at its first use: the
+    warm-up of a compiled step, tens of seconds to minutes, inside one call the role's loop cannot
+    beat from. The roles pass `Heartbeat.start_covering` bound by
+    `failurePolicy.startupDeadlineSeconds`, so a compile counts as progress for at most that long.
+    Nested compilations (dynamo counts them) call `start` once. `torch._dynamo.reset()` drops the
+    callbacks (register again after it).
+    """
+    from torch._dynamo.callback import callback_handler
+
+    stops: list[Callable[[], None]] = []
+
+    def begin(*_args) -> None:  # torch >= 2.6 passes CallbackArgs, older releases nothing
+        stops.append(start())
+
+    def end(*_args) -> None:
+        while stops:
+            stops.pop()()
+
+    callback_handler.register_start_callback(begin)
+    callback_handler.register_end_callback(end)
+
+    def unregister() -> None:
+        if begin in callback_handler.start_callbacks:  # `torch._dynamo.reset()` clears them
+            callback_handler.remove_start_callback(begin)
+        if end in callback_handler.end_callbacks:
+            callback_handler.remove_end_callback(end)
+        end()
+
+    return unregister

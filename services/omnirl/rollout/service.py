@@ -29,7 +29,7 @@ from omnirl.api.messages import GenerateRequest, SampleMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.attention import select_attention
-from omnirl.models.compile import compile_adapter_module
+from omnirl.models.compile import compile_adapter_module, while_compiling
 from omnirl.models.lora import prepare_rollout_module
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.rollout.engine import RolloutEngine
@@ -51,6 +51,7 @@ class RolloutService:
         self.env = env
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
+        policy = job.spec.failurePolicy
         with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
             adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
                                    **adapter_options(spec))
@@ -62,17 +63,19 @@ class RolloutService:
         self.engine = RolloutEngine(adapter, max_batch_size=role.maxBatchSize, batching=role.batching,
                                     device=self.device)
         log.info("engine: batching %s, maxBatchSize %d", role.batching, role.maxBatchSize)
-        self.receiver = WeightReceiver(env.weight_sync_host, env.weight_sync_port, env.worker_id,
-                                       device=str(self.device))
+        self.receiver: WeightReceiver | None = None  # connected in `run`: the actor may still be loading
+        self._startup_limit_s = policy.startup_limit_s
         self.pending: dict[str, dict] = {}  # request entry id → {"left": n, "started": t}
         self._lease_every = self.queue.claim_idle_s / 3
         self._last_lease = time.monotonic()
         self.ledger = Ledger(env.out_dir, "rollout", env.worker_id)
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "rollout", env.worker_id,
-                                   ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
+                                   ttl_s=2 * policy.progressDeadlineSeconds)
         self.terminated = False
         self.job_ended = False  # the controller's `stop`: the actor's weight-sync store goes away too
         self._bound = False
+        # model.compile compiles at the first engine step and on a new shape: progress, up to the same bound
+        self._uncompiling = while_compiling(lambda: self.heartbeat.start_covering(policy.startupDeadlineSeconds))
 
     def terminate(self) -> None:
         """SIGTERM: stop at the next engine step, leave unfinished requests pending, return from `run`."""
@@ -82,6 +85,10 @@ class RolloutService:
         """Serve until the job's `stop` flag is set; raises on a weight-binding failure."""
         streams = self.queue.streams
         self.queue.ensure_group(streams.requests, GROUP)
+        # the actor hosts the store once it has loaded its model: up to its start-up limit, beating meanwhile
+        with self.heartbeat.covering(self._startup_limit_s):
+            self.receiver = WeightReceiver(self.env.weight_sync_host, self.env.weight_sync_port, self.env.worker_id,
+                                           device=str(self.device), connect_timeout_s=self._startup_limit_s)
         while not self.terminated and not self.queue.get_json("stop"):
             self.heartbeat.beat()
             if self.receiver.pending_version() is not None:
@@ -167,6 +174,8 @@ class RolloutService:
     def close(self) -> None:
         """Release the weight-sync connection and the Redis client (deregistering only when the job
         goes on without this worker: after the job's `stop` the actor's store is gone or going)."""
-        self.receiver.close(leave=not self.job_ended)
+        self._uncompiling()
+        if self.receiver is not None:
+            self.receiver.close(leave=not self.job_ended)
         self.ledger.close()
         self.queue.close()

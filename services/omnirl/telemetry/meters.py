@@ -7,6 +7,8 @@ named in `omnirl.telemetry.names`. Port 0 records without serving (tests, `omnir
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 
@@ -39,16 +41,23 @@ class Meters:
 
             start_http_server(port)
 
-    def record_step(self, s: dict) -> None:
-        """Record one step's stats (keys as in metrics.jsonl; absent keys are skipped)."""
+    def record_step(self, s: dict, reward_latencies: Sequence[float] = ()) -> None:
+        """Record one step's stats (keys as in metrics.jsonl; absent keys are skipped).
+
+        Args:
+            s: the step's metrics.jsonl record.
+            reward_latencies: seconds from generation to score of each of the step's samples: one
+                observation each in `omnirl_reward_latency_seconds`, so its quantiles are samples'
+                (the step's mean, `reward_latency_seconds`, hid a slow tail).
+        """
         a = self.attrs
         for phase in ("step", "rollout", "reward", "train", "sync"):
             if f"{phase}_seconds" in s:
                 self.hist[N.STEP_SECONDS].record(s[f"{phase}_seconds"], {**a, "phase": "total" if phase == "step" else phase})
         if "sync_seconds" in s:
             self.hist[N.WEIGHT_SYNC_SECONDS].record(s["sync_seconds"], a)
-        if "reward_latency_seconds" in s:
-            self.hist[N.REWARD_LATENCY_SECONDS].record(s["reward_latency_seconds"], a)
+        for latency in reward_latencies:
+            self.hist[N.REWARD_LATENCY_SECONDS].record(float(latency), a)
         gauge_keys = {
             N.IMAGES_PER_SECOND: "images_per_second", N.REWARD_STD: "reward_std", N.TRAINING_STEP: "step",
             N.POLICY_VERSION: "policy_version", N.POLICY_STALENESS: "staleness_mean", N.KL: "kl",

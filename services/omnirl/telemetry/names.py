@@ -29,7 +29,7 @@ LOGPROB_MISMATCH_MAX = "omnirl_logprob_mismatch_max"  # gauge: max |Δ log_prob|
 GRAD_NORM = "omnirl_grad_norm"  # gauge
 LOSS = "omnirl_loss"  # gauge
 WEIGHT_SYNC_SECONDS = "omnirl_weight_sync_seconds"  # histogram
-REWARD_LATENCY_SECONDS = "omnirl_reward_latency_seconds"  # histogram (generated → scored)
+REWARD_LATENCY_SECONDS = "omnirl_reward_latency_seconds"  # histogram (generated → scored), one per sample
 QUEUE_DEPTH = "omnirl_queue_depth"  # gauge, label stream
 QUEUE_LAG = "omnirl_queue_lag"  # gauge, label stream (entries not yet delivered)
 GROUPS_DROPPED = "omnirl_groups_dropped_total"  # counter
@@ -67,7 +67,7 @@ HELP = {
     GRAD_NORM: "Gradient norm of the last step",
     LOSS: "Training loss of the last step",
     WEIGHT_SYNC_SECONDS: "Seconds to broadcast the new weights to every rollout worker",
-    REWARD_LATENCY_SECONDS: "Mean seconds from a sample's generation to its score, per step",
+    REWARD_LATENCY_SECONDS: "Seconds from a sample's generation to its score, one observation per trained sample",
     QUEUE_DEPTH: "Entries in a TransferQueue stream (requests, samples, scores)",
     QUEUE_LAG: "Entries of a TransferQueue stream not yet delivered to its consumer group",
     GROUPS_DROPPED: "Prompt groups dropped (a member failed after every refill)",

@@ -4,9 +4,10 @@ A beat is ``omnirl:{job}:kv:heartbeat:{worker}`` = ``{"role", "worker", "pid", "
 (``t`` in Unix seconds, ``progress`` a counter the role bumps when it finishes a unit of work).
 A beat is written at most once a second, so it costs one SET per second per role. A role whose
 last beat is older than ``failurePolicy.progressDeadlineSeconds`` is stuck (a hung scorer, a
-SIGSTOPped process, a dead node): see :func:`stale_roles`. A call that may legitimately outlast
-that deadline, bounded by its own timeouts (a slow remote scorer), runs under
-:meth:`Heartbeat.covering`, which beats from a thread for at most that bound.
+SIGSTOPped process, a dead node): see :func:`stale_roles`. Work that may legitimately outlast
+that deadline, bounded by its own limit, runs under :meth:`Heartbeat.covering`, which beats from
+a thread for at most that bound: a slow remote scorer's call (its timeouts), a role's start-up and
+every torch.compile (`failurePolicy.startupDeadlineSeconds`, `omnirl.models.compile.while_compiling`).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import redis
@@ -64,15 +65,24 @@ class Heartbeat:
     def covering(self, bound_s: float) -> Iterator[None]:
         """Beat from a thread while the block runs, for at most `bound_s` seconds.
 
-        For one call whose own timeouts bound how long it may take (a remote scorer's attempts,
-        its backoffs and the request that measures a slow one: minutes, `omnirl.reward.slow`),
-        which may be longer than `progressDeadlineSeconds`: the role is alive, waiting, not stuck.
-        Past `bound_s` the thread stops beating, so a call stuck beyond its own bound is still
-        reported stale once `progressDeadlineSeconds` more have passed. `bound_s` <= 0: no thread.
+        For work whose own bound says how long it may take, which may be longer than
+        `progressDeadlineSeconds`: a remote scorer's attempts, its backoffs and the request that
+        measures a slow one (minutes, `omnirl.reward.slow`); a role's start-up (its model load,
+        `failurePolicy.startupDeadlineSeconds`). The role is alive, waiting, not stuck. Past
+        `bound_s` the thread stops beating, so work stuck beyond its own bound is still reported
+        stale once `progressDeadlineSeconds` more have passed. `bound_s` <= 0: no thread.
         """
-        if bound_s <= 0:
+        stop = self.start_covering(bound_s)
+        try:
             yield
-            return
+        finally:
+            stop()
+
+    def start_covering(self, bound_s: float) -> Callable[[], None]:
+        """`covering` for work whose start and end are two calls (torch.compile's callbacks): beats
+        from a thread for at most `bound_s` seconds from now; returns the function that stops it."""
+        if bound_s <= 0:
+            return lambda: None
         done = threading.Event()
         until = time.monotonic() + bound_s
 
@@ -89,11 +99,12 @@ class Heartbeat:
 
         thread = threading.Thread(target=keep_alive, name=f"heartbeat-{self.worker}", daemon=True)
         thread.start()
-        try:
-            yield
-        finally:
+
+        def stop() -> None:
             done.set()
             thread.join()
+
+        return stop
 
     def age_s(self) -> float:
         """Seconds since this process last wrote a beat (its own view; the health probe reads it)."""

@@ -41,16 +41,19 @@ class WeightReceiver:
             a CUDA rollout worker follows a CPU actor's gloo). An explicit value must match it.
         device: where the received buckets land (nccl/hccl); gloo receives on the CPU and the copy
             into the module moves the data to the module's device.
-        timeout_s: bound (s) on connecting, on waiting for ``go``, on each bucket, and on `receive`'s
+        timeout_s: bound (s) on reconnecting, on waiting for ``go``, on each bucket, and on `receive`'s
             wait for an announcement.
+        connect_timeout_s: bound (s) on the first connection (the actor hosts the store once it has
+            loaded its model: minutes); None: ``timeout_s``.
 
     Raises:
         ValueError: a bad worker_id or backend/device pair, or a backend unlike the actor's.
-        WeightSyncError: the store was not reachable within ``timeout_s``.
+        WeightSyncError: the store was not reachable within ``connect_timeout_s``.
     """
 
     def __init__(self, host: str, port: int, worker_id: str, *, backend: str | None = None,
-                 device: str | torch.device = "cpu", timeout_s: float = 120) -> None:
+                 device: str | torch.device = "cpu", timeout_s: float = 120,
+                 connect_timeout_s: float | None = None) -> None:
         if not worker_id or any(c in worker_id for c in "/ \t\n"):
             raise ValueError(f"WeightReceiver: worker_id {worker_id!r} must be non-empty without '/' or spaces")
         if timeout_s <= 0:
@@ -62,7 +65,7 @@ class WeightReceiver:
         self._done_generation = 0
         self._groups: dict[str, dist.ProcessGroup] = {}
         self._store: dist.TCPStore | None = None
-        self._connect()
+        self._connect(self.timeout_s if connect_timeout_s is None else float(connect_timeout_s))
         self._register()
 
     def pending_version(self) -> int | None:
@@ -121,14 +124,17 @@ class WeightReceiver:
 
     # -- store ----------------------------------------------------------------------------------------
 
-    def _connect(self) -> None:
+    def _connect(self, timeout_s: float | None = None) -> None:
+        """Connect to the actor's store, waiting up to `timeout_s` (None: ``self.timeout_s``)."""
+        timeout_s = self.timeout_s if timeout_s is None else timeout_s
         try:
             self._store = dist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
-                                        timeout=datetime.timedelta(seconds=self.timeout_s))
+                                        timeout=datetime.timedelta(seconds=timeout_s))
             self._store.wait([P.SESSION])
+            self._store.set_timeout(datetime.timedelta(seconds=self.timeout_s))  # its later waits: the usual bound
         except dist.DistError as err:
             raise WeightSyncError(f"worker {self.worker_id}: weight-sync store {self.host}:{self.port} not "
-                                  f"reachable within {self.timeout_s:.1f} s: {err}") from err
+                                  f"reachable within {timeout_s:.1f} s: {err}") from err
         backend = P.get_json(self._store, P.SESSION)["backend"]
         if backend != self.backend:
             if self._backend_arg is not None:
