@@ -428,3 +428,29 @@ def test_every_argument_of_every_subcommand_says_what_it_takes():
     assert bare == []
     run = next(a for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions if a.dest == "steps")
     assert "total" in run.help and "--resume" in run.help
+
+
+def test_every_help_page_says_what_its_command_does():
+    """`omnirl --help` describes omnirl, not its own source file (it printed "this file only parses"), and
+    `omnirl run --help` (every subcommand's page) opens with the summary the parent's list shows (it had none)."""
+    import argparse
+
+    from omnirl.cli import build_parser
+
+    parser = build_parser()
+    assert "this file" not in parser.format_help() and "RLJob" in parser.description
+    silent, visited = [], set()
+
+    def walk(p: argparse.ArgumentParser, path: str) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for listed in action._choices_actions:
+                    sub = action.choices[listed.dest]
+                    visited.add(f"{path} {listed.dest}")
+                    if sub.description != listed.help or listed.help not in " ".join(sub.format_help().split()):
+                        silent.append(f"{path} {listed.dest}")
+                    walk(sub, f"{path} {listed.dest}")
+
+    walk(parser, "omnirl")
+    assert silent == []
+    assert visited >= {"omnirl run", "omnirl eval", "omnirl scorer serve"}
