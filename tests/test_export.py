@@ -289,3 +289,24 @@ def test_weights_files_get_the_mode_the_umask_allows_like_the_json_beside_them(s
     assert {"policy.safetensors", "model.safetensors", "pytorch_lora_weights.safetensors"} <= {f.name for f in files}
     modes = {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files}
     assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
+
+
+def test_eval_of_a_run_directory_or_an_export_says_what_to_pass_instead(run_dir, tmp_path, capsys):
+    """`omnirl eval --checkpoint OUT` or `--checkpoint OUT/exports/latest` (what a user has at hand after a
+    run) said only "no policy.safetensors; pass a run's checkpoint dir": now it names what was given and
+    the path that works (an export is a model: model.path)."""
+    export = export_checkpoint(rljob(), run_dir / "checkpoints" / "latest", tmp_path / "export")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text('A sign that says "12"\n')
+    said = {}
+    for given in (run_dir, export):
+        code = main(["eval", str(run_dir / "job.yaml"), "--prompts", str(prompts), "--checkpoint", str(given),
+                     "--out", str(tmp_path / "e")])
+        lines = capsys.readouterr().err.splitlines()
+        assert code == 2 and len(lines) == 1, lines
+        said[given] = lines[0]
+    assert said[run_dir] == (f"omnirl eval: {run_dir}: no policy.safetensors; it is a run directory: pass "
+                             f"{run_dir}/checkpoints/latest")
+    assert said[export] == (f"omnirl eval: {export}: no policy.safetensors; it is an export (the trained model as "
+                            f"users load it): evaluate it as model.path: {export} in a manifest, or pass the run's "
+                            "OUT/checkpoints/latest")
