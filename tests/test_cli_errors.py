@@ -170,6 +170,13 @@ def existing_run(tmp: Path) -> str:
     return str(tmp / "run")
 
 
+def holding_a_model(tmp: Path) -> str:
+    """A directory that already holds a pretrained model (its weights file)."""
+    (tmp / "model").mkdir()
+    (tmp / "model" / "model.safetensors").write_bytes(b"weights")
+    return str(tmp / "model")
+
+
 CASES = {
     "run-missing-manifest": (lambda t: ["run", str(t / "nope.yaml")], "omnirl run: ", "nope.yaml: cannot read"),
     "run-invalid-manifest": (lambda t: ["run", bad_manifest(t)], "omnirl run: ", "spec.algorithm.groupSize"),
@@ -245,6 +252,10 @@ CASES = {
                                 "omnirl pretrain: ", "--device tpu: not a torch device; use cpu"),
     "pretrain-no-cuda": (lambda t: ["pretrain", "--out", str(t / "p"), "--device", "cuda"], "omnirl pretrain: ",
                          "use --device cpu"),
+    # `omnirl pretrain --out services/omnirl/models/digits/weights` silently replaced the shipped model
+    "pretrain-out-holds-a-model": (lambda t: ["pretrain", "--out", holding_a_model(t), "--steps", "1"],
+                                   "omnirl pretrain: --out ", "model.safetensors); pretraining would overwrite it: "
+                                   "choose another --out or remove it"),
     "render-missing-manifest": (lambda t: ["render", str(t / "nope.yaml")], "omnirl render: ", "nope.yaml: cannot read"),
     "render-invalid-manifest": (lambda t: ["render", bad_manifest(t)], "omnirl render: ", "spec.algorithm.groupSize"),
     "render-bad-namespace": (lambda t: ["render", NFT, "--namespace", "Bad_NS"],
