@@ -170,6 +170,13 @@ def existing_run(tmp: Path) -> str:
     return str(tmp / "run")
 
 
+def holding_a_model(tmp: Path) -> str:
+    """A directory that already holds a pretrained model (its weights file)."""
+    (tmp / "model").mkdir()
+    (tmp / "model" / "model.safetensors").write_bytes(b"weights")
+    return str(tmp / "model")
+
+
 CASES = {
     "run-missing-manifest": (lambda t: ["run", str(t / "nope.yaml")], "omnirl run: ", "nope.yaml: cannot read"),
     "run-invalid-manifest": (lambda t: ["run", bad_manifest(t)], "omnirl run: ", "spec.algorithm.groupSize"),
@@ -245,6 +252,10 @@ CASES = {
                                 "omnirl pretrain: ", "--device tpu: not a torch device; use cpu"),
     "pretrain-no-cuda": (lambda t: ["pretrain", "--out", str(t / "p"), "--device", "cuda"], "omnirl pretrain: ",
                          "use --device cpu"),
+    # `omnirl pretrain --out services/omnirl/models/digits/weights` silently replaced the shipped model
+    "pretrain-out-holds-a-model": (lambda t: ["pretrain", "--out", holding_a_model(t), "--steps", "1"],
+                                   "omnirl pretrain: --out ", "model.safetensors); pretraining would overwrite it: "
+                                   "choose another --out or remove it"),
     "render-missing-manifest": (lambda t: ["render", str(t / "nope.yaml")], "omnirl render: ", "nope.yaml: cannot read"),
     "render-invalid-manifest": (lambda t: ["render", bad_manifest(t)], "omnirl render: ", "spec.algorithm.groupSize"),
     "render-bad-namespace": (lambda t: ["render", NFT, "--namespace", "Bad_NS"],
@@ -428,3 +439,29 @@ def test_every_argument_of_every_subcommand_says_what_it_takes():
     assert bare == []
     run = next(a for a in build_parser()._subparsers._group_actions[0].choices["run"]._actions if a.dest == "steps")
     assert "total" in run.help and "--resume" in run.help
+
+
+def test_every_help_page_says_what_its_command_does():
+    """`omnirl --help` describes omnirl, not its own source file (it printed "this file only parses"), and
+    `omnirl run --help` (every subcommand's page) opens with the summary the parent's list shows (it had none)."""
+    import argparse
+
+    from omnirl.cli import build_parser
+
+    parser = build_parser()
+    assert "this file" not in parser.format_help() and "RLJob" in parser.description
+    silent, visited = [], set()
+
+    def walk(p: argparse.ArgumentParser, path: str) -> None:
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for listed in action._choices_actions:
+                    sub = action.choices[listed.dest]
+                    visited.add(f"{path} {listed.dest}")
+                    if sub.description != listed.help or listed.help not in " ".join(sub.format_help().split()):
+                        silent.append(f"{path} {listed.dest}")
+                    walk(sub, f"{path} {listed.dest}")
+
+    walk(parser, "omnirl")
+    assert silent == []
+    assert visited >= {"omnirl run", "omnirl eval", "omnirl scorer serve"}

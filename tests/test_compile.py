@@ -76,3 +76,29 @@ def test_blocks_compile_with_the_inductor_options_unless_a_mode_is_named(monkeyp
     seen.clear()
     compile_blocks(nn.Sequential(nn.Linear(4, 4)), ["Linear"], mode="max-autotune-no-cudagraphs")
     assert seen == [{"dynamic": True, "mode": "max-autotune-no-cudagraphs"}]
+
+
+def test_blocks_sharded_by_fsdp2_are_found_and_compiled():
+    """The actor compiles after FSDP2 sharding, which swaps each block's class for `FSDP<Name>`: the
+    class-name match found none, so `examples/gpu-sd3-flowgrpo.yaml` (two actor ranks, `compile: true`)
+    stopped every actor rank at start with "no submodule of FSDPSD3Transformer2DModel has a class in
+    ['JointTransformerBlock']; nothing to compile". A gloo group of one rank shards for real."""
+    import socket
+
+    import torch.distributed as dist
+    from tests.test_actor_fsdp import Tiny
+
+    from omnirl.actor.fsdp import shard_model
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        model = shard_model(Tiny(), 1)
+        assert [type(b).__name__ for b in model.blocks] == ["FSDPBlock", "FSDPBlock"]
+        assert compile_blocks(model, ["Block"]) == 2
+        assert all(b._compiled_call_impl is not None for b in model.blocks)  # nn.Module.compile's mark
+        assert model.inp._compiled_call_impl is None  # only the blocks
+    finally:
+        dist.destroy_process_group()

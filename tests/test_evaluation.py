@@ -61,10 +61,10 @@ def _job(tmp: Path, name: str, model: dict, shift: float | None = None) -> Path:
     return path
 
 
-def _checkpoint(adapter, root: Path) -> Path:
+def _checkpoint(adapter, root: Path, noise: float = 0.02) -> Path:
     """A run's checkpoint of `adapter`'s weights moved by seeded noise (so it is not the base model)."""
     g = torch.Generator().manual_seed(3)
-    policy = {k: v + 0.02 * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
+    policy = {k: v + noise * torch.randn(v.shape, generator=g) if v.is_floating_point() else v
               for k, v in adapter.module.state_dict().items()}
     save_checkpoint(root, 3, policy=policy, trained={}, old=None, optimizer=({}, {"param_groups": [], "scalars": {}}),
                     state={"step": 3, "policy_version": 3, "lora": False})
@@ -247,3 +247,48 @@ def test_save_image_grid_pads_mixed_widths(tmp_path):
     assert grid.size == (2 * (128 + 2) + 2, 2 * (32 + 12 + 2) + 2)
     with pytest.raises(ValueError, match="uint8"):
         save_image_grid([np.zeros((4, 4, 3), np.float32)], tmp_path / "x.png")
+
+
+def _two_ocr_job(tmp: Path, name: str, prompts: int) -> Path:
+    """`_job` on the built-in model whose second reward is the same OCR at weight 0.5 (an OCR scorer
+    served remotely, say): a sample read 2 of 3 digits right totals 0.67 + 0.33 = 1.0."""
+    path = _job(tmp, name, {"family": "ocr-digits", "path": "builtin", "dtype": "float32"})
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["reward"][1] = {"name": "ocr-again", "kind": "ocr", "weight": 0.5}
+    doc["spec"]["validation"]["maxPrompts"] = prompts
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_exact_match_counts_exact_readings_not_a_weighted_sum_that_reaches_1(tmp_path, redis_url):
+    """`val_exact_match` and `omnirl eval`'s `exact_match` are the share of samples read exactly, the same
+    whatever other rewards the job adds (was: the share whose weighted sum reached 1, so adding a second
+    OCR reward at weight 0.5 turned 0.062 into 0.250 on the same images)."""
+    job = _two_ocr_job(tmp_path, "exact-two-ocr", 32)
+    ckpt = _checkpoint(load_adapter("ocr-digits", "builtin"), tmp_path / "ckpt", noise=0.0)  # legible digits
+    val = _validation_round(job, ckpt, redis_url, tmp_path / "val")
+    ev = _eval(job, ckpt, tmp_path / "eval")
+    totals = np.array(ev["rewards"])
+    ocr = totals / 1.5  # both rewards read the same image with the same recogniser
+    assert ((totals >= 1 - 1e-6) & (ocr < 1 - 1e-6)).any()  # the case the weighted sum miscounted
+    expected = float(np.mean(ocr >= 1 - 1e-6))
+    assert ev["exact_match"] == pytest.approx(expected, abs=1e-9)
+    assert val["val_exact_match"] == pytest.approx(expected, abs=1e-9)
+
+
+def test_exact_match_is_absent_for_a_job_that_matches_no_text(tmp_path):
+    """A JPEG-only job reads no text: no exact match in rewards.json, the eval line or the run's table."""
+    from omnirl.launch.progress import validation_table
+    from omnirl.reward.text import exact_match
+
+    assert exact_match([{"ocr": 1.0, "jpeg": -2.0}, {"ocr": 0.99}, {}], ["ocr"]) == pytest.approx(1 / 3)
+    assert exact_match([{"jpeg": 5.0}], []) is None
+    job = _job(tmp_path, "exact-jpeg", {"family": "ocr-digits", "path": "builtin", "dtype": "float32"})
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["reward"] = [{"name": "jpeg", "kind": "jpeg"}]
+    job.write_text(yaml.safe_dump(doc))
+    ev = _eval(job, _checkpoint(load_adapter("ocr-digits", "builtin"), tmp_path / "ckpt"), tmp_path / "eval")
+    assert ev["exact_match"] is None
+    table = validation_table([{"event": "validation", "step": 0, "policy_version": 0, "val_reward_mean": -2.0,
+                               "val_exact_match": None, "val_background_darkness": 0.5, "grid": "g.png"}])
+    assert "│ —" in table and "-2.000" in table

@@ -16,7 +16,7 @@ from omnirl.actor.checkpoint import save_checkpoint
 from omnirl.api.loader import dump_rljob, job_from_dict
 from omnirl.api.spec import LoRASpec, RLJob
 from omnirl.cli import main
-from omnirl.models.digits.adapter import load_digits_adapter
+from omnirl.models.digits.adapter import load_digits_adapter, save_digits_checkpoint
 from omnirl.models.export import export_checkpoint, export_run_checkpoint
 from omnirl.models.lora import inject_lora, lora_tensors
 
@@ -255,3 +255,58 @@ def test_a_truncated_or_corrupt_checkpoint_is_one_line_for_export_and_eval(run_d
     (latest / "state.json").write_text("{garbage")
     code, lines = _export(capsys, run_dir, "--out", tmp_path / "out" / "b")
     assert code == 2 and len(lines) == 1 and "Expecting property name enclosed in double quotes" in lines[0], lines
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_weights_files_get_the_mode_the_umask_allows_like_the_json_beside_them(sd3, tmp_path, mask):
+    """safetensors 0.8 creates its files 0600: a run's checkpoints and exports were readable by their
+    owner alone (`-rw-------` policy.safetensors, pytorch_lora_weights.safetensors, model.safetensors
+    beside `-rw-r--r--` JSON), so another user or a serving container with another uid could not load
+    the trained model. Now every file of a checkpoint and an export has 0o666 & ~umask."""
+    import os
+    import stat
+
+    path, adapter = sd3
+    old = os.umask(mask)
+    try:
+        digits = load_digits_adapter()
+        inject_lora(digits.module, LoRASpec(**LORA), digits.lora_target_modules)
+        _randomize_lora_b(digits.module)
+        ckpt = checkpoint(tmp_path / "run", {k: v.detach().clone() for k, v in lora_tensors(digits.module).items()},
+                          lora=True)
+        merged = export_checkpoint(rljob(lora=LORA), ckpt, tmp_path / "digits-export", run_dir=tmp_path / "run")
+        module = copy.deepcopy(adapter.module)  # the fixture's module stays LoRA-free
+        inject_lora(module, LoRASpec(**LORA), adapter.lora_target_modules)
+        lora = {k: v.detach().clone() for k, v in lora_tensors(module).items()}
+        sd3_ckpt = checkpoint(tmp_path / "run-sd3", lora, lora=True, family="sd3")
+        sd3_export = export_checkpoint(rljob("sd3", str(path), lora=LORA), sd3_ckpt, tmp_path / "sd3-export",
+                                       run_dir=tmp_path / "run-sd3")
+        base = load_digits_adapter()  # what `omnirl pretrain` writes
+        pretrained = save_digits_checkpoint(base.module, base.config, tmp_path / "pretrained")
+    finally:
+        os.umask(old)
+    files = [f for d in (ckpt, merged, sd3_export, pretrained) for f in d.rglob("*") if f.is_file()]
+    assert {"policy.safetensors", "model.safetensors", "pytorch_lora_weights.safetensors"} <= {f.name for f in files}
+    modes = {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files}
+    assert set(modes.values()) == {oct(0o666 & ~mask)}, modes
+
+
+def test_eval_of_a_run_directory_or_an_export_says_what_to_pass_instead(run_dir, tmp_path, capsys):
+    """`omnirl eval --checkpoint OUT` or `--checkpoint OUT/exports/latest` (what a user has at hand after a
+    run) said only "no policy.safetensors; pass a run's checkpoint dir": now it names what was given and
+    the path that works (an export is a model: model.path)."""
+    export = export_checkpoint(rljob(), run_dir / "checkpoints" / "latest", tmp_path / "export")
+    prompts = tmp_path / "p.txt"
+    prompts.write_text('A sign that says "12"\n')
+    said = {}
+    for given in (run_dir, export):
+        code = main(["eval", str(run_dir / "job.yaml"), "--prompts", str(prompts), "--checkpoint", str(given),
+                     "--out", str(tmp_path / "e")])
+        lines = capsys.readouterr().err.splitlines()
+        assert code == 2 and len(lines) == 1, lines
+        said[given] = lines[0]
+    assert said[run_dir] == (f"omnirl eval: {run_dir}: no policy.safetensors; it is a run directory: pass "
+                             f"{run_dir}/checkpoints/latest")
+    assert said[export] == (f"omnirl eval: {export}: no policy.safetensors; it is an export (the trained model as "
+                            f"users load it): evaluate it as model.path: {export} in a manifest, or pass the run's "
+                            "OUT/checkpoints/latest")

@@ -199,6 +199,38 @@ def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path)
     assert (out / "logs" / "rollout-0.log").read_text().count("configuration error") <= 1
 
 
+def test_a_metrics_port_in_use_stops_the_run_once_naming_the_variable(tmp_path):
+    """`omnirl run` with OMNIRL_METRICS_PORT on a port another process serves (a second run in the same
+    shell): the controller exits 4 with one line naming the variable and the fix, started once, and the
+    verdict says so (was: a bind traceback, the whole job restarted maxRestarts times, exit 1)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load(open("examples/ocr-nft.yaml"))
+    doc["spec"]["data"] = {"trainPrompts": str(Path("examples/prompts/ocr-train.txt").resolve())}
+    doc["spec"]["failurePolicy"] = {"maxRestarts": 2}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
+                               "--out", str(out)], capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "OMNIRL_METRICS_PORT": str(port)})
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    last = proc.stdout.splitlines()[-1]
+    assert last.startswith("omnirl: the job did not finish (exit 4): role controller failed: "), proc.stdout
+    assert f"configuration error: OMNIRL_METRICS_PORT {port}: " in last and "set OMNIRL_METRICS_PORT to a free" in last
+    log = (out / "logs" / "controller-0.log").read_text()
+    assert log.count("omnirl: controller on cpu") == 1 and "Traceback" not in log, log
+
+
 def test_the_interrupt_verdict_repeats_the_runs_flags(tmp_path):
     """`continue with:` must continue what was asked: a `--steps 3 --device cpu` run resumed without
     them would train to spec.algorithm.steps (80) and place its roles on the GPUs; and a run stopped

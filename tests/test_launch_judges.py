@@ -4,6 +4,7 @@ the port reaches the server, a dead or deaf server is named with the fix, and ea
 from __future__ import annotations
 
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -11,10 +12,10 @@ import pytest
 import yaml
 
 import omnirl.launch.servers as servers
-from omnirl.api.loader import load_rljob
+from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.spec import RLJob
 from omnirl.launch.local import check_served_judges
-from omnirl.launch.servers import JudgeFailed, start_judges, stop_judges
+from omnirl.launch.servers import JudgeFailed, check_local, start_judges, stop_judges
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,24 +63,50 @@ def test_a_judge_that_never_listens_on_its_port_names_the_fix(tmp_path):
 
 
 
-def test_a_judge_command_not_on_this_machine_names_the_field_and_stops_the_judges_started(tmp_path, monkeypatch):
-    # `omnirl scorer serve` from a venv that is not activated: Popen's FileNotFoundError reached the user as
-    # "omnirl run: [Errno 2] No such file or directory: 'omnirl" (no field, no fix)
+def _two_judges(second: list[str]) -> RLJob:
     doc = yaml.safe_load((ROOT / "examples" / "ocr-nft.yaml").read_text())
     doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
     doc["spec"]["reward"] += [
         {"name": "judge", "kind": "http", "server": {"command": [sys.executable, "-c", ENV_PORT_SERVER]}},
-        {"name": "other", "kind": "http", "server": {"command": ["no-such-judge-b3", "--port", "{port}"]}}]
-    job = RLJob.model_validate(doc)
+        {"name": "other", "kind": "http", "server": {"command": second}}]
+    return RLJob.model_validate(doc)
+
+
+def test_a_judge_command_not_on_this_machine_is_refused_before_anything_starts(tmp_path):
+    # `omnirl scorer serve` from a venv that is not activated: Popen's FileNotFoundError reached the user as
+    # "omnirl run: [Errno 2] No such file or directory: 'omnirl" (no field, no fix); then the field, but only
+    # once Redis, Ray and the placement were up (17 s with Ray), leaving job.yaml and redis/ in --out
+    job = _two_judges(["no-such-judge-b3", "--port", "{port}"])
+    with pytest.raises(ValueError) as err:
+        check_local(job)
+    assert str(err.value) == (
+        "spec.reward[2].server.command: 'no-such-judge-b3' cannot be started on this machine (not found on PATH, "
+        "or not an executable file); `omnirl run` runs the judge's command here (its image is ignored): install "
+        "it, put it on PATH or give its full path")
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(dump_rljob(job)))
+    proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(path), "--no-ray", "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stdout + proc.stderr
+    assert proc.stderr == f"omnirl run: {err.value}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_judge_command_that_cannot_be_executed_names_the_field_and_stops_the_judges_started(tmp_path, monkeypatch):
+    # on PATH and executable, but not a program the kernel runs: Popen's OSError, after the first judge started
+    bogus = tmp_path / "not-a-program"
+    bogus.write_bytes(b"\x00\x01 not an executable format")
+    bogus.chmod(0o755)
+    job = _two_judges([str(bogus), "--port", "{port}"])
     started: list[servers.JudgeProcess] = []
     real = servers.JudgeProcess
     monkeypatch.setattr(servers, "JudgeProcess", lambda *a: started.append(real(*a)) or started[-1])
     with pytest.raises(ValueError) as err:
         start_judges(job, tmp_path / "logs", timeout_s=60)
     assert str(err.value) == (
-        "spec.reward[2].server.command: 'no-such-judge-b3' cannot be started on this machine (FileNotFoundError: "
-        "No such file or directory); `omnirl run` runs the judge's command here (its image is ignored): install "
-        "it, put it on PATH or give its full path")
+        f"spec.reward[2].server.command: '{bogus}' cannot be started on this machine (OSError: Exec format error); "
+        "`omnirl run` runs the judge's command here (its image is ignored): install it, put it on PATH or give its "
+        "full path")
     (first,) = started
     assert first.proc.returncode is not None  # the judge started before it was stopped, not left behind
 

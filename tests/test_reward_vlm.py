@@ -164,7 +164,7 @@ def test_5xx_is_retried_then_succeeds(judge):
 def test_5xx_past_the_retries_fails_the_sample(judge):
     scorer = as_model(vlm(judge, template="rate", maxRetries=1), "flaky:5")
     outcome = scorer.score_each(image("4")[None], ['"x"'], ["f1"])
-    assert "HTTP 503" in outcome.errors[0].reason and "overloaded" in outcome.errors[0].reason
+    assert "HTTP 503 (after 1 retries): " in outcome.errors[0].reason and "overloaded" in outcome.errors[0].reason
     assert len([r for r in stats(judge, "flaky:5") if r["seed"] == request_seed("f1")]) == 2  # 1 try + 1 retry
 
 
@@ -180,7 +180,9 @@ def test_requests_in_flight_stay_within_the_limits(judge, limits, model):
 def test_4xx_is_not_retried(judge):
     scorer = as_model(vlm(judge, template="rate", maxRetries=3), "reject")
     outcome = scorer.score_each(image("4")[None], ['"x"'], ["b0"])
-    assert "HTTP 400" in outcome.errors[0].reason and "does not exist" in outcome.errors[0].reason
+    # the reason says so (it read "HTTP 400 (maxRetries 3)", as if tried four times)
+    assert "HTTP 400 (not retried: an error of the request): " in outcome.errors[0].reason
+    assert "does not exist" in outcome.errors[0].reason
     assert len([r for r in stats(judge, "reject") if r["seed"] == request_seed("b0")]) == 1
 
 

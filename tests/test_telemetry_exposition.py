@@ -109,3 +109,27 @@ def test_every_exported_family_has_a_help_text():
     finally:
         meters.shutdown()
     assert helps and all(text and text[0].strip() for text in helps.values()), helps
+
+
+def test_a_metrics_port_taken_by_another_process_is_a_configuration_error_naming_the_variable():
+    """A second `omnirl run` with the same OMNIRL_METRICS_PORT: the controller crashed on `OSError: [Errno
+    98] Address already in use` (a traceback), was restarted maxRestarts times with the whole job and the
+    run ended exit 1 without naming the variable. Now it is a ConfigError (the role exits 4, once)."""
+    import socket
+
+    import pytest
+
+    from omnirl.api.errors import ConfigError
+
+    held = socket.socket()
+    held.bind(("0.0.0.0", 0))
+    held.listen()
+    port = held.getsockname()[1]
+    try:
+        with pytest.raises(ConfigError, match=rf"^OMNIRL_METRICS_PORT {port}: .*Address already in use.*; "
+                                              r"set OMNIRL_METRICS_PORT to a free port"):
+            Meters("port-taken", port)
+    finally:
+        held.close()
+    with pytest.raises(ConfigError, match=r"^OMNIRL_METRICS_PORT 70000: .*; set OMNIRL_METRICS_PORT to a free port"):
+        Meters("port-out-of-range", 70000)

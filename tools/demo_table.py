@@ -80,7 +80,8 @@ def by_step_table(run_dir: Path, launch_delay: float = 0.0) -> str:
             "| --- | --- | --- | --- | --- |"]
     for v in vals:
         rows.append(f"| {v['step']} | {(v['time'] - start + launch_delay) / 60:.2f} | {v['val_reward_mean']:.3f} | "
-                    f"{v['val_exact_match']:.3f} | {v['val_background_darkness']:.3f} |")
+                    f"{'—' if v['val_exact_match'] is None else format(v['val_exact_match'], '.3f')} | "
+                    f"{v['val_background_darkness']:.3f} |")
     return "\n".join(rows)
 
 

@@ -10,6 +10,9 @@ import logging
 import os
 import sys
 
+DESCRIPTION = ("Reinforcement-learning post-training of flow-matching (diffusion) models from one RLJob manifest: "
+               "on this machine (omnirl run) or on Kubernetes (the operator).")
+
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from omnirl.api.loader import validate_files
@@ -83,7 +86,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
-    p = argparse.ArgumentParser(prog="omnirl", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="omnirl", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("validate", help="check RLJob manifests; exit 2 with one line per problem")
@@ -162,7 +165,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("job", help="RLJob manifest (YAML or JSON, one RLJob)")
     s.add_argument("--namespace", default=None, help="default: the manifest's namespace, else 'default'")
     s.set_defaults(fn=_cmd_render)
+    _describe(p)
     return p
+
+
+def _describe(parser: argparse.ArgumentParser) -> None:
+    """Give each subcommand's own `--help` its one-line summary (argparse shows `help=` only in the
+    parent's list, so `omnirl run --help` said nothing of what run does)."""
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        for choice in action._choices_actions:
+            child = action.choices[choice.dest]
+            child.description = child.description or choice.help
+            _describe(child)
 
 
 def main(argv: list[str] | None = None) -> int:

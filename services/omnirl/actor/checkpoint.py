@@ -29,6 +29,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from omnirl.api.disk import readable_as_umask_allows
 from omnirl.models.policy_io import (  # the one "where is the checkpoint"
     COMPLETE,
     LATEST,
@@ -99,6 +100,7 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
         save_file(_contiguous(opt_tensors), tmp / "optimizer.safetensors")
         (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
+        readable_as_umask_allows(tmp)  # safetensors writes 0600
         _fsync_dir(tmp)
         (tmp / COMPLETE).write_text(str(step))
     except BaseException:

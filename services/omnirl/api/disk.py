@@ -130,3 +130,38 @@ def append_lines(path: Path):
                     raise OSError(errno.EINVAL, f"{path}: its last line is longer than 64 KiB and unterminated")
                 f.truncate(size - len(tail) + cut + 1)
     return path.open("a", buffering=1)  # noqa: SIM115 - the caller owns it
+
+
+def umask() -> int:
+    """This process's file-creation mask, read without changing it (`/proc/self/status`, Linux ≥ 4.7;
+    elsewhere set and restored at once)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def readable_as_umask_allows(path: Path) -> None:
+    """Give the file `path`, or every file under the directory `path`, that this process owns the mode
+    an ordinary write gets (0o666 & ~umask).
+
+    safetensors' `save_file` (0.8) creates its file 0600 whatever the umask, so a checkpoint's or
+    export's weights were the only files of a run directory that another user, or a serving container
+    with another uid, could not read beside their readable JSON. A hard-linked export file shares its
+    checkpoint file's inode, so fixing the checkpoint fixes it too; a file another user owns (an export
+    hard-linked from someone else's run) is theirs to change and is left as it is.
+
+    Raises:
+        OSError: a file of ours cannot be changed (a read-only mount).
+    """
+    mode = 0o666 & ~umask()
+    path = Path(path)
+    for f in path.rglob("*") if path.is_dir() else [path]:
+        st = f.lstat()
+        if f.is_file() and not f.is_symlink() and st.st_uid == os.geteuid() and st.st_mode & 0o777 != mode:
+            os.chmod(f, mode)

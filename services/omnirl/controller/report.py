@@ -126,9 +126,10 @@ class Reporter:
         self.validations.append(summary)
         self._write({"event": "validation", "time": time.time(), **summary})
         self.meters.record_validation(summary)
-        log.info("validation after %d training steps (v%d): reward %.3f exact %.3f (n=%d, %.1f s) grid %s",
-                 summary["step"], summary["policy_version"], summary["val_reward_mean"], summary["val_exact_match"], summary["n"], summary["val_seconds"],
-                 summary["grid"])
+        exact = summary["val_exact_match"]  # None: no OCR-rule reward, nothing to match
+        log.info("validation after %d training steps (v%d): reward %.3f%s (n=%d, %.1f s) grid %s",
+                 summary["step"], summary["policy_version"], summary["val_reward_mean"],
+                 "" if exact is None else f" exact {exact:.3f}", summary["n"], summary["val_seconds"], summary["grid"])
 
     def stalled(self, text: str) -> None:
         """Name the roles without a recent heartbeat (log, and the RLJob's `status.stalled`)."""

@@ -19,6 +19,7 @@ from omnirl.api.messages import ScoreMeta
 from omnirl.api.spec import GROUP_KINDS, RLJobSpec
 from omnirl.controller.data import read_prompts
 from omnirl.controller.grid import save_image_grid
+from omnirl.reward.text import exact_match, text_rewards
 from omnirl.rollout.requests import heldout_request
 from omnirl.transfer import TransferQueue
 
@@ -100,7 +101,9 @@ class Validator:
         summary = {
             "step": self.round, "policy_version": self.version, "n": len(rewards),
             "val_reward_mean": sum(rewards) / len(rewards),
-            "val_exact_match": sum(r >= 1.0 - 1e-6 for r in rewards) / len(rewards),
+            # each OCR-rule reward's own score, not the weighted sum (None: the job matches no text)
+            "val_exact_match": exact_match([self.scores[i].rewards for i in range(len(self.prompts))],
+                                           text_rewards(self.spec.reward)),
             "val_background_darkness": background_darkness(images),
             "val_seconds": time.time() - self.t0, "grid": str(grid),
         }

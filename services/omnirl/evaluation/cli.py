@@ -3,7 +3,8 @@
 Samples every prompt as in-run validation does (its requests, the rollout engine, the job's σ
 grid; defaults: the job's held-out prompts, `validation.numSteps` and `validation.seed`), scores
 it with the weighted sum of the job's rewards, writes `OUT/grid.png` and `OUT/rewards.json`, and
-ends with one line `mean_reward=0.412 exact_match=0.180 n=256`.
+ends with one line `mean_reward=0.412 exact_match=0.180 n=256` (`exact_match`: the share of samples
+whose text every OCR-rule reward read exactly; absent when the job has none).
 """
 
 from __future__ import annotations
@@ -90,5 +91,6 @@ def main(args: argparse.Namespace) -> int:
         "sampler": args.sampler, "steps": steps, "seconds": seconds, "checkpoint": args.checkpoint,
         "rewards": [float(r) for r in result.rewards], "prompts": result.prompts}, indent=1))
     print(f"grid {out / 'grid.png'}  ({seconds:.1f} s)")
-    print(f"mean_reward={result.mean_reward:.3f} exact_match={result.exact_match:.3f} n={result.n}")
+    exact = "" if result.exact_match is None else f" exact_match={result.exact_match:.3f}"  # None: no text to match
+    print(f"mean_reward={result.mean_reward:.3f}{exact} n={result.n}")
     return 0

@@ -17,6 +17,7 @@ import numpy as np
 from omnirl.api.spec import RLJobSpec
 from omnirl.models.protocol import ModelAdapter
 from omnirl.reward.scoring import RewardSet
+from omnirl.reward.text import exact_match, text_rewards
 from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.requests import heldout_request, sample_requests
 
@@ -27,7 +28,9 @@ class EvalResult:
 
     Attributes:
         mean_reward: mean of `rewards` (validation's `val_reward_mean`).
-        exact_match: fraction of samples with reward ≥ 1 − 1e-6 (validation's `val_exact_match`).
+        exact_match: fraction of samples whose text every OCR-rule reward read exactly (each one's raw
+            score ≥ 1 − 1e-6; `omnirl.reward.text.exact_match`), None when the job has no such reward
+            (validation's `val_exact_match`).
         n: number of samples (= prompts).
         rewards: `[n]` float32 weighted sums of the job's rewards, in prompt order.
         images: n `[H, W, 3]` uint8 arrays in prompt order (widths may differ).
@@ -35,7 +38,7 @@ class EvalResult:
     """
 
     mean_reward: float
-    exact_match: float
+    exact_match: float | None
     n: int
     rewards: np.ndarray
     images: list[np.ndarray] = field(repr=False)
@@ -96,7 +99,7 @@ def evaluate(
     totals = [s[0] for s in scored]
     return EvalResult(
         mean_reward=sum(totals) / len(totals),  # validation's float64 mean of the same numbers
-        exact_match=sum(r >= 1.0 - 1e-6 for r in totals) / len(totals),
+        exact_match=exact_match([s[1] for s in scored], text_rewards(spec.reward)),
         n=len(prompts),
         rewards=np.array(totals, dtype=np.float32),
         images=images,

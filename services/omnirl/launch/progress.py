@@ -66,7 +66,7 @@ def validation_table(records: list[dict]) -> str:
     for v in vals:
         train = steps.get(v["step"] - 1, {}).get("reward_mean")
         table.add_row(str(v["step"]), str(v["policy_version"]), f"{v['val_reward_mean']:.3f}",
-                      f"{v['val_exact_match']:.3f}", f"{v.get('val_background_darkness', float('nan')):.3f}",
+                      "—" if v.get("val_exact_match") is None else f"{v['val_exact_match']:.3f}", f"{v.get('val_background_darkness', float('nan')):.3f}",
                       "" if train is None else f"{train:.3f}", v["grid"])
     console = Console(file=io.StringIO(), width=160)
     console.print(table)

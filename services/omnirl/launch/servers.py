@@ -12,6 +12,7 @@ connection — then writes the manifest the roles read with the judge's URL wire
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -73,16 +74,25 @@ class JudgeProcess:
                 self.proc.wait()
 
 
+def _not_startable(i: int, program: str, why: str) -> str:
+    return (f"spec.reward[{i}].server.command: {program!r} cannot be started on this machine ({why}); `omnirl run` "
+            "runs the judge's command here (its image is ignored): install it, put it on PATH or give its full path")
+
+
 def check_local(job: RLJob) -> None:
     """Refuse judge settings a local run cannot honour.
 
     Raises:
-        ValueError: naming `spec.reward[i].server.volume` (a Kubernetes volume) or `.modelPath`
-            (missing directory).
+        ValueError: naming `spec.reward[i].server.volume` (a Kubernetes volume), `.modelPath` (missing
+            directory) or `.command` (not found on PATH, or not executable: checked here, before Redis
+            and Ray start, not when the judge is started after them).
     """
     for i, r in enumerate(job.spec.reward):
         if r.server is None:
             continue
+        program = argv(r.server, 0)[0]
+        if shutil.which(program) is None:
+            raise ValueError(_not_startable(i, program, "not found on PATH, or not an executable file"))
         if r.server.volume is not None:
             raise ValueError(f"spec.reward[{i}].server.volume: a Kubernetes volume cannot be mounted by `omnirl "
                              "run`; give modelPath (a directory on this machine) to run the judge locally")
@@ -115,10 +125,8 @@ def start_judges(job: RLJob, logs: Path, timeout_s: float = READY_TIMEOUT_S) -> 
                                             start_new_session=True)
                 except OSError as err:  # not installed here, not executable: the user's command, not ours
                     i = job.spec.reward.index(r)
-                    raise ValueError(f"spec.reward[{i}].server.command: {argv(r.server, port)[0]!r} cannot be started "
-                                     f"on this machine ({type(err).__name__}: {err.strerror}); `omnirl run` runs "
-                                     "the judge's command here (its image is ignored): install it, put it on PATH "
-                                     "or give its full path") from err
+                    raise ValueError(_not_startable(i, argv(r.server, port)[0],
+                                                    f"{type(err).__name__}: {err.strerror}")) from err
             judges.append(JudgeProcess(r, port, proc, log))
             print(f"omnirl: judge {r.name} starting on port {port}: {' '.join(argv(r.server, port))}", flush=True)
         deadline = time.monotonic() + timeout_s

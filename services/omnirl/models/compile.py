@@ -44,7 +44,8 @@ def block_types(module: nn.Module, declared: Sequence[str] | None = None) -> lis
 
 
 def compile_blocks(module: nn.Module, names: Sequence[str], *, dynamic: bool = True, mode: str | None = None) -> int:
-    """`torch.compile` every submodule whose class name is in `names`, in place; returns how many.
+    """`torch.compile` every submodule whose class, or a base class, is named in `names`, in place;
+    returns how many (an FSDP2-sharded block is its class's subclass `FSDP<Name>`).
 
     Compile after LoRA injection (peft replaces Linear children) and after any module copies.
     Parameters updated in place later (weight sync, optimiser steps) need no recompile.
@@ -55,7 +56,9 @@ def compile_blocks(module: nn.Module, names: Sequence[str], *, dynamic: bool = T
         if hasattr(torch._dynamo.config, key):
             setattr(torch._dynamo.config, key, max(getattr(torch._dynamo.config, key), RECOMPILE_LIMIT))
     wanted = set(names)
-    blocks = [m for m in module.modules() if type(m).__name__ in wanted]
+    # by the class or a base: FSDP2's fully_shard swaps a block's class for a subclass `FSDP<Name>` (the
+    # actor compiles after sharding), which matched no name and stopped every actor rank at start
+    blocks = [m for m in module.modules() if any(c.__name__ in wanted for c in type(m).__mro__)]
     if not blocks:
         raise ValueError(f"no submodule of {type(module).__name__} has a class in {sorted(wanted)}; nothing to compile")
     for block in blocks:

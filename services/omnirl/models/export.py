@@ -33,6 +33,7 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
+from omnirl.api.disk import readable_as_umask_allows
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import dump_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
@@ -79,6 +80,7 @@ def export_checkpoint(job: RLJob, checkpoint: str | Path, out: str | Path, *, ru
         with config_errors(f"checkpoint {ckpt}", SafetensorError, json.JSONDecodeError,
                            fix="restore it, or pass an older step-* directory with --checkpoint"):
             _write(job, ckpt, tmp, None if run_dir is None else Path(run_dir))
+            readable_as_umask_allows(tmp)  # safetensors and diffusers write weights 0600
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

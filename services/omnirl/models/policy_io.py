@@ -37,7 +37,14 @@ def resolve_checkpoint(path: str | Path) -> Path:
         p = p / LATEST
     p = p.resolve()
     if not (p / POLICY_FILE).is_file():
-        raise FileNotFoundError(f"{path}: no {POLICY_FILE}; pass a run's checkpoint dir, e.g. OUT/checkpoints/latest")
+        if (p / "checkpoints").is_dir():  # the run directory itself, `omnirl run --out`
+            hint = f"it is a run directory: pass {Path(path) / 'checkpoints' / LATEST}"
+        elif (p / "export.json").is_file():  # OUT/exports/latest: the model as users load it
+            hint = (f"it is an export (the trained model as users load it): evaluate it as model.path: {path} "
+                    "in a manifest, or pass the run's OUT/checkpoints/latest")
+        else:
+            hint = "pass a run's checkpoint dir, e.g. OUT/checkpoints/latest"
+        raise FileNotFoundError(f"{path}: no {POLICY_FILE}; {hint}")
     if not (p / COMPLETE).is_file():
         raise FileNotFoundError(f"{path}: an incomplete checkpoint (no {COMPLETE} marker: its writer died); "
                                 "use an older step-* directory")

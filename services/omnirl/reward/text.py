@@ -4,9 +4,12 @@ with distance 0 when the target appears inside the reading)."""
 
 from __future__ import annotations
 
-from omnirl.api.prompts import target_text
+from collections.abc import Mapping, Sequence
 
-__all__ = ["levenshtein", "ocr_reward", "target_text"]
+from omnirl.api.prompts import target_text
+from omnirl.api.spec import RewardSpec
+
+__all__ = ["exact_match", "levenshtein", "ocr_reward", "target_text", "text_rewards"]
 
 
 def levenshtein(a: str, b: str) -> int:
@@ -35,3 +38,27 @@ def ocr_reward(target: str, reading: str) -> float:
         raise ValueError("OCR target text is empty; quote the text to draw in the prompt")
     distance = 0 if target in reading else min(levenshtein(reading, target), len(target))
     return 1.0 - distance / len(target)
+
+
+def text_rewards(specs: Sequence[RewardSpec]) -> list[str]:
+    """Names of the rewards scored with `ocr_reward`: kind `ocr`, and `vlm` with template `read-text`."""
+    return [s.name for s in specs if s.kind == "ocr" or (s.kind == "vlm" and s.params.get("template") == "read-text")]
+
+
+def exact_match(components: Sequence[Mapping[str, float]], names: Sequence[str]) -> float | None:
+    """Fraction of samples whose text every OCR-rule reward read exactly (`val_exact_match`).
+
+    It looks at each reward's raw score, not the weighted sum: the sum of an OCR reward and another
+    one reaches 1 without an exact reading (OCR 0.67 + 0.5 x 0.67), and with a weight below 1 never.
+
+    Args:
+        components: per sample, each reward's raw score by name (a failed non-required one absent).
+        names: the OCR-rule rewards (`text_rewards`).
+    Returns:
+        The fraction in [0, 1] of samples with every reward of `names` present and >= 1 - 1e-6;
+        None when `names` or `components` is empty (no text to match: a JPEG or preference job).
+    """
+    if not names or not components:
+        return None
+    exact = sum(all(parts.get(name, 0.0) >= 1.0 - 1e-6 for name in names) for parts in components)
+    return exact / len(components)

@@ -254,9 +254,11 @@ class VLMScorer(PerSampleScorer):
                                                        f"{describe_error(err, self.timeout_s)}")
             return ScorerError(sample_id, reason, unavailable=away)
         except openai.APIStatusError as err:  # 408/409/429/5xx only after the retries; others at once
+            transient = err.status_code in (408, 409, 429) or err.status_code >= 500
+            # say which: "(maxRetries 3)" on a 400 read as if the request had been tried 4 times
+            tries = f"after {self.params.maxRetries} retries" if transient else "not retried: an error of the request"
             return ScorerError(sample_id, f"{self.name}: {self.base_url} answered HTTP {err.status_code} "
-                                          f"(maxRetries {self.params.maxRetries}): {err.response.text[:300]!r}",
-                               unavailable=err.status_code in (408, 409, 429) or err.status_code >= 500)
+                                          f"({tries}): {err.response.text[:300]!r}", unavailable=transient)
         except openai.APIError as err:  # connection errors and timeouts (APITimeoutError), after the retries
             return ScorerError(sample_id, f"{self.name}: {self.base_url} failed after {self.params.maxRetries} "
                                           f"retries: {describe_error(err, self.timeout_s)}", unavailable=True)

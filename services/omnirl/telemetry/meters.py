@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 
+from omnirl.api.errors import config_errors
 from omnirl.telemetry import names as N
 
 MISMATCH_PREFIX = "logprob_mismatch_step"
@@ -23,6 +24,10 @@ class Meters:
     Args:
         job: RLJob name, attached to every point as attribute `job`.
         port: Prometheus port; 0 = no HTTP server.
+    Raises:
+        ConfigError: `port` cannot be served (taken by another process, e.g. a second `omnirl run` with
+            the same OMNIRL_METRICS_PORT, or out of range): the same on every restart, so the role exits 4
+            with one line naming the variable instead of crashing into the failure policy's restarts.
     """
 
     def __init__(self, job: str, port: int = 0) -> None:
@@ -39,7 +44,9 @@ class Meters:
         if port:
             from prometheus_client import start_http_server
 
-            start_http_server(port)
+            with config_errors(f"OMNIRL_METRICS_PORT {port}", OSError, OverflowError,
+                               fix="set OMNIRL_METRICS_PORT to a free port (or unset it: no /metrics)"):
+                start_http_server(port)
 
     def record_step(self, s: dict, reward_latencies: Sequence[float] = ()) -> None:
         """Record one step's stats (keys as in metrics.jsonl; absent keys are skipped).

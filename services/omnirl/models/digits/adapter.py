@@ -15,6 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from omnirl.algorithms.sigmas import sigma_schedule
+from omnirl.api.disk import readable_as_umask_allows
 from omnirl.models.digits.model import LORA_TARGET_MODULES, DigitsConfig, DigitsDiT
 from omnirl.models.digits.render import SLOT_WIDTH, slots_for
 from omnirl.models.protocol import Conditioning
@@ -116,6 +117,7 @@ def save_digits_checkpoint(module: DigitsDiT, config: DigitsConfig, out_dir: str
     out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in module.state_dict().items()}
     save_file(state, str(out / WEIGHTS_FILE))
+    readable_as_umask_allows(out / WEIGHTS_FILE)  # safetensors writes 0600
     meta = {"format": CHECKPOINT_FORMAT, "model": config.to_dict(), "provenance": provenance or {}}
     (out / CONFIG_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True) + "\n")
     return out

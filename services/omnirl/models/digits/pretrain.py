@@ -23,7 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from omnirl.models.digits.adapter import count_parameters, save_digits_checkpoint
+from omnirl.models.digits.adapter import WEIGHTS_FILE, count_parameters, save_digits_checkpoint
 from omnirl.models.digits.model import DigitsConfig, DigitsDiT
 from omnirl.models.digits.render import render_text, slots_for
 
@@ -190,10 +190,17 @@ def main(args) -> int:
 
     Uses 2 torch threads on CPU unless OMP_NUM_THREADS is set (the shipped checkpoint was trained
     so). Prints the report as JSON; returns the exit code 0.
+
+    Raises:
+        ValueError: `--out` already holds a model (it would be overwritten), or an unusable `--device`.
     """
     import json
     import os
 
+    weights = Path(args.out) / WEIGHTS_FILE
+    if weights.exists():  # e.g. --out services/omnirl/models/digits/weights: the shipped model, overwritten
+        raise ValueError(f"--out {args.out}: already holds a model ({weights}); pretraining would overwrite it: "
+                         "choose another --out or remove it")
     try:
         device = torch.device(args.device)
     except RuntimeError:
