@@ -446,6 +446,30 @@ def test_a_scorer_timeout_the_clients_cannot_take_is_refused() -> None:
             **MINIMAL["spec"], "reward": [{**judge, "timeoutSeconds": 86400}]}}).spec.reward[0].timeoutSeconds)
 
 
+def test_failure_deadlines_the_startup_probe_and_store_cannot_take_are_refused() -> None:
+    # startupDeadlineSeconds 1e12 passed validate; the operator rendered the startup probe's failureThreshold
+    # 100000000060 (an int32 in Kubernetes) and a rollout worker's TCPStore timeout overflowed (int64 ns)
+    assert _lines({"failurePolicy": {"startupDeadlineSeconds": 1e12, "progressDeadlineSeconds": 1e12}}) == [
+        "spec.failurePolicy.progressDeadlineSeconds: 1000000000000.0 is invalid: must be <= 2592000",
+        "spec.failurePolicy.startupDeadlineSeconds: 1000000000000.0 is invalid: must be <= 2592000"]
+    from omnirl_operator.pods import role_container
+    from omnirl_operator.settings import OperatorSettings
+
+    longest = {"startupDeadlineSeconds": 2592000, "progressDeadlineSeconds": 2592000}
+    job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "failurePolicy": longest}})
+    probe = role_container(job, "rollout", OperatorSettings(default_redis_url="redis://r:6379/0"))["startupProbe"]
+    assert probe["failureThreshold"] == 518400 < 2**31
+    import datetime
+
+    import torch.distributed as dist
+
+    # the rollout worker's first connection waits that long for the actor's store (5e13 s failed at once)
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=job.spec.failurePolicy.startup_limit_s))
+    store.set("k", "v")
+    assert store.get("k") == b"v"
+
+
 def test_float16_weights_are_refused_because_adamw_turns_them_nan() -> None:
     # `dtype: float16` passed validate; one `omnirl run` step of ocr-nft then drew black images (held-out reward
     # 0.298 -> 0.000): AdamW on float16 weights, as the actor builds it, makes them non-finite

@@ -554,6 +554,12 @@ class CheckpointSpec(SpecModel):
         return self
 
 
+# failurePolicy's deadlines: 30 days is no deadline in practice; their sum becomes the startup probe's
+# failureThreshold (an int32 in Kubernetes, in 10 s periods: 1e12 s rendered 100000000060) and the rollout
+# worker's TCPStore connect timeout (int64 ns: 5e13 s turned negative and failed at once)
+MAX_DEADLINE_S = 30 * 86400
+
+
 class FailurePolicySpec(SpecModel):
     """What to do when pods fail, and deadlines."""
 
@@ -570,21 +576,22 @@ class FailurePolicySpec(SpecModel):
         "counted from its creation or its last resume from suspend, Pending time (pods waiting for nodes, images, "
         "judges) included; restarts and spec edits do not reset the clock. Not used by `omnirl run`.")
     progressDeadlineSeconds: float = Field(
-        600.0, gt=0, description="A role whose main loop has not beaten (heartbeat in Redis, gRPC health) for this "
+        600.0, gt=0, le=MAX_DEADLINE_S, description="A role whose main loop has not beaten (heartbeat in Redis, gRPC health) for this "
         "many seconds is stuck and handled like a failed one (its action above); make it longer than the slowest "
         "single unit of work (one in-process scorer call, one training step, one checkpoint write). A reward worker "
         "waiting on a remote scorer beats meanwhile, up to that scorer's timeouts; a role loading its model, and "
         "torch.compile compiling (model.compile's warm-up, a recompile), beat meanwhile up to "
-        "startupDeadlineSeconds."
+        "startupDeadlineSeconds. At most 30 days (2592000), like startupDeadlineSeconds."
     )
     startupDeadlineSeconds: float = Field(
-        1200.0, gt=0, description="How long a role's start-up (importing torch, loading the model, its checkpoint "
+        1200.0, gt=0, le=MAX_DEADLINE_S, description="How long a role's start-up (importing torch, loading the model, its checkpoint "
         "and scorers, joining the actor's ranks) and each torch.compile compilation (model.compile's first step, a recompile for a "
         "new shape) may take: they count as progress for this many seconds, so a load longer than "
         "progressDeadlineSeconds is not taken for a hang. One that is still running after it is stuck once "
         "progressDeadlineSeconds more have passed: the sum is the longest a start-up may take (on Kubernetes the pods' "
         "startup probe allows it; the actor waits as long for the rollout workers to register, the controller twice "
-        "as long for the actor)."
+        "as long for the actor). At most 30 days (2592000): from about 1e10 s the startup probe's failureThreshold "
+        "(a 32-bit count of 10 s periods) and torch's store timeout overflow."
     )
     scorerOutageSeconds: float = Field(
         600.0, ge=0, description="How long a reward worker holds the samples of a scorer that does not answer "
