@@ -141,6 +141,31 @@ def test_a_process_frozen_before_its_first_heartbeat_is_replaced_after_the_deadl
     assert events[0]["reason"].startswith("no progress for ") and events[0]["action"] == "restart-role"
 
 
+@pytest.mark.parametrize("startup", [True, False])
+def test_a_role_stale_after_its_startup_beats_names_the_startup_deadline(tmp_path, redis_url, startup):
+    """A rollout whose start-up (or torch.compile) outlasts startupDeadlineSeconds: its covering thread
+    stops beating and it is killed progressDeadlineSeconds later. The reason named only
+    progressDeadlineSeconds (`omnirl run` of the OCR example with model.compile, startupDeadlineSeconds 3,
+    progressDeadlineSeconds 5: `rollout-0: no progress for 5 s (progressDeadlineSeconds=5)`), so a user
+    raised the wrong one. A main loop that beat and then hung names only progressDeadlineSeconds."""
+    from pathlib import Path
+
+    job = _gpu_job(tmp_path)
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "failurePolicy": job.spec.failurePolicy.model_copy(update={
+            "maxRestarts": 0, "progressDeadlineSeconds": 3.0, "startupDeadlineSeconds": 1.0})})})
+    beats = ("beat.start_covering(1.0, startup=True)" if startup else "beat.beat()")
+    script = ("import time, redis; from omnirl.transfer.heartbeat import Heartbeat\n"
+              f"beat = Heartbeat(redis.Redis.from_url({redis_url!r}), {job.metadata.name!r}, 'rollout', 'rollout-0', "
+              f"every_s=0.2)\n{beats}\ntime.sleep(120)")
+    code, supervisor = supervise_scripts(job, script, redis_url, Path(tmp_path), f"sup-startup-{str(startup).lower()}")
+    assert code == 137
+    named = ("after its start-up or a torch.compile ran past failurePolicy.startupDeadlineSeconds=1; raise that if "
+             "loading or compiling takes longer")
+    assert supervisor.failure.startswith("role rollout-0 failed (no progress for "), supervisor.failure
+    assert (named in supervisor.failure) is startup, supervisor.failure
+
+
 def test_a_role_killed_by_a_signal_has_its_last_log_line_labelled_not_taken_for_the_reason(tmp_path, redis_url):
     """A SIGKILLed role prints no reason; the event said `exit signal SIGKILL: <its last line>`, an INFO
     line read as the cause (`exit signal SIGKILL: … weight sync v3 … in 0.179 s`). Now the line is labelled."""

@@ -113,7 +113,7 @@ class ActorService:
             self._ckpt_ledger = append_lines(path.parent / f"checkpoints-{env.worker_id}.jsonl")
         # model.compile compiles at the first step (train, no-grad and reference graphs) and on a new shape
         bound = spec.failurePolicy.startupDeadlineSeconds
-        self._uncompiling = while_compiling(lambda: self.heartbeat.start_covering(bound))
+        self._uncompiling = while_compiling(lambda: self.heartbeat.start_covering(bound, startup=True))
 
     def terminate(self) -> None:
         """SIGTERM: finish the step in hand, checkpoint the last trained step, return from `run`."""

@@ -145,7 +145,7 @@ def _beat_while_starting(job, env: RoleEnv, role: str) -> Callable[[], None]:
     client = redis.Redis.from_url(env.redis_url)  # Redis away: the thread warns, the service's queue waits for it
     policy = job.spec.failurePolicy
     beat = Heartbeat(client, env.job_name, role, env.worker_id, ttl_s=2 * policy.progressDeadlineSeconds)
-    stop = beat.start_covering(policy.startupDeadlineSeconds)
+    stop = beat.start_covering(policy.startupDeadlineSeconds, startup=True)
 
     def started() -> None:
         stop()

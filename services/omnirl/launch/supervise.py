@@ -95,6 +95,7 @@ class Supervisor:
         self._storage = ""  # set by the Redis watchdog: the run directory cannot be written (the reason)
         self._last_beats = 0.0
         self._alive: dict[tuple[str, int], float] = {}  # (process name, pid) → its last beat, or when first seen
+        self._starting: set[tuple[str, int]] = set()  # whose last beat a start-up's or compile's thread wrote
         self._events = (out / "events.jsonl").open("a", buffering=1)
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -201,12 +202,17 @@ class Supervisor:
             if p.poll() is not None:
                 continue  # already handled as an exit
             beat, pid = beats.get(name), p.pid
-            if beat is not None and beat["pid"] == pid:
-                self._alive[(name, pid)] = max(self._alive.get((name, pid), 0.0), beat["t"])
+            if beat is not None and beat["pid"] == pid and beat["t"] > self._alive.get((name, pid), 0.0):
+                self._alive[(name, pid)] = beat["t"]
+                (self._starting.add if beat.get("startup") else self._starting.discard)((name, pid))
             age = now - self._alive.setdefault((name, pid), now)  # first seen: counts as a beat
             if age > deadline:
                 p.send_signal(signal.SIGKILL)
-                self._failed(p, f"no progress for {age:.0f} s (progressDeadlineSeconds={deadline:g})", 137)
+                reason = f"no progress for {age:.0f} s (progressDeadlineSeconds={deadline:g})"
+                if (name, pid) in self._starting:  # the covering thread stopped at its bound: that is the knob
+                    reason += (f" after its start-up or a torch.compile ran past failurePolicy.startupDeadlineSeconds="
+                               f"{self.policy.startupDeadlineSeconds:g}; raise that if loading or compiling takes longer")
+                self._failed(p, reason, 137)
                 return
 
     def _watch_redis(self) -> None:

@@ -75,7 +75,7 @@ class RolloutService:
         self.job_ended = False  # the controller's `stop`: the actor's weight-sync store goes away too
         self._bound = False
         # model.compile compiles at the first engine step and on a new shape: progress, up to the same bound
-        self._uncompiling = while_compiling(lambda: self.heartbeat.start_covering(policy.startupDeadlineSeconds))
+        self._uncompiling = while_compiling(lambda: self.heartbeat.start_covering(policy.startupDeadlineSeconds, startup=True))
 
     def terminate(self) -> None:
         """SIGTERM: stop at the next engine step, leave unfinished requests pending, return from `run`."""

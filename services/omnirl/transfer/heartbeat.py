@@ -1,7 +1,9 @@
 """Role liveness in Redis: every role's main loop beats; the controller and the launcher read them.
 
 A beat is ``omnirl:{job}:kv:heartbeat:{worker}`` = ``{"role", "worker", "pid", "t", "progress"}``
-(``t`` in Unix seconds, ``progress`` a counter the role bumps when it finishes a unit of work).
+(``t`` in Unix seconds, ``progress`` a counter the role bumps when it finishes a unit of work), and
+``"startup": true`` when a start-up's or a torch.compile's covering thread wrote it (so a role
+found stale after one names `startupDeadlineSeconds`, not only `progressDeadlineSeconds`).
 A beat is written at most once a second, so it costs one SET per second per role. A role whose
 last beat is older than ``failurePolicy.progressDeadlineSeconds`` is stuck (a hung scorer, a
 SIGSTOPped process, a dead node): see :func:`stale_roles`. Work that may legitimately outlast
@@ -49,8 +51,9 @@ class Heartbeat:
         self.last = 0.0  # monotonic time of the last write
         self._lock = threading.Lock()  # `covering`'s thread beats too
 
-    def beat(self, progressed: bool = False) -> None:
-        """Note the loop is alive (and, with ``progressed``, that a unit of work finished)."""
+    def beat(self, progressed: bool = False, *, startup: bool = False) -> None:
+        """Note the loop is alive (and, with ``progressed``, that a unit of work finished; ``startup``:
+        written for a start-up or a compilation, see `start_covering`)."""
         with self._lock:
             self.progress += int(progressed)
             now = time.monotonic()
@@ -58,6 +61,8 @@ class Heartbeat:
                 return
             doc = {"role": self.role, "worker": self.worker, "pid": os.getpid(), "t": time.time(),
                    "progress": self.progress}
+            if startup:
+                doc["startup"] = True
             self.client.set(self.key, json.dumps(doc).encode(), px=int(self.ttl_s * 1000))
             self.last = now
 
@@ -78,9 +83,11 @@ class Heartbeat:
         finally:
             stop()
 
-    def start_covering(self, bound_s: float) -> Callable[[], None]:
+    def start_covering(self, bound_s: float, *, startup: bool = False) -> Callable[[], None]:
         """`covering` for work whose start and end are two calls (torch.compile's callbacks): beats
-        from a thread for at most `bound_s` seconds from now; returns the function that stops it."""
+        from a thread for at most `bound_s` seconds from now; returns the function that stops it.
+        ``startup``: the work is a start-up or a compilation, bound by
+        `failurePolicy.startupDeadlineSeconds` (the beats say so: see the module docstring)."""
         if bound_s <= 0:
             return lambda: None
         done = threading.Event()
@@ -90,7 +97,7 @@ class Heartbeat:
             warned = False
             while not done.wait(self.every_s) and time.monotonic() < until:
                 try:
-                    self.beat()
+                    self.beat(startup=startup)
                 except redis.RedisError as err:  # Redis away: the role's own next call meets it and handles it
                     if not warned:
                         log.warning("heartbeat of %s not written (%s); trying again every %g s", self.worker, err,
