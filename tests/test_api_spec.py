@@ -470,6 +470,25 @@ def test_failure_deadlines_the_startup_probe_and_store_cannot_take_are_refused()
     assert store.get("k") == b"v"
 
 
+def test_queue_times_redis_cannot_take_are_refused(redis_url: str) -> None:
+    # tensorTtlSeconds 1e16 passed validate; the first publish then failed in Redis ("value is not an integer or out
+    # of range"), as XAUTOCLAIM did for claimIdleSeconds 1e17 ("Invalid min-idle-time argument")
+    assert _lines({"transferQueue": {"tensorTtlSeconds": 1e18, "claimIdleSeconds": 1e17}}) == [
+        "spec.transferQueue.tensorTtlSeconds: 1e+18 is invalid: must be <= 31536000",
+        "spec.transferQueue.claimIdleSeconds: 1e+17 is invalid: must be <= 31536000"]
+    import torch
+
+    from omnirl.api.spec import TransferQueueSpec
+    from omnirl.transfer import TransferQueue
+
+    longest = TransferQueueSpec(tensorTtlSeconds=31536000, claimIdleSeconds=31535999)
+    with TransferQueue.for_job("longest-times", longest, redis_url) as q:  # what validate lets through, Redis takes
+        q.ensure_group(q.streams.requests, "g")
+        q.publish(q.streams.requests, {"sample_id": "0:0:0"}, tensors={"x": torch.zeros(2)})
+        [m] = q.consume(q.streams.requests, "g", "c", block_ms=0)
+        assert 31535990 < q.redis.ttl(m.tensor_key) <= 31536000
+
+
 def test_float16_weights_are_refused_because_adamw_turns_them_nan() -> None:
     # `dtype: float16` passed validate; one `omnirl run` step of ocr-nft then drew black images (held-out reward
     # 0.298 -> 0.000): AdamW on float16 weights, as the actor builds it, makes them non-finite

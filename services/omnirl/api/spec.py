@@ -500,6 +500,11 @@ class RolesSpec(SpecModel):
         return self
 
 
+# the queue's times go to Redis in ms (a tensor key's PX, XAUTOCLAIM's min-idle-time): from about 9.2e15 s
+# (int64 ms) Redis answers "value is not an integer or out of range" at the first publish; a year is no limit
+MAX_QUEUE_S = 365 * 86400
+
+
 class TransferQueueSpec(SpecModel):
     """The Redis-Streams TransferQueue."""
 
@@ -509,8 +514,11 @@ class TransferQueueSpec(SpecModel):
     )
     passwordSecret: str | None = Field(None, description="Kubernetes Secret (key `password`) for Redis.")
     maxStreamLength: int = Field(10_000, ge=1, description="Back-pressure bound on each stream (entries).")
-    tensorTtlSeconds: float = Field(3600.0, gt=0, description="TTL of trajectory tensors in Redis, seconds.")
-    claimIdleSeconds: float = Field(60.0, gt=0, description="Reclaim a dead consumer's entries after, seconds.")
+    tensorTtlSeconds: float = Field(3600.0, gt=0, le=MAX_QUEUE_S, description="TTL of trajectory tensors in Redis, "
+                                    "seconds (at most 365 days: Redis refuses an expiry from about 9.2e15 s).")
+    claimIdleSeconds: float = Field(60.0, gt=0, le=MAX_QUEUE_S, description="Reclaim a dead consumer's entries after, "
+                                    "seconds (at most 365 days: Redis refuses XAUTOCLAIM's min-idle-time from about "
+                                    "9.2e15 s).")
 
     @model_validator(mode="after")
     def _check(self) -> TransferQueueSpec:
