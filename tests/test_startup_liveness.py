@@ -142,3 +142,25 @@ def test_the_startup_probe_allows_the_startup_limit():
     for role in ("rollout", "actor", "reward", "controller"):
         probe = role_container(job_from_dict(doc), role, settings)["startupProbe"]
         assert (probe["periodSeconds"], probe["failureThreshold"]) == (10, 780), role
+
+
+def test_a_worker_deployment_waits_for_the_startup_probe_before_its_progress_deadline():
+    """A rollout/reward Deployment with no Ready pod for its progressDeadlineSeconds reports
+    ProgressDeadlineExceeded, which the operator takes for a failed role and restarts. It was a fixed
+    900 s: a rollout worker loading for 1000 s, within the default startup probe's 1800 s
+    (startupDeadlineSeconds 1200 + progressDeadlineSeconds 600), was restarted, and every load the
+    README's `startupDeadlineSeconds: 7200` allows past 900 s too. Now the Deployment allows the
+    startup probe's budget plus 900 s to schedule the pod and pull its image."""
+    from omnirl_operator.builders import build_deployment
+    from omnirl_operator.settings import OperatorSettings
+
+    settings = OperatorSettings(default_redis_url="redis://redis:6379/0")
+    doc = yaml.safe_load((ROOT / "examples" / "ocr-nft.yaml").read_text())
+    for policy, budget in (({}, 1800), ({"startupDeadlineSeconds": 7200}, 7800)):
+        doc["spec"]["failurePolicy"] = policy
+        for role in ("rollout", "reward"):
+            deployment = build_deployment(job_from_dict(doc), role, settings, "digest")
+            probe = deployment["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+            assert probe["periodSeconds"] * probe["failureThreshold"] == budget
+            assert deployment["spec"]["progressDeadlineSeconds"] == 900 + budget, (role, policy)
+

@@ -46,16 +46,27 @@ from omnirl_operator.meta import (
 from omnirl_operator.pods import (
     DIST_PORT,
     METRICS_PORT,
+    STARTUP_PERIOD_S,
     WEIGHT_SYNC_PORT,
     build_password_secret,
     pod_template,
     role_spec,
+    startup_failures,
 )
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.storage import build_claim
 
 WORKER_ROLES = ("rollout", "reward")
-PROGRESS_DEADLINE_SECONDS = 900
+POD_START_SECONDS = 900  # scheduling a pod and pulling its image, before its startup probe counts
+
+
+def progress_deadline_s(job: RLJob) -> int:
+    """A worker Deployment's progressDeadlineSeconds: past it with no Ready pod the Deployment reports
+    ProgressDeadlineExceeded, which the operator takes for a failed role (restarted per
+    `failurePolicy`). A pod may be starting for its startup probe's whole budget
+    (`failurePolicy.startup_limit_s`, `pods.startup_failures`) after it was scheduled and pulled
+    (`POD_START_SECONDS`); a fixed 900 s restarted a load `startupDeadlineSeconds` allowed."""
+    return POD_START_SECONDS + STARTUP_PERIOD_S * startup_failures(job)
 
 
 def job_yaml(job: RLJob) -> str:
@@ -116,7 +127,7 @@ def build_deployment(job: RLJob, role: str, settings: OperatorSettings, digest: 
         "spec": {
             "replicas": role_spec(job, role).replicas if running else 0,
             "selector": {"matchLabels": selector_labels(name, role)},
-            "progressDeadlineSeconds": PROGRESS_DEADLINE_SECONDS,
+            "progressDeadlineSeconds": progress_deadline_s(job),
             "revisionHistoryLimit": 3,
             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": 0}},
             "template": pod_template(job, role, settings, digest),
