@@ -25,7 +25,7 @@ from omnirl.launch.supervise import clear_start_flags
 from omnirl.models.policy_io import make_latest
 from omnirl.telemetry.health import HealthServer
 from omnirl.transfer import TransferQueue, start_redis_server
-from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
+from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles, stalled_text
 from omnirl.transfer.queue import redis_client
 
 
@@ -146,6 +146,25 @@ def test_heartbeats_name_the_stale_role_and_veto_the_health_probe(redis_client):
     finally:
         server.stop()
         TransferQueue(redis_client, "dur").cleanup()
+
+
+def test_the_stalled_status_names_the_startup_deadline_after_a_startup_beat(redis_client):
+    """`status.stalled` said `rollout-0: no heartbeat for 11 s` for a role whose start-up or torch.compile
+    outlasted startupDeadlineSeconds (its covering thread's beats stopped), pointing at
+    progressDeadlineSeconds; now it names the start-up's bound. A main loop's stale beat is unchanged."""
+    Heartbeat(redis_client, "stall", "rollout", "rollout-0", every_s=0.0).beat(startup=True)
+    Heartbeat(redis_client, "stall", "reward", "reward-0", every_s=0.0).beat()
+    Heartbeat(redis_client, "stall", "controller", "controller-0", every_s=0.0).beat()
+    try:
+        beats = read_heartbeats(redis_client, "stall")
+        assert beats["rollout-0"]["startup"] is True and "startup" not in beats["reward-0"]
+        t = max(b["t"] for b in beats.values())
+        assert stalled_text(beats, 10.0, 3.0, skip="controller-0", now=t + 5) == ""
+        assert stalled_text(beats, 10.0, 3.0, skip="controller-0", now=t + 11) == (
+            "reward-0: no heartbeat for 11 s; rollout-0: no heartbeat for 11 s after its start-up or a torch.compile "
+            "ran past failurePolicy.startupDeadlineSeconds=3 (raise it if loading or compiling takes longer)")
+    finally:
+        TransferQueue(redis_client, "stall").cleanup()
 
 
 def test_a_sigkilled_redis_comes_back_with_its_aof_and_a_client_rides_it_out(tmp_path):

@@ -160,8 +160,8 @@ def test_a_role_stale_after_its_startup_beats_names_the_startup_deadline(tmp_pat
               f"every_s=0.2)\n{beats}\ntime.sleep(120)")
     code, supervisor = supervise_scripts(job, script, redis_url, Path(tmp_path), f"sup-startup-{str(startup).lower()}")
     assert code == 137
-    named = ("after its start-up or a torch.compile ran past failurePolicy.startupDeadlineSeconds=1; raise that if "
-             "loading or compiling takes longer")
+    named = ("after its start-up or a torch.compile ran past failurePolicy.startupDeadlineSeconds=1 (raise it if "
+             "loading or compiling takes longer)")
     assert supervisor.failure.startswith("role rollout-0 failed (no progress for "), supervisor.failure
     assert (named in supervisor.failure) is startup, supervisor.failure
 

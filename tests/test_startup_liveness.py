@@ -89,7 +89,7 @@ def test_a_load_stuck_past_the_startup_deadline_is_still_killed(tmp_path):
     assert proc.returncode == 137, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "failed (no progress for " in proc.stdout.splitlines()[-1]
     # the knob to raise is the start-up's (the line named only progressDeadlineSeconds)
-    assert "ran past failurePolicy.startupDeadlineSeconds=5; raise that" in proc.stdout.splitlines()[-1]
+    assert "ran past failurePolicy.startupDeadlineSeconds=5 (raise it if" in proc.stdout.splitlines()[-1]
     assert seconds < 120, seconds  # imports and Redis take seconds on a busy 2-core box; the load 300
 
 

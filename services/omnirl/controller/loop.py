@@ -44,7 +44,7 @@ from omnirl.controller.report import REWARD_LATENCIES, Reporter
 from omnirl.controller.validation import SampleUnscored, Validator
 from omnirl.models.registry import load_tokenizer
 from omnirl.transfer import Message, TransferQueue, kv_key
-from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles
+from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stalled_text
 
 log = logging.getLogger("omnirl.controller")
 GROUP = "controller"
@@ -407,10 +407,9 @@ class Controller:
         if time.monotonic() - self._beats_read < every_s:
             return
         self._beats_read = time.monotonic()
-        deadline = self.spec.failurePolicy.progressDeadlineSeconds
-        stale = stale_roles(read_heartbeats(self.queue.redis, self.env.job_name), deadline)
-        text = "; ".join(f"{w}: no heartbeat for {age:.0f} s" for w, age in sorted(stale.items())
-                         if w != self.env.worker_id)
+        policy = self.spec.failurePolicy
+        text = stalled_text(read_heartbeats(self.queue.redis, self.env.job_name), policy.progressDeadlineSeconds,
+                            policy.startupDeadlineSeconds, skip=self.env.worker_id)
         if text != self._stalled:
             self._stalled = text
             self.reporter.stalled(text)

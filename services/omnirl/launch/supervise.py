@@ -46,7 +46,7 @@ from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
 from omnirl.transfer import RedisServer, TransferQueue, kv_key, start_redis_server
-from omnirl.transfer.heartbeat import read_heartbeats
+from omnirl.transfer.heartbeat import past_startup, read_heartbeats
 
 STATELESS_GRACE_S = 3.0
 # (role, index, OMNIRL_RESUME) -> a started role process
@@ -210,8 +210,7 @@ class Supervisor:
                 p.send_signal(signal.SIGKILL)
                 reason = f"no progress for {age:.0f} s (progressDeadlineSeconds={deadline:g})"
                 if (name, pid) in self._starting:  # the covering thread stopped at its bound: that is the knob
-                    reason += (f" after its start-up or a torch.compile ran past failurePolicy.startupDeadlineSeconds="
-                               f"{self.policy.startupDeadlineSeconds:g}; raise that if loading or compiling takes longer")
+                    reason += past_startup(self.policy.startupDeadlineSeconds)
                 self._failed(p, reason, 137)
                 return
 

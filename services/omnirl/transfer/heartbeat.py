@@ -129,6 +129,23 @@ def read_heartbeats(client: redis.Redis, job: str) -> dict[str, dict]:
     return out
 
 
+def past_startup(startup_deadline_s: float) -> str:
+    """What a stale role's reason adds when its last beat was a start-up's or a compile's
+    (``"startup": true``): the bound that ran out, the knob to raise, not `progressDeadlineSeconds`."""
+    return (f" after its start-up or a torch.compile ran past failurePolicy.startupDeadlineSeconds="
+            f"{startup_deadline_s:g} (raise it if loading or compiling takes longer)")
+
+
+def stalled_text(beats: dict[str, dict], deadline_s: float, startup_deadline_s: float, *, skip: str = "",
+                 now: float | None = None) -> str:
+    """The RLJob's ``status.stalled``: ``worker: no heartbeat for N s`` per stale worker but ``skip``
+    (the writer itself), sorted, joined by ``; ``, with :func:`past_startup` for a start-up's beat."""
+    stale = stale_roles(beats, deadline_s, now)
+    return "; ".join(f"{w}: no heartbeat for {age:.0f} s" + (past_startup(startup_deadline_s)
+                                                              if beats[w].get("startup") else "")
+                     for w, age in sorted(stale.items()) if w != skip)
+
+
 def stale_roles(beats: dict[str, dict], deadline_s: float, now: float | None = None) -> dict[str, float]:
     """Workers whose last beat is older than ``deadline_s`` → the age of that beat in seconds."""
     now = time.time() if now is None else now
