@@ -137,7 +137,7 @@ class ActorService:
                 self.heartbeat.beat()
                 if self.sender is not None:
                     self.sender.serve_new_members(self._rollout, self.version)
-                for msg in self.queue.consume(control, group, self.env.worker_id, count=1, block_ms=200):
+                for msg in self._next_control(control, group):
                     if msg.meta.get("type") == "train":
                         self._train(TrainRequest.model_validate(msg.meta))
                     self.queue.ack(control, group, [msg.id])
@@ -146,6 +146,23 @@ class ActorService:
         except Exception as err:
             self._fail(f"{type(err).__name__}: {err}")
             raise
+
+    def _next_control(self, control: str, group: str) -> list:
+        """The next control entry (or none), the same one on every rank.
+
+        Each rank reads its own group of the one control stream, so the ranks see the same entries
+        in the same order; but a 200 ms read can end just before an entry arrives on one rank and
+        just after on another, and the rank that got it would start the step's collectives while
+        the others called the loop's (a gloo size mismatch: the job aborts). The ranks agree
+        whether one arrived; a rank that missed it reads it, as it is in the stream already.
+        """
+        msgs = self.queue.consume(control, group, self.env.worker_id, count=1, block_ms=200)
+        if self.ranks.max(float(bool(msgs))) == 0 or msgs:  # every rank calls max (world 1: no collective)
+            return msgs
+        while not msgs:
+            self.heartbeat.beat()
+            msgs = self.queue.consume(control, group, self.env.worker_id, count=1, block_ms=1000)
+        return msgs
 
     def _replay(self) -> None:
         """Train the stored requests after the checkpoint this rank started from (see the module doc).
