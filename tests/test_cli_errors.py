@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from omnirl.api.child import guarded
 from omnirl.api.spec import DNS1123_LABEL_RULE, JOB_NAME_RULE
 from omnirl.cli import main
 
@@ -332,9 +333,10 @@ def test_ctrl_c_in_eval_is_one_line_and_exit_130_not_a_traceback(tmp_path):
     os.mkfifo(fifo)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}
     env.pop("OMNIRL_DEBUG", None)
-    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "eval", NFT, "--prompts", str(fifo),
-                             "--out", str(tmp_path / "o")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    # guarded: SIGINT set to its default action in the child, without running Python between fork and exec
+    proc = subprocess.Popen(guarded([sys.executable, "-m", "omnirl.cli", "eval", NFT, "--prompts", str(fifo),
+                                     "--out", str(tmp_path / "o")]), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env)
     with open(fifo, "w"):  # returns once eval opened it: eval is reading its prompts
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)

@@ -168,6 +168,8 @@ def test_the_stalled_status_names_the_startup_deadline_after_a_startup_beat(redi
 
 
 def test_a_sigkilled_redis_comes_back_with_its_aof_and_a_client_rides_it_out(tmp_path):
+    """Restarted from a thread, as the launcher's watchdog does (with a `preexec_fn` the start hung in
+    the forked child after the suite's gloo tests: see `omnirl.api.child`)."""
     server = start_redis_server(dir=str(tmp_path), aof=True)
     port = server.port
     client = redis_client(server.url, reconnect_s=60)
@@ -180,20 +182,25 @@ def test_a_sigkilled_redis_comes_back_with_its_aof_and_a_client_rides_it_out(tmp
 
     def restart_later():
         time.sleep(1.0)
-        restarted.append(start_redis_server(port=port, dir=str(tmp_path), aof=True, die_with_parent=False))
+        try:
+            restarted.append(start_redis_server(port=port, dir=str(tmp_path), aof=True, die_with_parent=False))
+        except Exception as err:  # noqa: BLE001 - shown by the assertion below instead of a silent thread death
+            restarted.append(err)
 
     thread = threading.Thread(target=restart_later)
     thread.start()
     try:
         msgs = q.consume(q.streams.samples, "reward", "w", count=4, block_ms=0)  # retried until it is back
-        thread.join()
+        thread.join(60)
+        assert len(restarted) == 1 and not isinstance(restarted[0], Exception), restarted
         assert [m.meta["sample_id"] for m in msgs] == ["0:0:0"]
         assert q.load_tensors(msgs[0])["x"].tolist() == [0, 1, 2] and q.is_done("rollout", "0:0:0")
     finally:
-        thread.join()
+        thread.join(60)
         client.close()
         for s in [server, *restarted]:
-            s.stop()
+            if not isinstance(s, Exception):
+                s.stop()
     with pytest.raises(redis.ConnectionError):  # no server: the retries give up and the error is raised
         redis_client(f"redis://127.0.0.1:{port}/0", reconnect_s=0).ping()
 

@@ -182,6 +182,55 @@ def test_a_role_killed_by_a_signal_has_its_last_log_line_labelled_not_taken_for_
                                   "rollout-0 restarted 1 times already (failurePolicy.maxRestarts=1)")
 
 
+@pytest.mark.parametrize("freed", [False, True], ids=["port-kept", "port-freed"])
+def test_a_redis_that_cannot_start_again_on_its_port_stops_the_job_with_the_reason(tmp_path, monkeypatch, freed):
+    """The embedded Redis is SIGKILLed and another process takes its port (the roles know only that one).
+    Before, the watchdog thread died with a traceback and the launcher hung (0/4 steps after 400 s, and a
+    Ctrl-C took over a minute). Now a refused restart is retried every 2 s for REDIS_RESTART_S, then the
+    job stops with one line naming the port, the log's reason and the fix; a port freed in time is used."""
+    import signal
+    import socket
+    import time
+
+    from omnirl.launch import supervise
+    from omnirl.transfer import TransferQueue, start_redis_server
+
+    monkeypatch.setattr(supervise, "REDIS_RESTART_S", 4.0)
+    server = start_redis_server(dir=str(tmp_path / "redis"), aof=True)
+    job = _gpu_job(tmp_path)
+    queue = TransferQueue.for_job("sup-redis-port", job.spec.transferQueue, server.url)
+    sup = supervise.Supervisor(job, [], lambda *a: None, queue, tmp_path, 1, redis=server)
+    thief = socket.socket()
+    try:
+        port = server.port
+        server.process.send_signal(signal.SIGKILL)
+        server.process.wait(10)
+        thief.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        thief.bind(("127.0.0.1", port))
+        thief.listen()
+        deadline = time.monotonic() + 30
+        while "Address already in use" not in (tmp_path / "redis" / f"redis-{port}.log").read_text():
+            assert time.monotonic() < deadline, "no restart was tried"
+            time.sleep(0.05)
+        if freed:
+            thief.close()
+        while sup._verdict is None and not (sup.redis.alive() and sup.redis is not server):
+            assert time.monotonic() < deadline, "the watchdog neither restarted Redis nor stopped the job"
+            time.sleep(0.05)
+        if freed:
+            assert sup._verdict is None and sup.redis.port == port and sup.redis.alive()
+        else:
+            assert sup._verdict.code == 1 and sup._verdict.reason == (
+                f"the embedded Redis exited and could not be started again on 127.0.0.1:{port} for 4 s (Warning: "
+                f"Could not create server TCP listening socket 127.0.0.1:{port}: bind: Address already in use); free the port (e.g. `ss -ltnp | grep {port}`), then "
+                "continue with --resume")
+    finally:
+        thief.close()
+        sup.close()
+        queue.close()
+        sup.redis.stop()
+
+
 def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path):
     """`omnirl run` (real role processes) on a model directory whose model.safetensors was cut short
     (pre-flight checks only that it exists): the rollout and actor exit CONFIG_ERROR_EXIT with one

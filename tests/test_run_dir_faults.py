@@ -65,10 +65,20 @@ def small_fs(tmp_path):
     _umount(where)
 
 
-def _run(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--device", "cpu",
-                           "--steps", "1", "--no-ray", *args], capture_output=True, text=True, timeout=300,
-                          cwd=REPO, **kw)
+def _file_size_limited(cmd: list[str], limit: int) -> list[str]:
+    """``cmd`` under RLIMIT_FSIZE ``limit`` bytes, set after exec (a `preexec_fn` runs Python between fork
+    and exec, which can deadlock the child of a multi-threaded process: see `omnirl.api.child`)."""
+    script = ("import os, resource, signal, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
+              "signal.signal(signal.SIGXFSZ, signal.SIG_DFL); os.execv(sys.argv[2], sys.argv[2:])")
+    return [sys.executable, "-c", script, str(limit), *cmd]
+
+
+def _run(*args: str, file_size_limit: int | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--device", "cpu", "--steps", "1",
+           "--no-ray", *args]
+    if file_size_limit is not None:
+        cmd = _file_size_limited(cmd, file_size_limit)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
 
 
 def test_an_out_that_cannot_be_written_is_one_line_naming_out_and_the_fix(tmp_path, read_only_dir):
@@ -102,13 +112,8 @@ def test_a_launcher_write_refused_after_the_probe_ends_with_the_storage_verdict(
     """The probe's byte fits but the launcher's job.yaml does not (RLIMIT_FSIZE 512 bytes: EFBIG, as a
     disk with a few bytes left): exit 5 and the storage verdict naming the file, the errno text, the
     fix and the command that continues; no traceback. Before, an OSError traceback."""
-    import resource
-
-    def limited() -> None:  # pragma: no cover - runs in the child between fork and exec
-        resource.setrlimit(resource.RLIMIT_FSIZE, (512, 512))
-
     out = tmp_path / "out"
-    proc = _run("--out", str(out), preexec_fn=limited)
+    proc = _run("--out", str(out), file_size_limit=512)
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines() == [
@@ -293,7 +298,6 @@ def test_a_write_the_run_directory_refuses_stops_the_job_and_resume_finishes_it_
     `--resume` without the limit finishes the job, and the ledger shows every sample generated,
     scored and trained once. Before, the role crashed (exit 1) and was restarted
     `failurePolicy.maxRestarts` times, each failing the same way."""
-    import resource
 
     from e2e.chaos import chaos_job, check_ledger
 
@@ -305,10 +309,8 @@ def test_a_write_the_run_directory_refuses_stops_the_job_and_resume_finishes_it_
     job.write_text(yaml.safe_dump(doc))
     command = [sys.executable, "-m", "omnirl.cli", "run", str(job), "--no-ray", "--device", "cpu", "--out", str(out)]
 
-    def limited() -> None:  # pragma: no cover - runs in the child between fork and exec
-        resource.setrlimit(resource.RLIMIT_FSIZE, (4 << 20, 4 << 20))
-
-    first = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, preexec_fn=limited)
+    first = subprocess.run(_file_size_limited(command, 4 << 20), capture_output=True, text=True, timeout=600,
+                           cwd=REPO)
     assert first.returncode == STORAGE_ERROR_EXIT, first.stdout[-3000:] + first.stderr[-3000:]
     last = first.stdout.strip().splitlines()[-1]
     assert last.startswith("omnirl: the job did not finish (exit 5): role "), last
@@ -378,9 +380,11 @@ except Exception as exc:
 """
 
 
-def _checkpoint_refused(root: Path, big: int, **kw) -> dict:
-    done = subprocess.run([sys.executable, "-c", _CHECKPOINT_SCRIPT, str(root), str(big)], capture_output=True,
-                          text=True, timeout=120, cwd=REPO, **kw)
+def _checkpoint_refused(root: Path, big: int, file_size_limit: int | None = None) -> dict:
+    cmd = [sys.executable, "-c", _CHECKPOINT_SCRIPT, str(root), str(big)]
+    if file_size_limit is not None:
+        cmd = _file_size_limited(cmd, file_size_limit)
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0 and done.stdout.strip(), done.stdout + done.stderr
     return json.loads(done.stdout)
 
@@ -390,13 +394,8 @@ def test_a_checkpoint_the_file_system_refuses_leaves_nothing_half_written(tmp_pa
     takes through safetensors' writer): the error is a storage error, `latest` still names the last
     complete checkpoint, which is what a resume loads, and no half-written `.tmp-step-*` directory is
     left holding the space the error asks to free (before, it stayed until the next save)."""
-    import resource
-
-    def limited() -> None:  # pragma: no cover - runs in the child between fork and exec
-        resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 10, 64 << 10))
-
     root = tmp_path / "checkpoints"
-    seen = _checkpoint_refused(root, 1 << 15, preexec_fn=limited)  # 128 KiB of fp32 per file
+    seen = _checkpoint_refused(root, 1 << 15, file_size_limit=64 << 10)  # 128 KiB of fp32 per file
     assert seen == {"errno": errno.EFBIG, "resumed": {"step": 1}}
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001"]
     assert os.readlink(root / "latest") == "step-000001"

@@ -5,6 +5,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import shutil
 import socket
+import sys
+import threading
+import time
 
 import pytest
 import redis
@@ -143,3 +146,78 @@ def test_a_ctrl_c_inside_popen_stops_the_server_it_was_starting(tmp_path, monkey
                       if ":\t" in line)
         assert int(status["SigBlk"], 16) == 0
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == mask  # the launcher's mask is restored
+
+
+def _start_role_child(tmp_path):
+    from omnirl.launch.procs import _Child
+
+    child = _Child([sys.executable, "-c", "print('role up')"], {}, str(tmp_path / "role.log"), die_with_parent=True)
+    assert child.proc.wait(timeout=30) == 0 and child.poll() == 0
+    return "".join(child.tail)
+
+
+def _start_server(tmp_path):
+    with start_redis_server(dir=str(tmp_path), die_with_parent=False) as server:
+        return redis.Redis.from_url(server.url).ping()
+
+
+@pytest.mark.parametrize("start, expected", [(_start_server, True), (_start_role_child, "role up\n")],
+                         ids=["redis-server", "role"])
+def test_children_start_from_a_thread_while_another_thread_holds_a_lock_its_locals_need(tmp_path, start, expected):
+    """The launcher restarts Redis from its watchdog thread and roles while reader threads run. With a
+    `preexec_fn`, Python ran in the forked child, which first clears the other threads' states: a
+    thread-local whose destructor takes a lock held at the fork then blocks the child before exec, and
+    `Popen` waits on it forever (CI: a torch thread-local holding a gloo group, `~ProcessGroupGloo`
+    stuck in `pthread_cond_destroy`). Children now run no Python between fork and exec."""
+    held, ready, release = threading.Lock(), threading.Event(), threading.Event()
+    local = threading.local()
+
+    class NeedsTheLock:
+        def __del__(self):
+            with held:
+                pass
+
+    def holder():
+        local.value = NeedsTheLock()
+        with held:
+            ready.set()
+            release.wait(60)
+
+    threading.Thread(target=holder, daemon=True).start()
+    assert ready.wait(10)
+    result: list = []
+    starter = threading.Thread(target=lambda: result.append(start(tmp_path)), daemon=True)
+    try:
+        starter.start()
+        starter.join(30)
+        assert result == [expected], "the child never exec'd: Popen still waits for it"
+    finally:
+        release.set()
+
+
+def test_a_guarded_child_gets_its_signal_when_its_parent_is_killed(tmp_path):
+    """`guarded(cmd, SIGTERM)`: the kernel sends SIGTERM to the command when the process that started it
+    dies (a SIGKILLed launcher leaves no Redis behind); the command keeps its pid through the guard's exec."""
+    import os
+    import subprocess
+
+    parent = subprocess.Popen(
+        [sys.executable, "-c", "import subprocess, sys, time\n"
+         "from omnirl.api.child import guarded\n"
+         "p = subprocess.Popen(guarded(['sleep', '120'], 15))\n"
+         "print(p.pid, flush=True)\ntime.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(parent.stdout.readline())
+        deadline = time.monotonic() + 10
+        while open(f"/proc/{pid}/comm").read().strip() != "sleep":  # the guard exec'd the command
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        parent.kill()
+        parent.wait(10)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split(") ")[1][0] != "Z":
+            assert time.monotonic() < deadline, "the child outlived its killed parent"
+            time.sleep(0.05)
+    finally:
+        parent.kill()

@@ -18,8 +18,8 @@ from collections import deque
 from pathlib import Path
 from typing import TextIO
 
+from omnirl.api.child import guarded
 from omnirl.api.runtime import VARIABLES
-from omnirl.transfer.redis_server import set_parent_death_signal
 
 ROLE_VARIABLES = frozenset(VARIABLES.values())
 
@@ -37,9 +37,12 @@ class _Child:
         self._log = open(log_path, "a", buffering=1)  # noqa: SIM115 - closed in kill()
         # the role's RoleEnv is exactly what the launcher wrote: no OMNIRL_* leaks in from this shell
         inherited = {k: v for k, v in os.environ.items() if k not in ROLE_VARIABLES}
-        self.proc = subprocess.Popen(cmd, env={**inherited, **env}, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True,
-                                     preexec_fn=_die_with_launcher if die_with_parent else None)
+        # A SIGKILLed launcher takes its role processes with it (its Redis goes too, so they could only
+        # sit in reconnect retries). SIGKILL, not SIGTERM: what is lost is what any killed role loses,
+        # and `--resume` recovers it. A clean stop of the launcher stops the roles first.
+        death = signal.SIGKILL if die_with_parent else None
+        self.proc = subprocess.Popen(guarded(cmd, death), env={**inherited, **env}, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, bufsize=1, start_new_session=True)
         self.lines: deque[str] = deque()
         self.tail: deque[str] = deque(maxlen=50)
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -234,11 +237,3 @@ def start_role(role: str, index: int, job_file: Path, env: dict[str, str], log_d
         host = _role_host_class().options(name=None).remote(cmd, env, log_path)
         return RoleProcess(role, index, host)
     return RoleProcess(role, index, _Child(cmd, env, log_path, die_with_parent=sys.platform.startswith("linux")))
-
-
-def _die_with_launcher() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """A SIGKILLed launcher takes its role processes with it (its Redis goes too, so they could only
-    sit in reconnect retries). SIGKILL, not SIGTERM: what is lost is what any killed role loses, and
-    `--resume` recovers it (the actor replays the batches after its checkpoint). A clean stop of the
-    launcher stops the roles first, so this never fires then. Under Ray the role hosts own them."""
-    set_parent_death_signal(signal.SIGKILL)

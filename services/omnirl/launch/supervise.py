@@ -45,10 +45,11 @@ from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR
 from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
-from omnirl.transfer import RedisServer, TransferQueue, kv_key, start_redis_server
+from omnirl.transfer import RedisServer, RedisServerError, TransferQueue, kv_key, start_redis_server
 from omnirl.transfer.heartbeat import past_startup, read_heartbeats
 
 STATELESS_GRACE_S = 3.0
+REDIS_RESTART_S = 30.0  # how long a refused restart of the embedded Redis is retried before the job stops
 # (role, index, OMNIRL_RESUME) -> a started role process
 StartRole = Callable[[str, int, str], RoleProcess]
 
@@ -92,7 +93,7 @@ class Supervisor:
         self.restarts: dict[str, int] = {}  # replica name or "job" → restarts so far
         self._resume = resume
         self.failure = ""  # why run() gave up (its JobFailure's reason), for the launcher's last line
-        self._storage = ""  # set by the Redis watchdog: the run directory cannot be written (the reason)
+        self._verdict: JobFailure | None = None  # set by the Redis watchdog: why the job cannot go on
         self._last_beats = 0.0
         self._alive: dict[tuple[str, int], float] = {}  # (process name, pid) → its last beat, or when first seen
         self._starting: set[tuple[str, int]] = set()  # whose last beat a start-up's or compile's thread wrote
@@ -112,8 +113,8 @@ class Supervisor:
             self._write_pids()
             while True:
                 self._pump()
-                if self._storage:
-                    raise JobFailure(STORAGE_ERROR_EXIT, self._storage)
+                if self._verdict is not None:
+                    raise self._verdict
                 done = self._check_exits()
                 if done is not None:
                     return done
@@ -215,6 +216,7 @@ class Supervisor:
                 return
 
     def _watch_redis(self) -> None:
+        refused_since = None  # when a restart was first refused (its port taken): retried until REDIS_RESTART_S
         while not self._closed.wait(0.2):
             if self.redis is None or self.redis.alive():
                 continue
@@ -222,19 +224,28 @@ class Supervisor:
             err = disk.unwritable(self.out) or _redis_storage_error(self.redis)
             try:
                 if err is None:
-                    self._event("redis", what, "restart-redis")
+                    if refused_since is None:
+                        self._event("redis", what, "restart-redis")
                     self.redis = start_redis_server(port=self.redis.port, dir=str(self.redis.dir), aof=True,
                                                     die_with_parent=False)
+                    refused_since = None
                     self._write_pids()
                     continue
+            except RedisServerError as refused:  # the roles know this port only: another process may hold it
+                refused_since = refused_since or time.monotonic()
+                if time.monotonic() - refused_since < REDIS_RESTART_S:
+                    self._closed.wait(2.0)  # each refused start appends to the server's log
+                    continue
+                self._verdict = JobFailure(1, _redis_refused_reason(self.redis.port, refused))
+                return
             except JobFailure as failure:  # roles.json: the disk filled after the probe
-                self._storage = failure.reason
+                self._verdict = failure
                 return
             except OSError as raised:  # the server's log or AOF: the disk filled after the probe
                 err = disk.storage_error(raised)
                 if err is None:
                     raise
-            self._storage = self._unwritable_reason("redis", what, err)
+            self._verdict = JobFailure(STORAGE_ERROR_EXIT, self._unwritable_reason("redis", what, err))
             return  # a server that cannot append to its AOF would exit again at its first write
 
     def _stop_if_unwritable(self, p: RoleProcess, code: int) -> None:
@@ -338,6 +349,15 @@ def _describe(code: int | None) -> str:
     if code is not None and code < 0:
         return f"signal {signal.Signals(-code).name}"
     return str(code)
+
+
+def _redis_refused_reason(port: int, refused: RedisServerError) -> str:
+    """One line for a Redis that could not be started again on its port (the log's last line says why)."""
+    lines = str(refused).strip().splitlines()
+    last = next((line for line in reversed(lines) if "bind:" in line), lines[-1]).split(" # ")[-1]
+    return (f"the embedded Redis exited and could not be started again on 127.0.0.1:{port} for "
+            f"{REDIS_RESTART_S:.0f} s ({last}); free the port (e.g. `ss -ltnp | grep {port}`), then continue "
+            "with --resume")
 
 
 def _exit_code(code: int) -> int:

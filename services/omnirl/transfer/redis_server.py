@@ -11,18 +11,18 @@ answers PING, and raises with the log's tail when it does not.
 from __future__ import annotations
 
 import atexit
-import ctypes
 import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import redis
+
+from omnirl.api.child import STOP_SIGNALS, guarded
 
 _INSTALL_HINT = (
     "`redis-server` was not found on PATH; install it (Debian/Ubuntu: `apt-get install redis-server`, "
@@ -41,29 +41,10 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
-def set_parent_death_signal(sig: int) -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Linux: deliver `sig` to this process when the thread that started it exits (prctl
-    PR_SET_PDEATHSIG); meant as a `preexec_fn`. Elsewhere (not glibc) it does nothing."""
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG = 1
-    except OSError:
-        pass  # not glibc: the callers' own stop paths remain
-
-
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_BLOCKED_WHILE_FORKING = set(STOP_SIGNALS)
 """Blocked in the launcher while it forks the server: a Ctrl-C inside `Popen` would lose the child (no
-`Popen` object, no pid to stop); blocked, it lands once the server's process is known."""
-
-
-def _unblock_stop_signals() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """The child inherits the launcher's blocked `_STOP_SIGNALS`; the server must get them."""
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-
-
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """SIGTERM the server when the launcher dies, so a crashed launcher leaves no server."""
-    _unblock_stop_signals()
-    set_parent_death_signal(signal.SIGTERM)
+`Popen` object, no pid to stop); blocked, it lands once the server's process is known. The guard
+(`omnirl.api.child`) unblocks them in the server."""
 
 
 class RedisServer:
@@ -138,15 +119,14 @@ def _launch(
         binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *persistence,
         "--dir", str(workdir), "--daemonize", "no", "--logfile", "", *extra_args,
     ]
-    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    death = signal.SIGTERM if die_with_parent else None  # a crashed launcher leaves no server
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, _BLOCKED_WHILE_FORKING)
     try:
         with open(log_path, "ab") as log:
             process = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                guarded(cmd, death), stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 # its own session: a terminal's Ctrl-C goes to the launcher, which stops the roles first
                 start_new_session=True,
-                preexec_fn=_die_with_parent if die_with_parent and sys.platform.startswith("linux")
-                else _unblock_stop_signals,
             )
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
