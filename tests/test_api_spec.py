@@ -521,6 +521,15 @@ def test_tensors_must_outlive_a_reclaim() -> None:
     assert job.spec.transferQueue.tensorTtlSeconds == 30
 
 
+def test_resolutions_may_not_repeat_a_size() -> None:
+    # [[256, 256], [256, 256]] passed validate: the groups took "both" sizes in turn, one size twice
+    sd3 = {"family": "sd3", "path": "/m"}
+    assert _lines({"model": {**sd3, "resolutions": [[256, 256], [384, 640], [256, 256]]}}) == [
+        "spec.model.resolutions[2]: [256, 256] is invalid: repeats resolutions[0]: each size is listed once (groups "
+        "take the sizes in turn); remove it or list another size"]
+    assert _sd3_spec(resolutions=[[256, 256], [256, 512], [512, 256]]).model.resolution_for(2) == (512, 256)
+
+
 def test_validation_needs_a_per_sample_reward() -> None:
     # with only a group-level reward, validation (one sample per prompt) reported val_reward_mean 0.0, unscored
     contrast = {"name": "contrast", "kind": "pairwise-contrast"}

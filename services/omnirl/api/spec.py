@@ -206,6 +206,12 @@ class ModelSpec(SpecModel):
             raise FieldProblem("dtype", "float16", "cannot be trained: the actor runs AdamW on the float16 weights "
                                "(LoRA adapters too), whose eps (1e-8) and small second moments underflow to 0, so "
                                "its first step makes the weights inf or NaN; use bfloat16 (float32's exponent range)")
+        seen: dict[tuple[int, int], int] = {}
+        for i, size in enumerate(self.resolutions or ()):
+            if size in seen:  # dealt in turn: a repeat is another slot of the same size, not another size
+                raise FieldProblem(f"resolutions[{i}]", list(size), f"repeats resolutions[{seen[size]}]: each size "
+                                   "is listed once (groups take the sizes in turn); remove it or list another size")
+            seen[size] = i
         return self
 
 
