@@ -512,13 +512,55 @@ def test_float16_weights_are_refused_because_adamw_turns_them_nan() -> None:
 def test_tensors_must_outlive_a_reclaim() -> None:
     # tensorTtlSeconds 0.001 passed validate; the reward worker then found every image expired (MissingTensors),
     # was restarted maxRestarts times and the job failed
-    assert _lines({"transferQueue": {"tensorTtlSeconds": 30}}) == [
-        "spec.transferQueue.tensorTtlSeconds: 30.0 is invalid: must be > claimIdleSeconds (60): a sample reclaimed "
+    assert _lines({"transferQueue": {"tensorTtlSeconds": 60}}) == [
+        "spec.transferQueue.tensorTtlSeconds: 60.0 is invalid: must be > claimIdleSeconds (60): a sample reclaimed "
         "from a dead consumer after claimIdleSeconds must still have its tensors, and a sample's image and "
         "trajectory must outlive its rollout, scoring and training step (default 3600)"]
     job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "transferQueue": {
-        "tensorTtlSeconds": 30, "claimIdleSeconds": 5}}})
-    assert job.spec.transferQueue.tensorTtlSeconds == 30
+        "tensorTtlSeconds": 90, "claimIdleSeconds": 5}}})
+    assert job.spec.transferQueue.tensorTtlSeconds == 90
+
+
+def test_queue_times_below_their_floors_are_refused(redis_url: str) -> None:
+    # tensorTtlSeconds 0.0005 with claimIdleSeconds 0.0001 passed validate; the queue sends Redis whole ms, so the
+    # first publish's PX 0 failed ("invalid expire time in 'set' command") and the rollout worker was restarted
+    # maxRestarts times; tensorTtlSeconds 2 (claimIdleSeconds 1) failed the CPU demo's first validation round
+    # with MissingTensors, restarting the whole job
+    assert _lines({"transferQueue": {"tensorTtlSeconds": 0.0005, "claimIdleSeconds": 0.0001}}) == [
+        "spec.transferQueue.tensorTtlSeconds: 0.0005 is invalid: must be >= 60 seconds: a sample's tensors must "
+        "outlive its rollout, scoring, training step and validation round (the CPU demo's round takes ~25 s; used "
+        "tensors are deleted, a long TTL only keeps a crash's leftovers longer); the default is 3600"]
+    assert _lines({"transferQueue": {"claimIdleSeconds": 0.5}}) == [
+        "spec.transferQueue.claimIdleSeconds: 0.5 is invalid: must be >= 1 seconds: Redis takes it in whole ms "
+        "(0.0005 was 0), and an entry a live consumer holds longer (an engine step, a reward batch) is taken by "
+        "another consumer's next read and done twice; the default is 60"]
+    assert _lines({"transferQueue": {"tensorTtlSeconds": -1, "claimIdleSeconds": 0}})[0].startswith(
+        "spec.transferQueue.tensorTtlSeconds: -1.0 is invalid: must be >= 60 seconds")
+    import torch
+
+    from omnirl.api.crd import build_crd
+    from omnirl.api.spec import TransferQueueSpec
+    from omnirl.transfer import TransferQueue
+
+    schema = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    queue = schema["transferQueue"]["properties"]  # kubectl apply is refused by the API server too
+    assert (queue["tensorTtlSeconds"]["minimum"], queue["claimIdleSeconds"]["minimum"]) == (60, 1)
+    assert "exclusiveMinimum" not in queue["tensorTtlSeconds"]
+    shortest = TransferQueueSpec(tensorTtlSeconds=60, claimIdleSeconds=1)
+    with TransferQueue.for_job("shortest-times", shortest, redis_url) as q:  # what validate lets through, Redis takes
+        q.ensure_group(q.streams.requests, "g")
+        q.publish(q.streams.requests, {"sample_id": "0:0:0"}, tensors={"x": torch.zeros(2)})
+        [m] = q.consume(q.streams.requests, "g", "c", block_ms=0)
+        assert 0 < q.redis.pttl(m.tensor_key) <= 60_000
+
+
+def test_resolutions_may_not_repeat_a_size() -> None:
+    # [[256, 256], [256, 256]] passed validate: the groups took "both" sizes in turn, one size twice
+    sd3 = {"family": "sd3", "path": "/m"}
+    assert _lines({"model": {**sd3, "resolutions": [[256, 256], [384, 640], [256, 256]]}}) == [
+        "spec.model.resolutions[2]: [256, 256] is invalid: repeats resolutions[0]: each size is listed once (groups "
+        "take the sizes in turn); remove it or list another size"]
+    assert _sd3_spec(resolutions=[[256, 256], [256, 512], [512, 256]]).model.resolution_for(2) == (512, 256)
 
 
 def test_validation_needs_a_per_sample_reward() -> None:

@@ -304,6 +304,20 @@ def test_user_errors_exit_2_with_one_line_naming_the_fix(case, tmp_path, capsys,
     assert not (tmp_path / "o").exists()  # a dead --ray-address is refused before the run dir is made
 
 
+@pytest.mark.parametrize("value", ["abc", "70000", "-1"])
+def test_a_bad_metrics_port_is_refused_before_anything_starts(value, tmp_path, capsys, monkeypatch):
+    """`OMNIRL_METRICS_PORT=abc omnirl run` printed the placement table, started Redis and wrote the
+    run directory before refusing it (role_env read it when starting the controller); 70000 and -1
+    reached the controller."""
+    monkeypatch.setenv("OMNIRL_METRICS_PORT", value)
+    code = main(["run", NFT, "--no-ray", "--device", "cpu", "--out", str(tmp_path / "o")])
+    out, err = capsys.readouterr()
+    assert code == 2, out + err
+    assert err.splitlines() == [f"omnirl run: OMNIRL_METRICS_PORT={value!r}: must be a TCP port number from 1 to "
+                                "65535, e.g. OMNIRL_METRICS_PORT=9090 (0 or unset: not served)"]
+    assert out == "" and not (tmp_path / "o").exists()
+
+
 def test_a_reader_that_leaves_early_gets_no_traceback(tmp_path):
     """`omnirl validate … | head -1`: the pipe closes before the CLI writes; exit 1, stderr empty."""
     import os

@@ -305,6 +305,31 @@ def test_a_metrics_port_in_use_stops_the_run_once_naming_the_variable(tmp_path):
     assert log.count("omnirl: controller on cpu") == 1 and "Traceback" not in log, log
 
 
+def test_a_health_port_in_use_is_a_configuration_error_of_the_role(tmp_path, redis_url):
+    """`omnirl role` (a pod's entrypoint) with OMNIRL_HEALTH_PORT on a port another process holds: it crashed
+    with grpc's `RuntimeError: Failed to bind to address [::]:N; set GRPC_VERBOSITY=debug ...` traceback, exit
+    1, so the kubelet restarted it into the same error. Now exit 4 (never restarted), one line naming the
+    variable and the fix, before the role's model loads."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMNIRL_JOB_NAME": "health-port", "OMNIRL_REDIS_URL": redis_url, "OMNIRL_OUT": str(tmp_path)}
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "role", "reward", "--job", "examples/ocr-nft.yaml"],
+                              capture_output=True, text=True, timeout=300, env={**env, "OMNIRL_HEALTH_PORT": str(port)})
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"omnirl role reward: configuration error: OMNIRL_HEALTH_PORT {port}: cannot listen on [::]:{port} (taken by "
+        "another process, or below 1024 without the privilege); set OMNIRL_HEALTH_PORT to a free port (or unset it: "
+        "no gRPC health probes)"), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_the_interrupt_verdict_repeats_the_runs_flags(tmp_path):
     """`continue with:` must continue what was asked: a `--steps 3 --device cpu` run resumed without
     them would train to spec.algorithm.steps (80) and place its roles on the GPUs; and a run stopped

@@ -9,6 +9,7 @@ import sys
 import pytest
 from tests.test_operator_builders import children, container, job
 
+from omnirl.api.errors import ConfigError
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.launch.local import role_env
@@ -52,6 +53,21 @@ def test_defaults_and_empty_values_are_left_out():
 def test_bad_values_name_the_variable(var, value, match):
     with pytest.raises(ValueError, match=match):
         RoleEnv.from_environ({**FULL.to_environ(), var: value})
+
+
+@pytest.mark.parametrize(("var", "value", "example"), [
+    ("OMNIRL_METRICS_PORT", "abc", 9090), ("OMNIRL_HEALTH_PORT", "70000", 8081), ("OMNIRL_HEALTH_PORT", "-1", 8081),
+    ("OMNIRL_METRICS_PORT", "\u00b2", 9090),
+])
+def test_a_port_that_is_no_port_is_a_configuration_error(var, value, example):
+    """`abc` was a ValueError (a traceback, exit 1, restarts); 70000 and -1 were taken, and grpc served the
+    health service on some other port. A ConfigError: `omnirl role` exits 4 once, naming a good value."""
+    with pytest.raises(ConfigError) as info:
+        RoleEnv.from_environ({**FULL.to_environ(), var: value})
+    assert str(info.value) == (f"{var}={value!r}: must be a TCP port number from 1 to 65535, e.g. {var}={example} "
+                               "(0 or unset: not served)")
+    field = {"OMNIRL_METRICS_PORT": "metrics_port", "OMNIRL_HEALTH_PORT": "health_port"}[var]
+    assert getattr(RoleEnv.from_environ({**FULL.to_environ(), var: ""}), field) == 0  # empty: not served
 
 
 def test_redis_password_is_merged_into_the_url():

@@ -133,3 +133,31 @@ def test_a_metrics_port_taken_by_another_process_is_a_configuration_error_naming
         held.close()
     with pytest.raises(ConfigError, match=r"^OMNIRL_METRICS_PORT 70000: .*; set OMNIRL_METRICS_PORT to a free port"):
         Meters("port-out-of-range", 70000)
+
+
+def test_a_health_port_taken_by_another_process_is_a_configuration_error_naming_the_variable():
+    """`omnirl role` with OMNIRL_HEALTH_PORT on a port another process listens on crashed with grpc's
+    `RuntimeError: Failed to bind to address [::]:N; set GRPC_VERBOSITY=debug ...` (exit 1, restarted);
+    a second role's health server on the same port bound silently (grpc's SO_REUSEPORT) and the probes
+    went to either process. Both are now the ConfigError of OMNIRL_METRICS_PORT's kind."""
+    import socket
+
+    import pytest
+
+    from omnirl.api.errors import ConfigError
+    from omnirl.telemetry.health import HealthServer
+
+    fix = r"; set OMNIRL_HEALTH_PORT to a free port \(or unset it: no gRPC health probes\)$"
+    with socket.socket() as held:
+        held.bind(("0.0.0.0", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        with pytest.raises(ConfigError, match=rf"^OMNIRL_HEALTH_PORT {port}: cannot listen on \[::\]:{port} \(taken "
+                                              rf"by another process.*\){fix}"):
+            HealthServer(port)
+    first = HealthServer(0)
+    try:
+        with pytest.raises(ConfigError, match=rf"^OMNIRL_HEALTH_PORT {first.port}: cannot listen .*{fix}"):
+            HealthServer(first.port)
+    finally:
+        first.stop()

@@ -307,9 +307,9 @@ def test_from_url_owns_its_client(redis_url: str, redis_client: redis.Redis) -> 
 
 
 def test_for_job_takes_the_bounds_from_the_spec(redis_url: str) -> None:
-    settings = TransferQueueSpec(maxStreamLength=7, tensorTtlSeconds=12.5, claimIdleSeconds=3.0)
+    settings = TransferQueueSpec(maxStreamLength=7, tensorTtlSeconds=72.5, claimIdleSeconds=3.0)
     with TransferQueue.for_job("spec-job", settings, redis_url) as q:
-        assert (q.job, q.max_stream_length, q.tensor_ttl_s, q.claim_idle_s) == ("spec-job", 7, 12.5, 3.0)
+        assert (q.job, q.max_stream_length, q.tensor_ttl_s, q.claim_idle_s) == ("spec-job", 7, 72.5, 3.0)
         assert q.redis.connection_pool.connection_kwargs["port"] == int(redis_url.rsplit(":", 1)[1].split("/")[0])
 
 

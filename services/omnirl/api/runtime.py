@@ -10,8 +10,11 @@ operator imports it.
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from urllib.parse import quote, urlsplit, urlunsplit
+
+from omnirl.api.errors import ConfigError, config_errors
 
 # Exit codes of `omnirl role` (besides 0 = done, 1 = crashed, 130 = Ctrl-C, 143 = SIGTERM; a crash is
 # restarted per `spec.failurePolicy`). These three are permanent: the local supervisor stops the job at
@@ -36,6 +39,40 @@ RANK_FIELDS = ("rank", "world_size", "master_addr", "master_port")
 RESUME_MODES = ("0", "1", "auto")
 # a protected Redis's password, from a Secret (operator); `from_environ` merges it into redis_url
 REDIS_PASSWORD = "REDIS_PASSWORD"
+# the ports a role serves (0 = none), with the operator's value as the example of a good one
+SERVED_PORTS = {"metrics_port": 9090, "health_port": 8081}
+
+
+def port_number(field: str, raw: str) -> int:
+    """The TCP port in ``raw``, the text of the variable of ``field`` (a key of `SERVED_PORTS`);
+    0 (serve nothing) for an empty text.
+
+    Raises:
+        ConfigError: not a whole number from 0 to 65535 (``abc``, ``-1``, ``70000``: grpc served -1
+            and 70000 on some other port), naming the variable and a good value; a ConfigError, so a
+            role exits `CONFIG_ERROR_EXIT` once instead of crashing into restarts.
+    """
+    name, text = VARIABLES[field], raw.strip()
+    if not text:
+        return 0
+    if not (text.isascii() and text.isdigit()) or int(text) > 65535:
+        raise ConfigError(f"{name}={raw!r}: must be a TCP port number from 1 to 65535, e.g. "
+                          f"{name}={SERVED_PORTS[field]} (0 or unset: not served)")
+    return int(text)
+
+
+def port_errors(field: str, port: int, *kinds: type[BaseException], serves: str) -> AbstractContextManager[None]:
+    """Around binding ``port`` of ``field`` (a key of `SERVED_PORTS`): an OSError or OverflowError
+    (and ``kinds``) raised inside — the port taken by another process, out of range — becomes one
+    `ConfigError` `"OMNIRL_X_PORT N: <error>; set OMNIRL_X_PORT to a free port (or unset it: no
+    <serves>)"`: the same on every restart, so the role exits 4 once instead of crashing into them.
+
+    Raises:
+        ConfigError: chained to the original error.
+    """
+    name = VARIABLES[field]
+    return config_errors(f"{name} {port}", OSError, OverflowError, *kinds,
+                         fix=f"set {name} to a free port (or unset it: no {serves})")
 
 
 @dataclass(frozen=True)
@@ -116,7 +153,8 @@ class RoleEnv:
         Raises:
             KeyError: a required variable is missing (the message names it and who sets it).
             ValueError: a port, thread count, rank or step count is not an integer, a bad
-                OMNIRL_WEIGHT_SYNC_ADDR or OMNIRL_RESUME (each names the variable).
+                OMNIRL_WEIGHT_SYNC_ADDR or OMNIRL_RESUME (each names the variable); a `ConfigError`
+                (a ValueError) for OMNIRL_METRICS_PORT or OMNIRL_HEALTH_PORT that is no port number.
         """
         env = os.environ if environ is None else environ
         v = VARIABLES
@@ -133,6 +171,9 @@ class RoleEnv:
             except ValueError:
                 raise ValueError(f"{v[field]}={raw!r}: must be an integer") from None
 
+        def served_port(field: str) -> int:
+            return port_number(field, env.get(v[field], ""))
+
         addr = env.get(v["weight_sync_addr"], "127.0.0.1:29500")
         host, _, port = addr.rpartition(":")
         if not host or not port.isdigit():
@@ -145,8 +186,8 @@ class RoleEnv:
             weight_sync_port=int(port),
             worker_id=env.get(v["worker_id"]) or f"{os.uname().nodename}-{os.getpid()}",
             out_dir=env.get(v["out_dir"], "."),
-            metrics_port=integer("metrics_port", 0),
-            health_port=integer("health_port", 0),
+            metrics_port=served_port("metrics_port"),
+            health_port=served_port("health_port"),
             report_status=env.get(v["report_status"], ""),
             namespace=env.get(v["namespace"], "default"),
             device=env.get(v["device"], "cpu"),

@@ -206,6 +206,12 @@ class ModelSpec(SpecModel):
             raise FieldProblem("dtype", "float16", "cannot be trained: the actor runs AdamW on the float16 weights "
                                "(LoRA adapters too), whose eps (1e-8) and small second moments underflow to 0, so "
                                "its first step makes the weights inf or NaN; use bfloat16 (float32's exponent range)")
+        seen: dict[tuple[int, int], int] = {}
+        for i, size in enumerate(self.resolutions or ()):
+            if size in seen:  # dealt in turn: a repeat is another slot of the same size, not another size
+                raise FieldProblem(f"resolutions[{i}]", list(size), f"repeats resolutions[{seen[size]}]: each size "
+                                   "is listed once (groups take the sizes in turn); remove it or list another size")
+            seen[size] = i
         return self
 
 
@@ -503,6 +509,13 @@ class RolesSpec(SpecModel):
 # the queue's times go to Redis in ms (a tensor key's PX, XAUTOCLAIM's min-idle-time): from about 9.2e15 s
 # (int64 ms) Redis answers "value is not an integer or out of range" at the first publish; a year is no limit
 MAX_QUEUE_S = 365 * 86400
+# and from below: Redis takes whole ms, so 0.0005 s was 0: PX 0 ("invalid expire time", every publish) and a
+# min-idle-time of 0 (every entry in a live consumer's hands reclaimable by the next read). Beyond that, a sample's
+# tensors must outlive the longest it waits: the smallest job here, the CPU demo on 2 cores, takes 6-16 s a step
+# and 22-27 s a 256-prompt validation round (tensorTtlSeconds 2 failed it with MissingTensors at the first round);
+# claimIdleSeconds 1 ran it cleanly (an entry reclaimed while still in progress is done twice, not wrongly)
+MIN_TENSOR_TTL_S = 60
+MIN_CLAIM_IDLE_S = 1
 
 
 class TransferQueueSpec(SpecModel):
@@ -514,11 +527,16 @@ class TransferQueueSpec(SpecModel):
     )
     passwordSecret: str | None = Field(None, description="Kubernetes Secret (key `password`) for Redis.")
     maxStreamLength: int = Field(10_000, ge=1, description="Back-pressure bound on each stream (entries).")
-    tensorTtlSeconds: float = Field(3600.0, gt=0, le=MAX_QUEUE_S, description="TTL of trajectory tensors in Redis, "
-                                    "seconds (at most 365 days: Redis refuses an expiry from about 9.2e15 s).")
-    claimIdleSeconds: float = Field(60.0, gt=0, le=MAX_QUEUE_S, description="Reclaim a dead consumer's entries after, "
-                                    "seconds (at most 365 days: Redis refuses XAUTOCLAIM's min-idle-time from about "
-                                    "9.2e15 s).")
+    tensorTtlSeconds: float = Field(
+        3600.0, le=MAX_QUEUE_S, json_schema_extra={"minimum": MIN_TENSOR_TTL_S}, description="TTL of trajectory "
+        "tensors in Redis, seconds: at least 60 (a sample's tensors must outlive its rollout, scoring, training step "
+        "and validation round; the consumers delete them when done) and at most 365 days (Redis refuses an expiry "
+        "from about 9.2e15 s).")
+    claimIdleSeconds: float = Field(
+        60.0, le=MAX_QUEUE_S, json_schema_extra={"minimum": MIN_CLAIM_IDLE_S}, description="Reclaim a dead "
+        "consumer's entries after, seconds: at least 1 (Redis takes whole ms; an entry still in progress is "
+        "reclaimed and done twice) and at most 365 days (Redis refuses XAUTOCLAIM's min-idle-time from about "
+        "9.2e15 s).")
 
     @model_validator(mode="after")
     def _check(self) -> TransferQueueSpec:
@@ -526,6 +544,16 @@ class TransferQueueSpec(SpecModel):
             check_object_name("passwordSecret", self.passwordSecret, "Secret")
         if self.redisUrl:  # "" is no URL, as unset (the launcher and the operator read it so)
             check_redis_url(self.redisUrl)
+        for field, floor, why in (
+                ("tensorTtlSeconds", MIN_TENSOR_TTL_S, "a sample's tensors must outlive its rollout, scoring, training "
+                 "step and validation round (the CPU demo's round takes ~25 s; used tensors are deleted, a long TTL only "
+                 "keeps a crash's leftovers longer); the default is 3600"),
+                ("claimIdleSeconds", MIN_CLAIM_IDLE_S, "Redis takes it in whole ms (0.0005 was 0), and an entry a live "
+                 "consumer holds longer (an engine step, a reward batch) is taken by another consumer's next read and "
+                 "done twice; the default is 60")):
+            value = getattr(self, field)
+            if value < floor:
+                raise FieldProblem(field, value, f"must be >= {floor:g} seconds: {why}")
         if self.tensorTtlSeconds <= self.claimIdleSeconds:
             raise FieldProblem("tensorTtlSeconds", self.tensorTtlSeconds, f"must be > claimIdleSeconds "
                                f"({self.claimIdleSeconds:g}): a sample reclaimed from a dead consumer after "

@@ -24,7 +24,7 @@ import yaml
 from omnirl.api import disk
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
-from omnirl.api.runtime import STORAGE_ERROR_EXIT, VARIABLES, RoleEnv
+from omnirl.api.runtime import STORAGE_ERROR_EXIT, VARIABLES, RoleEnv, port_number
 from omnirl.api.spec import RLJob
 from omnirl.launch import preflight
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
@@ -45,15 +45,13 @@ def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, ou
     `omnirl run`'s own environment sets it (the only role-process variable a user sets locally).
 
     Raises:
-        ValueError: OMNIRL_METRICS_PORT is not an integer.
+        ConfigError: OMNIRL_METRICS_PORT is no port number (`shell_metrics_port`).
     """
-    port = os.environ.get(VARIABLES["metrics_port"], "0") if place.role == "controller" else "0"
-    if not port.isdigit():
-        raise ValueError(f"{VARIABLES['metrics_port']}={port!r}: must be a port number (the controller's /metrics)")
+    port = shell_metrics_port() if place.role == "controller" else 0
     world = job.spec.roles.actor.replicas
     ranks = {"rank": place.index, "world_size": world, "master_port": dist_port} if place.role == "actor" and world > 1 else {}
     contract = RoleEnv(job_name=job.metadata.name, redis_url=redis_url, weight_sync_host="127.0.0.1",
-                       weight_sync_port=sync_port, worker_id=place.name, out_dir=str(out), metrics_port=int(port),
+                       weight_sync_port=sync_port, worker_id=place.name, out_dir=str(out), metrics_port=port,
                        device=place.device,
                        threads=place.threads, weight_sync_backend=sync_backend, resume=resume, steps=steps, **ranks)
     return {
@@ -61,6 +59,16 @@ def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, ou
         # c10d logs a C++ stack trace as a *warning* when a peer's store closes at shutdown
         "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR"),
     }
+
+
+def shell_metrics_port() -> int:
+    """The controller's /metrics port from `omnirl run`'s own OMNIRL_METRICS_PORT (0 = none).
+
+    Raises:
+        ConfigError: no port number (`omnirl.api.runtime.port_number`); `_run` asks first, so a bad
+            value is refused before anything starts.
+    """
+    return port_number("metrics_port", os.environ.get(VARIABLES["metrics_port"], ""))
 
 
 def main(args: argparse.Namespace) -> int:
@@ -91,6 +99,7 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace, started: dict[str, Path]) -> int:
+    shell_metrics_port()  # refused here, not after Redis and the placement table (the controller's env reads it)
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps {args.steps}: must be >= 1 (the total number of training steps)")
     if args.ray_address and not args.no_ray:

@@ -14,6 +14,8 @@ from concurrent import futures
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from omnirl.api.runtime import port_errors
+
 
 class _LiveHealthServicer(health.HealthServicer):
     """HealthServicer whose SERVING answers are vetoed by a liveness check."""
@@ -34,13 +36,24 @@ class HealthServer:
 
     Args:
         port: TCP port (0 picks a free one; see `.port`).
+    Raises:
+        ConfigError: `port` cannot be served (another process listens on it, e.g. a second role with
+            the same OMNIRL_HEALTH_PORT on one host): the role exits 4 with one line naming the
+            variable, not a traceback and restarts.
     """
 
     def __init__(self, port: int) -> None:
         self.servicer = _LiveHealthServicer()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        # grpc sets SO_REUSEPORT by default: a second role's server on the same port bound without an
+        # error and the kubelet's probes went to either process
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2), options=[("grpc.so_reuseport", 0)])
         health_pb2_grpc.add_HealthServicer_to_server(self.servicer, self.server)
-        self.port = self.server.add_insecure_port(f"[::]:{port}")
+        with port_errors("health_port", port, serves="gRPC health probes"):
+            try:
+                self.port = self.server.add_insecure_port(f"[::]:{port}")
+            except RuntimeError as err:  # grpc's text sends the reader to GRPC_VERBOSITY; its log line has the errno
+                raise OSError(f"cannot listen on [::]:{port} (taken by another process, or below 1024 without the "
+                              "privilege)") from err
         self.server.start()
         self.set_serving(False)
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 
-from omnirl.api.errors import config_errors
+from omnirl.api.runtime import port_errors
 from omnirl.telemetry import names as N
 
 MISMATCH_PREFIX = "logprob_mismatch_step"
@@ -44,8 +44,7 @@ class Meters:
         if port:
             from prometheus_client import start_http_server
 
-            with config_errors(f"OMNIRL_METRICS_PORT {port}", OSError, OverflowError,
-                               fix="set OMNIRL_METRICS_PORT to a free port (or unset it: no /metrics)"):
+            with port_errors("metrics_port", port, serves="/metrics"):
                 start_http_server(port)
 
     def record_step(self, s: dict, reward_latencies: Sequence[float] = ()) -> None:
