@@ -101,3 +101,49 @@ def supervise_scripts(job: RLJob, rollout_script: str, redis_url: str, out: Path
         supervisor.close()
         queue.close()
     return code, supervisor
+
+
+class Crash(BaseException):
+    """The process dies here (a BaseException: no `except Exception` of the code under test runs)."""
+
+
+FS_MUTATIONS = ("rename", "replace", "symlink", "unlink", "rmdir")
+"""The `os` calls that change a directory's entries (pathlib and shutil.rmtree go through them)."""
+
+
+def crash_at(monkeypatch, n: int) -> None:
+    """Raise `Crash` instead of the `n`-th (1-based) directory change from now on: a kill between two
+    steps of a write, as the files are left (a kill runs no cleanup; neither does a BaseException
+    past handlers that only catch Exception or OSError)."""
+    calls = [0]
+
+    def armed(fn):
+        def call(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] == n:
+                raise Crash(f"killed before {fn.__name__}{args}")
+            return fn(*args, **kwargs)
+        return call
+
+    for name in FS_MUTATIONS:
+        monkeypatch.setattr(os, name, armed(getattr(os, name)))
+
+
+def crash_everywhere(monkeypatch, prepare: Callable[[int], object], write: Callable[[object], object],
+                     check: Callable[[object, bool], None], limit: int = 200) -> int:
+    """Run `write(prepare(n))` with a crash before its n-th directory change, for n = 1, 2, … until
+    one run finishes, calling `check(prepared, finished)` after each; returns how many crash points
+    there were."""
+    for n in range(1, limit):
+        prepared = prepare(n)
+        with monkeypatch.context() as m:
+            crash_at(m, n)
+            try:
+                write(prepared)
+                finished = True
+            except Crash:
+                finished = False
+        check(prepared, finished)
+        if finished:
+            return n - 1
+    raise AssertionError(f"the write did not finish within {limit} directory changes")

@@ -15,9 +15,10 @@ import pytest
 import redis
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+from tests.helpers import crash_everywhere
 from tests.test_controller_units import request, score
 
-from omnirl.actor.checkpoint import COMPLETE, has_checkpoint, resolve_checkpoint, save_checkpoint
+from omnirl.actor.checkpoint import COMPLETE, has_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
 from omnirl.api.runtime import RoleEnv
 from omnirl.controller.groups import StepBook, attempt_of, refill_request
 from omnirl.launch.roles import should_resume
@@ -87,6 +88,91 @@ def test_checkpoints_and_exports_share_one_latest_link_and_pruning(tmp_path):
     make_latest(root, root / "step-000003", keep=0)
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001", "step-000003"]
     assert (root / "latest").resolve() == root / "step-000003" and not list(root.glob(".latest-*"))
+
+
+def _copy(root, step, value: float, keep: int = 2):
+    """A checkpoint of `step` whose tensors all hold `value` (tells two copies of one step apart)."""
+    t = {"w": torch.full((2,), value)}
+    return save_checkpoint(root, step, policy=t, trained=t, old=None, optimizer=({}, {"param_groups": [],
+                           "scalars": {}}), state={"step": step}, keep=keep)
+
+
+def _latest(root) -> tuple[int, float]:
+    ck = load_checkpoint(root)  # what a resume loads: `latest`
+    return ck["state"]["step"], float(ck["policy"]["w"][0])
+
+
+@pytest.mark.parametrize("before, loadable, left", [
+    ("step 1", {(1, 1.0), (2, 3.0)}, ["latest", "step-000001", "step-000002"]),
+    # `latest` names step 2 (e.g. a restarted controller exporting its last step again): it was deleted first
+    ("step 2 named by latest", {(2, 2.0), (2, 3.0)}, ["latest", "step-000001", "step-000002.1"]),
+    # step 2 renamed into place by a save killed before its `latest`: the replay saves step 2 again
+    ("step 2 not named by latest", {(1, 1.0), (2, 3.0)}, ["latest", "step-000001", "step-000002"]),
+])
+def test_a_save_killed_at_any_point_leaves_latest_loadable(tmp_path, monkeypatch, before, loadable, left):
+    """A save of step 2 (tensors 3.0) killed before each of its directory changes in turn: `latest`
+    loads a complete checkpoint every time, the old copy or the new one, and the save done again
+    (the actor's replay) publishes the new one. Before, the same step saved again while `latest`
+    named it was deleted before the new copy was renamed into place: a kill in between left
+    `latest` naming a half-deleted directory (FileNotFoundError: …/step-000002/trained.safetensors)."""
+    def prepare(n):
+        root = tmp_path / str(n) / "checkpoints"
+        _copy(root, 1, 1.0)
+        if before != "step 1":
+            _copy(root, 2, 2.0)
+        if before == "step 2 not named by latest":
+            make_latest(root, root / "step-000001", keep=0)
+        return root
+
+    def check(root, finished):
+        assert _latest(root) in loadable
+        if _latest(root) != (2, 3.0):
+            _copy(root, 2, 3.0)  # done again after the kill (the actor's replay, the controller's export)
+        assert _latest(root) == (2, 3.0)
+        names = sorted(p.name for p in root.iterdir())
+        # a kill after `latest` names the new copy may leave the old one (pruned later) and `.tmp-*` (the next save's)
+        assert all(n.startswith(".tmp-step-000002") for n in names if n.startswith(".")), names
+        if finished:
+            assert names == left
+
+    points = crash_everywhere(monkeypatch, prepare, lambda root: _copy(root, 2, 3.0), check)
+    assert points >= 3  # rename into place, the `latest` link's two, at least
+
+
+def test_a_save_is_on_disk_before_latest_names_it_and_before_an_older_one_is_pruned(tmp_path, monkeypatch):
+    """The order of a save's fsyncs and directory changes (a power cut keeps only what was fsynced):
+    every file and directory of the new checkpoint before its rename into place, the checkpoints
+    directory after that rename and again after `latest` is switched, before the pruned step goes.
+    Before, the directory entries (the rename, the link) were never fsynced and the checkpoint's
+    own directory neither."""
+    root = (tmp_path / "checkpoints").resolve()
+    _copy(root, 1, 1.0)
+    _copy(root, 2, 2.0)
+    seen = []
+    fsync, rename, replace, rmdir = os.fsync, os.rename, os.replace, os.rmdir
+
+    def record(kind, fn, *paths):
+        seen.append((kind, *(str(p) for p in paths)))
+        return fn(*paths)
+
+    monkeypatch.setattr(os, "fsync", lambda fd: seen.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"))) or fsync(fd))
+    monkeypatch.setattr(os, "rename", lambda a, b: record("rename", rename, a, b))
+    monkeypatch.setattr(os, "replace", lambda a, b: record("replace", replace, a, b))
+    monkeypatch.setattr(os, "rmdir", lambda p, **kw: seen.append(("rmdir", str(p))) or rmdir(p, **kw))
+    final = _copy(root, 3, 3.0, keep=2)
+    monkeypatch.undo()
+
+    assert final == root / "step-000003"
+    publish = next(i for i, e in enumerate(seen) if e[0] == "rename" and e[2] == str(final))
+    tmp = seen[publish][1]
+    synced_before = {e[1] for e in seen[:publish] if e[0] == "fsync"}
+    written = {os.path.join(tmp, p.name) for p in final.iterdir()}
+    assert written | {tmp} <= synced_before, sorted(written | {tmp} - synced_before)
+    switch = next(i for i, e in enumerate(seen) if e[0] == "replace" and e[2] == str(root / "latest"))
+    assert ("fsync", str(root)) in seen[publish:switch]
+    pruned = seen.index(("rmdir", str(root / "step-000001")))
+    assert switch < pruned and ("fsync", str(root)) in seen[switch:pruned]
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000002", "step-000003"]
 
 
 def test_resume_mode_accepts_0_1_auto_only():

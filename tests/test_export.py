@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from tests.helpers import crash_everywhere
 
 from omnirl.actor.checkpoint import save_checkpoint
 from omnirl.api.loader import dump_rljob, job_from_dict
@@ -163,6 +165,31 @@ def run_dir(tmp_path) -> Path:
     checkpoint(run, policy, lora=False)
     (run / "job.yaml").write_text(yaml.safe_dump(dump_rljob(rljob())))
     return run
+
+
+def test_the_last_step_exported_again_and_killed_at_any_point_leaves_exports_latest_loadable(run_dir, tmp_path,
+                                                                                            monkeypatch):
+    """A controller restarted after its final export exports the last step again while `exports/latest`
+    names it (`Controller._export_latest`); that export is killed before each of its directory changes
+    in turn: `exports/latest` loads every time, and the finished one is `step-000003.1`. Before, the old
+    export was deleted first: a kill during the new one left `latest` naming nothing (FileNotFoundError)."""
+    job = rljob()
+
+    def prepare(n):
+        run = tmp_path / str(n)
+        shutil.copytree(run_dir, run, symlinks=True)
+        export_run_checkpoint(job, run, run / "checkpoints" / "step-000003", keep=1)
+        return run
+
+    def check(run, finished):
+        latest = run / "exports" / "latest"
+        assert json.loads((latest / "export.json").read_text())["step"] == 3
+        load_digits_adapter(latest / "")  # as model.path: builtin layout
+        if finished:
+            assert sorted(p.name for p in latest.parent.iterdir()) == ["latest", "step-000003.1"]
+
+    crash_everywhere(monkeypatch, prepare,
+                     lambda run: export_run_checkpoint(job, run, run / "checkpoints" / "step-000003", keep=1), check)
 
 
 def _export(capsys, *args: str) -> tuple[int, list[str]]:

@@ -205,6 +205,44 @@ def test_delete_runs_finalizer_that_clears_only_this_jobs_redis_keys(bg, redis_u
         client.close()
 
 
+def test_delete_with_an_unparseable_redis_url_is_released_at_once_with_one_warning(bg):
+    """A job whose redisUrl cannot be parsed (it is Failed with InvalidSpec) is deleted without the
+    finalizer's retries (redis-py's ValueError was retried 6 times, 10 s apart: released after 50 s,
+    six Error events that named no field); the cleanup it cannot do is one Warning naming the field."""
+    name, ns = "bad-url", "bad-url-ns"
+
+    async def scenario(cluster: EmulatedCluster) -> None:
+        body = rljob_body(manifest(name, transferQueue={"redisUrl": "redis://redis:notaport/0"}))
+        body["metadata"]["namespace"] = ns
+        await cluster.create(body)
+
+        async def failed():
+            job = await cluster.rljob(ns, name)
+            return job if (job.get("status") or {}).get("phase") == "Failed" else None
+
+        await cluster.wait_for(failed, what="phase Failed")
+        await cluster.delete(*RLJOB, ns, name)
+
+        async def gone():
+            return await cluster.rljob(ns, name) is None
+
+        await cluster.wait_for(gone, what="RLJob released by the finalizer")
+
+        async def cleanup_events():  # kopf posts events from a queue of its own: maybe after the release
+            return [(e.raw["type"], e.raw["reason"], e.raw["message"]) for key, e in cluster.emulator.objects.items()
+                    if key[0].plural == "events" and key[1] == ns and not e.deleted and e.raw["reason"] != "Failed"]
+
+        cleanup = await cluster.wait_for(cleanup_events, what="the cleanup's event")
+        assert len(cleanup) == 1, cleanup
+        kind, reason, message = cleanup[0]
+        assert (kind, reason) == ("Warning", "RedisCleanupSkipped")
+        assert message.startswith('spec.transferQueue.redisUrl: "redis://redis:notaport/0" is invalid: is not a '
+                                  "valid URL (Port could not be cast to integer value as 'notaport')"), message
+        assert f"omnirl:{name}:* were not deleted" in message
+
+    bg.run(scenario)
+
+
 def test_invalid_spec_fails_with_condition_naming_the_field(bg):
     name = "invalid"
 
@@ -264,8 +302,7 @@ def test_controller_failure_follows_failure_policy(bg, action, phase):
 
 
 def test_phase_transitions_post_events(bg):
-    """kmock keys events by name and kopf posts them with generateName, so the emulator keeps only
-    the first event of a namespace: this test uses its own namespace and checks that one."""
+    """The first event of the job's own namespace is the transition to Failed."""
     name = "events"
 
     async def scenario(cluster: EmulatedCluster) -> None:

@@ -36,7 +36,9 @@ from typing import Any
 import kopf
 import redis
 
+from omnirl.api.errors import FieldProblem, format_value
 from omnirl.api.spec import API_GROUP, API_VERSION
+from omnirl.api.spec_queue import check_redis_url
 from omnirl.api.status import TERMINAL_PHASES, utc_now
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.reconcile import reconcile
@@ -151,12 +153,23 @@ async def _redis_password(body: kopf.Body, memo: kopf.Memo) -> str | None:
 
 async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, retry: int, **_: Any) -> None:
     """Finalizer: delete the job's Redis keys. Retried while Redis is unreachable; after the last
-    retry kopf releases the object anyway (the error stays in the log and the events)."""
+    retry kopf releases the object anyway (the error stays in the log and the events). A URL that
+    cannot be parsed is no reason to retry (it cannot get better): one Warning event names the field
+    and the object is released at once."""
     name = body["metadata"]["name"]
     memo["locks"].pop(body["metadata"]["uid"], None)
-    url = ((body.get("spec") or {}).get("transferQueue") or {}).get("redisUrl") or memo["settings"].default_redis_url
+    own = ((body.get("spec") or {}).get("transferQueue") or {}).get("redisUrl")
+    url, field = (own, "spec.transferQueue.redisUrl") if own else (memo["settings"].default_redis_url,
+                                                                    "OMNIRL_DEFAULT_REDIS_URL")
     if not url:
         kopf.warn(body, reason="RedisCleanupSkipped", message="no Redis URL in the spec or the operator settings")
+        return
+    try:
+        check_redis_url(url)  # the spec's own check: redis-py's ValueError was retried 6 times, 50 s
+    except FieldProblem as err:
+        kopf.warn(body, reason="RedisCleanupSkipped",
+                  message=f"{field}: {format_value(err.value)} is invalid: {err.requirement}; the job's Redis keys "
+                  f"omnirl:{name}:* were not deleted (delete them by hand in that Redis)")
         return
     password = await _redis_password(body, memo)
     try:

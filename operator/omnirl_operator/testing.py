@@ -8,9 +8,10 @@ the kubelet by patching children's ``status`` (:meth:`EmulatedCluster.set_status
 ``emulator.served`` counts the requests it served by ``(action, resource plural)`` (``("list",
 "deployments")``, ``("fetch", "persistentvolumeclaims")``): what a reconcile asks of the API server.
 
-Two emulator gaps are filled here: it does not bump ``resourceVersion`` or ``generation`` on
-writes (a thin subclass does, as kopf relies on it), and it does not assign ``uid``, so
-:func:`rljob_body` fills it in.
+Three emulator gaps are filled here: it does not bump ``resourceVersion`` or ``generation`` on
+writes (a thin subclass does, as kopf relies on it), it does not name an object created with
+``generateName`` (kopf's events; the subclass does, else a namespace kept only its first event),
+and it does not assign ``uid``, so :func:`rljob_body` fills it in.
 
 Example::
 
@@ -108,8 +109,11 @@ def _versioned_emulator_class(printer_columns: dict[str, list[dict[str, Any]]]) 
             rv = str(next(_versions))
             if request.resource is not None and request.action == enums.action.CREATE and isinstance(data, dict):
                 stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+                given = data.get("metadata", {})
+                if "name" not in given and given.get("generateName"):  # kopf's events: else one per namespace
+                    given = {**given, "name": given["generateName"] + uuid.uuid4().hex[:5]}
                 data = {**data, "metadata": {"generation": 1, "uid": str(uuid.uuid4()), "creationTimestamp": stamp,
-                                             **data.get("metadata", {}), "resourceVersion": rv}}
+                                             **given, "resourceVersion": rv}}
             elif request.resource is not None and request.action == enums.action.UPDATE and request.name:
                 key = (request.resource, request.namespace, request.name)
                 if isinstance(data, list):  # JSON patch (kopf's finalizers): append our op last

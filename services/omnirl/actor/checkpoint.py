@@ -14,8 +14,10 @@ newest):
 | `COMPLETE` | written last: a checkpoint without it is ignored |
 
 A checkpoint is complete or absent: it is written to a temporary directory, the `COMPLETE` marker
-last, renamed into place and only then is `latest` repointed, so a crash (SIGKILL mid-write, a
-full disk) never leaves a half-written `latest`.
+last, fsynced, renamed into place and only then is `latest` repointed (`policy_io.publish`), so a
+crash (SIGKILL mid-write, a full disk, a power cut) never leaves a half-written or missing `latest`.
+A step saved again (the replay after a kill between a save's rename and its `latest`) replaces its
+old copy only once the new one is in place.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from omnirl.api.disk import readable_as_umask_allows
 from omnirl.models.policy_io import (  # the one "where is the checkpoint"
     COMPLETE,
     LATEST,
-    make_latest,
+    publish,
     resolve_checkpoint,
 )
 
@@ -74,10 +76,11 @@ def optimizer_from_flat(optimizer: torch.optim.Optimizer, tensors: dict[str, tor
 def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tensor], trained: dict[str, torch.Tensor],
                     old: dict[str, torch.Tensor] | None, optimizer: tuple[dict[str, torch.Tensor], dict], state: dict,
                     keep: int = 2) -> Path:
-    """Write `root/step-{step:06d}/` atomically, repoint `root/latest`, prune to `keep` + latest.
+    """Write `root/step-{step:06d}/` atomically and durably, repoint `root/latest`, prune to `keep` + latest.
 
     `optimizer` is `optimizer_to_flat`'s (tensors, meta), full (unsharded) tensors.
-    Returns the checkpoint directory.
+    Returns the checkpoint directory (`step-{step:06d}.K` when `latest` named that step already:
+    see `policy_io.publish`).
 
     Raises:
         OSError (or safetensors' `SafetensorError` carrying the system's text, see
@@ -101,24 +104,14 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
         (tmp / "optimizer.json").write_text(json.dumps(opt_meta))
         (tmp / "state.json").write_text(json.dumps(state, indent=1))
         readable_as_umask_allows(tmp)  # safetensors writes 0600
-        _fsync_dir(tmp)
         (tmp / COMPLETE).write_text(str(step))
     except BaseException:
         # a full disk (or a kill signal turned exception): the half-written files would hold the space the
         # error asks the user to free until the next save; `latest` still names the last complete checkpoint
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    make_latest(root, final, keep)
-    return final
-
-
-def _fsync_dir(path: Path) -> None:
-    """Flush the files of `path` to disk before the marker says they are whole."""
-    for f in path.iterdir():
-        with f.open("rb") as fh:
-            os.fsync(fh.fileno())
+    # fsynced, renamed, `latest` switched; the step written again never loses its old copy first
+    return publish(root, tmp, final, keep)
 
 
 def has_checkpoint(root: str | Path) -> bool:

@@ -6,7 +6,8 @@ room. Used by `omnirl run`'s and `omnirl eval`'s check of `--out` before anythin
 (`check_writable`), by a role that dies on such a write (`launch/roles.py` exits
 `STORAGE_ERROR_EXIT` with one line), and by the local supervisor, which probes the run directory
 whenever a role or the embedded Redis dies, whatever the process said (a Redis that cannot append
-to its AOF just exits 1; a role then fails on Redis). Standard library only.
+to its AOF just exits 1; a role then fails on Redis). Also the fsyncs a checkpoint or an export
+needs before it counts as written (`sync_tree`, `sync_dir`). Standard library only.
 """
 
 from __future__ import annotations
@@ -165,3 +166,34 @@ def readable_as_umask_allows(path: Path) -> None:
         st = f.lstat()
         if f.is_file() and not f.is_symlink() and st.st_uid == os.geteuid() and st.st_mode & 0o777 != mode:
             os.chmod(f, mode)
+
+
+def sync_dir(path: Path) -> None:
+    """fsync the directory `path` itself: its entries (a rename into it, a new link, a removal) reach the
+    disk, not only the data of the files they name.
+
+    Raises:
+        OSError: it cannot be opened or flushed (EIO on a failing disk or a lost NFS server).
+    """
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(path: Path) -> None:
+    """fsync every file and directory under `path`, and `path` (deepest first), before a rename makes
+    it visible: a rename can reach the disk before the data it names (ext4 delayed allocation, NFS).
+
+    Raises:
+        OSError: as `sync_dir`, for a file or a directory.
+    """
+    for dirpath, _, filenames in os.walk(path, topdown=False):
+        for name in filenames:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        sync_dir(Path(dirpath))

@@ -39,7 +39,7 @@ from omnirl.api.loader import dump_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
 from omnirl.api.spec import RLJob
 from omnirl.models.diffusers._common import DIFFUSERS_WEIGHTS
-from omnirl.models.policy_io import check_owner, make_latest, resolve_checkpoint
+from omnirl.models.policy_io import check_owner, publish, resolve_checkpoint
 
 EXPORT_FORMAT = "omnirl-export-v1"
 EXPORTS = "exports"
@@ -91,15 +91,20 @@ def export_checkpoint(job: RLJob, checkpoint: str | Path, out: str | Path, *, ru
 def export_run_checkpoint(job: RLJob, run_dir: str | Path, checkpoint: str | Path, keep: int) -> Path:
     """Export `checkpoint` to `run_dir/exports/<its name>/`, repoint `exports/latest`, keep `keep` + latest.
 
+    Written aside and published by `policy_io.publish` (fsynced; an export of the same step already
+    there, e.g. the last step exported again by a restarted controller, stays until the new one is in
+    place: it was deleted first, and a crash during the export left `latest` naming nothing).
+
     Returns:
-        The export directory. Raises as `export_checkpoint`.
+        The export directory (`<name>.K` when `latest` named `<name>` already). Raises as
+        `export_checkpoint`.
     """
     root = Path(run_dir) / EXPORTS
-    final = root / resolve_checkpoint(checkpoint).name
-    shutil.rmtree(final, ignore_errors=True)  # a re-export of a resumed step
-    export_checkpoint(job, checkpoint, final, run_dir=run_dir)
-    make_latest(root, final, keep)
-    return final
+    name = resolve_checkpoint(checkpoint).name
+    for stale in root.glob(".tmp-*"):  # a killed export's leftovers (one writer: the controller)
+        shutil.rmtree(stale, ignore_errors=True)
+    staged = export_checkpoint(job, checkpoint, root / f".tmp-{name}-{os.getpid()}-staged", run_dir=run_dir)
+    return publish(root, staged, root / name, keep)
 
 
 def _write(job: RLJob, ckpt: Path, out: Path, run_dir: Path | None) -> None:

@@ -1,6 +1,6 @@
 """Load a run's rollout policy (`OUT/checkpoints/<step>/policy.safetensors`) into an adapter; where a
 checkpoint is (`resolve_checkpoint`), whose it is (`check_owner`) and the `step-*` + `latest` layout
-checkpoints and exports share (`make_latest`)."""
+checkpoints and exports share (`publish`, `make_latest`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
+from omnirl.api.disk import sync_dir, sync_tree
 from omnirl.api.spec import LoRASpec, RLJob, is_lora_tensor
 from omnirl.models.lora import inject_lora
 from omnirl.models.protocol import ModelAdapter
@@ -69,18 +70,59 @@ def check_owner(job: RLJob, ckpt: Path, state: dict, manifest: str) -> None:
                              f"{mine[key]!r}; pass the run's own manifest ({manifest}) or that job's checkpoint")
 
 
-def make_latest(root: Path, newest: Path, keep: int) -> None:
+def publish(root: Path, tmp: Path, final: Path, keep: int) -> Path:
+    """Make the written directory `tmp` (in `root`) the step directory `final` (`root/step-*`) and
+    `root/latest`, then prune as `make_latest`: how checkpoints and exports are published.
+
+    Crash-safe: `tmp` is fsynced (files and directories) before its rename and `root` after the rename
+    and after `latest` is switched, so after a kill or a power cut `latest` names a complete directory,
+    the old one or the new one. Copies of the same step already there are deleted only once `latest`
+    names the new one. When `latest` names `final` itself (a restarted controller exporting the last
+    step again), the new copy goes to `step-NNNNNN.K` (replacing it in place would leave `latest`
+    naming nothing between two renames); a copy `latest` does not name (a writer killed before it
+    switched `latest`) is renamed aside (`.tmp-*`) to make room.
+
+    Returns:
+        The published directory: `final`, or `step-NNNNNN.K`.
+    Raises:
+        OSError: a rename or an fsync failed; `latest` names a complete directory still.
+    """
+    sync_tree(tmp)
+    link = root / LATEST
+    named = os.readlink(link) if link.is_symlink() else None
+    base, k = final.name.split(".", 1)[0], 0
+    while final.name == named:
+        k += 1
+        final = root / f"{base}.{k}"
+    if final.exists():
+        aside = root / f".tmp-{final.name}-replaced-{os.getpid()}"
+        shutil.rmtree(aside, ignore_errors=True)
+        final.rename(aside)
+    tmp.rename(final)
+    sync_dir(root)
+    sync_dir(root.parent)  # `root` itself may be new (the first checkpoint of a run)
+    copies = [p for p in root.iterdir() if p != final and (p.name == base or p.name.startswith(f"{base}.")
+                                                          or p.name.startswith(f".tmp-{base}"))]
+    make_latest(root, final, keep, replaced=copies)
+    return final
+
+
+def make_latest(root: Path, newest: Path, keep: int, replaced: list[Path] | None = None) -> None:
     """Point `root/latest` at `newest` (a `root/step-*` directory) and keep the `keep` newest
     `step-*` directories besides it: the one layout of checkpoints and exports.
 
-    The link is swapped in by a rename, so `latest` is never missing nor half-written; `keep` < 1
-    deletes nothing.
+    The link is swapped in by a rename, so `latest` is never missing nor half-written, and `root` is
+    fsynced before anything is deleted: `replaced` (old copies of `newest`'s step, not counted
+    against `keep`), then the pruned ones; `keep` < 1 prunes nothing.
     """
     link, tmp_link = root / LATEST, root / f".{LATEST}-{os.getpid()}"
     if tmp_link.is_symlink() or tmp_link.exists():
         tmp_link.unlink()
     tmp_link.symlink_to(newest.name)
     tmp_link.replace(link)
+    sync_dir(root)  # a deleted directory must not be gone on disk while the old link still names it
+    for p in replaced or []:
+        shutil.rmtree(p, ignore_errors=True)
     steps = sorted(p for p in root.glob("step-*") if p.is_dir())
     for p in steps[:-keep] if keep > 0 else []:
         if p != newest:
