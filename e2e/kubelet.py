@@ -21,7 +21,8 @@ substituted, and only this (each is a single function below):
    pod has ``statefulset.kubernetes.io/pod-name`` and ``apps.kubernetes.io/pod-index``);
    ``secretKeyRef`` → the Secret's value, read from the emulator.
 4. **pod network** → every declared ``containerPort`` gets a free loopback port of its own (pods
-   share loopback here, not a network namespace); env variables named ``*_PORT`` whose value is a
+   share loopback here, not a network namespace; a StatefulSet pod's incarnations keep theirs, as its
+   stable DNS name would); env variables named ``*_PORT`` whose value is a
    declared containerPort, and the probes, use that port. ``$(VAR)`` in ``command``/``args`` is
    expanded from the container's env, as the kubelet does.
 5. **Service DNS and kube-proxy** (:meth:`Kubelet.route`) → ``<svc>[.<ns>[.svc[.cluster.local]]]:<port>``
@@ -187,6 +188,10 @@ class Kubelet:
         self.events: list[tuple[float, str]] = []  # (time.time(), "pod X started" …): the pods' timeline
         self._written: dict[str, dict[str, Any]] = {}  # workload uid → the status last written
         self._given: set[int] = set()  # every loopback port a pod was given (see _loopback_port)
+        # (StatefulSet pod name, containerPort) → its loopback port, kept by the pod's next incarnations: a
+        # role started while the old actor-0 still ran was routed to it, and the new actor-0 listened elsewhere
+        # (in a cluster the name `actor-0.<svc>` resolves to whichever pod holds it: CI hung on the stale port)
+        self._stable: dict[tuple[str, int], int] = {}
 
     # ------------------------------------------------------------------ the emulator
     def _list(self, api_version: str, kind: str) -> list[dict[str, Any]]:
@@ -241,7 +246,11 @@ class Kubelet:
         if obj["kind"] == "StatefulSet":
             labels["statefulset.kubernetes.io/pod-name"] = name
             labels["apps.kubernetes.io/pod-index"] = name.rpartition("-")[2]
-        ports = {p["containerPort"]: self._loopback_port() for p in template["spec"]["containers"][0].get("ports", [])}
+        declared = [p["containerPort"] for p in template["spec"]["containers"][0].get("ports", [])]
+        if obj["kind"] == "StatefulSet":  # a stable network identity: pod `actor-0` is reached at one address
+            ports = {c: self._stable.setdefault((name, c), self._loopback_port()) for c in declared}
+        else:
+            ports = {c: self._loopback_port() for c in declared}
         return Pod(name=name, owner=(obj["kind"], obj["metadata"]["name"]), uid=obj["metadata"]["uid"],
                    template_hash=digest, labels=labels, spec=template["spec"], root=self.root / name, ports=ports)
 
