@@ -195,6 +195,71 @@ def test_roles_started_again_find_no_stop_flag_and_no_stale_actor_ready(redis_cl
     assert [other.get_json(n) for n in ("stop", "actor_ready")] == [True, {"policy_version": 3}]
 
 
+def test_an_actor_whose_checkpoint_was_lost_stops_once_with_the_path_and_the_fix(tmp_path, redis_url):
+    """`omnirl role actor` (what `omnirl run --resume` and `restart-job` start) after the checkpoint
+    `latest` named was deleted, while the job's records say step 1 was trained: it raised a RuntimeError
+    from its replay (exit 1), and the launcher restarted the job until maxRestarts. Now exit 4 at
+    start-up with one line naming the link, what it names, the older step-000000 that cannot stand in
+    (the batches after it are gone) and the fix."""
+    import subprocess
+    import sys
+
+    job = f"lost-{os.getpid()}"
+    root = tmp_path / "checkpoints"
+    _save(root, 0)
+    (root / "latest").unlink()
+    (root / "latest").symlink_to("step-000001")  # the newest checkpoint, deleted
+    queue = TransferQueue(redis.Redis.from_url(redis_url), job)
+    try:
+        queue.set_json("actor_state", {"step": 1, "policy_version": 2, "data_position": [0, 0]})
+        env = {**os.environ, "OMNIRL_JOB_NAME": job, "OMNIRL_REDIS_URL": redis_url, "OMNIRL_OUT": str(tmp_path),
+               "OMNIRL_RESUME": "auto"}
+        proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "role", "actor", "--job", "examples/ocr-nft.yaml"],
+                              capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        queue.cleanup()
+        queue.close()
+    assert proc.returncode == 4, proc.stderr
+    assert proc.stderr.splitlines()[-1] == (
+        f"omnirl role actor: configuration error: checkpoint {root / 'latest'}: the job's actor had trained step 1, "
+        "but it names step-000001, which is gone, and no stored batch follows it (the older step-000000 cannot "
+        "stand in: the batches after it were deleted): the checkpoint directory was lost or belongs to another run; "
+        "restore it (on Kubernetes: spec.storage, a persistent volume), or start a fresh run in another --out "
+        "(restarting cannot help)"), proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_an_actor_starts_when_the_stored_batches_reach_the_trained_step_and_names_the_gap_otherwise(
+        tmp_path, redis_client):
+    """The actor's start-up check: checkpoint step 3 plus stored batches 4 and 5 rebuild step 5 (it
+    starts); with step 7 trained, batch 6 is missing (exit 4: ConfigError naming step 5)."""
+    import types
+
+    from omnirl.actor.service import ActorService
+    from omnirl.api.errors import ConfigError
+    from omnirl.transfer import kv_key
+
+    root = tmp_path / "checkpoints"
+    for step in (2, 3):
+        _save(root, step)
+    queue = TransferQueue(redis_client, f"reach-{os.getpid()}")
+    me = types.SimpleNamespace(queue=queue, trained_step=3, ckpt_root=root, _trainreqs=kv_key(queue.job, "trainreqs"))
+    try:
+        for step in (4, 5):
+            redis_client.hset(me._trainreqs, str(step), "{}")
+        queue.set_json("actor_state", {"step": 5})
+        ActorService._check_reach(me)  # replayable: no error
+        queue.set_json("actor_state", {"step": 7})
+        with pytest.raises(ConfigError) as err:
+            ActorService._check_reach(me)
+        assert str(err.value).startswith(
+            f"checkpoint {root / 'latest'}: the job's actor had trained step 7, but it holds step 3, and the stored "
+            "batches after it reach step 5 only (the older step-000002 cannot stand in: the batches after it were "
+            "deleted): the checkpoint directory was lost"), err.value
+    finally:
+        queue.cleanup()
+
+
 def test_take_over_and_recover_return_a_dead_consumers_entries(redis_client):
     q = TransferQueue(redis_client, "dur", claim_idle_s=3600)
     s = q.streams.scores

@@ -361,7 +361,13 @@ def test_an_interrupt_after_the_job_finished_says_nothing_is_left(tmp_path):
                                                 f"--out {tmp_path} --no-ray --resume")
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"event": "finish"}\n')
-    assert verdict(130, "", args, tmp_path) == "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
+    assert verdict(130, "", args, tmp_path, since=0) == (
+        "omnirl: interrupted (exit 130) after the job had finished: nothing to continue")
+    # the finish is the earlier run's (the 3 records were there before this launcher started the roles) or
+    # this launcher started none: the job it was asked for goes on with --resume
+    resume = f"omnirl: interrupted (exit 130); continue with: omnirl run job.yaml --out {tmp_path} --no-ray --resume"
+    assert verdict(130, "", args, tmp_path, since=3) == resume
+    assert verdict(130, "", args, tmp_path) == resume
     assert verdict(4, "role actor-0 failed: x", args, tmp_path) == "omnirl: the job did not finish (exit 4): role actor-0 failed: x"
 
 

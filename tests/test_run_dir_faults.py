@@ -171,16 +171,14 @@ def _cmdline(pid: int) -> bytes:
         return b""  # gone since it was listed
 
 
-def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothing(tmp_path):
-    """SIGINT while the launcher waits for its Redis to answer (a `redis-server` on PATH that never
-    does, and ignores SIGTERM): exit 130, the launcher's usual last line, no traceback, and the
-    server process is gone. It was a KeyboardInterrupt traceback, and the server outlived the
-    launcher (its parent-death signal is a SIGTERM)."""
+def _ctrl_c_while_redis_starts(tmp_path: Path, out: Path, *flags: str) -> tuple[int, str, str, bool]:
+    """`omnirl run examples/ocr-awm.yaml --out OUT FLAGS` with a `redis-server` on PATH that never answers
+    (and ignores SIGTERM), SIGINTed once the launcher started it. Returns (exit code, stdout, stderr,
+    whether the fake server outlived the launcher)."""
     fake = tmp_path / "bin" / "redis-server"
     fake.parent.mkdir()
     fake.write_text("#!/bin/sh\ntrap '' TERM\nexec sleep 300\n")
     fake.chmod(0o755)
-    out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{fake.parent}:{os.environ['PATH']}", "PYTHONFAULTHANDLER": "1"}
     # a test run started in the background by a shell without job control (CI's `cmd &`) inherits SIGINT
     # *ignored*, and so would the launcher (Python then installs no KeyboardInterrupt handler): a handled
@@ -188,11 +186,12 @@ def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothi
     ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--device",
-                                 "cpu", "--steps", "1", "--no-ray", "--out", str(out)], cwd=REPO, env=env,
+                                 "cpu", *flags, "--no-ray", "--out", str(out)], cwd=REPO, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     finally:
         signal.signal(signal.SIGINT, ignored)
     server = set()
+    left = False
     try:
         while not server and proc.poll() is None:  # the launcher started its (fake) Redis: it waits for PING
             server = {pid for pid in _children(proc.pid) if b"sleep" in _cmdline(pid)}  # exec'd: not in Popen
@@ -212,12 +211,38 @@ def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothi
                 os.kill(pid, signal.SIGKILL)
                 left = True
             except ProcessLookupError:
-                left = False
-    assert proc.returncode == 130, stdout + stderr
+                pass
+    return proc.returncode, stdout, stderr, left
+
+
+def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothing(tmp_path):
+    """SIGINT while the launcher waits for its Redis to answer (a `redis-server` on PATH that never
+    does, and ignores SIGTERM): exit 130, the launcher's usual last line, no traceback, and the
+    server process is gone. It was a KeyboardInterrupt traceback, and the server outlived the
+    launcher (its parent-death signal is a SIGTERM)."""
+    out = tmp_path / "out"
+    code, stdout, stderr, left = _ctrl_c_while_redis_starts(tmp_path, out, "--steps", "1")
+    assert code == 130, stdout + stderr
     assert "Traceback" not in stdout + stderr, stdout + stderr
     assert stdout.strip().splitlines()[-1] == (
         f"omnirl: interrupted (exit 130); continue with: omnirl run examples/ocr-awm.yaml --out {out} --steps 1 "
         "--no-ray --device cpu"), stdout
+    assert not left, "the redis-server the launcher started outlived it"
+
+
+def test_ctrl_c_of_a_resumed_finished_run_is_not_after_the_job_had_finished(tmp_path):
+    """`--resume --steps 2` of a run that finished after 1 step, interrupted before its controller
+    started (here: while Redis starts; the user's case was a restart-job loop): the job asked for has not
+    finished, so the last line is how to continue it. It said "after the job had finished: nothing to
+    continue", read from the earlier run's final record."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"event": "start"}\n{"event": "step", "step": 0}\n{"event": "finish"}\n')
+    code, stdout, stderr, left = _ctrl_c_while_redis_starts(tmp_path, out, "--steps", "2", "--resume")
+    assert code == 130, stdout + stderr
+    assert stdout.strip().splitlines()[-1] == (
+        f"omnirl: interrupted (exit 130); continue with: omnirl run examples/ocr-awm.yaml --out {out} --steps 2 "
+        "--no-ray --device cpu --resume"), stdout
     assert not left, "the redis-server the launcher started outlived it"
 
 

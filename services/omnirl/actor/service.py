@@ -44,7 +44,7 @@ from omnirl.actor.checkpoint import LATEST
 from omnirl.actor.ranks import Ranks
 from omnirl.actor.trainer import Trainer
 from omnirl.api.disk import append_lines
-from omnirl.api.errors import config_errors
+from omnirl.api.errors import ConfigError, config_errors
 from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
@@ -92,10 +92,11 @@ class ActorService:
         elif resume:
             raise FileNotFoundError(f"resume: no checkpoint at {self.ckpt_root / LATEST} "
                                     "(OMNIRL_RESUME=auto starts fresh when there is none)")
+        self._trainreqs, self._trained = kv_key(env.job_name, "trainreqs"), kv_key(env.job_name, "trained")
+        self._check_reach()
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "actor", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
-        self._trainreqs, self._trained = kv_key(env.job_name, "trainreqs"), kv_key(env.job_name, "trained")
         self._run_id = f"{env.worker_id}-{os.getpid()}-{int(time.time() * 1000)}"
         self._base_step = self.trained_step
         leader = self.ranks.leader
@@ -164,12 +165,47 @@ class ActorService:
             msgs = self.queue.consume(control, group, self.env.worker_id, count=1, block_ms=1000)
         return msgs
 
+    def _check_reach(self) -> None:
+        """At start-up: the checkpoint this rank starts from plus the stored batches after it must reach
+        the step the job's actor had trained (`kv:actor_state`), or `_replay` cannot rebuild it.
+
+        Raises:
+            ConfigError: naming the checkpoint path, what is missing and the fix. The state cannot
+                come back by restarting (it was a RuntimeError in `_replay`: the launcher restarted
+                the job until `maxRestarts`). An older `step-*` checkpoint cannot stand in: the
+                batches after it were deleted when the newer one was written (`_save`).
+        """
+        before = self.queue.get_json("actor_state")
+        if before is None or int(before["step"]) <= self.trained_step:
+            return
+        r, wanted = self.queue.redis, range(self.trained_step + 1, int(before["step"]) + 1)
+        reach = next((step - 1 for step in wanted if not r.hexists(self._trainreqs, str(step))), wanted[-1])
+        if reach == wanted[-1]:
+            return
+        latest = self.ckpt_root / LATEST
+        if self.trained_step >= 0:
+            start = f"it holds step {self.trained_step}"
+        elif latest.is_symlink() and not latest.exists():  # the step directory it named was deleted
+            start = f"it names {os.readlink(latest)}, which is gone"
+        elif latest.exists():
+            start = "it is not a complete checkpoint"
+        else:
+            start = "there is none"
+        batches = "no stored batch follows it" if reach == self.trained_step else \
+            f"the stored batches after it reach step {reach} only"
+        older = sorted(p.name for p in self.ckpt_root.glob("step-*") if p.resolve() != latest.resolve())
+        older = f" (the older {', '.join(older)} cannot stand in: the batches after it were deleted)" if older else ""
+        raise ConfigError(
+            f"checkpoint {latest}: the job's actor had trained step {before['step']}, but {start}, and {batches}"
+            f"{older}: the checkpoint directory was lost or belongs to another run; restore it (on Kubernetes: "
+            "spec.storage, a persistent volume), or start a fresh run in another --out (restarting cannot help)")
+
     def _replay(self) -> None:
         """Train the stored requests after the checkpoint this rank started from (see the module doc).
 
         Raises:
             RuntimeError: a predecessor trained further than this checkpoint plus the stored
-                batches reach (the checkpoint directory is not the one it wrote: a lost volume).
+                batches reach (`_check_reach` refuses that at start-up already: a guard).
         """
         while True:
             raw = self.queue.redis.hget(self._trainreqs, str(self.trained_step + 1))

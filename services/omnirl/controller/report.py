@@ -49,14 +49,16 @@ def trained_steps(run_dir: Path) -> set[int]:
     return _steps_with(run_dir, "step")
 
 
-def finished(run_dir: Path) -> bool:
+def finished(run_dir: Path, since: int = 0) -> bool:
     """True when the last controller to start in `run_dir` also finished (its final validation and
     export written): a run stopped after training its last step, before that, is not finished.
+    `since`: only the records after the first `since` count (a launcher asks about the controllers it
+    started: a resumed run whose earlier part finished has not finished while no new record says so).
 
     Raises:
         FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
     """
-    ends = [rec["event"] for rec in read_metrics(run_dir) if rec.get("event") in ("start", "finish")]
+    ends = [rec["event"] for rec in read_metrics(run_dir)[since:] if rec.get("event") in ("start", "finish")]
     return bool(ends) and ends[-1] == "finish"
 
 

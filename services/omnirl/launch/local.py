@@ -79,12 +79,14 @@ def main(args: argparse.Namespace) -> int:
     launcher write to the run directory that fails for want of space (exit `STORAGE_ERROR_EXIT`).
     """
     old = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM stops the job like Ctrl-C, from the start
-    started: dict[str, Path] = {}  # "out": the run directory, once known
+    # "out": the run directory, once known; "records": how many records its metrics.jsonl held before the roles
+    # started (`verdict`: only the controllers of this launcher can have finished the job it was asked for)
+    started: dict[str, Path | int] = {}
     try:
         return _run(args, started)
     except KeyboardInterrupt:  # before the roles' supervision began: nothing is left running (see _run)
-        out = started.get("out") or Path(args.out or "runs/<job>")
-        print(verdict(130, "", args, out), flush=True)
+        out = Path(started.get("out") or args.out or "runs/<job>")
+        print(verdict(130, "", args, out, since=started.get("records")), flush=True)
         return 130
     except OSError as raised:  # the launcher's own write (job.yaml, a log) after the pre-flight probe passed
         err = disk.storage_error(raised)
@@ -92,13 +94,13 @@ def main(args: argparse.Namespace) -> int:
             raise
         where = err.filename or started["out"]
         print(verdict(STORAGE_ERROR_EXIT, f"{where} cannot be written ({disk.describe(err)}); {disk.fix(err)}",
-                      args, started["out"]), flush=True)
+                      args, Path(started["out"])), flush=True)
         return STORAGE_ERROR_EXIT
     finally:
         signal.signal(signal.SIGTERM, old)
 
 
-def _run(args: argparse.Namespace, started: dict[str, Path]) -> int:
+def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     shell_metrics_port()  # refused here, not after Redis and the placement table (the controller's env reads it)
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps {args.steps}: must be >= 1 (the total number of training steps)")
@@ -133,6 +135,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path]) -> int:
                   f"(N > {trained}) to train further", flush=True)
             lock.close()
             return 0
+    started["records"] = len(read_metrics(out)) if args.resume else 0  # a fresh run holds none
     if job.spec.transferQueue.redisUrl:
         preflight.check_redis(job.spec.transferQueue.redisUrl)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
@@ -200,7 +203,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path]) -> int:
             sys.modules["ray"].shutdown()
     _summary(out)
     if code:  # the table above reads like a finished run: the last line says it is not
-        print(verdict(code, failure, args, out), flush=True)
+        print(verdict(code, failure, args, out, since=int(started["records"])), flush=True)
     lock.close()
     return code
 
@@ -242,13 +245,17 @@ def resume_command(args: argparse.Namespace, out: Path) -> str:
     return " ".join(["omnirl run", args.job, "--out", str(out), *filter(None, flags)])
 
 
-def verdict(code: int, failure: str, args: argparse.Namespace, out: Path) -> str:
+def verdict(code: int, failure: str, args: argparse.Namespace, out: Path, since: int | None = None) -> str:
     """The launcher's last line when it exits non-zero: why, and (after an interrupt, or a run
     directory that could not be written: `STORAGE_ERROR_EXIT`, whose `failure` ends with the fix)
-    the command that continues the run, or that nothing is left when the controller had finished
-    before the Ctrl-C (a `--resume` would say "nothing to do")."""
+    the command that continues the run, or that nothing is left when a controller this launcher
+    started had finished before the Ctrl-C (a `--resume` would say "nothing to do").
+
+    `since`: how many records `out/metrics.jsonl` held before this launcher started the roles (None:
+    it started none). A finished earlier part of a resumed run is not this run finishing: a Ctrl-C
+    while its roles were restarted said "after the job had finished: nothing to continue"."""
     if code == 130:
-        if (out / METRICS_FILE).exists() and preflight.finished(out):
+        if since is not None and (out / METRICS_FILE).exists() and preflight.finished(out, since):
             return "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
         return f"omnirl: interrupted (exit 130); continue with: {resume_command(args, out)}"
     if code == STORAGE_ERROR_EXIT:  # the failure ends with the fix ("free space there"): the resume follows it

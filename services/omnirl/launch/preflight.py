@@ -154,13 +154,14 @@ def trained_steps(out: Path) -> int:
     return max(report.trained_steps(out), default=-1) + 1
 
 
-def finished(out: Path) -> bool:
-    """Whether the run in `out` ended with its controller's final record (`controller/report.py::finished`).
+def finished(out: Path, since: int = 0) -> bool:
+    """Whether the run in `out` ended with its controller's final record (`controller/report.py::finished`),
+    among the records after the first `since`.
 
     Raises:
         FileNotFoundError: `out` holds no `metrics.jsonl`.
     """
-    return report.finished(out)
+    return report.finished(out, since)
 
 
 def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> None:
