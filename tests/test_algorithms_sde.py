@@ -207,3 +207,26 @@ def test_cps_is_exact_for_a_point_mass_data_distribution():
         x = sde_step(x, v, grid[i].expand(n), grid[i + 1].expand(n), 0.8, "cps", generator=gen).x_next
     z = (x - 0.5 * m) / 0.5
     assert abs(float(z.mean())) < 4 / math.sqrt(n) and abs(float(z.std()) - 1) < 4 / math.sqrt(2 * n)
+
+
+def test_the_step_checks_on_an_accelerator_are_queued_and_never_read_the_device():
+    """On a non-CPU device the σ check is queued (`torch._assert_async`): nothing reads values back.
+
+    The meta device has no values at all, so any read (the failing indices, `.tolist()`) raises
+    here; on a GPU such a read was a host sync per check, several per denoising step."""
+    x = torch.empty(4, 16, 8, 8, device="meta")
+    sigma, sigma_next = torch.empty(4, device="meta"), torch.empty(4, device="meta")
+    assert ode_step(x, x, sigma, sigma_next).shape == (4, 16, 8, 8)
+    out = sde_step(x, x, sigma, sigma_next, 0.8, "cps", noise=torch.empty(4, 16, 8, 8, device="meta"))
+    assert out.log_prob.shape == (4,) and out.log_prob.device.type == "meta"
+
+
+def test_require_names_the_check_and_reads_details_only_on_the_cpu():
+    from omnirl.algorithms._tensors import require
+
+    def detail():
+        raise AssertionError("detail read on an accelerator")
+
+    require(torch.zeros(3, dtype=torch.bool, device="meta"), "x must be positive", detail)  # queued, not read
+    with pytest.raises(ValueError, match=r"^x must be positive; at indices \[1\]$"):
+        require(torch.tensor([True, False]), "x must be positive", lambda: "at indices [1]")

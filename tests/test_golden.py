@@ -1,4 +1,4 @@
-"""Golden curves: a short run of each demo algorithm reproduces its committed per-step metrics exactly.
+"""Golden curves: a short run of each demo algorithm reproduces its committed per-step metrics (to float32 rounding).
 
 The job is deterministic on CPU (seeded prompts, noise, σ draws, shuffles), so any change that moves
 a number — a loss, a reward, a validation score — fails here until the standard under
@@ -8,12 +8,14 @@ a number — a loss, a reward, a validation score — fails here until the stand
 
 and the commit says why the numbers moved. Wall-clock fields and paths are left out. The standard
 was made on the 2-core CPU machine `make test` runs on (torch's CPU kernels may sum in another
-order with another thread count).
+order with another thread count or processor, so floats are compared
+within float32 rounding, see `same`).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -68,7 +70,24 @@ def test_a_fresh_run_reproduces_the_golden_curve(example, tmp_path, redis_url):
         standard.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in curve))
     expected = [json.loads(line) for line in standard.read_text().splitlines()]
     for got, want in zip(curve, expected, strict=True):
-        assert got == want, (f"{example}: the metrics moved at {want['event']} {want.get('step')}; if on purpose, "
-                             "regenerate with GOLDEN_UPDATE=1 and say why in the commit\n"
-                             + "\n".join(f"  {k}: {want.get(k)} -> {got.get(k)}" for k in sorted(set(got) | set(want))
-                                         if got.get(k) != want.get(k)))
+        moved = [k for k in sorted(set(got) | set(want)) if not same(got.get(k), want.get(k))]
+        assert not moved, (f"{example}: the metrics moved at {want['event']} {want.get('step')}; if on purpose, "
+                           "regenerate with GOLDEN_UPDATE=1 and say why in the commit\n"
+                           + "\n".join(f"  {k}: {want.get(k)} -> {got.get(k)}" for k in moved))
+
+
+def same(got, want) -> bool:
+    """Equal, except that floats may differ by float32 rounding (1e-6 relative or 2.5e-7 absolute:
+    two float32 ulps at 1.0).
+
+    The same torch wheel dispatches other CPU kernels on other processors (AVX-512/AMX against
+    AVX2), which sum in another order: on a 2-core AVX-512 machine the rollouts and rewards were
+    identical, and the actor's losses moved by up to 1.5e-8 and a rollout-vs-actor log-prob by one
+    ulp (0 → 1.2e-7). A change to the job itself moves the numbers by far more."""
+    if isinstance(got, float) and isinstance(want, float):
+        return math.isclose(got, want, rel_tol=1e-6, abs_tol=2.5e-7)
+    if isinstance(got, list) and isinstance(want, list):
+        return len(got) == len(want) and all(same(a, b) for a, b in zip(got, want, strict=True))
+    if isinstance(got, dict) and isinstance(want, dict):
+        return got.keys() == want.keys() and all(same(got[k], want[k]) for k in got)
+    return got == want

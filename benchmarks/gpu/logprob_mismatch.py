@@ -14,6 +14,7 @@ Layouts measured for each CFG scale:
 
 Usage (on the benchmark GPU; SD3.5-Medium-sized transformer, random weights, bf16):
     python -m benchmarks.gpu.logprob_mismatch                      # CFG 1 and 4.5, prints JSON
+    python -m benchmarks.gpu.logprob_mismatch --compile            # compiled blocks, as jobs run by default
     python -m benchmarks.gpu.logprob_mismatch --tiny --dtype float32   # CPU smoke test
 """
 
@@ -31,6 +32,7 @@ from benchmarks.gpu.model import SD35_MEDIUM, TINY, BenchSD3Adapter, build_trans
 from omnirl.actor.batch import TrainSample, micro_batches
 from omnirl.actor.flow_grpo_update import window_log_probs
 from omnirl.algorithms import per_step_abs_log_ratio
+from omnirl.models.compile import compile_adapter_module
 from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.types import SampleRequest
 
@@ -115,6 +117,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--fused-gelu", action="store_true",
                    help="rollout with its feed-forward GELUs fused (benchmarks/gpu/fused_gelu.py, an experiment the "
                         "product does not run), actor unfused")
+    p.add_argument("--compile", action="store_true",
+                   help="regionally compiled blocks for rollout and actor, as `spec.model.compile` (the default) runs them")
     p.add_argument("--out", default=None, help="also write the JSON here")
     args = p.parse_args(argv)
     bad = sorted(set(args.layouts.split(",")) - {"stepwise", "matched"})
@@ -132,10 +136,12 @@ def main(argv: list[str] | None = None) -> dict:
     config = TINY if args.tiny else SD35_MEDIUM
     adapter = BenchSD3Adapter(build_transformer(config, device, DTYPES[args.dtype]),
                               resolution=(args.resolution, args.resolution))
+    if args.compile:  # one compiled module for both sides: rollout and the actor's recompute run no-grad graphs
+        compile_adapter_module(adapter)
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "dtype": args.dtype, "model": "tiny" if args.tiny else "sd3.5-medium",
               "resolution": args.resolution, "requests": args.requests, "rollout_batch": args.rollout_batch,
-              "micro_batch": args.micro_batch, "sde_type": args.sde_type, "noise_level": args.noise_level,
+              "micro_batch": args.micro_batch, "compiled": args.compile, "sde_type": args.sde_type, "noise_level": args.noise_level,
               "runs": [measure(adapter, args, float(c), layout, device)
                        for c in args.cfg.split(",") for layout in args.layouts.split(",")]}
     text = json.dumps(report, indent=1)

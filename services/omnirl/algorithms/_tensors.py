@@ -53,8 +53,8 @@ def positive_std(std: Tensor | float, batch: int, like: Tensor, what: str) -> Te
         ValueError: some std ≤ 0 or NaN, naming the indices.
     """
     std = per_sample(std, batch, "std", like)
-    require(std > 0, lambda: f"std must be > 0 for {what}; std <= 0 (or NaN) at indices "
-            f"{(~(std > 0)).nonzero().flatten().tolist()}")
+    require(std > 0, f"std must be > 0 for {what}",
+            lambda: f"std <= 0 (or NaN) at indices {(~(std > 0)).nonzero().flatten().tolist()}")
     return std
 
 
@@ -63,19 +63,22 @@ def bcast(t: Tensor, like: Tensor) -> Tensor:
     return t.reshape(t.shape[0], *([1] * (like.dim() - 1)))
 
 
-def require(ok: Tensor, message: Callable[[], str]) -> None:
-    """Raise ValueError(message()) unless every element of the bool tensor `ok` is true.
+def require(ok: Tensor, what: str, detail: Callable[[], str] | None = None) -> None:
+    """Raise ValueError(`what`; `detail()`) unless every element of the bool tensor `ok` is true.
 
-    On the CPU the check is immediate. On an accelerator it is queued (`torch._assert_async`) so
-    the rollout and training loops never wait for the device just to validate: a violation
-    then fails the next synchronising call with a device-side assert naming the check.
+    On the CPU the check is immediate and `detail` (which may read values, e.g. the failing
+    indices) completes the message. On an accelerator it is queued (`torch._assert_async`) so
+    the rollout and training loops never wait for the device just to validate: a violation then
+    fails the next synchronising call with a device-side assert naming `what`. `detail` is never
+    called there — reading the failing values would itself wait for the device (it cost the
+    step-wise engine several host syncs per denoising step, ~5% of its throughput on an H200).
     """
     if ok.device.type == "cpu":
         if not bool(ok.all()):
-            raise ValueError(message())
+            raise ValueError(what + (f"; {detail()}" if detail is not None else ""))
         return
-    # torch refuses assert messages of 255 characters or more (a message listing a batch's values is longer)
-    torch._assert_async(ok.all(), ("omnirl.algorithms check failed: " + message().split(";")[0])[:250])
+    # torch refuses assert messages of 255 characters or more
+    torch._assert_async(ok.all(), ("omnirl.algorithms check failed: " + what)[:250])
 
 
 def same_shape(a: Tensor, b: Tensor, name_a: str, name_b: str) -> None:

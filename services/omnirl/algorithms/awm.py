@@ -121,8 +121,8 @@ def weighted_matching(error: Tensor, sigma: Tensor, weighting: str = "ghuber", p
     if error.dim() != 1:
         raise ValueError(f"error must have shape [B], got {tuple(error.shape)}")
     sigma = per_sample(sigma, error.shape[0], "sigma", error)
-    require((sigma >= 0) & (sigma <= 1), lambda: f"sigma must lie in [0, 1], got {sigma.tolist()}")
-    require(error.detach() >= 0, lambda: f"error must be >= 0 (a mean of squares), got {error.tolist()}")
+    require((sigma >= 0) & (sigma <= 1), "sigma must lie in [0, 1]", lambda: f"got {sigma.tolist()}")
+    require(error.detach() >= 0, "error must be >= 0 (a mean of squares)", lambda: f"got {error.tolist()}")
     if weighting == "uniform":
         return error
     if weighting == "t":

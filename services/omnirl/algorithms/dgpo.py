@@ -65,7 +65,7 @@ def group_preference(error: Tensor, error_ref: Tensor, advantages: Tensor, group
     if not beta > 0:
         raise ValueError(f"beta must be > 0, got {beta}")
     require(torch.isfinite(error).all() & torch.isfinite(error_ref).all() & torch.isfinite(adv).all(),
-            lambda: "non-finite matching error or advantage")
+            "non-finite matching error or advantage")
     _, index = torch.unique(groups, return_inverse=True)
     n = int(index.max()) + 1
     size = torch.bincount(index, minlength=n).to(error.dtype)  # G_g

@@ -64,12 +64,11 @@ def _check_step(x: Tensor, v: Tensor, sigma, sigma_next) -> tuple[Tensor, Tensor
     sigma_next = per_sample(sigma_next, x.shape[0], "sigma_next", x)
     ok = (sigma_next >= 0) & (sigma_next < sigma) & (sigma <= 1)
 
-    def message() -> str:
+    def where() -> str:
         bad = (~ok).nonzero().flatten().tolist()
-        return (f"need 0 <= sigma_next < sigma <= 1 per sample; violated at indices {bad} "
-                f"(sigma={sigma[bad].tolist()}, sigma_next={sigma_next[bad].tolist()})")
+        return f"violated at indices {bad} (sigma={sigma[bad].tolist()}, sigma_next={sigma_next[bad].tolist()})"
 
-    require(ok, message)
+    require(ok, "need 0 <= sigma_next < sigma <= 1 per sample", where)
     return x, v, sigma, sigma_next
 
 

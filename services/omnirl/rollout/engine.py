@@ -265,20 +265,46 @@ class RolloutEngine:
 
     def _finish_group(self, finished: list[_InFlight]) -> list[SampleResult]:
         x0 = torch.stack([s.x for s in finished])
-        images = self.adapter.decode(x0).cpu()
-        x0 = x0.cpu()
+        images = self.adapter.decode(x0)
+        latents = [torch.stack(s.latents) if s.latents else None for s in finished]
+        log_probs = [torch.stack(s.log_probs) if s.log_probs else None for s in finished]
+        sigmas = [s.sigmas[s.request.window[0] : s.request.window[-1] + 2] if s.request.window else None
+                  for s in finished]
+        host = _to_host([images, x0, *latents, *log_probs, *sigmas])
+        images, x0 = host[0], host[1]
+        n = len(finished)
+        latents, log_probs, sigmas = host[2 : 2 + n], host[2 + n : 2 + 2 * n], host[2 + 2 * n :]
         results = []
         for i, s in enumerate(finished):
-            w = s.request.window
             shape = tuple(x0[i].shape)
-            latents = torch.stack(s.latents).cpu() if s.latents else torch.zeros((0, *shape))
-            log_probs = torch.stack(s.log_probs).cpu() if s.log_probs else torch.zeros(0)
-            sig = s.sigmas[w[0] : w[-1] + 2].cpu() if w else torch.zeros(0)
             results.append(
-                SampleResult(s.request, x0[i], images[i], latents, log_probs, sig, self.policy_version,
-                             s.request.num_steps)
+                SampleResult(s.request, x0[i], images[i],
+                             latents[i] if latents[i] is not None else torch.zeros((0, *shape)),
+                             log_probs[i] if log_probs[i] is not None else torch.zeros(0),
+                             sigmas[i] if sigmas[i] is not None else torch.zeros(0),
+                             self.policy_version, s.request.num_steps)
             )
         return results
+
+
+def _to_host(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """The tensors on the CPU, with one device→host copy per dtype (None stays None).
+
+    Each `.cpu()` of a device tensor waits for the device; a finished group of 32 samples held
+    ~100 such tensors (latents, log-probs, σ per sample), and the GPU idled through the waits.
+    """
+    if all(t is None or t.device.type == "cpu" for t in tensors):
+        return list(tensors)
+    by_dtype: dict[torch.dtype, list[int]] = {}
+    for i, t in enumerate(tensors):
+        if t is not None:
+            by_dtype.setdefault(t.dtype, []).append(i)
+    out: list[torch.Tensor | None] = [None] * len(tensors)
+    for idx in by_dtype.values():
+        flat = torch.cat([tensors[i].reshape(-1) for i in idx]).cpu()
+        for i, part in zip(idx, flat.split([tensors[i].numel() for i in idx]), strict=True):
+            out[i] = part.view(tensors[i].shape).clone()  # own storage: safetensors refuses shared memory
+    return out
 
 
 def _shape_groups(batch: list[_InFlight]) -> list[list[int]]:

@@ -107,11 +107,14 @@ def column_char_ids(prompt_ids: torch.Tensor, num_slots: int, cols_per_slot: int
     Returns:
         `[B, S·cols_per_slot]` int64.
     Raises:
-        ValueError: a text longer than S.
+        ValueError: a text longer than S (on an accelerator: a device-side assert at the next sync).
     """
     lengths = (prompt_ids != 0).sum(dim=1)
-    if int(lengths.max()) > num_slots:
-        raise ValueError(f"a text of {int(lengths.max())} characters does not fit an image of {num_slots} slots")
+    if prompt_ids.device.type == "cpu":
+        if int(lengths.max()) > num_slots:
+            raise ValueError(f"a text of {int(lengths.max())} characters does not fit an image of {num_slots} slots")
+    else:  # queued: reading the lengths back would make every forward wait for the device
+        torch._assert_async((lengths <= num_slots).all(), f"a text does not fit an image of {num_slots} slots")
     first = (num_slots - lengths) // 2
     index = torch.arange(num_slots, device=prompt_ids.device)[None] - first[:, None]
     inside = (index >= 0) & (index < lengths[:, None])
