@@ -532,8 +532,8 @@ def test_queue_times_below_their_floors_are_refused(redis_url: str) -> None:
         "tensors are deleted, a long TTL only keeps a crash's leftovers longer); the default is 3600"]
     assert _lines({"transferQueue": {"claimIdleSeconds": 0.5}}) == [
         "spec.transferQueue.claimIdleSeconds: 0.5 is invalid: must be >= 1 seconds: Redis takes it in whole ms "
-        "(0.0005 was 0), and an entry a live consumer holds longer (an engine step, a reward batch) is taken by "
-        "another consumer's next read and done twice; the default is 60"]
+        "(0.0005 was 0), and an entry a live consumer holds longer without renewing its claim (an engine step) is "
+        "taken by another consumer's next read and done twice; the default is 60"]
     assert _lines({"transferQueue": {"tensorTtlSeconds": -1, "claimIdleSeconds": 0}})[0].startswith(
         "spec.transferQueue.tensorTtlSeconds: -1.0 is invalid: must be >= 60 seconds")
     import torch
