@@ -502,7 +502,7 @@ class RolesSpec(SpecModel):
                                    f"runs one process on one device, the others would sit idle; {fix}")
             template = getattr(self, role).template
             if template is not None:
-                check_pod_template(template, role, f"{role}.template")
+                check_pod_template(template, role, f"{role}.template", role=True)
         return self
 
 
