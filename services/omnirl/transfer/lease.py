@@ -19,21 +19,18 @@ import logging
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 import redis
+
+if TYPE_CHECKING:
+    from omnirl.transfer.queue import TransferQueue
 
 log = logging.getLogger("omnirl.transfer")
 
 
-class _Touches(Protocol):
-    claim_idle_s: float
-
-    def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> list[str]: ...
-
-
 @contextmanager
-def holding(queue: _Touches, stream: str, group: str, consumer: str, ids: list[str], *,
+def holding(queue: TransferQueue, stream: str, group: str, consumer: str, ids: list[str], *,
             alive: Callable[[], bool] = lambda: True) -> Iterator[None]:
     """Renew ``consumer``'s claim on the entries ``ids`` of ``stream`` every ``claim_idle_s / 3``
     seconds from a thread while the block runs (:meth:`TransferQueue.touch`).
