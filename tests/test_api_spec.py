@@ -298,6 +298,27 @@ _JUDGE = {"name": "judge", "kind": "http", "server": {"command": ["serve"], "url
     ({"roles": {"reward": {"template": {"spec": {"containers": {"name": "reward"}}}}}},
      'spec.roles.reward.template.spec.containers: {"name": "reward"} is invalid: must be a list, e.g. '
      "[{name: reward, resources: {...}}]"),
+    # the role served health on 9000 while the operator's probes asked 8081: the kubelet restarted it until the job failed
+    ({"roles": {"reward": {"template": {"spec": {"containers": [{"name": "reward", "env": [
+        {"name": "OMNIRL_THREADS", "value": "4"}, {"name": "OMNIRL_HEALTH_PORT", "value": "9000"}]}]}}}}},
+     'spec.roles.reward.template.spec.containers[0].env[1]: {"name": "OMNIRL_HEALTH_PORT", "value": "9000"} is '
+     "invalid: OMNIRL_HEALTH_PORT is set by the operator to 8081, the port of the role's gRPC health, which the pod's "
+     "startupProbe, livenessProbe and readinessProbe and its containerPort grpc-health point at: on another port "
+     "every probe fails and the kubelet restarts the container until the job fails; remove this entry (a pod has its "
+     "own network, so 8081 can clash only with a sidecar of the same pod: move the sidecar's port)"),
+    ({"roles": {"controller": {"template": {"spec": {"containers": [
+        {"name": "log-shipper", "image": "fluent/fluent-bit:3.0"},
+        {"name": "controller", "env": [{"name": "OMNIRL_METRICS_PORT", "valueFrom": {"configMapKeyRef": {
+            "name": "ports", "key": "metrics"}}}]}]}}}}},
+     'spec.roles.controller.template.spec.containers[1].env[0]: {"name": "OMNIRL_METRICS_PORT", "valueFrom": '
+     '{"configMapKeyRef": {"name": "po... is invalid: OMNIRL_METRICS_PORT is set by the operator '
+     "to 9090, the port of the controller's /metrics, which the pod's containerPort metrics and the job's headless "
+     "Service <job>-metrics (the chart's ServiceMonitor) point at: on another port Prometheus scrapes nothing; remove "
+     "this entry (a pod has its own network, so 9090 can clash only with a sidecar of the same pod: move the "
+     "sidecar's port)"),
+    ({"roles": {"actor": {"template": {"spec": {"containers": [{"name": "actor", "env": {"OMNIRL_THREADS": "4"}}]}}}}},
+     'spec.roles.actor.template.spec.containers[0].env: {"OMNIRL_THREADS": "4"} is invalid: must be a list of '
+     "{name, value} entries"),
 ])
 def test_a_pod_template_that_would_not_run_as_meant_is_refused(update: dict[str, Any], expected: str) -> None:
     assert _lines(update) == [expected]
@@ -329,8 +350,11 @@ def test_a_grpc_judge_with_an_url_path_is_refused() -> None:
 def test_a_pod_template_merging_into_the_container_or_adding_a_sidecar_is_accepted() -> None:
     roles = {"rollout": {"template": {"metadata": {"labels": {"team": "rl"}}, "spec": {
         "nodeSelector": {"pool": "h100"},
-        "containers": [{"name": "rollout", "resources": {"requests": {"memory": "64Gi"}}},
-                       {"name": "log-shipper", "image": "fluent/fluent-bit:3.0"}]}}}}
+        "containers": [{"name": "rollout", "resources": {"requests": {"memory": "64Gi"}},
+                        "env": [{"name": "OMNIRL_THREADS", "value": "8"}]},
+                       # a sidecar's own variables are its own: the role process never reads them
+                       {"name": "log-shipper", "image": "fluent/fluent-bit:3.0",
+                        "env": [{"name": "OMNIRL_HEALTH_PORT", "value": "9000"}]}]}}}}
     judge = {**_JUDGE, "server": {**_JUDGE["server"], "template": {"spec": {"containers": [{"name": "judge"}]}}}}
     job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "roles": roles,
                                                     "reward": [MINIMAL["spec"]["reward"][0], judge]}})
@@ -532,8 +556,8 @@ def test_queue_times_below_their_floors_are_refused(redis_url: str) -> None:
         "tensors are deleted, a long TTL only keeps a crash's leftovers longer); the default is 3600"]
     assert _lines({"transferQueue": {"claimIdleSeconds": 0.5}}) == [
         "spec.transferQueue.claimIdleSeconds: 0.5 is invalid: must be >= 1 seconds: Redis takes it in whole ms "
-        "(0.0005 was 0), and an entry a live consumer holds longer (an engine step, a reward batch) is taken by "
-        "another consumer's next read and done twice; the default is 60"]
+        "(0.0005 was 0), and an entry a live consumer holds longer without renewing its claim (an engine step) is "
+        "taken by another consumer's next read and done twice; the default is 60"]
     assert _lines({"transferQueue": {"tensorTtlSeconds": -1, "claimIdleSeconds": 0}})[0].startswith(
         "spec.transferQueue.tensorTtlSeconds: -1.0 is invalid: must be >= 60 seconds")
     import torch

@@ -395,6 +395,17 @@ def test_resuming_a_run_that_has_all_its_steps_says_so_and_starts_nothing(tmp_pa
     assert not (run / "roles.json").exists() and not (run / "redis").exists()
 
 
+def test_resuming_where_there_is_no_run_is_one_line_with_the_fix(tmp_path, capsys):
+    """`omnirl run --resume` on an --out that holds no run (the launcher's side of OMNIRL_RESUME=1 with
+    nothing to resume): one line, exit 2, nothing started; it named what was missing but not the fix."""
+    run = tmp_path / "run"
+    assert main(["run", NFT, "--resume", "--no-ray", "--out", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        f"omnirl run: --resume: {run} holds no run to continue (no metrics.jsonl); drop --resume to start a fresh "
+        "run there, or pass the --out of the run to continue\n")
+    assert not run.exists()
+
+
 def test_a_new_run_on_another_jobs_results_names_that_job_not_resume(tmp_path, capsys):
     """`omnirl run AWM --out DIR` where DIR holds an ocr-nft run: it said "already holds a run: pass
     --resume to continue it", and --resume then refused the other job; now the first line names it."""

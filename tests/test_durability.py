@@ -229,6 +229,31 @@ def test_an_actor_whose_checkpoint_was_lost_stops_once_with_the_path_and_the_fix
     assert "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.parametrize("leftover", ["nothing", "dangling latest"])
+def test_an_explicit_resume_without_a_checkpoint_is_one_configuration_error(tmp_path, redis_url, leftover):
+    """`OMNIRL_RESUME=1` (set by hand or in a pod template; the launchers pass `auto`) with no checkpoint
+    under OMNIRL_OUT: a FileNotFoundError traceback after the model loaded, exit 1 (restarted per
+    failurePolicy). Now exit 4 with one line naming the path and the fix."""
+    import subprocess
+    import sys
+
+    latest = tmp_path / "checkpoints" / "latest"
+    if leftover == "dangling latest":
+        latest.parent.mkdir()
+        latest.symlink_to("step-000020")
+    env = {**os.environ, "OMNIRL_JOB_NAME": f"again-{os.getpid()}", "OMNIRL_REDIS_URL": redis_url,
+           "OMNIRL_OUT": str(tmp_path), "OMNIRL_RESUME": "1"}
+    proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "role", "actor", "--job", "examples/ocr-nft.yaml"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 4, proc.stderr
+    gone = " (it names step-000020, which is gone)" if leftover == "dangling latest" else ""
+    assert proc.stderr.splitlines()[-1] == (
+        f"omnirl role actor: configuration error: OMNIRL_RESUME=1 but there is no checkpoint to resume from: {latest} "
+        f"does not exist{gone}; set OMNIRL_RESUME=auto (resume when a checkpoint exists, else start fresh) or 0 (start "
+        "fresh), or point OMNIRL_OUT (omnirl role --out) at the run directory that holds spec.checkpoint.dir")
+    assert "Traceback" not in proc.stderr, proc.stderr
+
+
 def test_an_actor_starts_when_the_stored_batches_reach_the_trained_step_and_names_the_gap_otherwise(
         tmp_path, redis_client):
     """The actor's start-up check: checkpoint step 3 plus stored batches 4 and 5 rebuild step 5 (it

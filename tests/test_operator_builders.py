@@ -247,7 +247,7 @@ def test_user_template_wins_and_keeps_generated_fields():
             "nodeSelector": {"pool": "h100"},
             "containers": [
                 {"name": "rollout", "resources": {"limits": {"memory": "64Gi"}},
-                 "env": [{"name": "OMNIRL_METRICS_PORT", "value": "9191"}, {"name": "EXTRA", "value": "1"}]},
+                 "env": [{"name": "OMNIRL_THREADS", "value": "8"}, {"name": "EXTRA", "value": "1"}]},
                 {"name": "sidecar", "image": "busybox"},
             ],
             "volumes": [{"name": "run", "persistentVolumeClaim": {"claimName": "runs"}}],
@@ -265,7 +265,9 @@ def test_user_template_wins_and_keeps_generated_fields():
     assert main["resources"]["limits"] == {"nvidia.com/gpu": 1, "memory": "64Gi"}
     assert main["command"][:3] == ["omnirl", "role", "rollout"]
     e = {x["name"]: x.get("value") for x in main["env"]}
-    assert e["OMNIRL_METRICS_PORT"] == "9191" and e["EXTRA"] == "1" and e["OMNIRL_JOB_NAME"] == "demo"
+    # one entry per name, the user's (the ports the probes and Services use are refused: test_api_spec.py)
+    assert e["OMNIRL_THREADS"] == "8" and e["EXTRA"] == "1" and e["OMNIRL_JOB_NAME"] == "demo"
+    assert [x["name"] for x in main["env"]].count("OMNIRL_THREADS") == 1
     vols = {v["name"]: v for v in spec["volumes"]}
     assert vols["run"] == {"name": "run", "persistentVolumeClaim": {"claimName": "runs"}}  # replaced, not mixed
     assert "configMap" in vols["job-spec"]

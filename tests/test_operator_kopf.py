@@ -263,6 +263,34 @@ def test_invalid_spec_fails_with_condition_naming_the_field(bg):
     run(bg, scenario, name)
 
 
+def test_a_role_template_moving_the_health_port_is_refused_before_any_pod(bg):
+    """OMNIRL_HEALTH_PORT in a role template's env: the operator rendered the pod with the role serving
+    health on 9000 and every probe on 8081 (restarted until the job failed). Now Failed, InvalidSpec,
+    naming the env entry, with no child created; removing the entry recovers the job."""
+    name = "health-port"
+    env = [{"name": "OMNIRL_HEALTH_PORT", "value": "9000"}]
+    roles = {"rollout": {"template": {"spec": {"containers": [{"name": "rollout", "env": env}]}}}}
+
+    async def scenario(cluster: EmulatedCluster) -> None:
+        await cluster.create(rljob_body(manifest(name, roles=roles)))
+        job = await _phase(cluster, name, "Failed")
+        failed = next(c for c in job["status"]["conditions"] if c["type"] == "Failed")
+        assert failed["reason"] == "InvalidSpec"
+        assert failed["message"].startswith('invalid spec: spec.roles.rollout.template.spec.containers[0].env[0]: {"name": '
+                                            '"OMNIRL_HEALTH_PORT", "value": "9000"} is invalid: OMNIRL_HEALTH_PORT is '
+                                            "set by the operator to 8081"), failed["message"]
+        assert await cluster.get("apps/v1", "Deployment", NS, f"{name}-rollout") is None
+
+        await cluster.patch(*RLJOB, NS, name, {"spec": {"roles": {"rollout": {"template": None}}}})
+        await _phase(cluster, name, "Pending")
+        rollout = await _exists(cluster, "apps/v1", "Deployment", f"{name}-rollout")
+        container = rollout["spec"]["template"]["spec"]["containers"][0]
+        assert {"name": "OMNIRL_HEALTH_PORT", "value": "8081"} in container["env"]
+        assert container["livenessProbe"]["grpc"]["port"] == 8081
+
+    run(bg, scenario, name)
+
+
 @pytest.mark.parametrize("action, phase", [("restart-job", "Pending"), ("fail-job", "Failed")])
 def test_controller_failure_follows_failure_policy(bg, action, phase):
     name = f"policy-{action}"

@@ -351,6 +351,41 @@ def test_touch_renews_the_lease_of_work_in_progress(redis_client):
     assert again.id == msg.id and again.delivery_count >= 2
 
 
+def test_touch_leaves_an_entry_another_consumer_reclaimed_with_it(redis_client):
+    """A consumer whose renewals lapsed does not take its entry back: a blind XCLAIM did, and both worked on it."""
+    q = TransferQueue(redis_client, "lease", claim_idle_s=1.0)
+    stream = q.streams.requests
+    q.publish(stream, {"sample_id": "0:0:0"})
+    q.publish(stream, {"sample_id": "0:0:1"})
+    first, second = q.consume(stream, "g", "slow", count=2, block_ms=0)
+    time.sleep(1.1)
+    q.touch(stream, "g", "slow", [second.id])
+    (taken,) = q.consume(stream, "g", "other", count=2, block_ms=0)
+    assert taken.id == first.id
+    assert q.touch(stream, "g", "slow", [first.id, second.id]) == [second.id]
+    owners = {e["message_id"].decode(): e["consumer"].decode() for e in redis_client.xpending_range(stream, "g", "-", "+", 10)}
+    assert owners == {first.id: "other", second.id: "slow"}
+    q.ack(stream, "g", [second.id])
+    assert q.touch(stream, "g", "slow", [second.id]) == [] and q.pending_count(stream, "g") == 1
+
+
+def test_holding_renews_a_claim_while_live_and_lets_it_lapse_once_not(redis_client):
+    from omnirl.transfer.lease import holding
+
+    q = TransferQueue(redis_client, "lease", claim_idle_s=1.0)
+    stream = q.streams.samples
+    q.publish(stream, {"sample_id": "0:0:0"})
+    (msg,) = q.consume(stream, "reward", "a", count=1, block_ms=0)
+    live = [True]
+    with holding(q, stream, "reward", "a", [msg.id], alive=lambda: live[0]):
+        for _ in range(6):  # 2.4 s > claim_idle_s: renewed every 1/3 s
+            time.sleep(0.4)
+            assert q.consume(stream, "reward", "b", count=1, block_ms=0) == []
+        live[0] = False  # stuck: its claim lapses claim_idle_s after the last renewal
+        (again,) = wait_until(lambda: q.consume(stream, "reward", "b", count=1, block_ms=0), "the lapsed claim")
+    assert again.id == msg.id and again.delivery_count == 2
+
+
 class _ReplyDropper:
     """A real TCP proxy to Redis that forwards everything but, once armed, drops the connection right
     after forwarding a script call (EVALSHA) and before its reply: what a Redis restart does to a

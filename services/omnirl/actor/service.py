@@ -59,6 +59,15 @@ log = logging.getLogger("omnirl.actor")
 GROUP = "actor"
 
 
+def nothing_to_resume(latest: Path) -> str:
+    """The one line of `OMNIRL_RESUME=1` without a checkpoint at `latest` (a dangling link named):
+    what is missing and the fix. It was a FileNotFoundError traceback after the model had loaded, exit 1."""
+    gone = f" (it names {os.readlink(latest)}, which is gone)" if latest.is_symlink() else ""
+    return (f"OMNIRL_RESUME=1 but there is no checkpoint to resume from: {latest} does not exist{gone}; set "
+            f"OMNIRL_RESUME=auto (resume when a checkpoint exists, else start fresh) or 0 (start fresh), or point "
+            f"OMNIRL_OUT (omnirl role --out) at the run directory that holds spec.checkpoint.dir")
+
+
 class ActorService:
     """One actor rank (the leader, rank 0, or a follower)."""
 
@@ -68,18 +77,21 @@ class ActorService:
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
         self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device))
+        self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
+        # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
+        resuming = resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0
+        if resume and not resuming:  # before the model loads: the same on every restart
+            raise ConfigError(nothing_to_resume(self.ckpt_root / LATEST))
         with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
             adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
                                    **adapter_options(spec))
         select_attention(adapter, spec.model, self.device)
         self.trainer = Trainer(adapter, spec, self.device, ranks=self.ranks)
-        self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
         self.version = 0
         self.trained_step = -1  # the last step whose update is in the weights
         self.checkpointed_step = -1
         self.data_position: list = [0, 0]
-        # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
-        if resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0:
+        if resuming:
             with config_errors(f"checkpoint {self.ckpt_root / LATEST}", OSError, ValueError, KeyError, SafetensorError,
                                fix="restore it, or start a fresh run in another --out (the same file fails "
                                "every restart)"):
@@ -89,9 +101,6 @@ class ActorService:
             self.data_position = list(state.get("data_position", [0, 0]))
             log.info("resumed from %s at step %d, policy_version %d", self.ckpt_root / LATEST, self.trained_step,
                      self.version)
-        elif resume:
-            raise FileNotFoundError(f"resume: no checkpoint at {self.ckpt_root / LATEST} "
-                                    "(OMNIRL_RESUME=auto starts fresh when there is none)")
         self._trainreqs, self._trained = kv_key(env.job_name, "trainreqs"), kv_key(env.job_name, "trained")
         self._check_reach()
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "actor", env.worker_id,

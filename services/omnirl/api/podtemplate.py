@@ -11,11 +11,22 @@ from __future__ import annotations
 from typing import Any
 
 from omnirl.api.errors import FieldProblem
+from omnirl.api.runtime import SERVED_PORTS, VARIABLES
 
 POD_TEMPLATE_FIELDS = ("metadata", "spec")
+# the role-process variables whose value the operator also renders elsewhere in the pod and its
+# Services (they hold `runtime.SERVED_PORTS`): a template's env entry would move the server alone
+OPERATOR_PORTS = {
+    VARIABLES["health_port"]: "the role's gRPC health, which the pod's startupProbe, livenessProbe and readinessProbe "
+                              "and its containerPort grpc-health point at: on another port every probe fails and "
+                              "the kubelet restarts the container until the job fails",
+    VARIABLES["metrics_port"]: "the controller's /metrics, which the pod's containerPort metrics and the job's "
+                               "headless Service <job>-metrics (the chart's ServiceMonitor) point at: on another port "
+                               "Prometheus scrapes nothing",
+}
 
 
-def check_pod_template(template: dict[str, Any], container: str, path: str) -> None:
+def check_pod_template(template: dict[str, Any], container: str, path: str, *, role: bool = False) -> None:
     """Refuse a pod template the operator's merge would turn into a pod that cannot run as meant.
 
     Args:
@@ -23,12 +34,15 @@ def check_pod_template(template: dict[str, Any], container: str, path: str) -> N
         container: name of the generated container the template merges into (`rollout`, `judge` ...).
         path: field path of `template`, relative to the model whose validator calls this
             (e.g. `rollout.template`), used in the error.
+        role: `container` runs a role process (`roles.<role>.template`): its env may not set the
+            ports the operator renders into probes and Services (`OPERATOR_PORTS`).
 
     Raises:
         FieldProblem: a key other than `metadata`/`spec` at the top (fix: move it under `spec`);
             `spec`/`metadata` not a mapping; `spec.containers` not a list of mappings with a `name`;
             a container whose name is not `container` and that has no `image` (a misspelt name
-            would add an image-less sidecar the API server refuses).
+            would add an image-less sidecar the API server refuses); with `role`, an `env` of
+            `container` that is not a list or that sets OMNIRL_HEALTH_PORT or OMNIRL_METRICS_PORT.
     """
     for key, value in template.items():
         if key not in POD_TEMPLATE_FIELDS:
@@ -51,3 +65,23 @@ def check_pod_template(template: dict[str, Any], container: str, path: str) -> N
             raise FieldProblem(f"{where}.name", item["name"], f"is not the generated container ({container}) and "
                                f"has no image, so the pod would be refused; name it {container} to merge into that "
                                "container, or give the sidecar an image")
+        if role and item["name"] == container:
+            _check_role_env(item.get("env"), f"{where}.env")
+
+
+def _check_role_env(env: Any, path: str) -> None:
+    """Refuse an env entry of the role container that sets a port of `OPERATOR_PORTS`: the operator
+    merged it over its own (user items win), so the role served elsewhere than its probes and
+    Services looked (measured: health on 9000, every probe on 8081)."""
+    if env is None:
+        return
+    if not isinstance(env, list):
+        raise FieldProblem(path, env, "must be a list of {name, value} entries")
+    for j, item in enumerate(env):
+        name = item.get("name") if isinstance(item, dict) else None
+        if name in OPERATOR_PORTS:
+            field = next(f for f, var in VARIABLES.items() if var == name)
+            raise FieldProblem(
+                f"{path}[{j}]", item, f"{name} is set by the operator to {SERVED_PORTS[field]}, the port of "
+                f"{OPERATOR_PORTS[name]}; remove this entry (a pod has its own network, so {SERVED_PORTS[field]} "
+                "can clash only with a sidecar of the same pod: move the sidecar's port)")

@@ -502,7 +502,7 @@ class RolesSpec(SpecModel):
                                    f"runs one process on one device, the others would sit idle; {fix}")
             template = getattr(self, role).template
             if template is not None:
-                check_pod_template(template, role, f"{role}.template")
+                check_pod_template(template, role, f"{role}.template", role=True)
         return self
 
 
@@ -549,8 +549,8 @@ class TransferQueueSpec(SpecModel):
                  "step and validation round (the CPU demo's round takes ~25 s; used tensors are deleted, a long TTL only "
                  "keeps a crash's leftovers longer); the default is 3600"),
                 ("claimIdleSeconds", MIN_CLAIM_IDLE_S, "Redis takes it in whole ms (0.0005 was 0), and an entry a live "
-                 "consumer holds longer (an engine step, a reward batch) is taken by another consumer's next read and "
-                 "done twice; the default is 60")):
+                 "consumer holds longer without renewing its claim (an engine step) is taken by another consumer's next "
+                 "read and done twice; the default is 60")):
             value = getattr(self, field)
             if value < floor:
                 raise FieldProblem(field, value, f"must be >= {floor:g} seconds: {why}")

@@ -123,7 +123,8 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         preflight.check_same_job(job, out, flag="--out")  # another job's run: --resume is no fix either
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     if args.resume and not (out / METRICS_FILE).exists():
-        raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl)")
+        raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl); drop --resume to start a "
+                         "fresh run there, or pass the --out of the run to continue")
     if args.resume:
         preflight.check_same_job(job, out)
         total, trained = args.steps or job.spec.algorithm.steps, preflight.trained_steps(out)

@@ -4,7 +4,8 @@ It reads the job manifest and the OMNIRL_* environment (`omnirl.api.runtime.Role
 gRPC health service and `/metrics` when their ports are set, runs the role's service, and exits
 0 when the job finished or non-zero with the reason as its last stderr line.
 
-`OMNIRL_RESUME` (`RoleEnv.resume`): `1` resume from the latest checkpoint (an error without one),
+`OMNIRL_RESUME` (`RoleEnv.resume`): `1` resume from the latest checkpoint (without one the actor
+exits 4 before its model loads, one line naming the path and the fix),
 `auto` resume when a complete checkpoint exists and start fresh otherwise (what pods and the local
 supervisor's restarts use), `0` or unset start fresh. SIGTERM asks the service to finish or hand back its work (the actor
 writes a checkpoint) and exits 143; the health service reports NOT_SERVING once the role's main
@@ -83,8 +84,9 @@ def _setup(env: RoleEnv, role: str) -> RoleEnv:
 
 
 def should_resume(mode: str, checkpoint_root: Path) -> bool:
-    """Whether this role process resumes: `1` always (the service then errors without a
-    checkpoint), `auto` when `checkpoint_root/latest` is complete, `0` never."""
+    """Whether this role process resumes: `1` always (the actor then exits `CONFIG_ERROR_EXIT`
+    without a checkpoint, `omnirl.actor.service.nothing_to_resume`), `auto` when
+    `checkpoint_root/latest` is complete, `0` never."""
     from omnirl.actor.checkpoint import has_checkpoint
 
     return mode == "1" or (mode == "auto" and has_checkpoint(checkpoint_root))

@@ -11,9 +11,11 @@ and scored again until `failurePolicy.scorerOutageSeconds` has passed (`_score_h
 In `sync` pipeline mode a training sample of step n is scored only once every rollout of step n
 exists (the baseline: reward starts after all rollouts).
 
-A restarted worker first scores its predecessor's pending samples (same worker id); SIGTERM lets
+A worker renews its claim on the samples it holds while it scores them (`omnirl.transfer.lease`),
+so another replica reclaims them only once it dies (or stops beating), never during a long
+outage. A restarted worker first scores its predecessor's pending samples (same worker id); SIGTERM lets
 the batch in hand finish, then `run` returns. Scores are published with `done_kind="reward"`, so a
-sample is scored once however often it is delivered.
+sample's score is published once however often it is delivered.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from omnirl.reward.registry import check_judges
 from omnirl.reward.scoring import RewardSet
 from omnirl.transfer import Message, TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
+from omnirl.transfer.lease import holding
 
 log = logging.getLogger("omnirl.reward")
 GROUP = "reward"
@@ -51,6 +54,7 @@ class RewardService:
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "reward", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.hold_s = job.spec.failurePolicy.scorerOutageSeconds  # how long a scorer may be away
+        self.progress_deadline_s = job.spec.failurePolicy.progressDeadlineSeconds
         self._warned: set[str] = set()  # non-required rewards whose first failure was logged
         self.terminated = False
 
@@ -73,7 +77,23 @@ class RewardService:
                 self.heartbeat.beat(progressed=True)
 
     def score_batch(self, msgs: list[Message]) -> None:
-        """Score messages from the samples stream, publish their scores, acknowledge them."""
+        """Score messages from the samples stream, publish their scores, acknowledge them.
+
+        The samples stay claimed by this worker meanwhile (`holding`): a scorer away for longer than
+        `claimIdleSeconds` (held up to `scorerOutageSeconds`) or a slow judge would otherwise let another
+        replica reclaim and score them again."""
+        samples = self.queue.streams.samples
+        with holding(self.queue, samples, GROUP, self.env.worker_id, [m.id for m in msgs], alive=self._live):
+            scored = self._score_and_publish(msgs)
+        if scored:  # none when stopping while a scorer was away: unacknowledged, the samples go to the successor
+            self.queue.ack(samples, GROUP, [m.id for m in msgs])
+
+    def _live(self) -> bool:
+        """The health probe's test: the main loop beat within `progressDeadlineSeconds`."""
+        return self.heartbeat.age_s() <= self.progress_deadline_s
+
+    def _score_and_publish(self, msgs: list[Message]) -> bool:
+        """Score `msgs` and publish their scores; False (nothing published) when the job stops meanwhile."""
         metas = [SampleMeta.model_validate(m.meta) for m in msgs]
         if self.sync_mode:
             for step in sorted({m.step for m in metas if m.kind == "train"}):
@@ -81,7 +101,7 @@ class RewardService:
         images = [self.queue.load_image(m).numpy() for m in msgs]
         scored = self._score_holding(images, [m.prompt for m in metas], [m.sample_id for m in metas])
         if scored is None:
-            return  # stopping while a scorer was away: unacknowledged, the samples go to the successor
+            return False
         now = time.time()
         for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):
             reward, per_name, reason = scored[i]
@@ -94,7 +114,7 @@ class RewardService:
             published = self.queue.publish(self.queue.streams.scores, score.model_dump(), tensor_key=msg.tensor_key,
                                            done_kind="reward")
             self._ledger.record(meta.sample_id, published is not None, reward=reward)
-        self.queue.ack(self.queue.streams.samples, GROUP, [m.id for m in msgs])
+        return True
 
     def _log_first_failure(self, per_name: dict[str, float], reason: str, failed: bool) -> None:
         """Log the first failure of each reward: a non-required one is left out of the sample's sum

@@ -73,3 +73,19 @@ for _, g in ipairs(groups) do
 end
 return redis.call('XTRIM', KEYS[1], 'MINID', string.format('%d-%d', best_ms, best_seq))
 """
+
+# Renew a consumer's claim on entries it still holds: per id, only when the group's PEL has it under
+# this consumer (XPENDING with the consumer filter), XCLAIM JUSTID resets its idle time (the delivery
+# count stays). An entry another consumer reclaimed meanwhile is left with it -- a blind XCLAIM took it
+# back, and both worked on it -- and one acknowledged meanwhile is not claimed again. Returns the ids renewed.
+# KEYS: stream; ARGV: group, consumer, id...
+TOUCH = """
+local kept = {}
+for i = 3, #ARGV do
+  if #redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[i], ARGV[i], 1, ARGV[2]) > 0 then
+    redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, ARGV[i], 'JUSTID')
+    kept[#kept + 1] = ARGV[i]
+  end
+end
+return kept
+"""

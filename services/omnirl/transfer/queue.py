@@ -59,8 +59,9 @@ class TransferQueue:
         max_stream_length: entries a stream may hold before :meth:`publish` waits (back-pressure).
         tensor_ttl_s: seconds a tensor key lives; a consumer later than that gets
             :class:`MissingTensors`.
-        claim_idle_s: seconds an entry may stay pending before another consumer reclaims it; make
-            it longer than the slowest consumer's processing time of one batch.
+        claim_idle_s: seconds an entry may stay pending without a renewal (:meth:`touch`,
+            :func:`~omnirl.transfer.lease.holding`) before another consumer reclaims it; work that
+            renews no claim must take less than that.
         backpressure_timeout_s: seconds :meth:`publish` waits for room before raising
             :class:`BackpressureTimeout`.
         done_ttl_s: seconds an idempotency marker (``publish(done_kind=...)``) lives.
@@ -96,6 +97,7 @@ class TransferQueue:
         self.done_ttl_s = _positive("done_ttl_s", done_ttl_s)
         self._publish_script = redis.register_script(_scripts.PUBLISH)
         self._trim_script = redis.register_script(_scripts.TRIM)
+        self._touch_script = redis.register_script(_scripts.TOUCH)
         self._groups: set[tuple[str, str]] = set()
         self._claim_cursor: dict[tuple[str, str], str] = {}
         self._owns_client = False
@@ -387,12 +389,20 @@ class TransferQueue:
             if cursor == "0-0":
                 return out
 
-    def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> None:
-        """Renew the lease on entries this consumer is still working on (XCLAIM JUSTID, idle → 0),
-        so a live consumer's long work is not reclaimed by another after ``claim_idle_s``."""
+    def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> list[str]:
+        """Renew the lease on entries this consumer is still working on (idle → 0, atomically, Lua),
+        so a live consumer's long work is not reclaimed by another after ``claim_idle_s``.
+
+        Only entries still pending for ``consumer`` are renewed: one another consumer reclaimed
+        (this one's renewals lapsed) stays with it, one acknowledged stays acknowledged.
+
+        Returns:
+            The ids of ``ids`` renewed (still this consumer's), in order.
+        """
         self._check_key("stream", stream)
-        if ids:
-            self.redis.xclaim(stream, group, consumer, min_idle_time=0, message_ids=ids, justid=True)
+        if not ids:
+            return []
+        return [_s(i) for i in self._touch_script(keys=[stream], args=[group, consumer, *ids])]
 
     def ack(self, stream: str, group: str, ids: list[str]) -> None:
         """XACK ``ids`` in ``group``, then trim what every group has acknowledged (see :meth:`trim`)."""
