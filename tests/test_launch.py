@@ -408,3 +408,147 @@ def test_sigterm_during_or_after_ray_init_reaches_the_launchers_handler(when):
 
     done = subprocess.run([sys.executable, "-c", RAY_AND_SIGTERM, when], capture_output=True, text=True, timeout=240)
     assert (done.returncode, done.stdout.strip()) == (0, "SIGTERM stopped the launcher"), done.stderr[-2000:]
+
+
+SLOW_TO_STOP = """
+import sys
+from omnirl.launch import local, procs
+
+ROLE = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('started', flush=True); "
+        "time.sleep(600)")  # a role that takes its time to stop (an actor writing a big checkpoint)
+
+def start_role(role, index, job_file, env, log_dir, *, use_ray):
+    child = procs._Child([sys.executable, "-c", ROLE], env, str(log_dir / f"{role}-{index}.log"), die_with_parent=True)
+    return procs.RoleProcess(role, index, child)
+
+local.start_role = start_role
+from omnirl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _launch_stand_ins(tmp_path, grace_s: int = 60):
+    """`omnirl run` (a real launcher process, real embedded Redis, `--no-ray`) of examples/ocr-awm.yaml
+    whose role processes are stand-ins that print `started` and ignore SIGTERM. Returns (the process,
+    its output lines so far, a function reading lines until one holds a text, the run directory), once
+    every role runs."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    doc = yaml.safe_load((repo / "examples/ocr-awm.yaml").read_text())
+    for field in ("trainPrompts", "validationPrompts"):
+        doc["spec"]["data"][field] = str(repo / "examples" / doc["spec"]["data"][field])
+    doc["spec"]["failurePolicy"] = {"terminationGracePeriodSeconds": grace_s}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    # started by a shell without job control, pytest (and so the launcher) would inherit SIGINT ignored
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_TO_STOP, "run", str(tmp_path / "job.yaml"), "--no-ray",
+                                 "--device", "cpu", "--steps", "1", "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+    lines: list[str] = []
+
+    def wait_for(text: str) -> None:
+        while not any(text in line for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+
+    try:
+        wait_for("[controller-0] started")  # every role runs (the controller starts last); no metrics.jsonl
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, lines, wait_for, out
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_redis_the_watchdog_restarted_dies_with_a_sigkilled_launcher(tmp_path):
+    """`kill -9` of the embedded Redis (README: "kill -9 one of them to try the failure policy"), restarted by
+    the watchdog, then `kill -9` of `omnirl run`: the restarted server goes too, as the first one would
+    (README, "What survives what"). It was restarted without a parent-death signal and outlived the
+    launcher (parent 1, the job's data in memory), found by hand on the tiny example."""
+    import os
+    import signal
+    import time
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path)
+    restarted = None
+    try:
+        first = json.loads((out / "roles.json").read_text())["redis"]
+        os.kill(first, signal.SIGKILL)
+        wait_for("→ restart-redis")
+        deadline = time.monotonic() + 60
+        while restarted in (None, first) and time.monotonic() < deadline:
+            time.sleep(0.2)  # roles.json is rewritten once the new server answers
+            restarted = json.loads((out / "roles.json").read_text())["redis"]
+        assert restarted != first, "".join(lines)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while _alive(restarted) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(restarted), f"the restarted redis-server (pid {restarted}) outlived the SIGKILLed launcher"
+    finally:
+        proc.kill()
+        if restarted is not None and _alive(restarted):
+            os.kill(restarted, signal.SIGKILL)
+
+
+def test_a_second_ctrl_c_kills_the_roles_at_once_and_leaves_no_redis_behind(tmp_path):
+    """Ctrl-C, then Ctrl-C again while the roles stop (the actor may take `terminationGracePeriodSeconds`
+    to write its checkpoint): the launcher kills what is left at once, says so, and still stops its Redis.
+    The second KeyboardInterrupt used to escape the launcher's cleanup: the Redis watchdog was never
+    stopped, restarted the embedded `redis-server` when the launcher's exit took it down, and that server
+    outlived `omnirl run` (found by hand: `redis-server 127.0.0.1:44683`, parent 1, after exit 130).
+    A real launcher process, real Redis; the role processes are stand-ins that ignore SIGTERM."""
+    import os
+    import signal
+    import socket
+    import time
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=300)
+    try:
+        pids = json.loads((out / "roles.json").read_text())
+        proc.send_signal(signal.SIGINT)
+        wait_for("interrupted — stopping every role")
+        time.sleep(1.0)
+        second = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+        took = time.monotonic() - second
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    time.sleep(2.0)  # the watchdog restarted the server within 0.2 s of the launcher's exit taking it down
+    port = int(text.split("(redis redis://127.0.0.1:")[1].split("/")[0])  # the launcher's first line names it
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    assert "restart-redis" not in (out / "events.jsonl").read_text()
+    for name, pid in pids.items():
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"{name} (pid {pid}) outlived the launcher")
+    assert took < 30, f"{took:.0f} s after the second Ctrl-C: it waited out the grace period\n{text}"
+    assert "interrupted again — killed rollout-0, reward-0, actor-0, controller-0 before they stopped" in text, text
+    assert "Traceback" not in text, text
+    assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
+                                             f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text

@@ -14,9 +14,12 @@ Outputs: `OUT/job.yaml` (the resolved manifest the roles read), `OUT/metrics.jso
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -187,20 +190,24 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         print(f"omnirl: {err}", flush=True)
         code = 1
     finally:
-        if supervisor is not None:
-            failure = supervisor.failure
-            redis = supervisor.redis
-            # a full or read-only run directory: the actor's SIGTERM checkpoint cannot be written (nor, when its
-            # Redis died of it, handed over); the last complete one stands, so no grace period is waited out
-            supervisor.stop_all(grace_s=STATELESS_GRACE_S if code == STORAGE_ERROR_EXIT else None)
-            supervisor.close()
-        stop_judges(judges)
-        if queue is not None:
-            queue.close()
-        if redis is not None:
-            redis.stop()
-        if ray_ctx is None and "ray" in sys.modules:  # interrupted in ray.init: stop what it started
-            sys.modules["ray"].shutdown()
+        with _interrupts_hurry(supervisor):  # a second Ctrl-C cuts the stop short; it cannot skip the cleanup
+            try:
+                if supervisor is not None:
+                    failure = supervisor.failure
+                    # a full or read-only run directory: the actor's SIGTERM checkpoint cannot be written (nor, when
+                    # its Redis died of it, handed over); the last complete one stands, so no grace period is waited out
+                    supervisor.stop_all(grace_s=STATELESS_GRACE_S if code == STORAGE_ERROR_EXIT else None)
+            finally:
+                if supervisor is not None:
+                    supervisor.close()
+                    redis = supervisor.redis  # read after close: its watchdog may restart the server until then
+                stop_judges(judges)
+                if queue is not None:
+                    queue.close()
+                if redis is not None:
+                    redis.stop()
+                if ray_ctx is None and "ray" in sys.modules:  # interrupted in ray.init: stop what it started
+                    sys.modules["ray"].shutdown()
     _summary(out)
     if code:  # the table above reads like a finished run: the last line says it is not
         print(verdict(code, failure, args, out, since=int(started["records"])), flush=True)
@@ -229,6 +236,30 @@ def check_served_judges(wired: RLJob, judges: list[JudgeProcess]) -> None:
 
 def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the job like Ctrl-C
+
+
+@contextlib.contextmanager
+def _interrupts_hurry(supervisor: Supervisor | None) -> Iterator[None]:
+    """While the launcher stops the job and cleans up, Ctrl-C or SIGTERM (again) calls `supervisor.hurry()`
+    — the roles still running are SIGKILLed at once, as an impatient second Ctrl-C asks — instead of
+    raising KeyboardInterrupt. Raised there, it skipped the rest of the cleanup: the embedded Redis and
+    the Redis watchdog were never stopped, the watchdog restarted the server when the launcher's exit
+    took it down, and a `redis-server` outlived `omnirl run`. Outside the main thread (no signal
+    handlers there) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def hurry(signum: int, frame: object) -> None:
+        if supervisor is not None:
+            supervisor.hurry()  # only a flag: stop_all says so from the main loop (no print inside a handler)
+
+    before = {sig: signal.signal(sig, hurry) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
 
 
 def resume_command(args: argparse.Namespace, out: Path) -> str:
