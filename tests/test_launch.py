@@ -349,6 +349,25 @@ def test_the_interrupt_verdict_repeats_the_runs_flags(tmp_path):
     assert resume_command(plain, tmp_path) == f"omnirl run job.yaml --out {tmp_path} --resume"
 
 
+def test_the_interrupt_verdict_is_a_command_a_shell_runs_with_spaces_in_the_paths(tmp_path):
+    """`omnirl run "my job.yaml" --out "runs/my run"`, Ctrl-C: the `continue with:` line read `omnirl run my
+    job.yaml --out …/my run --steps 30 --no-ray --resume`, which, pasted, failed with "unrecognized arguments:
+    job.yaml run". Split as a shell splits it, it gives back the run's own arguments."""
+    import shlex
+
+    from omnirl.cli import build_parser
+    from omnirl.launch.local import resume_command
+
+    out = tmp_path / "my run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"event": "start"}\n')
+    args = build_parser().parse_args(["run", "my job.yaml", "--out", str(out), "--steps", "30", "--no-ray"])
+    command = resume_command(args, out)
+    assert command == f"omnirl run 'my job.yaml' --out '{out}' --steps 30 --no-ray --resume"
+    again = build_parser().parse_args(shlex.split(command)[1:])
+    assert (again.job, again.out, again.steps, again.no_ray, again.resume) == ("my job.yaml", str(out), 30, True, True)
+
+
 def test_an_interrupt_after_the_job_finished_says_nothing_is_left(tmp_path):
     """Ctrl-C while the launcher stops the roles of a finished job: it said "continue with: … --resume",
     and that resume answered "nothing to do"."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shlex
 import signal
 import sys
 import threading
@@ -266,14 +267,15 @@ def resume_command(args: argparse.Namespace, out: Path) -> str:
     """The `omnirl run` command that continues this run: the same job, `--out` and flags. Without
     `--steps` a resume trains to `spec.algorithm.steps` (e.g. 80 after a `--steps 3` run), and
     without `--device cpu` it places the roles on the GPUs. No `--resume` when nothing was started
-    yet (no `metrics.jsonl`: a stop while the roles loaded), which `--resume` would refuse."""
+    yet (no `metrics.jsonl`: a stop while the roles loaded), which `--resume` would refuse. Paths and
+    values are quoted for a POSIX shell where they need it (`--out 'runs/my run'`): the line is pasted."""
     flags = [f"--steps {args.steps}" if args.steps else "",
-             f"--ray-address {args.ray_address}" if args.ray_address else "",
+             f"--ray-address {shlex.quote(args.ray_address)}" if args.ray_address else "",
              "--no-ray" if args.no_ray else "",
              f"--device {args.device}" if getattr(args, "device", "auto") != "auto" else "",
              "--share-gpus" if getattr(args, "share_gpus", False) else "",
              "--resume" if (out / METRICS_FILE).exists() else ""]
-    return " ".join(["omnirl run", args.job, "--out", str(out), *filter(None, flags)])
+    return " ".join(["omnirl run", shlex.quote(args.job), "--out", shlex.quote(str(out)), *filter(None, flags)])
 
 
 def verdict(code: int, failure: str, args: argparse.Namespace, out: Path, since: int | None = None) -> str:
