@@ -224,7 +224,8 @@ CASES = {
     "eval-prompts-empty": (lambda t: ["eval", NFT, "--prompts", prompt_file(t, "\n  \n")], "omnirl eval: --prompts: ",
                            "has no prompts"),
     "eval-prompts-not-text": (lambda t: ["eval", NFT, "--prompts", prompt_file(t, b"\xff\xfe")],
-                              "omnirl eval: --prompts: ", "cannot read"),
+                              "omnirl eval: --prompts: ", "p.txt line 1 is not UTF-8 text (byte 0xff: invalid start "
+                              "byte); save the file as UTF-8"),
     "eval-untokenizable-prompt": (lambda t: ["eval", NFT, "--prompts", prompt_file(t, '"12"\n\nA sign that says "abc"\n')],
                                   "omnirl eval: --prompts: ", "p.txt line 3: character 'a' in 'abc' is not in the "
                                   "tokenizer alphabet '0123456789'; fix or remove that line"),
