@@ -571,3 +571,60 @@ def test_a_second_ctrl_c_kills_the_roles_at_once_and_leaves_no_redis_behind(tmp_
     assert "Traceback" not in text, text
     assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
                                              f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
+
+
+def _run_with_path(tmp_path, bin_dir, *flags: str):
+    """`omnirl run examples/ocr-awm.yaml --no-ray --device cpu --steps 1 --out OUT FLAGS` with `bin_dir`
+    first on PATH; returns (the finished process, OUT)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--no-ray", "--device",
+                           "cpu", "--steps", "1", "--out", str(out), *flags], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return done, out
+
+
+def test_a_machine_without_redis_server_is_refused_before_anything_starts(tmp_path):
+    """No `redis-server` on PATH (omnirl installed with pip, not `make install`): `omnirl run` ended in a
+    RedisServerError traceback, after job.yaml and the lock were written into --out. Now one line, exit 2,
+    naming the program, its install and spec.transferQueue.redisUrl; --out is not created."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = [d for d in os.environ["PATH"].split(":") if d and not shutil.which("redis-server", path=d)]
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--no-ray", "--device",
+                           "cpu", "--steps", "1", "--out", str(out)], cwd=Path(__file__).resolve().parents[1],
+                          env={**os.environ, "PATH": ":".join(path)}, capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr == ("omnirl run: redis-server is not on PATH: omnirl run starts one for the job's TransferQueue "
+                           "when spec.transferQueue.redisUrl is unset; install it (Debian/Ubuntu: apt-get install "
+                           "redis-server, macOS: brew install redis), or set spec.transferQueue.redisUrl to a Redis you "
+                           "run\n"), done.stderr
+    assert not out.exists()
+
+
+def test_an_embedded_redis_that_exits_at_start_is_the_verdict_not_a_traceback(tmp_path):
+    """A `redis-server` that exits at once (here a stand-in printing Redis's own refusal of a bad AOF):
+    `omnirl run` printed a RedisServerError traceback; now the server's log tail and the launcher's last
+    line, `omnirl: the job did not finish (exit 1): the embedded Redis did not start: …`."""
+    fake = tmp_path / "bin" / "redis-server"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Bad file format reading the append only file' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    done, out = _run_with_path(tmp_path, fake.parent)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "Bad file format reading the append only file" in done.stdout, done.stdout
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("omnirl: the job did not finish (exit 1): the embedded Redis did not start: redis-server "
+                           "exited with code 1 before answering PING; log "), last

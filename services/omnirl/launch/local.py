@@ -37,7 +37,7 @@ from omnirl.launch.progress import validation_table
 from omnirl.launch.servers import JudgeFailed, JudgeProcess, check_local, start_judges, stop_judges
 from omnirl.launch.supervise import STATELESS_GRACE_S, Supervisor, clear_start_flags
 from omnirl.reward.registry import check_judges
-from omnirl.transfer import TransferQueue, start_redis_server
+from omnirl.transfer import RedisServerError, TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
 
 
@@ -116,6 +116,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     placements = place(job, device=getattr(args, "device", "auto"), share=getattr(args, "share_gpus", False))
     preflight.check_attention(job, placements)
     preflight.check_local_paths(job)
+    preflight.check_redis_server(job)
     check_judges(job.spec.reward)  # the judges of reward[].url; those of reward[].server once they answer
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
@@ -190,6 +191,11 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     except JudgeFailed as err:
         print(f"omnirl: {err}", flush=True)
         code = 1
+    except RedisServerError as err:  # the embedded server exited at start (its log's tail follows the first line)
+        first, _, tail = str(err).partition("\n")
+        if tail.strip():
+            print(tail.rstrip(), flush=True)
+        failure, code = f"the embedded Redis did not start: {first}", 1
     finally:
         with _interrupts_hurry(supervisor):  # a second Ctrl-C cuts the stop short; it cannot skip the cleanup
             try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
@@ -123,6 +124,21 @@ def lock_run_dir(out: Path) -> IO[str]:
     handle.write(f"{os.getpid()}\n")
     handle.flush()
     return handle
+
+
+def check_redis_server(job: RLJob) -> None:
+    """`omnirl run` starts its own `redis-server` when the manifest names no Redis: it must be installed
+    (a pip-installed omnirl brings no server; the traceback of `start_redis_server` came after job.yaml
+    and the lock were written).
+
+    Raises:
+        ValueError: naming `redis-server`, how to install it and `spec.transferQueue.redisUrl`.
+    """
+    if job.spec.transferQueue.redisUrl or shutil.which("redis-server"):
+        return
+    raise ValueError("redis-server is not on PATH: omnirl run starts one for the job's TransferQueue when "
+                     "spec.transferQueue.redisUrl is unset; install it (Debian/Ubuntu: apt-get install redis-server, "
+                     "macOS: brew install redis), or set spec.transferQueue.redisUrl to a Redis you run")
 
 
 def check_redis(url: str) -> None:

@@ -26,7 +26,7 @@ from omnirl.api.child import STOP_SIGNALS, guarded
 
 _INSTALL_HINT = (
     "`redis-server` was not found on PATH; install it (Debian/Ubuntu: `apt-get install redis-server`, "
-    "macOS: `brew install redis`) or point the job at an external Redis URL"
+    "macOS: `brew install redis`) or point the job at a Redis you run (spec.transferQueue.redisUrl)"
 )
 
 
