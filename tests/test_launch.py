@@ -628,3 +628,51 @@ def test_an_embedded_redis_that_exits_at_start_is_the_verdict_not_a_traceback(tm
     last = done.stdout.strip().splitlines()[-1]
     assert last.startswith("omnirl: the job did not finish (exit 1): the embedded Redis did not start: redis-server "
                            "exited with code 1 before answering PING; log "), last
+
+
+def test_a_job_running_on_the_manifests_redis_is_not_started_there_again(tmp_path, redis_client, redis_url):
+    """Two `omnirl run`s of one job on one external Redis (spec.transferQueue.redisUrl), in two --out
+    directories: the second one's fresh start deleted the first one's keys (its rollout, reward and
+    controller failed on "UNBLOCKED the stream key no longer exists" and it spent a restart-job) and then
+    refused to start itself (exit 4, "the checkpoint directory was lost or belongs to another run").
+    Found by hand on the tiny example; here the first run is its roles' heartbeats in a real Redis."""
+    import json as json_lib
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    from omnirl.launch.preflight import LIVE_BEAT_S, check_not_running_elsewhere
+    from omnirl.transfer.heartbeat import Heartbeat
+    from omnirl.transfer.keys import kv_key
+
+    repo = Path(__file__).resolve().parents[1]
+    doc = yaml.safe_load((repo / "examples/ocr-awm.yaml").read_text())
+    for field in ("trainPrompts", "validationPrompts"):
+        doc["spec"]["data"][field] = str(repo / "examples" / doc["spec"]["data"][field])
+    doc["spec"]["transferQueue"] = {"redisUrl": redis_url}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    for worker in ("rollout-0", "controller-0"):
+        Heartbeat(redis_client, "ocr-awm", worker.split("-")[0], worker).beat()
+    redis_client.set(kv_key("ocr-awm", "requests-of-the-other-run"), b"1")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
+                           "--device", "cpu", "--steps", "1", "--out", str(out)], cwd=repo, capture_output=True,
+                          text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    assert done.stderr.startswith(f"omnirl run: metadata.name: job 'ocr-awm' is running on 127.0.0.1:{port} "
+                                  "(spec.transferQueue.redisUrl; last heartbeats: "), done.stderr
+    assert "give this run another metadata.name" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert redis_client.get(kv_key("ocr-awm", "requests-of-the-other-run")) == b"1"  # nothing of it deleted
+    assert not out.exists()
+    job = load_rljob(str(tmp_path / "job.yaml"))
+    redis_client.set(kv_key("ocr-awm", "stop"), b"true")  # that run ended (its launcher sets stop)
+    check_not_running_elsewhere(redis_url, job)
+    redis_client.delete(kv_key("ocr-awm", "stop"))
+    for key in redis_client.scan_iter(match=kv_key("ocr-awm", "heartbeat:*")):  # a run killed a while ago
+        beat = json_lib.loads(redis_client.get(key))
+        redis_client.set(key, json_lib.dumps({**beat, "t": time.time() - LIVE_BEAT_S - 1}).encode())
+    check_not_running_elsewhere(redis_url, job)

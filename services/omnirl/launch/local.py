@@ -141,8 +141,9 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
             lock.close()
             return 0
     started["records"] = len(read_metrics(out)) if args.resume else 0  # a fresh run holds none
-    if job.spec.transferQueue.redisUrl:
+    if job.spec.transferQueue.redisUrl:  # the embedded Redis is this --out's own, and the lock guards it
         preflight.check_redis(job.spec.transferQueue.redisUrl)
+        preflight.check_not_running_elsewhere(job.spec.transferQueue.redisUrl, job)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
     out.mkdir(parents=True, exist_ok=True)
     lock = lock or preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
