@@ -224,7 +224,8 @@ CASES = {
     "eval-prompts-empty": (lambda t: ["eval", NFT, "--prompts", prompt_file(t, "\n  \n")], "omnirl eval: --prompts: ",
                            "has no prompts"),
     "eval-prompts-not-text": (lambda t: ["eval", NFT, "--prompts", prompt_file(t, b"\xff\xfe")],
-                              "omnirl eval: --prompts: ", "cannot read"),
+                              "omnirl eval: --prompts: ", "p.txt line 1 is not UTF-8 text (byte 0xff: invalid start "
+                              "byte); save the file as UTF-8"),
     "eval-untokenizable-prompt": (lambda t: ["eval", NFT, "--prompts", prompt_file(t, '"12"\n\nA sign that says "abc"\n')],
                                   "omnirl eval: --prompts: ", "p.txt line 3: character 'a' in 'abc' is not in the "
                                   "tokenizer alphabet '0123456789'; fix or remove that line"),
@@ -248,7 +249,14 @@ CASES = {
     "eval-invalid-manifest": (lambda t: ["eval", bad_manifest(t), "--prompts", HELDOUT], "omnirl eval: ",
                               "spec.algorithm.groupSize"),
     "pretrain-zero-steps": (lambda t: ["pretrain", "--out", str(t / "p"), "--steps", "0"], "omnirl pretrain: ",
-                            "steps (0)"),
+                            "--steps 0: must be >= 1"),
+    # "steps (1) and batch_size (0) must be >= 1", and torch's "Invalid learning rate: -1.0": no flag named
+    "pretrain-zero-batch": (lambda t: ["pretrain", "--out", str(t / "p"), "--steps", "1", "--batch-size", "0"],
+                            "omnirl pretrain: ", "--batch-size 0: must be >= 1"),
+    "pretrain-negative-lr": (lambda t: ["pretrain", "--out", str(t / "p"), "--steps", "1", "--lr", "-1"],
+                             "omnirl pretrain: ", "--lr -1.0: must be a finite number > 0 (default 0.0015"),
+    "pretrain-nan-lr": (lambda t: ["pretrain", "--out", str(t / "p"), "--steps", "1", "--lr", "nan"],
+                        "omnirl pretrain: ", "--lr nan: must be a finite number > 0"),
     "pretrain-unknown-device": (lambda t: ["pretrain", "--out", str(t / "p"), "--device", "tpu"],
                                 "omnirl pretrain: ", "--device tpu: not a torch device; use cpu"),
     "pretrain-no-cuda": (lambda t: ["pretrain", "--out", str(t / "p"), "--device", "cuda"], "omnirl pretrain: ",

@@ -37,6 +37,35 @@ def test_read_prompts_errors_name_the_file(tmp_path):
         read_prompts(tmp_path / "empty.txt")
 
 
+def test_prompt_lines_are_numbered_as_an_editor_numbers_them(tmp_path):
+    """A prompt file is split at "\n" only: a form feed or U+2028 inside a line split it (one prompt became
+    two, and `omnirl run` named "line 3" for what `grep -n` shows on line 2); a UTF-8 byte-order mark is
+    not part of the first prompt; a byte that is not UTF-8 is named by its line, not its byte offset
+    ("position 975" in a 1024-line file)."""
+    from omnirl.controller.data import check_prompts, numbered_prompts
+
+    path = tmp_path / "p.txt"
+    path.write_bytes('\ufeffA sign that says "12"\r\nA sign \u2028that says "34"\x0c\n\n  \nA sign that says "ab"\n'
+                     .encode())
+    assert numbered_prompts(path) == [(1, 'A sign that says "12"'), (2, 'A sign \u2028that says "34"'),
+                                      (5, 'A sign that says "ab"')]
+
+    def digits(text: str) -> list[int]:
+        quoted = text.split('"')[1]
+        if not quoted.isdigit():
+            raise ValueError(f"{quoted!r} is not a number")
+        return [int(c) for c in quoted]
+
+    with pytest.raises(ValueError) as err:
+        check_prompts(path, digits, "spec.data.trainPrompts")
+    assert str(err.value) == f"spec.data.trainPrompts: {path} line 5: 'ab' is not a number; fix or remove that line"
+    path.write_bytes(b'A sign that says "12"\nA sign that sa\xe9ys "34"\n')
+    with pytest.raises(ValueError) as err:
+        read_prompts(path, "spec.data.trainPrompts")
+    assert str(err.value) == (f"spec.data.trainPrompts: {path} line 2 is not UTF-8 text (byte 0xe9: invalid "
+                              "continuation byte); save the file as UTF-8, or fix or remove that line")
+
+
 def request(step=4, prompt=7, g=3) -> GenerateRequest:
     key = f"{step}:{prompt}"
     return GenerateRequest(kind="train", step=step, group_id=key, prompt='"1"', prompt_ids=[2], num_steps=4,

@@ -231,6 +231,30 @@ def test_export_cli_errors_are_one_line_naming_the_fix(run_dir, tmp_path, capsys
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_export_of_a_checkpoint_or_an_export_as_run_dir_says_what_to_pass_instead(run_dir, tmp_path, capsys):
+    """`omnirl export OUT/checkpoints/latest --out X` (the checkpoint a user has at hand) said "holds no
+    job.yaml …; pass the run's manifest with --job", and with --job "has no checkpoint
+    (…/checkpoints/latest/checkpoints/latest is missing)": neither names the mix-up. An export given as
+    RUN_DIR said the same "has no checkpoint". Each now names what was given and the command that works."""
+    latest = run_dir / "checkpoints" / "latest"
+    for extra in ((), ("--job", run_dir / "job.yaml")):
+        code, lines = _export(capsys, latest, "--out", tmp_path / "a", *extra)
+        assert (code, lines) == (2, [f"omnirl export: {latest} is a checkpoint, not a run directory; pass omnirl "
+                                     f"export {run_dir} --out DIR --checkpoint {latest}"]), lines
+    code, lines = _export(capsys, run_dir, "--out", tmp_path / "a", "--checkpoint", latest)  # the command it names
+    assert code == 0, lines
+    loose = tmp_path / "loose"  # a checkpoint copied out of its run: the run directory is not known
+    shutil.copytree(latest, loose)
+    code, lines = _export(capsys, loose, "--out", tmp_path / "b")
+    assert (code, lines) == (2, [f"omnirl export: {loose} is a checkpoint, not a run directory; pass the run "
+                                 f"directory as RUN_DIR and --checkpoint {loose}"]), lines
+    code, lines = _export(capsys, tmp_path / "a", "--out", tmp_path / "c")
+    assert (code, lines) == (2, [f"omnirl export: {tmp_path / 'a'} is an export already (the trained model as users "
+                                 "load it); pass the run directory it came from (omnirl run --out) to export one of "
+                                 "its checkpoints"]), lines
+    assert not (tmp_path / "b").exists() and not (tmp_path / "c").exists()
+
+
 def test_export_and_eval_refuse_another_jobs_manifest(run_dir, tmp_path, capsys):
     """`omnirl export --job` and `omnirl eval JOB --checkpoint` with a manifest of another job: the
     same one line (policy_io.check_owner), each naming its own way to pass the run's manifest; eval

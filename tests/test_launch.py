@@ -349,6 +349,25 @@ def test_the_interrupt_verdict_repeats_the_runs_flags(tmp_path):
     assert resume_command(plain, tmp_path) == f"omnirl run job.yaml --out {tmp_path} --resume"
 
 
+def test_the_interrupt_verdict_is_a_command_a_shell_runs_with_spaces_in_the_paths(tmp_path):
+    """`omnirl run "my job.yaml" --out "runs/my run"`, Ctrl-C: the `continue with:` line read `omnirl run my
+    job.yaml --out …/my run --steps 30 --no-ray --resume`, which, pasted, failed with "unrecognized arguments:
+    job.yaml run". Split as a shell splits it, it gives back the run's own arguments."""
+    import shlex
+
+    from omnirl.cli import build_parser
+    from omnirl.launch.local import resume_command
+
+    out = tmp_path / "my run"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text('{"event": "start"}\n')
+    args = build_parser().parse_args(["run", "my job.yaml", "--out", str(out), "--steps", "30", "--no-ray"])
+    command = resume_command(args, out)
+    assert command == f"omnirl run 'my job.yaml' --out '{out}' --steps 30 --no-ray --resume"
+    again = build_parser().parse_args(shlex.split(command)[1:])
+    assert (again.job, again.out, again.steps, again.no_ray, again.resume) == ("my job.yaml", str(out), 30, True, True)
+
+
 def test_an_interrupt_after_the_job_finished_says_nothing_is_left(tmp_path):
     """Ctrl-C while the launcher stops the roles of a finished job: it said "continue with: … --resume",
     and that resume answered "nothing to do"."""
@@ -408,3 +427,252 @@ def test_sigterm_during_or_after_ray_init_reaches_the_launchers_handler(when):
 
     done = subprocess.run([sys.executable, "-c", RAY_AND_SIGTERM, when], capture_output=True, text=True, timeout=240)
     assert (done.returncode, done.stdout.strip()) == (0, "SIGTERM stopped the launcher"), done.stderr[-2000:]
+
+
+SLOW_TO_STOP = """
+import sys
+from omnirl.launch import local, procs
+
+ROLE = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('started', flush=True); "
+        "time.sleep(600)")  # a role that takes its time to stop (an actor writing a big checkpoint)
+
+def start_role(role, index, job_file, env, log_dir, *, use_ray):
+    child = procs._Child([sys.executable, "-c", ROLE], env, str(log_dir / f"{role}-{index}.log"), die_with_parent=True)
+    return procs.RoleProcess(role, index, child)
+
+local.start_role = start_role
+from omnirl.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _launch_stand_ins(tmp_path, grace_s: int = 60):
+    """`omnirl run` (a real launcher process, real embedded Redis, `--no-ray`) of examples/ocr-awm.yaml
+    whose role processes are stand-ins that print `started` and ignore SIGTERM. Returns (the process,
+    its output lines so far, a function reading lines until one holds a text, the run directory), once
+    every role runs."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    doc = yaml.safe_load((repo / "examples/ocr-awm.yaml").read_text())
+    for field in ("trainPrompts", "validationPrompts"):
+        doc["spec"]["data"][field] = str(repo / "examples" / doc["spec"]["data"][field])
+    doc["spec"]["failurePolicy"] = {"terminationGracePeriodSeconds": grace_s}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    # started by a shell without job control, pytest (and so the launcher) would inherit SIGINT ignored
+    ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", SLOW_TO_STOP, "run", str(tmp_path / "job.yaml"), "--no-ray",
+                                 "--device", "cpu", "--steps", "1", "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
+    lines: list[str] = []
+
+    def wait_for(text: str) -> None:
+        while not any(text in line for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+
+    try:
+        wait_for("[controller-0] started")  # every role runs (the controller starts last); no metrics.jsonl
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, lines, wait_for, out
+
+
+def _alive(pid: int) -> bool:
+    """Whether `pid` runs (a zombie does not)."""
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def test_a_redis_the_watchdog_restarted_dies_with_a_sigkilled_launcher(tmp_path):
+    """`kill -9` of the embedded Redis (README: "kill -9 one of them to try the failure policy"), restarted by
+    the watchdog, then `kill -9` of `omnirl run`: the restarted server goes too, as the first one would
+    (README, "What survives what"). It was restarted without a parent-death signal and outlived the
+    launcher (parent 1, the job's data in memory), found by hand on the tiny example."""
+    import os
+    import signal
+    import time
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path)
+    restarted = None
+    try:
+        first = json.loads((out / "roles.json").read_text())["redis"]
+        os.kill(first, signal.SIGKILL)
+        wait_for("→ restart-redis")
+        deadline = time.monotonic() + 60
+        while restarted in (None, first) and time.monotonic() < deadline:
+            time.sleep(0.2)  # roles.json is rewritten once the new server answers
+            restarted = json.loads((out / "roles.json").read_text())["redis"]
+        assert restarted != first, "".join(lines)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while _alive(restarted) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _alive(restarted), f"the restarted redis-server (pid {restarted}) outlived the SIGKILLed launcher"
+    finally:
+        proc.kill()
+        if restarted is not None and _alive(restarted):
+            os.kill(restarted, signal.SIGKILL)
+
+
+def test_a_second_ctrl_c_kills_the_roles_at_once_and_leaves_no_redis_behind(tmp_path):
+    """Ctrl-C, then Ctrl-C again while the roles stop (the actor may take `terminationGracePeriodSeconds`
+    to write its checkpoint): the launcher kills what is left at once, says so, and still stops its Redis.
+    The second KeyboardInterrupt used to escape the launcher's cleanup: the Redis watchdog was never
+    stopped, restarted the embedded `redis-server` when the launcher's exit took it down, and that server
+    outlived `omnirl run` (found by hand: `redis-server 127.0.0.1:44683`, parent 1, after exit 130).
+    A real launcher process, real Redis; the role processes are stand-ins that ignore SIGTERM."""
+    import os
+    import signal
+    import socket
+    import time
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=300)
+    try:
+        pids = json.loads((out / "roles.json").read_text())
+        proc.send_signal(signal.SIGINT)
+        wait_for("interrupted — stopping every role")
+        time.sleep(1.0)
+        second = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+        took = time.monotonic() - second
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    time.sleep(2.0)  # the watchdog restarted the server within 0.2 s of the launcher's exit taking it down
+    port = int(text.split("(redis redis://127.0.0.1:")[1].split("/")[0])  # the launcher's first line names it
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    assert "restart-redis" not in (out / "events.jsonl").read_text()
+    for name, pid in pids.items():
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+            raise AssertionError(f"{name} (pid {pid}) outlived the launcher")
+    assert took < 30, f"{took:.0f} s after the second Ctrl-C: it waited out the grace period\n{text}"
+    assert "interrupted again — killed rollout-0, reward-0, actor-0, controller-0 before they stopped" in text, text
+    assert "Traceback" not in text, text
+    assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
+                                             f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
+
+
+def _run_with_path(tmp_path, bin_dir, *flags: str):
+    """`omnirl run examples/ocr-awm.yaml --no-ray --device cpu --steps 1 --out OUT FLAGS` with `bin_dir`
+    first on PATH; returns (the finished process, OUT)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out"
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--no-ray", "--device",
+                           "cpu", "--steps", "1", "--out", str(out), *flags], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300)
+    return done, out
+
+
+def test_a_machine_without_redis_server_is_refused_before_anything_starts(tmp_path):
+    """No `redis-server` on PATH (omnirl installed with pip, not `make install`): `omnirl run` ended in a
+    RedisServerError traceback, after job.yaml and the lock were written into --out. Now one line, exit 2,
+    naming the program, its install and spec.transferQueue.redisUrl; --out is not created."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = [d for d in os.environ["PATH"].split(":") if d and not shutil.which("redis-server", path=d)]
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", "examples/ocr-awm.yaml", "--no-ray", "--device",
+                           "cpu", "--steps", "1", "--out", str(out)], cwd=Path(__file__).resolve().parents[1],
+                          env={**os.environ, "PATH": ":".join(path)}, capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    assert done.stderr == ("omnirl run: redis-server is not on PATH: omnirl run starts one for the job's TransferQueue "
+                           "when spec.transferQueue.redisUrl is unset; install it (Debian/Ubuntu: apt-get install "
+                           "redis-server, macOS: brew install redis), or set spec.transferQueue.redisUrl to a Redis you "
+                           "run\n"), done.stderr
+    assert not out.exists()
+
+
+def test_an_embedded_redis_that_exits_at_start_is_the_verdict_not_a_traceback(tmp_path):
+    """A `redis-server` that exits at once (here a stand-in printing Redis's own refusal of a bad AOF):
+    `omnirl run` printed a RedisServerError traceback; now the server's log tail and the launcher's last
+    line, `omnirl: the job did not finish (exit 1): the embedded Redis did not start: …`."""
+    fake = tmp_path / "bin" / "redis-server"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho 'Bad file format reading the append only file' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    done, out = _run_with_path(tmp_path, fake.parent)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
+    assert "Bad file format reading the append only file" in done.stdout, done.stdout
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("omnirl: the job did not finish (exit 1): the embedded Redis did not start: redis-server "
+                           "exited with code 1 before answering PING; log "), last
+
+
+def test_a_job_running_on_the_manifests_redis_is_not_started_there_again(tmp_path, redis_client, redis_url):
+    """Two `omnirl run`s of one job on one external Redis (spec.transferQueue.redisUrl), in two --out
+    directories: the second one's fresh start deleted the first one's keys (its rollout, reward and
+    controller failed on "UNBLOCKED the stream key no longer exists" and it spent a restart-job) and then
+    refused to start itself (exit 4, "the checkpoint directory was lost or belongs to another run").
+    Found by hand on the tiny example; here the first run is its roles' heartbeats in a real Redis."""
+    import json as json_lib
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import yaml
+
+    from omnirl.launch.preflight import LIVE_BEAT_S, check_not_running_elsewhere
+    from omnirl.transfer.heartbeat import Heartbeat
+    from omnirl.transfer.keys import kv_key
+
+    repo = Path(__file__).resolve().parents[1]
+    doc = yaml.safe_load((repo / "examples/ocr-awm.yaml").read_text())
+    for field in ("trainPrompts", "validationPrompts"):
+        doc["spec"]["data"][field] = str(repo / "examples" / doc["spec"]["data"][field])
+    doc["spec"]["transferQueue"] = {"redisUrl": redis_url}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    for worker in ("rollout-0", "controller-0"):
+        Heartbeat(redis_client, "ocr-awm", worker.split("-")[0], worker).beat()
+    redis_client.set(kv_key("ocr-awm", "requests-of-the-other-run"), b"1")
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
+                           "--device", "cpu", "--steps", "1", "--out", str(out)], cwd=repo, capture_output=True,
+                          text=True, timeout=300)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout + done.stderr
+    port = redis_url.rsplit(":", 1)[1].split("/")[0]
+    assert done.stderr.startswith(f"omnirl run: metadata.name: job 'ocr-awm' is running on 127.0.0.1:{port} "
+                                  "(spec.transferQueue.redisUrl; last heartbeats: "), done.stderr
+    assert "give this run another metadata.name" in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    assert redis_client.get(kv_key("ocr-awm", "requests-of-the-other-run")) == b"1"  # nothing of it deleted
+    assert not out.exists()
+    job = load_rljob(str(tmp_path / "job.yaml"))
+    redis_client.set(kv_key("ocr-awm", "stop"), b"true")  # that run ended (its launcher sets stop)
+    check_not_running_elsewhere(redis_url, job)
+    redis_client.delete(kv_key("ocr-awm", "stop"))
+    for key in redis_client.scan_iter(match=kv_key("ocr-awm", "heartbeat:*")):  # a run killed a while ago
+        beat = json_lib.loads(redis_client.get(key))
+        redis_client.set(key, json_lib.dumps({**beat, "t": time.time() - LIVE_BEAT_S - 1}).encode())
+    check_not_running_elsewhere(redis_url, job)

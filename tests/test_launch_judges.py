@@ -48,6 +48,43 @@ def test_a_judge_reading_the_port_from_its_environment_is_started_wired_and_stop
         assert s.connect_ex(("127.0.0.1", j.port)) != 0
 
 
+KILLED_LAUNCHER = """
+import sys, time
+from omnirl.api.loader import load_rljob
+from omnirl.launch.servers import start_judges
+judges, _ = start_judges(load_rljob(sys.argv[1]), __import__("pathlib").Path(sys.argv[2]), timeout_s=60)
+print("judge pid", judges[0].proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_judge_dies_with_a_sigkilled_launcher(tmp_path):
+    """`kill -9` of `omnirl run` (or an OOM kill) takes its judge servers with it, as its Redis and role
+    processes (README, "What survives what"): a judge holds a GPU and a port. Found by hand: the tiny job
+    with `omnirl scorer serve` as its judge, the launcher SIGKILLed after step 1, and the judge ran on with
+    parent 1. Here the launcher's own `start_judges` in a process that is SIGKILLed."""
+    import os
+    import signal
+    import time
+
+    job_with(tmp_path, {"command": [sys.executable, "-c", ENV_PORT_SERVER]})  # writes tmp_path/job.yaml
+    launcher = subprocess.Popen([sys.executable, "-c", KILLED_LAUNCHER, str(tmp_path / "job.yaml"),
+                                 str(tmp_path / "logs")], stdout=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        pid = int(next(line for line in launcher.stdout if line.startswith("judge pid")).split()[-1])  # it answers
+        launcher.send_signal(signal.SIGKILL)
+        launcher.wait(10)
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{pid}") and open(f"/proc/{pid}/stat").read().split(") ")[1][0] != "Z":
+            assert time.monotonic() < deadline, f"the judge (pid {pid}) outlived its SIGKILLed launcher"
+            time.sleep(0.05)
+    finally:
+        launcher.kill()
+        if pid is not None and os.path.exists(f"/proc/{pid}"):
+            os.kill(pid, signal.SIGKILL)
+
+
 def test_a_judge_that_exits_is_named_with_its_log(tmp_path):
     job = job_with(tmp_path, {"command": [sys.executable, "-c", "print('no GPU here'); raise SystemExit(3)"]})
     with pytest.raises(JudgeFailed, match=r"judge judge exited 3 before answering:\nno GPU here"):

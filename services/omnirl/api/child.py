@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Sequence
 
@@ -24,7 +25,7 @@ and a child must still stop on either."""
 
 _GUARD = """\
 import os, signal, sys
-parent, death = int(sys.argv[1]), int(sys.argv[2])
+parent, death, report = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
 stop = [signal.Signals(int(s)) for s in sys.argv[3].split(",")]
 for s in stop:
     signal.signal(s, signal.SIG_DFL)
@@ -40,11 +41,18 @@ if death:
         pass  # not glibc: the launcher's own stop paths remain
     if os.getppid() != parent:  # the parent died before the prctl: nobody would send the signal
         os.kill(os.getpid(), death)
-os.execvp(sys.argv[4], sys.argv[4:])
+if report < 0:
+    os.execvp(sys.argv[5], sys.argv[5:])
+os.set_inheritable(report, False)  # closed by a successful exec: the starter reads EOF
+try:
+    os.execvp(sys.argv[5], sys.argv[5:])
+except OSError as err:  # as Popen reports it: the errno, to be raised in the starter
+    os.write(report, f"{err.errno} {err.strerror}".encode())
+    os._exit(127)
 """
 
 
-def guarded(cmd: Sequence[str], parent_death_signal: int | None = None) -> list[str]:
+def guarded(cmd: Sequence[str], parent_death_signal: int | None = None, report_fd: int = -1) -> list[str]:
     """The command line that runs ``cmd`` as a guarded child of this process.
 
     The guard resets :data:`STOP_SIGNALS` to their default action and unblocks them, restores the default
@@ -57,9 +65,11 @@ def guarded(cmd: Sequence[str], parent_death_signal: int | None = None) -> list[
     Args:
         cmd: program and arguments; the program is looked up on PATH like ``execvp``.
         parent_death_signal: e.g. ``signal.SIGTERM``; ``None`` sends nothing when the parent dies.
+        report_fd: a pipe's write end passed to the child (``pass_fds``) on which the guard writes
+            ``"ERRNO STRERROR"`` when ``cmd`` cannot be executed; -1: none (``start_guarded`` uses it).
 
     Returns:
-        ``[sys.executable, "-I", "-S", "-c", GUARD, parent_pid, signal, stop_signals, *cmd]``.
+        ``[sys.executable, "-I", "-S", "-c", GUARD, parent_pid, signal, stop_signals, report_fd, *cmd]``.
 
     Raises:
         ValueError: ``cmd`` is empty.
@@ -68,4 +78,30 @@ def guarded(cmd: Sequence[str], parent_death_signal: int | None = None) -> list[
         raise ValueError("guarded() needs a program to run; got an empty command")
     death = int(parent_death_signal) if parent_death_signal and sys.platform.startswith("linux") else 0
     stop = ",".join(str(int(s)) for s in STOP_SIGNALS)
-    return [sys.executable, "-I", "-S", "-c", _GUARD, str(os.getpid()), str(death), stop, *cmd]
+    return [sys.executable, "-I", "-S", "-c", _GUARD, str(os.getpid()), str(death), stop, str(report_fd), *cmd]
+
+
+def start_guarded(cmd: Sequence[str], parent_death_signal: int | None = None, **popen: object) -> subprocess.Popen:
+    """``subprocess.Popen(guarded(cmd, parent_death_signal), **popen)`` that raises as ``Popen(cmd)`` would
+    when ``cmd`` cannot be executed (not found, not executable, not a program the kernel runs): the guard
+    writes the exec's errno on a close-on-exec pipe, read here until the exec closes it. Without it, a
+    guarded command that cannot run is only a child exiting 127 with a traceback in its log.
+
+    Raises:
+        OSError: (or its subclass for the errno, e.g. ``PermissionError``) naming ``cmd[0]``; the guard has exited.
+        ValueError: ``cmd`` is empty; ``popen`` holds ``pass_fds`` (the pipe is passed here).
+    """
+    if "pass_fds" in popen:
+        raise ValueError("start_guarded passes its own pipe to the child: pass_fds is not supported")
+    read, write = os.pipe()
+    try:
+        proc = subprocess.Popen(guarded(cmd, parent_death_signal, write), pass_fds=(write,), **popen)
+    finally:
+        os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        failed = pipe.read()  # b"" once the exec closed the pipe (or the guard died before it)
+    if failed:
+        proc.wait()
+        number, _, text = failed.decode().partition(" ")
+        raise OSError(int(number), text, cmd[0])
+    return proc

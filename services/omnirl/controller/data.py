@@ -13,11 +13,17 @@ from omnirl.api.seeds import derive
 def numbered_prompts(path: str | Path, what: str = "spec.data.trainPrompts / validationPrompts") -> list[tuple[int, str]]:
     """(1-based line number, prompt) of every non-blank line of a prompt file, stripped.
 
+    Lines end at "\n" only (a "\r" before it is stripped), so the numbers are an editor's, `grep -n`'s
+    and `wc -l`'s: `str.splitlines` also split at a form feed or U+2028 inside a line, cutting one prompt
+    in two and numbering every later line one too far. A UTF-8 byte-order mark (a Windows editor's) is
+    not part of the first prompt.
+
     Args:
         what: the field or flag the path came from (`spec.data.trainPrompts`, `--prompts`), named in errors.
     Raises:
         FileNotFoundError: the file does not exist.
-        ValueError: it is a directory, cannot be read as UTF-8 text, or holds no prompt.
+        ValueError: it is a directory, cannot be read, is not UTF-8 text (naming the line and the byte),
+            or holds no prompt.
     """
     p = Path(path)
     if p.is_dir():
@@ -25,9 +31,15 @@ def numbered_prompts(path: str | Path, what: str = "spec.data.trainPrompts / val
     if not p.exists():
         raise FileNotFoundError(f"{what}: prompt file {p} not found")
     try:
-        lines = p.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ValueError(f"{what}: cannot read {p} as UTF-8 text: {err}") from err
+        raw = p.read_bytes()
+    except OSError as err:
+        raise ValueError(f"{what}: cannot read {p}: {err}") from err
+    try:
+        lines = raw.decode("utf-8-sig").split("\n")
+    except UnicodeDecodeError as err:
+        line = raw[:err.start].count(b"\n") + 1
+        raise ValueError(f"{what}: {p} line {line} is not UTF-8 text (byte {raw[err.start]:#04x}: {err.reason}); "
+                         "save the file as UTF-8, or fix or remove that line") from err
     numbered = [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip()]
     if not numbered:
         raise ValueError(f"{what}: prompt file {p} has no prompts (one prompt per line expected)")

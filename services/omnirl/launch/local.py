@@ -14,9 +14,13 @@ Outputs: `OUT/job.yaml` (the resolved manifest the roles read), `OUT/metrics.jso
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shlex
 import signal
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import yaml
@@ -33,7 +37,7 @@ from omnirl.launch.progress import validation_table
 from omnirl.launch.servers import JudgeFailed, JudgeProcess, check_local, start_judges, stop_judges
 from omnirl.launch.supervise import STATELESS_GRACE_S, Supervisor, clear_start_flags
 from omnirl.reward.registry import check_judges
-from omnirl.transfer import TransferQueue, start_redis_server
+from omnirl.transfer import RedisServerError, TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
 
 
@@ -112,6 +116,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     placements = place(job, device=getattr(args, "device", "auto"), share=getattr(args, "share_gpus", False))
     preflight.check_attention(job, placements)
     preflight.check_local_paths(job)
+    preflight.check_redis_server(job)
     check_judges(job.spec.reward)  # the judges of reward[].url; those of reward[].server once they answer
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
@@ -137,8 +142,9 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
             lock.close()
             return 0
     started["records"] = len(read_metrics(out)) if args.resume else 0  # a fresh run holds none
-    if job.spec.transferQueue.redisUrl:
+    if job.spec.transferQueue.redisUrl:  # the embedded Redis is this --out's own, and the lock guards it
         preflight.check_redis(job.spec.transferQueue.redisUrl)
+        preflight.check_not_running_elsewhere(job.spec.transferQueue.redisUrl, job)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
     out.mkdir(parents=True, exist_ok=True)
     lock = lock or preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
@@ -187,21 +193,30 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     except JudgeFailed as err:
         print(f"omnirl: {err}", flush=True)
         code = 1
+    except RedisServerError as err:  # the embedded server exited at start (its log's tail follows the first line)
+        first, _, tail = str(err).partition("\n")
+        if tail.strip():
+            print(tail.rstrip(), flush=True)
+        failure, code = f"the embedded Redis did not start: {first}", 1
     finally:
-        if supervisor is not None:
-            failure = supervisor.failure
-            redis = supervisor.redis
-            # a full or read-only run directory: the actor's SIGTERM checkpoint cannot be written (nor, when its
-            # Redis died of it, handed over); the last complete one stands, so no grace period is waited out
-            supervisor.stop_all(grace_s=STATELESS_GRACE_S if code == STORAGE_ERROR_EXIT else None)
-            supervisor.close()
-        stop_judges(judges)
-        if queue is not None:
-            queue.close()
-        if redis is not None:
-            redis.stop()
-        if ray_ctx is None and "ray" in sys.modules:  # interrupted in ray.init: stop what it started
-            sys.modules["ray"].shutdown()
+        with _interrupts_hurry(supervisor):  # a second Ctrl-C cuts the stop short; it cannot skip the cleanup
+            try:
+                if supervisor is not None:
+                    failure = supervisor.failure
+                    # a full or read-only run directory: the actor's SIGTERM checkpoint cannot be written (nor, when
+                    # its Redis died of it, handed over); the last complete one stands, so no grace period is waited out
+                    supervisor.stop_all(grace_s=STATELESS_GRACE_S if code == STORAGE_ERROR_EXIT else None)
+            finally:
+                if supervisor is not None:
+                    supervisor.close()
+                    redis = supervisor.redis  # read after close: its watchdog may restart the server until then
+                stop_judges(judges)
+                if queue is not None:
+                    queue.close()
+                if redis is not None:
+                    redis.stop()
+                if ray_ctx is None and "ray" in sys.modules:  # interrupted in ray.init: stop what it started
+                    sys.modules["ray"].shutdown()
     _summary(out)
     if code:  # the table above reads like a finished run: the last line says it is not
         print(verdict(code, failure, args, out, since=int(started["records"])), flush=True)
@@ -232,18 +247,43 @@ def _raise_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt  # SIGTERM stops the job like Ctrl-C
 
 
+@contextlib.contextmanager
+def _interrupts_hurry(supervisor: Supervisor | None) -> Iterator[None]:
+    """While the launcher stops the job and cleans up, Ctrl-C or SIGTERM (again) calls `supervisor.hurry()`
+    — the roles still running are SIGKILLed at once, as an impatient second Ctrl-C asks — instead of
+    raising KeyboardInterrupt. Raised there, it skipped the rest of the cleanup: the embedded Redis and
+    the Redis watchdog were never stopped, the watchdog restarted the server when the launcher's exit
+    took it down, and a `redis-server` outlived `omnirl run`. Outside the main thread (no signal
+    handlers there) it changes nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def hurry(signum: int, frame: object) -> None:
+        if supervisor is not None:
+            supervisor.hurry()  # only a flag: stop_all says so from the main loop (no print inside a handler)
+
+    before = {sig: signal.signal(sig, hurry) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def resume_command(args: argparse.Namespace, out: Path) -> str:
     """The `omnirl run` command that continues this run: the same job, `--out` and flags. Without
     `--steps` a resume trains to `spec.algorithm.steps` (e.g. 80 after a `--steps 3` run), and
     without `--device cpu` it places the roles on the GPUs. No `--resume` when nothing was started
-    yet (no `metrics.jsonl`: a stop while the roles loaded), which `--resume` would refuse."""
+    yet (no `metrics.jsonl`: a stop while the roles loaded), which `--resume` would refuse. Paths and
+    values are quoted for a POSIX shell where they need it (`--out 'runs/my run'`): the line is pasted."""
     flags = [f"--steps {args.steps}" if args.steps else "",
-             f"--ray-address {args.ray_address}" if args.ray_address else "",
+             f"--ray-address {shlex.quote(args.ray_address)}" if args.ray_address else "",
              "--no-ray" if args.no_ray else "",
              f"--device {args.device}" if getattr(args, "device", "auto") != "auto" else "",
              "--share-gpus" if getattr(args, "share_gpus", False) else "",
              "--resume" if (out / METRICS_FILE).exists() else ""]
-    return " ".join(["omnirl run", args.job, "--out", str(out), *filter(None, flags)])
+    return " ".join(["omnirl run", shlex.quote(args.job), "--out", shlex.quote(str(out)), *filter(None, flags)])
 
 
 def verdict(code: int, failure: str, args: argparse.Namespace, out: Path, since: int | None = None) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 from pathlib import Path
 from typing import IO
 from urllib.parse import urlsplit
@@ -125,6 +126,21 @@ def lock_run_dir(out: Path) -> IO[str]:
     return handle
 
 
+def check_redis_server(job: RLJob) -> None:
+    """`omnirl run` starts its own `redis-server` when the manifest names no Redis: it must be installed
+    (a pip-installed omnirl brings no server; the traceback of `start_redis_server` came after job.yaml
+    and the lock were written).
+
+    Raises:
+        ValueError: naming `redis-server`, how to install it and `spec.transferQueue.redisUrl`.
+    """
+    if job.spec.transferQueue.redisUrl or shutil.which("redis-server"):
+        return
+    raise ValueError("redis-server is not on PATH: omnirl run starts one for the job's TransferQueue when "
+                     "spec.transferQueue.redisUrl is unset; install it (Debian/Ubuntu: apt-get install redis-server, "
+                     "macOS: brew install redis), or set spec.transferQueue.redisUrl to a Redis you run")
+
+
 def check_redis(url: str) -> None:
     """The manifest's own Redis must answer before any role starts: the roles' clients retry for
     minutes (to ride out a restart), so an unreachable URL would otherwise look like a silent hang.
@@ -142,6 +158,46 @@ def check_redis(url: str) -> None:
         raise ValueError(f"spec.transferQueue.redisUrl: {parts.hostname}:{parts.port or 6379} does not answer "
                          f"({type(err).__name__}: {err}); start that Redis or fix the URL, or remove redisUrl so "
                          "omnirl run starts its own redis-server") from err
+
+
+LIVE_BEAT_S = 30.0
+"""A role's heartbeat younger than this, with no `stop` flag set, means its job runs now: roles beat
+about once a second while they work, and the launcher sets `stop` when it ends."""
+
+
+def check_not_running_elsewhere(url: str, job: RLJob) -> None:
+    """A job whose name is live on the manifest's Redis — another `omnirl run` of it, in another --out
+    or on another machine, or an RLJob of that name on a shared Redis — is not started again there: a
+    fresh run deletes the job's keys first (`TransferQueue.cleanup`), so the other run's roles failed on
+    "UNBLOCKED the stream key no longer exists" and restarted, and this run's actor found that run's
+    progress (`actor_state`) and refused to start (exit 4, "the checkpoint directory was lost or belongs
+    to another run"). Live: a heartbeat younger than `LIVE_BEAT_S` and no `stop` flag (a stopped run sets it).
+
+    Raises:
+        ValueError: naming `metadata.name`, the Redis (never its password), the live workers and the fix.
+    """
+    import time
+
+    import redis as redis_py
+
+    from omnirl.transfer.heartbeat import read_heartbeats
+    from omnirl.transfer.keys import kv_key
+
+    name = job.metadata.name
+    with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+        if client.get(kv_key(name, "stop")) is not None:
+            return
+        now = time.time()
+        live = sorted((now - float(beat.get("t", 0)), worker) for worker, beat in read_heartbeats(client, name).items()
+                      if now - float(beat.get("t", 0)) < LIVE_BEAT_S)
+    if live:
+        parts = urlsplit(url)
+        beats = ", ".join(f"{worker} {max(age, 0):.0f} s ago" for age, worker in live)
+        raise ValueError(f"metadata.name: job {name!r} is running on {parts.hostname}:{parts.port or 6379} "
+                         f"(spec.transferQueue.redisUrl; last heartbeats: {beats}); another omnirl run or RLJob of "
+                         "that name uses this Redis, and starting here would delete or take over its work: stop it, "
+                         "or give this run another metadata.name (a run just killed: its beats stop counting after "
+                         f"{LIVE_BEAT_S:.0f} s)")
 
 
 def trained_steps(out: Path) -> int:

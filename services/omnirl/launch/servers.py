@@ -22,6 +22,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from omnirl.api.child import start_guarded
 from omnirl.api.judges import argv, judge_rewards, url, wire
 from omnirl.api.spec import RewardSpec, RLJob
 from omnirl.transfer.redis_server import free_port
@@ -119,10 +120,12 @@ def start_judges(job: RLJob, logs: Path, timeout_s: float = READY_TIMEOUT_S) -> 
             log = logs / f"judge-{r.name}.log"
             with log.open("a") as f:
                 try:
-                    proc = subprocess.Popen(argv(r.server, port), stdout=f, stderr=subprocess.STDOUT,
-                                            env={**os.environ, PORT_ENV: str(port), "PORT": str(port),
-                                                 "PYTHONUNBUFFERED": "1"},
-                                            start_new_session=True)
+                    # SIGTERM when the launcher dies, SIGKILLed or not, as its Redis and roles (a judge holds a
+                    # GPU; started without it, one outlived a `kill -9` of `omnirl run`, parent 1)
+                    proc = start_guarded(argv(r.server, port), signal.SIGTERM, stdout=f, stderr=subprocess.STDOUT,
+                                         env={**os.environ, PORT_ENV: str(port), "PORT": str(port),
+                                              "PYTHONUNBUFFERED": "1"},
+                                         start_new_session=True)
                 except OSError as err:  # not installed here, not executable: the user's command, not ours
                     i = job.spec.reward.index(r)
                     raise ValueError(_not_startable(i, argv(r.server, port)[0],

@@ -100,6 +100,7 @@ class Supervisor:
         self._events = (out / "events.jsonl").open("a", buffering=1)
         self._lock = threading.Lock()
         self._closed = threading.Event()
+        self._hurry = threading.Event()  # `hurry`: the grace period of a stop is cut short
         # its own thread: the main loop may sit in a Redis call retrying while the server is down
         self._watchdog = threading.Thread(target=self._watch_redis, daemon=True)
         self._watchdog.start()
@@ -130,19 +131,33 @@ class Supervisor:
     def stop_all(self, grace_s: float | None = None) -> None:
         """SIGTERM every role, SIGKILL what is left after the grace period: the actor gets
         `terminationGracePeriodSeconds` to write its checkpoint, the others at most
-        `STATELESS_GRACE_S` (their work stays pending in Redis for their successors)."""
+        `STATELESS_GRACE_S` (their work stays pending in Redis for their successors). After `hurry`
+        (a second Ctrl-C) the wait ends at once."""
         grace = self.policy.terminationGracePeriodSeconds if grace_s is None else grace_s
         for p in self.procs.values():
             p.send_signal(signal.SIGTERM)
         start = time.monotonic()
-        while any(p.poll() is None and time.monotonic() - start < (grace if p.role == "actor" else
-                                                                     min(grace, STATELESS_GRACE_S))
-                  for p in self.procs.values()):
+        while not self._hurry.is_set() and any(
+                p.poll() is None and time.monotonic() - start < (grace if p.role == "actor" else
+                                                                 min(grace, STATELESS_GRACE_S))
+                for p in self.procs.values()):
             self._pump()
             time.sleep(0.2)
+        forced = []
         for p in self.procs.values():
+            running = p.poll() is None
             p.pump_logs(sys.stdout)
             p.kill(grace_s=0.1)
+            if running and p.poll() == -signal.SIGKILL:
+                forced.append(p.name)
+        if self._hurry.is_set() and forced:
+            print(f"omnirl: interrupted again — killed {', '.join(forced)} before they stopped (a stop checkpoint "
+                  "not finished is not written; --resume continues from the last complete one)", flush=True)
+
+    def hurry(self) -> None:
+        """Cut the grace period of the stop under way (and of any later one) short: `stop_all` SIGKILLs
+        what is still running at once. Safe from a signal handler (it only sets a flag)."""
+        self._hurry.set()
 
     def close(self) -> None:
         """Stop watching Redis, close the events file."""
@@ -216,6 +231,17 @@ class Supervisor:
                 return
 
     def _watch_redis(self) -> None:
+        """The watchdog thread: restarts the embedded Redis (`_restart_redis`) until `close`. It lives
+        until `close` even after a verdict: a server it restarted has it as its parent for the kernel's
+        parent-death signal (prctl is per thread), so the server goes down with the launcher, SIGKILLed or
+        not, and not before the job's stop. (Restarted without that signal, it outlived a `kill -9` of
+        `omnirl run`, parent 1, holding the job's data.)"""
+        try:
+            self._restart_redis()
+        finally:
+            self._closed.wait()
+
+    def _restart_redis(self) -> None:
         refused_since = None  # when a restart was first refused (its port taken): retried until REDIS_RESTART_S
         while not self._closed.wait(0.2):
             if self.redis is None or self.redis.alive():
@@ -226,8 +252,7 @@ class Supervisor:
                 if err is None:
                     if refused_since is None:
                         self._event("redis", what, "restart-redis")
-                    self.redis = start_redis_server(port=self.redis.port, dir=str(self.redis.dir), aof=True,
-                                                    die_with_parent=False)
+                    self.redis = start_redis_server(port=self.redis.port, dir=str(self.redis.dir), aof=True)
                     refused_since = None
                     self._write_pids()
                     continue

@@ -15,7 +15,27 @@ from pathlib import Path
 from omnirl.api.errors import ManifestError
 from omnirl.api.loader import load_rljob
 from omnirl.models.export import EXPORTS, export_checkpoint
-from omnirl.models.policy_io import LATEST
+from omnirl.models.policy_io import LATEST, POLICY_FILE
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    """RUN_DIR must be a run directory, not one of the two directories a user has at hand after a run.
+
+    Raises:
+        FileNotFoundError: `run_dir` is missing, a checkpoint (it holds the policy: naming the run
+            directory and `--checkpoint` to pass instead) or an export (`export.json`).
+    """
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"{run_dir} is not a directory; pass a run directory (omnirl run --out, or the "
+                                "mounted spec.storage claim)")
+    if (run_dir / POLICY_FILE).is_file():  # OUT/checkpoints/latest: its run is two levels up in omnirl run's layout
+        run = run_dir.resolve().parent.parent
+        instead = (f"omnirl export {run} --out DIR --checkpoint {run_dir}" if (run / "job.yaml").is_file() else
+                   f"the run directory as RUN_DIR and --checkpoint {run_dir}")
+        raise FileNotFoundError(f"{run_dir} is a checkpoint, not a run directory; pass {instead}")
+    if (run_dir / "export.json").is_file():
+        raise FileNotFoundError(f"{run_dir} is an export already (the trained model as users load it); pass the run "
+                                "directory it came from (omnirl run --out) to export one of its checkpoints")
 
 
 def _manifest(run_dir: Path, job: str | None) -> Path:
@@ -32,9 +52,7 @@ def main(args: argparse.Namespace) -> int:
     """CLI adapter; returns 0, or 2 with one line on stderr."""
     run_dir = Path(args.run_dir)
     try:
-        if not run_dir.is_dir():
-            raise FileNotFoundError(f"{run_dir} is not a directory; pass a run directory (omnirl run --out, or the "
-                                    "mounted spec.storage claim)")
+        _check_run_dir(run_dir)
         job = load_rljob(_manifest(run_dir, args.job))
         checkpoint = Path(args.checkpoint) if args.checkpoint else run_dir / job.spec.checkpoint.dir / LATEST
         if not args.checkpoint and not checkpoint.exists():

@@ -26,7 +26,7 @@ from omnirl.api.child import STOP_SIGNALS, guarded
 
 _INSTALL_HINT = (
     "`redis-server` was not found on PATH; install it (Debian/Ubuntu: `apt-get install redis-server`, "
-    "macOS: `brew install redis`) or point the job at an external Redis URL"
+    "macOS: `brew install redis`) or point the job at a Redis you run (spec.transferQueue.redisUrl)"
 )
 
 
@@ -188,7 +188,8 @@ def start_redis_server(
         aof: persist every write to an append-only file in ``dir`` (fsync per write); a server
             started again on the same ``dir`` reloads it.
         die_with_parent: on Linux, the server gets SIGTERM when the thread that started it exits
-            (so a crashed launcher leaves nothing behind); start it from the main thread.
+            (so a crashed launcher leaves nothing behind); start it from the main thread, or from a
+            thread that lives as long as the server should (the launcher's Redis watchdog).
 
     Returns:
         A :class:`RedisServer`; use ``with start_redis_server() as srv: ... srv.url``.

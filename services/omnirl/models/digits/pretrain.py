@@ -15,6 +15,7 @@ probability 2/3, else 128 px with 5 digits), so both latent shapes are trained.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -192,11 +193,17 @@ def main(args) -> int:
     so). Prints the report as JSON; returns the exit code 0.
 
     Raises:
-        ValueError: `--out` already holds a model (it would be overwritten), or an unusable `--device`.
+        ValueError: `--steps` or `--batch-size` below 1, an `--lr` that is not a finite number > 0, `--out`
+            already holds a model (it would be overwritten), or an unusable `--device`; each names the flag.
     """
     import json
     import os
 
+    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size)):
+        if value < 1:
+            raise ValueError(f"{flag} {value}: must be >= 1")
+    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):  # torch: "Invalid learning rate: -1.0"
+        raise ValueError(f"--lr {args.lr}: must be a finite number > 0 (default {DEFAULT_LR:g}, the shipped model's)")
     weights = Path(args.out) / WEIGHTS_FILE
     if weights.exists():  # e.g. --out services/omnirl/models/digits/weights: the shipped model, overwritten
         raise ValueError(f"--out {args.out}: already holds a model ({weights}); pretraining would overwrite it: "
