@@ -22,12 +22,9 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import re
 import time
 from collections import defaultdict
-from datetime import date
-from pathlib import Path
 
 import torch
 import torch._inductor.config  # noqa: F401  (the "aggr" variant patches it)
@@ -35,7 +32,7 @@ import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
 from benchmarks.gpu import rollout
-from benchmarks.gpu.common import matmul_peak_tflops, mfu, sync
+from benchmarks.gpu.common import matmul_peak_tflops, merge_results, mfu, results_path, sync
 from benchmarks.gpu.flops import sd3_forward_flops
 from benchmarks.gpu.fused_gelu import fuse_feedforward_gelu, linear_gelu_tanh
 from benchmarks.gpu.model import SD35_MEDIUM, TEXT_TOKENS, TINY, BenchSD3Adapter, build_transformer
@@ -255,12 +252,8 @@ def main() -> int:
         res["ffn"] = ffn_kernels(args.batch, device)
     res["backends"] = {b if v == "plain" else f"{b}/{v}": per_backend(b, cfg, args, device, peak, v)
                        for b in backends for v in variants}
-    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + ("-tiny" if args.tiny else "")
-    path = Path(args.out) / f"{date.today()}-{slug}.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[args.key] = res
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, default=float))
+    path = results_path(args.out, gpu, args.tiny)
+    merge_results(path, args.key, res)
     print(f"wrote {path}")
     return 0
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Callable
+from datetime import date
+from pathlib import Path
 
 import torch
 
@@ -51,3 +55,18 @@ def request_flops(config: dict, latent_shape: tuple[int, ...], num_steps: int, c
 def mfu(flops: float, seconds: float, peak_tflops: float) -> float:
     """Model FLOPs utilisation: achieved FLOP/s over the measured matmul peak."""
     return flops / seconds / (peak_tflops * 1e12)
+
+
+def results_path(out: str | Path, device_name: str, tiny: bool = False) -> Path:
+    """`<out>/<today>-<device slug>[-tiny].json`, the file a day's results on one machine merge into
+    (e.g. `benchmarks/results/2026-12-02-nvidia-h200.json`)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") + ("-tiny" if tiny else "")
+    return Path(out) / f"{date.today()}-{slug}.json"
+
+
+def merge_results(path: Path, key: str, value: dict) -> None:
+    """Set `key` to `value` in the JSON results file at `path` (created if missing), keeping its other keys."""
+    data = json.loads(path.read_text()) if path.exists() else {}
+    data[key] = value
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1, default=float))

@@ -18,17 +18,13 @@ Results merge into `benchmarks/results/<date>-<gpu>.json` under `--key` (default
 from __future__ import annotations
 
 import argparse
-import json
-import re
 from collections import defaultdict
-from datetime import date
-from pathlib import Path
 
 import torch
 
 from benchmarks.gpu import rollout
 from benchmarks.gpu.attention import cuda_ms, kernel_kind
-from benchmarks.gpu.common import matmul_peak_tflops, mfu, sync
+from benchmarks.gpu.common import matmul_peak_tflops, merge_results, mfu, results_path, sync
 from benchmarks.gpu.flops import sd3_forward_flops
 from benchmarks.gpu.model import SD35_MEDIUM, TEXT_TOKENS, TINY, BenchSD3Adapter, build_transformer
 from omnirl.models.compile import compile_adapter_module
@@ -124,12 +120,8 @@ def main(argv: list[str] | None = None) -> dict:
         sync(device)
         for arrival in ("burst", "stream"):
             report[f"profile_{arrival}"] = profile_engine(adapter, args.requests, arrival, device, cfg, peak)
-    slug = re.sub(r"[^a-z0-9]+", "-", report["device"].lower()).strip("-") + ("-tiny" if args.tiny else "")
-    path = Path(args.out) / f"{date.today()}-{slug}.json"
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[args.key] = report
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1, default=float))
+    path = results_path(args.out, report["device"], args.tiny)
+    merge_results(path, args.key, report)
     print(f"wrote {path}")
     return report
 

@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import re
 import traceback
-from datetime import date
-from pathlib import Path
 
 import torch
 
 from benchmarks.gpu import actor, e2e, rollout
-from benchmarks.gpu.common import matmul_peak_tflops
+from benchmarks.gpu.common import matmul_peak_tflops, results_path
 from benchmarks.gpu.fused_gelu import fuse_feedforward_gelu
 from benchmarks.gpu.model import SD35_MEDIUM, TEXT_TOKENS, TINY, BenchSD3Adapter, build_transformer
 from omnirl.api.spec import LoRASpec
@@ -294,8 +291,7 @@ def main() -> int:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = TINY if args.tiny else SD35_MEDIUM
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    slug = re.sub(r"[^a-z0-9]+", "-", gpu.lower()).strip("-") + ("-tiny" if args.tiny else "")
-    path = Path(args.out) / f"{date.today()}-{slug}.json"
+    path = results_path(args.out, gpu, args.tiny)
     res = json.loads(path.read_text()) if path.exists() else {}
     peak = matmul_peak_tflops(device, n=8192 if device.type == "cuda" else 512, repeats=20 if device.type == "cuda" else 3)
     res.update({"device": gpu, "torch": torch.__version__, "model_config": cfg, "text_tokens": TEXT_TOKENS,
