@@ -26,7 +26,7 @@ from omnirl.launch.supervise import clear_start_flags
 from omnirl.models.policy_io import make_latest
 from omnirl.telemetry.health import HealthServer
 from omnirl.transfer import TransferQueue, start_redis_server
-from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stale_roles, stalled_text
+from omnirl.transfer.heartbeat import Heartbeat, last_beats, read_heartbeats, stale_roles, stalled_text
 from omnirl.transfer.queue import redis_client
 
 
@@ -322,6 +322,18 @@ def test_heartbeats_name_the_stale_role_and_veto_the_health_probe(redis_client):
     finally:
         server.stop()
         TransferQueue(redis_client, "dur").cleanup()
+
+
+def test_a_rollout_waiting_for_the_actor_names_the_actors_last_beat(redis_client):
+    """The rollout's line while the actor's store does not answer says whether the actor is alive
+    (`last_beats`): its last beat and whether a start-up wrote it, or that Redis holds none."""
+    assert last_beats(read_heartbeats(redis_client, "seen"), "actor") == \
+        "no actor heartbeat in Redis (not started yet, or gone)"
+    Heartbeat(redis_client, "seen", "actor", "actor-0", every_s=0.0).beat(startup=True)
+    Heartbeat(redis_client, "seen", "reward", "reward-0", every_s=0.0).beat()
+    beats = read_heartbeats(redis_client, "seen")
+    assert last_beats(beats, "actor", now=beats["actor-0"]["t"] + 12.2) == "actor-0 last beat 12 s ago while starting"
+    TransferQueue(redis_client, "seen").cleanup()
 
 
 def test_the_stalled_status_names_the_startup_deadline_after_a_startup_beat(redis_client):

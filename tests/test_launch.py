@@ -130,6 +130,50 @@ def test_a_crash_is_restarted_a_configuration_error_is_not(tmp_path, redis_url, 
     assert _supervise(tmp_path, redis_url, exit_code) == expected
 
 
+@pytest.mark.parametrize("actor_exit,lag_s", [(4, 1.5), (5, 1.5), (4, -0.3)],
+                         ids=["config-after-controller", "storage-after-controller", "config-before-controller"])
+def test_an_actors_permanent_exit_decides_when_the_controller_fails_with_it(tmp_path, redis_url, actor_exit, lag_s):
+    """An actor that fails after start-up publishes a RoleFailure, the controller raises it and exits 1, and
+    the actor exits with its own code (`omnirl run` with an actor ConfigError at its first step: the
+    controller's exit 1 was read first, the job restarted until maxRestarts, exit 1). Two real processes
+    that do so (the actor `lag_s` after the controller): the actor's permanent code and line decide, once."""
+    import sys
+    from pathlib import Path
+
+    from omnirl.launch.procs import RoleProcess, _Child
+    from omnirl.launch.supervise import Supervisor
+    from omnirl.transfer import TransferQueue
+
+    job = _gpu_job(tmp_path)
+    job = job.model_copy(update={"spec": job.spec.model_copy(update={
+        "failurePolicy": job.spec.failurePolicy.model_copy(update={"maxRestarts": 2})})})
+    actor_line = {4: "omnirl role actor: configuration error: spec.model.lora.targetModules: ['x'] matched no module",
+                  5: "omnirl role actor: cannot write /run (Errno 28) No space left on device); free space there"}
+    said = actor_line[actor_exit]
+    reported = f"omnirl role controller failed: RoleFailed: actor actor-0 failed: {said.split(': ', 1)[1]}"
+    scripts = {"actor": f"import time; print('started', flush=True); time.sleep({max(lag_s, 0) + 0.5}); "
+                        f"print({said!r}, flush=True); raise SystemExit({actor_exit})",
+               "controller": f"import time; print('started', flush=True); time.sleep({max(-lag_s, 0) + 0.5}); "
+                             f"print({reported!r}, flush=True); raise SystemExit(1)"}
+
+    def start(role: str, index: int, resume: str) -> RoleProcess:
+        return RoleProcess(role, index, _Child([sys.executable, "-c", scripts[role]], {}, str(tmp_path / "logs" /
+                                                                                           f"{role}-{index}.log")))
+
+    queue = TransferQueue.for_job(f"sup-die-together-{actor_exit}", job.spec.transferQueue, redis_url)
+    supervisor = Supervisor(job, [("actor", 0), ("controller", 0)], start, queue, Path(tmp_path), 1)
+    try:
+        code = supervisor.run()
+    finally:
+        supervisor.stop_all(grace_s=1.0)
+        supervisor.close()
+        queue.close()
+    assert (code, supervisor.failure) == (actor_exit, f"role actor-0 failed: {said}")
+    events = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert [(e["role"], e["reason"], e["restarts"]) for e in events] == [("actor-0", f"exit {actor_exit}: {said}", 0)]
+    assert [(tmp_path / "logs" / f"{r}-0.log").read_text().count("started") for r in ("actor", "controller")] == [1, 1]
+
+
 def test_a_process_frozen_before_its_first_heartbeat_is_replaced_after_the_deadline(tmp_path, redis_url):
     """A rollout SIGSTOPped before it ever beat (`make chaos` froze one while it loaded) is killed
     progressDeadlineSeconds after it was first seen and restarted (restart-role), maxRestarts = 1

@@ -166,3 +166,52 @@ def test_a_worker_deployment_waits_for_the_startup_probe_before_its_progress_dea
             assert probe["periodSeconds"] * probe["failureThreshold"] == budget
             assert deployment["spec"]["progressDeadlineSeconds"] == 900 + budget, (role, policy)
 
+
+
+def test_a_rollout_whose_actor_store_is_dead_says_so_and_stops_on_sigterm(tmp_path, redis_url, monkeypatch):
+    """`omnirl role rollout` with OMNIRL_WEIGHT_SYNC_ADDR on a port nothing listens on (an actor that died
+    before it listened): it said nothing for its whole bound (1800 s by default; a 70 s bound took 123 s)
+    and ignored SIGTERM inside the store's connect (`timeout 120` left it running 27 min later). Now it
+    warns with the address, the time waited, the deadline, the knob and the actor's heartbeat, and a
+    SIGTERM ends it within seconds (exit 143)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    doc = yaml.safe_load((ROOT / "examples/ocr-nft.yaml").read_text())
+    doc["spec"]["data"] = {"trainPrompts": str(ROOT / "examples/prompts/ocr-train.txt")}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    # REPORT_EVERY_S = 2 s in the role process
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "sitecustomize.py").write_text(
+        "import omnirl.weight_sync.receiver as r\nr.REPORT_EVERY_S = 2.0\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "OMNIRL_JOB_NAME": "dead-store", "OMNIRL_REDIS_URL": redis_url, "OMNIRL_OUT": str(tmp_path / "out"),
+           "OMNIRL_WEIGHT_SYNC_ADDR": f"127.0.0.1:{port}", "OMNIRL_WORKER_ID": "rollout-0", "OMNIRL_DEVICE": "cpu",
+           "PYTHONUNBUFFERED": "1", "TORCH_CPP_LOG_LEVEL": "ERROR"}
+    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "role", "rollout", "--job", str(tmp_path / "job.yaml")],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if sum("waiting for the actor's weight-sync store" in x for x in lines) == 2:
+                break
+        proc.send_signal(15)
+        sent = time.monotonic()
+        try:
+            code = proc.wait(timeout=15)  # its few lines fit the pipe: read them after it exits
+        except subprocess.TimeoutExpired:
+            code = None
+        stopped_s = time.monotonic() - sent
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    lines += proc.stdout.readlines()
+    waits = [x for x in lines if "waiting for the actor's weight-sync store" in x]
+    assert f"at 127.0.0.1:{port} ([Errno 111] Connection refused): 2 s so far, trying until " in waits[0], lines
+    assert waits[0].rstrip().endswith(" (1800 s, failurePolicy.startupDeadlineSeconds + progressDeadlineSeconds); "
+                                      "no actor heartbeat in Redis (not started yet, or gone)"), waits[0]
+    assert code == 143 and stopped_s < 5, (code, stopped_s, lines[-3:])
+    assert lines[-1].strip() == "omnirl role rollout: stopped by SIGTERM, work handed back", lines[-3:]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import logging
+import socket
 import threading
+import time
 from collections import OrderedDict
 
 import pytest
@@ -17,10 +20,12 @@ from omnirl.weight_sync import (
     SyncAborted,
     WeightReceiver,
     WeightSender,
+    WeightSyncError,
     apply_to_module,
     named_trainable_tensors,
     tensor_checksum,
 )
+from omnirl.weight_sync import receiver as receiver_module
 from omnirl.weight_sync.groups import resolve_backend
 from omnirl.weight_sync.manifest import build_manifest, empty_bucket, pack_bucket, unpack_bucket
 
@@ -204,6 +209,56 @@ def test_nan_weights_bind_bit_exactly() -> None:
 
 
 # -- store protocol, in one process (the multi-process cases are in test_weight_sync_procs.py) ------------
+
+def _closed_port() -> int:
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_first_connect_to_a_dead_address_says_what_it_waits_for_and_ends_on_time(monkeypatch, caplog) -> None:
+    """`omnirl role rollout` with OMNIRL_WEIGHT_SYNC_ADDR on a closed port (an actor that died before it
+    listened) said nothing until its bound ran out: 1800 s by default, and a 70 s bound took 123 s (the
+    store's own retries overshoot). Now it warns every REPORT_EVERY_S with the address, the error, the
+    time waited, the deadline, the knob and the caller's note, and ends at its bound."""
+    monkeypatch.setattr(receiver_module, "REPORT_EVERY_S", 1.0)
+    port = _closed_port()
+    start = time.monotonic()
+    with caplog.at_level(logging.WARNING, logger="omnirl.weight_sync.receiver"), \
+            pytest.raises(WeightSyncError, match=rf"store 127\.0\.0\.1:{port} not reachable within 3\.5 s "
+                                                 r"\(the knob\): \[Errno 111\] Connection refused"):
+        WeightReceiver("127.0.0.1", port, "w-dead", timeout_s=5, connect_timeout_s=3.5, connect_limit="the knob",
+                       connect_note=lambda: "no actor heartbeat")
+    assert 3.5 <= time.monotonic() - start < 5.0
+    waits = [r.getMessage() for r in caplog.records]
+    assert len(waits) == 3, waits  # at 1, 2 and 3 s
+    assert waits[0].startswith(f"worker w-dead: waiting for the actor's weight-sync store at 127.0.0.1:{port} "
+                               "([Errno 111] Connection refused): 1 s so far, trying until "), waits[0]
+    assert waits[0].endswith(" (4 s, the knob); no actor heartbeat"), waits[0]
+    assert [w.split(": ")[2].split(" s so far")[0] for w in waits] == ["1", "2", "3"], waits
+
+
+def test_a_first_connect_waits_for_a_store_that_comes_up_late_and_a_name_that_resolves_late(monkeypatch) -> None:
+    """An actor still loading (nothing listens yet) is waited for: the receiver registers once its
+    store is up. A name that does not resolve yet (the actor's pod not scheduled) is retried too."""
+    monkeypatch.setattr(receiver_module, "REPORT_EVERY_S", 1.0)
+    port = _closed_port()
+    senders: list[WeightSender] = []
+    late = threading.Timer(1.5, lambda: senders.append(WeightSender("127.0.0.1", port, timeout_s=5)))
+    late.start()
+    try:
+        receiver = WeightReceiver("127.0.0.1", port, "w-late", timeout_s=5, connect_timeout_s=20)
+        late.join()
+        assert senders[0].members() == ["w-late"]
+        receiver.close()
+    finally:
+        late.join()
+        for sender in senders:
+            sender.close()
+    with pytest.raises(WeightSyncError, match=r"omnirl-no-such-actor\.invalid:29500 not reachable within 1\.5 s"):
+        WeightReceiver("omnirl-no-such-actor.invalid", 29500, "w-dns", timeout_s=5, connect_timeout_s=1.5)
+
 
 def test_receiver_reconnects_and_rejoins_after_the_actor_restarts() -> None:
     first = WeightSender("127.0.0.1", 0, timeout_s=5)

@@ -16,7 +16,9 @@ process: it is SIGKILLed first). Then, per `spec.failurePolicy.{role}`:
 A controller that exits with `JOB_FAILED_EXIT` (the job itself failed: a required scorer is down,
 every group of a step failed), and any role that exits with `CONFIG_ERROR_EXIT` (a setting it
 cannot run with: a model directory without the family's layout, an unreadable checkpoint), stop the
-job at once with the role's one-line message: restarting cannot help (`omnirl.api.runtime`).
+job at once with the role's one-line message: restarting cannot help (`omnirl.api.runtime`). When
+roles die together the most specific cause decides: a role's permanent exit before the controller's
+exit 1, which often repeats a failure the role reported (`RoleFailure`) before exiting itself.
 So does a run directory that cannot be written (`omnirl.api.disk`): a role that exits
 `STORAGE_ERROR_EXIT`, or any role or the embedded Redis dying while a probe write to `out` fails
 (a Redis that cannot append to its AOF exits 1 and is not restarted then). The job stops with
@@ -41,7 +43,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from omnirl.api import disk
-from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR_EXIT
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
@@ -49,6 +51,7 @@ from omnirl.transfer import RedisServer, RedisServerError, TransferQueue, kv_key
 from omnirl.transfer.heartbeat import past_startup, read_heartbeats
 
 STATELESS_GRACE_S = 3.0
+SETTLE_S = 10.0  # how long a role whose failure the controller reported gets to exit (its code may be permanent)
 REDIS_RESTART_S = 30.0  # how long a refused restart of the embedded Redis is retried before the job stops
 # (role, index, OMNIRL_RESUME) -> a started role process
 StartRole = Callable[[str, int, str], RoleProcess]
@@ -176,28 +179,54 @@ class Supervisor:
         self.progress.update()
 
     def _check_exits(self) -> int | None:
-        """The job's exit code once the controller finished; handles every other exit."""
+        """The job's exit code once the controller finished; handles every other exit.
+
+        When roles die together the most specific cause decides: a role's permanent exit (4, 5)
+        before the controller's, whose exit 1 often only repeats a failure that role reported to it
+        (`RoleFailure`) and then exits with itself; a restart cannot help then.
+        """
         controller = self.procs["controller-0"]
         code = controller.poll()
         if code == 0:
             return 0
+        if code is not None and code not in PERMANENT_EXITS:
+            self._settle(controller)
+        for p in self._roles():
+            c = p.poll()
+            if c == CONFIG_ERROR_EXIT:
+                self._event(p.name, f"exit {c}: {p.last_error()}", "fail-job (configuration error: not restarted)")
+                raise JobFailure(c, f"role {p.name} failed: {p.last_error()}")
+            if c == STORAGE_ERROR_EXIT:
+                self._stop_if_unwritable(p, c)
         if code in (JOB_FAILED_EXIT, CONFIG_ERROR_EXIT):
             raise JobFailure(code, f"role controller failed: {controller.last_error()}")
         if code is not None:
             self._stop_if_unwritable(controller, code)
             self._failed(controller, _exit_reason(controller, code), code)
             return None
-        for p in list(self.procs.values()):
+        for p in self._roles():
             c = p.poll()
             if c is None or (c == 0 and self.queue.get_json("stop")):
                 continue  # running, or finished because the controller ended the job
-            if c == CONFIG_ERROR_EXIT:
-                self._event(p.name, f"exit {c}: {p.last_error()}", "fail-job (configuration error: not restarted)")
-                raise JobFailure(c, f"role {p.name} failed: {p.last_error()}")
             self._stop_if_unwritable(p, c)
             self._failed(p, _exit_reason(p, c), c)
             return None
         return None
+
+    def _roles(self) -> list[RoleProcess]:
+        """Every process but the controller's."""
+        return [p for name, p in self.procs.items() if name != "controller-0"]
+
+    def _settle(self, controller: RoleProcess) -> None:
+        """Give the roles the failed controller names (its last line: `RoleFailed: actor actor-0 failed:
+        …`, a failure that role reported before exiting) up to `SETTLE_S` to exit, so their own exit
+        code is seen: the controller's exit was read first and restarted the job until maxRestarts
+        while the actor's exit 4 said a restart cannot help."""
+        named = [p for p in self._roles() if f" {p.name} failed" in controller.last_error()]
+        end = time.monotonic() + SETTLE_S
+        while any(p.poll() is None for p in named) and time.monotonic() < end:
+            self._pump()
+            time.sleep(0.1)
 
     def _check_heartbeats(self, every_s: float = 2.0) -> None:
         """SIGKILL and handle as failed a live role process whose last beat is older than

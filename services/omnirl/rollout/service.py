@@ -21,6 +21,7 @@ from __future__ import annotations
 import logging
 import time
 
+import redis
 import torch
 
 from omnirl.api.errors import config_errors
@@ -36,8 +37,8 @@ from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.requests import sample_requests
 from omnirl.rollout.types import SampleResult
 from omnirl.transfer import TransferQueue, kv_key
-from omnirl.transfer.heartbeat import Heartbeat
-from omnirl.weight_sync import WeightReceiver
+from omnirl.transfer.heartbeat import Heartbeat, last_beats, read_heartbeats
+from omnirl.weight_sync import SyncAborted, WeightReceiver
 
 log = logging.getLogger("omnirl.rollout")
 GROUP = "rollout"
@@ -85,10 +86,25 @@ class RolloutService:
         """Serve until the job's `stop` flag is set; raises on a weight-binding failure."""
         streams = self.queue.streams
         self.queue.ensure_group(streams.requests, GROUP)
+        try:
+            self._serve()
+        except SyncAborted:  # SIGTERM while the actor's store did not answer: its requests stay pending
+            return
+        if not self.terminated:
+            self.job_ended = True
+            self._drain()  # every request in flight is finished, published and acknowledged
+
+    def _serve(self) -> None:
+        """Connect to the actor's store, then take requests until `stop` or SIGTERM (a wait for the
+        store ends with `SyncAborted` at SIGTERM)."""
+        streams = self.queue.streams
         # the actor hosts the store once it has loaded its model: up to its start-up limit, beating meanwhile
         with self.heartbeat.covering(self._startup_limit_s):
-            self.receiver = WeightReceiver(self.env.weight_sync_host, self.env.weight_sync_port, self.env.worker_id,
-                                           device=str(self.device), connect_timeout_s=self._startup_limit_s)
+            self.receiver = WeightReceiver(
+                self.env.weight_sync_host, self.env.weight_sync_port, self.env.worker_id, device=str(self.device),
+                connect_timeout_s=self._startup_limit_s, connect_note=self._actor_seen,
+                connect_limit="failurePolicy.startupDeadlineSeconds + progressDeadlineSeconds",
+                abort=lambda: self.terminated)
         while not self.terminated and not self.queue.get_json("stop"):
             self.heartbeat.beat()
             if self.receiver.pending_version() is not None:
@@ -112,9 +128,13 @@ class RolloutService:
             if self.engine.has_work():
                 self._publish(self.engine.step())
             self._renew_leases()
-        if not self.terminated:
-            self.job_ended = True
-            self._drain()  # every request in flight is finished, published and acknowledged
+
+    def _actor_seen(self) -> str:
+        """What Redis says of the actor while its store does not answer (`last_beats`)."""
+        try:
+            return last_beats(read_heartbeats(self.queue.redis, self.env.job_name), "actor")
+        except redis.RedisError as err:  # only a note: the connect goes on
+            return f"the actor's heartbeat not read ({err})"
 
     def _renew_leases(self) -> None:
         """Keep the requests in progress ours: a slow step must not let another worker reclaim them."""

@@ -129,6 +129,18 @@ def read_heartbeats(client: redis.Redis, job: str) -> dict[str, dict]:
     return out
 
 
+def last_beats(beats: dict[str, dict], role: str, now: float | None = None) -> str:
+    """``worker last beat N s ago[ while starting]`` for each of `role`'s workers in `beats`
+    (`read_heartbeats`), sorted, or that none is there: not started yet, or gone for over twice
+    `progressDeadlineSeconds` (the key's TTL). For a line of a role that waits on `role`."""
+    now = time.time() if now is None else now
+    mine = sorted((b for b in beats.values() if b.get("role") == role), key=lambda b: b["worker"])
+    if not mine:
+        return f"no {role} heartbeat in Redis (not started yet, or gone)"
+    return ", ".join(f"{b['worker']} last beat {max(now - b['t'], 0):.0f} s ago"
+                     + (" while starting" if b.get("startup") else "") for b in mine)
+
+
 def past_startup(startup_deadline_s: float) -> str:
     """What a stale role's reason adds when its last beat was a start-up's or a compile's
     (``"startup": true``): the bound that ran out, the knob to raise, not `progressDeadlineSeconds`."""

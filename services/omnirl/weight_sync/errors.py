@@ -58,4 +58,5 @@ class SyncAborted(WeightSyncError):
     """The sender's `abort` callback said stop (the actor got SIGTERM) while a sync waited for its
     receivers (ready, a bucket's collective, acks); nothing was bound on the sender's side, and
     receivers still waiting for this generation time out or see the next one. The caller decides
-    what the unfinished sync means."""
+    what the unfinished sync means. Also a receiver's `abort` while it waited for the actor's store
+    (the rollout role got SIGTERM): nothing was registered."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import datetime
 import logging
+import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
@@ -14,12 +16,14 @@ from torch import nn
 
 from omnirl.weight_sync import protocol as P
 from omnirl.weight_sync.binding import BindingPlan, BindReport, NameMap, copy_verified, finish_report, plan_binding
-from omnirl.weight_sync.errors import BindingError, WeightSyncError
+from omnirl.weight_sync.errors import BindingError, SyncAborted, WeightSyncError
 from omnirl.weight_sync.groups import broadcast_bucket, new_group, resolve_backend, shutdown_group
 from omnirl.weight_sync.manifest import Manifest, empty_bucket, unpack_bucket
 
 log = logging.getLogger(__name__)
 _MAX_GROUPS = 2  # cached groups (the sender caches one; a spare covers a late-joiner subset group)
+REPORT_EVERY_S = 30.0  # a connect still waiting says so this often (it waited up to 30 min without a word)
+CONNECT_RETRY_S = 1.0  # between two connects to an address where nothing answered
 
 
 class WeightReceiver:
@@ -44,16 +48,25 @@ class WeightReceiver:
         timeout_s: bound (s) on reconnecting, on waiting for ``go``, on each bucket, and on `receive`'s
             wait for an announcement.
         connect_timeout_s: bound (s) on the first connection (the actor hosts the store once it has
-            loaded its model: minutes); None: ``timeout_s``.
+            loaded its model: minutes); None: ``timeout_s``. A connect keeps trying the address (a
+            restarted actor's stable DNS name resolves to its new pod) and logs a warning every
+            ``REPORT_EVERY_S`` naming the address, the error, the time waited and the deadline.
+        connect_limit: what sets ``connect_timeout_s``, named in those warnings (the knob to raise).
+        connect_note: called for each warning; its text is appended (what the caller knows of the
+            actor, e.g. its last heartbeat), or "" for nothing.
+        abort: called between connect attempts; True stops the wait with `SyncAborted` (the rollout
+            role got SIGTERM: a connect inside the store's own retries ignored it for up to 30 min).
 
     Raises:
         ValueError: a bad worker_id or backend/device pair, or a backend unlike the actor's.
         WeightSyncError: the store was not reachable within ``connect_timeout_s``.
+        SyncAborted: ``abort`` said stop before the store answered.
     """
 
     def __init__(self, host: str, port: int, worker_id: str, *, backend: str | None = None,
                  device: str | torch.device = "cpu", timeout_s: float = 120,
-                 connect_timeout_s: float | None = None) -> None:
+                 connect_timeout_s: float | None = None, connect_limit: str = "connect_timeout_s",
+                 connect_note: Callable[[], str] | None = None, abort: Callable[[], bool] | None = None) -> None:
         if not worker_id or any(c in worker_id for c in "/ \t\n"):
             raise ValueError(f"WeightReceiver: worker_id {worker_id!r} must be non-empty without '/' or spaces")
         if timeout_s <= 0:
@@ -61,11 +74,15 @@ class WeightReceiver:
         self.backend, self.transport = resolve_backend(backend, device)
         self._backend_arg, self._device = backend, device
         self.host, self.port, self.worker_id, self.timeout_s = host, int(port), worker_id, float(timeout_s)
+        self._connect_note, self._abort = connect_note, abort
         self.incarnation = ""
         self._done_generation = 0
         self._groups: dict[str, dist.ProcessGroup] = {}
         self._store: dist.TCPStore | None = None
-        self._connect(self.timeout_s if connect_timeout_s is None else float(connect_timeout_s))
+        if connect_timeout_s is None:
+            self._connect()
+        else:
+            self._connect(float(connect_timeout_s), connect_limit)
         self._register()
 
     def pending_version(self) -> int | None:
@@ -124,23 +141,60 @@ class WeightReceiver:
 
     # -- store ----------------------------------------------------------------------------------------
 
-    def _connect(self, timeout_s: float | None = None) -> None:
-        """Connect to the actor's store, waiting up to `timeout_s` (None: ``self.timeout_s``)."""
+    def _connect(self, timeout_s: float | None = None, limit: str = "the receiver's timeout_s") -> None:
+        """Connect to the actor's store, trying again until `timeout_s` (None: ``self.timeout_s``) has
+        passed and warning every ``REPORT_EVERY_S`` while it waits; `limit` names what set the bound.
+
+        Raises:
+            WeightSyncError: naming the address, the time waited and the last error.
+            SyncAborted: ``abort`` said stop.
+        """
         timeout_s = self.timeout_s if timeout_s is None else timeout_s
-        try:
-            self._store = dist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
-                                        timeout=datetime.timedelta(seconds=timeout_s))
-            self._store.wait([P.SESSION])
-            self._store.set_timeout(datetime.timedelta(seconds=self.timeout_s))  # its later waits: the usual bound
-        except dist.DistError as err:
-            raise WeightSyncError(f"worker {self.worker_id}: weight-sync store {self.host}:{self.port} not "
-                                  f"reachable within {timeout_s:.1f} s: {err}") from err
+        start = time.monotonic()
+        deadline = start + timeout_s
+        reported = start
+        while True:
+            left = deadline - time.monotonic()
+            # a plain connect first: the store's own retries ignore its timeout (a 30 s attempt took 78 s) and
+            # were one silent wait of the whole bound; this one is answered at once when nothing listens
+            reason = _unreachable(self.host, self.port, max(min(left, 5.0), 0.1))
+            if reason is None:
+                try:
+                    self._store = dist.TCPStore(self.host, self.port, is_master=False, wait_for_workers=False,
+                                                timeout=datetime.timedelta(seconds=max(min(left, REPORT_EVERY_S), 1.0)))
+                    self._store.wait([P.SESSION])  # the actor writes it right after it listens
+                    self._store.set_timeout(datetime.timedelta(seconds=self.timeout_s))  # later waits: the usual bound
+                    break
+                except dist.DistError as err:  # it listens but is not the actor's store (yet)
+                    self._store, reason = None, str(err).splitlines()[0]
+            now = time.monotonic()
+            if self._abort is not None and self._abort():
+                raise SyncAborted(f"worker {self.worker_id}: stopped waiting for the weight-sync store "
+                                  f"{self.host}:{self.port} after {now - start:.0f} s (abort)")
+            if now >= deadline:
+                raise WeightSyncError(f"worker {self.worker_id}: weight-sync store {self.host}:{self.port} not "
+                                      f"reachable within {timeout_s:.1f} s ({limit}): {reason}")
+            if now - reported >= REPORT_EVERY_S:
+                reported = now
+                self._waiting(reason, now - start, timeout_s, limit, deadline)
+            time.sleep(min(CONNECT_RETRY_S, max(deadline - now, 0.0)))
+        if time.monotonic() - start > REPORT_EVERY_S:
+            log.info("worker %s: the actor's weight-sync store %s:%d answered after %.0f s", self.worker_id,
+                     self.host, self.port, time.monotonic() - start)
         backend = P.get_json(self._store, P.SESSION)["backend"]
         if backend != self.backend:
             if self._backend_arg is not None:
                 raise ValueError(f"worker {self.worker_id}: backend={self._backend_arg!r} but the actor "
                                  f"broadcasts with {backend!r}; pass backend={backend!r} or None")
             self.backend, self.transport = resolve_backend(backend, self._device)  # follow the actor
+
+    def _waiting(self, reason: str, waited: float, timeout_s: float, limit: str, deadline: float) -> None:
+        """Warn that the store at this address did not answer yet: for how long, until when, and why."""
+        until = time.strftime("%H:%M:%S", time.localtime(time.time() + deadline - time.monotonic()))
+        note = self._connect_note() if self._connect_note is not None else ""
+        log.warning("worker %s: waiting for the actor's weight-sync store at %s:%d (%s): %.0f s so far, trying "
+                    "until %s (%.0f s, %s)%s", self.worker_id, self.host, self.port, reason, waited, until,
+                    timeout_s, limit, f"; {note}" if note else "")
 
     def _register(self) -> None:
         """Register a new incarnation: forget generations and groups of the previous one."""
@@ -246,3 +300,13 @@ class WeightReceiver:
         for group in self._groups.values():
             shutdown_group(group)
         self._groups.clear()
+
+
+def _unreachable(host: str, port: int, timeout_s: float) -> str | None:
+    """Why a TCP connect to ``host:port`` failed within `timeout_s` (refused, a name that does not
+    resolve, no answer), or None when something accepted it (the connection is closed at once)."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as err:  # gaierror, ConnectionRefusedError, TimeoutError: all are "not yet" to a retry
+        return str(err) or type(err).__name__
+    return None
