@@ -51,6 +51,7 @@ from omnirl.api.spec import RLJob
 from omnirl.models.attention import select_attention
 from omnirl.models.compile import while_compiling
 from omnirl.models.registry import adapter_options, load_adapter
+from omnirl.telemetry.cpu import cpu_wait_seconds
 from omnirl.transfer import TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
 from omnirl.weight_sync import SyncAborted, WeightSender
@@ -298,9 +299,9 @@ class ActorService:
                                "missing (its stored request expired?)")
         t0 = time.perf_counter()
         samples = [self._load(item) for item in req.items]
-        t_load = time.perf_counter()
+        t_load, wait0 = time.perf_counter(), cpu_wait_seconds()
         metrics = self.trainer.train_step(samples, req.step)
-        t_train = time.perf_counter()
+        t_train, wait1 = time.perf_counter(), cpu_wait_seconds()
         self.version = req.policy_version + 1
         self.trained_step = req.step
         self.data_position = list(req.controller_state.get("data_position", self.data_position))
@@ -333,6 +334,8 @@ class ActorService:
             return
         metrics.update(load_seconds=t_load - t0, train_seconds=t_train - t_load,
                        sync_seconds=time.perf_counter() - t_sync, sync_bytes=float(report.bytes))
+        if wait0 is not None and wait1 is not None:  # contention, not work: other processes held the cores
+            metrics["train_cpu_wait_seconds"] = wait1 - wait0
         self._publish_state()
         done = self._result(req, metrics, checkpoint=ckpt)
         self._note_trained(done)

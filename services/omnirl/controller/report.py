@@ -35,7 +35,20 @@ def step_line(step: int, total: int, version: int, record: dict) -> str:
             f"{timing}  v{version}")
     if record.get("checkpoint"):
         line += f"  checkpoint {Path(record['checkpoint']).name}"
-    return line
+    return line + contention_note(record)
+
+
+def contention_note(record: dict) -> str:
+    """'  actor threads waited W s for a CPU ...' when processes holding the cores slowed the training
+    phase (`train_cpu_wait_seconds` >= 1 s and >= half of `train_seconds`), else ''.
+
+    A step several times slower than its neighbours on a shared machine did the same work: the
+    note says so on its line; an idle box, or a step that waited little, adds nothing.
+    """
+    wait, train = record.get("train_cpu_wait_seconds"), record.get("train_seconds")
+    if wait is None or train is None or wait < max(1.0, 0.5 * train):
+        return ""
+    return f"  actor threads waited {wait:.1f} s for a CPU (the cores were busy with other work)"
 
 
 def trained_steps(run_dir: Path) -> set[int]:
