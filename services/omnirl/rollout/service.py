@@ -8,6 +8,10 @@ no sample mixes two weight versions), binds the new weights, verifies them, and 
 
 Exactly-once effect: samples are published with `done_kind="rollout"`, so a request redelivered
 after a crash publishes only what was missing; seeds make the regenerated samples identical.
+Exactly-once work: the worker renews its claim on the requests it holds between engine steps and,
+from a thread, during each step (`omnirl.transfer.lease.holding`), so a step longer than
+`claimIdleSeconds` (model.compile's first one) is not reclaimed and generated again by another
+replica; the claim lapses when the process dies or stops beating (`progressDeadlineSeconds`).
 
 Restarts: a worker reads no request before it has bound the actor's current weights (a restarted
 worker must never sample with the base model), then first takes back its own pending requests
@@ -38,6 +42,7 @@ from omnirl.rollout.requests import sample_requests
 from omnirl.rollout.types import SampleResult
 from omnirl.transfer import TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat, last_beats, read_heartbeats
+from omnirl.transfer.lease import holding
 from omnirl.weight_sync import SyncAborted, WeightReceiver
 
 log = logging.getLogger("omnirl.rollout")
@@ -67,6 +72,7 @@ class RolloutService:
         self.receiver: WeightReceiver | None = None  # connected in `run`: the actor may still be loading
         self._startup_limit_s = policy.startup_limit_s
         self.pending: dict[str, dict] = {}  # request entry id → {"left": n, "started": t}
+        self.progress_deadline_s = policy.progressDeadlineSeconds
         self._lease_every = self.queue.claim_idle_s / 3
         self._last_lease = time.monotonic()
         self.ledger = Ledger(env.out_dir, "rollout", env.worker_id)
@@ -126,7 +132,7 @@ class RolloutService:
                 for msg in self.queue.consume(streams.requests, GROUP, self.env.worker_id, count=4, block_ms=block):
                     self._submit(msg.id, GenerateRequest.model_validate(msg.meta))
             if self.engine.has_work():
-                self._publish(self.engine.step())
+                self._step()
             self._renew_leases()
 
     def _actor_seen(self) -> str:
@@ -136,15 +142,29 @@ class RolloutService:
         except redis.RedisError as err:  # only a note: the connect goes on
             return f"the actor's heartbeat not read ({err})"
 
+    def _step(self) -> None:
+        """One engine step, then publish what it finished. The requests in progress stay claimed while
+        it runs (`holding`): one step can outlast `claimIdleSeconds` (model.compile's first step, tens
+        of seconds to minutes; a loaded machine), and another replica reclaimed and generated them again."""
+        with holding(self.queue, self.queue.streams.requests, GROUP, self.env.worker_id, list(self.pending),
+                     alive=self._live):
+            results = self.engine.step()
+        self._publish(results)
+
+    def _live(self) -> bool:
+        """The health probe's test: the loop (or a compile's covering thread, for at most
+        `startupDeadlineSeconds`) beat within `progressDeadlineSeconds`; a stuck step's claim lapses."""
+        return self.heartbeat.age_s() <= self.progress_deadline_s
+
     def _renew_leases(self) -> None:
-        """Keep the requests in progress ours: a slow step must not let another worker reclaim them."""
+        """Keep the requests in progress ours across many short steps (`_step` covers a long one)."""
         if self.pending and time.monotonic() - self._last_lease > self._lease_every:
             self.queue.touch(self.queue.streams.requests, GROUP, self.env.worker_id, list(self.pending))
             self._last_lease = time.monotonic()
 
     def _drain(self) -> None:
         while self.engine.has_work():
-            self._publish(self.engine.step())
+            self._step()
             self._renew_leases()
             self.heartbeat.beat()
 
@@ -183,6 +203,9 @@ class RolloutService:
             published = self.queue.publish(self.queue.streams.samples, meta, tensors, image=r.image,
                                            done_kind="rollout", count_key=count)
             self.heartbeat.beat(progressed=True)
+            if published is None:  # not a predecessor's (`_submit` skips those): two live workers generated it
+                log.warning("sample %s was published already by another worker: generated twice",
+                            r.request.sample_id)
             self.ledger.record(r.request.sample_id, published is not None, policy_version=r.policy_version,
                                latent=list(r.x0.shape))
             entry = self.pending[m["entry"]]
