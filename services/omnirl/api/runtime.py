@@ -36,6 +36,10 @@ VARIABLES = {
     "export": "OMNIRL_EXPORT", "resume": "OMNIRL_RESUME", "steps": "OMNIRL_STEPS",
 }
 RANK_FIELDS = ("rank", "world_size", "master_addr", "master_port")
+# the RoleEnv fields a user may set in a pod's role container `env` (`roles.<role>.template`) over the
+# operator's value: choices of the process alone, which nothing else in the pod or the job reads. Every
+# other variable of `VARIABLES` (and REDIS_PASSWORD) the operator owns: `api/podtemplate.py` refuses it
+USER_SETTABLE = ("device", "threads", "weight_sync_backend", "steps")
 RESUME_MODES = ("0", "1", "auto")
 # a protected Redis's password, from a Secret (operator); `from_environ` merges it into redis_url
 REDIS_PASSWORD = "REDIS_PASSWORD"
