@@ -22,7 +22,8 @@ from omnirl.api.errors import ConfigError, config_errors
 JOB_FAILED_EXIT = 3  # the controller failed the job itself (every group of a step failed, a scorer is down)
 CONFIG_ERROR_EXIT = 4  # a role found a setting it cannot run with at start-up (`omnirl.api.errors.ConfigError`)
 # a role's write to the run directory failed for want of space or a writable mount (ENOSPC, EDQUOT,
-# EFBIG, EROFS): every restart would fail the same way until someone frees space; a resume continues
+# EFBIG, EROFS) or permission (EACCES, EPERM): every restart would fail the same way until someone
+# frees space or fixes the directory; a resume continues
 STORAGE_ERROR_EXIT = 5
 PERMANENT_EXITS = (JOB_FAILED_EXIT, CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT)
 

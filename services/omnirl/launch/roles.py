@@ -15,7 +15,7 @@ Exit codes (`omnirl.api.runtime`): 0 done; 1 crashed (restarted per `failurePoli
 `JOB_FAILED_EXIT` (3) the controller failed the job; `CONFIG_ERROR_EXIT` (4) a `ConfigError` at
 start-up — a setting the role cannot run with, printed as one line, never restarted;
 `STORAGE_ERROR_EXIT` (5) a write failed for want of space or a writable mount (ENOSPC, EDQUOT,
-EFBIG, EROFS; `omnirl.api.disk`), one line naming the path and the errno, never restarted
+EFBIG, EROFS, EACCES, EPERM; `omnirl.api.disk`), one line naming the path and the errno, never restarted
 (a resume continues once there is room); 130 Ctrl-C; 143 SIGTERM.
 """
 
