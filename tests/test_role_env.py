@@ -9,9 +9,10 @@ import sys
 import pytest
 from tests.test_operator_builders import children, container, job
 
-from omnirl.api.errors import ConfigError
+from omnirl.api.errors import ConfigError, FieldProblem
 from omnirl.api.loader import load_rljob
-from omnirl.api.runtime import VARIABLES, RoleEnv
+from omnirl.api.podtemplate import OPERATOR_OWNED, OPERATOR_PORTS, check_pod_template
+from omnirl.api.runtime import USER_SETTABLE, VARIABLES, RoleEnv
 from omnirl.launch.local import role_env
 from omnirl.launch.placement import place
 from omnirl.launch.procs import _Child
@@ -117,3 +118,23 @@ def test_locally_only_the_controller_gets_the_shells_metrics_port(tmp_path, monk
     child._reader.join(timeout=60)
     assert "".join(child.take()).strip() == "None"  # the shell's OMNIRL_STEPS did not leak in
     child.kill()
+
+
+def test_every_variable_the_operator_sets_for_a_role_is_refused_in_its_template():
+    """A role template's env entry replaced the operator's value (rendered: the rollout's
+    OMNIRL_WEIGHT_SYNC_ADDR became 10.0.0.9:29500, OMNIRL_RESUME 0): every variable the builders
+    write, but `runtime.USER_SETTABLE`'s, is refused by the check that reads the same list."""
+    kids = children(job(roles={"actor": {"replicas": 2}}, transferQueue={"passwordSecret": "team-redis"}))
+    written = {e["name"] for name, obj in kids.items() if name.split("/")[0] in ("StatefulSet", "Deployment", "Job")
+               for e in container(obj).get("env", [])}
+    user = {VARIABLES[f] for f in USER_SETTABLE} | {"PYTHONUNBUFFERED"}
+    assert written - user == set(OPERATOR_OWNED) | set(OPERATOR_PORTS)
+    for name in sorted(written - user):
+        template = {"spec": {"containers": [{"name": "rollout", "env": [{"name": name, "value": "x"}]}]}}
+        with pytest.raises(FieldProblem) as info:
+            check_pod_template(template, "rollout", "rollout.template", role=True)
+        assert info.value.path == "rollout.template.spec.containers[0].env[0]"
+        assert f"{name} is set by the operator" in info.value.requirement and "remove this entry" in info.value.requirement
+    allowed = [{"name": n, "value": "1"} for n in sorted(user)]
+    check_pod_template({"spec": {"containers": [{"name": "rollout", "env": allowed}]}}, "rollout", "t", role=True)
+

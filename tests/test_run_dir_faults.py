@@ -434,3 +434,48 @@ def test_a_checkpoint_that_fills_the_disk_frees_it_again(small_fs):
     assert _checkpoint_refused(root, 40 << 10) == {"errno": errno.ENOSPC, "resumed": {"step": 1}}
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000001"]
     assert disk.unwritable(small_fs) is None
+
+
+@pytest.fixture
+def no_permission_dir(tmp_path):
+    """A directory that refuses writes for want of permission: immutable (`chattr +i`, EPERM: it
+    stops root too) as root, else mode 0555 (EACCES)."""
+    where = tmp_path / "out" / "checkpoints"
+    where.mkdir(parents=True)
+    if os.geteuid() == 0:
+        if subprocess.run(["chattr", "+i", str(where)], capture_output=True).returncode != 0:
+            pytest.skip("root without chattr +i on this file system: no write can be refused for permission")
+        yield where, errno.EPERM
+        subprocess.run(["chattr", "-i", str(where)], check=True)
+        return
+    where.chmod(0o555)
+    yield where, errno.EACCES
+    where.chmod(0o755)
+
+
+@pytest.mark.slow
+def test_a_checkpoint_directory_without_write_permission_stops_the_job_once(tmp_path, no_permission_dir):
+    """The actor's checkpoint directory refuses its write for permission (a pod's volume not owned by
+    uid 1000; here immutable or 0555): measured before, `PermissionError: [Errno 1]`, exit 1 and the
+    job restarted until `failurePolicy.maxRestarts`, each start failing the same way. Now the actor
+    exits 5 at once with one line naming the path, the errno and the fix; nothing is restarted."""
+    from e2e.chaos import chaos_job
+
+    from omnirl.api.runtime import STORAGE_ERROR_EXIT
+
+    where, code = no_permission_dir
+    job, out = chaos_job(tmp_path, "no-permission", steps=2), where.parent
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["failurePolicy"]["maxRestarts"] = 2
+    doc["spec"]["checkpoint"] = {"everySteps": 1, "keep": 2}
+    job.write_text(yaml.safe_dump(doc))
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(job), "--no-ray", "--device", "cpu",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.returncode == STORAGE_ERROR_EXIT, done.stdout[-3000:] + done.stderr[-3000:]
+    actor = [line for line in done.stdout.splitlines() if line.startswith("[actor-0] omnirl role actor: ")]
+    assert len(actor) == 1, done.stdout[-3000:]
+    assert actor[0].startswith(f"[actor-0] omnirl role actor: cannot write {where}/.tmp-step-"), actor
+    assert f"([Errno {code}] {os.strerror(code)}); make it writable" in actor[0], actor
+    actions = [json.loads(line)["action"] for line in (out / "events.jsonl").read_text().splitlines()]
+    assert actions[-1] == "stop-job (the run directory cannot be written: not restarted)", actions
+    assert "restart-job" not in actions, actions

@@ -94,7 +94,7 @@ def _worker(port: int, out_dir: str, cmd_q: mp.Queue, res_q: mp.Queue) -> None:
         try:
             report = receiver.receive(module)
         except BindingError as err:
-            res_q.put(json.dumps({"ok": False, "error": str(err)}))
+            res_q.put(json.dumps({"ok": False, "error": str(err), "mismatch": err.mismatch}))
             continue
         state = {k: v.contiguous() for k, v in module.state_dict().items()}
         save_file(state, str(Path(out_dir) / f"{receiver.worker_id}-{cmd['tag']}.safetensors"))
@@ -225,10 +225,13 @@ def test_renamed_module_fails_binding_on_both_sides(cluster: Cluster) -> None:
     with pytest.raises(BindingError, match="bound 0 tensors") as info:
         cluster.sender.broadcast(named_trainable_tensors(SOURCE, adapters_only=False), 3)
     assert list(info.value.failures) == ["w1"]
+    # names that do not fit: a configuration mismatch (omnirl role exits 4 on both sides, not restarted)
+    assert info.value.mismatch is True
     message = str(info.value)
     assert "w1" in message and "bound 0 tensors" in message and "to_qkv" in message and "modules: qkv" in message
     res = cluster.procs["w1"].result()
     assert not res["ok"] and "qkv.weight" in res["error"] and "to_qkv.weight" in res["error"]
+    assert res["mismatch"] is True
     assert cluster.procs["w2"].result()["ok"] and cluster.procs["late"].result()["ok"]
     cluster.assert_same("w2", "v3", SOURCE)
 

@@ -1,4 +1,5 @@
-"""A directory that cannot take a write: a full disk, a quota, a file-size limit, a read-only mount.
+"""A directory that cannot take a write: a full disk, a quota, a file-size limit, a read-only mount,
+no permission.
 
 Such a fault comes back on every restart until someone frees space (or remounts), so a local run
 stops instead of burning `failurePolicy.maxRestarts` on it, and `--resume` continues once there is
@@ -17,8 +18,12 @@ import os
 import tempfile
 from pathlib import Path
 
-STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS)
-"""No space left on device, disk quota exceeded, file too large (RLIMIT_FSIZE), read-only file system."""
+STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
+"""No space left on device, disk quota exceeded, file too large (RLIMIT_FSIZE), read-only file system,
+permission denied (owner/mode; a pod's volume not writable by its uid 1000), operation not permitted
+(an immutable directory, `chattr +i`, which stops root too). Measured: an actor whose
+`checkpoints/` took no write died with `PermissionError: [Errno 1]` and the job restarted it until
+`failurePolicy.maxRestarts` (3 starts, 77 s) before these two were here."""
 
 
 def storage_error(exc: BaseException | None) -> OSError | None:
@@ -48,13 +53,19 @@ def describe(err: OSError) -> str:
 
 def fix(err: OSError) -> str:
     """What frees the run directory, by errno: space (or quota, or the file-size limit) for the
-    first three of `STORAGE_ERRNOS`, a writable mount for a read-only one (and any other errno)."""
+    first three of `STORAGE_ERRNOS`, the owner/mode for EACCES, the immutable flag for EPERM, a
+    writable mount for a read-only one (and any other errno)."""
     if err.errno == errno.ENOSPC:
         return "free space there"
     if err.errno == errno.EDQUOT:
         return "free space or raise the disk quota"
     if err.errno == errno.EFBIG:
         return "raise the file-size limit (ulimit -f)"
+    if err.errno == errno.EACCES:
+        return (f"make it writable by uid {os.getuid()} (its owner or mode; in a pod, uid 1000: give the volume "
+                "an fsGroup or chown it)")
+    if err.errno == errno.EPERM:
+        return "make it writable (an immutable flag stops even root: chattr -i)"
     return "make it writable"
 
 

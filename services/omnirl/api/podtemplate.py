@@ -11,19 +11,45 @@ from __future__ import annotations
 from typing import Any
 
 from omnirl.api.errors import FieldProblem
-from omnirl.api.runtime import SERVED_PORTS, VARIABLES
+from omnirl.api.runtime import REDIS_PASSWORD, SERVED_PORTS, USER_SETTABLE, VARIABLES
 
 POD_TEMPLATE_FIELDS = ("metadata", "spec")
+OPERATOR_PORTS_FIELDS = ("health_port", "metrics_port")
 # the role-process variables whose value the operator also renders elsewhere in the pod and its
 # Services (they hold `runtime.SERVED_PORTS`): a template's env entry would move the server alone
 OPERATOR_PORTS = {
-    VARIABLES["health_port"]: "the role's gRPC health, which the pod's startupProbe, livenessProbe and readinessProbe "
+    VARIABLES[OPERATOR_PORTS_FIELDS[0]]: "the role's gRPC health, which the pod's startupProbe, livenessProbe and readinessProbe "
                               "and its containerPort grpc-health point at: on another port every probe fails and "
                               "the kubelet restarts the container until the job fails",
-    VARIABLES["metrics_port"]: "the controller's /metrics, which the pod's containerPort metrics and the job's "
+    VARIABLES[OPERATOR_PORTS_FIELDS[1]]: "the controller's /metrics, which the pod's containerPort metrics and the job's "
                                "headless Service <job>-metrics (the chart's ServiceMonitor) point at: on another port "
                                "Prometheus scrapes nothing",
 }
+_RANKS = "the actor ranks' rendezvous (StatefulSet pod index, <job>-actor-0.<job>-ranks:29400); set roles.actor.replicas"
+# why each other variable the operator writes for a role container (`pods.py::role_env`) is its own,
+# and the field that changes it: a template's entry replaced the operator's value alone (measured:
+# `omnirl render` gave the rollout OMNIRL_WEIGHT_SYNC_ADDR=10.0.0.9:29500 instead of <job>-actor:29500)
+_OWNED_WHY = {
+    "job_name": "the job's Redis keys omnirl:<job>:...; it is metadata.name",
+    "redis_url": "the job's TransferQueue; set spec.transferQueue.redisUrl",
+    "weight_sync_addr": "the actor's Service <job>-actor:29500, where rollout workers fetch weights; nothing to set",
+    "worker_id": "the pod's name (downward API), unique per replica: its Redis consumer and weight-sync member id",
+    "out_dir": "the run volume /var/lib/omnirl the pod mounts (checkpoints, ledger, metrics); set spec.storage",
+    "export": "on only when the controller shares the run volume with the actor; set spec.storage",
+    "report_status": "the controller patches the RLJob's status; nothing to set",
+    "namespace": "the pod's namespace (downward API); set metadata.namespace",
+    "rank": _RANKS, "world_size": _RANKS, "master_addr": _RANKS, "master_port": _RANKS,
+    "resume": "auto: a restarted pod continues from the job's latest complete checkpoint (0 would start it over "
+              "and overwrite the run); to start over, create a new RLJob",
+}
+OPERATOR_OWNED = {
+    **{VARIABLES[f]: why for f, why in _OWNED_WHY.items()},
+    REDIS_PASSWORD: "read from the job's Secret (spec.transferQueue.passwordSecret, else <job>-redis)",
+}
+# one owner: every RoleEnv variable is either user-settable or has its reason above
+if set(VARIABLES) != {*_OWNED_WHY, *OPERATOR_PORTS_FIELDS, *USER_SETTABLE}:
+    raise RuntimeError(f"decide who owns {sorted(set(VARIABLES) - {*_OWNED_WHY, *OPERATOR_PORTS_FIELDS, *USER_SETTABLE})}"
+                       " in api/podtemplate.py::_OWNED_WHY or api/runtime.py::USER_SETTABLE")
 
 
 def check_pod_template(template: dict[str, Any], container: str, path: str, *, role: bool = False) -> None:
@@ -35,14 +61,15 @@ def check_pod_template(template: dict[str, Any], container: str, path: str, *, r
         path: field path of `template`, relative to the model whose validator calls this
             (e.g. `rollout.template`), used in the error.
         role: `container` runs a role process (`roles.<role>.template`): its env may not set the
-            ports the operator renders into probes and Services (`OPERATOR_PORTS`).
+            ports the operator renders into probes and Services (`OPERATOR_PORTS`) nor any other
+            variable the operator sets (`OPERATOR_OWNED`; `runtime.USER_SETTABLE` ones it may).
 
     Raises:
         FieldProblem: a key other than `metadata`/`spec` at the top (fix: move it under `spec`);
             `spec`/`metadata` not a mapping; `spec.containers` not a list of mappings with a `name`;
             a container whose name is not `container` and that has no `image` (a misspelt name
             would add an image-less sidecar the API server refuses); with `role`, an `env` of
-            `container` that is not a list or that sets OMNIRL_HEALTH_PORT or OMNIRL_METRICS_PORT.
+            `container` that is not a list or that sets a variable of `OPERATOR_PORTS` or `OPERATOR_OWNED`.
     """
     for key, value in template.items():
         if key not in POD_TEMPLATE_FIELDS:
@@ -70,15 +97,19 @@ def check_pod_template(template: dict[str, Any], container: str, path: str, *, r
 
 
 def _check_role_env(env: Any, path: str) -> None:
-    """Refuse an env entry of the role container that sets a port of `OPERATOR_PORTS`: the operator
-    merged it over its own (user items win), so the role served elsewhere than its probes and
-    Services looked (measured: health on 9000, every probe on 8081)."""
+    """Refuse an env entry of the role container that sets a variable the operator owns
+    (`OPERATOR_PORTS`, `OPERATOR_OWNED`: all but `runtime.USER_SETTABLE`): the operator merged it
+    over its own (user items win), so e.g. the role served elsewhere than its probes and Services
+    looked (measured: health on 9000, every probe on 8081)."""
     if env is None:
         return
     if not isinstance(env, list):
         raise FieldProblem(path, env, "must be a list of {name, value} entries")
     for j, item in enumerate(env):
         name = item.get("name") if isinstance(item, dict) else None
+        if name in OPERATOR_OWNED:
+            raise FieldProblem(f"{path}[{j}]", item, f"{name} is set by the operator: {OPERATOR_OWNED[name]}; "
+                               "remove this entry")
         if name in OPERATOR_PORTS:
             field = next(f for f, var in VARIABLES.items() if var == name)
             raise FieldProblem(

@@ -22,7 +22,8 @@ from omnirl.api.errors import ConfigError, config_errors
 JOB_FAILED_EXIT = 3  # the controller failed the job itself (every group of a step failed, a scorer is down)
 CONFIG_ERROR_EXIT = 4  # a role found a setting it cannot run with at start-up (`omnirl.api.errors.ConfigError`)
 # a role's write to the run directory failed for want of space or a writable mount (ENOSPC, EDQUOT,
-# EFBIG, EROFS): every restart would fail the same way until someone frees space; a resume continues
+# EFBIG, EROFS) or permission (EACCES, EPERM): every restart would fail the same way until someone
+# frees space or fixes the directory; a resume continues
 STORAGE_ERROR_EXIT = 5
 PERMANENT_EXITS = (JOB_FAILED_EXIT, CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT)
 
@@ -36,6 +37,10 @@ VARIABLES = {
     "export": "OMNIRL_EXPORT", "resume": "OMNIRL_RESUME", "steps": "OMNIRL_STEPS",
 }
 RANK_FIELDS = ("rank", "world_size", "master_addr", "master_port")
+# the RoleEnv fields a user may set in a pod's role container `env` (`roles.<role>.template`) over the
+# operator's value: choices of the process alone, which nothing else in the pod or the job reads. Every
+# other variable of `VARIABLES` (and REDIS_PASSWORD) the operator owns: `api/podtemplate.py` refuses it
+USER_SETTABLE = ("device", "threads", "weight_sync_backend", "steps")
 RESUME_MODES = ("0", "1", "auto")
 # a protected Redis's password, from a Secret (operator); `from_environ` merges it into redis_url
 REDIS_PASSWORD = "REDIS_PASSWORD"

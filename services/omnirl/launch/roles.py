@@ -15,7 +15,7 @@ Exit codes (`omnirl.api.runtime`): 0 done; 1 crashed (restarted per `failurePoli
 `JOB_FAILED_EXIT` (3) the controller failed the job; `CONFIG_ERROR_EXIT` (4) a `ConfigError` at
 start-up — a setting the role cannot run with, printed as one line, never restarted;
 `STORAGE_ERROR_EXIT` (5) a write failed for want of space or a writable mount (ENOSPC, EDQUOT,
-EFBIG, EROFS; `omnirl.api.disk`), one line naming the path and the errno, never restarted
+EFBIG, EROFS, EACCES, EPERM; `omnirl.api.disk`), one line naming the path and the errno, never restarted
 (a resume continues once there is room); 130 Ctrl-C; 143 SIGTERM.
 """
 
@@ -176,6 +176,20 @@ def _build(role: str, job, env: RoleEnv, *, resume: bool, steps: int | None):
     raise ValueError(f"unknown role {role!r}; expected rollout, reward, actor or controller")
 
 
+# a BindingError with `mismatch` (names or shapes that do not fit) comes back on every restart
+BINDING_FIX = ("the actor's model and the rollout's differ (each restart loads the same two again): both roles must "
+               "load the same spec.model (family, path, lora) with the same omnirl version (the same image in "
+               "roles.actor.template and roles.rollout.template)")
+
+
+def _binding_mismatch(err: BaseException) -> bool:
+    """`err` is a weight-sync `BindingError` whose names or shapes did not fit (not a checksum alone).
+    Imported here: the weight_sync package imports torch, which `omnirl role` loads only with a role."""
+    from omnirl.weight_sync.errors import BindingError
+
+    return isinstance(err, BindingError) and err.mismatch
+
+
 def main(args: argparse.Namespace) -> int:
     """CLI adapter for `omnirl role`: the environment is read only through `RoleEnv`."""
     try:
@@ -192,6 +206,9 @@ def main(args: argparse.Namespace) -> int:
         if args.role == "controller" and type(err).__name__ == "JobFailed":  # a verdict, not a crash
             print(f"omnirl role controller: the job failed: {err}", file=sys.stderr, flush=True)
             return JOB_FAILED_EXIT
+        if _binding_mismatch(err):
+            print(f"omnirl role {args.role}: configuration error: {err}; {BINDING_FIX}", file=sys.stderr, flush=True)
+            return CONFIG_ERROR_EXIT
         full = storage_error(err)
         if full is not None:  # a restart would fail the same way: one line, a permanent exit code
             where = full.filename or os.environ.get(VARIABLES["out_dir"]) or "the run directory"

@@ -55,6 +55,13 @@ class BindReport:
         """True when the bind is complete and exact (the only state a worker may sample from)."""
         return self.tensors_updated > 0 and self.checksum_ok and not self.missing and not self.unexpected
 
+    @property
+    def mismatch(self) -> bool:
+        """The sent names or shapes do not fit the module (nothing bound, missing or unexpected names):
+        the actor's and the rollout's models differ, which every retry and restart meets again. A
+        checksum mismatch alone (data damaged on the way) is not one."""
+        return self.tensors_updated == 0 or bool(self.missing) or bool(self.unexpected)
+
     def problem(self) -> str:
         """One line naming the offending modules and tensors ('' when `ok`)."""
         if self.ok:

@@ -23,13 +23,16 @@ class BindingError(WeightSyncError):
         failures: worker id → short reason naming the offending modules/tensors (sender side; empty
             when raised by `apply_to_module` outside a sync).
         report: the receiver's `BindReport` (receiver side), else None.
+        mismatch: a receiver's module does not fit the sent names or shapes (`BindReport.mismatch`):
+            a configuration mismatch no restart fixes (`omnirl role` exits `CONFIG_ERROR_EXIT`).
     """
 
     def __init__(self, message: str, failures: dict[str, str] | None = None,
-                 report: BindReport | None = None) -> None:
+                 report: BindReport | None = None, *, mismatch: bool = False) -> None:
         super().__init__(message)
         self.failures = dict(failures or {})
         self.report = report
+        self.mismatch = mismatch
 
 
 class ReceiverLost(WeightSyncError):

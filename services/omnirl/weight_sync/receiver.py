@@ -266,10 +266,11 @@ class WeightReceiver:
         report = finish_report(version, plan, bound, mismatched)
         P.set_json(store, P.ack_key(version, self.worker_id),
                    {"generation": g, "incarnation": self.incarnation, "ok": report.ok,
-                    "error": report.problem(), "report": asdict(report)})
+                    "error": report.problem(), "mismatch": report.mismatch, "report": asdict(report)})
         if not report.ok:
             raise BindingError(f"worker {self.worker_id}: weight binding failed for policy_version {version}: "
-                               f"{report.problem()}", {self.worker_id: report.problem()}, report)
+                               f"{report.problem()}", {self.worker_id: report.problem()}, report,
+                               mismatch=report.mismatch)
         return report
 
     def _receive_buckets(self, group: dist.ProcessGroup, manifest: Manifest,

@@ -187,7 +187,7 @@ class WeightSender:
             self._evict(ready, f"broadcast failed: {first_line}")
             raise ReceiverLost(f"weight sync v{version} (generation {g}): broadcast failed ({first_line}); "
                                f"lost {sorted(lost + ready)}", lost + ready) from err
-        ok, failures, missing = self._collect_acks(version, g, ready)
+        ok, failures, missing, mismatched = self._collect_acks(version, g, ready)
         for key in [P.manifest_key(g), *(P.ready_key(g, w) for w in ready)]:
             self.store.delete_key(key)  # bounded store memory over many generations
         report = SyncReport(version, ok, manifest.nbytes, time.perf_counter() - t0, len(manifest.buckets),
@@ -197,7 +197,8 @@ class WeightSender:
             missing = self._drop_lost(missing, f"no ack within {self.timeout_s:.1f} s")
         if failures:
             lines = "; ".join(f"worker {w}: {why}" for w, why in sorted(failures.items()))
-            raise BindingError(f"weight sync v{version}: binding failed on {sorted(failures)}: {lines}", failures)
+            raise BindingError(f"weight sync v{version}: binding failed on {sorted(failures)}: {lines}", failures,
+                               mismatch=bool(mismatched))
         if lost or missing:
             raise ReceiverLost(f"weight sync v{version} (generation {g}): lost {sorted(lost + missing)} "
                                f"(no answer within {self.timeout_s:.1f} s); delivered to {ok}", lost + missing, report)
@@ -242,13 +243,15 @@ class WeightSender:
         return group, time.perf_counter() - t0
 
     def _collect_acks(self, version: int, g: int,
-                      ready: list[str]) -> tuple[list[str], dict[str, str], list[str]]:
-        """Wait for ``ack/{version}/{id}``; returns (ok ids, failures id → reason, missing ids)."""
+                      ready: list[str]) -> tuple[list[str], dict[str, str], list[str], list[str]]:
+        """Wait for ``ack/{version}/{id}``; returns (ok ids, failures id → reason, missing ids, ids
+        whose module does not fit the sent names or shapes: `BindReport.mismatch`)."""
         acked, missing = P.wait_keys(self.store, {w: P.ack_key(version, w) for w in ready}, self.timeout_s,
                                      self._abort)
         self._check_abort(version, g, missing)
         ok: list[str] = []
         failures: dict[str, str] = {}
+        mismatched: list[str] = []
         for w in acked:
             doc = P.get_json(self.store, P.ack_key(version, w))
             self.store.delete_key(P.ack_key(version, w))  # read once; the outcome is in the report
@@ -259,7 +262,9 @@ class WeightSender:
                 self._members[w].version = version
             else:
                 failures[w] = doc["error"]
-        return sorted(ok), failures, sorted(missing)
+                if doc.get("mismatch"):
+                    mismatched.append(w)
+        return sorted(ok), failures, sorted(missing), sorted(mismatched)
 
     def _check_abort(self, version: int, g: int, waiting_for: list[str]) -> None:
         """Raise `SyncAborted` when `abort` says stop while receivers have not answered (a sync whose
