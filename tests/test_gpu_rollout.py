@@ -57,11 +57,13 @@ def test_bf16_log_probs_are_finite_and_the_actor_recomputes_them():
 
 
 @pytest.mark.parametrize("family", ["ocr-digits", "sd3"])
-def test_an_engine_step_that_finishes_no_sample_never_waits_for_the_gpu(family):
-    """Between a batch's admission and its finish every step only queues work: no host sync.
+def test_no_engine_step_waits_for_the_gpu_until_it_hands_finished_samples_over(family):
+    """Between a batch's admission and its handover every step only queues work: no host sync,
+    the finishing step included (its copies go to pinned memory); the step after it returns them.
 
     A sync drains the GPU's queue and leaves it idle until the host launches the next kernels;
-    the σ checks' reads of failing indices were several per step (~5% of engine throughput)."""
+    the σ checks' reads of failing indices were several per step (~5% of engine throughput), and
+    a finishing step's `.cpu()` left the GPU idle while the host built and published results."""
     from omnirl.rollout.engine import RolloutEngine
 
     if family == "sd3":
@@ -81,8 +83,12 @@ def test_an_engine_step_that_finishes_no_sample_never_waits_for_the_gpu(family):
     assert engine.step() == []  # admission (prompt encoding, σ grids) and step 0
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for _ in range(4):  # steps 1–4: the SDE window (1, 2, 3) included, nothing finishes
+        for _ in range(5):  # steps 1–5: the SDE window (1, 2, 3) included; step 5 finishes the batch
             assert engine.step() == []
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert len(engine.run_until_idle()) == 4
+    assert not engine.in_flight and engine.has_work()
+    results = engine.step()  # the handover: waits for the finishing step's copies only
+    assert sorted(r.request.sample_id for r in results) == sorted(r.sample_id for r in reqs)
+    assert all(r.latents.device.type == "cpu" and r.latents.shape[0] == 4 for r in results)
+    assert not engine.has_work()

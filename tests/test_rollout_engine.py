@@ -90,6 +90,28 @@ def test_finished_samples_leave_at_once(adapter):
     assert finished_at['"7"'] == 3 and finished_at['"8"'] == 8
 
 
+def test_a_deferred_handover_returns_every_sample_once_one_step_later_stamped_at_its_finish(adapter):
+    """What an accelerator's engine does (the CPU's copies are no-ops, the schedule is the same):
+    a finishing step returns nothing, the next step returns its samples, identical to the
+    immediate handover's; a weight version set in between does not restamp them."""
+    reqs = requests(adapter, 3, num_steps=4, window=(1,), prompts=['"7"'])
+    _, now = run(adapter, reqs, max_batch_size=4)
+    engine = RolloutEngine(adapter, max_batch_size=4, policy_version=3)
+    engine._defer = True
+    for r in reqs:
+        engine.submit(r)
+    assert [engine.step() for _ in range(4)] == [[], [], [], []] and engine.has_work()
+    engine.set_policy_version(4)  # nothing in flight: the finished samples are v3's
+    later = engine.step()
+    assert not engine.has_work() and engine.step() == []
+    assert sorted(r.request.sample_id for r in later) == sorted(r.request.sample_id for r in now)
+    by_id = {r.request.sample_id: r for r in now}
+    for r in later:
+        assert r.policy_version == 3
+        for name in ("x0", "image", "latents", "log_probs", "sigmas"):
+            assert torch.equal(getattr(r, name), getattr(by_id[r.request.sample_id], name)), name
+
+
 def test_fairness_serves_a_rare_shape(adapter):
     many = requests(adapter, 8, num_steps=20, window=(), prompts=['"11"'])
     rare = requests(adapter, 1, num_steps=2, window=(), prompts=['"123456"'])

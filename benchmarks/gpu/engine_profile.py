@@ -9,8 +9,10 @@ attention `auto`) and reports, for the uniform workload (512², 10 steps, batch 
 - `engine`: the step-wise engine, burst and stream arrival (images/s, MFU);
 - `profile`: one engine run under the profiler (CPU and CUDA): wall time, the time the GPU had
   no kernel running (`gpu_idle_ms`: the union of kernel intervals subtracted from the wall), CUDA
-  kernel time by kind, the ten largest kernels outside the forward's kinds, and the host calls
-  that waited for the device (`cudaStreamSynchronize`, `cudaMemcpy*` over 0.5 ms).
+  kernel time by kind, the ten largest kernels outside the forward's kinds, the host calls
+  that waited for the device (`cudaStreamSynchronize`, `cudaMemcpy*` over 0.5 ms), and where the
+  host was while the GPU idled (`idle_by_host_range`: each idle gap charged to the innermost
+  engine or adapter method running at its midpoint, `outside` when none: the benchmark's loop).
 
 Results merge into `benchmarks/results/<date>-<gpu>.json` under `--key` (default `engine_profile`).
 """
@@ -18,6 +20,8 @@ Results merge into `benchmarks/results/<date>-<gpu>.json` under `--key` (default
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 from collections import defaultdict
 
 import torch
@@ -28,6 +32,10 @@ from benchmarks.gpu.common import matmul_peak_tflops, merge_results, mfu, result
 from benchmarks.gpu.flops import sd3_forward_flops
 from benchmarks.gpu.model import SD35_MEDIUM, TEXT_TOKENS, TINY, BenchSD3Adapter, build_transformer
 from omnirl.models.compile import compile_adapter_module
+from omnirl.rollout.engine import RolloutEngine
+
+ENGINE_RANGES = ("step", "_admit", "_pick_batch", "_advance", "_finish_group")
+ADAPTER_RANGES = ("encode", "velocity", "decode")
 
 
 def _union_ms(intervals: list[tuple[float, float]]) -> float:
@@ -43,19 +51,72 @@ def _union_ms(intervals: list[tuple[float, float]]) -> float:
     return total / 1e3
 
 
+@contextlib.contextmanager
+def _host_ranges(adapter):
+    """Profiler ranges named `engine.<method>` / `adapter.<method>` around the engine's and the
+    adapter's methods (patched for the duration; restored after)."""
+    from torch.profiler import record_function
+
+    def wrap(fn, label):
+        @functools.wraps(fn)
+        def inner(*a, **kw):
+            with record_function(label):
+                return fn(*a, **kw)
+        return inner
+
+    saved = [(RolloutEngine, n, getattr(RolloutEngine, n)) for n in ENGINE_RANGES]
+    for _, n, fn in saved:
+        setattr(RolloutEngine, n, wrap(fn, f"engine.{n}"))
+    for n in ADAPTER_RANGES:
+        setattr(adapter, n, wrap(getattr(adapter, n), f"adapter.{n}"))
+    try:
+        yield
+    finally:
+        for cls, n, fn in saved:
+            setattr(cls, n, fn)
+        for n in ADAPTER_RANGES:
+            delattr(adapter, n)  # the instance attribute hid the class's method
+
+
+def _idle_by_range(kernels: list[tuple[float, float]], ranges: list[tuple[float, float, str]],
+                   start: float, end: float) -> dict[str, dict]:
+    """Idle gaps of the GPU between `start` and `end` (µs) charged to the innermost host range
+    holding each gap's midpoint: `{label: {"gaps": n, "ms": total}}`, largest first."""
+    gaps, last = [], start
+    for s, e in sorted(kernels):
+        if s > last:
+            gaps.append((last, s))
+        last = max(last, e)
+    if end > last:
+        gaps.append((last, end))
+    out: dict[str, list] = defaultdict(lambda: [0, 0.0])
+    for a, b in gaps:
+        mid = (a + b) / 2
+        holding = [(e - s, label) for s, e, label in ranges if s <= mid <= e]
+        label = min(holding)[1] if holding else "outside"
+        out[label][0] += 1
+        out[label][1] += (b - a) / 1e3
+    return {k: {"gaps": n, "ms": ms} for k, (n, ms) in sorted(out.items(), key=lambda kv: -kv[1][1])}
+
+
 def profile_engine(adapter, requests: int, arrival: str, device, cfg: dict, peak: float) -> dict:
-    """One engine run under the profiler: wall, GPU busy/idle, kernels by kind, host waits."""
+    """One engine run under the profiler: wall, GPU busy/idle, kernels by kind, host waits, and
+    the host ranges the idle time fell in."""
     from torch.profiler import ProfilerActivity, profile
 
     reqs = rollout.requests(adapter, requests, False, 5)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with _host_ranges(adapter), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         row = rollout.run_engine(adapter, reqs, "stepwise", 32, arrival, device, peak, cfg)
     events = prof.events()
+    ranges = [(e.time_range.start, e.time_range.end, e.name) for e in events
+              if e.name.startswith(("engine.", "adapter.")) and not str(getattr(e, "device_type", "")).endswith("CUDA")]
     kernels, waits = [], defaultdict(lambda: [0, 0.0])
     by_kind: dict[str, float] = defaultdict(float)
     names: dict[str, float] = defaultdict(float)
     for e in events:
         dev_type = str(getattr(e, "device_type", ""))
+        if e.name.startswith(("engine.", "adapter.")):
+            continue  # our ranges, on the host and mirrored on the GPU's timeline (not kernels)
         if dev_type.endswith("CUDA") and e.time_range.elapsed_us() > 0:
             kernels.append((e.time_range.start, e.time_range.end))
             kind = kernel_kind(e.name)
@@ -68,14 +129,19 @@ def profile_engine(adapter, requests: int, arrival: str, device, cfg: dict, peak
             waits[e.name][1] += e.time_range.elapsed_us() / 1e3
     wall_ms = row["seconds"] * 1e3
     busy = _union_ms(kernels)
+    steps = [r for r in ranges if r[2] == "engine.step"]
+    idle = _idle_by_range(kernels, ranges, steps[0][0], steps[-1][1]) if steps else {}
     out = {**row, "wall_ms": wall_ms, "gpu_busy_ms": busy, "gpu_idle_ms": wall_ms - busy,
            "kernel_ms": dict(by_kind), "largest_other": sorted(names.items(), key=lambda kv: -kv[1])[:12],
-           "host_waits": {k: {"calls": n, "ms": ms} for k, (n, ms) in waits.items()}}
+           "host_waits": {k: {"calls": n, "ms": ms} for k, (n, ms) in waits.items()},
+           "idle_by_host_range": idle}
     print(f"  profile {arrival}: {row['images_per_second']:.2f} img/s (profiled) wall {wall_ms:.0f} ms, GPU busy "
           f"{busy:.0f} ms, idle {wall_ms - busy:.0f} ms ({(wall_ms - busy) / wall_ms:.1%}); kernels "
           + ", ".join(f"{k} {v:.0f} ms" for k, v in sorted(by_kind.items())), flush=True)
     for k, v in out["host_waits"].items():
         print(f"      host wait {k}: {v['calls']} calls, {v['ms']:.1f} ms", flush=True)
+    for k, v in idle.items():
+        print(f"      GPU idle in {k}: {v['gaps']} gaps, {v['ms']:.1f} ms", flush=True)
     for k, v in out["largest_other"]:
         print(f"      {v:7.2f} ms  {k}", flush=True)
     return out

@@ -24,11 +24,18 @@ Every sample draws its noise from its own generator (on the engine's device) see
 `request.seed`, so a sample is bit-identical whichever batch it ran in. Latents and the SDE math
 stay fp32 (DESIGN.md §7). Latents, σ and the recorded trajectory stay on the engine's device
 until the sample finishes: a step launches its work without waiting for the device.
+
+Handover on an accelerator: a step that finishes samples only launches their copies to the host
+(pinned memory, one per dtype); the NEXT step launches its own forward first and then returns
+them. So the host never waits for a forward with nothing queued behind it, and the caller's work
+on the results (publishing them) overlaps the next forward. On the CPU, results come back from
+the step that finished them.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -36,6 +43,9 @@ import torch
 from omnirl.algorithms import ode_step, sde_step
 from omnirl.models.protocol import ModelAdapter
 from omnirl.rollout.types import SampleRequest, SampleResult
+
+_Handover = Callable[[], list["SampleResult"]]
+"""A finished group: calling it waits for its host copies and returns its results."""
 
 
 @dataclass
@@ -105,6 +115,9 @@ class RolloutEngine:
         self.waiting: deque[SampleRequest] = deque()
         self.in_flight: list[_InFlight] = []
         self.stats = EngineStats()
+        # accelerators hand finished samples over one step later (module docstring: Handover)
+        self._defer = self.device.type not in ("cpu", "meta")
+        self._handover: list[_Handover] = []
 
     # ------------------------------------------------------------------ queue
     def submit(self, request: SampleRequest) -> None:
@@ -113,8 +126,8 @@ class RolloutEngine:
         self.waiting.append(request)
 
     def has_work(self) -> bool:
-        """True while anything is queued or in flight."""
-        return bool(self.waiting or self.in_flight)
+        """True while anything is queued, in flight, or finished and not yet returned by `step`."""
+        return bool(self.waiting or self.in_flight or self._handover)
 
     def set_policy_version(self, version: int) -> None:
         """Stamp later results with `version`. Call only when nothing is in flight."""
@@ -125,11 +138,18 @@ class RolloutEngine:
     # ------------------------------------------------------------------ stepping
     @torch.no_grad()
     def step(self) -> list[SampleResult]:
-        """Run one denoiser forward over one bucket; return the samples that finished."""
+        """Run one denoiser forward over one bucket; return the samples that finished: on the CPU
+        those of this step, on an accelerator those of the previous step (waiting only for that
+        step's copies, while this step's forward runs)."""
         self._admit()
-        if not self.in_flight:
-            return []
-        return self._advance(self._pick_batch())
+        handed, self._handover = self._handover, []
+        if self.in_flight:
+            finished = self._advance(self._pick_batch())
+            if self._defer:
+                self._handover = finished
+            else:
+                handed += finished
+        return [r for build in handed for r in build()]
 
     def run_until_idle(self) -> list[SampleResult]:
         """Step until the queue and the in-flight set are empty; results in finishing order."""
@@ -193,7 +213,7 @@ class RolloutEngine:
             s.waited = 0 if id(s) in ids else s.waited + 1
         return chosen
 
-    def _advance(self, batch: list[_InFlight]) -> list[SampleResult]:
+    def _advance(self, batch: list[_InFlight]) -> list[_Handover]:
         # Everything stays on the engine's device: no host round trip until a sample finishes.
         sigma = torch.stack([s.sigmas[s.step] for s in batch])
         cond = {k: torch.cat([s.cond[k] for s in batch]) for k in batch[0].cond}
@@ -256,55 +276,83 @@ class RolloutEngine:
             return index.pin_memory().to(self.device, non_blocking=True)
         return index.to(self.device)
 
-    def _finish(self, finished: list[_InFlight]) -> list[SampleResult]:
-        results = []
-        for rows in _shape_groups(finished):  # decode batches by shape (packed steps finish mixed shapes)
-            results += self._finish_group([finished[i] for i in rows])
-        self.stats.finished += len(results)
-        return results
+    def _finish(self, finished: list[_InFlight]) -> list[_Handover]:
+        self.stats.finished += len(finished)
+        # decode batches by shape (packed steps finish mixed shapes)
+        return [self._finish_group([finished[i] for i in rows]) for rows in _shape_groups(finished)]
 
-    def _finish_group(self, finished: list[_InFlight]) -> list[SampleResult]:
+    def _finish_group(self, finished: list[_InFlight]) -> _Handover:
+        """Decode `finished` (one latent shape) and launch its tensors' copies to the host; the
+        returned function waits for them and builds the results."""
         x0 = torch.stack([s.x for s in finished])
         images = self.adapter.decode(x0)
         latents = [torch.stack(s.latents) if s.latents else None for s in finished]
         log_probs = [torch.stack(s.log_probs) if s.log_probs else None for s in finished]
         sigmas = [s.sigmas[s.request.window[0] : s.request.window[-1] + 2] if s.request.window else None
                   for s in finished]
-        host = _to_host([images, x0, *latents, *log_probs, *sigmas])
-        images, x0 = host[0], host[1]
-        n = len(finished)
-        latents, log_probs, sigmas = host[2 : 2 + n], host[2 + n : 2 + 2 * n], host[2 + 2 * n :]
-        results = []
-        for i, s in enumerate(finished):
-            shape = tuple(x0[i].shape)
-            results.append(
-                SampleResult(s.request, x0[i], images[i],
-                             latents[i] if latents[i] is not None else torch.zeros((0, *shape)),
-                             log_probs[i] if log_probs[i] is not None else torch.zeros(0),
-                             sigmas[i] if sigmas[i] is not None else torch.zeros(0),
-                             self.policy_version, s.request.num_steps)
-            )
-        return results
+        copy = _HostCopy([images, x0, *latents, *log_probs, *sigmas])
+        requests, version = [s.request for s in finished], self.policy_version  # stamped now, not at handover
+
+        def build() -> list[SampleResult]:
+            host = copy.wait()
+            images, x0 = host[0], host[1]
+            n = len(requests)
+            latents, log_probs, sigmas = host[2 : 2 + n], host[2 + n : 2 + 2 * n], host[2 + 2 * n :]
+            results = []
+            for i, req in enumerate(requests):
+                shape = tuple(x0[i].shape)
+                results.append(
+                    SampleResult(req, x0[i], images[i],
+                                 latents[i] if latents[i] is not None else torch.zeros((0, *shape)),
+                                 log_probs[i] if log_probs[i] is not None else torch.zeros(0),
+                                 sigmas[i] if sigmas[i] is not None else torch.zeros(0),
+                                 version, req.num_steps)
+                )
+            return results
+
+        return build
 
 
-def _to_host(tensors: list[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    """The tensors on the CPU, with one device→host copy per dtype (None stays None).
+class _HostCopy:
+    """Tensors (None allowed) on their way to the CPU: one device→host copy per dtype, launched
+    into pinned memory without waiting for the device; `wait()` returns them on the CPU.
 
-    Each `.cpu()` of a device tensor waits for the device; a finished group of 32 samples held
-    ~100 such tensors (latents, log-probs, σ per sample), and the GPU idled through the waits.
+    Why: each `.cpu()` of a device tensor waits for the whole queue, after which the GPU idles
+    until the host launches more; a finished group of 32 samples held ~100 such tensors
+    (latents, log-probs, σ per sample). Tensors already on the CPU are returned as they are.
     """
-    if all(t is None or t.device.type == "cpu" for t in tensors):
-        return list(tensors)
-    by_dtype: dict[torch.dtype, list[int]] = {}
-    for i, t in enumerate(tensors):
-        if t is not None:
-            by_dtype.setdefault(t.dtype, []).append(i)
-    out: list[torch.Tensor | None] = [None] * len(tensors)
-    for idx in by_dtype.values():
-        flat = torch.cat([tensors[i].reshape(-1) for i in idx]).cpu()
-        for i, part in zip(idx, flat.split([tensors[i].numel() for i in idx]), strict=True):
-            out[i] = part.view(tensors[i].shape).clone()  # own storage: safetensors refuses shared memory
-    return out
+
+    def __init__(self, tensors: list[torch.Tensor | None]) -> None:
+        self._tensors: list[torch.Tensor | None] | None = list(tensors)
+        if all(t is None or t.device.type == "cpu" for t in tensors):
+            return
+        self._shapes = [None if t is None else t.shape for t in tensors]
+        by_dtype: dict[torch.dtype, list[int]] = {}
+        for i, t in enumerate(tensors):
+            if t is not None:
+                by_dtype.setdefault(t.dtype, []).append(i)
+        self._flat: list[tuple[list[int], torch.Tensor]] = []
+        for idx in by_dtype.values():
+            flat = torch.cat([tensors[i].reshape(-1) for i in idx])
+            host = torch.empty(flat.shape, dtype=flat.dtype, pin_memory=True)
+            host.copy_(flat, non_blocking=True)
+            self._flat.append((idx, host))
+        self._ready = torch.Event(device=next(t for t in tensors if t is not None).device)
+        self._ready.record()
+        self._tensors = None  # the device tensors may be freed: the copies are queued behind their producers
+
+    def wait(self) -> list[torch.Tensor | None]:
+        """The tensors on the CPU (own storage each: safetensors refuses shared memory); waits
+        only for the work queued before the copies."""
+        if self._tensors is not None:
+            return list(self._tensors)
+        self._ready.synchronize()
+        out: list[torch.Tensor | None] = [None] * len(self._shapes)
+        for idx, host in self._flat:
+            sizes = [self._shapes[i].numel() for i in idx]
+            for i, part in zip(idx, host.split(sizes), strict=True):
+                out[i] = part.view(self._shapes[i]).clone()
+        return out
 
 
 def _shape_groups(batch: list[_InFlight]) -> list[list[int]]:
