@@ -14,6 +14,10 @@ attention `auto`) and reports, for the uniform workload (512², 10 steps, batch 
   host was while the GPU idled (`idle_by_host_range`: each idle gap charged to the innermost
   engine or adapter method running at its midpoint, `outside` when none: the benchmark's loop).
 
+`--graphs` (an experiment, not the product): the adapter's `velocity` replays one captured CUDA
+graph per input shape (static input buffers, one shared memory pool), to measure what launch
+gaps cost the engine.
+
 Results merge into `benchmarks/results/<date>-<gpu>.json` under `--key` (default `engine_profile`).
 """
 
@@ -67,6 +71,7 @@ def _host_ranges(adapter):
     saved = [(RolloutEngine, n, getattr(RolloutEngine, n)) for n in ENGINE_RANGES]
     for _, n, fn in saved:
         setattr(RolloutEngine, n, wrap(fn, f"engine.{n}"))
+    own = {n: adapter.__dict__[n] for n in ADAPTER_RANGES if n in adapter.__dict__}  # e.g. GraphedVelocity
     for n in ADAPTER_RANGES:
         setattr(adapter, n, wrap(getattr(adapter, n), f"adapter.{n}"))
     try:
@@ -75,7 +80,8 @@ def _host_ranges(adapter):
         for cls, n, fn in saved:
             setattr(cls, n, fn)
         for n in ADAPTER_RANGES:
-            delattr(adapter, n)  # the instance attribute hid the class's method
+            delattr(adapter, n)  # the wrapper hid the class's method (or the instance's own)
+        adapter.__dict__.update(own)
 
 
 def _idle_by_range(kernels: list[tuple[float, float]], ranges: list[tuple[float, float, str]],
@@ -97,6 +103,42 @@ def _idle_by_range(kernels: list[tuple[float, float]], ranges: list[tuple[float,
         out[label][0] += 1
         out[label][1] += (b - a) / 1e3
     return {k: {"gaps": n, "ms": ms} for k, (n, ms) in sorted(out.items(), key=lambda kv: -kv[1][1])}
+
+
+class GraphedVelocity:
+    """`adapter.velocity` replayed from one CUDA graph per input shape (experiment, CUDA only).
+
+    The first call at a shape warms up on a side stream (compilation, autotuning), then captures
+    into a memory pool shared by every graph (one replays at a time); later calls copy the inputs
+    into the graph's static buffers, replay, and return a copy of the output `[B, C, H, W]` float32.
+    """
+
+    def __init__(self, adapter) -> None:
+        self.velocity = adapter.velocity
+        self.graphs: dict[tuple, tuple] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+
+    def __call__(self, x, sigma, cond):
+        key = (tuple(x.shape), tuple(sigma.shape), tuple((k, tuple(v.shape)) for k, v in sorted(cond.items())))
+        if key not in self.graphs:
+            static = (x.clone(), sigma.clone(), {k: v.clone() for k, v in cond.items()})
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    self.velocity(*static)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                out = self.velocity(*static)
+            self.graphs[key] = (graph, static, out)
+        graph, (sx, ssigma, scond), out = self.graphs[key]
+        sx.copy_(x)
+        ssigma.copy_(sigma)
+        for k, v in cond.items():
+            scond[k].copy_(v)
+        graph.replay()
+        return out.clone()
 
 
 def profile_engine(adapter, requests: int, arrival: str, device, cfg: dict, peak: float) -> dict:
@@ -153,6 +195,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--requests", type=int, default=64, help="requests in the profiled run (default %(default)s)")
     p.add_argument("--engine-requests", type=int, default=256, help="requests in the timed runs")
     p.add_argument("--tiny", action="store_true", help="small configuration (CPU smoke test)")
+    p.add_argument("--graphs", action="store_true", help="experiment: velocity replayed from a CUDA graph per shape")
     p.add_argument("--key", default="engine_profile")
     p.add_argument("--out", default="benchmarks/results")
     args = p.parse_args(argv)
@@ -162,6 +205,8 @@ def main(argv: list[str] | None = None) -> dict:
     adapter = BenchSD3Adapter(build_transformer(cfg, device), attention="auto")
     adapter.module.requires_grad_(False)  # as `prepare_rollout_module` leaves a rollout worker
     compile_adapter_module(adapter)
+    if args.graphs:
+        adapter.velocity = GraphedVelocity(adapter)
     side = 8 * cfg["sample_size"] // 2 if args.tiny else 512
     inputs = {"hidden_states": torch.randn(32, 16, side // 8, side // 8, device=device, dtype=torch.bfloat16),
               "encoder_hidden_states": torch.randn(32, TEXT_TOKENS, cfg["joint_attention_dim"], device=device,
@@ -169,7 +214,7 @@ def main(argv: list[str] | None = None) -> dict:
               "pooled_projections": torch.randn(32, cfg["pooled_projection_dim"], device=device, dtype=torch.bfloat16),
               "timestep": torch.full((32,), 500.0, device=device)}
     report: dict = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                    "matmul_peak_tflops": peak}
+                    "matmul_peak_tflops": peak, "graphs": args.graphs}
     with torch.no_grad():
         rollout.run_engine(adapter, rollout.requests(adapter, 64, False, 9), "stepwise", 32, "burst", device, peak, cfg)
         run = lambda: adapter.module(**inputs, return_dict=False)[0]  # noqa: E731
