@@ -490,11 +490,11 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _launch_stand_ins(tmp_path, grace_s: int = 60):
-    """`omnirl run` (a real launcher process, real embedded Redis, `--no-ray`) of examples/ocr-awm.yaml
-    whose role processes are stand-ins that print `started` and ignore SIGTERM. Returns (the process,
-    its output lines so far, a function reading lines until one holds a text, the run directory), once
-    every role runs."""
+def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None):
+    """`omnirl run` (a real launcher process, real embedded Redis — or the manifest's `redis_url` —,
+    `--no-ray`) of examples/ocr-awm.yaml whose role processes are stand-ins that print `started` and
+    ignore SIGTERM. Returns (the process, its output lines so far, a function reading lines until one
+    holds a text, the run directory), once every role runs."""
     import signal
     import subprocess
     import sys
@@ -507,6 +507,8 @@ def _launch_stand_ins(tmp_path, grace_s: int = 60):
     for field in ("trainPrompts", "validationPrompts"):
         doc["spec"]["data"][field] = str(repo / "examples" / doc["spec"]["data"][field])
     doc["spec"]["failurePolicy"] = {"terminationGracePeriodSeconds": grace_s}
+    if redis_url:
+        doc["spec"]["transferQueue"] = {"redisUrl": redis_url}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
     # started by a shell without job control, pytest (and so the launcher) would inherit SIGINT ignored
@@ -720,3 +722,33 @@ def test_a_job_running_on_the_manifests_redis_is_not_started_there_again(tmp_pat
         beat = json_lib.loads(redis_client.get(key))
         redis_client.set(key, json_lib.dumps({**beat, "t": time.time() - LIVE_BEAT_S - 1}).encode())
     check_not_running_elsewhere(redis_url, job)
+
+
+def test_the_resume_printed_after_a_ctrl_c_on_the_manifests_redis_is_not_refused_as_running(tmp_path, redis_client,
+                                                                                          redis_url):
+    """Ctrl-C of `omnirl run` on an external Redis (spec.transferQueue.redisUrl), then the command it printed,
+    `… --resume`, at once: refused for 30 s, exit 2, "metadata.name: job 'ext-awm' is running on 127.0.0.1:16399
+    (…; last heartbeats: actor-0 25 s ago, …); another omnirl run or RLJob of that name uses this Redis …" —
+    the beats of the run's own stopped roles, since only a finished run set `stop`. Found by hand on a 6-step
+    copy of the AWM example. A real launcher and Redis; the roles are stand-ins whose beats the test writes."""
+    import signal
+
+    from omnirl.launch.preflight import check_not_running_elsewhere
+    from omnirl.transfer.heartbeat import Heartbeat
+    from omnirl.transfer.keys import kv_key
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=5, redis_url=redis_url)
+    try:
+        for worker in ("rollout-0", "reward-0", "actor-0", "controller-0"):  # they beat while they run
+            Heartbeat(redis_client, "ocr-awm", worker.split("-")[0], worker).beat()
+        assert redis_client.get(kv_key("ocr-awm", "stop")) is None
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
+                                             f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
+    assert redis_client.get(kv_key("ocr-awm", "stop")) == b"true", text
+    check_not_running_elsewhere(redis_url, load_rljob(str(tmp_path / "job.yaml")))  # the resume's pre-flight passes

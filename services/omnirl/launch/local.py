@@ -210,6 +210,11 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
                 if supervisor is not None:
                     supervisor.close()
                     redis = supervisor.redis  # read after close: its watchdog may restart the server until then
+                    if job.spec.transferQueue.redisUrl:  # its roles are stopped: the resume we print must not be
+                        # refused as "running" by their last beats (an embedded Redis is this --out's, not shared)
+                        why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job)
+                        if why:
+                            print(f"omnirl: {why}", flush=True)
                 stop_judges(judges)
                 if queue is not None:
                     queue.close()

@@ -200,6 +200,33 @@ def check_not_running_elsewhere(url: str, job: RLJob) -> None:
                          f"{LIVE_BEAT_S:.0f} s)")
 
 
+def mark_stopped(url: str, job: RLJob) -> str:
+    """Set `job`'s `stop` flag on the manifest's Redis once this launcher has stopped every role it
+    started: its roles' last beats stay younger than `LIVE_BEAT_S` for a while, and without the flag
+    the `--resume` the launcher prints after a Ctrl-C was refused by `check_not_running_elsewhere` as
+    "running on REDIS … another omnirl run or RLJob of that name" — the run's own stopped roles. A
+    `--resume` (`supervise.clear_start_flags`) and a fresh run (`TransferQueue.cleanup`) clear it.
+
+    A client of its own with 5 s timeouts and no retries: the job's queue retries for minutes, and a
+    Redis that went away must not hold the launcher's exit.
+
+    Returns:
+        "" once set, else why not (the error, never the password), for the launcher to print.
+    """
+    import redis as redis_py
+
+    from omnirl.transfer.keys import kv_key
+
+    try:
+        with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+            client.set(kv_key(job.metadata.name, "stop"), b"true")
+    except (redis_py.RedisError, OSError) as err:
+        parts = urlsplit(url)
+        return (f"could not mark job {job.metadata.name!r} stopped on {parts.hostname}:{parts.port or 6379} "
+                f"({type(err).__name__}: {err}); a --resume within {LIVE_BEAT_S:.0f} s is refused as running")
+    return ""
+
+
 def trained_steps(out: Path) -> int:
     """How many steps the run in `out` has trained: its highest step with a line in `metrics.jsonl`,
     plus 1 (0 for none; `controller/report.py::trained_steps` reads the file).
