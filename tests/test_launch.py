@@ -8,7 +8,7 @@ import json
 import pytest
 from tests.helpers import supervise_scripts
 
-from omnirl.api.loader import load_rljob
+from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.runtime import sync_backend
 from omnirl.launch.local import role_env
 from omnirl.launch.placement import cpu_role_threads, place, role_plan, weight_sync_backend
@@ -315,6 +315,42 @@ def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path)
     for role in ("rollout", "actor", "reward", "controller"):
         assert (out / "logs" / f"{role}-0.log").read_text().count(f"omnirl: {role} on cpu") <= 1, role
     assert (out / "logs" / "rollout-0.log").read_text().count("configuration error") <= 1
+    # nothing ran: the same command, run again after the fix, starts afresh (test_an_out_whose_run_never_started…)
+    assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""
+
+
+def test_an_out_whose_run_never_started_is_started_afresh_by_the_same_command(tmp_path):
+    """A configuration error at start-up (exit 4: a truncated weights file, OMNIRL_METRICS_PORT in use) leaves
+    an empty metrics.jsonl: the controller opens it and writes its `start` line only once the actor is ready.
+    Run again after the fix, the same command was refused — "omnirl run: OUT already holds a run: pass
+    --resume to continue it" — for a run that trained nothing. Found by hand with the README's truncated
+    weights file. A real launcher and Redis; the role processes are stand-ins."""
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("")
+    (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(load_rljob("examples/ocr-awm.yaml"))))
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=5)  # waits until every role started
+    try:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    # still nothing to continue: the same command again, not --resume
+    assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
+                                             f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
+    (out / "metrics.jsonl").write_text('{"event": "start", "start_step": 0}\n')  # a run that started: refused
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, f"omnirl run: {out} already holds a run: pass --resume to continue "
+                                                 "it, or choose another --out\n"), done.stderr
 
 
 def test_a_metrics_port_in_use_stops_the_run_once_naming_the_variable(tmp_path):
