@@ -788,3 +788,50 @@ def test_the_resume_printed_after_a_ctrl_c_on_the_manifests_redis_is_not_refused
                                              f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
     assert redis_client.get(kv_key("ocr-awm", "stop")) == b"true", text
     check_not_running_elsewhere(redis_url, load_rljob(str(tmp_path / "job.yaml")))  # the resume's pre-flight passes
+
+
+def test_a_fresh_run_from_another_out_keeps_a_stopped_runs_work_on_the_manifests_redis(tmp_path, redis_client,
+                                                                                        redis_url):
+    """Two --out directories, one job name, one external Redis: run A stopped by Ctrl-C after some steps, then a
+    fresh run B. B's start deleted the job's keys — A's pending work — and A's `--resume` (the command A printed)
+    then failed after its roles loaded: exit 4, "omnirl role actor: configuration error: checkpoint …/A/checkpoints/
+    latest: the job's actor had trained step 5, but it holds step 1, and no stored batch follows it: the checkpoint
+    directory was lost or belongs to another run". Found by hand on a 6-step copy of the AWM example. Now B is
+    refused before anything starts, naming A and its resume, and A's work stays. A real launcher and Redis; the
+    roles are stand-ins, and the controller's `start` record is written by the test."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from omnirl.launch.preflight import check_not_running_elsewhere, mark_stopped
+    from omnirl.transfer.keys import kv_key
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=5, redis_url=redis_url)
+    try:
+        (out / "metrics.jsonl").write_text('{"event": "start", "start_step": 0}\n')  # the run started
+        redis_client.set(kv_key("ocr-awm", "trainreqs"), b"A's batches")  # its pending work
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130 and text.strip().endswith(f"--out {out} --steps 1 --no-ray --device cpu --resume"), text
+    other = tmp_path / "other"
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
+                           "--device", "cpu", "--steps", "1", "--out", str(other)], capture_output=True, text=True,
+                          timeout=120)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == (
+        f"omnirl run: metadata.name: job 'ocr-awm' on 127.0.0.1:{port} (spec.transferQueue.redisUrl) holds the pending "
+        f"work of a run that was stopped before it finished ({socket.gethostname()}:{out}, 0 min ago), which a fresh "
+        f"start here would delete: continue it with omnirl run JOB --out {out} --resume, or give this run another "
+        f"metadata.name (to drop that work: redis-cli -h 127.0.0.1 -p {port} -n 0 --scan --pattern 'omnirl:ocr-awm:*' "
+        f"| xargs -r redis-cli -h 127.0.0.1 -p {port} -n 0 unlink)\n")
+    assert redis_client.get(kv_key("ocr-awm", "trainreqs")) == b"A's batches" and not other.exists()
+    job = load_rljob(str(tmp_path / "job.yaml"))
+    check_not_running_elsewhere(redis_url, job, None)  # A's own --resume is welcome
+    check_not_running_elsewhere(redis_url, job, out)  # so is a fresh start in A's place (its directory removed)
+    assert mark_stopped(redis_url, job, out, finished=True) == ""  # A resumed and finished: nothing left to keep
+    check_not_running_elsewhere(redis_url, job, other)

@@ -144,7 +144,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     started["records"] = len(read_metrics(out)) if args.resume else 0  # a fresh run holds none
     if job.spec.transferQueue.redisUrl:  # the embedded Redis is this --out's own, and the lock guards it
         preflight.check_redis(job.spec.transferQueue.redisUrl)
-        preflight.check_not_running_elsewhere(job.spec.transferQueue.redisUrl, job)
+        preflight.check_not_running_elsewhere(job.spec.transferQueue.redisUrl, job, None if args.resume else out)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
     out.mkdir(parents=True, exist_ok=True)
     lock = lock or preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
@@ -212,7 +212,9 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
                     redis = supervisor.redis  # read after close: its watchdog may restart the server until then
                     if job.spec.transferQueue.redisUrl:  # its roles are stopped: the resume we print must not be
                         # refused as "running" by their last beats (an embedded Redis is this --out's, not shared)
-                        why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job)
+                        # nothing to continue when its controller never started: no place to keep
+                        why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job, out,
+                                                     finished=code == 0 or not holds_run(out))
                         if why:
                             print(f"omnirl: {why}", flush=True)
                 stop_judges(judges)
