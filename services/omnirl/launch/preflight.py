@@ -93,14 +93,19 @@ def check_prompts(job: RLJob) -> None:
         ValueError: naming the field, the file and line, the tokenizer's reason and the fix.
     """
     from omnirl.controller.data import check_prompts as check_prompt_file
+    from omnirl.controller.data import numbered_prompts
     from omnirl.models.registry import load_tokenizer
+    from omnirl.reward.registry import check_readable
 
     spec = job.spec
     tokenize = load_tokenizer(spec.model.family, spec.model.path)
     check_prompt_file(spec.data.trainPrompts, tokenize, "spec.data.trainPrompts")
+    check_readable(spec.reward, numbered_prompts(spec.data.trainPrompts), f"spec.data.trainPrompts: {spec.data.trainPrompts}")
     if spec.data.validationPrompts:
         check_prompt_file(spec.data.validationPrompts, tokenize, "spec.data.validationPrompts",
                           spec.validation.maxPrompts)
+        check_readable(spec.reward, numbered_prompts(spec.data.validationPrompts)[:spec.validation.maxPrompts],
+                       f"spec.data.validationPrompts: {spec.data.validationPrompts}")
 
 
 def lock_run_dir(out: Path) -> IO[str]:
