@@ -154,6 +154,17 @@ def unreadable_alphabet(tmp: Path) -> str:
     return str(path)
 
 
+def alphabet_without_nine(tmp: Path) -> str:
+    """The NFT example whose OCR reward reads the digits but 9, which the prompts ask for: found with "αβ", where
+    `omnirl run` trained every step on rewards of 0.000 (held-out 0.000 → 0.000) without a word."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"] = {"trainPrompts": HELDOUT, "validationPrompts": HELDOUT}
+    doc["spec"]["reward"][0]["params"] = {"alphabet": "012345678"}
+    path = tmp / "alphabet9.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 def without_validation(tmp: Path, reward: list | None = None) -> str:
     """The NFT example without validation prompts (and with `reward` instead of its own)."""
     doc = yaml.safe_load(Path(NFT).read_text())
@@ -205,6 +216,12 @@ CASES = {
     "run-unreadable-ocr-alphabet": (lambda t: ["run", unreadable_alphabet(t), "--no-ray", "--out", str(t / "o")],
                                     "omnirl run: spec.reward[0].params.alphabet: ", "'0123456789\u2603' has characters "
                                     "the PP-OCRv4 recogniser does not know: ['\u2603']; remove them"),
+    "run-ocr-alphabet-that-cannot-spell-a-prompt": (
+        lambda t: ["run", alphabet_without_nine(t), "--no-ray", "--out", str(t / "o")],
+        "omnirl run: spec.reward[0].params.alphabet: '012345678' lacks '9', which spec.data.trainPrompts: ",
+        " asks for ('A sign that says \"{n}\"'): no sample of it could score 1; add the characters to the alphabet, "
+        "or fix or remove that line".format(n=next(line.split('"')[1] for line in Path(HELDOUT).read_text().splitlines()
+                                                   if "9" in line))),
     "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-cudnn-on-the-cpu": (lambda t: ["run", cudnn_on_gpus(t), "--device", "cpu", "--no-ray", "--out",

@@ -361,3 +361,33 @@ def test_eval_of_a_run_directory_or_an_export_says_what_to_pass_instead(run_dir,
     assert said[export] == (f"omnirl eval: {export}: no policy.safetensors; it is an export (the trained model as "
                             f"users load it): evaluate it as model.path: {export} in a manifest, or pass the run's "
                             "OUT/checkpoints/latest")
+
+
+def test_an_export_out_that_cannot_be_written_is_one_line_naming_out_and_the_fix(run_dir, tmp_path, capsys):
+    """`omnirl export RUN --out DIR` where DIR cannot take the export: on a read-only mount it printed
+    `omnirl export: [Errno 30] Read-only file system: '/mnt/ro/.tmp-e-17762` (the hidden temporary sibling,
+    a quote cut off, no fix); on a full disk `[Errno 28] No space left on device: '…/checkpoints/
+    step-000005/policy.safetensors' -> '…/.tmp-e-17800/model.safetensors` (the checkpoint it copied from).
+    Now each names --out, the errno text and the fix, as `omnirl run` and `omnirl eval` do, and leaves
+    nothing behind. Real file systems: a read-only and a 256 KiB tmpfs (root with mount)."""
+    from tests.test_run_dir_faults import _mount_tmpfs, _umount
+
+    (tmp_path / "a_file").write_text("x")
+    code, lines = _export(capsys, run_dir, "--out", tmp_path / "a_file" / "e")
+    assert (code, lines) == (2, [f"omnirl export: --out {tmp_path / 'a_file' / 'e'}: {tmp_path / 'a_file'} is a "
+                                 "file, not a directory; choose a directory for the export"])
+    ro, small = tmp_path / "ro", tmp_path / "small"
+    if not (_mount_tmpfs(ro, "ro") and _mount_tmpfs(small)):
+        pytest.skip("a read-only and a full file system need tmpfs mounts (root with mount)")
+    try:
+        code, lines = _export(capsys, run_dir, "--out", ro / "e")
+        assert (code, lines) == (2, [f"omnirl export: --out {ro / 'e'}: {ro} cannot be written ([Errno 30] Read-only "
+                                     "file system); make it writable or choose another --out"])
+        code, lines = _export(capsys, run_dir, "--out", small / "e")  # the probe byte fits, the weights do not
+        assert (code, lines) == (2, [f"omnirl export: --out {small / 'e'}: cannot be written ([Errno 28] No space "
+                                     "left on device); free space there or choose another --out (nothing was left "
+                                     "there)"])
+        assert list(small.iterdir()) == []
+    finally:
+        _umount(ro)
+        _umount(small)

@@ -8,7 +8,7 @@ import json
 import pytest
 from tests.helpers import supervise_scripts
 
-from omnirl.api.loader import load_rljob
+from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.runtime import sync_backend
 from omnirl.launch.local import role_env
 from omnirl.launch.placement import cpu_role_threads, place, role_plan, weight_sync_backend
@@ -315,6 +315,42 @@ def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path)
     for role in ("rollout", "actor", "reward", "controller"):
         assert (out / "logs" / f"{role}-0.log").read_text().count(f"omnirl: {role} on cpu") <= 1, role
     assert (out / "logs" / "rollout-0.log").read_text().count("configuration error") <= 1
+    # nothing ran: the same command, run again after the fix, starts afresh (test_an_out_whose_run_never_started…)
+    assert not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").read_text() == ""
+
+
+def test_an_out_whose_run_never_started_is_started_afresh_by_the_same_command(tmp_path):
+    """A configuration error at start-up (exit 4: a truncated weights file, OMNIRL_METRICS_PORT in use) leaves
+    an empty metrics.jsonl: the controller opens it and writes its `start` line only once the actor is ready.
+    Run again after the fix, the same command was refused — "omnirl run: OUT already holds a run: pass
+    --resume to continue it" — for a run that trained nothing. Found by hand with the README's truncated
+    weights file. A real launcher and Redis; the role processes are stand-ins."""
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text("")
+    (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(load_rljob("examples/ocr-awm.yaml"))))
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=5)  # waits until every role started
+    try:
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    # still nothing to continue: the same command again, not --resume
+    assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
+                                             f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
+    (out / "metrics.jsonl").write_text('{"event": "start", "start_step": 0}\n')  # a run that started: refused
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
+                           "--out", str(out)], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (2, f"omnirl run: {out} already holds a run: pass --resume to continue "
+                                                 "it, or choose another --out\n"), done.stderr
 
 
 def test_a_metrics_port_in_use_stops_the_run_once_naming_the_variable(tmp_path):
@@ -490,11 +526,11 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _launch_stand_ins(tmp_path, grace_s: int = 60):
-    """`omnirl run` (a real launcher process, real embedded Redis, `--no-ray`) of examples/ocr-awm.yaml
-    whose role processes are stand-ins that print `started` and ignore SIGTERM. Returns (the process,
-    its output lines so far, a function reading lines until one holds a text, the run directory), once
-    every role runs."""
+def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None):
+    """`omnirl run` (a real launcher process, real embedded Redis — or the manifest's `redis_url` —,
+    `--no-ray`) of examples/ocr-awm.yaml whose role processes are stand-ins that print `started` and
+    ignore SIGTERM. Returns (the process, its output lines so far, a function reading lines until one
+    holds a text, the run directory), once every role runs."""
     import signal
     import subprocess
     import sys
@@ -507,6 +543,8 @@ def _launch_stand_ins(tmp_path, grace_s: int = 60):
     for field in ("trainPrompts", "validationPrompts"):
         doc["spec"]["data"][field] = str(repo / "examples" / doc["spec"]["data"][field])
     doc["spec"]["failurePolicy"] = {"terminationGracePeriodSeconds": grace_s}
+    if redis_url:
+        doc["spec"]["transferQueue"] = {"redisUrl": redis_url}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
     # started by a shell without job control, pytest (and so the launcher) would inherit SIGINT ignored
@@ -720,3 +758,80 @@ def test_a_job_running_on_the_manifests_redis_is_not_started_there_again(tmp_pat
         beat = json_lib.loads(redis_client.get(key))
         redis_client.set(key, json_lib.dumps({**beat, "t": time.time() - LIVE_BEAT_S - 1}).encode())
     check_not_running_elsewhere(redis_url, job)
+
+
+def test_the_resume_printed_after_a_ctrl_c_on_the_manifests_redis_is_not_refused_as_running(tmp_path, redis_client,
+                                                                                          redis_url):
+    """Ctrl-C of `omnirl run` on an external Redis (spec.transferQueue.redisUrl), then the command it printed,
+    `… --resume`, at once: refused for 30 s, exit 2, "metadata.name: job 'ext-awm' is running on 127.0.0.1:16399
+    (…; last heartbeats: actor-0 25 s ago, …); another omnirl run or RLJob of that name uses this Redis …" —
+    the beats of the run's own stopped roles, since only a finished run set `stop`. Found by hand on a 6-step
+    copy of the AWM example. A real launcher and Redis; the roles are stand-ins whose beats the test writes."""
+    import signal
+
+    from omnirl.launch.preflight import check_not_running_elsewhere
+    from omnirl.transfer.heartbeat import Heartbeat
+    from omnirl.transfer.keys import kv_key
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=5, redis_url=redis_url)
+    try:
+        for worker in ("rollout-0", "reward-0", "actor-0", "controller-0"):  # they beat while they run
+            Heartbeat(redis_client, "ocr-awm", worker.split("-")[0], worker).beat()
+        assert redis_client.get(kv_key("ocr-awm", "stop")) is None
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
+                                             f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
+    assert redis_client.get(kv_key("ocr-awm", "stop")) == b"true", text
+    check_not_running_elsewhere(redis_url, load_rljob(str(tmp_path / "job.yaml")))  # the resume's pre-flight passes
+
+
+def test_a_fresh_run_from_another_out_keeps_a_stopped_runs_work_on_the_manifests_redis(tmp_path, redis_client,
+                                                                                        redis_url):
+    """Two --out directories, one job name, one external Redis: run A stopped by Ctrl-C after some steps, then a
+    fresh run B. B's start deleted the job's keys — A's pending work — and A's `--resume` (the command A printed)
+    then failed after its roles loaded: exit 4, "omnirl role actor: configuration error: checkpoint …/A/checkpoints/
+    latest: the job's actor had trained step 5, but it holds step 1, and no stored batch follows it: the checkpoint
+    directory was lost or belongs to another run". Found by hand on a 6-step copy of the AWM example. Now B is
+    refused before anything starts, naming A and its resume, and A's work stays. A real launcher and Redis; the
+    roles are stand-ins, and the controller's `start` record is written by the test."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    from omnirl.launch.preflight import check_not_running_elsewhere, mark_stopped
+    from omnirl.transfer.keys import kv_key
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=5, redis_url=redis_url)
+    try:
+        (out / "metrics.jsonl").write_text('{"event": "start", "start_step": 0}\n')  # the run started
+        redis_client.set(kv_key("ocr-awm", "trainreqs"), b"A's batches")  # its pending work
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130 and text.strip().endswith(f"--out {out} --steps 1 --no-ray --device cpu --resume"), text
+    other = tmp_path / "other"
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
+                           "--device", "cpu", "--steps", "1", "--out", str(other)], capture_output=True, text=True,
+                          timeout=120)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    assert (done.returncode, done.stdout) == (2, ""), done.stderr
+    assert done.stderr == (
+        f"omnirl run: metadata.name: job 'ocr-awm' on 127.0.0.1:{port} (spec.transferQueue.redisUrl) holds the pending "
+        f"work of a run that was stopped before it finished ({socket.gethostname()}:{out}, 0 min ago), which a fresh "
+        f"start here would delete: continue it with omnirl run JOB --out {out} --resume, or give this run another "
+        f"metadata.name (to drop that work: redis-cli -h 127.0.0.1 -p {port} -n 0 --scan --pattern 'omnirl:ocr-awm:*' "
+        f"| xargs -r redis-cli -h 127.0.0.1 -p {port} -n 0 unlink)\n")
+    assert redis_client.get(kv_key("ocr-awm", "trainreqs")) == b"A's batches" and not other.exists()
+    job = load_rljob(str(tmp_path / "job.yaml"))
+    check_not_running_elsewhere(redis_url, job, None)  # A's own --resume is welcome
+    check_not_running_elsewhere(redis_url, job, out)  # so is a fresh start in A's place (its directory removed)
+    assert mark_stopped(redis_url, job, out, finished=True) == ""  # A resumed and finished: nothing left to keep
+    check_not_running_elsewhere(redis_url, job, other)

@@ -124,7 +124,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     disk.check_writable(out)  # read-only, full, under a file: one line now, not a traceback later
     # a live launcher here is named before "pass --resume" or "nothing to do", which would mislead
     lock = preflight.lock_run_dir(out) if out.is_dir() else None
-    if not args.resume and (out / METRICS_FILE).exists():
+    if not args.resume and holds_run(out):
         preflight.check_same_job(job, out, flag="--out")  # another job's run: --resume is no fix either
         raise ValueError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
     if args.resume and not (out / METRICS_FILE).exists():
@@ -144,7 +144,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     started["records"] = len(read_metrics(out)) if args.resume else 0  # a fresh run holds none
     if job.spec.transferQueue.redisUrl:  # the embedded Redis is this --out's own, and the lock guards it
         preflight.check_redis(job.spec.transferQueue.redisUrl)
-        preflight.check_not_running_elsewhere(job.spec.transferQueue.redisUrl, job)
+        preflight.check_not_running_elsewhere(job.spec.transferQueue.redisUrl, job, None if args.resume else out)
     check_local(job)  # judge servers this machine cannot run (launch/servers.py)
     out.mkdir(parents=True, exist_ok=True)
     lock = lock or preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
@@ -210,6 +210,13 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
                 if supervisor is not None:
                     supervisor.close()
                     redis = supervisor.redis  # read after close: its watchdog may restart the server until then
+                    if job.spec.transferQueue.redisUrl:  # its roles are stopped: the resume we print must not be
+                        # refused as "running" by their last beats (an embedded Redis is this --out's, not shared)
+                        # nothing to continue when its controller never started: no place to keep
+                        why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job, out,
+                                                     finished=code == 0 or not holds_run(out))
+                        if why:
+                            print(f"omnirl: {why}", flush=True)
                 stop_judges(judges)
                 if queue is not None:
                     queue.close()
@@ -271,18 +278,32 @@ def _interrupts_hurry(supervisor: Supervisor | None) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def holds_run(out: Path) -> bool:
+    """Whether `out` holds a run to continue: its `metrics.jsonl` has a record (the controller's `start`
+    line comes first, once the actor is ready; nothing is trained before it). A run stopped before that —
+    a configuration error at start-up (exit 4), a Ctrl-C while the roles loaded — leaves the file empty,
+    and was refused as "already holds a run: pass --resume" when run again after the fix. A file that
+    cannot be parsed counts as a run (never started over)."""
+    if not (out / METRICS_FILE).exists():
+        return False
+    try:
+        return bool(read_metrics(out))
+    except ValueError:  # a corrupt line: someone's run, which a fresh start must not overwrite
+        return True
+
+
 def resume_command(args: argparse.Namespace, out: Path) -> str:
     """The `omnirl run` command that continues this run: the same job, `--out` and flags. Without
     `--steps` a resume trains to `spec.algorithm.steps` (e.g. 80 after a `--steps 3` run), and
     without `--device cpu` it places the roles on the GPUs. No `--resume` when nothing was started
-    yet (no `metrics.jsonl`: a stop while the roles loaded), which `--resume` would refuse. Paths and
+    yet (`holds_run`: a stop while the roles loaded), where the same command starts the run afresh. Paths and
     values are quoted for a POSIX shell where they need it (`--out 'runs/my run'`): the line is pasted."""
     flags = [f"--steps {args.steps}" if args.steps else "",
              f"--ray-address {shlex.quote(args.ray_address)}" if args.ray_address else "",
              "--no-ray" if args.no_ray else "",
              f"--device {args.device}" if getattr(args, "device", "auto") != "auto" else "",
              "--share-gpus" if getattr(args, "share_gpus", False) else "",
-             "--resume" if (out / METRICS_FILE).exists() else ""]
+             "--resume" if holds_run(out) else ""]
     return " ".join(["omnirl run", shlex.quote(args.job), "--out", shlex.quote(str(out)), *filter(None, flags)])
 
 

@@ -93,14 +93,19 @@ def check_prompts(job: RLJob) -> None:
         ValueError: naming the field, the file and line, the tokenizer's reason and the fix.
     """
     from omnirl.controller.data import check_prompts as check_prompt_file
+    from omnirl.controller.data import numbered_prompts
     from omnirl.models.registry import load_tokenizer
+    from omnirl.reward.registry import check_readable
 
     spec = job.spec
     tokenize = load_tokenizer(spec.model.family, spec.model.path)
     check_prompt_file(spec.data.trainPrompts, tokenize, "spec.data.trainPrompts")
+    check_readable(spec.reward, numbered_prompts(spec.data.trainPrompts), f"spec.data.trainPrompts: {spec.data.trainPrompts}")
     if spec.data.validationPrompts:
         check_prompt_file(spec.data.validationPrompts, tokenize, "spec.data.validationPrompts",
                           spec.validation.maxPrompts)
+        check_readable(spec.reward, numbered_prompts(spec.data.validationPrompts)[:spec.validation.maxPrompts],
+                       f"spec.data.validationPrompts: {spec.data.validationPrompts}")
 
 
 def lock_run_dir(out: Path) -> IO[str]:
@@ -165,7 +170,7 @@ LIVE_BEAT_S = 30.0
 about once a second while they work, and the launcher sets `stop` when it ends."""
 
 
-def check_not_running_elsewhere(url: str, job: RLJob) -> None:
+def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None) -> None:
     """A job whose name is live on the manifest's Redis — another `omnirl run` of it, in another --out
     or on another machine, or an RLJob of that name on a shared Redis — is not started again there: a
     fresh run deletes the job's keys first (`TransferQueue.cleanup`), so the other run's roles failed on
@@ -173,31 +178,97 @@ def check_not_running_elsewhere(url: str, job: RLJob) -> None:
     progress (`actor_state`) and refused to start (exit 4, "the checkpoint directory was lost or belongs
     to another run"). Live: a heartbeat younger than `LIVE_BEAT_S` and no `stop` flag (a stopped run sets it).
 
+    `out`: the --out of a fresh run (None: a `--resume`, which keeps the job's keys). A fresh run from
+    another --out than a stopped, unfinished run's (`mark_stopped`) is refused too: its start deletes
+    the job's keys, the stopped run's pending work, and that run's `--resume` then failed at start-up
+    (exit 4, "the checkpoint directory was lost or belongs to another run").
+
     Raises:
-        ValueError: naming `metadata.name`, the Redis (never its password), the live workers and the fix.
+        ValueError: naming `metadata.name`, the Redis (never its password), the live workers or the
+            stopped run's place, and the fix.
     """
+    import json
+    import socket
     import time
 
     import redis as redis_py
 
     from omnirl.transfer.heartbeat import read_heartbeats
-    from omnirl.transfer.keys import kv_key
+    from omnirl.transfer.keys import job_pattern, kv_key
 
     name = job.metadata.name
+    parts = urlsplit(url)
     with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+        stopped = client.get(kv_key(name, STOPPED_RUN))
         if client.get(kv_key(name, "stop")) is not None:
-            return
+            if out is None or stopped is None:
+                return
+            was = json.loads(stopped)
+            if (was.get("host"), was.get("out")) == (socket.gethostname(), str(out)):
+                return  # its own --out again (the directory was removed): a fresh start replaces it
+            ago = max(time.time() - float(was.get("time", 0)), 0) / 60
+            host, port, db = parts.hostname, parts.port or 6379, (parts.path or "/0").strip("/") or "0"
+            raise ValueError(
+                f"metadata.name: job {name!r} on {host}:{port} (spec.transferQueue.redisUrl) holds the pending work "
+                f"of a run that was stopped before it finished ({was.get('host')}:{was.get('out')}, {ago:.0f} min "
+                f"ago), which a fresh start here would delete: continue it with omnirl run JOB --out "
+                f"{was.get('out')} --resume, or give this run another metadata.name (to drop that work: redis-cli "
+                f"-h {host} -p {port} -n {db} --scan --pattern '{job_pattern(name)}' | xargs -r redis-cli -h {host} "
+                f"-p {port} -n {db} unlink)")
         now = time.time()
         live = sorted((now - float(beat.get("t", 0)), worker) for worker, beat in read_heartbeats(client, name).items()
                       if now - float(beat.get("t", 0)) < LIVE_BEAT_S)
     if live:
-        parts = urlsplit(url)
         beats = ", ".join(f"{worker} {max(age, 0):.0f} s ago" for age, worker in live)
         raise ValueError(f"metadata.name: job {name!r} is running on {parts.hostname}:{parts.port or 6379} "
                          f"(spec.transferQueue.redisUrl; last heartbeats: {beats}); another omnirl run or RLJob of "
                          "that name uses this Redis, and starting here would delete or take over its work: stop it, "
                          "or give this run another metadata.name (a run just killed: its beats stop counting after "
                          f"{LIVE_BEAT_S:.0f} s)")
+
+
+STOPPED_RUN = "stopped_run"
+"""The kv key where a launcher that stopped a run before it finished leaves `{"host", "out", "time"}`:
+the job's keys on a shared Redis are that run's pending work, which its `--resume` needs."""
+
+
+def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
+    """Set `job`'s `stop` flag on the manifest's Redis once this launcher has stopped every role it
+    started: its roles' last beats stay younger than `LIVE_BEAT_S` for a while, and without the flag
+    the `--resume` the launcher prints after a Ctrl-C was refused by `check_not_running_elsewhere` as
+    "running on REDIS … another omnirl run or RLJob of that name" — the run's own stopped roles. A run
+    that did not finish also leaves its place (`STOPPED_RUN`: this host and `out`), so that a fresh run
+    of the job from another --out is refused instead of deleting the work its `--resume` needs. A
+    `--resume` (`supervise.clear_start_flags`) and a fresh run (`TransferQueue.cleanup`) clear both.
+
+    A client of its own with 5 s timeouts and no retries: the job's queue retries for minutes, and a
+    Redis that went away must not hold the launcher's exit.
+
+    Returns:
+        "" once set, else why not (the error, never the password), for the launcher to print.
+    """
+    import json
+    import socket
+    import time
+
+    import redis as redis_py
+
+    from omnirl.transfer.keys import kv_key
+
+    name = job.metadata.name
+    try:
+        with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+            client.set(kv_key(name, "stop"), b"true")
+            if finished:
+                client.delete(kv_key(name, STOPPED_RUN))
+            else:
+                where = {"host": socket.gethostname(), "out": str(out), "time": time.time()}
+                client.set(kv_key(name, STOPPED_RUN), json.dumps(where).encode())
+    except (redis_py.RedisError, OSError) as err:
+        parts = urlsplit(url)
+        return (f"could not mark job {job.metadata.name!r} stopped on {parts.hostname}:{parts.port or 6379} "
+                f"({type(err).__name__}: {err}); a --resume within {LIVE_BEAT_S:.0f} s is refused as running")
+    return ""
 
 
 def trained_steps(out: Path) -> int:

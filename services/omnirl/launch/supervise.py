@@ -59,8 +59,9 @@ StartRole = Callable[[str, int, str], RoleProcess]
 
 def clear_start_flags(queue: TransferQueue) -> None:
     """Before the roles start again (`--resume`, `restart-job`): drop the `stop` flag (every new role
-    would exit at once) and `actor_ready` (the controller must wait for the new actor's broadcast)."""
-    queue.redis.delete(*(kv_key(queue.job, flag) for flag in ("stop", "actor_ready")))
+    would exit at once), `actor_ready` (the controller must wait for the new actor's broadcast) and the
+    stopped run's place (`preflight.STOPPED_RUN`: it runs again)."""
+    queue.redis.delete(*(kv_key(queue.job, flag) for flag in ("stop", "actor_ready", "stopped_run")))
 
 
 class JobFailure(Exception):

@@ -9,11 +9,14 @@ DIR holds. A problem prints one line naming the fix and exits 2.
 from __future__ import annotations
 
 import argparse
+import errno
 import sys
 from pathlib import Path
 
+from omnirl.api import disk
 from omnirl.api.errors import ManifestError
 from omnirl.api.loader import load_rljob
+from omnirl.api.spec import RLJob
 from omnirl.models.export import EXPORTS, export_checkpoint
 from omnirl.models.policy_io import LATEST, POLICY_FILE
 
@@ -48,6 +51,31 @@ def _manifest(run_dir: Path, job: str | None) -> Path:
                             "manifest with --job JOB.yaml")
 
 
+def _export_to(job: RLJob, checkpoint: Path, out: Path, run_dir: Path) -> Path:
+    """`export_checkpoint` into `out`, whose failure to take the files is named as `--out`'s: it named the
+    export's hidden temporary sibling (`[Errno 30] Read-only file system: '/mnt/ro/.tmp-e-17762`) or, on a
+    full disk, the checkpoint file being copied (`… No space left on device: '…/policy.safetensors' -> …`).
+
+    Raises:
+        ValueError: `out` cannot be written (read-only, full, under a file, no permission): `--out`, the
+            nearest existing folder, the errno text and the fix; checked before any file is written, and
+            again for a write refused on the way (a disk with room for the probe but not the weights).
+        as `export_checkpoint` otherwise.
+    """
+    disk.check_writable(out, purpose="the export")
+    try:
+        return export_checkpoint(job, checkpoint, out, run_dir=run_dir)
+    except OSError as raised:
+        err = disk.storage_error(raised)
+        where = out
+        while not where.exists() and where != where.parent:
+            where = where.parent
+        if err is None or (err.errno in (errno.EACCES, errno.EPERM) and disk.unwritable(where) is None):
+            raise  # e.g. a checkpoint file it may not read: as raised, naming that file
+        raise ValueError(f"--out {out}: cannot be written ({disk.describe(err)}); {disk.fix(err)} or choose "
+                         "another --out (nothing was left there)") from raised
+
+
 def main(args: argparse.Namespace) -> int:
     """CLI adapter; returns 0, or 2 with one line on stderr."""
     run_dir = Path(args.run_dir)
@@ -58,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
         if not args.checkpoint and not checkpoint.exists():
             raise FileNotFoundError(f"{run_dir} has no checkpoint ({checkpoint} is missing); pass --checkpoint "
                                     "PATH, or let the run reach its first checkpoint")
-        out = export_checkpoint(job, checkpoint, args.out, run_dir=run_dir)
+        out = _export_to(job, checkpoint, Path(args.out), run_dir)
     except ManifestError as err:
         for line in err.problems:
             print(f"omnirl export: {line}", file=sys.stderr)

@@ -74,6 +74,37 @@ def check_in_process(specs: list[RewardSpec]) -> None:
             build_scorer(spec, field=f"spec.reward[{i}]")
 
 
+def check_readable(specs: list[RewardSpec], prompts: list[tuple[int, str]], where: str) -> None:
+    """Every `ocr` reward's `params.alphabet` can spell the text each prompt asks for: the reading is
+    restricted to the alphabet, so a character outside it is never read and no sample of that prompt
+    reaches 1 (alphabet "αβ" with the digit prompts trained a whole run on rewards of 0.000).
+
+    Args:
+        specs: the job's whole `spec.reward` (the message indexes it).
+        prompts: (line number, prompt) pairs, as `controller.data.numbered_prompts` returns them.
+        where: the field or flag and the file, e.g. `spec.data.trainPrompts: p.txt`.
+    Raises:
+        ValueError: naming `spec.reward[i].params.alphabet`, the characters it lacks, the file and line,
+            and the fix.
+    """
+    from omnirl.api.prompts import target_text
+
+    for i, spec in enumerate(specs):
+        if spec.kind != "ocr":
+            continue
+        alphabet = spec.typed_params().alphabet
+        for n, text in prompts:
+            try:
+                target = target_text(text)
+            except (TypeError, ValueError):
+                continue  # an unbalanced quote: the tokenizer's check names the line
+            missing = "".join(sorted({ch for ch in target if ch != " " and ch not in alphabet}))
+            if missing:
+                raise ValueError(f"spec.reward[{i}].params.alphabet: {alphabet!r} lacks {missing!r}, which {where} "
+                                 f"line {n} asks for ({text!r}): no sample of it could score 1; add the characters "
+                                 "to the alphabet, or fix or remove that line")
+
+
 def check_judges(specs: list[RewardSpec], only: set[str] | None = None, *, strict: bool = True) -> None:
     """Every remote entry with a `url` answers as its kind should (entries whose `server` the job has
     not started yet have no url and are skipped): a `vlm` judge answers, takes its key and serves its
