@@ -11,6 +11,7 @@ import sys
 from datetime import datetime, timedelta, timezone
 
 import redis
+import yaml
 from kubernetes.client import ApiClient, Configuration
 
 from omnirl.telemetry.k8s_status import StatusReporter
@@ -486,3 +487,46 @@ def test_status_reporter_rejects_bad_values():
         else:
             raise AssertionError(f"{kwargs} was accepted")
     assert reporter.failures == 0
+
+
+def test_an_edit_that_reshapes_the_published_steps_is_refused_and_undoing_it_applies():
+    """groupSize 8 → 12 of a live job: its pods would restart with OMNIRL_RESUME=auto and the controller rebuild
+    the published step's groups with 12 samples each, waiting for ever for the 4 never requested (as `omnirl run
+    --resume` did). The edit is an invalid spec, nothing applied; a learning-rate edit applies; undone, it applies."""
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+    manifest = {**MANIFEST, "metadata": {"name": "reshaped", "namespace": NS}}
+
+    async def step(cluster: EmulatedCluster):
+        out = await reconcile(await cluster.rljob(NS, "reshaped"), cluster.api, OperatorSettings(), NOW, LOG)
+        await cluster.patch(*rljob, NS, "reshaped", {"status": out.status}, sub="status")
+        return out
+
+    def spec_of(configmap: dict) -> dict:
+        return yaml.safe_load(configmap["data"]["job.yaml"])["spec"]["algorithm"]
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(manifest))
+            assert (await step(cluster)).status["phase"] == "Pending"
+            await cluster.patch(*rljob, NS, "reshaped", {"spec": {"algorithm": {"groupSize": 12}, "seed": 3}})
+            out = await step(cluster)
+            ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
+            # the job goes on with what it has: not Failed, the edit is what is refused
+            assert (out.status["phase"], ready["reason"], out.actions) == ("Pending", "InvalidSpec", [])
+            assert out.status["observedGeneration"] == 1 and out.status["message"] == (
+                "the edited spec is invalid and was not applied; the job goes on with generation 1: RLJob reshaped "
+                "started with spec.algorithm.groupSize 8 (now 12), spec.seed 0 (now 3): the steps it published and "
+                "its data position were made with them, and a resumed controller would wait for samples never "
+                "requested or train samples with settings they were not drawn with; put the earlier values back, or "
+                "delete RLJob reshaped (its queued work goes with it) and create it again as a new run (model.path: "
+                "one of its exports to continue from its weights)")
+            assert spec_of(await cluster.get("v1", "ConfigMap", NS, "reshaped-spec"))["groupSize"] == 8
+            await cluster.patch(*rljob, NS, "reshaped", {"spec": {"algorithm": {"groupSize": 8}, "seed": 0}})
+            await cluster.patch(*rljob, NS, "reshaped",
+                                {"spec": {"algorithm": {"optimizer": {"learningRate": 3e-5}}}})
+            out = await step(cluster)
+            assert out.status["observedGeneration"] == 4 and "invalid" not in out.status["message"]
+            algo = spec_of(await cluster.get("v1", "ConfigMap", NS, "reshaped-spec"))
+            assert (algo["groupSize"], algo["optimizer"]["learningRate"]) == (8, 3e-5)
+
+    asyncio.run(main())

@@ -16,10 +16,12 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
 
+import yaml
 from pydantic import ValidationError
 
-from omnirl.api.loader import job_from_dict
+from omnirl.api.loader import dump_rljob, job_from_dict
 from omnirl.api.problems import problem_lines
+from omnirl.api.resume import resume_conflict
 from omnirl.api.runtime import STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.api.status import TERMINAL_PHASES
@@ -226,6 +228,22 @@ async def _restart(kube: KubeApi, job: RLJob, ns: str, now: datetime, role: str 
     return [f"restarted {'job ' + name if role is None else 'role ' + role}"]
 
 
+def resume_conflict_of(stored_spec: dict[str, Any] | None, job: RLJob) -> str | None:
+    """Why the job's pods may not restart with `job`'s spec, or None: its ConfigMap (`stored_spec`, the
+    manifest the pods run) differs in a field that shaped the steps already published and the
+    checkpoints (`omnirl.api.resume.RESUME_FIXED`). Its pods would restart with `OMNIRL_RESUME=auto` and
+    the controller would rebuild those steps with the new values (a larger `groupSize`: it waited for
+    ever for samples never requested). A job that has no ConfigMap yet has nothing to keep."""
+    text = ((stored_spec or {}).get("data") or {}).get("job.yaml")
+    if not text:
+        return None
+    name = job.metadata.name
+    return resume_conflict(yaml.safe_load(text) or {}, dump_rljob(job), where=f"RLJob {name}",
+                           fix=f"put the earlier values back, or delete RLJob {name} (its queued work goes with it) "
+                               "and create it again as a new run (model.path: one of its exports to continue from "
+                               "its weights)")
+
+
 async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSettings, now: datetime,
                     log: logging.Logger) -> Outcome:
     """Bring the children of one RLJob to the state its spec and status ask for.
@@ -247,6 +265,10 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     claim = next((c for c in children if c["kind"] == "PersistentVolumeClaim"), None)
     if claim is not None and not terminal:  # an edit the claim cannot follow: an invalid spec, nothing applied
         conflict = claim_conflict(before[label_of(claim)], claim)
+        if conflict is not None:
+            return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
+    if not terminal:  # an edit that reshapes the work in Redis and the checkpoints: refused, nothing applied
+        conflict = resume_conflict_of(before.get(f"ConfigMap/{child_name(job.metadata.name, suffix='spec')}"), job)
         if conflict is not None:
             return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
     reward = before.get(f"Deployment/{child_name(job.metadata.name, 'reward')}")

@@ -17,6 +17,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from omnirl.api.loader import dump_rljob
+from omnirl.api.resume import resume_conflict
 from omnirl.api.spec import MODEL_ROLES, RLJob
 from omnirl.controller import report
 from omnirl.launch.placement import Placement
@@ -293,8 +295,10 @@ def finished(out: Path, since: int = 0) -> bool:
 
 def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> None:
     """`--resume` continues the run in `out` only with that run's job: its name (the Redis key prefix
-    of its pending work), algorithm and model family, as recorded in `out/job.yaml`. `flag` starts
-    the message: `--out` when the run was not resumed (then "pass --resume" would mislead).
+    of its pending work), algorithm and model family, as recorded in `out/job.yaml`, and (with `flag`
+    `--resume`) the fields that shaped its pending steps (`api/resume.py::RESUME_FIXED`: `groupSize`,
+    `promptsPerStep`, `seed`, …; before, a larger `groupSize` hung the resumed run at its first step).
+    `flag` starts the message: `--out` when the run was not resumed (then "pass --resume" would mislead).
 
     Raises:
         ValueError: naming the field, both values and the fix.
@@ -313,3 +317,9 @@ def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> None:
         if was is not None and was != now:
             raise ValueError(f"{flag}: {out} holds a run with {field} {was!r}, not {now!r}; resume it with its own "
                              "manifest, or start a new run (another --out) with model.path: OUT/exports/latest")
+    if flag == "--resume":
+        conflict = resume_conflict(before, dump_rljob(job), where=f"{flag}: {out} holds a run",
+                                   fix="put the earlier values back to resume it, or start a new run (another --out) with "
+                                       "model.path: OUT/exports/latest to continue from its weights")
+        if conflict:
+            raise ValueError(conflict)

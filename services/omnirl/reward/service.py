@@ -15,7 +15,9 @@ A worker renews its claim on the samples it holds while it scores them (`omnirl.
 so another replica reclaims them only once it dies (or stops beating), never during a long
 outage. A restarted worker first scores its predecessor's pending samples (same worker id); SIGTERM lets
 the batch in hand finish, then `run` returns. Scores are published with `done_kind="reward"`, so a
-sample's score is published once however often it is delivered.
+sample's score is published once however often it is delivered, and a redelivered sample whose score
+is published already (its worker was killed between the publish and the ack) is acknowledged without
+being scored again (`_not_scored_before`).
 """
 
 from __future__ import annotations
@@ -83,10 +85,31 @@ class RewardService:
         `claimIdleSeconds` (held up to `scorerOutageSeconds`) or a slow judge would otherwise let another
         replica reclaim and score them again."""
         samples = self.queue.streams.samples
+        msgs = self._not_scored_before(msgs)
+        if not msgs:
+            return
         with holding(self.queue, samples, GROUP, self.env.worker_id, [m.id for m in msgs], alive=self._live):
             scored = self._score_and_publish(msgs)
         if scored:  # none when stopping while a scorer was away: unacknowledged, the samples go to the successor
             self.queue.ack(samples, GROUP, [m.id for m in msgs])
+
+    def _not_scored_before(self, msgs: list[Message]) -> list[Message]:
+        """The messages whose score no worker published yet; the others are acknowledged here.
+
+        A worker killed after publishing a score and before acknowledging its sample leaves the sample
+        pending: its successor (restarted, or another replica after `claimIdleSeconds`) gets it again.
+        Scoring it again would be a paid judge call whose score `publish` refuses, and its image may be
+        gone (trained and deleted). Its ledger line is written here if the predecessor died before it."""
+        done = self.queue.are_done("reward", [m.meta["sample_id"] for m in msgs])
+        scored = [m for m, d in zip(msgs, done, strict=True) if d]
+        if not scored:
+            return msgs
+        for m in scored:
+            self._ledger.record(m.meta["sample_id"], published=False)
+        self.queue.ack(self.queue.streams.samples, GROUP, [m.id for m in scored])
+        log.info("reward: %d redelivered samples were scored before (scores published, e.g. %s): acknowledged "
+                 "without scoring them again", len(scored), scored[0].meta["sample_id"])
+        return [m for m, d in zip(msgs, done, strict=True) if not d]
 
     def _live(self) -> bool:
         """The health probe's test: the main loop beat within `progressDeadlineSeconds`."""

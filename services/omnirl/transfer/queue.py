@@ -425,6 +425,15 @@ class TransferQueue:
         """True if the marker ``done:{kind}:{sample_id}`` exists."""
         return bool(self.redis.exists(done_key(self.job, kind, sample_id)))
 
+    def are_done(self, kind: str, sample_ids: list[str]) -> list[bool]:
+        """:meth:`is_done` of each of ``sample_ids``, in order, in one round trip (a pipeline)."""
+        if not sample_ids:
+            return []
+        with self.redis.pipeline(transaction=False) as pipe:
+            for sample_id in sample_ids:
+                pipe.exists(done_key(self.job, kind, sample_id))
+            return [bool(n) for n in pipe.execute()]
+
     # ------------------------------------------------------------------ inspection
     def stream_length(self, stream: str) -> int:
         """XLEN: entries held (acknowledged but untrimmed ones included); 0 for a missing stream."""
