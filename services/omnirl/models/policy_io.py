@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from omnirl.api.disk import sync_dir, sync_tree
+from omnirl.api.disk import readable, sync_dir, sync_tree
 from omnirl.api.spec import LoRASpec, RLJob, is_lora_tensor
 from omnirl.models.lora import inject_lora
 from omnirl.models.protocol import ModelAdapter
@@ -139,7 +139,7 @@ def load_policy(adapter: ModelAdapter, path: str | Path, lora: LoRASpec) -> dict
     """
     ckpt = resolve_checkpoint(path)
     state = json.loads((ckpt / "state.json").read_text())
-    tensors = load_file(ckpt / POLICY_FILE)
+    tensors = load_file(readable(ckpt / POLICY_FILE))
     module = adapter.module
     if state.get("lora"):
         inject_lora(module, lora, lora.targetModules or adapter.lora_target_modules)
