@@ -207,6 +207,12 @@ def main(args: argparse.Namespace) -> int:
         if args.role == "controller" and type(err).__name__ == "JobFailed":  # a verdict, not a crash
             print(f"omnirl role controller: the job failed: {err}", file=sys.stderr, flush=True)
             return JOB_FAILED_EXIT
+        if args.role == "controller" and type(err).__name__ == "RoleFailed":
+            # another role's failure, relayed: that role prints its own line (and its traceback, for a
+            # crash) and exits with its own code, which decides; the controller's stack only showed where
+            # it read the report, a traceback before a configuration error's one clear line
+            print(f"omnirl role controller: {err}", file=sys.stderr, flush=True)
+            return 1
         if _binding_mismatch(err):
             print(f"omnirl role {args.role}: configuration error: {err}; {BINDING_FIX}", file=sys.stderr, flush=True)
             return CONFIG_ERROR_EXIT

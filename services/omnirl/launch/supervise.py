@@ -218,7 +218,7 @@ class Supervisor:
         return [p for name, p in self.procs.items() if name != "controller-0"]
 
     def _settle(self, controller: RoleProcess) -> None:
-        """Give the roles the failed controller names (its last line: `RoleFailed: actor actor-0 failed:
+        """Give the roles the failed controller names (its last line: `omnirl role controller: actor actor-0 failed:
         …`, a failure that role reported before exiting) up to `SETTLE_S` to exit, so their own exit
         code is seen: the controller's exit was read first and restarted the job until maxRestarts
         while the actor's exit 4 said a restart cannot help."""
