@@ -318,17 +318,24 @@ def _supervise_filler(tmp_path: Path, redis_url: str, script: str, embedded=None
     return code, len(starts) + sum(e["action"] == "restart-role" for e in events), events, supervisor.failure
 
 
-def test_a_role_that_reports_a_storage_error_stops_the_job_without_a_restart(tmp_path, redis_url):
+@pytest.mark.parametrize("line,action", [
+    ("omnirl role rollout: cannot write /run/x ([Errno 28] No space left on device); free space there",
+     "stop-job (the run directory cannot be written: not restarted)"),
+    # a model file it may not read: the run directory is not at fault (it said so for any exit 5)
+    ("omnirl role rollout: cannot read /models/m/config.json ([Errno 13] Permission denied); make it readable by "
+     "uid 0 (its owner or mode; in a pod, uid 1000: give the volume an fsGroup or chown it)",
+     "stop-job (a file cannot be read: not restarted)"),
+])
+def test_a_role_that_reports_a_storage_error_stops_the_job_without_a_restart(tmp_path, redis_url, line, action):
     """Exit STORAGE_ERROR_EXIT (5): the job stops with 5 at once, no restart spent, the role's line
-    is the reason."""
+    is the reason, and the event says what could not be done (read a file, or write the run directory)."""
     from omnirl.api.runtime import STORAGE_ERROR_EXIT
 
-    line = "omnirl role rollout: cannot write /run/x ([Errno 28] No space left on device); free space there"
     code, starts, events, failure = _supervise_filler(
         tmp_path, redis_url, f"import sys; print({line!r}, file=sys.stderr, flush=True); raise SystemExit(5)")
     assert (code, starts) == (STORAGE_ERROR_EXIT, 1)
     assert failure == f"role rollout-0 failed: {line}"
-    assert [e["action"] for e in events] == ["stop-job (the run directory cannot be written: not restarted)"]
+    assert [e["action"] for e in events] == [action]
 
 
 def test_a_redis_killed_for_a_file_too_large_is_not_restarted_and_stops_the_job(tmp_path, redis_url):

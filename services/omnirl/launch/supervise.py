@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -308,9 +309,11 @@ class Supervisor:
         `STORAGE_ERROR_EXIT`), or a probe write fails now (whatever `p` died of: a Redis that could not
         append, a library that wraps the error)."""
         if code == STORAGE_ERROR_EXIT:
-            self._event(p.name, f"exit {code}: {p.last_error()}", "stop-job (the run directory cannot be written: "
-                                                                  "not restarted)")
-            raise JobFailure(code, f"role {p.name} failed: {p.last_error()}")
+            said = p.last_error()
+            what = "a file cannot be read" if re.search(r": cannot (read|reach) ", said) else \
+                "the run directory cannot be written"  # `disk.failure`'s words in the role's line
+            self._event(p.name, f"exit {code}: {said}", f"stop-job ({what}: not restarted)")
+            raise JobFailure(code, f"role {p.name} failed: {said}")
         err = disk.unwritable(self.out)
         if err is not None:
             raise JobFailure(STORAGE_ERROR_EXIT, self._unwritable_reason(
