@@ -147,3 +147,20 @@ def crash_everywhere(monkeypatch, prepare: Callable[[int], object], write: Calla
         if finished:
             return n - 1
     raise AssertionError(f"the write did not finish within {limit} directory changes")
+
+
+def without_file_permission_override(cmd: list[str]) -> list[str]:
+    """`cmd` run so that file modes bind it: as root, without CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH
+    (`setpriv --bounding-set`: root reads a chmod 000 file otherwise); as another user, unchanged.
+    Skips the calling test where root cannot drop them (no setpriv)."""
+    import shutil
+    import subprocess
+
+    import pytest
+
+    if os.geteuid() != 0:
+        return cmd
+    prefix = [shutil.which("setpriv") or "setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("root cannot drop CAP_DAC_OVERRIDE here (setpriv): a file mode does not stop it")
+    return [*prefix, *cmd]

@@ -414,3 +414,23 @@ def test_a_successor_meets_a_dead_controllers_refill():
         book.record(score(f"4:7:{i}r1", "4:7r1"), f"new{i}", refill)
     assert book.complete and sorted(group.tensor_keys.values()) == ["new0", "new1", "new2"]
     assert json.loads(json.dumps(group.request.model_dump()))["group_id"] == "4:7r1"
+
+
+def test_pruning_and_resume_order_checkpoints_by_step_number_past_the_zero_padding(tmp_path):
+    """Step directories are `step-{step:06d}`: past step 999999 the name has seven digits. Sorted as
+    text, `step-1000000` came before `step-999998`, so each save past it pruned the new checkpoints
+    and kept the two of steps 999998-999999 for ever (the same for `step-N.10` before `step-N.2`).
+    By number, the `keep` newest stay and a resume loads the numerically latest complete one."""
+    root = tmp_path / "checkpoints"
+    for step in (999_998, 999_999, 1_000_000, 1_000_001, 1_000_002):
+        _copy(root, step, float(step), keep=2)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-1000001", "step-1000002"]
+    assert _latest(root) == (1_000_002, 1_000_002.0)  # what a resume loads
+    assert has_checkpoint(root)
+    for k in (2, 10):  # copies of one step written again (`publish`): .10 is newer than .2
+        (root / f"step-000005.{k}").mkdir()
+    make_latest(root, root / "step-000005.10", keep=1)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-000005.10", "step-1000002"]
+    (root / "step-old").mkdir()  # not a step directory of ours: never pruned
+    make_latest(root, root / "step-1000002", keep=1)
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step-1000002", "step-old"]

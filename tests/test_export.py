@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-from tests.helpers import crash_everywhere
+from tests.helpers import crash_everywhere, without_file_permission_override
 
 from omnirl.actor.checkpoint import save_checkpoint
 from omnirl.api.loader import dump_rljob, job_from_dict
@@ -24,6 +27,8 @@ from omnirl.models.lora import inject_lora, lora_tensors
 
 LORA = {"enabled": True, "rank": 4, "alpha": 8.0}
 
+
+REPO = Path(__file__).resolve().parents[1]
 
 def rljob(family: str = "ocr-digits", path: str = "builtin", lora: dict | None = None) -> RLJob:
     return job_from_dict({"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "exp"},
@@ -391,3 +396,22 @@ def test_an_export_out_that_cannot_be_written_is_one_line_naming_out_and_the_fix
     finally:
         _umount(ro)
         _umount(small)
+
+
+@pytest.mark.parametrize("name", ["policy.safetensors", "state.json"])
+def test_an_unreadable_checkpoint_file_is_reported_as_a_read_with_its_fix(run_dir, tmp_path, name):
+    """A checkpoint file the user may not read (mode 000; a pod's volume owned by another uid): one
+    line saying it cannot be *read*, its path, the errno and the fix, exit 5. Before, `omnirl export`
+    said "No such file or directory" for the weights (safetensors' text for EACCES) and the roles'
+    storage line said "cannot write" for any EACCES."""
+    f = run_dir / "checkpoints" / "step-000003" / name
+    f.chmod(0)
+    cmd = without_file_permission_override([sys.executable, "-m", "omnirl.cli", "export", str(run_dir), "--out",
+                                            str(tmp_path / "export")])
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    f.chmod(0o644)
+    assert done.returncode == 5, done.stderr
+    assert done.stderr.splitlines() == [
+        f"omnirl export: cannot read {f} ([Errno 13] Permission denied); make it readable by uid {os.getuid()} "
+        "(its owner or mode; in a pod, uid 1000: give the volume an fsGroup or chown it)"]
+    assert not (tmp_path / "export").exists()

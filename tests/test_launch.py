@@ -150,7 +150,7 @@ def test_an_actors_permanent_exit_decides_when_the_controller_fails_with_it(tmp_
     actor_line = {4: "omnirl role actor: configuration error: spec.model.lora.targetModules: ['x'] matched no module",
                   5: "omnirl role actor: cannot write /run (Errno 28) No space left on device); free space there"}
     said = actor_line[actor_exit]
-    reported = f"omnirl role controller failed: RoleFailed: actor actor-0 failed: {said.split(': ', 1)[1]}"
+    reported = f"omnirl role controller: actor actor-0 failed: {said.split(': ', 1)[1]}"  # `roles.main`'s line
     scripts = {"actor": f"import time; print('started', flush=True); time.sleep({max(lag_s, 0) + 0.5}); "
                         f"print({said!r}, flush=True); raise SystemExit({actor_exit})",
                "controller": f"import time; print('started', flush=True); time.sleep({max(-lag_s, 0) + 0.5}); "
@@ -835,3 +835,69 @@ def test_a_fresh_run_from_another_out_keeps_a_stopped_runs_work_on_the_manifests
     check_not_running_elsewhere(redis_url, job, out)  # so is a fresh start in A's place (its directory removed)
     assert mark_stopped(redis_url, job, out, finished=True) == ""  # A resumed and finished: nothing left to keep
     check_not_running_elsewhere(redis_url, job, other)
+
+
+# loaded by the actor process (sitecustomize on PYTHONPATH): its first training step meets a configuration
+# error, as a LoRA whose targetModules match nothing once the first batch trains
+ACTOR_CONFIG_ERROR_AT_FIRST_STEP = '''
+import importlib.abc, importlib.util, sys
+if "role" in sys.argv and "actor" in sys.argv:
+    class _Hook(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name != "omnirl.actor.service":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            run = spec.loader.exec_module
+            def exec_module(module):
+                run(module)
+                from omnirl.api.errors import ConfigError
+                def _train(self, req, replay=False):
+                    raise ConfigError("spec.model.lora.targetModules: ['x'] matched no module")
+                module.ActorService._train = _train
+            spec.loader.exec_module = exec_module
+            return spec
+    sys.meta_path.insert(0, _Hook())
+'''
+
+
+@pytest.mark.slow
+def test_a_roles_configuration_error_is_one_line_without_the_controllers_traceback(tmp_path):
+    """`omnirl run` whose actor meets a configuration error at its first step: the actor's one line
+    and exit 4 decide, and the controller, which relays it (`RoleFailed`), says so in one line too.
+    Before, the controller printed a Python traceback (`omnirl.controller.loop.RoleFailed: …`, 20
+    lines of its own stack) before the configuration error's one clear line."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import yaml
+    from e2e.chaos import chaos_job
+
+    from omnirl.api.runtime import CONFIG_ERROR_EXIT
+
+    repo = Path(__file__).resolve().parents[1]
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(ACTOR_CONFIG_ERROR_AT_FIRST_STEP)
+    job, out = chaos_job(tmp_path, "config-at-first-step", steps=2), tmp_path / "out"
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["failurePolicy"]["maxRestarts"] = 2
+    job.write_text(yaml.safe_dump(doc))
+    paths = [str(hook), str(repo / "services"), str(repo / "operator"), str(repo)]
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(job), "--no-ray", "--device", "cpu",
+                           "--out", str(out)], capture_output=True, text=True, timeout=600, cwd=repo,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(paths)})
+    console = done.stdout + done.stderr
+    assert done.returncode == CONFIG_ERROR_EXIT, console[-3000:]
+    said = "spec.model.lora.targetModules: ['x'] matched no module"
+    assert "Traceback" not in console, console[-3000:]
+    failed = [line for line in done.stdout.splitlines() if line.startswith("[") and "] omnirl role " in line
+              and "stopped by SIGTERM" not in line]
+    assert failed == [f"[actor-0] omnirl role actor: configuration error: {said}",
+                      f"[controller-0] omnirl role controller: actor actor-0 failed: ConfigError: {said}"], console[-3000:]
+    assert (f"omnirl: the job did not finish (exit 4): role actor-0 failed: omnirl role actor: configuration error: "
+            f"{said}") in done.stdout.splitlines()
+    assert (out / "logs" / "controller-0.log").read_text().splitlines()[-1] == \
+        f"omnirl role controller: actor actor-0 failed: ConfigError: {said}"

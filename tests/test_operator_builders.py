@@ -382,7 +382,7 @@ def test_permanent_exit_codes_fail_the_job_transient_ones_do_not():
            "left on device); free space there\n"
     storage = permanent_failure([pod("actor", 5, full)], "omnirl.dev/role")
     assert (storage.action, storage.reason, storage.message) == (
-        "fail", "StorageError", f"actor exited 5 (the run volume cannot be written; not restarted): {full.strip()}")
+        "fail", "StorageError", f"actor exited 5 (a file or the run volume cannot be read or written; not restarted): {full.strip()}")
     # a crash, an OOM kill (137), SIGTERM (143), a running pod: the failure policy decides, not this
     assert permanent_failure([pod("actor", c) for c in (1, 137, 143)] + [{"metadata": {"name": "p"}}],
                              "omnirl.dev/role") is None

@@ -363,7 +363,7 @@ def test_a_configuration_error_fails_the_job_with_its_message_instead_of_restart
             if code == 4 else f"omnirl role {role}: cannot write /run/checkpoints/.tmp-step-000040-7/policy.safetensors "
             "([Errno 28] No space left on device); free space there")
     reason, kind = {4: ("ConfigurationError", "a configuration error"),
-                    5: ("StorageError", "the run volume cannot be written")}[code]
+                    5: ("StorageError", "a file or the run volume cannot be read or written")}[code]
 
     async def scenario(cluster: EmulatedCluster) -> None:
         await cluster.create(rljob_body(manifest(name, failurePolicy={"maxRestarts": 3})))

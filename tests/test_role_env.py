@@ -138,3 +138,70 @@ def test_every_variable_the_operator_sets_for_a_role_is_refused_in_its_template(
     allowed = [{"name": n, "value": "1"} for n in sorted(user)]
     check_pod_template({"spec": {"containers": [{"name": "rollout", "env": allowed}]}}, "rollout", "t", role=True)
 
+
+
+_REFUSED = {
+    "rollout": [{"name": "OMNIRL_OUT", "value": "/x"}],
+    "actor": [{"name": "OMNIRL_JOB_NAME", "value": "x"}, {"name": "OMNIRL_DEVICE", "value": "cpu"},
+              {"name": "OMNIRL_HEALTH_PORT", "value": "9000"}, {"name": "OMNIRL_RESUME", "value": "0"}],
+}
+# (role, env index, variable): every refused entry, the allowed OMNIRL_DEVICE (env[1]) not among them
+_EXPECTED = [("rollout", 0, "OMNIRL_OUT"), ("actor", 0, "OMNIRL_JOB_NAME"), ("actor", 2, "OMNIRL_HEALTH_PORT"),
+             ("actor", 3, "OMNIRL_RESUME")]
+
+
+def _refusing_manifest() -> dict:
+    return {"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "env", "namespace": "team"},
+            "spec": {"data": {"trainPrompts": "/data/train.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}],
+                     "transferQueue": {"redisUrl": "redis://redis:6379/0"},
+                     "roles": {role: {"template": {"spec": {"containers": [{"name": role, "env": env}]}}}
+                               for role, env in _REFUSED.items()}}}
+
+
+def test_validate_reports_every_refused_env_entry_of_every_role_template_at_once(tmp_path, capsys):
+    """Several operator-owned variables in role templates: `omnirl validate` prints one line per
+    entry, each with its field path and line, not only the first (a user fixed one, validated again,
+    found the next)."""
+    import yaml
+
+    from omnirl.cli import main
+
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(_refusing_manifest(), sort_keys=False))
+    assert main(["validate", str(path)]) == 2
+    captured = capsys.readouterr()
+    lines = (captured.out + captured.err).splitlines()
+    assert [line.split(": ")[1] for line in lines] == [
+        f"spec.roles.{role}.template.spec.containers[0].env[{j}]" for role, j, _ in _EXPECTED], lines
+    text = yaml.safe_dump(_refusing_manifest(), sort_keys=False).splitlines()
+    for line, (_, _, name) in zip(lines, _EXPECTED, strict=True):
+        assert f"is invalid: {name} is set by the operator" in line and "remove this entry" in line, line
+        number = int(line.rsplit("(line ", 1)[1].rstrip(")"))
+        assert f"- name: {name}" in text[number - 1], (line, text[number - 1])
+
+
+def test_the_operator_fails_the_rljob_naming_every_refused_env_entry():
+    """The operator's check is the same: the RLJob's InvalidSpec message names every entry."""
+    import asyncio
+    import logging
+    from datetime import datetime, timezone
+
+    from omnirl_operator.reconcile import reconcile
+    from omnirl_operator.settings import OperatorSettings
+    from omnirl_operator.testing import EmulatedCluster, rljob_body
+
+    async def main() -> dict:
+        async with EmulatedCluster() as cluster:
+            body = await cluster.create(rljob_body(_refusing_manifest()))
+            out = await reconcile(body, cluster.api, OperatorSettings(), datetime(2026, 1, 1, tzinfo=timezone.utc),
+                                  logging.getLogger("test"))
+            return out.status
+
+    status = asyncio.run(main())
+    failed = next(c for c in status["conditions"] if c["type"] == "Failed")
+    assert (status["phase"], failed["reason"]) == ("Failed", "InvalidSpec")
+    found = [(p.split(": ", 1)[0], p) for p in failed["message"].removeprefix("invalid spec: ").split("; spec.")]
+    assert [f"spec.{path}".replace("spec.spec.", "spec.") for path, _ in found] == [
+        f"spec.roles.{role}.template.spec.containers[0].env[{j}]" for role, j, _ in _EXPECTED], failed["message"]
+    for (_, text), (_, _, name) in zip(found, _EXPECTED, strict=True):
+        assert f"{name} is set by the operator" in text, text

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.helpers import supervise_scripts
+from tests.helpers import supervise_scripts, without_file_permission_override
 
 from omnirl.api import disk
 
@@ -117,7 +117,7 @@ def test_a_launcher_write_refused_after_the_probe_ends_with_the_storage_verdict(
     assert proc.returncode == 5, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines() == [
-        f"omnirl: the job did not finish (exit 5): {out} cannot be written ([Errno 27] File too large); "
+        f"omnirl: the job did not finish (exit 5): cannot write {out} ([Errno 27] File too large); "
         f"raise the file-size limit (ulimit -f), then continue with: omnirl run examples/ocr-awm.yaml --out {out} "
         "--steps 1 --no-ray --device cpu"], proc.stdout
 
@@ -133,6 +133,60 @@ def test_the_probe_sees_a_write_the_file_system_refuses_and_names_the_errno(smal
     err = disk.unwritable(small_fs)
     assert err is not None and disk.describe(err) == "[Errno 28] No space left on device"
     assert disk.fix(err) == "free space there"
+
+
+_ROLE_FAILS = """
+import argparse, os, sys
+import omnirl.launch.roles as roles
+op, path = sys.argv[1], sys.argv[2]
+def run_role(role, job, env):
+    if op == "read":
+        open(path, "rb").close()
+    elif op == "append":
+        open(path, "ab").close()
+    else:
+        open(path, "xb").close()
+roles.run_role = run_role
+sys.exit(roles.main(argparse.Namespace(role="actor", job="job.yaml", out=None)))
+"""
+
+
+def test_a_role_says_whether_a_read_or_a_write_was_refused_with_the_path_and_the_fix(tmp_path):
+    """EACCES/EPERM stop a role with exit 5 whether it read or wrote: the line says which, on the
+    path that failed, with the fix for that. Before, every one read "cannot write ... make it
+    writable", also for a model file or checkpoint the role could not read."""
+    unreadable, locked, read_only = tmp_path / "model.safetensors", tmp_path / "locked", tmp_path / "ro.jsonl"
+    unreadable.write_bytes(b"x")
+    unreadable.chmod(0)
+    locked.mkdir()
+    (locked / "config.json").write_text("{}")
+    read_only.write_text("{}\n")
+    read_only.chmod(0o444)
+    no_write = tmp_path / "no-write"
+    no_write.mkdir()
+    no_write.chmod(0o555)
+    locked.chmod(0)
+    uid = os.getuid()
+    access = "its owner or mode; in a pod, uid 1000: give the volume an fsGroup or chown it"
+    denied = "([Errno 13] Permission denied)"
+    cases = {
+        ("read", unreadable): f"cannot read {unreadable} {denied}; make it readable by uid {uid} ({access})",
+        ("read", locked / "config.json"): f"cannot reach {locked / 'config.json'} {denied}; make it reachable "
+                                          f"(search permission on every directory above it) by uid {uid} ({access})",
+        ("append", read_only): f"cannot write {read_only} {denied}; make it writable by uid {uid} ({access})",
+        ("create", no_write / "step"): f"cannot write {no_write / 'step'} {denied}; make it writable by uid {uid} "
+                                       f"({access})",
+    }
+    env = {**os.environ, "OMNIRL_JOB_NAME": "j", "OMNIRL_REDIS_URL": "redis://127.0.0.1:1/0"}
+    try:
+        for (op, path), expected in cases.items():
+            cmd = without_file_permission_override([sys.executable, "-c", _ROLE_FAILS, op, str(path)])
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=REPO, env=env)
+            assert (done.returncode, done.stderr.splitlines()[-1:]) == (5, [f"omnirl role actor: {expected}"]), \
+                done.stderr
+    finally:
+        locked.chmod(0o755)
+        no_write.chmod(0o755)
 
 
 def test_storage_errors_are_recognised_behind_a_library_or_a_chain():
@@ -264,17 +318,24 @@ def _supervise_filler(tmp_path: Path, redis_url: str, script: str, embedded=None
     return code, len(starts) + sum(e["action"] == "restart-role" for e in events), events, supervisor.failure
 
 
-def test_a_role_that_reports_a_storage_error_stops_the_job_without_a_restart(tmp_path, redis_url):
+@pytest.mark.parametrize("line,action", [
+    ("omnirl role rollout: cannot write /run/x ([Errno 28] No space left on device); free space there",
+     "stop-job (the run directory cannot be written: not restarted)"),
+    # a model file it may not read: the run directory is not at fault (it said so for any exit 5)
+    ("omnirl role rollout: cannot read /models/m/config.json ([Errno 13] Permission denied); make it readable by "
+     "uid 0 (its owner or mode; in a pod, uid 1000: give the volume an fsGroup or chown it)",
+     "stop-job (a file cannot be read: not restarted)"),
+])
+def test_a_role_that_reports_a_storage_error_stops_the_job_without_a_restart(tmp_path, redis_url, line, action):
     """Exit STORAGE_ERROR_EXIT (5): the job stops with 5 at once, no restart spent, the role's line
-    is the reason."""
+    is the reason, and the event says what could not be done (read a file, or write the run directory)."""
     from omnirl.api.runtime import STORAGE_ERROR_EXIT
 
-    line = "omnirl role rollout: cannot write /run/x ([Errno 28] No space left on device); free space there"
     code, starts, events, failure = _supervise_filler(
         tmp_path, redis_url, f"import sys; print({line!r}, file=sys.stderr, flush=True); raise SystemExit(5)")
     assert (code, starts) == (STORAGE_ERROR_EXIT, 1)
     assert failure == f"role rollout-0 failed: {line}"
-    assert [e["action"] for e in events] == ["stop-job (the run directory cannot be written: not restarted)"]
+    assert [e["action"] for e in events] == [action]
 
 
 def test_a_redis_killed_for_a_file_too_large_is_not_restarted_and_stops_the_job(tmp_path, redis_url):

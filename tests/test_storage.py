@@ -341,6 +341,28 @@ def test_an_actor_that_fills_the_claim_fails_the_job_naming_the_claim_and_stops_
     (before, the controller Job ran on, waiting for an actor that never came back)."""
     line = ("omnirl role actor: cannot write /var/lib/omnirl/checkpoints/.tmp-step-000040-7/policy.safetensors "
             "([Errno 28] No space left on device); free space there")
+    assert _storage_failure(storage, line) == \
+        f"actor exited 5 (a file or the run volume cannot be read or written; not restarted): {line}. {fix}"
+
+
+@pytest.mark.parametrize("line", [
+    "omnirl role actor: cannot read /models/sd3/transformer/config.json ([Errno 13] Permission denied); make it "
+    "readable by uid 1000 (its owner or mode; in a pod, uid 1000: give the volume an fsGroup or chown it)",
+    "omnirl role actor: cannot write /var/lib/omnirl/checkpoints/.tmp-step-000040-7 ([Errno 13] Permission denied); "
+    "make it writable by uid 1000 (its owner or mode; in a pod, uid 1000: give the volume an fsGroup or chown it)",
+])
+def test_a_permission_fault_fails_the_job_with_its_own_fix_not_the_full_volumes(line):
+    """Exit 5 for want of permission (a model file the pod's uid may not read, a claim it may not
+    write): the RLJob's message is the role's line, which names its fix; "expand the claim" was
+    appended to it as for a full volume, and growing the claim cannot help."""
+    message = _storage_failure({"size": "10Gi", "whenDeleted": "Retain"}, line)
+    assert message == f"actor exited 5 (a file or the run volume cannot be read or written; not restarted): {line}"
+
+
+def _storage_failure(storage: dict, line: str) -> str:
+    """The Failed condition's message of a job `full` whose actor pod exited 5 with `line` last; asserts
+    the reason StorageError, the controller Job deleted and the actor scaled to 0."""
+    found = {}
     now = datetime(2026, 1, 1, tzinfo=timezone.utc)
     ns = "team-a"
 
@@ -360,8 +382,9 @@ def test_an_actor_that_fills_the_claim_fails_the_job_naming_the_claim_and_stops_
                                   logging.getLogger("test"))
             failed = next(c for c in out.status["conditions"] if c["type"] == "Failed")
             assert (out.status["phase"], failed["reason"]) == ("Failed", "StorageError")
-            assert failed["message"] == f"actor exited 5 (the run volume cannot be written; not restarted): {line}. {fix}"
+            found["message"] = failed["message"]
             assert await cluster.get("batch/v1", "Job", ns, "full-controller") is None
             assert (await cluster.get("apps/v1", "StatefulSet", ns, "full-actor"))["spec"]["replicas"] == 0
 
     asyncio.run(main())
+    return found["message"]

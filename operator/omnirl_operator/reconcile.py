@@ -55,7 +55,7 @@ from omnirl_operator.status import (
     permanent_failure,
 )
 from omnirl_operator.stop import stop_owned
-from omnirl_operator.storage import claim_conflict, ensure_claim, full_volume_fix
+from omnirl_operator.storage import claim_conflict, ensure_claim, full_volume_fix, names_full_volume
 
 WORKLOADS = (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
              ("apps/v1", "StatefulSet", "actor"))
@@ -310,7 +310,8 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
                                              {LABEL_JUDGE_OF: job.metadata.name}) if judges else []
         max_restarts = job.spec.failurePolicy.maxRestarts
         permanent = permanent_failure(pods, LABEL_ROLE) or judge_failure(judge_pods, job, max_restarts)
-        if permanent is not None and permanent.reason == PERMANENT_REASONS[STORAGE_ERROR_EXIT][0]:
+        if (permanent is not None and permanent.reason == PERMANENT_REASONS[STORAGE_ERROR_EXIT][0]
+                and names_full_volume(permanent.message)):  # not for a file it may not read or write
             permanent = replace(permanent, message=f"{permanent.message}. {full_volume_fix(job, permanent.role)}")
         problems = judge_stalls(stored, job) + workload_problems(stored) + waiting_problems(pods + judge_pods)
         observed = replace(observed, waiting=waiting_summary(problems))

@@ -38,7 +38,7 @@ REASON_INVALID_SPEC = "InvalidSpec"
 PERMANENT_REASONS = {
     CONFIG_ERROR_EXIT: ("ConfigurationError", "a configuration error"),
     JOB_FAILED_EXIT: ("JobFailed", "the job failed"),
-    STORAGE_ERROR_EXIT: ("StorageError", "the run volume cannot be written"),
+    STORAGE_ERROR_EXIT: ("StorageError", "a file or the run volume cannot be read or written"),
 }
 
 
@@ -125,8 +125,8 @@ def permanent_failure(pods: list[dict[str, Any]], role_label: str) -> FailureDec
     message is the role (``role_label`` of the pod), the code and the last line of the container's
     termination message (its log tail, ``terminationMessagePolicy: FallbackToLogsOnError``: the
     role's one-line reason); reason ``ConfigurationError``, ``JobFailed`` or ``StorageError`` (a
-    write to the run volume failed for want of space or a writable mount: every restart would fail
-    the same way until the volume is grown or freed).
+    write to the run volume failed for want of space or a writable mount, or a file could not be read
+    or written for want of permission: every restart would fail the same way until it is fixed).
     """
     for pod in sorted(pods, key=lambda p: p["metadata"]["name"]):
         role = ((pod["metadata"].get("labels") or {}).get(role_label)) or pod["metadata"]["name"]

@@ -13,8 +13,9 @@
   ``kubernetes.io/hostname`` towards each other (the first of them may go anywhere).
 - :func:`claim_conflict`: an edited spec the stored claim cannot serve (access modes, class).
 - :func:`full_volume_fix`: what frees the run volume of a role that exited ``STORAGE_ERROR_EXIT``
-  (the claim to expand, or the emptyDir's node), appended to the RLJob's ``StorageError`` message:
-  the role's own line says only "free space there" about a path inside the pod.
+  for want of space (the claim to expand, or the emptyDir's node; :func:`names_full_volume`),
+  appended to the RLJob's ``StorageError`` message: the role's own line says only "free space
+  there" about a path inside the pod. A permission fault's line names its own fix.
 - :func:`ensure_claim`: create the claim once, never patch its spec (a claim's spec is immutable
   but for a size increase), and keep its ownerReference in line with ``whenDeleted``.
 
@@ -27,6 +28,8 @@ gone (nothing has to run at deletion time). The claim carries the annotation
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import TYPE_CHECKING, Any
 
 from omnirl.api.spec import RLJob
@@ -88,6 +91,17 @@ def pod_affinity(job: RLJob, role: str) -> dict[str, Any]:
                 "matchExpressions": [{"key": LABEL_ROLE, "operator": "In", "values": list(CLAIM_ROLES)}]}
     term = {"labelSelector": selector, "topologyKey": HOSTNAME}
     return {"affinity": {"podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]}}}
+
+
+FULL_VOLUME_TEXTS = tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG))
+
+
+def names_full_volume(line: str) -> bool:
+    """``line`` (a role's exit-5 line: ``omnirl role actor: cannot write PATH ([Errno 28] No space left on
+    device); free space there``) says the volume is full: ENOSPC, EDQUOT or EFBIG. A permission or
+    read-only fault (EACCES, EPERM, EROFS; ``cannot read`` a model file too) carries its own fix, and
+    growing the claim would not help: :func:`full_volume_fix` is for the full ones only."""
+    return any(text in line for text in FULL_VOLUME_TEXTS)
 
 
 def full_volume_fix(job: RLJob, role: str) -> str:

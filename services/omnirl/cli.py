@@ -182,7 +182,9 @@ def _describe(parser: argparse.ArgumentParser) -> None:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `omnirl` console script; returns the process exit code.
 
-    A user error (bad manifest, missing file, bad value) prints one line per problem and exits 2;
+    A user error (bad manifest, missing file, bad value) prints one line per problem and exits 2; a
+    file or directory that cannot be read or written (no permission, no space: `omnirl.api.disk`)
+    one line saying which, the path and the fix, exit 5 (`STORAGE_ERROR_EXIT`, as a role's);
     Ctrl-C prints `omnirl COMMAND: interrupted` and exits 130 (`omnirl run` stops its job first and
     says how to continue); OMNIRL_DEBUG=1 shows the traceback instead. `omnirl role` reports its own failures.
     """
@@ -206,6 +208,16 @@ def main(argv: list[str] | None = None) -> int:
         for line in lines:
             print(f"omnirl {args.command}: {line}", file=sys.stderr)
         return 2
+    except OSError as err:
+        from omnirl.api import disk
+        from omnirl.api.runtime import STORAGE_ERROR_EXIT
+
+        full = disk.storage_error(err)
+        if full is None:
+            raise
+        what, fix = disk.failure(full)  # an unreadable model file or checkpoint, a read-only --out
+        print(f"omnirl {args.command}: {what}; {fix}", file=sys.stderr)
+        return STORAGE_ERROR_EXIT
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from omnirl.api.disk import readable_as_umask_allows
+from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.models.policy_io import (  # the one "where is the checkpoint"
     COMPLETE,
     LATEST,
@@ -148,6 +148,6 @@ def _read(ckpt: Path, name: str):
     """One file of checkpoint `ckpt`: JSON or safetensors by its suffix; a damaged one raises
     ValueError naming it."""
     try:
-        return json.loads((ckpt / name).read_text()) if name.endswith(".json") else load_file(ckpt / name)
+        return json.loads((ckpt / name).read_text()) if name.endswith(".json") else load_file(readable(ckpt / name))
     except (SafetensorError, ValueError) as err:
         raise ValueError(f"{name}: {err}") from err

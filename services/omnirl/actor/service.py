@@ -50,6 +50,7 @@ from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.attention import select_attention
 from omnirl.models.compile import while_compiling
+from omnirl.models.policy_io import step_order
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.telemetry.cpu import cpu_wait_seconds
 from omnirl.transfer import TransferQueue, kv_key
@@ -203,7 +204,8 @@ class ActorService:
             start = "there is none"
         batches = "no stored batch follows it" if reach == self.trained_step else \
             f"the stored batches after it reach step {reach} only"
-        older = sorted(p.name for p in self.ckpt_root.glob("step-*") if p.resolve() != latest.resolve())
+        older = sorted((p.name for p in self.ckpt_root.glob("step-*") if p.resolve() != latest.resolve()),
+                       key=lambda name: step_order(name) or (-1, 0))
         older = f" (the older {', '.join(older)} cannot stand in: the batches after it were deleted)" if older else ""
         raise ConfigError(
             f"checkpoint {latest}: the job's actor had trained step {before['step']}, but {start}, and {batches}"

@@ -1,5 +1,5 @@
 """A directory that cannot take a write: a full disk, a quota, a file-size limit, a read-only mount,
-no permission.
+no permission (which refuses reads too: `failed_verb` tells which failed).
 
 Such a fault comes back on every restart until someone frees space (or remounts), so a local run
 stops instead of burning `failurePolicy.maxRestarts` on it, and `--resume` continues once there is
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 
@@ -51,22 +52,89 @@ def describe(err: OSError) -> str:
     return f"[Errno {err.errno}] {err.strerror}" if err.errno else str(err)
 
 
-def fix(err: OSError) -> str:
-    """What frees the run directory, by errno: space (or quota, or the file-size limit) for the
-    first three of `STORAGE_ERRNOS`, the owner/mode for EACCES, the immutable flag for EPERM, a
-    writable mount for a read-only one (and any other errno)."""
+def failed_verb(err: OSError) -> str:
+    """What `err` (an OSError with a `STORAGE_ERRNOS` errno) failed to do to `err.filename`: "write",
+    "read" or "reach" (a directory above it cannot be searched).
+
+    Space, quota, the file-size limit and a read-only mount refuse writes only. EACCES and EPERM
+    refuse reads too (an unreadable model file or checkpoint was reported as "cannot write"), and
+    the error does not say which the failed call wanted, so the path is probed: a file that does not
+    exist was being created ("write"); one that cannot be opened for reading (a directory: listed)
+    was being read, since omnirl reads or appends to (`append_lines`: read too) every file it opens
+    that exists; one that can was being written. Without a file name the run directory is meant: "write".
+    """
+    if err.errno not in (errno.EACCES, errno.EPERM) or not err.filename:
+        return "write"
+    path = os.fsdecode(err.filename)
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:  # being created
+        return "write"
+    except OSError as refused:
+        return "reach" if refused.errno in (errno.EACCES, errno.EPERM) else "write"
+    if stat.S_ISDIR(mode):
+        return "write" if _can(os.listdir, path) else "read"
+    if not stat.S_ISREG(mode):  # a FIFO or a device: opening it could block
+        return "write"
+    return "write" if _can(open, path, "rb") else "read"
+
+
+def _can(opener, *args) -> bool:
+    """`opener(*args)` succeeds (a file object it returns is closed at once)."""
+    try:
+        opened = opener(*args)
+    except OSError:
+        return False
+    if hasattr(opened, "close"):
+        opened.close()
+    return True
+
+
+_ABLE = {"write": "writable", "read": "readable", "reach": "reachable (search permission on every directory above it)"}
+
+
+def fix(err: OSError, verb: str = "write") -> str:
+    """What makes the path of `err` usable again, by errno: space (or quota, or the file-size limit)
+    for the first three of `STORAGE_ERRNOS`, the owner/mode for EACCES, the immutable flag for EPERM,
+    a writable mount for a read-only one (and any other errno); `verb` is `failed_verb`'s answer
+    (readable, writable or reachable for EACCES and EPERM)."""
     if err.errno == errno.ENOSPC:
         return "free space there"
     if err.errno == errno.EDQUOT:
         return "free space or raise the disk quota"
     if err.errno == errno.EFBIG:
         return "raise the file-size limit (ulimit -f)"
+    able = _ABLE.get(verb, "writable")
     if err.errno == errno.EACCES:
-        return (f"make it writable by uid {os.getuid()} (its owner or mode; in a pod, uid 1000: give the volume "
+        return (f"make it {able} by uid {os.getuid()} (its owner or mode; in a pod, uid 1000: give the volume "
                 "an fsGroup or chown it)")
     if err.errno == errno.EPERM:
-        return "make it writable (an immutable flag stops even root: chattr -i)"
+        if verb == "write":
+            return "make it writable (an immutable flag stops even root: chattr -i)"
+        return f"make it {able} by uid {os.getuid()} (its owner or mode, or a security policy that refuses it)"
     return "make it writable"
+
+
+def failure(err: OSError, where: str | os.PathLike | None = None) -> tuple[str, str]:
+    """A storage error in words: (what failed, the fix), e.g. (`cannot read /m/config.json ([Errno 13]
+    Permission denied)`, `make it readable by uid 0 (...)`). `where` names the path when `err` has no
+    file name (the run directory; a library's error carrying only the system's text)."""
+    verb = failed_verb(err)
+    path = os.fsdecode(err.filename) if err.filename else (os.fsdecode(where) if where else "the run directory")
+    return f"cannot {verb} {path} ({describe(err)})", fix(err, verb)
+
+
+def readable(path: str | os.PathLike) -> str | os.PathLike:
+    """`path`, after opening it for reading and closing it: safetensors (0.8) reports a file it may
+    not read (EACCES) as "No such file or directory" (a FileNotFoundError), which sent the user
+    looking for a file that is there; the system's own error is raised here first.
+
+    Raises:
+        OSError: the file cannot be opened for reading (PermissionError, FileNotFoundError, ...).
+    """
+    with open(path, "rb"):
+        pass
+    return path
 
 
 def probe(directory: Path) -> None:

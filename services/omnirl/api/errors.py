@@ -2,7 +2,8 @@
 
 `FieldProblem` is what the spec's cross-field validators raise: it names the offending field
 relative to the model that raised it, so `omnirl validate` can print the full dotted path
-(`spec.algorithm.flowGrpo.window.range`) instead of the path of the model that ran the check.
+(`spec.algorithm.flowGrpo.window.range`) instead of the path of the model that ran the check;
+`FieldProblems` several of them at once (one line each).
 `ManifestError` is what the loader raises: every problem of a file, one line each.
 `ConfigError` is what a role raises at start-up for a setting that cannot work where it runs (a
 model directory without the family's layout, an unreadable checkpoint): permanent, so the role exits
@@ -45,6 +46,32 @@ class FieldProblem(ValueError):
         self.value = value
         self.requirement = requirement
         super().__init__(f"{path}: {format_value(value)} is invalid: {requirement}")
+
+
+class FieldProblems(FieldProblem):
+    """Several `FieldProblem`s found by one cross-field check, each with its own field, so a user
+    fixes them all at once (e.g. every env entry of a role template that the operator owns). Reads as
+    the first for a caller that handles one (`path`, `value`, `requirement`); `problems` has them all.
+
+    Args:
+        problems: at least one; paths relative to the same model.
+    """
+
+    def __init__(self, problems: list[FieldProblem]) -> None:
+        if not problems:
+            raise ValueError("FieldProblems needs at least one problem")
+        self.problems = [q for p in problems for q in (p.problems if isinstance(p, FieldProblems) else [p])]
+        first = self.problems[0]
+        super().__init__(first.path, first.value, first.requirement)
+        self.args = ("; ".join(str(p) for p in self.problems),)
+
+    @staticmethod
+    def raise_any(problems: list[FieldProblem]) -> None:
+        """Raise the one problem of `problems`, or `FieldProblems` of several; nothing when empty."""
+        if len(problems) == 1:
+            raise problems[0]
+        if problems:
+            raise FieldProblems(problems)
 
 
 class ManifestError(ValueError):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnirl.api.errors import FieldProblem
+from omnirl.api.errors import FieldProblem, FieldProblems
 from omnirl.api.runtime import REDIS_PASSWORD, SERVED_PORTS, USER_SETTABLE, VARIABLES
 
 POD_TEMPLATE_FIELDS = ("metadata", "spec")
@@ -69,7 +69,8 @@ def check_pod_template(template: dict[str, Any], container: str, path: str, *, r
             `spec`/`metadata` not a mapping; `spec.containers` not a list of mappings with a `name`;
             a container whose name is not `container` and that has no `image` (a misspelt name
             would add an image-less sidecar the API server refuses); with `role`, an `env` of
-            `container` that is not a list or that sets a variable of `OPERATOR_PORTS` or `OPERATOR_OWNED`.
+            `container` that is not a list or that sets a variable of `OPERATOR_PORTS` or `OPERATOR_OWNED`
+            (`FieldProblems` naming every such entry when there are several).
     """
     for key, value in template.items():
         if key not in POD_TEMPLATE_FIELDS:
@@ -101,18 +102,27 @@ def _check_role_env(env: Any, path: str) -> None:
     (`OPERATOR_PORTS`, `OPERATOR_OWNED`: all but `runtime.USER_SETTABLE`): the operator merged it
     over its own (user items win), so e.g. the role served elsewhere than its probes and Services
     looked (measured: health on 9000, every probe on 8081)."""
+    FieldProblems.raise_any(role_env_problems(env, path))
+
+
+def role_env_problems(env: Any, path: str) -> list[FieldProblem]:
+    """Every refused entry of a role container's `env` (see `check_pod_template`), each with its
+    own path `{path}[j]`: a user fixing the manifest fixes them all at once (only the first was
+    reported). Empty when none is refused; one problem for an `env` that is not a list."""
     if env is None:
-        return
+        return []
     if not isinstance(env, list):
-        raise FieldProblem(path, env, "must be a list of {name, value} entries")
+        return [FieldProblem(path, env, "must be a list of {name, value} entries")]
+    found = []
     for j, item in enumerate(env):
         name = item.get("name") if isinstance(item, dict) else None
         if name in OPERATOR_OWNED:
-            raise FieldProblem(f"{path}[{j}]", item, f"{name} is set by the operator: {OPERATOR_OWNED[name]}; "
-                               "remove this entry")
+            found.append(FieldProblem(f"{path}[{j}]", item, f"{name} is set by the operator: "
+                                      f"{OPERATOR_OWNED[name]}; remove this entry"))
         if name in OPERATOR_PORTS:
             field = next(f for f, var in VARIABLES.items() if var == name)
-            raise FieldProblem(
+            found.append(FieldProblem(
                 f"{path}[{j}]", item, f"{name} is set by the operator to {SERVED_PORTS[field]}, the port of "
                 f"{OPERATOR_PORTS[name]}; remove this entry (a pod has its own network, so {SERVED_PORTS[field]} "
-                "can clash only with a sidecar of the same pod: move the sidecar's port)")
+                "can clash only with a sidecar of the same pod: move the sidecar's port)"))
+    return found

@@ -17,7 +17,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, ValidationError
 
-from omnirl.api.errors import FieldProblem, format_value
+from omnirl.api.errors import FieldProblem, FieldProblems, format_value
 
 Loc = tuple[str | int, ...]
 
@@ -153,16 +153,27 @@ def requirement_text(err: dict[str, Any], ann: Any) -> str:
     return msg[0].lower() + msg[1:] if msg else kind
 
 
+def _lines(root: type[BaseModel], err: dict[str, Any]) -> list[tuple[list[str | int], str]]:
+    """(path, line text without the file prefix) for one pydantic error: one, or one per problem of
+    a `FieldProblems` (a check that found several, e.g. every refused env entry of a template)."""
+    problem = err.get("ctx", {}).get("error") if err["type"] == "value_error" else None
+    if not isinstance(problem, FieldProblem):
+        return [_one_line(root, err)]
+    base, _, _ = walk(root, tuple(err["loc"]))
+    found = []
+    for one in problem.problems if isinstance(problem, FieldProblems) else [problem]:
+        path = list(base)  # a cross-field check: its path is relative to the model's
+        for part in one.path.replace("[", ".[").split("."):
+            path.append(int(part[1:-1]) if part.startswith("[") else part)
+        found.append((path, f"{dotted(path)}: {format_value(one.value)} is invalid: {one.requirement}"))
+    return found
+
+
 def _one_line(root: type[BaseModel], err: dict[str, Any]) -> tuple[list[str | int], str]:
-    """(path, line text without the file prefix) for one pydantic error."""
+    """(path, line text without the file prefix) for one pydantic error (not a `FieldProblem`: `_lines`)."""
     path, ann, parent = walk(root, tuple(err["loc"]))
     kind, value = err["type"], err["input"]
-    problem = err.get("ctx", {}).get("error") if kind == "value_error" else None
-    if isinstance(problem, FieldProblem):  # a cross-field check: its path is relative to `path`
-        for part in problem.path.replace("[", ".[").split("."):
-            path.append(int(part[1:-1]) if part.startswith("[") else part)
-        value, requirement = problem.value, problem.requirement
-    elif kind == "extra_forbidden":
+    if kind == "extra_forbidden":
         allowed = _allowed_fields(parent)
         hint = difflib.get_close_matches(str(path[-1]), allowed, n=1)
         did_you_mean = f" (did you mean {hint[0]}?)" if hint else ""
@@ -189,8 +200,8 @@ def problem_lines(root: type[BaseModel], exc: ValidationError) -> list[tuple[lis
     """
     by_path: dict[str, tuple[list[str | int], str]] = {}
     counts: dict[str, int] = {}
-    for err in exc.errors():
-        path, text = _one_line(root, err)
+    found = [(path, text, err) for err in exc.errors() for path, text in _lines(root, err)]
+    for path, text, err in found:
         key = dotted(path)
         counts[key] = counts.get(key, 0) + 1
         if key not in by_path:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_validator
 
 from omnirl.api._base import SpecModel
-from omnirl.api.errors import FieldProblem
+from omnirl.api.errors import FieldProblem, FieldProblems
 from omnirl.api.podtemplate import check_pod_template
 from omnirl.api.seeds import Seed
 from omnirl.api.spec_algorithm import (
@@ -489,8 +489,10 @@ class RolesSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> RolesSpec:
+        problems: list[FieldProblem] = []  # every role's, reported at once (FieldProblems: one line each)
         if self.controller.replicas != 1:
-            raise FieldProblem("controller.replicas", self.controller.replicas, "must be 1 (one controller per job)")
+            problems.append(FieldProblem("controller.replicas", self.controller.replicas,
+                                         "must be 1 (one controller per job)"))
         for role in ("rollout", "reward", "actor", "controller"):
             # a role pod (or local process) is one process on one device (`cuda:0`/`npu:0`): more
             # would be allocated to the pod and sit idle
@@ -498,11 +500,15 @@ class RolesSpec(SpecModel):
             if count > 1:
                 fix = ("use replicas: N with count: 1 (actor ranks shard the model with FSDP2)" if role == "actor"
                        else "use replicas: N with count: 1 (one worker per device)")
-                raise FieldProblem(f"{role}.accelerator.count", count, f"must be at most 1: each {role} pod "
-                                   f"runs one process on one device, the others would sit idle; {fix}")
+                problems.append(FieldProblem(f"{role}.accelerator.count", count, f"must be at most 1: each {role} "
+                                             f"pod runs one process on one device, the others would sit idle; {fix}"))
             template = getattr(self, role).template
             if template is not None:
-                check_pod_template(template, role, f"{role}.template", role=True)
+                try:
+                    check_pod_template(template, role, f"{role}.template", role=True)
+                except FieldProblem as problem:
+                    problems.append(problem)
+        FieldProblems.raise_any(problems)
         return self
 
 

@@ -96,9 +96,8 @@ def main(args: argparse.Namespace) -> int:
         err = disk.storage_error(raised)
         if err is None or "out" not in started:
             raise
-        where = err.filename or started["out"]
-        print(verdict(STORAGE_ERROR_EXIT, f"{where} cannot be written ({disk.describe(err)}); {disk.fix(err)}",
-                      args, Path(started["out"])), flush=True)
+        what, fix = disk.failure(err, started["out"])
+        print(verdict(STORAGE_ERROR_EXIT, f"{what}; {fix}", args, Path(started["out"])), flush=True)
         return STORAGE_ERROR_EXIT
     finally:
         signal.signal(signal.SIGTERM, old)

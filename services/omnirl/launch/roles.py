@@ -15,8 +15,9 @@ Exit codes (`omnirl.api.runtime`): 0 done; 1 crashed (restarted per `failurePoli
 `JOB_FAILED_EXIT` (3) the controller failed the job; `CONFIG_ERROR_EXIT` (4) a `ConfigError` at
 start-up — a setting the role cannot run with, printed as one line, never restarted;
 `STORAGE_ERROR_EXIT` (5) a write failed for want of space or a writable mount (ENOSPC, EDQUOT,
-EFBIG, EROFS, EACCES, EPERM; `omnirl.api.disk`), one line naming the path and the errno, never restarted
-(a resume continues once there is room); 130 Ctrl-C; 143 SIGTERM.
+EFBIG, EROFS), or a read or write for want of permission (EACCES, EPERM; `omnirl.api.disk`), one line
+naming what failed (read or write), the path, the errno and the fix, never restarted (a resume
+continues once it is fixed); 130 Ctrl-C; 143 SIGTERM.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from omnirl.api.disk import describe, fix, storage_error
+from omnirl.api.disk import failure, storage_error
 from omnirl.api.errors import ConfigError
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv
@@ -206,15 +207,20 @@ def main(args: argparse.Namespace) -> int:
         if args.role == "controller" and type(err).__name__ == "JobFailed":  # a verdict, not a crash
             print(f"omnirl role controller: the job failed: {err}", file=sys.stderr, flush=True)
             return JOB_FAILED_EXIT
+        if args.role == "controller" and type(err).__name__ == "RoleFailed":
+            # another role's failure, relayed: that role prints its own line (and its traceback, for a
+            # crash) and exits with its own code, which decides; the controller's stack only showed where
+            # it read the report, a traceback before a configuration error's one clear line
+            print(f"omnirl role controller: {err}", file=sys.stderr, flush=True)
+            return 1
         if _binding_mismatch(err):
             print(f"omnirl role {args.role}: configuration error: {err}; {BINDING_FIX}", file=sys.stderr, flush=True)
             return CONFIG_ERROR_EXIT
         full = storage_error(err)
         if full is not None:  # a restart would fail the same way: one line, a permanent exit code
-            where = full.filename or os.environ.get(VARIABLES["out_dir"]) or "the run directory"
+            what, fixed = failure(full, os.environ.get(VARIABLES["out_dir"]))
             raised = "" if full is err else f" ({type(err).__name__}: {err})"  # a library's own wrapper
-            print(f"omnirl role {args.role}: cannot write {where} ({describe(full)}){raised}; {fix(full)}",
-                  file=sys.stderr, flush=True)
+            print(f"omnirl role {args.role}: {what}{raised}; {fixed}", file=sys.stderr, flush=True)
             return STORAGE_ERROR_EXIT
         logging.getLogger("omnirl").exception("role %s failed", args.role)
         print(f"omnirl role {args.role} failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)

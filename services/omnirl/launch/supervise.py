@@ -35,6 +35,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -219,7 +220,7 @@ class Supervisor:
         return [p for name, p in self.procs.items() if name != "controller-0"]
 
     def _settle(self, controller: RoleProcess) -> None:
-        """Give the roles the failed controller names (its last line: `RoleFailed: actor actor-0 failed:
+        """Give the roles the failed controller names (its last line: `omnirl role controller: actor actor-0 failed:
         …`, a failure that role reported before exiting) up to `SETTLE_S` to exit, so their own exit
         code is seen: the controller's exit was read first and restarted the job until maxRestarts
         while the actor's exit 4 said a restart cannot help."""
@@ -309,9 +310,11 @@ class Supervisor:
         `STORAGE_ERROR_EXIT`), or a probe write fails now (whatever `p` died of: a Redis that could not
         append, a library that wraps the error)."""
         if code == STORAGE_ERROR_EXIT:
-            self._event(p.name, f"exit {code}: {p.last_error()}", "stop-job (the run directory cannot be written: "
-                                                                  "not restarted)")
-            raise JobFailure(code, f"role {p.name} failed: {p.last_error()}")
+            said = p.last_error()
+            what = "a file cannot be read" if re.search(r": cannot (read|reach) ", said) else \
+                "the run directory cannot be written"  # `disk.failure`'s words in the role's line
+            self._event(p.name, f"exit {code}: {said}", f"stop-job ({what}: not restarted)")
+            raise JobFailure(code, f"role {p.name} failed: {said}")
         err = disk.unwritable(self.out)
         if err is not None:
             raise JobFailure(STORAGE_ERROR_EXIT, self._unwritable_reason(

@@ -33,7 +33,7 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 
-from omnirl.api.disk import readable_as_umask_allows
+from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import dump_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
@@ -150,7 +150,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 def _keys(files: list[Path]) -> set[str]:
     keys: set[str] = set()
     for f in files:
-        with safe_open(str(f), framework="pt") as handle:
+        with safe_open(str(readable(f)), framework="pt") as handle:
             keys.update(handle.keys())
     return keys
 
@@ -170,7 +170,7 @@ def _digits(job: RLJob, policy: Path, lora: bool, out: Path, state: dict) -> lis
     meta = read_digits_config(base)
     base_weights = base / WEIGHTS_FILE
     if lora:
-        merged = _merge_lora(load_file(str(base_weights)), load_file(str(policy)), job.spec.model.lora.alpha)
+        merged = _merge_lora(load_file(str(readable(base_weights))), load_file(str(readable(policy))), job.spec.model.lora.alpha)
         save_file(merged, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
     else:
         _same_keys(_keys([policy]), _keys([base_weights]), f"the digits model in {base}")
@@ -208,7 +208,7 @@ def _diffusers_lora(job: RLJob, policy: Path, out: Path) -> list[str]:
     from omnirl.models.diffusers.lora_io import FAMILY_PIPELINES, WEIGHT_NAME, diffusers_lora_state, save_lora_state
 
     lora = job.spec.model.lora
-    state = diffusers_lora_state(load_file(str(policy)).items())
+    state = diffusers_lora_state(load_file(str(readable(policy))).items())
     save_lora_state(FAMILY_PIPELINES[job.spec.model.family], state, lora.rank, lora.alpha, out)
     return [WEIGHT_NAME]
 

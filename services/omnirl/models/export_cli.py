@@ -3,7 +3,8 @@
 The manifest is `--job`, else the run's own (`RUN_DIR/job.yaml`, which `omnirl run` writes, else
 the one in `RUN_DIR/exports/latest/`, which a Kubernetes run's controller writes); the checkpoint
 is `--checkpoint`, else `RUN_DIR/<checkpoint.dir>/latest`. See `omnirl.models.export` for what
-DIR holds. A problem prints one line naming the fix and exits 2.
+DIR holds. A problem prints one line naming the fix and exits 2 (5 for a file that cannot be read or
+written: `omnirl.api.disk.failure`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 from omnirl.api import disk
 from omnirl.api.errors import ManifestError
 from omnirl.api.loader import load_rljob
+from omnirl.api.runtime import STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.models.export import EXPORTS, export_checkpoint
 from omnirl.models.policy_io import LATEST, POLICY_FILE
@@ -77,7 +79,7 @@ def _export_to(job: RLJob, checkpoint: Path, out: Path, run_dir: Path) -> Path:
 
 
 def main(args: argparse.Namespace) -> int:
-    """CLI adapter; returns 0, or 2 with one line on stderr."""
+    """CLI adapter; returns 0, or 2 (5: a storage error) with one line on stderr."""
     run_dir = Path(args.run_dir)
     try:
         _check_run_dir(run_dir)
@@ -92,6 +94,11 @@ def main(args: argparse.Namespace) -> int:
             print(f"omnirl export: {line}", file=sys.stderr)
         return 2
     except (OSError, ValueError, KeyError) as err:
+        full = disk.storage_error(err) if isinstance(err, OSError) else None
+        if full is not None:  # unreadable checkpoint, unwritable --out: which, the path and the fix
+            what, fix = disk.failure(full)
+            print(f"omnirl export: {what}; {fix}", file=sys.stderr)
+            return STORAGE_ERROR_EXIT
         print(f"omnirl export: {str(err).strip(chr(39) + chr(34))}", file=sys.stderr)
         return 2
     print(f"exported {checkpoint} → {out}")

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
-from omnirl.api.disk import sync_dir, sync_tree
+from omnirl.api.disk import readable, sync_dir, sync_tree
 from omnirl.api.spec import LoRASpec, RLJob, is_lora_tensor
 from omnirl.models.lora import inject_lora
 from omnirl.models.protocol import ModelAdapter
@@ -107,9 +108,23 @@ def publish(root: Path, tmp: Path, final: Path, keep: int) -> Path:
     return final
 
 
+_STEP_NAME = re.compile(r"step-(\d+)(?:\.(\d+))?")
+
+
+def step_order(name: str) -> tuple[int, int] | None:
+    """`step-NNNNNN[.K]` → (N, K) (K 0 when absent), the order of the writes; None for another name.
+
+    By number, not by text: the zero padding is six digits, so past step 999999 `step-1000000`
+    sorted before `step-999999` (and `step-000002.10` before `step-000002.2`), and pruning deleted
+    the newest directories while keeping the oldest."""
+    found = _STEP_NAME.fullmatch(name)
+    return None if found is None else (int(found[1]), int(found[2] or 0))
+
+
 def make_latest(root: Path, newest: Path, keep: int, replaced: list[Path] | None = None) -> None:
     """Point `root/latest` at `newest` (a `root/step-*` directory) and keep the `keep` newest
-    `step-*` directories besides it: the one layout of checkpoints and exports.
+    `step-*` directories besides it (newest by `step_order`: by number; a directory of another name
+    is never pruned): the one layout of checkpoints and exports.
 
     The link is swapped in by a rename, so `latest` is never missing nor half-written, and `root` is
     fsynced before anything is deleted: `replaced` (old copies of `newest`'s step, not counted
@@ -123,7 +138,8 @@ def make_latest(root: Path, newest: Path, keep: int, replaced: list[Path] | None
     sync_dir(root)  # a deleted directory must not be gone on disk while the old link still names it
     for p in replaced or []:
         shutil.rmtree(p, ignore_errors=True)
-    steps = sorted(p for p in root.glob("step-*") if p.is_dir())
+    steps = sorted((p for p in root.glob("step-*") if p.is_dir() and step_order(p.name) is not None),
+                   key=lambda p: step_order(p.name))
     for p in steps[:-keep] if keep > 0 else []:
         if p != newest:
             shutil.rmtree(p, ignore_errors=True)
@@ -139,7 +155,7 @@ def load_policy(adapter: ModelAdapter, path: str | Path, lora: LoRASpec) -> dict
     """
     ckpt = resolve_checkpoint(path)
     state = json.loads((ckpt / "state.json").read_text())
-    tensors = load_file(ckpt / POLICY_FILE)
+    tensors = load_file(readable(ckpt / POLICY_FILE))
     module = adapter.module
     if state.get("lora"):
         inject_lora(module, lora, lora.targetModules or adapter.lora_target_modules)

@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from omnirl.algorithms.sigmas import sigma_schedule
-from omnirl.api.disk import readable_as_umask_allows
+from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.models.digits.model import LORA_TARGET_MODULES, DigitsConfig, DigitsDiT
 from omnirl.models.digits.render import SLOT_WIDTH, slots_for
 from omnirl.models.protocol import Conditioning
@@ -181,6 +181,7 @@ def load_digits_adapter(
 
     Raises:
         FileNotFoundError: the directory, its config.json or model.safetensors is missing.
+        PermissionError: config.json or model.safetensors may not be read (the system's error).
         ValueError: config.json is not a digits config, model.safetensors is unreadable (truncated,
             not safetensors), or its tensors do not match the config.
     """
@@ -188,6 +189,7 @@ def load_digits_adapter(
     meta = read_digits_config(directory)
     weights_path = check_digits_weights(directory)
     module = DigitsDiT(DigitsConfig.from_dict(meta["model"]))
+    readable(weights_path)  # no permission is no damaged file: the system's error, not safetensors' ENOENT
     try:
         state = load_file(str(weights_path))
     except (OSError, SafetensorError) as err:  # a damaged file, not a config mismatch: say so
