@@ -28,6 +28,15 @@ def test_group_statistic_is_the_closed_form():
     assert s[:, 0].tolist() == pytest.approx([1.5, 1.5, -3.0, -3.0], abs=1e-6)
 
 
+def test_the_group_statistic_never_reads_the_device():
+    """The statistic is built without a value read (no unique()/bincount() sized from the data, which
+    on a GPU is a host sync per loss): on the meta device, which has no values, any read raises."""
+    meta = {"device": "meta"}
+    s = group_preference(torch.empty(6, 2, **meta), torch.empty(6, 2, **meta), torch.empty(6, **meta),
+                         torch.empty(6, dtype=torch.int64, **meta), beta=1.0)
+    assert s.shape == (6, 2) and s.device.type == "meta"
+
+
 def test_loss_value_and_its_gradient_is_the_group_likelihood_gradient_over_beta():
     beta = 10.0
     err = ERR.clone().requires_grad_(True)

@@ -66,12 +66,13 @@ def group_preference(error: Tensor, error_ref: Tensor, advantages: Tensor, group
         raise ValueError(f"beta must be > 0, got {beta}")
     require(torch.isfinite(error).all() & torch.isfinite(error_ref).all() & torch.isfinite(adv).all(),
             "non-finite matching error or advantage")
-    _, index = torch.unique(groups, return_inverse=True)
-    n = int(index.max()) + 1
-    size = torch.bincount(index, minlength=n).to(error.dtype)  # G_g
+    # a [B, B] membership mask, not unique()/bincount(): those size their output from the data, a host
+    # sync per loss on an accelerator; B is a step's samples (tens to hundreds), so B²·K stays small
+    same = (groups[:, None] == groups[None, :]).to(error.dtype)  # [B, B]
+    size = same.sum(dim=1)  # G_g of each sample's group
     term = adv[:, None] * (error - error_ref)  # [B, K]
-    sums = torch.zeros(n, error.shape[1], dtype=error.dtype, device=error.device).index_add_(0, index, term)
-    return beta * sums[index] / size[index, None]
+    sums = (same[:, :, None] * term[None, :, :]).sum(dim=1)  # [B, K]: Σ over the sample's group
+    return beta * sums / size[:, None]
 
 
 def dgpo_loss(error: Tensor, error_ref: Tensor, advantages: Tensor, groups: Tensor, beta: float, *,
