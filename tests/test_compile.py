@@ -102,3 +102,51 @@ def test_blocks_sharded_by_fsdp2_are_found_and_compiled():
         assert model.inp._compiled_call_impl is None  # only the blocks
     finally:
         dist.destroy_process_group()
+
+
+# run in a fresh process, as a restarted role is: compiles the digits model's blocks, samples, and
+# prints Inductor's FX-graph cache counters
+_COMPILE_ONCE = """
+import json, torch
+from torch._dynamo.utils import counters
+from omnirl.models.compile import compile_adapter_module
+from tests.helpers import tiny_adapter
+from tests.test_compile import _rollout
+torch.set_num_threads(1)
+adapter = tiny_adapter()
+compile_adapter_module(adapter)
+_rollout(adapter, 2, 2)
+print(json.dumps({k: v for k, v in counters["inductor"].items() if k.startswith("fxgraph_cache")}))
+"""
+
+
+@pytest.mark.slow
+def test_a_restarted_process_reuses_the_compiled_kernels_in_the_cache_the_operator_points_at(tmp_path):
+    """The operator sets `TORCHINDUCTOR_CACHE_DIR` to `<run volume>/cache/inductor` for a compiled
+    job's model pods (`omnirl.api.runtime.COMPILE_CACHE`). A second process on the same cache (a pod
+    restarted on the run volume) loads every compiled graph (hits = the first's misses) and compiles
+    none, as the first did on its empty cache (a container's fresh /tmp)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from omnirl.api.runtime import COMPILE_CACHE, INDUCTOR_CACHE_VARIABLE
+
+    root = Path(__file__).resolve().parents[1]
+
+    def counters_of(cache: Path) -> dict:
+        env = {**os.environ, INDUCTOR_CACHE_VARIABLE: str(cache),
+               "PYTHONPATH": os.pathsep.join([str(root / "services"), str(root)])}
+        done = subprocess.run([sys.executable, "-c", _COMPILE_ONCE], env=env, capture_output=True, text=True,
+                              timeout=600, cwd=root)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    volume = tmp_path / "run-volume" / COMPILE_CACHE
+    first = counters_of(volume)
+    assert first.get("fxgraph_cache_miss", 0) >= 1 and first.get("fxgraph_cache_hit", 0) == 0, first
+    restarted = counters_of(volume)
+    assert restarted.get("fxgraph_cache_hit", 0) == first["fxgraph_cache_miss"], restarted
+    assert restarted.get("fxgraph_cache_miss", 0) == 0, restarted

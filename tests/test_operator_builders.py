@@ -176,6 +176,25 @@ def test_runtime_contract_env_ports_probes_security():
     assert job_from_dict(cm).spec.reward[0].name == "ocr"
 
 
+def test_a_compiled_jobs_model_pods_keep_torchs_compile_cache_on_the_run_volume():
+    """With `model.compile` the rollout and actor pods point torch's compile cache at the run volume's
+    mount, so a restarted pod finds its predecessor's kernels (a container's /tmp starts empty); the
+    other roles compile nothing. A template's own TORCHINDUCTOR_CACHE_DIR replaces ours."""
+    def cache_dirs(kids):
+        return {name: env(obj).get("TORCHINDUCTOR_CACHE_DIR") for name, obj in kids.items()
+                if name.split("/")[0] in WORKLOAD_KINDS}
+
+    kids = children(job(model={"compile": True}))
+    mount = next(m["mountPath"] for m in container(kids["Deployment/demo-rollout"])["volumeMounts"] if m["name"] == "run")
+    assert cache_dirs(kids) == {"Deployment/demo-rollout": f"{mount}/cache/inductor",
+                                "StatefulSet/demo-actor": f"{mount}/cache/inductor",
+                                "Deployment/demo-reward": None, "Job/demo-controller": None}
+    assert set(cache_dirs(children(job())).values()) == {None}
+    own = {"spec": {"containers": [{"name": "rollout", "env": [{"name": "TORCHINDUCTOR_CACHE_DIR", "value": "/cache"}]}]}}
+    mine = children(job(model={"compile": True}, roles={"rollout": {"template": own}}))
+    assert cache_dirs(mine)["Deployment/demo-rollout"] == "/cache"
+
+
 def test_scaling_does_not_roll_pods_but_a_spec_change_does():
     def digests(j):
         return {k: v["spec"]["template"]["metadata"]["annotations"]["omnirl.dev/spec-hash"]

@@ -14,7 +14,7 @@ import base64
 import math
 from typing import Any
 
-from omnirl.api.runtime import REDIS_PASSWORD, VARIABLES, RoleEnv, sync_backend
+from omnirl.api.runtime import COMPILE_CACHE, INDUCTOR_CACHE_VARIABLE, REDIS_PASSWORD, VARIABLES, RoleEnv, sync_backend
 from omnirl.api.spec import MODEL_ROLES, RLJob, RoleSpec
 from omnirl_operator.meta import (
     ANNOTATION_SPEC_HASH,
@@ -138,7 +138,9 @@ def build_password_secret(job: RLJob, settings: OperatorSettings) -> dict[str, A
 
 def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str, Any]]:
     """The container environment of ``role``: ``RoleEnv.to_environ()`` with the downward-API fields
-    (``POD_FIELDS``) as ``fieldRef``s, and ``REDIS_PASSWORD`` from the job's Secret when there is one."""
+    (``POD_FIELDS``) as ``fieldRef``s, ``REDIS_PASSWORD`` from the job's Secret when there is one, and
+    for a ``model.compile`` job's rollout and actor torch's compile cache on the run volume
+    (``omnirl.api.runtime.COMPILE_CACHE``; a template's own ``TORCHINDUCTOR_CACHE_DIR`` wins)."""
     name = job.metadata.name
     roles = job.spec.roles
     ranks = roles.actor.replicas if role == "actor" else 1
@@ -165,6 +167,8 @@ def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str
             env.append(_field_env(var, path))
     env += [{"name": k, "value": v} for k, v in plain.items()]
     env.append({"name": "PYTHONUNBUFFERED", "value": "1"})
+    if job.spec.model.compile and role in MODEL_ROLES:  # a restarted pod finds its kernels compiled (runtime.py)
+        env.append({"name": INDUCTOR_CACHE_VARIABLE, "value": f"{RUN_DIR}/{COMPILE_CACHE}"})
     secret = password_secret(job, settings)
     if secret:
         env.append({"name": REDIS_PASSWORD, "valueFrom": {"secretKeyRef": {"name": secret, "key": "password"}}})

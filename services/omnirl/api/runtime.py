@@ -42,6 +42,13 @@ RANK_FIELDS = ("rank", "world_size", "master_addr", "master_port")
 # other variable of `VARIABLES` (and REDIS_PASSWORD) the operator owns: `api/podtemplate.py` refuses it
 USER_SETTABLE = ("device", "threads", "weight_sync_backend", "steps")
 RESUME_MODES = ("0", "1", "auto")
+# where a pod's compiled kernels live, relative to the run directory (`OMNIRL_OUT`): the operator sets
+# torch's TORCHINDUCTOR_CACHE_DIR there for a `model.compile` job's rollout and actor pods, so a restarted
+# or replaced pod reuses its predecessor's FX graphs, Triton kernels and tuning results instead of
+# compiling for minutes again (a container's /tmp, torch's default, starts empty). `omnirl run` keeps
+# torch's default: on one machine /tmp already outlives a role's restart, and stays warm across runs
+COMPILE_CACHE = "cache/inductor"
+INDUCTOR_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 # a protected Redis's password, from a Secret (operator); `from_environ` merges it into redis_url
 REDIS_PASSWORD = "REDIS_PASSWORD"
 # the ports a role serves (0 = none), with the operator's value as the example of a good one
