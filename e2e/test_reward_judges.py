@@ -1,16 +1,21 @@
 """Rewards as jobs use them, locally: a judge server `omnirl run` starts itself (`reward[].server`:
 the HTTP scorer of `omnirl scorer serve` on a free port, its URL wired into the roles'
-manifest, stopped at the end), per-reward normalisation and a group-level scorer, in one tiny job."""
+manifest, stopped at the end), per-reward normalisation and a group-level scorer, in one tiny job;
+then `omnirl eval OUT/job.yaml` of its checkpoint, which serves that judge again and scores as the
+run's validation did (it failed on the run's dead URL, exit 2)."""
 
 from __future__ import annotations
 
 import json
+import re
 import socket
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
-from e2e.test_local_job import run, tiny_job
+from e2e.test_local_job import ROOT, run, tiny_job
 
 
 @pytest.mark.slow  # a 2-step local job: about 100 s on 2 cores
@@ -30,7 +35,9 @@ def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path,
     proc = run(path, out)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
-    wired = yaml.safe_load((out / "job.yaml").read_text())["spec"]["reward"][1]
+    # OUT/job.yaml is the manifest as written (what eval and --resume read); the roles read the wired one
+    assert yaml.safe_load((out / "job.yaml").read_text())["spec"]["reward"][1]["server"]["command"] == server["command"]
+    wired = yaml.safe_load((out / "job-roles.yaml").read_text())["spec"]["reward"][1]
     assert wired["server"] is None and wired["url"].startswith("http://127.0.0.1:") and wired["url"].endswith("/v1/score")
     port = int(wired["url"].split(":")[2].split("/")[0])
     with socket.socket() as s:  # the judge was stopped with the job
@@ -47,3 +54,17 @@ def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path,
         assert r["reward_judge"] < 0.0 and r["component_std_judge"] > 0.0  # the raw score: −JPEG kB
         assert abs(r["reward_contrast"] - 0.5) < 1e-6
         assert r["component_missing_ocr"] == r["component_missing_judge"] == 0.0
+
+    # eval of the finished run, as the README says: the judge is served again (this run's URL is dead)
+    ev = subprocess.run([sys.executable, "-m", "omnirl.cli", "eval", str(out / "job.yaml"), "--checkpoint",
+                         str(out / "checkpoints" / "latest"), "--out", str(tmp_path / "eval")],
+                        capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert ev.returncode == 0, ev.stdout + ev.stderr
+    pid = int(re.search(r"omnirl: judge judge starting on port \d+ \(pid (\d+)\)", ev.stdout)[1])
+    assert not Path(f"/proc/{pid}").exists(), f"the judge eval started (pid {pid}) outlived it"
+    version = int(re.search(r"policy_version (\d+)", ev.stdout)[1])
+    (val,) = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
+              if r["event"] == "validation" and r["policy_version"] == version]
+    got = json.loads((tmp_path / "eval" / "rewards.json").read_text())
+    assert got["n"] == val["n"] and abs(got["mean_reward"] - val["val_reward_mean"]) < 1e-6, (got, val)
+    assert abs(val["val_reward_judge"]) > 0.05  # the judge's component counts in that sum

@@ -57,10 +57,11 @@ def untokenizable_prompt(tmp: Path) -> str:
 
 
 def with_judge_server(tmp: Path) -> str:
-    """The NFT example plus an http judge the job runs itself (`reward[].server`, no url)."""
+    """The NFT example plus an http judge the job runs itself (`reward[].server`, no url), whose command
+    this machine does not have."""
     doc = yaml.safe_load(Path(NFT).read_text())
     doc["spec"]["data"] = {"trainPrompts": HELDOUT, "validationPrompts": HELDOUT}
-    doc["spec"]["reward"].append({"name": "judge", "kind": "http", "server": {"command": ["serve", "--port", "{port}"],
+    doc["spec"]["reward"].append({"name": "judge", "kind": "http", "server": {"command": ["no-such-judge-e7", "--port", "{port}"],
                                                                               "urlPath": "/v1/score"}})
     path = tmp / "judge.yaml"
     path.write_text(yaml.safe_dump(doc))
@@ -304,10 +305,13 @@ CASES = {
     # 47 characters: the operator could not create `<name>-actor`'s pods (validate said ok up to 53)
     "render-long-name": (lambda t: ["render", namespaced(t, "a" * 47, "name")], "omnirl render: ",
                            "is invalid: must be at most 46 characters (it has 47): the actor StatefulSet"),
-    # eval starts no judge: it sampled, then failed scoring with "unknown url type: 'None"
-    "eval-judge-server": (lambda t: ["eval", with_judge_server(t), "--out", str(t / "o")], "omnirl eval: ",
-                          "spec.reward[1].server: omnirl eval does not start judge servers (omnirl run does); start "
-                          "the judge yourself and give spec.reward[1].url instead of server"),
+    # eval serves a judge as omnirl run does (tests/test_eval_judges.py); one it cannot start is named before
+    # anything loads
+    "eval-judge-server-not-here": (lambda t: ["eval", with_judge_server(t), "--out", str(t / "o")], "omnirl eval: ",
+                                   "spec.reward[1].server.command: 'no-such-judge-e7' cannot be started on this machine "
+                                   "(not found on PATH, or not an executable file); `omnirl eval` runs the judge's "
+                                   "command here (its image is ignored): install it, put it on PATH or give its full "
+                                   "path"),
 }
 
 

@@ -1,4 +1,4 @@
-"""`omnirl run`'s judge servers (`reward[].server`, launch/servers.py) as real local processes:
+"""`omnirl run`'s judge servers (`reward[].server`, reward/servers.py) as real local processes:
 the port reaches the server, a dead or deaf server is named with the fix, and each one stops."""
 
 from __future__ import annotations
@@ -11,11 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-import omnirl.launch.servers as servers
+import omnirl.reward.servers as servers
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.spec import RLJob
-from omnirl.launch.local import check_served_judges
-from omnirl.launch.servers import JudgeFailed, check_local, start_judges, stop_judges
+from omnirl.reward.servers import JudgeFailed, check_local, check_served_judges, start_judges, stop_judges
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,7 +50,7 @@ def test_a_judge_reading_the_port_from_its_environment_is_started_wired_and_stop
 KILLED_LAUNCHER = """
 import sys, time
 from omnirl.api.loader import load_rljob
-from omnirl.launch.servers import start_judges
+from omnirl.reward.servers import start_judges
 judges, _ = start_judges(load_rljob(sys.argv[1]), __import__("pathlib").Path(sys.argv[2]), timeout_s=60)
 print("judge pid", judges[0].proc.pid, flush=True)
 time.sleep(120)

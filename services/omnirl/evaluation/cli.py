@@ -5,6 +5,10 @@ grid; defaults: the job's held-out prompts, `validation.numSteps` and `validatio
 it with the weighted sum of the job's rewards, writes `OUT/grid.png` and `OUT/rewards.json`, and
 ends with one line `mean_reward=0.412 exact_match=0.180 n=256` (`exact_match`: the share of samples
 whose text every OCR-rule reward read exactly; absent when the job has none).
+
+A judge the job runs (`reward[].server`) is served here as `omnirl run` serves it (same command, a
+free port, log `OUT/logs/judge-R.log`; `reward/servers.py::serving`) and stopped at the end, so
+`omnirl eval RUN/job.yaml` scores with the run's judge, not the run's URL of it (dead once it ended).
 """
 
 from __future__ import annotations
@@ -21,20 +25,24 @@ from safetensors import SafetensorError
 from omnirl.api import disk
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import load_rljob
-from omnirl.api.spec import GROUP_KINDS
+from omnirl.api.spec import GROUP_KINDS, RLJob
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.evaluation.evaluate import SampleUnscored, evaluate
 from omnirl.models.policy_io import check_owner, load_policy, resolve_checkpoint
 from omnirl.models.registry import adapter_options, load_adapter, load_tokenizer
 from omnirl.reward.registry import check_api_keys, check_judges
+from omnirl.reward.servers import JudgeFailed, check_local, serving
 
 
 def main(args: argparse.Namespace) -> int:
-    """CLI adapter; returns 0. Raises ValueError (FileNotFoundError) naming the flag for a bad --steps,
-    --seed, --out or --prompts (missing, a directory, empty, or a line the model cannot tokenize), or a
-    --checkpoint that is not one, is damaged, or belongs to another job or model family (`check_owner`), or
-    naming `spec.reward[i].server` (a judge server `omnirl run` would start: eval needs its url)."""
+    """CLI adapter; returns 0, or 1 when a sample cannot be scored or a judge server of
+    `spec.reward[i].server` exits or never answers (one line naming the field). Raises ValueError
+    (FileNotFoundError) naming the flag for a bad --steps, --seed, --out or --prompts (missing, a
+    directory, empty, or a line the model cannot tokenize), or a --checkpoint that is not one, is
+    damaged, or belongs to another job or model family (`check_owner`), or naming
+    `spec.reward[i].server.command` / `.modelPath` / `.volume` when this machine cannot run that judge
+    (`reward.servers.check_local`, before anything loads)."""
     if args.steps is not None and args.steps < 2:
         raise ValueError(f"--steps {args.steps}: must be >= 2 (denoising steps; default validation.numSteps)")
     if args.seed is not None and args.seed < 0:
@@ -43,17 +51,14 @@ def main(args: argparse.Namespace) -> int:
     job = load_rljob(args.job)
     spec = job.spec
     check_api_keys(spec.reward)  # before minutes of model loading and sampling
-    for i, r in enumerate(spec.reward):  # no url to score with: it failed after sampling, "unknown url type: 'None"
-        if r.server is not None:
-            raise ValueError(f"spec.reward[{i}].server: omnirl eval does not start judge servers (omnirl run does); "
-                             f"start the judge yourself and give spec.reward[{i}].url instead of server")
+    check_local(job, by="omnirl eval")  # a judge server this machine cannot run: named now, not after loading
     if not args.prompts and not spec.data.validationPrompts:  # it was a TypeError traceback
         raise ValueError(f"--prompts: {args.job} has no spec.data.validationPrompts to sample by default; pass "
                          "--prompts FILE (one prompt per line)")
     if all(r.kind in GROUP_KINDS for r in spec.reward):  # each sample's mean reward came out 0, unscored
         raise ValueError(f"spec.reward: every reward is group-level ({', '.join(r.name for r in spec.reward)}), and "
                          "omnirl eval scores single samples; add a per-sample reward (e.g. kind ocr) to the manifest")
-    check_judges(spec.reward)
+    check_judges(spec.reward)  # those with a url; a served one once it answers (`serving`)
     fix = "restore it, or pass an older OUT/checkpoints/step-* directory"
     if args.checkpoint:  # another job's checkpoint is refused as `omnirl export` refuses it, before the model loads
         ckpt = resolve_checkpoint(args.checkpoint)
@@ -66,6 +71,27 @@ def main(args: argparse.Namespace) -> int:
     else:  # what validation samples
         prompts = check_prompts(spec.data.validationPrompts, tokenize, "spec.data.validationPrompts",
                                 spec.validation.maxPrompts)
+    try:
+        with serving(job, Path(args.out) / "logs", by="omnirl eval") as wired:
+            return _evaluate(args, wired, prompts, fix)
+    except JudgeFailed as err:  # the user's command exited or never listened: its line, not a traceback
+        print(f"omnirl eval: {judge_failure(job, err)}; nothing written", file=sys.stderr, flush=True)
+        return 1
+
+
+def judge_failure(job: RLJob, err: JudgeFailed) -> str:
+    """One line for a judge server that did not start: the field, the reason, its log's last line."""
+    i = [r.name for r in job.spec.reward].index(err.reward)
+    first, _, tail = str(err).partition("\n")
+    last = tail.strip().splitlines()[-1] if tail.strip() else ""
+    ends = f"; its log {err.log} ends: {last!r}" if last else f"; its log: {err.log}"
+    return (f"spec.reward[{i}].server: {first.rstrip(':')}{ends}; fix the judge's command or model, or run the "
+            f"judge yourself and give spec.reward[{i}].url instead of server")
+
+
+def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str) -> int:
+    """Load the model, sample and score `prompts` with `job`'s rewards (judges wired in), write the outputs."""
+    spec = job.spec
     adapter = load_adapter(spec.model.family, spec.model.path, dtype=spec.model.dtype, **adapter_options(spec))
     if args.checkpoint:  # a truncated or corrupt file: one line naming the flag, not a traceback
         with config_errors(f"--checkpoint {args.checkpoint}", SafetensorError, json.JSONDecodeError, fix=fix):

@@ -7,7 +7,9 @@ controller) as its own process running `omnirl role …` — exactly what a pod 
 are supervised per `failurePolicy` (`omnirl.launch.supervise`); Ctrl-C or a failure the policy
 gives up on stops everything; the exit code is non-zero and names the role and reason.
 
-Outputs: `OUT/job.yaml` (the resolved manifest the roles read), `OUT/metrics.jsonl`,
+Outputs: `OUT/job.yaml` (the resolved manifest, judge servers as written: what `omnirl eval` and
+`--resume` read), `OUT/job-roles.yaml` (the one the roles read: each `reward[].server` replaced by
+the `url` of the judge this launcher started, dead once the run ends), `OUT/metrics.jsonl`,
 `OUT/samples/step-*.png`, `OUT/checkpoints/latest/`, `OUT/ledger/`, `OUT/logs/<role>.log`.
 """
 
@@ -34,11 +36,13 @@ from omnirl.launch import preflight
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
 from omnirl.launch.procs import start_role
 from omnirl.launch.progress import validation_table
-from omnirl.launch.servers import JudgeFailed, JudgeProcess, check_local, start_judges, stop_judges
 from omnirl.launch.supervise import STATELESS_GRACE_S, Supervisor, clear_start_flags
 from omnirl.reward.registry import check_judges
+from omnirl.reward.servers import JudgeFailed, check_local, check_served_judges, start_judges, stop_judges
 from omnirl.transfer import RedisServerError, TransferQueue, start_redis_server
 from omnirl.transfer.redis_server import free_port
+
+ROLES_MANIFEST = "job-roles.yaml"  # OUT/job.yaml with this run's judge URLs wired in: what the roles read
 
 
 def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, out: Path, resume: str,
@@ -144,7 +148,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     if job.spec.transferQueue.redisUrl:  # the embedded Redis is this --out's own, and the lock guards it
         preflight.check_redis(job.spec.transferQueue.redisUrl)
         preflight.check_not_running_elsewhere(job.spec.transferQueue.redisUrl, job, None if args.resume else out)
-    check_local(job)  # judge servers this machine cannot run (launch/servers.py)
+    check_local(job)  # judge servers this machine cannot run (reward/servers.py)
     out.mkdir(parents=True, exist_ok=True)
     lock = lock or preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
@@ -173,11 +177,13 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         def start(role: str, index: int, resume: str):
             env = role_env(job, where[role, index], redis_url=redis_url, sync_port=sync_port, out=out,
                            resume=resume, steps=args.steps, dist_port=dist_port, sync_backend=backend)
-            return start_role(role, index, out / "job.yaml", env, out / "logs", use_ray=ray_ctx is not None)
+            return start_role(role, index, out / ROLES_MANIFEST, env, out / "logs", use_ray=ray_ctx is not None)
 
         judges, wired = start_judges(job, out / "logs")  # reward[].server: local processes, URLs wired in
         check_served_judges(wired, judges)
-        (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
+        # not over job.yaml: these URLs die with the run, and `omnirl eval OUT/job.yaml` then failed on one
+        # (exit 2, "does not answer"); job.yaml keeps `server`, which eval serves itself
+        (out / ROLES_MANIFEST).write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
         supervisor = Supervisor(job, role_plan(job), start, queue, out, args.steps or job.spec.algorithm.steps,
                                 resume="auto" if args.resume else "0", redis=redis)
         code = supervisor.run()
@@ -228,25 +234,6 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         print(verdict(code, failure, args, out, since=int(started["records"])), flush=True)
     lock.close()
     return code
-
-
-def check_served_judges(wired: RLJob, judges: list[JudgeProcess]) -> None:
-    """`check_judges` of the judges this run started, whose `url` the user did not write: a refusal
-    names the `server` fields it was wired from.
-
-    Raises:
-        ValueError: naming `spec.reward[i].url`, then `spec.reward[i].server.urlPath` (an http/vlm
-            judge: the path; grpc has none) as the field to fix.
-    """
-    for j in judges:
-        try:
-            check_judges(wired.spec.reward, only={j.reward.name})
-        except ValueError as err:
-            i = [r.name for r in wired.spec.reward].index(j.reward.name)
-            fix = ("fix spec.reward[{i}].server.urlPath ({path!r}) or the server's command" if j.reward.kind != "grpc"
-                   else "fix the server's command").format(i=i, path=j.reward.server.urlPath)
-            raise ValueError(f"{err} [this url is the judge omnirl run started from spec.reward[{i}].server: "
-                             f"{fix}]") from err
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
