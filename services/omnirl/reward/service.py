@@ -17,13 +17,17 @@ outage. A restarted worker first scores its predecessor's pending samples (same 
 the batch in hand finish, then `run` returns. Scores are published with `done_kind="reward"`, so a
 sample's score is published once however often it is delivered, and a redelivered sample whose score
 is published already (its worker was killed between the publish and the ack) is acknowledged without
-being scored again (`_not_scored_before`).
+being scored again (`_not_scored_before`). A sample whose tensors are gone before it is read (expired after
+`spec.transferQueue.tensorTtlSeconds`, or deleted) is published as a failed score, so its group is refilled,
+never raised (`_load_images`).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+
+import numpy as np
 
 from omnirl.api.errors import config_errors
 from omnirl.api.ledger import Ledger
@@ -32,7 +36,7 @@ from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.reward.registry import check_judges
 from omnirl.reward.scoring import RewardSet
-from omnirl.transfer import Message, TransferQueue, kv_key
+from omnirl.transfer import Message, MissingTensors, TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
 from omnirl.transfer.lease import holding
 
@@ -121,13 +125,16 @@ class RewardService:
         if self.sync_mode:
             for step in sorted({m.step for m in metas if m.kind == "train"}):
                 self._wait_all_rollouts(step)
-        images = [self.queue.load_image(m).numpy() for m in msgs]
-        scored = self._score_holding(images, [m.prompt for m in metas], [m.sample_id for m in metas])
+        images, lost = self._load_images(msgs, metas)
+        keep = sorted(images)
+        scored = self._score_holding([images[i] for i in keep], [metas[i].prompt for i in keep],
+                                     [metas[i].sample_id for i in keep]) if keep else []
         if scored is None:
             return False
+        results = {**dict(zip(keep, scored, strict=True)), **{i: (None, {}, why) for i, why in lost.items()}}
         now = time.time()
         for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):
-            reward, per_name, reason = scored[i]
+            reward, per_name, reason = results[i]
             self._log_first_failure(per_name, reason, failed=reward is None)
             score = ScoreMeta(
                 sample_id=meta.sample_id, kind=meta.kind, step=meta.step, group_id=meta.group_id,
@@ -136,8 +143,45 @@ class RewardService:
             )
             published = self.queue.publish(self.queue.streams.scores, score.model_dump(), tensor_key=msg.tensor_key,
                                            done_kind="reward")
-            self._ledger.record(meta.sample_id, published is not None, reward=reward)
+            self._ledger.record(meta.sample_id, published is not None, reward=reward,
+                                **({"lost": True} if i in lost else {}))
         return True
+
+    def _load_images(self, msgs: list[Message], metas: list[SampleMeta]
+                     ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
+        """Each sample's image (`[H, W, C]` uint8), by position in `msgs`, and the reason of each whose
+        tensors are gone, by position.
+
+        A sample whose image key expired (`spec.transferQueue.tensorTtlSeconds` passed before it was
+        scored: a reward role stopped or backed up) or was deleted can never be scored. It is reported
+        as a failed score, the controller's path for a lost member: its group is refilled (or dropped
+        after the last attempt), a validation round fails the job naming the reason. Raising instead
+        crashed the role, and its successor met the same sample first: restart after restart until
+        `failurePolicy.maxRestarts`. One warning line per batch names the samples and the fix.
+
+        Raises:
+            ValueError: a message that names no tensor key (not a sample of `TransferQueue.publish`)."""
+        images: dict[int, np.ndarray] = {}
+        lost: dict[int, str] = {}
+        ttl_s = self.queue.tensor_ttl_s
+        for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):
+            try:
+                images[i] = self.queue.load_image(msg).numpy()
+            except MissingTensors as err:
+                age_s = time.time() - meta.generated_at  # the rollout's clock: a guess at why, not a check
+                lost[i] = (f"{err.key} expired before it was read, {age_s:.0f} s after the sample was generated "
+                           f"(spec.transferQueue.tensorTtlSeconds {ttl_s:g}); raise spec.transferQueue."
+                           "tensorTtlSeconds above the longest a sample waits for its score" if age_s >= ttl_s else
+                           f"{err.key} was deleted before it was read, {age_s:.0f} s after the sample was generated "
+                           f"(within spec.transferQueue.tensorTtlSeconds {ttl_s:g})")
+        if lost:
+            ids = [metas[i].sample_id for i in lost]
+            kinds = {metas[i].kind for i in lost}
+            then = "; ".join(what for kind, what in (("train", "a training sample's group is refilled"),
+                                                     ("val", "a validation sample fails the job")) if kind in kinds)
+            log.warning("reward: %d sample(s) lost, reported failed (%s): %s%s: %s", len(ids), then,
+                        ", ".join(ids[:4]), " …" if len(ids) > 4 else "", next(iter(lost.values())))
+        return images, lost
 
     def _log_first_failure(self, per_name: dict[str, float], reason: str, failed: bool) -> None:
         """Log the first failure of each reward: a non-required one is left out of the sample's sum
