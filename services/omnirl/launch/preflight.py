@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from omnirl.api.loader import dump_rljob
-from omnirl.api.resume import resume_conflict
+from omnirl.api.resume import resume_conflict, resume_notes
 from omnirl.api.spec import MODEL_ROLES, RLJob
 from omnirl.controller import report
 from omnirl.launch.placement import Placement
@@ -293,23 +293,27 @@ def finished(out: Path, since: int = 0) -> bool:
     return report.finished(out, since)
 
 
-def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> None:
+def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> str | None:
     """`--resume` continues the run in `out` only with that run's job: its name (the Redis key prefix
-    of its pending work), algorithm and model family, as recorded in `out/job.yaml`, and (with `flag`
-    `--resume`) the fields that shaped its pending steps (`api/resume.py::RESUME_FIXED`: `groupSize`,
-    `promptsPerStep`, `seed`, …; before, a larger `groupSize` hung the resumed run at its first step).
-    `flag` starts the message: `--out` when the run was not resumed (then "pass --resume" would mislead).
+    of its pending work) and algorithm, as recorded in `out/job.yaml`, and (with `flag` `--resume`) the
+    fields its pending steps, checkpoints and scores were made with (`api/resume.py::resume_changes`:
+    `groupSize`, `promptsPerStep`, `seed`, …, the model and its LoRA layout, the rewards' definitions;
+    before, a larger `groupSize` hung the resumed run at its first step, a LoRA rank 4 → 8 restarted the
+    job until `maxRestarts`). `flag` starts the message: `--out` when the run was not resumed (then
+    "pass --resume" would mislead).
 
+    Returns:
+        With `--resume`, one line for the accepted reward changes (`api/resume.py::resume_notes`: new
+        weights combine the pending scores too), else None.
     Raises:
         ValueError: naming the field, both values and the fix.
     """
     path = out / "job.yaml"
     if not path.exists():
-        return
+        return None
     before = yaml.safe_load(path.read_text()) or {}
     fields = (("metadata.name", job.metadata.name, ("metadata", "name")),
-              ("spec.algorithm.name", job.spec.algorithm.name, ("spec", "algorithm", "name")),
-              ("spec.model.family", job.spec.model.family, ("spec", "model", "family")))
+              ("spec.algorithm.name", job.spec.algorithm.name, ("spec", "algorithm", "name")))
     for field, now, keys in fields:
         was: object = before
         for key in keys:
@@ -323,3 +327,5 @@ def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> None:
                                        "model.path: OUT/exports/latest to continue from its weights")
         if conflict:
             raise ValueError(conflict)
+        return resume_notes(before, dump_rljob(job))
+    return None
