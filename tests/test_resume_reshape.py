@@ -198,3 +198,23 @@ def test_a_resume_with_a_new_reward_weight_weighs_the_scores_made_before_the_sto
     assert scores() == 6  # the 3 scored before the stop were not scored again
     step = next(r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["event"] == "step")
     assert step["samples"] == 6 and step["reward_mean"] == pytest.approx(0.5 * step["reward_ocr"], abs=1e-6), step
+
+
+def test_a_finished_run_on_a_shared_redis_leaves_no_keys_and_resumes_for_more_steps(tmp_path, redis_client, redis_url):
+    """A run that finished on the manifest's Redis (spec.transferQueue.redisUrl) left its job's keys there: the
+    `stop` flag, `actor_state` (step 1), streams, markers. An RLJob of that name on that Redis then failed at once:
+    its actor, started as the pod starts it (OMNIRL_RESUME=auto, an empty run directory), exited 4 with "the job's
+    actor had trained step 1, but there is none … the checkpoint directory was lost or belongs to another run";
+    without `actor_state` the `stop` flag alone ends every role at start. A finished run now deletes its keys (its
+    checkpoints and metrics are in its --out), and its `--resume` for more steps still trains from the checkpoint."""
+    from omnirl.transfer.keys import job_pattern
+
+    shared = {"transferQueue": {"redisUrl": redis_url}}
+    out = tmp_path / "out"
+    code, output = _finish(_omnirl(_job(tmp_path, shared), out, "--steps", "1"), 180)
+    assert code == 0 and _trained(out) == [0], output[-3000:]
+    assert sorted(redis_client.scan_iter(match=job_pattern("reshape"))) == []
+
+    code, output = _finish(_omnirl(_job(tmp_path, shared), out, "--steps", "2", "--resume"), 180)
+    assert code == 0 and _trained(out) == [0, 1], output[-3000:]
+    assert sorted(redis_client.scan_iter(match=job_pattern("reshape"))) == []

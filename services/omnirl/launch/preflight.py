@@ -243,6 +243,13 @@ def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
     of the job from another --out is refused instead of deleting the work its `--resume` needs. A
     `--resume` (`supervise.clear_start_flags`) and a fresh run (`TransferQueue.cleanup`) clear both.
 
+    A run that finished (or whose controller never started) deletes the job's keys instead: they hold no
+    pending work (the checkpoints and metrics are in `out`; a `--resume` for more steps starts from the
+    checkpoint), and an RLJob of that name on this Redis, whose pods cannot tell a predecessor's keys from
+    their own, met them: its actor exited 4 at once ("the job's actor had trained step 1, but there is
+    none … the checkpoint directory was lost or belongs to another run"), and with the `stop` flag alone
+    every role would have ended at once.
+
     A client of its own with 5 s timeouts and no retries: the job's queue retries for minutes, and a
     Redis that went away must not hold the launcher's exit.
 
@@ -255,15 +262,16 @@ def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
 
     import redis as redis_py
 
+    from omnirl.transfer.cleanup import delete_job_keys
     from omnirl.transfer.keys import kv_key
 
     name = job.metadata.name
     try:
         with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
-            client.set(kv_key(name, "stop"), b"true")
             if finished:
-                client.delete(kv_key(name, STOPPED_RUN))
+                delete_job_keys(client, name)
             else:
+                client.set(kv_key(name, "stop"), b"true")
                 where = {"host": socket.gethostname(), "out": str(out), "time": time.time()}
                 client.set(kv_key(name, STOPPED_RUN), json.dumps(where).encode())
     except (redis_py.RedisError, OSError) as err:
