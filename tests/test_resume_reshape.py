@@ -218,3 +218,30 @@ def test_a_finished_run_on_a_shared_redis_leaves_no_keys_and_resumes_for_more_st
     code, output = _finish(_omnirl(_job(tmp_path, shared), out, "--steps", "2", "--resume"), 180)
     assert code == 0 and _trained(out) == [0, 1], output[-3000:]
     assert sorted(redis_client.scan_iter(match=job_pattern("reshape"))) == []
+
+
+def test_an_actor_that_meets_a_stopped_local_runs_work_names_that_run(tmp_path, redis_client, redis_url):
+    """An RLJob (or any fresh start) of a job whose keys on the shared Redis are an `omnirl run` stopped before it
+    finished: its actor, started as the pod starts it (OMNIRL_RESUME=auto, an empty run directory), exited 4 with
+    "… the checkpoint directory was lost or belongs to another run; restore it (on Kubernetes: spec.storage, …), or
+    start a fresh run in another --out" (measured after a Ctrl-C of a run on redis-server :46379). Deleting that work
+    would lose the stopped run's resume (the launcher refuses a fresh run there too), so the actor names the run."""
+    from omnirl.transfer.keys import STOPPED_RUN, kv_key
+
+    redis_client.set(kv_key("reshape", "actor_state"), b'{"step": 1, "policy_version": 2, "data_position": [0, 4]}')
+    redis_client.set(kv_key("reshape", STOPPED_RUN), b'{"host": "laptop", "out": "/runs/a", "time": 0}')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)]),
+           "OMNIRL_JOB_NAME": "reshape", "OMNIRL_REDIS_URL": redis_url, "OMNIRL_WEIGHT_SYNC_ADDR": "127.0.0.1:1",
+           "OMNIRL_WORKER_ID": "actor-0", "OMNIRL_OUT": str(tmp_path / "pod"), "OMNIRL_RESUME": "auto",
+           "OMNIRL_DEVICE": "cpu"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "omnirl.cli", "role", "actor", "--job", str(_job(tmp_path))],
+                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        redis_client.delete(kv_key("reshape", "actor_state"), kv_key("reshape", STOPPED_RUN))
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"omnirl role actor: configuration error: checkpoint {tmp_path / 'pod' / 'checkpoints' / 'latest'}: the job's "
+        "actor had trained step 1, but there is none: the keys of job 'reshape' on this Redis hold the pending work of "
+        "an omnirl run that was stopped before it finished (laptop:/runs/a); continue that run with omnirl run JOB "
+        "--out /runs/a --resume, or give this job another metadata.name (restarting cannot help)")

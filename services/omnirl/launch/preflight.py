@@ -23,6 +23,7 @@ from omnirl.api.spec import MODEL_ROLES, RLJob
 from omnirl.controller import report
 from omnirl.launch.placement import Placement
 from omnirl.reward.registry import check_api_keys, check_in_process
+from omnirl.transfer.keys import STOPPED_RUN
 
 
 def check_local_paths(job: RLJob) -> None:
@@ -227,11 +228,6 @@ def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None) -
                          "that name uses this Redis, and starting here would delete or take over its work: stop it, "
                          "or give this run another metadata.name (a run just killed: its beats stop counting after "
                          f"{LIVE_BEAT_S:.0f} s)")
-
-
-STOPPED_RUN = "stopped_run"
-"""The kv key where a launcher that stopped a run before it finished leaves `{"host", "out", "time"}`:
-the job's keys on a shared Redis are that run's pending work, which its `--resume` needs."""
 
 
 def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
