@@ -278,8 +278,8 @@ def test_a_spec_edit_restarts_a_running_job_visibly_and_leaves_a_finished_one_al
             await cluster.patch(*rljob, NS, "edited", {"spec": {"algorithm": {"steps": 50}}})
             out = await step(cluster, 2)
             text = ("spec changed (generation 2): the controller Job is replaced and every role's pods restart with "
-                    "the new spec; without spec.storage the run directory is an emptyDir, so training starts again "
-                    "from step 0")
+                    "the new spec; without spec.storage the run directory is an emptyDir, and no step was trained "
+                    "yet: training starts at step 0")
             assert out.events == [("Normal", "SpecChanged", text)]
             ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
             assert (out.status["phase"], out.status["message"], ready["reason"]) == ("Running", text, "SpecChanged")
@@ -287,19 +287,37 @@ def test_a_spec_edit_restarts_a_running_job_visibly_and_leaves_a_finished_one_al
             second = await cluster.get("batch/v1", "Job", NS, "edited-controller")
             assert second["metadata"]["uid"] != first and out.status["observedGeneration"] == 2
 
+            # 3 steps trained (the controller pod's status.step): the new pods do not get the emptyDir back, and the
+            # progress in Redis makes the new actor exit 4 (it said "training starts again from step 0"); a new
+            # reward weight is accepted and said
+            await cluster.set_status("batch/v1", "Job", NS, "edited-controller", {"active": 1, "ready": 1})
+            await cluster.patch(*rljob, NS, "edited", {"status": {"step": 3}}, sub="status")
+            await cluster.patch(*rljob, NS, "edited", {"spec": {"reward": [{"name": "ocr", "kind": "ocr",
+                                                                            "weight": 0.5}]}})
+            out = await step(cluster, 3)
+            assert out.events == [("Normal", "SpecChanged", (
+                "spec changed (generation 3): the controller Job is replaced and every role's pods restart with the "
+                "new spec; without spec.storage the run directory is an emptyDir that the new pods do not get back, "
+                "and with it the checkpoint of the 3 trained steps: the new actor cannot continue them and the job "
+                "fails (ConfigurationError); to start over, delete the RLJob and apply it again; to keep the progress "
+                "across an edit, set spec.storage; spec.reward[0].weight 1.0 → 0.5: the scores already made for the "
+                "pending steps are combined with the new value too (reward_mean changes scale from the first resumed "
+                "step)"))]
+            assert (await step(cluster, 3)).events == []  # said once; the new controller Job is created
+
             await cluster.set_status("batch/v1", "Job", NS, "edited-controller", {
                 "conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded"}]})
             failed = (await step(cluster, 4)).status
-            assert (failed["phase"], failed["observedGeneration"]) == ("Failed", 2)
+            assert (failed["phase"], failed["observedGeneration"]) == ("Failed", 3)
             await cluster.patch(*rljob, NS, "edited", {"spec": {"algorithm": {"steps": 60}}})
             out = await step(cluster, 5)
             assert [a for a in out.actions if not a.startswith(("patched", "unchanged"))] == []  # nothing rebuilt
-            assert out.status["phase"] == "Failed" and out.status["observedGeneration"] == 2
+            assert out.status["phase"] == "Failed" and out.status["observedGeneration"] == 3
             assert out.status["message"] == failed["message"] + (
-                " (spec generation 3 not applied: the job finished at generation 2; delete the RLJob and apply it "
+                " (spec generation 4 not applied: the job finished at generation 3; delete the RLJob and apply it "
                 "again)")
             cond = next(c for c in out.status["conditions"] if c["type"] == "Failed")
-            assert cond["message"] == failed["message"] and cond["observedGeneration"] == 2
+            assert cond["message"] == failed["message"] and cond["observedGeneration"] == 3
             assert (await step(cluster, 6)).status["message"] == out.status["message"]  # the note is not repeated
 
     asyncio.run(main())
@@ -521,11 +539,19 @@ def test_an_edit_that_reshapes_the_published_steps_is_refused_and_undoing_it_app
                 "delete RLJob reshaped (its queued work goes with it) and create it again as a new run (model.path: "
                 "one of its exports to continue from its weights)")
             assert spec_of(await cluster.get("v1", "ConfigMap", NS, "reshaped-spec"))["groupSize"] == 8
-            await cluster.patch(*rljob, NS, "reshaped", {"spec": {"algorithm": {"groupSize": 8}, "seed": 0}})
+            # the model the checkpoints hold: a relative path is the absolute one the ConfigMap holds (data root)
+            await cluster.patch(*rljob, NS, "reshaped", {"spec": {"algorithm": {"groupSize": 8}, "seed": 0,
+                                                                   "model": {"path": "models/other"}}})
+            out = await step(cluster)
+            assert out.status["message"].startswith(
+                "the edited spec is invalid and was not applied; the job goes on with generation 1: RLJob reshaped "
+                "started with spec.model.path 'builtin' (now 'models/other'): its checkpoints hold the weights of that "
+                "model in that layout"), out.status["message"]
+            await cluster.patch(*rljob, NS, "reshaped", {"spec": {"model": {"path": "builtin"}}})
             await cluster.patch(*rljob, NS, "reshaped",
                                 {"spec": {"algorithm": {"optimizer": {"learningRate": 3e-5}}}})
             out = await step(cluster)
-            assert out.status["observedGeneration"] == 4 and "invalid" not in out.status["message"]
+            assert out.status["observedGeneration"] == 5 and "invalid" not in out.status["message"]
             algo = spec_of(await cluster.get("v1", "ConfigMap", NS, "reshaped-spec"))
             assert (algo["groupSize"], algo["optimizer"]["learningRate"]) == (8, 3e-5)
 

@@ -10,32 +10,36 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from tests.helpers import wait_until
 
 from omnirl.api.loader import dump_rljob, load_rljob
-from omnirl.api.resume import resume_changes
+from omnirl.api.resume import resume_changes, resume_notes
 from omnirl.launch import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _job(tmp: Path, **algorithm) -> Path:
+def _job(tmp: Path, spec: dict | None = None, **algorithm) -> Path:
+    """The reshape job in `tmp/job.yaml`; `algorithm` updates `spec.algorithm`, `spec` the spec's top level."""
     doc = yaml.safe_load((ROOT / "examples" / "ocr-flowgrpo.yaml").read_text())
     doc["metadata"]["name"] = "reshape"
-    spec = doc["spec"]
+    spec_updates, spec = spec, doc["spec"]
     spec["data"] = {"trainPrompts": str(ROOT / "examples/prompts/ocr-train.txt")}
     spec["algorithm"].update(steps=50, groupSize=3, promptsPerStep=2, sampling={"numSteps": 4},
                              optimizer={"learningRate": 1e-4, "microBatchSize": 6, "updatesPerStep": 1})
     spec["algorithm"]["flowGrpo"]["window"] = {"size": 2, "range": [0, 3]}
     spec["algorithm"].update(algorithm)
     spec["checkpoint"] = {"everySteps": 1, "keep": 1}
+    spec.update(spec_updates or {})
     path = tmp / "job.yaml"
     path.write_text(yaml.safe_dump(doc))
     return path
@@ -88,6 +92,26 @@ def test_a_resume_with_another_group_size_is_refused_before_anything_starts(tmp_
     # a new learning rate shapes nothing stored: the same check lets it through
     preflight.check_same_job(load_rljob(_job(tmp_path, optimizer={"learningRate": 5e-5, "microBatchSize": 6})), out)
 
+    # another model: the checkpoints hold the built-in model's weights (with LoRA, a rank 4 → 8 crashed the actor
+    # after loading and the job restarted until maxRestarts; another path trained on other base weights silently)
+    model = shutil.copytree(ROOT / "services/omnirl/models/digits/weights", tmp_path / "model")  # the same weights
+    code, output = _finish(_omnirl(_job(tmp_path, {"model": {"path": str(model)}}), out, "--resume"), 60)
+    assert code == 2 and output.strip().splitlines() == [
+        f"omnirl run: --resume: {out} holds a run started with spec.model.path 'builtin' (now '{model}'): "
+        "its checkpoints hold the weights of that model in that layout, which the actor cannot load into another (it "
+        "fails after loading, or restarts until failurePolicy.maxRestarts) or would go on training on other base "
+        "weights or at another adapter scale; put the earlier values back to resume it, or start a new run (another "
+        "--out) with model.path: OUT/exports/latest to continue from its weights"], output[-3000:]
+    # a reward added: the step's scored samples lack it
+    jpeg = [{"name": "ocr", "kind": "ocr", "params": {"alphabet": "0123456789"}}, {"name": "jpeg", "kind": "jpeg"}]
+    code, output = _finish(_omnirl(_job(tmp_path, {"reward": jpeg}), out, "--resume"), 60)
+    assert code == 2 and output.strip().splitlines() == [
+        f"omnirl run: --resume: {out} holds a run started with spec.reward[].name ['ocr'] (now ['ocr', 'jpeg']): the "
+        "scores already made for its pending steps come from those rewards, and a resumed step would mix them with "
+        "scores of the new definition; put the earlier values back to resume it, or start a new run (another --out) "
+        "with model.path: OUT/exports/latest to continue from its weights"], output[-3000:]
+    assert (out / "job.yaml").read_text() == before and _trained(out) == trained
+
 
 def test_which_changes_a_resume_refuses(tmp_path):
     """The fields of `RESUME_FIXED` only, each with both values; a prompt path written relative (a manifest as
@@ -117,3 +141,107 @@ def test_which_changes_a_resume_refuses(tmp_path):
     nft = edited(spec__algorithm__name="diffusion-nft")
     del nft["spec"]["algorithm"]["flowGrpo"]
     assert resume_changes(base, nft) == []  # the algorithm's name is check_same_job's
+
+    # the model: family, path (relative matches the absolute it ends), LoRA on/off, and its layout only when on
+    assert resume_changes(base, edited(spec__model__dtype="bfloat16", spec__model__compile=True,
+                                       spec__model__gradientCheckpointing=True)) == []
+    assert resume_changes(base, edited(spec__model__family="sd3", spec__model__path="/models/sd3")) == [
+        ("spec.model.family", "ocr-digits", "sd3"), ("spec.model.path", "builtin", "/models/sd3")]
+    assert resume_changes(edited(spec__model__path="/data/models/m"), edited(spec__model__path="models/m")) == []
+    assert resume_changes(base, edited(spec__model__lora__rank=8)) == []  # LoRA off: no adapter is stored
+    lora = edited(spec__model__lora__enabled=True)
+    assert resume_changes(base, lora) == [("spec.model.lora.enabled", False, True)]
+    lora8 = json.loads(json.dumps(lora))
+    lora8["spec"]["model"]["lora"].update(rank=8, alpha=16.0, targetModules=["qkv"])
+    assert resume_changes(lora, lora8) == [("spec.model.lora.rank", 32, 8), ("spec.model.lora.alpha", 64.0, 16.0),
+                                           ("spec.model.lora.targetModules", [], ["qkv"])]
+
+    # the rewards: their names, kind, params and required are kept; weight and normalize are accepted and noted
+    two = edited(spec__reward=[{**base["spec"]["reward"][0]}, {"name": "jpeg", "kind": "jpeg", "weight": 0.1}])
+    assert resume_changes(base, two) == [("spec.reward[].name", ["ocr"], ["ocr", "jpeg"])]
+    other = json.loads(json.dumps(two))
+    other["spec"]["reward"][1].update(weight=0.5, normalize="group", timeoutSeconds=9.0)
+    other["spec"]["reward"][0].update(params={"alphabet": "0123"}, required=False)
+    assert resume_changes(two, other) == [("spec.reward[0].params", {"alphabet": "0123456789"}, {"alphabet": "0123"}),
+                                          ("spec.reward[0].required", True, False)]
+    assert resume_notes(two, other) == ("spec.reward[1].weight 0.1 → 0.5, spec.reward[1].normalize 'none' → "
+                                        "'group': the scores already made for the pending steps are combined with "
+                                        "the new values too (reward_mean changes scale from the first resumed step)")
+    assert resume_notes(base, base) is None
+
+
+def test_a_resume_with_a_new_reward_weight_weighs_the_scores_made_before_the_stop_with_it(tmp_path):
+    """Stopped while step 0's first group was scored and its second one generated; resumed with the reward's
+    weight 1 → 0.5. The controller reused the 3 scores the reward role had made (their totals at weight 1) and
+    mixed them with 3 new ones at 0.5: measured reward_mean 0.383 for raw OCR scores of mean 0.467 (0.233 is
+    right). Now the step's totals are combined from the components with the manifest's weights, and the
+    launcher says so in one line."""
+    one = {"roles": {"rollout": {"replicas": 1, "accelerator": {"type": "cpu"}, "maxBatchSize": 3}}}  # group by group
+    out, scored = tmp_path / "out", tmp_path / "out" / "ledger"
+
+    def scores() -> int:
+        return sum(len(p.read_text().splitlines()) for p in scored.glob("reward-*.jsonl")) if scored.is_dir() else 0
+
+    first = _omnirl(_job(tmp_path, one), out, "--steps", "1")
+    try:
+        wait_until(lambda: first.poll() is not None or scores() >= 3, "the first group's scores", timeout_s=120)
+    finally:
+        first.send_signal(signal.SIGTERM)  # as Ctrl-C
+    assert _finish(first, 90)[0] == 130
+    assert scores() == 3 and _trained(out) == [], f"stopped too late to test this: {scores()} scored"
+
+    weight = [{"name": "ocr", "kind": "ocr", "weight": 0.5, "params": {"alphabet": "0123456789"}}]
+    code, output = _finish(_omnirl(_job(tmp_path, {**one, "reward": weight}), out, "--steps", "1", "--resume"), 120)
+    assert code == 0, output[-3000:]
+    assert ("omnirl: --resume: spec.reward[0].weight 1.0 → 0.5: the scores already made for the pending steps are "
+            "combined with the new value too (reward_mean changes scale from the first resumed step)") in output
+    assert scores() == 6  # the 3 scored before the stop were not scored again
+    step = next(r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["event"] == "step")
+    assert step["samples"] == 6 and step["reward_mean"] == pytest.approx(0.5 * step["reward_ocr"], abs=1e-6), step
+
+
+def test_a_finished_run_on_a_shared_redis_leaves_no_keys_and_resumes_for_more_steps(tmp_path, redis_client, redis_url):
+    """A run that finished on the manifest's Redis (spec.transferQueue.redisUrl) left its job's keys there: the
+    `stop` flag, `actor_state` (step 1), streams, markers. An RLJob of that name on that Redis then failed at once:
+    its actor, started as the pod starts it (OMNIRL_RESUME=auto, an empty run directory), exited 4 with "the job's
+    actor had trained step 1, but there is none … the checkpoint directory was lost or belongs to another run";
+    without `actor_state` the `stop` flag alone ends every role at start. A finished run now deletes its keys (its
+    checkpoints and metrics are in its --out), and its `--resume` for more steps still trains from the checkpoint."""
+    from omnirl.transfer.keys import job_pattern
+
+    shared = {"transferQueue": {"redisUrl": redis_url}}
+    out = tmp_path / "out"
+    code, output = _finish(_omnirl(_job(tmp_path, shared), out, "--steps", "1"), 180)
+    assert code == 0 and _trained(out) == [0], output[-3000:]
+    assert sorted(redis_client.scan_iter(match=job_pattern("reshape"))) == []
+
+    code, output = _finish(_omnirl(_job(tmp_path, shared), out, "--steps", "2", "--resume"), 180)
+    assert code == 0 and _trained(out) == [0, 1], output[-3000:]
+    assert sorted(redis_client.scan_iter(match=job_pattern("reshape"))) == []
+
+
+def test_an_actor_that_meets_a_stopped_local_runs_work_names_that_run(tmp_path, redis_client, redis_url):
+    """An RLJob (or any fresh start) of a job whose keys on the shared Redis are an `omnirl run` stopped before it
+    finished: its actor, started as the pod starts it (OMNIRL_RESUME=auto, an empty run directory), exited 4 with
+    "… the checkpoint directory was lost or belongs to another run; restore it (on Kubernetes: spec.storage, …), or
+    start a fresh run in another --out" (measured after a Ctrl-C of a run on redis-server :46379). Deleting that work
+    would lose the stopped run's resume (the launcher refuses a fresh run there too), so the actor names the run."""
+    from omnirl.transfer.keys import STOPPED_RUN, kv_key
+
+    redis_client.set(kv_key("reshape", "actor_state"), b'{"step": 1, "policy_version": 2, "data_position": [0, 4]}')
+    redis_client.set(kv_key("reshape", STOPPED_RUN), b'{"host": "laptop", "out": "/runs/a", "time": 0}')
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)]),
+           "OMNIRL_JOB_NAME": "reshape", "OMNIRL_REDIS_URL": redis_url, "OMNIRL_WEIGHT_SYNC_ADDR": "127.0.0.1:1",
+           "OMNIRL_WORKER_ID": "actor-0", "OMNIRL_OUT": str(tmp_path / "pod"), "OMNIRL_RESUME": "auto",
+           "OMNIRL_DEVICE": "cpu"}
+    try:
+        done = subprocess.run([sys.executable, "-m", "omnirl.cli", "role", "actor", "--job", str(_job(tmp_path))],
+                              env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    finally:
+        redis_client.delete(kv_key("reshape", "actor_state"), kv_key("reshape", STOPPED_RUN))
+    assert done.returncode == 4, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"omnirl role actor: configuration error: checkpoint {tmp_path / 'pod' / 'checkpoints' / 'latest'}: the job's "
+        "actor had trained step 1, but there is none: the keys of job 'reshape' on this Redis hold the pending work of "
+        "an omnirl run that was stopped before it finished (laptop:/runs/a); continue that run with omnirl run JOB "
+        "--out /runs/a --resume, or give this job another metadata.name (restarting cannot help)")

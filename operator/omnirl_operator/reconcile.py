@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from omnirl.api.loader import dump_rljob, job_from_dict
 from omnirl.api.problems import problem_lines
-from omnirl.api.resume import resume_conflict
+from omnirl.api.resume import resume_conflict, resume_notes
 from omnirl.api.runtime import STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.api.status import TERMINAL_PHASES
@@ -74,12 +74,29 @@ class Outcome:
 REASON_SPEC_CHANGED = "SpecChanged"
 
 
-def spec_changed_message(job: RLJob, generation: int | None) -> str:
-    """What an edit of a running job's spec does, for its status and event."""
-    where = ("the actor resumes from the latest checkpoint on the run claim (spec.storage)" if job.spec.storage
-             else "without spec.storage the run directory is an emptyDir, so training starts again from step 0")
+def spec_changed_message(job: RLJob, generation: int | None, trained: int | None = None,
+                         note: str | None = None) -> str:
+    """What an edit of a running job's spec does, for its status and event.
+
+    Args:
+        trained: the job's trained steps (`status.step`; None or 0: none yet). Without `spec.storage` the
+            checkpoints are in the pods' emptyDir, which the new pods do not get back, while the job's
+            progress stays in Redis (`kv:actor_state`): the new actor exits 4 ("the job's actor had trained
+            step N, but there is none", measured with an actor started as the pod starts it) and the job
+            fails with ConfigurationError. The message said "training starts again from step 0".
+        note: what the edit changes in the pending work and is accepted (`api/resume.py::resume_notes`).
+    """
+    if job.spec.storage:
+        where = "the actor resumes from the latest checkpoint on the run claim (spec.storage)"
+    elif not trained:
+        where = "without spec.storage the run directory is an emptyDir, and no step was trained yet: training starts at step 0"
+    else:
+        where = (f"without spec.storage the run directory is an emptyDir that the new pods do not get back, and with "
+                 f"it the checkpoint of the {trained} trained step{'s' if trained != 1 else ''}: the new actor cannot "
+                 "continue them and the job fails (ConfigurationError); to start over, delete the RLJob and apply it "
+                 "again; to keep the progress across an edit, set spec.storage")
     return (f"spec changed (generation {generation}): the controller Job is replaced and every role's pods "
-            f"restart with the new spec; {where}")
+            f"restart with the new spec; {where}" + (f"; {note}" if note else ""))
 
 
 def validate(body: dict[str, Any], settings: OperatorSettings) -> tuple[RLJob | None, tuple[str, ...]]:
@@ -228,17 +245,29 @@ async def _restart(kube: KubeApi, job: RLJob, ns: str, now: datetime, role: str 
     return [f"restarted {'job ' + name if role is None else 'role ' + role}"]
 
 
+def _stored_manifest(stored_spec: dict[str, Any] | None) -> dict[str, Any] | None:
+    text = ((stored_spec or {}).get("data") or {}).get("job.yaml")
+    return (yaml.safe_load(text) or {}) if text else None
+
+
+def resume_note_of(stored_spec: dict[str, Any] | None, job: RLJob) -> str | None:
+    """The accepted changes of an edit to the pending work (new reward weights: `api/resume.py::resume_notes`),
+    against the job's ConfigMap; None without one or without such a change."""
+    before = _stored_manifest(stored_spec)
+    return None if before is None else resume_notes(before, dump_rljob(job))
+
+
 def resume_conflict_of(stored_spec: dict[str, Any] | None, job: RLJob) -> str | None:
     """Why the job's pods may not restart with `job`'s spec, or None: its ConfigMap (`stored_spec`, the
     manifest the pods run) differs in a field that shaped the steps already published and the
     checkpoints (`omnirl.api.resume.RESUME_FIXED`). Its pods would restart with `OMNIRL_RESUME=auto` and
     the controller would rebuild those steps with the new values (a larger `groupSize`: it waited for
     ever for samples never requested). A job that has no ConfigMap yet has nothing to keep."""
-    text = ((stored_spec or {}).get("data") or {}).get("job.yaml")
-    if not text:
+    before = _stored_manifest(stored_spec)
+    if before is None:
         return None
     name = job.metadata.name
-    return resume_conflict(yaml.safe_load(text) or {}, dump_rljob(job), where=f"RLJob {name}",
+    return resume_conflict(before, dump_rljob(job), where=f"RLJob {name}",
                            fix=f"put the earlier values back, or delete RLJob {name} (its queued work goes with it) "
                                "and create it again as a new run (model.path: one of its exports to continue from "
                                "its weights)")
@@ -267,8 +296,10 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         conflict = claim_conflict(before[label_of(claim)], claim)
         if conflict is not None:
             return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
+    stored_spec = before.get(f"ConfigMap/{child_name(job.metadata.name, suffix='spec')}")
+    note = resume_note_of(stored_spec, job)  # read before the apply rewrites the ConfigMap
     if not terminal:  # an edit that reshapes the work in Redis and the checkpoints: refused, nothing applied
-        conflict = resume_conflict_of(before.get(f"ConfigMap/{child_name(job.metadata.name, suffix='spec')}"), job)
+        conflict = resume_conflict_of(stored_spec, job)
         if conflict is not None:
             return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
     reward = before.get(f"Deployment/{child_name(job.metadata.name, 'reward')}")
@@ -296,7 +327,7 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
                         restarts=int((body.get("status") or {}).get("restarts") or 0))
     events: list[tuple[str, str, str]] = []
     if spec_changed:
-        text = spec_changed_message(job, body["metadata"].get("generation"))
+        text = spec_changed_message(job, body["metadata"].get("generation"), progress.get("step"), note)
         observed = replace(observed, restarted=(REASON_SPEC_CHANGED, text))
         events.append(("Normal", REASON_SPEC_CHANGED, text))
     failed_role = "controller" if state == "failed" else next(iter(sorted(failures)), None)

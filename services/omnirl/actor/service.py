@@ -55,6 +55,7 @@ from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.telemetry.cpu import cpu_wait_seconds
 from omnirl.transfer import TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
+from omnirl.transfer.keys import STOPPED_RUN
 from omnirl.weight_sync import SyncAborted, WeightSender
 
 log = logging.getLogger("omnirl.actor")
@@ -207,6 +208,14 @@ class ActorService:
         older = sorted((p.name for p in self.ckpt_root.glob("step-*") if p.resolve() != latest.resolve()),
                        key=lambda name: step_order(name) or (-1, 0))
         older = f" (the older {', '.join(older)} cannot stand in: the batches after it were deleted)" if older else ""
+        stopped = self.queue.get_json(STOPPED_RUN)
+        if stopped is not None:  # e.g. an RLJob started on the Redis where an omnirl run of its name was stopped
+            raise ConfigError(
+                f"checkpoint {latest}: the job's actor had trained step {before['step']}, but {start}: the keys of "
+                f"job {self.env.job_name!r} on this Redis hold the pending work of an omnirl run that was stopped "
+                f"before it finished ({stopped.get('host')}:{stopped.get('out')}); continue that run with omnirl run "
+                f"JOB --out {stopped.get('out')} --resume, or give this job another metadata.name (restarting cannot "
+                "help)")
         raise ConfigError(
             f"checkpoint {latest}: the job's actor had trained step {before['step']}, but {start}, and {batches}"
             f"{older}: the checkpoint directory was lost or belongs to another run; restore it (on Kubernetes: "

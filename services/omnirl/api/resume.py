@@ -10,8 +10,24 @@ SDE transition its samples were drawn with (FlowGRPO's `noiseLevel` and `sdeType
 waits for them for ever (a larger `groupSize` or `promptsPerStep`; another `seed`, `shuffle` or prompt
 file draws other prompts), or the actor recomputes the log-probs of samples drawn with one noise level
 under another. Hyperparameters that shape nothing stored (learning rate, clip range, KL, steps,
-validation, …) may change; the checkpoint's own layout (LoRA, the model family) is checked by the actor
-and `launch/preflight.py::check_same_job`.
+validation, …) may change.
+
+The model (`MODEL_FIXED`): the checkpoints hold the weights of one model in one layout. Measured with the
+built-in model and LoRA rank 4 (`omnirl run` to step 2, then `--resume` with the changed manifest): rank 8
+crashed the actor after loading (`RuntimeError: The size of tensor a (8) must match … b (4)`, exit 1) and the
+launcher restarted the job until `failurePolicy.maxRestarts` (3 × 42 s); other `targetModules` or LoRA off
+failed after loading (exit 4, "checkpoint tensors do not match the model"); another `alpha` or another
+`model.path` (perturbed weights) trained on silently, the adapters scaled differently or on other base
+weights. `dtype`, `compile`, `attention` and `gradientCheckpointing` shape nothing stored and may change.
+
+The rewards (`reward_changes`): the scores already made for the pending steps were made by the run's
+scorers. Another reward (added, removed, renamed), `kind`, `params` or `required` would mix scores of two
+definitions in one step (measured: a `jpeg` reward added on resume trained a step whose 3 already-scored
+samples lacked it, `component_missing_jpeg` 3). `weight` and `normalize` only combine stored components,
+which the controller does per step from each sample's components (`controller/normalize.py::combine_step`):
+accepted, and the pending steps' scores are combined with the new values (`resume_notes`; before, a step
+half scored before the stop mixed both weights: weight 1 → 0.5 gave reward_mean 0.383 where 0.233 was
+right).
 
 Read by the launcher's `--resume` pre-flight (against `OUT/job.yaml`) and by the operator before it
 applies an edited spec of a live job (against its `J-spec` ConfigMap). Standard library only.
@@ -31,7 +47,25 @@ RESUME_FIXED: tuple[str, ...] = (
     "spec.algorithm.flowGrpo.noiseLevel",
     "spec.algorithm.flowGrpo.sdeType",
 )
-"""Dotted paths in the manifest (camelCase, as `loader.dump_rljob` writes it) a resume must keep."""
+"""Dotted paths in the manifest (camelCase, as `loader.dump_rljob` writes it) a resume must keep: the
+published steps and the data position."""
+
+MODEL_FIXED: tuple[str, ...] = (
+    "spec.model.family",
+    "spec.model.path",
+    "spec.model.lora.enabled",
+    "spec.model.lora.rank",
+    "spec.model.lora.alpha",
+    "spec.model.lora.targetModules",
+)
+"""The model the checkpoints hold, and their layout; `lora.*` but `enabled` are compared only when LoRA is on
+in both manifests (without it no adapter is stored)."""
+
+REWARD_FIXED: tuple[str, ...] = ("kind", "params", "required")
+"""Per `spec.reward[i]` (matched by position, after the names): what defines the scores already made."""
+
+REWARD_FREE: tuple[str, ...] = ("weight", "normalize")
+"""Per `spec.reward[i]`: how the controller combines the stored components; accepted, and said (`resume_notes`)."""
 
 _ABSENT = object()
 
@@ -44,7 +78,7 @@ def _get(doc: Any, path: str) -> Any:
     return doc
 
 
-PATHS = frozenset({"spec.data.trainPrompts"})
+PATHS = frozenset({"spec.data.trainPrompts", "spec.model.path"})
 """Fields holding a file path: a relative one (a manifest as written) matches an absolute one it ends
 (the launcher's `job.yaml` holds the paths resolved against the manifest's folder)."""
 
@@ -62,8 +96,54 @@ def _same(path: str, was: Any, now: Any) -> bool:
     return ".." not in parts and list(full.parts[-len(parts):]) == parts
 
 
+def _lora_on(doc: Any) -> bool:
+    return _get(doc, "spec.model.lora.enabled") is True
+
+
+def _fields(before: dict[str, Any], now: dict[str, Any], paths: tuple[str, ...]) -> list[tuple[str, Any, Any]]:
+    out = []
+    for path in paths:
+        if path.startswith("spec.model.lora.") and path != "spec.model.lora.enabled" and not (
+                _lora_on(before) and _lora_on(now)):
+            continue
+        was, value = _get(before, path), _get(now, path)
+        if was is not _ABSENT and value is not _ABSENT and not _same(path, was, value):
+            out.append((path, was, value))
+    return out
+
+
+def _rewards(doc: Any) -> list[dict[str, Any]] | None:
+    rewards = _get(doc, "spec.reward")
+    return [r for r in rewards if isinstance(r, dict)] if isinstance(rewards, list) else None
+
+
+def reward_changes(before: dict[str, Any], now: dict[str, Any], which: tuple[str, ...] = REWARD_FIXED
+                   ) -> list[tuple[str, Any, Any]]:
+    """The `spec.reward` entries' fields `which` (default `REWARD_FIXED`) that differ, as (field, before, now):
+    first the list of names (a reward added, removed or renamed: `spec.reward[].name`), and only when the
+    names agree each entry's fields (`spec.reward[i].params`). A manifest without `spec.reward` is not compared."""
+    was, value = _rewards(before), _rewards(now)
+    if was is None or value is None:
+        return []
+    names = [r.get("name") for r in was], [r.get("name") for r in value]
+    if names[0] != names[1]:
+        return [("spec.reward[].name", names[0], names[1])] if which == REWARD_FIXED else []
+    out = []
+    for i, (a, b) in enumerate(zip(was, value, strict=True)):
+        for key in which:
+            # a field left out is its default: the dump writes every field, a hand-written ConfigMap may not
+            x, y = a.get(key, _REWARD_DEFAULTS.get(key)), b.get(key, _REWARD_DEFAULTS.get(key))
+            if x != y:
+                out.append((f"spec.reward[{i}].{key}", x, y))
+    return out
+
+
+_REWARD_DEFAULTS: dict[str, Any] = {"params": {}, "required": True, "weight": 1.0, "normalize": "none"}
+
+
 def resume_changes(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """The `RESUME_FIXED` fields whose value differs between two manifests, as (field, before, now).
+    """The fields a resume must keep (`RESUME_FIXED`, `MODEL_FIXED`, the rewards' `REWARD_FIXED`) whose value
+    differs between two manifests, as (field, before, now).
 
     Args:
         before: the manifest the run started with (a dict as `loader.dump_rljob` writes it, e.g. the run
@@ -71,21 +151,43 @@ def resume_changes(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[st
             algorithm's block) is not compared.
         now: the manifest to resume with, in the same form.
     """
-    out = []
-    for path in RESUME_FIXED:
-        was, value = _get(before, path), _get(now, path)
-        if was is not _ABSENT and value is not _ABSENT and not _same(path, was, value):
-            out.append((path, was, value))
-    return out
+    return (_fields(before, now, RESUME_FIXED) + _fields(before, now, MODEL_FIXED)
+            + reward_changes(before, now))
+
+
+_WHY_STEPS = ("the steps it published and its data position were made with {it}, and a resumed controller would "
+              "wait for samples never requested or train samples with settings they were not drawn with")
+_WHY_MODEL = ("its checkpoints hold the weights of that model in that layout, which the actor cannot load into "
+              "another (it fails after loading, or restarts until failurePolicy.maxRestarts) or would go on training "
+              "on other base weights or at another adapter scale")
+_WHY_REWARD = ("the scores already made for its pending steps come from {those} rewards, and a resumed step "
+               "would mix them with scores of the new definition")
 
 
 def resume_conflict(before: dict[str, Any], now: dict[str, Any], *, where: str, fix: str) -> str | None:
-    """One line naming every changed `RESUME_FIXED` field with both values, why it matters and `fix`; None
-    when none changed. `where` names the run (`--resume: runs/x holds a run`, `RLJob x`)."""
+    """One line naming every changed field a resume must keep (`resume_changes`) with both values, why each
+    kind of field matters and `fix`; None when none changed. `where` names the run (`--resume: runs/x holds a
+    run`, `RLJob x`)."""
     changes = resume_changes(before, now)
     if not changes:
         return None
     fields = ", ".join(f"{path} {was!r} (now {value!r})" for path, was, value in changes)
-    return (f"{where} started with {fields}: the steps it published and its data position were made with "
-            f"{'it' if len(changes) == 1 else 'them'}, and a resumed controller would wait for samples never "
-            f"requested or train samples with settings they were not drawn with; {fix}")
+    steps = [c for c in changes if c[0] in RESUME_FIXED]
+    model = [c for c in changes if c[0] in MODEL_FIXED]
+    reward = [c for c in changes if c[0].startswith("spec.reward")]
+    why = ([_WHY_STEPS.format(it="it" if len(steps) == 1 else "them")] if steps else []) + (
+        [_WHY_MODEL] if model else []) + ([_WHY_REWARD.format(those="those")] if reward else [])
+    return f"{where} started with {fields}: {'; '.join(why)}; {fix}"
+
+
+def resume_notes(before: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """One line for the accepted reward changes of a resume (`REWARD_FREE`: `weight`, `normalize`), or None:
+    the controller combines each step's stored components with the manifest's values, so the scores already
+    made for the pending steps count with the new ones, and `reward_mean` changes scale from the first
+    resumed step."""
+    changes = reward_changes(before, now, REWARD_FREE)
+    if not changes:
+        return None
+    fields = ", ".join(f"{path} {was!r} → {value!r}" for path, was, value in changes)
+    return (f"{fields}: the scores already made for the pending steps are combined with the new "
+            f"value{'s' if len(changes) > 1 else ''} too (reward_mean changes scale from the first resumed step)")

@@ -39,7 +39,7 @@ from omnirl.api.spec import GROUP_ATTEMPTS, RLJob
 from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.controller.group_scoring import GroupScoring
 from omnirl.controller.groups import StepBook, refill_request
-from omnirl.controller.normalize import combine_step, component_stats, needs_recombination
+from omnirl.controller.normalize import combine_step, component_stats
 from omnirl.controller.report import REWARD_LATENCIES, Reporter
 from omnirl.controller.validation import SampleUnscored, Validator
 from omnirl.models.registry import load_tokenizer
@@ -90,7 +90,6 @@ class Controller:
         self.inbox: dict[int, list[Message]] = {}  # scores of steps whose book does not exist yet
         self.trained: dict[int, TrainDone] = {}
         self.group_scoring = GroupScoring(spec.reward, self.queue)
-        self.recombine = needs_recombination(spec.reward) or bool(self.group_scoring.specs)
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
@@ -339,11 +338,12 @@ class Controller:
     def _advantages(self, book: StepBook) -> tuple[list[TrainItem], dict]:
         scores = [(key, s) for key, g in book.groups.items() for s in g.scores.values()]
         gids = {key: i for i, key in enumerate(book.groups)}
-        if self.recombine:  # normalised components and/or group-level ones: the totals are the controller's
-            rewards = torch.from_numpy(combine_step(self.spec.reward, [s.rewards for _, s in scores],
-                                                    [gids[k] for k, _ in scores]))
-        else:
-            rewards = torch.tensor([s.reward for _, s in scores], dtype=torch.float32)
+        # the totals are the controller's, from each sample's components and this manifest's weights and
+        # normalisation: a resume may change those (api/resume.py::REWARD_FREE), and a step scored partly
+        # before it then mixed the reward role's old totals with new ones (weight 1 → 0.5: reward_mean 0.383,
+        # not 0.233); for `none` the sum is the reward role's own, bit for bit
+        rewards = torch.from_numpy(combine_step(self.spec.reward, [s.rewards for _, s in scores],
+                                                [gids[k] for k, _ in scores]))
         adv = group_advantages(rewards, torch.tensor([gids[k] for k, _ in scores]),
                                std_mode=self.spec.algorithm.advantage.stdMode,
                                eps=self.spec.algorithm.advantage.eps, clip=self.spec.algorithm.advantage.clip)

@@ -60,11 +60,6 @@ def normalize(values: np.ndarray, groups: np.ndarray, mode: NormalizeMode, eps: 
     raise ValueError(f"normalize mode {mode!r} is unknown; use none, group, batch or minmax")
 
 
-def needs_recombination(specs: Sequence[RewardSpec]) -> bool:
-    """Whether the controller must recompute the totals (some reward normalises)."""
-    return any(s.normalize != "none" for s in specs)
-
-
 def combine_step(specs: Sequence[RewardSpec], components: Sequence[Mapping[str, float]], groups: Sequence[int],
                  eps: float = EPS) -> np.ndarray:
     """The step's rewards `[N]` float32 from every sample's raw components.
@@ -87,7 +82,9 @@ def combine_step(specs: Sequence[RewardSpec], components: Sequence[Mapping[str, 
         if not present.any():
             continue
         raw = np.array([c[spec.name] for c in components if spec.name in c], dtype=np.float64)
-        total[present] += spec.weight * normalize(raw, g[present], spec.normalize, eps).astype(np.float64)
+        # `none` adds the float64 score as the reward role's `combine` does (normalize returns float32)
+        part = raw if spec.normalize == "none" else normalize(raw, g[present], spec.normalize, eps).astype(np.float64)
+        total[present] += spec.weight * part
     return total.astype(np.float32)
 
 

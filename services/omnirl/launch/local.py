@@ -134,7 +134,9 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         raise ValueError(f"--resume: {out} holds no run to continue (no metrics.jsonl); drop --resume to start a "
                          "fresh run there, or pass the --out of the run to continue")
     if args.resume:
-        preflight.check_same_job(job, out)
+        note = preflight.check_same_job(job, out)
+        if note:
+            print(f"omnirl: --resume: {note}", flush=True)
         total, trained = args.steps or job.spec.algorithm.steps, preflight.trained_steps(out)
         # nothing would run: say so instead of starting every role for nothing; a run stopped after its
         # last step but before its final validation and export still starts, for those

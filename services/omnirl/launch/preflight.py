@@ -18,11 +18,12 @@ from urllib.parse import urlsplit
 import yaml
 
 from omnirl.api.loader import dump_rljob
-from omnirl.api.resume import resume_conflict
+from omnirl.api.resume import resume_conflict, resume_notes
 from omnirl.api.spec import MODEL_ROLES, RLJob
 from omnirl.controller import report
 from omnirl.launch.placement import Placement
 from omnirl.reward.registry import check_api_keys, check_in_process
+from omnirl.transfer.keys import STOPPED_RUN
 
 
 def check_local_paths(job: RLJob) -> None:
@@ -229,11 +230,6 @@ def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None) -
                          f"{LIVE_BEAT_S:.0f} s)")
 
 
-STOPPED_RUN = "stopped_run"
-"""The kv key where a launcher that stopped a run before it finished leaves `{"host", "out", "time"}`:
-the job's keys on a shared Redis are that run's pending work, which its `--resume` needs."""
-
-
 def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
     """Set `job`'s `stop` flag on the manifest's Redis once this launcher has stopped every role it
     started: its roles' last beats stay younger than `LIVE_BEAT_S` for a while, and without the flag
@@ -242,6 +238,13 @@ def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
     that did not finish also leaves its place (`STOPPED_RUN`: this host and `out`), so that a fresh run
     of the job from another --out is refused instead of deleting the work its `--resume` needs. A
     `--resume` (`supervise.clear_start_flags`) and a fresh run (`TransferQueue.cleanup`) clear both.
+
+    A run that finished (or whose controller never started) deletes the job's keys instead: they hold no
+    pending work (the checkpoints and metrics are in `out`; a `--resume` for more steps starts from the
+    checkpoint), and an RLJob of that name on this Redis, whose pods cannot tell a predecessor's keys from
+    their own, met them: its actor exited 4 at once ("the job's actor had trained step 1, but there is
+    none … the checkpoint directory was lost or belongs to another run"), and with the `stop` flag alone
+    every role would have ended at once.
 
     A client of its own with 5 s timeouts and no retries: the job's queue retries for minutes, and a
     Redis that went away must not hold the launcher's exit.
@@ -255,15 +258,16 @@ def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
 
     import redis as redis_py
 
+    from omnirl.transfer.cleanup import delete_job_keys
     from omnirl.transfer.keys import kv_key
 
     name = job.metadata.name
     try:
         with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
-            client.set(kv_key(name, "stop"), b"true")
             if finished:
-                client.delete(kv_key(name, STOPPED_RUN))
+                delete_job_keys(client, name)
             else:
+                client.set(kv_key(name, "stop"), b"true")
                 where = {"host": socket.gethostname(), "out": str(out), "time": time.time()}
                 client.set(kv_key(name, STOPPED_RUN), json.dumps(where).encode())
     except (redis_py.RedisError, OSError) as err:
@@ -293,23 +297,27 @@ def finished(out: Path, since: int = 0) -> bool:
     return report.finished(out, since)
 
 
-def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> None:
+def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> str | None:
     """`--resume` continues the run in `out` only with that run's job: its name (the Redis key prefix
-    of its pending work), algorithm and model family, as recorded in `out/job.yaml`, and (with `flag`
-    `--resume`) the fields that shaped its pending steps (`api/resume.py::RESUME_FIXED`: `groupSize`,
-    `promptsPerStep`, `seed`, …; before, a larger `groupSize` hung the resumed run at its first step).
-    `flag` starts the message: `--out` when the run was not resumed (then "pass --resume" would mislead).
+    of its pending work) and algorithm, as recorded in `out/job.yaml`, and (with `flag` `--resume`) the
+    fields its pending steps, checkpoints and scores were made with (`api/resume.py::resume_changes`:
+    `groupSize`, `promptsPerStep`, `seed`, …, the model and its LoRA layout, the rewards' definitions;
+    before, a larger `groupSize` hung the resumed run at its first step, a LoRA rank 4 → 8 restarted the
+    job until `maxRestarts`). `flag` starts the message: `--out` when the run was not resumed (then
+    "pass --resume" would mislead).
 
+    Returns:
+        With `--resume`, one line for the accepted reward changes (`api/resume.py::resume_notes`: new
+        weights combine the pending scores too), else None.
     Raises:
         ValueError: naming the field, both values and the fix.
     """
     path = out / "job.yaml"
     if not path.exists():
-        return
+        return None
     before = yaml.safe_load(path.read_text()) or {}
     fields = (("metadata.name", job.metadata.name, ("metadata", "name")),
-              ("spec.algorithm.name", job.spec.algorithm.name, ("spec", "algorithm", "name")),
-              ("spec.model.family", job.spec.model.family, ("spec", "model", "family")))
+              ("spec.algorithm.name", job.spec.algorithm.name, ("spec", "algorithm", "name")))
     for field, now, keys in fields:
         was: object = before
         for key in keys:
@@ -323,3 +331,5 @@ def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> None:
                                        "model.path: OUT/exports/latest to continue from its weights")
         if conflict:
             raise ValueError(conflict)
+        return resume_notes(before, dump_rljob(job))
+    return None

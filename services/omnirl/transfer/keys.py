@@ -132,3 +132,9 @@ class StreamNames:
     def all(self) -> tuple[str, str, str, str]:
         """The four stream keys, in pipeline order."""
         return (self.requests, self.samples, self.scores, self.control)
+
+
+STOPPED_RUN = "stopped_run"
+"""The kv key (`kv_key(job, STOPPED_RUN)`) where a launcher that stopped a run before it finished leaves
+`{"host", "out", "time"}` (`launch/preflight.py::mark_stopped`): the job's keys on a shared Redis are that run's
+pending work, which its `--resume` needs; the actor names it when it cannot continue that work."""
