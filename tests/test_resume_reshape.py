@@ -188,7 +188,8 @@ def test_a_resume_with_a_new_reward_weight_weighs_the_scores_made_before_the_sto
     finally:
         first.send_signal(signal.SIGTERM)  # as Ctrl-C
     assert _finish(first, 90)[0] == 130
-    assert scores() == 3 and _trained(out) == [], f"stopped too late to test this: {scores()} scored"
+    # some of the step's 6 samples scored before the stop, not all (a loaded machine scores one more or two)
+    assert 3 <= scores() < 6 and _trained(out) == [], f"stopped too late to test this: {scores()} scored"
 
     weight = [{"name": "ocr", "kind": "ocr", "weight": 0.5, "params": {"alphabet": "0123456789"}}]
     code, output = _finish(_omnirl(_job(tmp_path, {**one, "reward": weight}), out, "--steps", "1", "--resume"), 120)
