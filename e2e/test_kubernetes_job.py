@@ -209,6 +209,10 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
         last = [r for r in records if r["event"] == "validation"][-1]
         assert json.loads((export / "validation.json").read_text())["validation"] == last
         assert export_reward(export) == pytest.approx(last["val_reward_ocr"], abs=1e-6)  # OCR: the first reward
+        # its manifest is the one written (the ConfigMap's manifest.yaml, OMNIRL_MANIFEST): the judge as `server`,
+        # not the Service URL the pods read (http://k8s-tiny-judge-judge:8000/v1/score), gone with the RLJob
+        judge = yaml.safe_load((export / "job.yaml").read_text())["spec"]["reward"][1]
+        assert judge["url"] is None and judge["server"]["command"] == JUDGE["command"], judge
 
         # deleting the RLJob runs the finalizer: the job's Redis keys go (with the Secret's password)
         client = redis.Redis.from_url(redis_url, password=password)

@@ -77,6 +77,37 @@ def test_judge_children_validate_and_the_pods_read_the_service_url():
     assert kids(j, running=False)["Deployment/demo-judge-vlm-judge"]["spec"]["replicas"] == 0
 
 
+def test_the_controller_pod_reads_the_manifest_as_written_for_its_exports(tmp_path):
+    """The ConfigMap also holds the manifest as written (`manifest.yaml`: judges as `server`), mounted
+    beside job.yaml and named by OMNIRL_MANIFEST; the controller's check accepts the pair and its
+    exports carry it. Before, an export's job.yaml held `http://demo-judge-small:8000/score`, a Service
+    gone with the RLJob (`omnirl export RUN` of a Kubernetes run reads exports/latest/job.yaml)."""
+    from omnirl.api.loader import load_rljob
+    from omnirl.api.runtime import RoleEnv
+    from omnirl.controller.loop import written_manifest
+
+    small = {"command": ["python", "-m", "x", "--port", "{port}"], "urlPath": "/score"}
+    j = job([{"name": "ocr", "kind": "ocr"}, {"name": "small", "kind": "http", "server": small}])
+    built = kids(j)
+    data = built["ConfigMap/demo-spec"]["data"]
+    assert sorted(data) == ["job.yaml", "manifest.yaml"]
+    pod = built["Job/demo-controller"]["spec"]["template"]["spec"]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "job-spec"]
+    assert volume["configMap"]["items"] == [{"key": "job.yaml", "path": "job.yaml"},
+                                            {"key": "manifest.yaml", "path": "manifest.yaml"}]
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["OMNIRL_MANIFEST"] == "/etc/omnirl/manifest.yaml"
+    for key in data:  # the pod's /etc/omnirl
+        (tmp_path / key).write_text(data[key])
+    wired = load_rljob(tmp_path / "job.yaml")
+    assert wired.spec.reward[1].url == "http://demo-judge-small:8000/score" and wired.spec.reward[1].server is None
+    contract = RoleEnv(job_name="demo", redis_url="redis://r/0", weight_sync_host="h", weight_sync_port=1,
+                       worker_id="c", out_dir=str(tmp_path), manifest=str(tmp_path / "manifest.yaml"))
+    written = written_manifest(wired, contract)
+    assert written.spec.reward[1].url is None and written.spec.reward[1].server.command == small["command"]
+    assert written == load_rljob(tmp_path / "manifest.yaml")
+
+
 def test_a_judge_template_puts_it_on_a_node_pool_and_keeps_its_selector():
     template = {"metadata": {"labels": {"omnirl.dev/reward": "hijack", "team": "vision"}},
                 "spec": {"nodeSelector": {"pool": "h100"}, "imagePullSecrets": [{"name": "regcred"}],

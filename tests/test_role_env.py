@@ -21,7 +21,7 @@ FULL = RoleEnv(job_name="j", redis_url="redis://r:6379/1", weight_sync_host="j-a
                worker_id="actor-2", out_dir="/runs/j", metrics_port=9090, health_port=8081,
                report_status="kubernetes", namespace="team", device="cuda:1", weight_sync_backend="gloo",
                threads=3, rank=2, world_size=4, master_addr="j-actor-0.j-ranks", master_port=29401, export=False,
-               resume="auto", steps=7)
+               resume="auto", steps=7, manifest="/etc/omnirl/manifest.yaml")
 
 
 def test_every_field_round_trips():

@@ -8,7 +8,8 @@ name                           kind               what
 =============================  =================  ===============================================
 ``J-controller``               ServiceAccount     identity of the controller pod
 ``J-controller``               Role, RoleBinding  get/patch ``rljobs/status`` of ``J`` only
-``J-spec``                     ConfigMap          the validated job manifest (``job.yaml``)
+``J-spec``                     ConfigMap          the validated job manifest: ``job.yaml`` (judges wired),
+                                                  ``manifest.yaml`` (as written: what exports carry)
 ``J-actor``                    Service            weight-sync store on actor rank 0 (29500)
 ``J-ranks``                    Service (headless) stable DNS of actor ranks (``J-actor-N.J-ranks``)
 ``J-metrics``                  Service (headless) ``/metrics`` of every pod (ServiceMonitor target)
@@ -45,6 +46,8 @@ from omnirl_operator.meta import (
 )
 from omnirl_operator.pods import (
     DIST_PORT,
+    JOB_KEY,
+    MANIFEST_KEY,
     METRICS_PORT,
     STARTUP_PERIOD_S,
     WEIGHT_SYNC_PORT,
@@ -102,14 +105,16 @@ def template_digest(job: RLJob) -> str:
     return spec_hash(job_yaml(job.model_copy(update={"spec": spec})))
 
 
-def build_configmap(job: RLJob, text: str) -> dict[str, Any]:
-    """ConfigMap ``<job>-spec`` with key ``job.yaml``."""
+def build_configmap(job: RLJob, text: str, written: str) -> dict[str, Any]:
+    """ConfigMap ``<job>-spec``: key ``job.yaml`` (``text``, the manifest the roles run, judges wired to
+    their Services) and ``manifest.yaml`` (``written``, the same job with its judges as ``reward[].server``:
+    the controller writes it into exports, ``OMNIRL_MANIFEST``)."""
     name = job.metadata.name
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": object_meta(name, child_name(name, suffix="spec")),
-        "data": {"job.yaml": text},
+        "data": {JOB_KEY: text, MANIFEST_KEY: written},
     }
 
 
@@ -282,10 +287,11 @@ def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | No
     job = resolve_paths(job, settings.data_root)  # relative prompt/model paths, as seen in the pods
     running = (not job.spec.suspend) if running is None else running
     judges = build_judges(job, settings, running=running)
+    written = job_yaml(job)  # judges as `server`: what exports carry (an export outlives the judge's Service)
     job = wired(job)  # the pods read judge rewards with their Service URL (omnirl_operator.judges)
     text = job_yaml(job)
     digest = template_digest(job)
-    children = [*build_controller_rbac(job), build_configmap(job, text), *build_services(job), *judges]
+    children = [*build_controller_rbac(job), build_configmap(job, text, written), *build_services(job), *judges]
     secret = build_password_secret(job, settings)
     if secret is not None:
         children.append(secret)

@@ -27,8 +27,13 @@ from omnirl_operator.meta import (
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.storage import pod_affinity, run_volume
 
-JOB_FILE = "/etc/omnirl/job.yaml"
-CONFIG_DIR = "/etc/omnirl"
+CONFIG_DIR = "/etc/omnirl"  # the job's ConfigMap `J-spec`, one file per key
+JOB_KEY = "job.yaml"  # the manifest the roles run: each judge wired to its Service (`judges.py::wired`)
+# the manifest as the user wrote it (judges as `reward[].server`): what the controller writes into exports
+# (OMNIRL_MANIFEST); an export's job.yaml held the `J-judge-R` Service URL, gone with the RLJob
+MANIFEST_KEY = "manifest.yaml"
+JOB_FILE = f"{CONFIG_DIR}/{JOB_KEY}"
+MANIFEST_FILE = f"{CONFIG_DIR}/{MANIFEST_KEY}"
 RUN_DIR = "/var/lib/omnirl"
 METRICS_PORT = 9090
 HEALTH_PORT = 8081
@@ -158,6 +163,7 @@ def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str
         export=job.spec.storage is not None,
         # a restarted pod continues from the job's latest complete checkpoint, if there is one
         resume="auto",
+        manifest=MANIFEST_FILE,
     )
     plain = contract.to_environ()
     env: list[dict[str, Any]] = []
@@ -240,7 +246,7 @@ def role_volumes(job: RLJob, role: str) -> list[dict[str, Any]]:
     rollout and actor, a memory-backed /dev/shm for NCCL/HCCL and data loaders."""
     volumes: list[dict[str, Any]] = [
         {"name": "job-spec", "configMap": {"name": child_name(job.metadata.name, suffix="spec"),
-                                           "items": [{"key": "job.yaml", "path": "job.yaml"}]}},
+                                           "items": [{"key": f, "path": f} for f in (JOB_KEY, MANIFEST_KEY)]}},
         run_volume(job, role),
     ]
     if role in MODEL_ROLES:

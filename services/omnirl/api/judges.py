@@ -51,3 +51,24 @@ def wire(job: RLJob, urls: dict[str, str]) -> RLJob:
     rewards = [r.model_copy(update={"url": urls[r.name], "server": None}) if r.server is not None else r
                for r in job.spec.reward]
     return job.model_copy(update={"spec": job.spec.model_copy(update={"reward": rewards})})
+
+
+def check_written(written: RLJob, wired: RLJob) -> None:
+    """Check that `wired` is `written` with its judges wired in (`wire` with the URLs `wired` holds):
+    `written` is then the manifest as the user wrote it of the very job the roles run.
+
+    Raises:
+        ValueError: another job or other settings (naming the first field that differs), or a judge
+            reward of `written` that `wired` does not have.
+    """
+    urls = {r.name: r.url for r in wired.spec.reward}
+    missing = [r.name for r in judge_rewards(written) if urls.get(r.name) is None]
+    if missing:
+        raise ValueError(f"its judge reward {missing[0]!r} has no url in the job's manifest")
+    got, want = wire(written, urls).model_dump(), wired.model_dump()
+    for part in ("apiVersion", "kind", "metadata", "spec"):
+        a, b = got.get(part), want.get(part)
+        if a != b:
+            keys = [k for k in sorted({*a, *b}) if a.get(k) != b.get(k)] if isinstance(a, dict) and isinstance(b, dict) else []
+            raise ValueError(f"it is not the manifest of the job's --job file: {part}{'.' + keys[0] if keys else ''} "
+                             "differs")

@@ -39,6 +39,8 @@ _OWNED_WHY = {
     "report_status": "the controller patches the RLJob's status; nothing to set",
     "namespace": "the pod's namespace (downward API); set metadata.namespace",
     "rank": _RANKS, "world_size": _RANKS, "master_addr": _RANKS, "master_port": _RANKS,
+    "manifest": "the job's manifest as written (judges as reward[].server) in the job's ConfigMap, which the "
+                "controller writes into exports; nothing to set",
     "resume": "auto: a restarted pod continues from the job's latest complete checkpoint (0 would start it over "
               "and overwrite the run); to start over, create a new RLJob",
 }

@@ -34,7 +34,7 @@ VARIABLES = {
     "health_port": "OMNIRL_HEALTH_PORT", "report_status": "OMNIRL_REPORT_STATUS", "namespace": "OMNIRL_NAMESPACE",
     "device": "OMNIRL_DEVICE", "weight_sync_backend": "OMNIRL_WEIGHT_SYNC_BACKEND", "threads": "OMNIRL_THREADS",
     "rank": "RANK", "world_size": "WORLD_SIZE", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT",
-    "export": "OMNIRL_EXPORT", "resume": "OMNIRL_RESUME", "steps": "OMNIRL_STEPS",
+    "export": "OMNIRL_EXPORT", "resume": "OMNIRL_RESUME", "steps": "OMNIRL_STEPS", "manifest": "OMNIRL_MANIFEST",
 }
 RANK_FIELDS = ("rank", "world_size", "master_addr", "master_port")
 # the RoleEnv fields a user may set in a pod's role container `env` (`roles.<role>.template`) over the
@@ -114,6 +114,10 @@ class RoleEnv:
         resume: OMNIRL_RESUME: "0" start fresh, "1" resume from the latest checkpoint (an error
             without one), "auto" resume when a complete checkpoint exists (pods, local restarts).
         steps: OMNIRL_STEPS: total training steps (overrides `spec.algorithm.steps`; None = the spec's).
+        manifest: OMNIRL_MANIFEST: the job's manifest as the user wrote it, each judge the job runs a
+            `reward[].server` (the `--job` file has the URL the launcher or operator wired in instead,
+            `api/judges.py::wire`, which dies with the run): what the controller writes into exports
+            (`controller/loop.py::written_manifest`). "" = the `--job` file.
     """
 
     job_name: str
@@ -136,6 +140,7 @@ class RoleEnv:
     export: bool = True
     resume: str = "0"
     steps: int | None = None
+    manifest: str = ""
 
     def __post_init__(self) -> None:
         if self.resume not in RESUME_MODES:
@@ -212,6 +217,7 @@ class RoleEnv:
             export=env.get(v["export"], "1") != "0",
             resume=(env.get(v["resume"]) or "0").strip().lower(),
             steps=integer("steps", 0) if steps else None,
+            manifest=env.get(v["manifest"], ""),
         )
 
 

@@ -32,8 +32,10 @@ from omnirl.actor.algorithm import algorithm_for
 from omnirl.algorithms import group_advantages
 from omnirl.api.errors import config_errors
 from omnirl.api.ids import parse_group_id
+from omnirl.api.judges import check_written
+from omnirl.api.loader import load_rljob
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainRequest
-from omnirl.api.runtime import RoleEnv
+from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.api.seeds import derive, group_seeds
 from omnirl.api.spec import GROUP_ATTEMPTS, RLJob
 from omnirl.controller.data import PromptSource, read_prompts
@@ -62,6 +64,26 @@ class Terminated(Exception):
     """SIGTERM arrived; `run` returns early (the role exits 143, the work stays in Redis)."""
 
 
+def written_manifest(job: RLJob, env: RoleEnv) -> RLJob:
+    """The manifest the exports carry: `OMNIRL_MANIFEST`'s, the job as the user wrote it (each judge the
+    job runs a `reward[].server`), else `job`. `job` (the `--job` file) has the URL the launcher or the
+    operator wired in instead (`api/judges.py::wire`): it dies with the run, and `omnirl eval` of an
+    export's job.yaml failed on it (exit 2, "the scorer at http://127.0.0.1:PORT/v1/score does not answer").
+
+    Raises:
+        ConfigError: naming OMNIRL_MANIFEST: the file is missing or invalid, or is not `job` as written
+            (`check_written`).
+    """
+    if not env.manifest:
+        return job
+    var = VARIABLES["manifest"]
+    with config_errors(f"{var}={env.manifest}", fix=f"{var} is the job's manifest as written, next to the --job "
+                       "file; the launcher (omnirl run) or the operator sets it"):
+        written = load_rljob(env.manifest)
+        check_written(written, job)
+    return written
+
+
 class Controller:
     """Runs the training loop of one RLJob. `run()` returns the final validation summary."""
 
@@ -73,6 +95,7 @@ class Controller:
         with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
             tokenize = load_tokenizer(spec.model.family, spec.model.path)
         self.out = Path(env.out_dir)
+        self.written = written_manifest(job, env)  # what exports carry: judges as the user wrote them
         self.start_step, self.version = 0, 0  # set from the actor's state in run()
         self.next_unpublished = 0  # the first step without a book: its scores wait in the inbox
         with config_errors("spec.data"):  # a missing prompt file or an untokenizable prompt: permanent
@@ -441,7 +464,7 @@ class Controller:
         from omnirl.models.export import export_run_checkpoint
 
         # the checkpoint's name under our own mount of the run directory (the actor's path may differ)
-        path = export_run_checkpoint(self.job, self.out, self.out / self.spec.checkpoint.dir / Path(checkpoint).name,
+        path = export_run_checkpoint(self.written, self.out, self.out / self.spec.checkpoint.dir / Path(checkpoint).name,
                                      keep=self.spec.checkpoint.keep)
         log.info("exported %s", path)
 

@@ -61,7 +61,8 @@ def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, ou
     contract = RoleEnv(job_name=job.metadata.name, redis_url=redis_url, weight_sync_host="127.0.0.1",
                        weight_sync_port=sync_port, worker_id=place.name, out_dir=str(out), metrics_port=port,
                        device=place.device,
-                       threads=place.threads, weight_sync_backend=sync_backend, resume=resume, steps=steps, **ranks)
+                       threads=place.threads, weight_sync_backend=sync_backend, resume=resume, steps=steps,
+                       manifest=str(out / "job.yaml"), **ranks)  # as written, beside ROLES_MANIFEST: exports carry it
     return {
         **contract.to_environ(), **place.environ(), "PYTHONUNBUFFERED": "1",
         # c10d logs a C++ stack trace as a *warning* when a peer's store closes at shutdown

@@ -9,7 +9,7 @@ What an export directory holds (safetensors and JSON only):
 | ocr-digits (LoRA merged into the weights) | `config.json` + `model.safetensors` (the built-in layout) | `load_digits_adapter(DIR)`, `model.path: DIR` |
 
 and always `export.json` (what was exported, from which checkpoint), `job.yaml` (the run's
-manifest) and `validation.json` (this policy's validation, when the run validated it, and every
+manifest as written: in a run, the controller's `written_manifest`, judges as `reward[].server`) and `validation.json` (this policy's validation, when the run validated it, and every
 validation of the run up to it, from `metrics.jsonl`).
 
 The policy exported is the checkpoint's `policy.safetensors`: the weights rollout sampled from
