@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from tests.helpers import wait_until
 
@@ -117,3 +118,45 @@ def test_which_changes_a_resume_refuses(tmp_path):
     nft = edited(spec__algorithm__name="diffusion-nft")
     del nft["spec"]["algorithm"]["flowGrpo"]
     assert resume_changes(base, nft) == []  # the algorithm's name is check_same_job's
+
+
+def _lora_job(tmp: Path, name: str, **lora) -> Path:
+    doc = yaml.safe_load((ROOT / "examples" / "ocr-awm.yaml").read_text())
+    doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    if lora:
+        doc["spec"]["model"]["lora"] = lora
+    path = tmp / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+def test_a_resume_that_switches_lora_is_refused_before_the_roles_load(tmp_path, capsys, monkeypatch):
+    """A full-weight run resumed with `model.lora.enabled: true` (or a LoRA run with another rank): its
+    checkpoint's tensors are not the new actor's. Before, `omnirl run --resume` started Redis and every role,
+    and the actor exited 4 once loaded (`checkpoint tensors do not match the model: missing=[…lora_A…]`,
+    "restore it, or start a fresh run in another --out"); now one line names the field, before anything starts."""
+    from omnirl.cli import main
+    from omnirl.launch import local
+
+    def went_ahead(job):  # past every pre-flight check: Redis and the roles would start next
+        raise RuntimeError("the resume went ahead")
+
+    monkeypatch.setattr(local, "check_local", went_ahead)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"event": "start"}) + "\n")
+    (run / "job.yaml").write_text(yaml.safe_dump(dump_rljob(load_rljob(_lora_job(tmp_path, "full.yaml")))))
+    lora = _lora_job(tmp_path, "lora.yaml", enabled=True, rank=4)
+    assert main(["run", str(lora), "--resume", "--no-ray", "--out", str(run)]) == 2
+    assert capsys.readouterr().err == (
+        f"omnirl run: --resume: {run} holds a run with spec.model.lora.enabled False, not True; resume it with its "
+        "own manifest, or start a new run (another --out) with model.path: OUT/exports/latest\n")
+    assert not (run / "redis").exists() and not (run / "roles.json").exists()  # nothing started
+
+    # a LoRA run: its rank shapes the adapters; alpha (a scale) and the other fields do not
+    (run / "job.yaml").write_text(yaml.safe_dump(dump_rljob(load_rljob(lora))))
+    with pytest.raises(ValueError, match=r"holds a run with spec\.model\.lora\.rank 4, not 8;"):
+        preflight.check_same_job(load_rljob(_lora_job(tmp_path, "r8.yaml", enabled=True, rank=8)), run)
+    with pytest.raises(ValueError, match=r"holds a run with spec\.model\.lora\.enabled True, not False;"):
+        preflight.check_same_job(load_rljob(_lora_job(tmp_path, "off.yaml")), run)
+    preflight.check_same_job(load_rljob(_lora_job(tmp_path, "a.yaml", enabled=True, rank=4, alpha=8.0)), run)

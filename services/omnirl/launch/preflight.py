@@ -293,9 +293,16 @@ def finished(out: Path, since: int = 0) -> bool:
     return report.finished(out, since)
 
 
+def _get(doc: object, keys: tuple[str, ...]) -> object:
+    for key in keys:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
 def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> None:
     """`--resume` continues the run in `out` only with that run's job: its name (the Redis key prefix
-    of its pending work), algorithm and model family, as recorded in `out/job.yaml`, and (with `flag`
+    of its pending work), algorithm, model family and checkpoint layout (`model.lora.enabled`, and `rank` of
+    a LoRA run: the actor loads its tensors by name and shape), as recorded in `out/job.yaml`, and (with `flag`
     `--resume`) the fields that shaped its pending steps (`api/resume.py::RESUME_FIXED`: `groupSize`,
     `promptsPerStep`, `seed`, …; before, a larger `groupSize` hung the resumed run at its first step).
     `flag` starts the message: `--out` when the run was not resumed (then "pass --resume" would mislead).
@@ -307,13 +314,17 @@ def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> None:
     if not path.exists():
         return
     before = yaml.safe_load(path.read_text()) or {}
-    fields = (("metadata.name", job.metadata.name, ("metadata", "name")),
+    lora = job.spec.model.lora
+    fields = [("metadata.name", job.metadata.name, ("metadata", "name")),
               ("spec.algorithm.name", job.spec.algorithm.name, ("spec", "algorithm", "name")),
-              ("spec.model.family", job.spec.model.family, ("spec", "model", "family")))
+              ("spec.model.family", job.spec.model.family, ("spec", "model", "family")),
+              # the checkpoint's tensors: full weights or LoRA adapters of one rank (the actor loads them by name
+              # and shape; a change failed only once the roles had loaded, exit 4, "restore it")
+              ("spec.model.lora.enabled", lora.enabled, ("spec", "model", "lora", "enabled"))]
+    if lora.enabled and _get(before, ("spec", "model", "lora", "enabled")) is True:
+        fields.append(("spec.model.lora.rank", lora.rank, ("spec", "model", "lora", "rank")))
     for field, now, keys in fields:
-        was: object = before
-        for key in keys:
-            was = was.get(key) if isinstance(was, dict) else None
+        was = _get(before, keys)
         if was is not None and was != now:
             raise ValueError(f"{flag}: {out} holds a run with {field} {was!r}, not {now!r}; resume it with its own "
                              "manifest, or start a new run (another --out) with model.path: OUT/exports/latest")
