@@ -44,8 +44,8 @@ def check_local_paths(job: RLJob) -> None:
         if path and not Path(path).exists():
             raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
                                     "file or directory (relative paths resolve against the manifest's folder)")
+    check_model_weights(job)  # before the prompts: tokenizing them reads the model's config
     check_prompts(job)
-    check_model_weights(job)
     check_api_keys(job.spec.reward)  # the roles inherit this environment
     check_in_process(job.spec.reward)
 
@@ -59,14 +59,9 @@ def check_model_weights(job: RLJob) -> None:
         FileNotFoundError: naming `spec.model.path`, the missing file and the fix.
         ValueError: naming `spec.model.path` and an unreadable sharded-weights index.
     """
-    from omnirl.models.registry import check_weight_files
+    from omnirl.models.registry import check_model_path
 
-    model = job.spec.model
-    try:
-        check_weight_files(model.family, model.path)
-    except (FileNotFoundError, ValueError) as err:
-        raise type(err)(f"spec.model.path: {model.path} is incomplete: {err}; copy the whole model directory there, "
-                        "or point spec.model.path at a complete one") from err
+    check_model_path(job.spec.model.family, job.spec.model.path)
 
 
 def check_attention(job: RLJob, placements: list[Placement]) -> None:
