@@ -236,6 +236,12 @@ CASES = {
     "eval-model-path-is-a-checkpoint": (
         lambda t: ["eval", model_path_at(t, "checkpoint"), "--out", str(t / "o")],
         "omnirl eval: spec.model.path: ", "is an omnirl run's checkpoint, not a model directory"),
+    # `--out "$OUT"` with OUT unset: run went to runs/<job name>, eval and pretrain wrote into the working
+    # directory (grid.png, rewards.json; config.json, model.safetensors), export said ". already exists"
+    **{f"{cmd}-empty-out": (lambda t, argv=argv: [*argv, "--out", ""], f"omnirl {cmd}: ",
+                            "--out '': an empty path (an unset shell variable?); pass a directory")
+       for cmd, argv in {"run": ["run", NFT], "eval": ["eval", NFT], "export": ["export", str(ROOT)],
+                         "pretrain": ["pretrain", "--steps", "1"]}.items()},
     "run-unset-api-key": (lambda t: ["run", judge_with_unset_key(t), "--no-ray", "--out", str(t / "o")],
                           "omnirl run: spec.reward[1].params.apiKeyEnv: ", f"variable {UNSET_KEY} is not set (or "
                           f"empty); export {UNSET_KEY}=<the judge's API key> before omnirl run or omnirl eval; on "
