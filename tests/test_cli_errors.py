@@ -112,6 +112,24 @@ def model_without_weights(tmp: Path) -> str:
     return str(path)
 
 
+def model_path_at(tmp: Path, what: str) -> str:
+    """The NFT example whose spec.model.path is a run's checkpoint (`checkpoint`: policy.safetensors and
+    state.json, as `OUT/checkpoints/latest` holds them) or a directory without config.json (`no-config`: a
+    folder above the model, as `OUT/exports`). Both printed only `…/config.json not found; a digits checkpoint is
+    a directory with config.json and model.safetensors`, naming no field (the prompts' tokenizer read it first)."""
+    model = tmp / "model"
+    model.mkdir()
+    if what == "checkpoint":
+        (model / "policy.safetensors").write_bytes(b"weights")
+        (model / "state.json").write_text("{}")
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["model"]["path"] = str(model)
+    doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
+    path = tmp / f"{what}.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
 UNSET_KEY = "OMNIRL_TEST_JUDGE_KEY_UNSET"
 
 
@@ -207,6 +225,24 @@ CASES = {
     "run-model-without-weights": (lambda t: ["run", model_without_weights(t), "--no-ray", "--out", str(t / "o")],
                                   "omnirl run: spec.model.path: ", "/model/model.safetensors not found; a digits checkpoint "
                                   "needs model.safetensors beside config.json; copy the whole model directory there"),
+    "run-model-path-is-a-checkpoint": (
+        lambda t: ["run", model_path_at(t, "checkpoint"), "--no-ray", "--out", str(t / "o")],
+        "omnirl run: spec.model.path: ", "/model is an omnirl run's checkpoint, not a model directory; point "
+        "spec.model.path at the run's export (OUT/exports/latest, or omnirl export OUT --out DIR --checkpoint "
+        "THAT_CHECKPOINT), or continue the run with omnirl run --resume"),
+    "run-model-path-without-config": (
+        lambda t: ["run", model_path_at(t, "no-config"), "--no-ray", "--out", str(t / "o")],
+        "omnirl run: spec.model.path: ", "/model/config.json not found; a digits checkpoint "
+        "is a directory with config.json and model.safetensors; copy the whole model directory there"),
+    "eval-model-path-is-a-checkpoint": (
+        lambda t: ["eval", model_path_at(t, "checkpoint"), "--out", str(t / "o")],
+        "omnirl eval: spec.model.path: ", "is an omnirl run's checkpoint, not a model directory"),
+    # `--out "$OUT"` with OUT unset: run went to runs/<job name>, eval and pretrain wrote into the working
+    # directory (grid.png, rewards.json; config.json, model.safetensors), export said ". already exists"
+    **{f"{cmd}-empty-out": (lambda t, argv=argv: [*argv, "--out", ""], f"omnirl {cmd}: ",
+                            "--out '': an empty path (an unset shell variable?); pass a directory")
+       for cmd, argv in {"run": ["run", NFT], "eval": ["eval", NFT], "export": ["export", str(ROOT)],
+                         "pretrain": ["pretrain", "--steps", "1"]}.items()},
     "run-unset-api-key": (lambda t: ["run", judge_with_unset_key(t), "--no-ray", "--out", str(t / "o")],
                           "omnirl run: spec.reward[1].params.apiKeyEnv: ", f"variable {UNSET_KEY} is not set (or "
                           f"empty); export {UNSET_KEY}=<the judge's API key> before omnirl run or omnirl eval; on "

@@ -364,3 +364,37 @@ def test_abort_ends_a_sync_waiting_for_a_silent_receiver() -> None:
     timer.join()
     silent.close()
     sender.close()
+
+
+def test_a_receiver_restarted_during_a_sync_does_not_fail_it_and_is_served_next(caplog) -> None:
+    """A rollout worker SIGKILLed just before the actor's step sync, whose restart registers again while the
+    sync waits for the old incarnation (`omnirl run`, tiny AWM job, `kill -9` of rollout-0 right after step 1):
+    the sync waited its whole timeout (120 s) for an answer that could not come, then raised
+    `ReceiverLost: weight sync v3 (generation 4): no receiver became ready within 120.0 s; lost []`; the actor
+    failed and the launcher spent a restart-job. Now the wait ends when the worker registers again, the sync
+    returns with no receiver, and `serve_new_members` gives the new incarnation the current weights."""
+    sender = WeightSender("127.0.0.1", 0, timeout_s=60)
+    killed = WeightReceiver("127.0.0.1", sender.port, "rollout-0", timeout_s=60)  # registered, then SIGKILLed
+    restarted: list[WeightReceiver] = []
+    timer = threading.Timer(0.5, lambda: restarted.append(WeightReceiver("127.0.0.1", sender.port, "rollout-0",
+                                                                         timeout_s=60)))
+    timer.start()
+    src, dst = _mlp(seed=0), _mlp(seed=1)
+    t0 = time.monotonic()
+    with caplog.at_level(logging.WARNING):
+        report = sender.broadcast(named_trainable_tensors(src, False), 3)
+    assert time.monotonic() - t0 < 10, "waited for the old incarnation"
+    assert report.receivers == [] and report.version == 3
+    assert "registered again during the sync" in caplog.text
+    timer.join()
+    assert sender.members() == ["rollout-0"]  # not evicted: it is new, not lost
+    reports: list[BindReport] = []
+    thread = threading.Thread(target=lambda: reports.append(restarted[0].receive(dst)))
+    thread.start()
+    served = sender.serve_new_members(named_trainable_tensors(src, False), 3)
+    thread.join(timeout=30)
+    assert served is not None and served.receivers == ["rollout-0"] and reports[0].version == 3
+    assert torch.equal(dst.qkv.weight, src.qkv.weight)
+    restarted[0].close()
+    killed.close()
+    sender.close()

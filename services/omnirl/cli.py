@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "role" or os.environ.get("OMNIRL_DEBUG") == "1":
         return int(args.fn(args) or 0)
     try:
+        out = getattr(args, "out", None)
+        if out is not None and not out.strip():  # `--out "$OUT"` with OUT unset
+            raise ValueError(f"--out {out!r}: an empty path (an unset shell variable?); pass a directory"
+                             + (", or leave --out out for runs/<job name>" if args.command == "run" else ""))
         return int(args.fn(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 130, not a traceback from wherever it landed
         print(f"omnirl {args.command}: interrupted", file=sys.stderr)

@@ -30,7 +30,7 @@ from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.evaluation.evaluate import SampleUnscored, evaluate
 from omnirl.models.policy_io import check_owner, load_policy, resolve_checkpoint
-from omnirl.models.registry import adapter_options, load_adapter, load_tokenizer
+from omnirl.models.registry import adapter_options, check_model_path, load_adapter, load_tokenizer
 from omnirl.reward.registry import check_api_keys, check_judges
 from omnirl.reward.servers import JudgeFailed, check_local, serving
 
@@ -65,6 +65,7 @@ def main(args: argparse.Namespace) -> int:
         with config_errors(f"--checkpoint {args.checkpoint}", json.JSONDecodeError, fix=fix):
             state = json.loads((ckpt / "state.json").read_text())
         check_owner(job, ckpt, state, manifest="omnirl eval OUT/job.yaml")
+    check_model_path(spec.model.family, spec.model.path)  # one line naming the field, before its tokenizer is read
     tokenize = load_tokenizer(spec.model.family, spec.model.path)
     if args.prompts:  # checked before minutes of model loading and sampling
         prompts = check_prompts(args.prompts, tokenize, "--prompts")

@@ -45,8 +45,8 @@ def check_local_paths(job: RLJob) -> None:
         if path and not Path(path).exists():
             raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
                                     "file or directory (relative paths resolve against the manifest's folder)")
+    check_model_weights(job)  # before the prompts: tokenizing them reads the model's config
     check_prompts(job)
-    check_model_weights(job)
     check_api_keys(job.spec.reward)  # the roles inherit this environment
     check_in_process(job.spec.reward)
 
@@ -60,14 +60,9 @@ def check_model_weights(job: RLJob) -> None:
         FileNotFoundError: naming `spec.model.path`, the missing file and the fix.
         ValueError: naming `spec.model.path` and an unreadable sharded-weights index.
     """
-    from omnirl.models.registry import check_weight_files
+    from omnirl.models.registry import check_model_path
 
-    model = job.spec.model
-    try:
-        check_weight_files(model.family, model.path)
-    except (FileNotFoundError, ValueError) as err:
-        raise type(err)(f"spec.model.path: {model.path} is incomplete: {err}; copy the whole model directory there, "
-                        "or point spec.model.path at a complete one") from err
+    check_model_path(job.spec.model.family, job.spec.model.path)
 
 
 def check_attention(job: RLJob, placements: list[Placement]) -> None:
@@ -297,6 +292,13 @@ def finished(out: Path, since: int = 0) -> bool:
     return report.finished(out, since)
 
 
+def _get(doc: object, keys: tuple[str, ...]) -> object:
+    """`doc[k0][k1]…`, None where a level is missing or not a mapping."""
+    for key in keys:
+        doc = doc.get(key) if isinstance(doc, dict) else None
+    return doc
+
+
 def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> str | None:
     """`--resume` continues the run in `out` only with that run's job: its name (the Redis key prefix
     of its pending work) and algorithm, as recorded in `out/job.yaml`, and (with `flag` `--resume`) the
@@ -319,9 +321,7 @@ def check_same_job(job: RLJob, out: Path, flag: str = "--resume") -> str | None:
     fields = (("metadata.name", job.metadata.name, ("metadata", "name")),
               ("spec.algorithm.name", job.spec.algorithm.name, ("spec", "algorithm", "name")))
     for field, now, keys in fields:
-        was: object = before
-        for key in keys:
-            was = was.get(key) if isinstance(was, dict) else None
+        was = _get(before, keys)
         if was is not None and was != now:
             raise ValueError(f"{flag}: {out} holds a run with {field} {was!r}, not {now!r}; resume it with its own "
                              "manifest, or start a new run (another --out) with model.path: OUT/exports/latest")

@@ -141,6 +141,28 @@ def check_weight_files(family: str, path: str) -> None:
     _diffusers_class(family).check_weights(path)
 
 
+def check_model_path(family: str, path: str, field: str = "spec.model.path") -> None:
+    """`check_weight_files`, its message starting with `field` and ending with the fix; a run's checkpoint
+    given as the model (`OUT/checkpoints/latest`: policy.safetensors, state.json) is named as one, with the
+    export to use instead. Called before anything reads the model (its tokenizer included: a directory without
+    config.json said only "…/config.json not found", naming no field).
+
+    Raises:
+        FileNotFoundError: naming `field`, the missing file and the fix.
+        ValueError: naming `field` and an unreadable sharded-weights index, or an unknown family.
+    """
+    if path != "builtin" and all((Path(path) / name).is_file() for name in ("policy.safetensors", "state.json")):
+        raise FileNotFoundError(
+            f"{field}: {path} is an omnirl run's checkpoint, not a model directory; point {field} at the run's export "
+            "(OUT/exports/latest, or omnirl export OUT --out DIR --checkpoint THAT_CHECKPOINT), or continue the run "
+            "with omnirl run --resume")
+    try:
+        check_weight_files(family, path)
+    except (FileNotFoundError, ValueError) as err:
+        raise type(err)(f"{field}: {path} is incomplete: {err}; copy the whole model directory there, "
+                        f"or point {field} at a complete one") from err
+
+
 def _diffusers_class(family: str):
     if family == "sd3":
         from omnirl.models.diffusers.sd3 import SD3Adapter

@@ -166,6 +166,8 @@ class WeightSender:
         self._generation += 1
         g = self._generation
         ready, lost = self._announce(manifest, g, targets)
+        if not ready and not lost:  # every target restarted meanwhile: served by the next serve_new_members
+            return SyncReport(version, [], 0, time.perf_counter() - t0, 0, g)
         if not ready:
             raise ReceiverLost(f"weight sync v{version} (generation {g}): no receiver became ready within "
                                f"{self.timeout_s:.1f} s; lost {lost}", lost)
@@ -214,9 +216,21 @@ class WeightSender:
             store.delete_key(P.ack_key(manifest.version, w))
             P.set_json(store, P.assign_key(w), {"generation": g, "version": manifest.version,
                                                 "incarnation": self._members[w].incarnation})
-        ready, silent = P.wait_keys(store, {w: P.ready_key(g, w) for w in targets}, self.timeout_s, self._abort)
+        before = {w: self._members[w].incarnation for w in targets}
+
+        def stop() -> bool:
+            # a target that registered again (a restarted rollout worker) will never answer this
+            # generation, which names its old incarnation: stop waiting once every other target is ready
+            # (was: the whole timeout_s, then ReceiverLost, and the actor failed the job's restart-job)
+            if self._abort is not None and self._abort():
+                return True
+            self._refresh()
+            new = [w for w in targets if w in self._members and self._members[w].incarnation != before[w]]
+            return bool(new) and all(w in new or store.check([P.ready_key(g, w)]) for w in targets)
+
+        ready, silent = P.wait_keys(store, {w: P.ready_key(g, w) for w in targets}, self.timeout_s, stop)
         self._check_abort(manifest.version, g, silent)
-        lost = self._drop_lost(silent, f"not ready within {self.timeout_s:.1f} s")
+        lost = self._drop_lost(silent, f"not ready within {self.timeout_s:.1f} s", before)
         if not ready:
             store.delete_key(P.manifest_key(g))
         return ready, lost
@@ -287,18 +301,19 @@ class WeightSender:
             elif e["event"] == "leave" and w in self._members and self._members[w].incarnation == inc:
                 del self._members[w]
 
-    def _drop_lost(self, silent: list[str], why: str) -> list[str]:
+    def _drop_lost(self, silent: list[str], why: str, before: dict[str, str] | None = None) -> list[str]:
         """Evict the `silent` members, except those that registered again meanwhile; returns the evicted.
 
         A receiver whose collective broke, or which reconnected, registers a new incarnation: it is
         not lost but new (its own `receive` raised), and `serve_new_members` will serve it.
         """
-        before = {w: self._members[w].incarnation for w in silent if w in self._members}
+        if before is None:  # the incarnations the sync was announced to (`_announce` refreshes while it waits)
+            before = {w: self._members[w].incarnation for w in silent if w in self._members}
         self._refresh()
         rejoined = [w for w in silent if w in self._members and self._members[w].incarnation != before.get(w)]
         if rejoined:
-            log.warning("weight sync: %s registered again during the sync (%s); served at the next sync",
-                        rejoined, why)
+            log.warning("weight sync: %s registered again during the sync (restarted: the sync named its old "
+                        "incarnation); served at the next sync", rejoined)
         lost = [w for w in silent if w not in rejoined]
         if lost:
             self._evict(lost, why)

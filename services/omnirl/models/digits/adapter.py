@@ -166,9 +166,12 @@ def check_digits_weights(path: str | Path = "builtin") -> Path:
     """The weights file `load_digits_adapter` reads from `path`, checked to exist (not read).
 
     Raises:
-        FileNotFoundError: the directory or its model.safetensors is missing (the message names it).
+        FileNotFoundError: the directory, its config.json or model.safetensors is missing (the message names it).
+        ValueError: config.json is not a digits config.
     """
-    weights_path = _digits_directory(path) / WEIGHTS_FILE
+    directory = _digits_directory(path)
+    read_digits_config(directory)  # config.json present and a digits config: the tokenizer reads it first
+    weights_path = directory / WEIGHTS_FILE
     if not weights_path.is_file():
         raise FileNotFoundError(f"{weights_path} not found; a digits checkpoint needs {WEIGHTS_FILE} beside {CONFIG_FILE}")
     return weights_path
