@@ -98,13 +98,9 @@ def test_every_sample_scored_once_and_trained_once(tmp_path, redis_url, mode):
     assert [v["step"] for v in vals] == [0, 2, 3] and all(v["n"] == 4 for v in vals)
     assert (out / "samples" / "step-00003.png").exists()
     assert (out / "checkpoints" / "latest" / "policy.safetensors").exists()
-    # nothing pending, no trajectories or images left behind
-    client = redis.Redis.from_url(redis_url)
-    for stream, group in [("requests", "rollout"), ("samples", "reward"), ("scores", "controller"),
-                          ("control", "actor"), ("control", "controller")]:
-        groups = {g["name"].decode(): g for g in client.xinfo_groups(f"omnirl:{name}:{stream}")}
-        assert groups[group]["pending"] == 0, (stream, group)
-    assert [k for kind in ("tensors", "images") for k in client.scan_iter(match=f"omnirl:{name}:{kind}:*")] == []
+    # a run that finished on the manifest's Redis leaves nothing there: no stream, trajectory, image or flag
+    # (`preflight.mark_stopped`; the ledgers above show nothing was pending)
+    assert list(redis.Redis.from_url(redis_url).scan_iter(match=f"omnirl:{name}:*")) == []
 
 
 def test_two_fsdp_actor_ranks_train_the_job(tmp_path, redis_url):
@@ -119,10 +115,8 @@ def test_two_fsdp_actor_ranks_train_the_job(tmp_path, redis_url):
     assert [r["step"] for r in steps] == [0, 1] and [r["policy_version"] for r in steps] == [1, 2]
     state = json.loads((out / "checkpoints" / "latest" / "state.json").read_text())
     assert state["actor_ranks"] == 2 and state["policy_version"] == 2
-    client = redis.Redis.from_url(redis_url)
-    groups = {g["name"].decode(): g for g in client.xinfo_groups(f"omnirl:{name}:control")}
-    assert groups["actor"]["pending"] == 0 and groups["actor-rank1"]["pending"] == 0  # both ranks read every request
-    assert [k for kind in ("tensors", "images") for k in client.scan_iter(match=f"omnirl:{name}:{kind}:*")] == []
+    # both ranks trained both steps (an FSDP step needs every rank); the finished run left no key on the Redis
+    assert list(redis.Redis.from_url(redis_url).scan_iter(match=f"omnirl:{name}:*")) == []
 
 
 @pytest.mark.parametrize("algorithm", ["flow-grpo", "awm"])
