@@ -61,9 +61,9 @@ class _Judge(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
-@pytest.fixture()
-def judge():
-    _Judge.up.clear()
+def serve_judge(up: bool):
+    """The counting judge on a free port, its counts cleared, answering 503 until `_Judge.up` is set."""
+    (_Judge.up.set if up else _Judge.up.clear)()
     _Judge.refused.clear()
     _Judge.scored.clear()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
@@ -73,6 +73,11 @@ def judge():
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture()
+def judge():
+    yield from serve_judge(up=False)
 
 
 def _manifest(tmp_path: Path, judge_port: int) -> Path:

@@ -14,16 +14,14 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections import Counter
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import torch
 from tests.helpers import wait_until
 from tests.test_queue_reward_fetch import _sample
-from tests.test_reward_claims import _Judge, _manifest
+from tests.test_reward_claims import _Judge, _manifest, serve_judge
 
 from omnirl.transfer import TransferQueue
 
@@ -49,16 +47,7 @@ if "role" in sys.argv and "reward" in sys.argv and os.environ.get("OMNIRL_KILL_A
 @pytest.fixture()
 def judge():
     """test_reward_claims' counting judge (the scorer protocol's HTTP twin), answering from the start."""
-    _Judge.up.set()
-    _Judge.refused.clear()
-    _Judge.scored.clear()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Judge)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
+    yield from serve_judge(up=True)
 
 
 def _reward(worker: str, manifest: Path, redis_url: str, out: Path, kill_after: int = 0) -> subprocess.Popen:
