@@ -188,15 +188,16 @@ def test_a_resume_with_a_new_reward_weight_weighs_the_scores_made_before_the_sto
     finally:
         first.send_signal(signal.SIGTERM)  # as Ctrl-C
     assert _finish(first, 90)[0] == 130
-    # some of the step's 6 samples scored before the stop, not all (a loaded machine scores one more or two)
-    assert 3 <= scores() < 6 and _trained(out) == [], f"stopped too late to test this: {scores()} scored"
+    # scores made before the stop and the step not trained. A loaded machine finishes the reward role's batch in
+    # flight and scores all 6 (CI: 6); the test holds either way: scores reused at weight 1 give reward_ocr, not half
+    assert 3 <= scores() <= 6 and _trained(out) == [], f"stopped too late to test this: {_trained(out)} trained"
 
     weight = [{"name": "ocr", "kind": "ocr", "weight": 0.5, "params": {"alphabet": "0123456789"}}]
     code, output = _finish(_omnirl(_job(tmp_path, {**one, "reward": weight}), out, "--steps", "1", "--resume"), 120)
     assert code == 0, output[-3000:]
     assert ("omnirl: --resume: spec.reward[0].weight 1.0 → 0.5: the scores already made for the pending steps are "
             "combined with the new value too (reward_mean changes scale from the first resumed step)") in output
-    assert scores() == 6  # the 3 scored before the stop were not scored again
+    assert scores() == 6  # those scored before the stop were not scored again
     step = next(r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["event"] == "step")
     assert step["samples"] == 6 and step["reward_mean"] == pytest.approx(0.5 * step["reward_ocr"], abs=1e-6), step
 
