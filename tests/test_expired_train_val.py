@@ -294,3 +294,73 @@ def test_a_restarted_actor_meets_a_stored_batch_whose_tensors_are_gone(tmp_path,
             proc.kill()
             proc.wait(30)
         q.cleanup()
+
+
+# --------------------------------------------------------------------------------------- the controller (in-process)
+
+def test_a_successor_controller_regenerates_only_the_groups_of_the_lost_samples(tmp_path, redis_url, redis_client):
+    """Controller A collects step 0 (2 groups of 3) and hands it over (`kv:trainreqs` with its book), then dies.
+    Controller B gets the actor's `TrainLost` naming one sample of group 0:p: it takes the book back from Redis,
+    refills that group alone (attempt r1: new ids and seeds on the requests stream, its other tensors deleted) and
+    keeps the other group's scores and tensors; the new batch holds group 0:p's r1 samples and the other group's
+    originals, with `refills` 1. A `TrainLost` naming none of the handed batch (an earlier batch's) is ignored."""
+    from omnirl.api.messages import TrainDone, TrainLost
+    from omnirl.api.runtime import RoleEnv
+    from omnirl.controller.loop import Controller
+
+    name = "regen"
+    job = job_from_dict(yaml.safe_load(_job(tmp_path, name).read_text()))
+    env = RoleEnv(job_name=name, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=1,
+                  worker_id="controller-0", out_dir=str(tmp_path))
+    q = TransferQueue(redis_client, name)
+
+    def score(c: Controller, sid: str, gid: str, reward: float) -> None:
+        key = f"omnirl:{name}:tensors:{sid}"
+        q.redis.set(key, b"x")
+        c.books[0].record(ScoreMeta(sample_id=sid, kind="train", step=0, group_id=gid, policy_version=0, reward=reward,
+                                    rewards={"ocr": reward}, generated_at=1.0, scored_at=2.0), key)
+
+    a = Controller(job, env)
+    a._publish_step(0)
+    keys = list(a.books[0].groups)
+    for k, key in enumerate(keys):
+        for i in range(3):
+            score(a, f"{key}:{i}", key, 0.1 * (i + 3 * k))
+    book = a.books[0]
+    items, stats = a._advantages(book)
+    req = TrainRequest(step=0, policy_version=0, items=items, controller_state={"data_position": [0, 2]})
+    q.redis.hset(f"omnirl:{name}:kv:trainreqs", "0", json.dumps({"request": req.model_dump(), "stats": stats,
+                                                                 "book": book.to_json()}))
+    a.close()
+
+    b = Controller(job, env)
+    b.start_step = 0
+    lost_group, kept = keys
+    b._regenerate(TrainLost(step=0, samples=[f"{lost_group}:1"], reason="gone"))
+    before = q.stream_length(q.streams.requests)
+    b._settle(b.books[0])
+    assert q.stream_length(q.streams.requests) == before + 1
+    refill = GenerateRequest.model_validate(q.consume(q.streams.requests, "t", "t", count=10, block_ms=0)[-1].meta)
+    assert refill.group_id == f"{lost_group}r1" and [s.sample_id for s in refill.samples] == \
+        [f"{lost_group}:{i}r1" for i in range(3)]
+    assert not any(q.redis.exists(f"omnirl:{name}:tensors:{lost_group}:{i}") for i in range(3))
+    assert all(q.redis.exists(f"omnirl:{name}:tensors:{kept}:{i}") for i in range(3))
+    for i in range(3):
+        score(b, f"{lost_group}:{i}r1", f"{lost_group}r1", 0.5)
+    assert b.books[0].complete
+    items2, stats2 = b._advantages(b.books[0])
+    assert sorted(it.sample_id for it in items2) == sorted([f"{lost_group}:{i}r1" for i in range(3)] +
+                                                           [f"{kept}:{i}" for i in range(3)])
+    assert (stats2["samples"], stats2["groups"], stats2["refills"]) == (6, 2, 1)
+
+    req2 = TrainRequest(step=0, policy_version=0, items=items2)
+    q.ensure_group(q.streams.scores, "controller")
+    q.ensure_group(q.streams.control, "controller")
+    b.lost[0] = TrainLost(step=0, samples=[f"{lost_group}:1"], reason="gone")  # answered the first batch
+    q.publish(q.streams.control, TrainDone(step=0, policy_version=1, metrics={}).model_dump())
+    assert isinstance(b._wait_trained(0, req2), TrainDone)
+    lost = b.lost[0] = TrainLost(step=0, samples=[f"{kept}:0"], reason="gone")  # answers this batch
+    assert not b.trained  # the TrainDone above was taken
+    assert b._wait_trained(0, req2) is lost
+    b.close()
+    q.cleanup()
