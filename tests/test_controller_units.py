@@ -115,6 +115,10 @@ def test_validation_table_reports_the_change():
     # "training changed nothing"
     alone = validation_table(records[:1])
     assert "0.450" in alone and "→" not in alone
+    # a round whose every sample was missing (tensors expired) has no mean: no row, no TypeError
+    empty = {"event": "validation", "step": 5, "policy_version": 5, "val_reward_mean": None, "val_exact_match": None,
+             "n": 0, "missing": 4, "grid": None}
+    assert validation_table([records[0], empty, *records[1:]]) == text
 
 
 def test_background_darkness_reads_only_the_border_rows():

@@ -74,6 +74,7 @@ def test_a_sample_whose_tensors_are_gone_is_reported_failed_and_the_role_goes_on
     scores = {m.meta["sample_id"]: m.meta for m in q.consume(q.streams.scores, "c", "c", count=100, block_ms=0)}
     assert {s: (m["failed"], m["reward"]) for s, m in scores.items()} == {
         "0:0:0": (True, None), "0:0:1": (True, None), "0:0:2": (False, 0.5), "0:0:3": (False, 0.5)}
+    assert [s for s, m in sorted(scores.items()) if m["lost"]] == ["0:0:0", "0:0:1"]  # validation counts them missing
     said = re.fullmatch(
         rf"{re.escape(key0)} expired before it was read, (\d+) s after the sample was generated "
         rf"\(spec\.transferQueue\.tensorTtlSeconds {TTL_S}\); raise spec\.transferQueue\.tensorTtlSeconds above the "

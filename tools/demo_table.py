@@ -33,7 +33,8 @@ def read_run(run_dir: Path) -> tuple[float, list[dict]]:
     starts = [r["time"] for r in records if r.get("event") == "start"]
     if not starts:
         raise ValueError(f"{path}: no 'start' record, so no clock origin; is the run complete?")
-    return starts[0], [r for r in records if r.get("event") == "validation"]
+    # a round whose every sample was missing (tensors expired) has no mean to show
+    return starts[0], [r for r in records if r.get("event") == "validation" and r.get("val_reward_mean") is not None]
 
 
 def reward_at(start: float, validations: list[dict], minutes: float, launch_delay: float = 0.0) -> dict | None:

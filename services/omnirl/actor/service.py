@@ -7,7 +7,10 @@ bind fails the job before any rollout), then publish `actor_ready`.
 Per `TrainRequest`: load the samples' tensors → one algorithm step → broadcast the new policy to
 every rollout worker (they verify and acknowledge) → checkpoint if asked → `TrainDone` with the
 metrics → delete the batch's tensors. A request seen twice (redelivery) is trained once and its
-`TrainDone` published again (a successor controller may be waiting for it).
+`TrainDone` published again (a successor controller may be waiting for it). A batch whose samples'
+tensors are gone (expired after `spec.transferQueue.tensorTtlSeconds` while it waited: a slow, stopped
+or restarted actor) is not trained: `TrainLost` names them and the controller regenerates their groups
+and hands the step again (it was `MissingTensors`, a crash every restart met again).
 
 Durability: the actor's state is the authority on progress. It trains step n only right after
 n - 1 (a redelivered or replayed request of a trained step is skipped), and after every step
@@ -45,7 +48,7 @@ from omnirl.actor.ranks import Ranks
 from omnirl.actor.trainer import Trainer
 from omnirl.api.disk import append_lines
 from omnirl.api.errors import ConfigError, config_errors
-from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainRequest
+from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainLost, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.attention import select_attention
@@ -53,13 +56,21 @@ from omnirl.models.compile import while_compiling
 from omnirl.models.policy_io import step_order
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.telemetry.cpu import cpu_wait_seconds
-from omnirl.transfer import TransferQueue, kv_key
+from omnirl.transfer import MissingTensors, TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
 from omnirl.transfer.keys import STOPPED_RUN
 from omnirl.weight_sync import SyncAborted, WeightSender
 
 log = logging.getLogger("omnirl.actor")
 GROUP = "actor"
+
+
+class BatchLost(Exception):
+    """Tensors of a `TrainRequest`'s samples are gone (every rank raises it): the step is not trained."""
+
+    def __init__(self, lost: TrainLost) -> None:
+        super().__init__(lost.reason)
+        self.lost = lost
 
 
 def nothing_to_resume(latest: Path) -> str:
@@ -152,7 +163,10 @@ class ActorService:
                     self.sender.serve_new_members(self._rollout, self.version)
                 for msg in self._next_control(control, group):
                     if msg.meta.get("type") == "train":
-                        self._train(TrainRequest.model_validate(msg.meta))
+                        try:
+                            self._train(TrainRequest.model_validate(msg.meta))
+                        except BatchLost as lost:
+                            self._report_lost(lost.lost)
                     self.queue.ack(control, group, [msg.id])
         except SyncAborted:  # SIGTERM while a sync waited for rollout workers that are stopping too
             self._checkpoint_on_terminate()
@@ -241,7 +255,19 @@ class ActorService:
             req = TrainRequest.model_validate(json.loads(raw)["request"])
             log.info("replaying step %d from its stored request (after checkpoint step %d)", req.step,
                      self.checkpointed_step)
-            self._train(req, replay=True)
+            try:
+                self._train(req, replay=True)
+            except BatchLost as lost:
+                before = self.queue.get_json("actor_state")
+                if before is not None and int(before["step"]) >= req.step:  # its update cannot be rebuilt
+                    raise ConfigError(
+                        f"spec.transferQueue.tensorTtlSeconds: the job's actor had trained step {before['step']}, "
+                        f"but step {req.step}'s batch, which checkpoint {self.ckpt_root / LATEST} does not cover, "
+                        f"cannot be replayed: {lost.lost.reason}; raise tensorTtlSeconds above the time between two "
+                        "checkpoints (spec.checkpoint.everySteps) and start a fresh run in another --out "
+                        "(restarting cannot help)") from None
+                self._report_lost(lost.lost)  # handed over, never trained: the controller regenerates it
+                return
 
     def _announce(self) -> None:
         """Publish again every `TrainDone` whose metrics line no controller has written (`kv:trained`:
@@ -309,7 +335,7 @@ class ActorService:
             raise RuntimeError(f"train request for step {req.step} after step {self.trained_step}: a step is "
                                "missing (its stored request expired?)")
         t0 = time.perf_counter()
-        samples = [self._load(item) for item in req.items]
+        samples = self._load_batch(req)
         t_load, wait0 = time.perf_counter(), cpu_wait_seconds()
         metrics = self.trainer.train_step(samples, req.step)
         t_train, wait1 = time.perf_counter(), cpu_wait_seconds()
@@ -395,6 +421,39 @@ class ActorService:
     def _gather_rollout(self) -> None:
         """The rollout policy's full tensors (a collective with several ranks); the leader keeps them."""
         self._rollout = self.trainer.rollout_tensors(keep=self.ranks.leader)
+
+    def _load_batch(self, req: TrainRequest) -> list[TrainSample]:
+        """Every sample of `req` with its tensors, in order.
+
+        Raises:
+            BatchLost: on every rank when any rank found a sample's tensors gone; the leader's names every
+                sample whose key is absent by now (a key can expire between two ranks' reads).
+        """
+        samples, gone = [], False
+        for item in req.items:
+            try:
+                samples.append(self._load(item))
+            except MissingTensors:
+                gone = True
+        if self.ranks.max(float(gone)) == 0:
+            return samples
+        keys = {item.tensor_key: item.sample_id for item in req.items}
+        absent = self.queue.absent(list(keys)) if self.ranks.leader else []
+        ttl_s = self.queue.tensor_ttl_s
+        reason = (f"{len(absent)} of {len(req.items)} tensor keys were gone when the actor read step {req.step}'s "
+                  f"batch (e.g. {absent[0] if absent else '?'}): expired after spec.transferQueue.tensorTtlSeconds "
+                  f"({ttl_s:g} s), or deleted")
+        raise BatchLost(TrainLost(step=req.step, samples=[keys[k] for k in absent], reason=reason))
+
+    def _report_lost(self, lost: TrainLost) -> None:
+        """The leader tells the controller which samples of the step it could not train (one warning line
+        naming the TTL field and the fix); the step stays untrained, its request acknowledged."""
+        if not self.ranks.leader:
+            return
+        log.warning("step %d not trained: %s; the controller regenerates their groups and hands the step again. "
+                    "Raise spec.transferQueue.tensorTtlSeconds above the longest a sample waits to be trained (a "
+                    "slow, stopped or restarted actor; fully-async steps generated ahead)", lost.step, lost.reason)
+        self.queue.publish(self.queue.streams.control, lost.model_dump())
 
     def _load(self, item: TrainItem) -> TrainSample:
         t = self.queue.load_tensors(item.tensor_key)

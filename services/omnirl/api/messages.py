@@ -7,7 +7,7 @@ Streams and who reads them:
 | `requests` | controller → `rollout` | `GenerateRequest` (one prompt, G samples) |
 | `samples` | rollout → `reward` | `SampleMeta` + trajectory tensors under a key |
 | `scores` | reward → `controller` | `ScoreMeta` (points at the sample's tensor key) |
-| `control` | controller → `actor`; actor → `controller` | `TrainRequest`; `TrainDone` / `RoleFailure` |
+| `control` | controller → `actor`; actor → `controller` | `TrainRequest`; `TrainDone` / `TrainLost` / `RoleFailure` |
 
 `policy_version` has one owner, the actor: it bumps it after each update (`TrainDone`), and
 everything else copies it — rollout workers from the weight sync (stamped on `SampleMeta`), the
@@ -82,6 +82,8 @@ class ScoreMeta(_Msg):
     rewards: dict[str, float] = Field(default_factory=dict, description="Per reward name.")
     failed: bool = False
     reason: str = ""
+    lost: bool = Field(False, description="Failed because the sample's tensors were gone (expired after "
+                       "`tensorTtlSeconds`, or deleted) before it was scored: validation counts it missing.")
     generated_at: float
     scored_at: float
 
@@ -115,6 +117,17 @@ class TrainDone(_Msg):
                                                 "rollout worker); the controller adopts it.")
     metrics: dict[str, float]
     checkpoint: str | None = None
+
+
+class TrainLost(_Msg):
+    """The actor did not train step `step`: the tensors of `samples` were gone when it read the batch
+    (expired after `spec.transferQueue.tensorTtlSeconds`, or deleted). The controller regenerates their
+    groups (its refill path) and hands the step again."""
+
+    type: Literal["lost"] = "lost"
+    step: int
+    samples: list[str] = Field(..., description="Sample ids of the batch whose tensor keys are gone.")
+    reason: str
 
 
 class RoleFailure(_Msg):

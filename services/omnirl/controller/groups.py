@@ -94,6 +94,37 @@ class StepBook:
         """Every remaining group is complete."""
         return all(g.complete for g in self.groups.values())
 
+    def fail_lost(self, sample_ids: list[str], reason: str) -> list[str]:
+        """Mark the scores of `sample_ids` failed with `reason` (their tensors are gone, the actor found):
+        `_settle`'s refill path then regenerates their groups. Returns the keys of the groups marked; an id
+        that is no member of its group's current attempt (the group moved on) is skipped."""
+        wanted, marked = set(sample_ids), []
+        for key, group in self.groups.items():
+            hit = wanted & group.scores.keys()
+            for sid in hit:
+                group.scores[sid] = group.scores[sid].model_copy(update={"failed": True, "reward": None,
+                                                                          "reason": reason})
+            if hit:
+                marked.append(key)
+        return marked
+
+    def to_json(self) -> dict:
+        """The book as plain JSON values, stored with the step's `TrainRequest` (`kv:trainreqs`) so a
+        controller can refill the step's groups after the actor found tensors gone (`from_json`)."""
+        return {"step": self.step, "t_published": self.t_published, "dropped": self.dropped,
+                "refills": self.refills, "failures": self.failures,
+                "groups": {key: {"request": g.request.model_dump(), "attempt": g.attempt,
+                                 "scores": {sid: s.model_dump() for sid, s in g.scores.items()},
+                                 "tensor_keys": g.tensor_keys} for key, g in self.groups.items()}}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> StepBook:
+        """The book `to_json` stored (entry ids and leftovers are not kept: acknowledged, deleted)."""
+        groups = {key: Group(GenerateRequest.model_validate(g["request"]), g["attempt"],
+                             {sid: ScoreMeta.model_validate(s) for sid, s in g["scores"].items()}, dict(g["tensor_keys"]))
+                  for key, g in doc["groups"].items()}
+        return cls(doc["step"], doc["t_published"], groups, list(doc["dropped"]), doc["refills"], list(doc["failures"]))
+
     def drop(self, key: str, reason: str) -> Group:
         """Remove a group for good (after max attempts); returns it so its tensors can be deleted."""
         self.dropped.append(key)

@@ -34,7 +34,7 @@ from omnirl.api.errors import config_errors
 from omnirl.api.ids import parse_group_id
 from omnirl.api.judges import check_written
 from omnirl.api.loader import load_rljob
-from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainRequest
+from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainLost, TrainRequest
 from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.api.seeds import derive, group_seeds
 from omnirl.api.spec import GROUP_ATTEMPTS, RLJob
@@ -112,6 +112,7 @@ class Controller:
         self.books: dict[int, StepBook] = {}
         self.inbox: dict[int, list[Message]] = {}  # scores of steps whose book does not exist yet
         self.trained: dict[int, TrainDone] = {}
+        self.lost: dict[int, TrainLost] = {}  # the actor's latest `TrainLost` per step
         self.group_scoring = GroupScoring(spec.reward, self.queue)
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
@@ -150,32 +151,17 @@ class Controller:
         mode = self.spec.pipeline
         ahead = mode.mode == "fully-async" and mode.staleAction == "drop" and mode.maxStaleness >= 1
         for step in range(self.start_step, self.total_steps):
-            stored = self.queue.redis.hget(self._trainreqs, str(step))
-            if stored is not None:  # handed over by the predecessor, not yet trained: hand it again
-                doc = json.loads(stored)
-                req, stats, t0 = TrainRequest.model_validate(doc["request"]), doc["stats"], time.time()
-                self.data.seek(tuple(req.controller_state["data_position"]))
-                self.next_unpublished = step + 1
-                self.queue.publish(streams.control, req.model_dump())
-                self.queue.ack(streams.scores, GROUP, [m.id for m in self.inbox.pop(step, [])])
-            else:
-                if step not in self.books:
-                    self._publish_step(step)
-                t0 = self.books[step].t_published
-                entry_ids = self.books[step].entry_ids
-                items, stats = self._collect(step)
-                checkpoint = self._checkpoint_due(step)
-                req = TrainRequest(step=step, policy_version=self.version, items=items, checkpoint=checkpoint,
-                                   controller_state={"data_position": list(self.data.position)})
-                self.queue.redis.hset(self._trainreqs, str(step),
-                                      json.dumps({"request": req.model_dump(), "stats": stats}))
-                self.queue.redis.hset(self._stepstats, str(step), json.dumps(stats))
-                self.queue.publish(streams.control, req.model_dump())
-                self.queue.ack(streams.scores, GROUP, entry_ids)  # the batch is durable in kv:trainreqs now
-            t_handed = time.time()
-            if ahead and step + 1 < self.total_steps and step + 1 not in self.books:
-                self._publish_step(step + 1)
-            done = self._wait_trained(step)
+            while True:
+                req, stats, t0 = self._hand_over(step)
+                t_handed = time.time()
+                if ahead and step + 1 < self.total_steps and step + 1 not in self.books:
+                    self._publish_step(step + 1)
+                done = self._wait_trained(step, req)
+                if isinstance(done, TrainDone):
+                    break
+                self._regenerate(done)  # the actor found tensors gone: refill their groups, hand the step again
+            # a predecessor's scores of this step, kept for `_regenerate` until the step is trained
+            self.queue.ack(streams.scores, GROUP, [m.id for m in self.inbox.pop(step, [])])
             self.version = done.policy_version
             stats.update(step_seconds=time.time() - t0, handoff_to_trained_seconds=time.time() - t_handed)
             self._report(step, stats, done)
@@ -189,6 +175,61 @@ class Controller:
         if self.start_step >= self.total_steps and self.env.export:
             self._export_latest()
         return self.reporter.finished()
+
+    def _hand_over(self, step: int) -> tuple[TrainRequest, dict, float]:
+        """Hand step `step`'s batch to the actor: the one a predecessor stored (`kv:trainreqs`) and the actor
+        has not trained, else one collected now (its book — groups, scores, tensor keys — stored with it, for
+        `_regenerate`). Returns the request, the step's numbers and when its requests were published."""
+        streams = self.queue.streams
+        stored = None if step in self.books else self.queue.redis.hget(self._trainreqs, str(step))
+        if stored is not None:  # handed over by the predecessor, not yet trained: hand it again
+            doc = json.loads(stored)
+            req, stats, t0 = TrainRequest.model_validate(doc["request"]), doc["stats"], time.time()
+            self.data.seek(tuple(req.controller_state["data_position"]))
+            self.next_unpublished = step + 1
+            self.queue.publish(streams.control, req.model_dump())
+            return req, stats, t0
+        if step not in self.books:
+            self._publish_step(step)
+        book = self.books[step]
+        t0, entry_ids = book.t_published, book.entry_ids
+        items, stats = self._collect(step)
+        checkpoint = self._checkpoint_due(step)
+        req = TrainRequest(step=step, policy_version=self.version, items=items, checkpoint=checkpoint,
+                           controller_state={"data_position": list(self.data.position)})
+        self.queue.redis.hset(self._trainreqs, str(step),
+                              json.dumps({"request": req.model_dump(), "stats": stats, "book": book.to_json()}))
+        self.queue.redis.hset(self._stepstats, str(step), json.dumps(stats))
+        self.queue.publish(streams.control, req.model_dump())
+        self.queue.ack(streams.scores, GROUP, entry_ids)  # the batch is durable in kv:trainreqs now
+        return req, stats, t0
+
+    def _regenerate(self, lost: TrainLost) -> None:
+        """The actor did not train `lost.step`: some samples' tensors were gone (expired after
+        `spec.transferQueue.tensorTtlSeconds`, or deleted). Its book comes back from `kv:trainreqs` (this
+        controller's or a predecessor's hand-over), the lost samples' scores are marked failed and
+        `_collect`'s `_settle` refills their groups — the path of a sample the reward role found gone — while
+        the other groups and their tensors are kept; the step is handed over again once they are complete.
+        `kv:trainreqs` keeps the old batch until the new one replaces it: a successor meets the same loss.
+
+        Raises:
+            JobFailed: the stored batch holds no book (stored by an omnirl before this one).
+        """
+        step = lost.step
+        stored = self.queue.redis.hget(self._trainreqs, str(step))
+        doc = json.loads(stored) if stored is not None else {}
+        if "book" not in doc:
+            raise JobFailed(f"step {step}: the actor found the tensors of {len(lost.samples)} sample(s) gone "
+                            f"({lost.reason}) and the stored batch names no groups to regenerate; raise spec."
+                            "transferQueue.tensorTtlSeconds and start the run again")
+        book = StepBook.from_json(doc["book"])
+        self.books[step] = book
+        self.next_unpublished = max(self.next_unpublished, step + 1)
+        for m in self.inbox.pop(step, []):  # a predecessor's scores of refills it published already
+            self._file_score(m)
+        groups = book.fail_lost(lost.samples, lost.reason)
+        log.warning("step %d: the actor found the tensors of %d sample(s) gone, not trained: regenerating %d "
+                    "group(s) (%s)", step, len(lost.samples), len(groups), ", ".join(groups[:4]))
 
     def _report(self, step: int, stats: dict, done: TrainDone) -> None:
         """Write the step's line, then forget the step's numbers kept for a successor. A result the
@@ -298,6 +339,9 @@ class Controller:
             if kind == "trained":
                 done = TrainDone.model_validate(m.meta)
                 self.trained[done.step] = done
+            elif kind == "lost":
+                lost = TrainLost.model_validate(m.meta)
+                self.lost[lost.step] = lost
             elif kind == "failure":
                 q.ack(streams.control, GROUP, [m.id])
                 raise RoleFailed(f"{m.meta['role']} {m.meta['worker']} failed: {m.meta['reason']}")
@@ -416,8 +460,14 @@ class Controller:
                 raise JobFailed(f"the actor was not ready after {timeout_s:.0f} s, twice failurePolicy."
                                 "startupDeadlineSeconds + progressDeadlineSeconds (no rollout worker registered?)")
 
-    def _wait_trained(self, step: int) -> TrainDone:
+    def _wait_trained(self, step: int, req: TrainRequest) -> TrainDone | TrainLost:
+        """The actor's answer to `req`: its `TrainDone`, or `TrainLost` naming samples of `req` whose tensors
+        were gone (one naming none of them answered an earlier batch of the step, already regenerated)."""
+        ids = {item.sample_id for item in req.items}
         while step not in self.trained:
+            lost = self.lost.pop(step, None)
+            if lost is not None and ids.intersection(lost.samples):
+                return lost
             self._check_terminated()
             self._pump(block_ms=100)
         for old in [s for s in self.trained if s < step]:  # results the actor published again

@@ -141,10 +141,12 @@ class Reporter:
         self.validations.append(summary)
         self._write({"event": "validation", "time": time.time(), **summary})
         self.meters.record_validation(summary)
-        exact = summary["val_exact_match"]  # None: no OCR-rule reward, nothing to match
-        log.info("validation after %d training steps (v%d): reward %.3f%s (n=%d, %.1f s) grid %s",
-                 summary["step"], summary["policy_version"], summary["val_reward_mean"],
-                 "" if exact is None else f" exact {exact:.3f}", summary["n"], summary["val_seconds"], summary["grid"])
+        exact, mean = summary["val_exact_match"], summary["val_reward_mean"]  # exact None: no OCR-rule reward
+        missing = summary.get("missing", 0)  # samples whose tensors were gone: not in the means
+        log.info("validation after %d training steps (v%d): reward %s%s (n=%d%s, %.1f s) grid %s",
+                 summary["step"], summary["policy_version"], "—" if mean is None else f"{mean:.3f}",
+                 "" if exact is None else f" exact {exact:.3f}", summary["n"],
+                 f", {missing} missing" if missing else "", summary["val_seconds"], summary["grid"])
 
     def stalled(self, text: str) -> None:
         """Name the roles without a recent heartbeat (log, and the RLJob's `status.stalled`)."""

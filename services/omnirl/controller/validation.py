@@ -5,10 +5,16 @@ Each validation publishes one ODE request per held-out prompt (`omnirl.rollout.r
 through its in-process engine and scores with the same weighted rewards, so the number in
 `metrics.jsonl` and the one `omnirl eval --checkpoint` prints agree. It writes an image grid
 `OUT/samples/step-XXXXX.png` of the first 32 prompts with their rewards.
+
+A sample whose tensors are gone before the round is summarised (expired after
+`spec.transferQueue.tensorTtlSeconds`, or deleted: the reward role's `lost` score, or an image gone when
+the grid reads it) is left out and counted: the line's `n` is the samples the mean is over, `missing` the
+others, and one warning names them and the fix; the job goes on (a lost sample failed the job before).
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,9 +27,10 @@ from omnirl.controller.data import read_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.reward.text import exact_match, text_rewards
 from omnirl.rollout.requests import heldout_request
-from omnirl.transfer import TransferQueue
+from omnirl.transfer import MissingTensors, TransferQueue
 
 GRID_SIZE = 32
+log = logging.getLogger("omnirl.controller")
 
 
 def background_darkness(images: list[np.ndarray], rows: int = 2) -> float:
@@ -84,34 +91,56 @@ class Validator:
         return self.round is not None and len(self.scores) == len(self.prompts)
 
     def finish(self) -> dict:
-        """Summarise the round, write its grid, delete its tensors.
+        """Summarise the round over the samples it has, write their grid, delete the round's tensors.
+
+        Returns the `validation` line: `n` samples in the means, `missing` samples whose tensors were gone
+        (the reward role's `lost` scores, images gone before this read); the means are None when `n` is 0.
 
         Raises:
-            SampleUnscored: a sample's scoring failed (after the reward role's own retries).
+            SampleUnscored: a sample's scoring failed for another reason (after the reward role's own retries).
         """
-        failed = [s for s in self.scores.values() if s.failed]
+        failed = [s for s in self.scores.values() if s.failed and not s.lost]
         if failed:
             raise SampleUnscored(f"validation sample {failed[0].sample_id} could not be scored: {failed[0].reason}")
-        rewards = [self.scores[i].reward for i in range(len(self.prompts))]
-        images = [self.queue.load_image(self.keys[i]).numpy() for i in range(len(self.prompts))]
-        first = list(range(min(GRID_SIZE, len(self.prompts))))
+        missing = {i: s.reason for i, s in self.scores.items() if s.lost}
+        images: dict[int, np.ndarray] = {}
+        for i in range(len(self.prompts)):
+            if i in missing:
+                continue
+            try:
+                images[i] = self.queue.load_image(self.keys[i]).numpy()
+            except MissingTensors as err:  # e.g. a controller stopped for longer than the TTL mid-round
+                missing[i] = (f"{err.key} was gone when the controller read it for the round, "
+                              f"{time.time() - self.scores[i].generated_at:.0f} s after the sample was generated "
+                              f"(spec.transferQueue.tensorTtlSeconds {self.queue.tensor_ttl_s:g}); raise spec."
+                              "transferQueue.tensorTtlSeconds above the longest a validation round takes")
+        have = sorted(images)  # prompt indices in the means
+        rewards = [self.scores[i].reward for i in have]
+        first = have[:GRID_SIZE]
         grid = self.out / "samples" / f"step-{self.round:05d}.png"
-        save_image_grid([images[i] for i in first], grid, ncols=8, captions=[f"{rewards[i]:.2f}" for i in first])
+        if first:
+            save_image_grid([images[i] for i in first], grid, ncols=8,
+                            captions=[f"{self.scores[i].reward:.2f}" for i in first])
         self.queue.delete_tensors(list(self.keys.values()))
+        if missing:
+            lost = sorted(missing)
+            log.warning("validation at step %d: %d of %d samples missing, left out of the means (n=%d): %s: %s",
+                        self.round, len(lost), len(self.prompts), len(have),
+                        ", ".join(self.scores[i].sample_id for i in lost[:4]) + (" …" if len(lost) > 4 else ""),
+                        missing[lost[0]])
         summary = {
-            "step": self.round, "policy_version": self.version, "n": len(rewards),
-            "val_reward_mean": sum(rewards) / len(rewards),
+            "step": self.round, "policy_version": self.version, "n": len(have), "missing": len(missing),
+            "val_reward_mean": sum(rewards) / len(rewards) if rewards else None,
             # each OCR-rule reward's own score, not the weighted sum (None: the job matches no text)
-            "val_exact_match": exact_match([self.scores[i].rewards for i in range(len(self.prompts))],
-                                           text_rewards(self.spec.reward)),
-            "val_background_darkness": background_darkness(images),
-            "val_seconds": time.time() - self.t0, "grid": str(grid),
+            "val_exact_match": exact_match([self.scores[i].rewards for i in have], text_rewards(self.spec.reward)),
+            "val_background_darkness": background_darkness([images[i] for i in have]) if have else None,
+            "val_seconds": time.time() - self.t0, "grid": str(grid) if first else None,
         }
         for spec in self.spec.reward:  # each per-sample component's raw mean, e.g. val_reward_ocr
             if spec.kind in GROUP_KINDS:  # a validation group has one sample: no group scorer runs
                 continue
-            parts = [s.rewards[spec.name] for s in self.scores.values() if spec.name in s.rewards]
+            parts = [self.scores[i].rewards[spec.name] for i in have if spec.name in self.scores[i].rewards]
             summary[f"val_reward_{spec.name}"] = sum(parts) / len(parts) if parts else None
-            summary[f"val_component_missing_{spec.name}"] = len(rewards) - len(parts)  # a non-required one failed
+            summary[f"val_component_missing_{spec.name}"] = len(have) - len(parts)  # a non-required one failed
         self.round = None
         return summary

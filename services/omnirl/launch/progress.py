@@ -38,7 +38,7 @@ class Progress:
             if rec.get("event") == "step":
                 self.reward = rec["reward_mean"]
                 self.bar.update(self.task, completed=rec["step"] + 1)
-            elif rec.get("event") == "validation":
+            elif rec.get("event") == "validation" and rec["val_reward_mean"] is not None:  # None: every sample missing
                 self.val = rec["val_reward_mean"]
         info = []
         if self.reward is not None:
@@ -55,7 +55,8 @@ class Progress:
 
 def validation_table(records: list[dict]) -> str:
     """The held-out reward by step as a printed table ('' when the run had no validation)."""
-    vals = [r for r in records if r.get("event") == "validation"]
+    # a round whose every sample was missing (tensors expired) has no mean: its line counts them, no row here
+    vals = [r for r in records if r.get("event") == "validation" and r["val_reward_mean"] is not None]
     if not vals:
         return ""
     steps = {r["step"]: r for r in records if r.get("event") == "step"}

@@ -139,7 +139,7 @@ class RewardService:
             score = ScoreMeta(
                 sample_id=meta.sample_id, kind=meta.kind, step=meta.step, group_id=meta.group_id,
                 policy_version=meta.policy_version, reward=reward, rewards=per_name, failed=reward is None,
-                reason=reason, generated_at=meta.generated_at, scored_at=now,
+                reason=reason, lost=i in lost, generated_at=meta.generated_at, scored_at=now,
             )
             published = self.queue.publish(self.queue.streams.scores, score.model_dump(), tensor_key=msg.tensor_key,
                                            done_kind="reward")
@@ -154,8 +154,8 @@ class RewardService:
 
         A sample whose image key expired (`spec.transferQueue.tensorTtlSeconds` passed before it was
         scored: a reward role stopped or backed up) or was deleted can never be scored. It is reported
-        as a failed score, the controller's path for a lost member: its group is refilled (or dropped
-        after the last attempt), a validation round fails the job naming the reason. Raising instead
+        as a failed score marked `lost`, the controller's path for a lost member: its group is refilled (or
+        dropped after the last attempt), a validation round reports it missing (`val_missing`). Raising instead
         crashed the role, and its successor met the same sample first: restart after restart until
         `failurePolicy.maxRestarts`. One warning line per batch names the samples and the fix.
 
@@ -178,7 +178,7 @@ class RewardService:
             ids = [metas[i].sample_id for i in lost]
             kinds = {metas[i].kind for i in lost}
             then = "; ".join(what for kind, what in (("train", "a training sample's group is refilled"),
-                                                     ("val", "a validation sample fails the job")) if kind in kinds)
+                                                     ("val", "a validation sample is counted missing")) if kind in kinds)
             log.warning("reward: %d sample(s) lost, reported failed (%s): %s%s: %s", len(ids), then,
                         ", ".join(ids[:4]), " …" if len(ids) > 4 else "", next(iter(lost.values())))
         return images, lost

@@ -96,8 +96,9 @@ class Meters:
                 self.counters[name].add(int(s[key]), a)
 
     def record_validation(self, v: dict) -> None:
-        """Record a validation round's mean reward."""
-        self.gauges[N.VALIDATION_REWARD].set(float(v["val_reward_mean"]), self.attrs)
+        """Record a validation round's mean reward (none when every sample of the round was missing)."""
+        if v["val_reward_mean"] is not None:
+            self.gauges[N.VALIDATION_REWARD].set(float(v["val_reward_mean"]), self.attrs)
 
     def record_queue(self, stream: str, depth: int, lag: int) -> None:
         """Queue depth (entries held) and lag (not yet delivered) of one stream."""

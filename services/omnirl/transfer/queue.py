@@ -356,6 +356,14 @@ class TransferQueue:
         """
         return self._get(image_key(self._tensor_key_of(msg_or_key)))["image"]
 
+    def absent(self, keys: list[str]) -> list[str]:
+        """The tensor keys of `keys` that no longer exist (expired after `tensor_ttl_s`, or deleted), in
+        order; one pipelined EXISTS each."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.exists(self._check_tensor_key(key))
+        return [key for key, n in zip(keys, pipe.execute(), strict=True) if not n]
+
     def delete_tensors(self, keys: list[str] | str) -> int:
         """UNLINK tensor keys (a str or a list) and their image keys; returns how many keys existed."""
         keys = [keys] if isinstance(keys, str) else list(keys)
