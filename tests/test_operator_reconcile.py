@@ -289,11 +289,12 @@ def test_a_spec_edit_restarts_a_running_job_visibly_and_leaves_a_finished_one_al
 
             # 3 steps trained (the controller pod's status.step): the new pods do not get the emptyDir back, and the
             # progress in Redis makes the new actor exit 4 (it said "training starts again from step 0"); a new
-            # reward weight is accepted and said
+            # reward weight and another model.dtype are accepted and said (api/resume.py::resume_notes)
             await cluster.set_status("batch/v1", "Job", NS, "edited-controller", {"active": 1, "ready": 1})
             await cluster.patch(*rljob, NS, "edited", {"status": {"step": 3}}, sub="status")
             await cluster.patch(*rljob, NS, "edited", {"spec": {"reward": [{"name": "ocr", "kind": "ocr",
-                                                                            "weight": 0.5}]}})
+                                                                            "weight": 0.5}],
+                                                                "model": {"dtype": "bfloat16"}}})
             out = await step(cluster, 3)
             assert out.events == [("Normal", "SpecChanged", (
                 "spec changed (generation 3): the controller Job is replaced and every role's pods restart with the "
@@ -302,7 +303,9 @@ def test_a_spec_edit_restarts_a_running_job_visibly_and_leaves_a_finished_one_al
                 "fails (ConfigurationError); to start over, delete the RLJob and apply it again; to keep the progress "
                 "across an edit, set spec.storage; spec.reward[0].weight 1.0 → 0.5: the scores already made for the "
                 "pending steps are combined with the new value too (reward_mean changes scale from the first resumed "
-                "step)"))]
+                "step); spec.model.dtype 'float32' → 'bfloat16': the checkpoint's weights and AdamW state load cast to "
+                "bfloat16 (rounded to 8 significant bits; measured on the built-in model after 4 optimizer steps: an "
+                "error 15% the size of what training had changed), and training goes on in bfloat16"))]
             assert (await step(cluster, 3)).events == []  # said once; the new controller Job is created
 
             await cluster.set_status("batch/v1", "Job", NS, "edited-controller", {
