@@ -57,6 +57,9 @@ GROUP_ATTEMPTS = 3
 """Attempts of a prompt group in one step: a failed (or too stale) group is generated again up to
 twice, then dropped (the controller); every attempt's scores stay in their stream until the step is
 collected, which `transferQueue.maxStreamLength` must hold."""
+JUDGE_STARTUP_S = 900
+"""`reward[].server.startupSeconds` by default: 15 minutes, for a judge that loads a large model (a VLM's weights
+from a network volume); the operator's judge startup probe allowed this long before the field existed."""
 # Families whose adapter has `velocity_packed` (mixed shapes in one forward); tests keep this in sync.
 PACKED_FAMILIES: tuple[str, ...] = ("sd3",)
 # Families whose velocity and gradients with cuDNN attention matched torch's own kernel choice on the
@@ -408,6 +411,11 @@ class RewardServerSpec(SpecModel):
                          "scorer protocol, `/v1` for an OpenAI-compatible server); not for kind grpc (host:port).")
     healthPath: str | None = Field(None, pattern=r"^/", description="HTTP path answering 200 when the server is "
                                    "ready (`/health` on vLLM); null = ready once the port accepts connections.")
+    startupSeconds: int = Field(
+        JUDGE_STARTUP_S, ge=1, le=86400, description="How long the server may take from its start to its first "
+        "answer (healthPath, else the port), loading its model. `omnirl run` and `omnirl eval` give up after it "
+        "(at once, with its exit code and log, when its process exits); on Kubernetes its container's startup "
+        "probe allows as long (10 s periods) before the kubelet restarts it.")
     template: dict[str, Any] | None = Field(
         None, description="Optional PodTemplateSpec merged over the judge's generated one (user fields win; its "
         "container is named `judge`): node pools (nodeSelector, tolerations), imagePullSecrets, env. Ignored by "
