@@ -273,8 +273,8 @@ def _stored_manifest(stored_spec: dict[str, Any] | None) -> dict[str, Any] | Non
 
 
 def resume_note_of(stored_spec: dict[str, Any] | None, job: RLJob) -> str | None:
-    """The accepted changes of an edit to the pending work (new reward weights: `api/resume.py::resume_notes`),
-    against the job's ConfigMap; None without one or without such a change."""
+    """The accepted changes of an edit to the pending work (new reward weights, another `model.dtype`:
+    `api/resume.py::resume_notes`), against the job's ConfigMap; None without one or without such a change."""
     before = _stored_manifest(stored_spec)
     return None if before is None else resume_notes(before, dump_rljob(job))
 
