@@ -62,7 +62,7 @@ def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path,
                          str(out / "checkpoints" / "latest"), "--out", str(tmp_path / "eval")],
                         capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert ev.returncode == 0, ev.stdout + ev.stderr
-    pid = int(re.search(r"omnirl: judge judge starting on port \d+ \(pid (\d+)\)", ev.stdout)[1])
+    pid = int(re.search(r"omnirl: judge judge starting on port \d+ \(pid (\d+);", ev.stdout)[1])
     assert not Path(f"/proc/{pid}").exists(), f"the judge eval started (pid {pid}) outlived it"
     version = int(re.search(r"policy_version (\d+)", ev.stdout)[1])
     (val,) = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())

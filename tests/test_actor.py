@@ -21,7 +21,7 @@ def spec(**algorithm) -> RLJobSpec:
     lora = algorithm.pop("lora", False)
     return RLJobSpec.model_validate({
         "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}],
-        "algorithm": algorithm, "model": {"lora": {"enabled": lora, "rank": 4, "alpha": 8}},
+        "algorithm": algorithm, "model": {"lora": {"enabled": True, "rank": 4, "alpha": 8} if lora else {}},
     })
 
 
@@ -259,3 +259,33 @@ def test_nft_loss_metric_is_the_closed_form_at_the_first_step(rollouts):
                 values.append(float(diff.pow(2).mean() / diff.abs().mean().clamp_min(1e-5)))
     assert metrics["loss"] == pytest.approx(sum(values) / len(values), rel=1e-5)
     assert metrics["kl"] == 0.0  # θ is still the reference when the loss is computed
+
+
+@pytest.mark.parametrize(("saved", "loaded"), [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32)])
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_checkpoint_loads_cast_into_another_dtype(rollouts, tmp_path, saved, loaded, lora):
+    """What `api/resume.py::resume_notes` says of a `model.dtype` change on resume: the weights and AdamW's moments
+    load cast to the new dtype (float32 → bfloat16 rounds them), and training goes on in it."""
+    adapter, samples = rollouts
+    job = spec(name="flow-grpo", lora=lora, optimizer={"learningRate": 1e-3})
+
+    def trainer(dtype: torch.dtype) -> Trainer:  # the actor loads the model in model.dtype, then builds its Trainer
+        copied = copy.deepcopy(adapter)
+        copied.module.to(dtype)
+        return Trainer(copied, job)
+
+    first = trainer(saved)
+    first.train_step(samples, step=0)
+    first.save(tmp_path, step=0, state={"policy_version": 1, "data_position": [0, 3]})
+    theta = first.policies.trained_tensors()
+
+    assert {v.dtype for v in theta.values()} == {saved}
+    resumed = trainer(loaded)
+    resumed.load(tmp_path)
+    now = resumed.policies.trained_tensors()
+    assert {v.dtype for v in now.values()} == {loaded}
+    assert all(torch.equal(now[k], theta[k].to(loaded)) for k in theta)
+    moments = [v for st in resumed.optimizer.state.values() for k, v in st.items() if k.startswith("exp_avg")]
+    assert moments and {v.dtype for v in moments} == {loaded}
+    resumed.train_step(samples, step=1)
+    assert all(torch.isfinite(v).all() for v in resumed.policies.trained_tensors().values())

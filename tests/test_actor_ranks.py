@@ -45,7 +45,7 @@ def _spec(case: str) -> RLJobSpec:
     algorithm = copy.deepcopy(CASES[case])
     lora = algorithm.pop("lora", False)
     return RLJobSpec.model_validate({"data": {"trainPrompts": "p.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}],
-                                     "algorithm": algorithm, "model": {"lora": {"enabled": lora, "rank": 4, "alpha": 8}}})
+                                     "algorithm": algorithm, "model": {"lora": {"enabled": True, "rank": 4, "alpha": 8} if lora else {}}})
 
 
 def _samples() -> tuple:

@@ -8,7 +8,7 @@ import pytest
 from pydantic import ValidationError
 
 from omnirl.api.errors import FieldProblem, ManifestError, format_value
-from omnirl.api.loader import job_from_dict
+from omnirl.api.loader import dump_rljob, job_from_dict
 from omnirl.api.problems import dotted, problem_lines, walk
 from omnirl.api.spec import AlgorithmSpec, NFTSpec, RLJob, RLJobSpec, RolesSpec, RSSpec
 
@@ -625,3 +625,32 @@ def test_a_reward_named_like_a_step_statistic_is_refused() -> None:
             f'spec.reward[0].name: "{name}" is invalid: is reserved: metrics name each reward reward_<name>, '
             "val_reward_<name> and omnirl_reward_mean{reward=<name>}, and this one is the whole reward's (mean, std, "
             f"seconds, latency_seconds, total are taken); rename it, e.g. {name}-score"]
+
+
+LORA_OFF = ("is invalid: LoRA is off (lora.enabled is not true), so {names} would be ignored and all weights "
+            "trained; set lora.enabled: true to train LoRA adapters, or remove {names}")
+
+
+@pytest.mark.parametrize(("lora", "written", "names"), [
+    ({"rank": 8}, '{"rank": 8}', "rank"),
+    ({"rank": 8, "alpha": 16, "targetModules": ["qkv"]}, '{"rank": 8, "alpha": 16.0, "targetModules": ["qkv"]}',
+     "rank, alpha and targetModules"),
+    ({"rank": 32}, '{"rank": 32}', "rank"),  # the default, but written without `enabled`: they believe LoRA is on
+    ({"enabled": False, "alpha": 16.0}, '{"alpha": 16.0}', "alpha"),  # explicitly off: alpha 16 still does nothing
+])
+def test_lora_settings_without_lora_enabled_are_refused(lora: dict, written: str, names: str) -> None:
+    # `lora: {rank: 8, alpha: 16}` without `enabled: true` passed validate, and `omnirl run` trained all weights
+    # (weight sync 7471360 bytes: the full model, 37 modules) while the user believed rank-8 adapters were trained
+    assert _lines({"model": {"lora": lora}}) == [f"spec.model.lora: {written} " + LORA_OFF.format(names=names)]
+    on = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "model": {"lora": {**lora, "enabled": True}}}})
+    assert on.spec.model.lora.enabled and on.spec.model.lora.ignored() == {}
+
+
+def test_a_dumped_lora_off_block_still_loads() -> None:
+    # dump_rljob writes every field: `enabled: false` beside the defaults (run directories' job.yaml, which
+    # `omnirl export` and `omnirl eval` read back) sets nothing and stays valid
+    job = job_from_dict(MINIMAL)
+    dumped = dump_rljob(job)
+    assert dumped["spec"]["model"]["lora"] == {"enabled": False, "rank": 32, "alpha": 64.0, "targetModules": []}
+    assert job_from_dict(dumped) == job
+    assert job_from_dict({**MINIMAL, "spec": {**MINIMAL["spec"], "model": {"lora": {"enabled": False, "rank": 32}}}})

@@ -56,6 +56,15 @@ def untokenizable_prompt(tmp: Path) -> str:
     return str(path)
 
 
+def lora_settings_without_enabled(tmp: Path) -> str:
+    """The NFT example with `model.lora: {rank: 8, alpha: 16}` but no `enabled: true`."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["model"]["lora"] = {"rank": 8, "alpha": 16}
+    path = tmp / "lora.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
 def with_judge_server(tmp: Path) -> str:
     """The NFT example plus an http judge the job runs itself (`reward[].server`, no url), whose command
     this machine does not have."""
@@ -213,6 +222,12 @@ CASES = {
     "run-invalid-manifest": (lambda t: ["run", bad_manifest(t)], "omnirl run: ", "spec.algorithm.groupSize"),
     "run-missing-prompt-file": (lambda t: ["run", missing_prompts(t), "--out", str(t / "o")], "omnirl run: ",
                                 "spec.data.trainPrompts: "),
+    # `omnirl run` trained all weights while the user believed rank-8 adapters were trained (api/spec.py LoRASpec)
+    "run-lora-settings-without-enabled": (
+        lambda t: ["run", lora_settings_without_enabled(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
+        'lora.yaml: spec.model.lora: {"rank": 8, "alpha": 16.0} is invalid: LoRA is off (lora.enabled is not true), '
+        "so rank and alpha would be ignored and all weights trained; set lora.enabled: true to train LoRA adapters, "
+        "or remove rank and alpha (line 10)"),
     "run-zero-steps": (lambda t: ["run", NFT, "--steps", "0"], "omnirl run: ", "--steps 0: must be >= 1"),
     "run-out-holds-a-run": (lambda t: ["run", NFT, "--out", existing_run(t)], "omnirl run: ", "pass --resume"),
     "run-out-is-a-file": (lambda t: ["run", NFT, "--out", HELDOUT], "omnirl run: ", "is a file, not a directory"),
@@ -367,6 +382,16 @@ def test_user_errors_exit_2_with_one_line_naming_the_fix(case, tmp_path, capsys,
     assert code == 2, err
     assert len(lines) == 1 and lines[0].startswith(prefix) and fix in lines[0], err
     assert not (tmp_path / "o").exists()  # a dead --ray-address is refused before the run dir is made
+
+
+def test_validate_refuses_lora_settings_without_enabled(tmp_path, capsys):
+    # the same line as `omnirl run` (a manifest validate accepts must run as written), on stdout, exit 2
+    path = lora_settings_without_enabled(tmp_path)
+    assert main(["validate", path]) == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f'{path}: spec.model.lora: {{"rank": 8, "alpha": 16.0}} is invalid: LoRA is off (lora.enabled is not true), so '
+        "rank and alpha would be ignored and all weights trained; set lora.enabled: true to train LoRA adapters, or "
+        "remove rank and alpha (line 10)"]
 
 
 @pytest.mark.parametrize("value", ["abc", "70000", "-1"])

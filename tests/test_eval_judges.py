@@ -69,7 +69,7 @@ def test_eval_serves_the_judge_scores_with_it_and_stops_it(tmp_path, capsys):
     seconds = time.monotonic() - t0
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stderr == "", proc.stderr
-    port, pid = map(int, re.search(r"omnirl: judge judge starting on port (\d+) \(pid (\d+)\)", proc.stdout).groups())
+    port, pid = map(int, re.search(r"omnirl: judge judge starting on port (\d+) \(pid (\d+);", proc.stdout).groups())
     assert gone(pid), f"the judge eval started (pid {pid}) outlived it"
     with socket.socket() as s:
         assert s.connect_ex(("127.0.0.1", port)) != 0
@@ -109,15 +109,18 @@ def test_eval_serves_the_judge_scores_with_it_and_stops_it(tmp_path, capsys):
 
 def test_a_judge_that_exits_ends_eval_with_one_line_naming_the_field(tmp_path, capsys):
     job = manifest(tmp_path, "dead", served({"command": [sys.executable, "-c",
-                                                         "print('no model at /models/qwen'); raise SystemExit(3)"]}))
+                                                         "print('no model at /models/qwen'); raise SystemExit(3)"],
+                                                "startupSeconds": 20}))  # what a broken fix would wait out
     out = tmp_path / "o"
     t0 = time.monotonic()
     assert cli_main(["eval", str(job), "--out", str(out)]) == 1
     assert time.monotonic() - t0 < 30  # not the 600 s a judge that never listens is given
     out_text, err = capsys.readouterr()
-    assert gone(int(re.search(r"\(pid (\d+)\)", out_text)[1]))
+    assert gone(int(re.search(r"\(pid (\d+);", out_text)[1]))
     log = out / "logs" / "judge-judge.log"
-    assert err == (f"omnirl eval: spec.reward[0].server: judge judge exited 3 before answering; its log {log} ends: "
-                   "'no model at /models/qwen'; fix the judge's command or model, or run the judge yourself and give "
-                   "spec.reward[0].url instead of server; nothing written\n")
+    assert re.fullmatch(
+        r"omnirl eval: spec\.reward\[0\]\.server: judge judge exited 3 \d+\.\d s after it started, before it answered "
+        rf"on port \d+; its log {re.escape(str(log))} ends: 'no model at /models/qwen'; fix the judge's command or "
+        r"model \(spec\.reward\[0\]\.server\), or run the judge yourself and give spec\.reward\[0\]\.url instead of "
+        r"server; nothing written\n", err), err
     assert not (out / "rewards.json").exists() and not (out / "grid.png").exists()

@@ -78,7 +78,7 @@ def test_the_export_keeps_the_judge_server_and_eval_of_it_serves_the_judge(tmp_p
     ev = cli("eval", str(export / "job.yaml"), "--checkpoint", str(out / "checkpoints" / "latest"),
              "--out", str(tmp_path / "eval"), timeout=300)
     assert ev.returncode == 0, ev.stdout + ev.stderr
-    pid = int(re.search(r"omnirl: judge judge starting on port \d+ \(pid (\d+)\)", ev.stdout)[1])
+    pid = int(re.search(r"omnirl: judge judge starting on port \d+ \(pid (\d+);", ev.stdout)[1])
     assert not Path(f"/proc/{pid}").exists(), f"the judge eval started (pid {pid}) outlived it"
     version = json.loads((export / "export.json").read_text())["policy_version"]
     (val,) = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())

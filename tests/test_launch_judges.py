@@ -3,9 +3,12 @@ the port reaches the server, a dead or deaf server is named with the fix, and ea
 
 from __future__ import annotations
 
+import os
+import re
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,7 +38,7 @@ def job_with(tmp_path: Path, server: dict) -> RLJob:
 
 def test_a_judge_reading_the_port_from_its_environment_is_started_wired_and_stopped(tmp_path):
     job = job_with(tmp_path, {"command": [sys.executable, "-c", ENV_PORT_SERVER]})
-    judges, wired = start_judges(job, tmp_path / "logs", timeout_s=60)
+    judges, wired = start_judges(job, tmp_path / "logs")
     try:
         (j,) = judges
         assert wired.spec.reward[1].url == f"http://127.0.0.1:{j.port}/v1/score" and wired.spec.reward[1].server is None
@@ -51,7 +54,7 @@ KILLED_LAUNCHER = """
 import sys, time
 from omnirl.api.loader import load_rljob
 from omnirl.reward.servers import start_judges
-judges, _ = start_judges(load_rljob(sys.argv[1]), __import__("pathlib").Path(sys.argv[2]), timeout_s=60)
+judges, _ = start_judges(load_rljob(sys.argv[1]), __import__("pathlib").Path(sys.argv[2]))
 print("judge pid", judges[0].proc.pid, flush=True)
 time.sleep(120)
 """
@@ -84,26 +87,85 @@ def test_a_judge_dies_with_a_sigkilled_launcher(tmp_path):
             os.kill(pid, signal.SIGKILL)
 
 
-def test_a_judge_that_exits_is_named_with_its_log(tmp_path):
-    job = job_with(tmp_path, {"command": [sys.executable, "-c", "print('no GPU here'); raise SystemExit(3)"]})
-    with pytest.raises(JudgeFailed, match=r"judge judge exited 3 before answering:\nno GPU here"):
-        start_judges(job, tmp_path / "logs", timeout_s=60)
-
-
-def test_a_judge_that_never_listens_on_its_port_names_the_fix(tmp_path):
-    job = job_with(tmp_path, {"command": [sys.executable, "-c", "import time; time.sleep(60)"]})
+def test_a_judge_that_exits_is_named_at_once_with_its_exit_code_and_log(tmp_path):
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", "print('no GPU here'); raise SystemExit(3)"],
+                              "startupSeconds": 15})  # a bound a broken fix would wait out, failing the test
+    t0 = time.monotonic()
     with pytest.raises(JudgeFailed) as err:
-        start_judges(job, tmp_path / "logs", timeout_s=1)
-    assert "its command must listen on that port: pass it '{port}' (e.g. args: [--port, '{port}']) or read " \
-           "$OMNIRL_JUDGE_PORT" in str(err.value), err.value
+        start_judges(job, tmp_path / "logs")
+    assert time.monotonic() - t0 < 10  # not its startupSeconds (900)
+    log = tmp_path / "logs" / "judge-judge.log"
+    assert re.fullmatch(
+        rf"spec\.reward\[1\]\.server: judge judge exited 3 \d+\.\d s after it started, before it answered on port "
+        rf"\d+; its log {re.escape(str(log))} ends: 'no GPU here'; fix the judge's command or model "
+        r"\(spec\.reward\[1\]\.server\), or run the judge yourself and give spec\.reward\[1\]\.url instead of server",
+        str(err.value)), err.value
+    assert err.value.tail == ["no GPU here"] and err.value.log == log
 
 
+def test_a_judge_that_never_listens_is_given_its_startup_seconds_and_says_it_waits(tmp_path, monkeypatch, capsys):
+    # a judge that sleeps without listening kept `omnirl run` waiting 600 s (a constant) before any word
+    monkeypatch.setattr(servers, "WAIT_NOTE_S", 0.5)
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", "print('loading', flush=True); "
+                                                                "import time; time.sleep(60)"], "startupSeconds": 2})
+    t0 = time.monotonic()
+    with pytest.raises(JudgeFailed) as err:
+        start_judges(job, tmp_path / "logs")
+    assert 2 <= time.monotonic() - t0 < 10
+    port = re.search(r"on port (\d+)", str(err.value))[1]
+    log = tmp_path / "logs" / "judge-judge.log"
+    assert str(err.value) == (
+        f"spec.reward[1].server: judge judge did not answer on port {port} within spec.reward[1].server.startupSeconds "
+        f"(2 s) and is still running; its log {log} ends: 'loading'; its command must listen on that port: pass it "
+        "'{port}' (e.g. args: [--port, '{port}']) or read $OMNIRL_JUDGE_PORT; if it only loads for longer, raise "
+        "spec.reward[1].server.startupSeconds")
+    out = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(rf"omnirl: judge judge starting on port {port} \(pid \d+; it has spec\.reward\[1\]\.server\."
+                        r"startupSeconds, 2 s, to answer\): .*", out[0]), out
+    assert out[1:] and all(re.fullmatch(
+        rf"omnirl: judge judge not answering on port {port} yet \(\d s of its startupSeconds 2; omnirl run stops at "
+        r"once if it exits\); its log ends: 'loading'", line) for line in out[1:]), out
 
-def _two_judges(second: list[str]) -> RLJob:
+
+def test_a_judge_that_exits_while_another_loads_is_named_at_once(tmp_path):
+    # the launcher waited for the judges one after another: the second one's exit was seen only once the first
+    # answered, or after the first one's whole bound
+    job = _two_judges([sys.executable, "-c", "import time; time.sleep(1); raise SystemExit(7)"],
+                      first={"command": [sys.executable, "-c", "import time; time.sleep(60)"], "startupSeconds": 15})
+    t0 = time.monotonic()
+    with pytest.raises(JudgeFailed) as err:
+        start_judges(job, tmp_path / "logs")
+    assert time.monotonic() - t0 < 10
+    assert str(err.value).startswith("spec.reward[2].server: judge other exited 7 "), err.value
+
+
+def test_omnirl_run_with_a_judge_that_exits_prints_its_log_and_one_verdict(tmp_path):
+    job_with(tmp_path, {"command": [sys.executable, "-c", "print('loading'); print('CUDA out of memory'); "
+                                                          "raise SystemExit(3)"], "startupSeconds": 20})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
+                           "--device", "cpu", "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert time.monotonic() - t0 < 60 and done.returncode == 1, done.stdout + done.stderr
+    log = tmp_path / "o" / "logs" / "judge-judge.log"
+    lines = done.stdout.splitlines()
+    at = lines.index(f"omnirl: judge judge: the last lines of {log}:")
+    assert lines[at + 1:at + 3] == ["  loading", "  CUDA out of memory"]
+    assert re.fullmatch(
+        r"omnirl: the job did not finish \(exit 1\): spec\.reward\[1\]\.server: judge judge exited 3 [\d.]+ s after "
+        rf"it started, before it answered on port \d+; its log {re.escape(str(log))} ends: 'CUDA out of memory'; fix "
+        r"the judge's command or model \(spec\.reward\[1\]\.server\), or run the judge yourself and give "
+        r"spec\.reward\[1\]\.url instead of server", lines[-1]), done.stdout
+
+
+def _two_judges(second: list[str], first: dict | None = None) -> RLJob:
+    """The NFT example plus two judges: `judge` (`first`, its server; default one that answers) and `other`
+    (command `second`)."""
     doc = yaml.safe_load((ROOT / "examples" / "ocr-nft.yaml").read_text())
     doc["spec"]["data"] = {k: str(ROOT / "examples" / v) for k, v in doc["spec"]["data"].items()}
     doc["spec"]["reward"] += [
-        {"name": "judge", "kind": "http", "server": {"command": [sys.executable, "-c", ENV_PORT_SERVER]}},
+        {"name": "judge", "kind": "http", "server": first or {"command": [sys.executable, "-c", ENV_PORT_SERVER]}},
         {"name": "other", "kind": "http", "server": {"command": second}}]
     return RLJob.model_validate(doc)
 
@@ -138,7 +200,7 @@ def test_a_judge_command_that_cannot_be_executed_names_the_field_and_stops_the_j
     real = servers.JudgeProcess
     monkeypatch.setattr(servers, "JudgeProcess", lambda *a: started.append(real(*a)) or started[-1])
     with pytest.raises(ValueError) as err:
-        start_judges(job, tmp_path / "logs", timeout_s=60)
+        start_judges(job, tmp_path / "logs")
     assert str(err.value) == (
         f"spec.reward[2].server.command: '{bogus}' cannot be started on this machine (OSError: Exec format error); "
         "`omnirl run` runs the judge's command here (its image is ignored): install it, put it on PATH or give its "
@@ -152,7 +214,7 @@ def test_a_served_judge_at_the_wrong_path_names_server_url_path(tmp_path):
     scorer = ("import sys; from omnirl.cli import main; sys.exit(main(['scorer', 'serve', '--reward', 'jpeg', "
               "'--protocol', 'http', '--host', '127.0.0.1', '--port', sys.argv[1]]))")
     job = job_with(tmp_path, {"command": [sys.executable, "-c", scorer, "{port}"], "urlPath": "/"})
-    judges, wired = start_judges(job, tmp_path / "logs", timeout_s=120)
+    judges, wired = start_judges(job, tmp_path / "logs")
     try:
         with pytest.raises(ValueError) as err:
             check_served_judges(wired, judges)

@@ -68,6 +68,11 @@ def test_judge_children_validate_and_the_pods_read_the_service_url():
     assert small["containers"][0]["image"] == SETTINGS.image_for("reward")
     assert small["containers"][0]["readinessProbe"]["tcpSocket"] == {"port": "http"}
     assert small["volumes"] == [{"name": "model", "hostPath": {"path": "/mnt/models/small", "type": "Directory"}}]
+    # the startup probe allows server.startupSeconds (default 900 s: 90 periods of 10 s), as `omnirl run` waits
+    assert (c["startupProbe"]["periodSeconds"], c["startupProbe"]["failureThreshold"]) == (10, 90)
+    longer = job([{"name": "vlm_judge", "kind": "http", "server": {**VLLM, "startupSeconds": 1801}}])
+    probe = kids(longer)["Deployment/demo-judge-vlm-judge"]["spec"]["template"]["spec"]["containers"][0]["startupProbe"]
+    assert (probe["periodSeconds"], probe["failureThreshold"]) == (10, 181)  # rounded up: never less than asked
     # the ConfigMap's manifest: URL wired in, no server left (the pods never see one)
     spec = yaml.safe_load(built["ConfigMap/demo-spec"]["data"]["job.yaml"])["spec"]
     assert [(r["name"], r["url"], r["server"]) for r in spec["reward"]] == [

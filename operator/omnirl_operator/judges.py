@@ -27,6 +27,7 @@ LABEL_JUDGE_OF = "omnirl.dev/judge-of"
 LABEL_REWARD = "omnirl.dev/reward"
 ROLE = "judge"
 PORT_ENV = "OMNIRL_JUDGE_PORT"
+STARTUP_PERIOD_S = 10  # the judge's startup probe period; its failureThreshold covers server.startupSeconds
 
 
 def judge_name(job: str, reward: RewardSpec) -> str:
@@ -80,8 +81,9 @@ def build_judge(job: RLJob, reward: RewardSpec, settings: OperatorSettings, *, r
         "ports": [{"name": "http", "containerPort": server.port, "protocol": "TCP"}],
         "resources": accelerator_resources(server, settings),
         "volumeMounts": mounts,
-        # a judge may load a large model: 15 minutes before liveness counts
-        "startupProbe": {**_probe(reward), "periodSeconds": 10, "failureThreshold": 90},
+        # a judge may load a large model: server.startupSeconds (default 15 minutes) before liveness counts
+        "startupProbe": {**_probe(reward), "periodSeconds": STARTUP_PERIOD_S,
+                         "failureThreshold": -(-server.startupSeconds // STARTUP_PERIOD_S)},
         "livenessProbe": {**_probe(reward), "periodSeconds": 20},
         "readinessProbe": _probe(reward),
         "securityContext": {"allowPrivilegeEscalation": False},

@@ -20,10 +20,11 @@ import yaml
 from pydantic import ValidationError
 
 from omnirl.api.loader import dump_rljob, job_from_dict
+from omnirl.api.podtemplate import role_env_from_problems
 from omnirl.api.problems import problem_lines
 from omnirl.api.resume import resume_conflict, resume_notes
 from omnirl.api.runtime import STORAGE_ERROR_EXIT
-from omnirl.api.spec import RLJob
+from omnirl.api.spec import ROLE_NAMES, RLJob
 from omnirl.api.status import TERMINAL_PHASES
 from omnirl_operator.autoscale import autoscale_reward
 from omnirl_operator.builders import build_children, desired_replicas, label_of
@@ -112,6 +113,27 @@ def validate(body: dict[str, Any], settings: OperatorSettings) -> tuple[RLJob | 
     except ValueError as exc:
         return None, (str(exc),)
     return job, ()
+
+
+def env_from_problems(job: RLJob, kube: KubeApi, namespace: str) -> tuple[str, ...]:
+    """The role templates' `envFrom` sources whose ConfigMap or Secret holds a variable the operator owns
+    (`api/podtemplate.py::role_env_from_problems`), one line each as `omnirl validate` writes them; read
+    here because a manifest only names them. Absent or unreadable sources are not checked (the kubelet
+    reports a missing one)."""
+    def keys_of(kind: str, name: str) -> list[str] | None:
+        try:
+            obj = kube.get("v1", kind, namespace, name)
+        except KubeError:
+            return None
+        return None if obj is None else [*(obj.get("data") or {}), *(obj.get("binaryData") or {}),
+                                         *(obj.get("stringData") or {})]
+
+    problems = []
+    for role in ROLE_NAMES:
+        template = getattr(job.spec.roles, role).template
+        if template:
+            problems += role_env_from_problems(template, role, f"roles.{role}.template", keys_of)
+    return tuple(f"spec.{p}" for p in problems)
 
 
 def _is_terminal(body: dict[str, Any]) -> bool:
@@ -251,8 +273,8 @@ def _stored_manifest(stored_spec: dict[str, Any] | None) -> dict[str, Any] | Non
 
 
 def resume_note_of(stored_spec: dict[str, Any] | None, job: RLJob) -> str | None:
-    """The accepted changes of an edit to the pending work (new reward weights: `api/resume.py::resume_notes`),
-    against the job's ConfigMap; None without one or without such a change."""
+    """The accepted changes of an edit to the pending work (new reward weights, another `model.dtype`:
+    `api/resume.py::resume_notes`), against the job's ConfigMap; None without one or without such a change."""
     before = _stored_manifest(stored_spec)
     return None if before is None else resume_notes(before, dump_rljob(job))
 
@@ -287,6 +309,10 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     if job is None:
         return Outcome(compute_status(body, Observed(invalid_spec=problems), progress, now), [])
     terminal = _is_terminal(body)
+    if not terminal:  # a role's envFrom that sets the operator's variables: refused like such an env entry
+        env_from = await asyncio.to_thread(env_from_problems, job, kube, ns)
+        if env_from:
+            return Outcome(compute_status(body, Observed(invalid_spec=env_from), progress, now), [])
     suspended = job.spec.suspend and not terminal
     running = not suspended and not terminal
     children = adopt(build_children(job, settings, running=running), job.metadata.name, ns, uid)

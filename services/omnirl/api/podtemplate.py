@@ -8,6 +8,7 @@ PodTemplateSpec, so a misspelt container name or a forgotten `spec:` level would
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from omnirl.api.errors import FieldProblem, FieldProblems
@@ -127,4 +128,53 @@ def role_env_problems(env: Any, path: str) -> list[FieldProblem]:
                 f"{path}[{j}]", item, f"{name} is set by the operator to {SERVED_PORTS[field]}, the port of "
                 f"{OPERATOR_PORTS[name]}; remove this entry (a pod has its own network, so {SERVED_PORTS[field]} "
                 "can clash only with a sidecar of the same pod: move the sidecar's port)"))
+    return found
+
+
+ENV_FROM_KINDS = {"configMapRef": "ConfigMap", "secretRef": "Secret"}
+
+
+def role_env_from_problems(template: dict[str, Any], container: str, path: str,
+                           keys_of: Callable[[str, str], list[str] | None]) -> list[FieldProblem]:
+    """Every `envFrom` source of a role container (`roles.<role>.template`) that would set a variable the
+    operator owns (`OPERATOR_OWNED`, `OPERATOR_PORTS`: what `role_env_problems` refuses as an `env` entry).
+
+    Kubernetes gives a container's `env` precedence over its `envFrom`, so such a key cannot override a
+    variable the operator writes; it sets one the operator leaves unset in that role (the actor ranks'
+    rendezvous with one rank, `OMNIRL_REPORT_STATUS` outside the controller, `REDIS_PASSWORD` without a
+    Secret), as silently. A ConfigMap or Secret is read where it lives (its keys only), so `omnirl validate`
+    cannot check this; the operator does, before it applies the job's children.
+
+    Args:
+        template: the role's template (shape already checked by `check_pod_template`).
+        container: the role container's name (the role).
+        path: field path of `template` for the problem lines (`spec.roles.rollout.template`).
+        keys_of: `(kind, name) -> keys` of a ConfigMap or Secret in the job's namespace; None when it cannot
+            be read (absent: the kubelet reports it; no permission), which is not a problem here.
+    Returns:
+        One problem per source, naming its keys and the variables they set; empty when none.
+    """
+    containers = (template.get("spec") or {}).get("containers") or []
+    found = []
+    for i, item in enumerate(containers):
+        if not isinstance(item, dict) or item.get("name") != container or not isinstance(item.get("envFrom"), list):
+            continue
+        for k, source in enumerate(item["envFrom"]):
+            if not isinstance(source, dict):
+                continue
+            ref = next(((kind, source[f]) for f, kind in ENV_FROM_KINDS.items() if isinstance(source.get(f), dict)), None)
+            name = ref[1].get("name") if ref else None
+            if not isinstance(name, str) or not name:
+                continue
+            keys = keys_of(ref[0], name)
+            prefix = source.get("prefix") or ""
+            owned = sorted(f"{prefix}{key}" for key in keys or () if f"{prefix}{key}" in {*OPERATOR_OWNED, *OPERATOR_PORTS})
+            if owned:
+                found.append(FieldProblem(
+                    f"{path}.spec.containers[{i}].envFrom[{k}]", source,
+                    f"{ref[0]} {name!r} sets {', '.join(owned)}, which the operator owns ("
+                    f"{OPERATOR_OWNED.get(owned[0]) or OPERATOR_PORTS[owned[0]]}), refused as an env entry of this "
+                    "template is; remove "
+                    f"{'that key' if len(owned) == 1 else 'those keys'} from the {ref[0]}, or give this envFrom "
+                    "another prefix"))
     return found

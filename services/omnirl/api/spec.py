@@ -57,6 +57,9 @@ GROUP_ATTEMPTS = 3
 """Attempts of a prompt group in one step: a failed (or too stale) group is generated again up to
 twice, then dropped (the controller); every attempt's scores stay in their stream until the step is
 collected, which `transferQueue.maxStreamLength` must hold."""
+JUDGE_STARTUP_S = 900
+"""`reward[].server.startupSeconds` by default: 15 minutes, for a judge that loads a large model (a VLM's weights
+from a network volume); the operator's judge startup probe allowed this long before the field existed."""
 # Families whose adapter has `velocity_packed` (mixed shapes in one forward); tests keep this in sync.
 PACKED_FAMILIES: tuple[str, ...] = ("sd3",)
 # Families whose velocity and gradients with cuDNN attention matched torch's own kernel choice on the
@@ -113,15 +116,34 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
 
 
 class LoRASpec(SpecModel):
-    """LoRA adapters (peft) trained instead of the full weights."""
+    """LoRA adapters (peft) trained instead of the full weights. `rank`, `alpha` and `targetModules` take
+    effect only with `enabled: true`; written without it they are refused (`ignored`)."""
 
-    enabled: bool = Field(False, description="Train LoRA adapters (peft) instead of all weights.")
+    enabled: bool = Field(False, description="Train LoRA adapters (peft) instead of all weights. rank, alpha and "
+                          "targetModules need it: written while it is not true they are refused, not ignored.")
     rank: int = Field(32, ge=1, le=1024, description="LoRA rank r.")
     alpha: float = Field(64.0, gt=0, description="LoRA alpha; the adapter update is scaled by alpha/rank.")
     targetModules: list[str] = Field(
         default_factory=list,
         description="Linear-layer name suffixes LoRA attaches to; empty means the model adapter's defaults.",
     )
+
+
+    def ignored(self) -> dict[str, Any]:
+        """The settings written beside LoRA off that would be ignored, as written (camelCase → value); empty
+        with `enabled: true`. A written `rank`/`alpha`/`targetModules` counts (a user who wrote `lora: {rank: 8}`
+        believes rank-8 adapters are trained, while all weights are), except one equal to its default beside
+        an explicit `enabled: false`: it sets nothing, and `loader.dump_rljob` writes such blocks (run
+        directories' `job.yaml`, which `omnirl export` and `omnirl eval` read back)."""
+        if self.enabled:
+            return {}
+        out = {}
+        for name in sorted(self.model_fields_set - {"enabled"}, key=list(LoRASpec.model_fields).index):
+            value = getattr(self, name)
+            default = LoRASpec.model_fields[name].get_default(call_default_factory=True)
+            if "enabled" not in self.model_fields_set or value != default:
+                out[name] = value
+        return out
 
 
 def is_lora_tensor(name: str) -> bool:
@@ -206,6 +228,12 @@ class ModelSpec(SpecModel):
             raise FieldProblem("dtype", "float16", "cannot be trained: the actor runs AdamW on the float16 weights "
                                "(LoRA adapters too), whose eps (1e-8) and small second moments underflow to 0, so "
                                "its first step makes the weights inf or NaN; use bfloat16 (float32's exponent range)")
+        ignored = self.lora.ignored()
+        if ignored:
+            names = " and ".join(", ".join(ignored).rsplit(", ", 1))
+            raise FieldProblem("lora", ignored, f"LoRA is off (lora.enabled is not true), so {names} would be ignored "
+                               "and all weights trained; set lora.enabled: true to train LoRA adapters, or remove "
+                               f"{names}")
         seen: dict[tuple[int, int], int] = {}
         for i, size in enumerate(self.resolutions or ()):
             if size in seen:  # dealt in turn: a repeat is another slot of the same size, not another size
@@ -383,6 +411,11 @@ class RewardServerSpec(SpecModel):
                          "scorer protocol, `/v1` for an OpenAI-compatible server); not for kind grpc (host:port).")
     healthPath: str | None = Field(None, pattern=r"^/", description="HTTP path answering 200 when the server is "
                                    "ready (`/health` on vLLM); null = ready once the port accepts connections.")
+    startupSeconds: int = Field(
+        JUDGE_STARTUP_S, ge=1, le=86400, description="How long the server may take from its start to its first "
+        "answer (healthPath, else the port), loading its model. `omnirl run` and `omnirl eval` give up after it "
+        "(at once, with its exit code and log, when its process exits); on Kubernetes its container's startup "
+        "probe allows as long (10 s periods) before the kubelet restarts it.")
     template: dict[str, Any] | None = Field(
         None, description="Optional PodTemplateSpec merged over the judge's generated one (user fields win; its "
         "container is named `judge`): node pools (nodeSelector, tolerations), imagePullSecrets, env. Ignored by "

@@ -76,18 +76,8 @@ def main(args: argparse.Namespace) -> int:
         with serving(job, Path(args.out) / "logs", by="omnirl eval") as wired:
             return _evaluate(args, wired, prompts, fix)
     except JudgeFailed as err:  # the user's command exited or never listened: its line, not a traceback
-        print(f"omnirl eval: {judge_failure(job, err)}; nothing written", file=sys.stderr, flush=True)
+        print(f"omnirl eval: {err}; nothing written", file=sys.stderr, flush=True)  # one line: field, why, fix
         return 1
-
-
-def judge_failure(job: RLJob, err: JudgeFailed) -> str:
-    """One line for a judge server that did not start: the field, the reason, its log's last line."""
-    i = [r.name for r in job.spec.reward].index(err.reward)
-    first, _, tail = str(err).partition("\n")
-    last = tail.strip().splitlines()[-1] if tail.strip() else ""
-    ends = f"; its log {err.log} ends: {last!r}" if last else f"; its log: {err.log}"
-    return (f"spec.reward[{i}].server: {first.rstrip(':')}{ends}; fix the judge's command or model, or run the "
-            f"judge yourself and give spec.reward[{i}].url instead of server")
 
 
 def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str) -> int:

@@ -198,9 +198,11 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         print("omnirl: interrupted — stopping every role (the actor writes a checkpoint; --resume continues)",
               flush=True)
         code = 130
-    except JudgeFailed as err:
-        print(f"omnirl: {err}", flush=True)
-        code = 1
+    except JudgeFailed as err:  # its log's tail, then the verdict names the field, what happened and the fix
+        if err.tail:
+            print(f"omnirl: judge {err.reward}: the last lines of {err.log}:", flush=True)
+            print("\n".join(f"  {line}" for line in err.tail), flush=True)
+        failure, code = str(err), 1
     except RedisServerError as err:  # the embedded server exited at start (its log's tail follows the first line)
         first, _, tail = str(err).partition("\n")
         if tail.strip():

@@ -6,7 +6,11 @@ exist on this machine) with `{port}` replaced by a free port and `{modelPath}` b
 `server.modelPath` (the port is also in its environment, `OMNIRL_JUDGE_PORT`, as in its pod);
 its output goes to `OUT/logs/judge-<reward>.log`. The launcher waits until
 it answers — `GET healthPath` returns 200, or, without a health path, the port accepts a TCP
-connection — then writes the manifest the roles read with the judge's URL wired in
+connection — for up to `server.startupSeconds` (default 900: a judge may load a large model; the
+operator's startup probe allows the same), saying every `WAIT_NOTE_S` what it waits for; a judge
+whose process exits first is named at once with its exit code and its log's tail (every judge is
+watched while any is awaited: one that died while another loaded waited out the other's bound).
+Then it writes the manifest the roles read with the judge's URL wired in
 (`http://127.0.0.1:<port><urlPath>`). The servers stop with the job, or the eval (SIGTERM, then SIGKILL).
 The run directory's `OUT/job.yaml` keeps `server` (the manifest as written): the wired URL is
 this run's, dead once it ends, so the roles read a copy with it (`OUT/job-roles.yaml`).
@@ -33,21 +37,24 @@ from omnirl.api.spec import RewardSpec, RLJob
 from omnirl.reward.registry import check_judges
 from omnirl.transfer.redis_server import free_port
 
-READY_TIMEOUT_S = 600.0  # a judge may load a large model
 PORT_ENV = "OMNIRL_JUDGE_PORT"  # the port, in the judge's environment as in its pod (operator/judges.py)
+WAIT_NOTE_S = 30.0  # while a judge loads, a line this often: what is awaited, for how long yet, its log's last line
+TAIL_LINES = 5  # the lines of a failed judge's log printed before the launcher's verdict
 
 
 class JudgeFailed(RuntimeError):
-    """A judge server did not start (exited, or never answered).
+    """A judge server did not start: its process exited, or it did not answer within `server.startupSeconds`.
+    `str()` is one line: the field, what happened, its log's last line and the fix.
 
     Attributes:
         reward: the name of its `spec.reward[]` entry.
         log: its output file.
+        tail: its log's last `TAIL_LINES` lines (for a launcher that prints them).
     """
 
-    def __init__(self, message: str, reward: str, log: Path) -> None:
+    def __init__(self, message: str, reward: str, log: Path, tail: list[str] | None = None) -> None:
         super().__init__(message)
-        self.reward, self.log = reward, log
+        self.reward, self.log, self.tail = reward, log, list(tail or [])
 
 
 @dataclass
@@ -116,16 +123,71 @@ def check_local(job: RLJob, by: str = "omnirl run") -> None:
             raise ValueError(f"spec.reward[{i}].server.modelPath: {r.server.modelPath} is not a directory here")
 
 
-def start_judges(job: RLJob, logs: Path, timeout_s: float = READY_TIMEOUT_S,
-                 by: str = "omnirl run") -> tuple[list[JudgeProcess], RLJob]:
-    """Start every judge of `job` and wait until each answers; `by` is the command the messages name.
+def _tail(log: Path) -> list[str]:
+    try:
+        return log.read_text(errors="replace").splitlines()[-TAIL_LINES:]
+    except OSError:
+        return []
+
+
+def _failed(j: JudgeProcess, i: int, what: str, fix: str) -> JudgeFailed:
+    tail = _tail(j.log)
+    last = next((line.strip() for line in reversed(tail) if line.strip()), "")
+    ends = f"its log {j.log} ends: {last!r}" if last else f"its log {j.log} is empty"
+    return JudgeFailed(f"spec.reward[{i}].server: judge {j.reward.name} {what}; {ends}; {fix}", j.reward.name, j.log,
+                       tail)
+
+
+def _await_answers(job: RLJob, judges: list[JudgeProcess], by: str) -> None:
+    """Wait until every judge answers, watching all of them each round (0.2 s).
+
+    Raises:
+        JudgeFailed: the first judge whose process exited (its code), or that is still running but did not
+            answer within its `server.startupSeconds`.
+    """
+    started = time.monotonic()
+    pending = list(judges)
+    note_at = started + WAIT_NOTE_S
+    while pending:
+        for j in list(pending):
+            i, code = job.spec.reward.index(j.reward), j.proc.poll()
+            if code is not None:  # before `answers`: a port answering for a dead judge is another program's
+                raise _failed(j, i, f"exited {code} {time.monotonic() - started:.1f} s after it started, before it "
+                              f"answered on port {j.port}", f"fix the judge's command or model "
+                              f"(spec.reward[{i}].server), or run the judge yourself and give spec.reward[{i}].url "
+                              "instead of server")
+            if j.answers():
+                pending.remove(j)
+        now = time.monotonic()
+        for j in pending:
+            i, bound = job.spec.reward.index(j.reward), j.reward.server.startupSeconds
+            if now - started > bound:
+                raise _failed(j, i, f"did not answer on port {j.port} within spec.reward[{i}].server.startupSeconds "
+                              f"({bound} s) and is still running", "its command must listen on that port: pass it "
+                              f"'{{port}}' (e.g. args: [--port, '{{port}}']) or read ${PORT_ENV}; if it only loads for "
+                              f"longer, raise spec.reward[{i}].server.startupSeconds")
+        if pending and now >= note_at:
+            note_at += WAIT_NOTE_S
+            for j in pending:
+                last = next((line.strip() for line in reversed(_tail(j.log)) if line.strip()), "")
+                print(f"omnirl: judge {j.reward.name} not answering on port {j.port} yet ({now - started:.0f} s of "
+                      f"its startupSeconds {j.reward.server.startupSeconds}; {by} stops at once if it exits)"
+                      + (f"; its log ends: {last!r}" if last else ""), flush=True)
+        if pending:
+            time.sleep(0.2)
+
+
+def start_judges(job: RLJob, logs: Path, by: str = "omnirl run") -> tuple[list[JudgeProcess], RLJob]:
+    """Start every judge of `job` and wait until each answers (each within its `server.startupSeconds`);
+    `by` is the command the messages name.
 
     Returns:
         The running judges and `job` with their URLs wired in (what the roles must read).
     Raises:
         ValueError: from :func:`check_local`, or naming `spec.reward[i].server.command` when the
             command cannot be started here (not found, not executable).
-        JudgeFailed: a judge exited or did not answer within `timeout_s` (the others are stopped).
+        JudgeFailed: a judge's process exited before it answered (at once, with its exit code), or it did not
+            answer within its `startupSeconds`; the others are stopped.
     """
     check_local(job, by)
     judges: list[JudgeProcess] = []
@@ -147,20 +209,10 @@ def start_judges(job: RLJob, logs: Path, timeout_s: float = READY_TIMEOUT_S,
                     raise ValueError(_not_startable(i, argv(r.server, port)[0],
                                                     f"{type(err).__name__}: {err.strerror}", by)) from err
             judges.append(JudgeProcess(r, port, proc, log))
-            print(f"omnirl: judge {r.name} starting on port {port} (pid {proc.pid}): {' '.join(argv(r.server, port))}",
-                  flush=True)
-        deadline = time.monotonic() + timeout_s
-        for j in judges:
-            while not j.answers():
-                if j.proc.poll() is not None:
-                    tail = "\n".join(j.log.read_text().splitlines()[-5:])
-                    raise JudgeFailed(f"judge {j.reward.name} exited {j.proc.returncode} before answering:\n{tail}",
-                                      j.reward.name, j.log)
-                if time.monotonic() > deadline:
-                    raise JudgeFailed(f"judge {j.reward.name} did not answer on port {j.port} in {timeout_s:.0f} s "
-                                      f"(log: {j.log}); its command must listen on that port: pass it '{{port}}' "
-                                      f"(e.g. args: [--port, '{{port}}']) or read ${PORT_ENV}", j.reward.name, j.log)
-                time.sleep(0.2)
+            print(f"omnirl: judge {r.name} starting on port {port} (pid {proc.pid}; it has spec.reward["
+                  f"{job.spec.reward.index(r)}].server.startupSeconds, {r.server.startupSeconds} s, to answer): "
+                  f"{' '.join(argv(r.server, port))}", flush=True)
+        _await_answers(job, judges, by)
     except BaseException:
         stop_judges(judges)
         raise
@@ -193,7 +245,7 @@ def check_served_judges(wired: RLJob, judges: list[JudgeProcess], by: str = "omn
 
 
 @contextmanager
-def serving(job: RLJob, logs: Path, by: str, timeout_s: float = READY_TIMEOUT_S) -> Iterator[RLJob]:
+def serving(job: RLJob, logs: Path, by: str) -> Iterator[RLJob]:
     """Serve `job`'s judges (`reward[].server`) while the block runs; yields `job` with their URLs
     wired in (`job` itself when it has none), and stops them on the way out, however it is left.
 
@@ -201,7 +253,7 @@ def serving(job: RLJob, logs: Path, by: str, timeout_s: float = READY_TIMEOUT_S)
         ValueError: as `start_judges` and `check_served_judges`.
         JudgeFailed: as `start_judges`.
     """
-    judges, wired = start_judges(job, logs, timeout_s, by) if judge_rewards(job) else ([], job)
+    judges, wired = start_judges(job, logs, by) if judge_rewards(job) else ([], job)
     try:
         check_served_judges(wired, judges, by)
         yield wired
