@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= runs/demo
 
-.PHONY: install test lint demo demo-nft demo-flowgrpo bench chart e2e chaos crd clean k8s-tools mutation
+.PHONY: install test test-slow lint demo demo-nft demo-flowgrpo bench chart e2e chaos crd clean k8s-tools mutation
 
 install: $(STAMP) k8s-tools
 
@@ -32,9 +32,15 @@ lint: install
 	$(BIN)/lint-imports
 
 # pytest exits 5 when it collected nothing: that is a failure here, never a pass.
+# `make test` (CI, ~15 min on 2 cores) runs every test but those marked slow; `make test-slow` runs those:
+# whole jobs under faults, resumes, chaos, golden curves (~30 min on 2 cores).
 test: install lint
-	$(BIN)/pytest -q -m "not gpu"; rc=$$?; \
+	$(BIN)/pytest -q -m "not gpu and not slow"; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected"; exit 1; fi; exit $$rc
+
+test-slow: install
+	$(BIN)/pytest -q -m "slow and not gpu"; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-slow: no tests were collected"; exit 1; fi; exit $$rc
 
 # The best algorithm on the built-in task (AWM); the other two for comparison.
 demo: install

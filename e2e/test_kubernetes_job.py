@@ -142,7 +142,6 @@ def print_record(transitions: list[tuple[float, str, str]], kubelet: Kubelet, ta
           f"-o custom-columns=...\n{workloads}")
 
 
-@pytest.mark.slow
 def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
     """The whole path of the module docstring; prints the record (run with ``-s`` to see it)."""
     redis_url, password = protected_redis

@@ -16,7 +16,8 @@ import redis
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.slow  # every test runs a whole job: 1-4 min each on 2 cores
+# Every test runs a whole job (20 s - 2 min on 2 cores): `make test-slow` runs them, except the async-reward ledger
+# test, which `make test` keeps as its one local whole job.
 
 
 def tiny_job(tmp: Path, name: str, redis_url: str, *, algorithm: str = "flow-grpo", mode: str = "async-reward",
@@ -70,7 +71,7 @@ def assert_each_sample_once(out: Path, train_samples: int) -> None:
     assert set(trained) == train_ids and set(trained.values()) == {1}
 
 
-@pytest.mark.parametrize("mode", ["async-reward", "fully-async"])
+@pytest.mark.parametrize("mode", ["async-reward", pytest.param("fully-async", marks=pytest.mark.slow)])
 def test_every_sample_scored_once_and_trained_once(tmp_path, redis_url, mode):
     name = f"ledger-{mode}"
     proc = run(tiny_job(tmp_path, name, redis_url, mode=mode), tmp_path / "out")
@@ -103,6 +104,7 @@ def test_every_sample_scored_once_and_trained_once(tmp_path, redis_url, mode):
     assert list(redis.Redis.from_url(redis_url).scan_iter(match=f"omnirl:{name}:*")) == []
 
 
+@pytest.mark.slow
 def test_two_fsdp_actor_ranks_train_the_job(tmp_path, redis_url):
     name = "two-ranks"
     out = tmp_path / "out"
@@ -119,6 +121,7 @@ def test_two_fsdp_actor_ranks_train_the_job(tmp_path, redis_url):
     assert list(redis.Redis.from_url(redis_url).scan_iter(match=f"omnirl:{name}:*")) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["flow-grpo", "awm"])
 def test_resume_continues_from_the_latest_checkpoint(tmp_path, redis_url, algorithm):
     job = tiny_job(tmp_path, f"resume-{algorithm}", redis_url, algorithm=algorithm, steps=2)
@@ -153,6 +156,7 @@ class _Broken(BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.slow
 def test_a_dead_required_scorer_fails_the_job_with_its_reason(tmp_path, redis_url):
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Broken)
     threading.Thread(target=server.serve_forever, daemon=True).start()
