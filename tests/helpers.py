@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -164,3 +165,16 @@ def without_file_permission_override(cmd: list[str]) -> list[str]:
     if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
         pytest.skip("root cannot drop CAP_DAC_OVERRIDE here (setpriv): a file mode does not stop it")
     return [*prefix, *cmd]
+
+
+def refill_shapes(out: Path) -> dict[int, tuple[int, int, int, int]]:
+    """step → (samples, groups, refills, dropped_groups) of every trained step in `out/metrics.jsonl`."""
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: (r["samples"], r["groups"], r["refills"], r["dropped_groups"]) for r in rows
+            if r["event"] == "step"}
+
+
+def trained_sample_ids(out: Path) -> list[str]:
+    """The sample ids the actor's ledgers (`out/ledger/actor-*.jsonl`) say were trained, in file order."""
+    return [json.loads(line)["sample_id"] for p in sorted((out / "ledger").glob("actor-*.jsonl"))
+            for line in p.read_text().splitlines()]

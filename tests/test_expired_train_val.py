@@ -28,6 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from tests.helpers import refill_shapes, trained_sample_ids
 
 from omnirl.api.loader import job_from_dict
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainItem, TrainRequest
@@ -218,15 +219,11 @@ def test_omnirl_run_regenerates_the_group_whose_tensors_the_actor_found_gone(tmp
     regen = [line for line in console.splitlines() if "regenerating" in line]
     assert len(regen) == 1 and f"step 0: the actor found the tensors of 1 sample(s) gone, not trained: regenerating " \
         f"1 group(s) ({_group(lost_id)})" in regen[0], regen
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = {d["step"]: d for d in steps if d["event"] == "step"}
-    assert {s: (d["samples"], d["groups"], d["refills"], d["dropped_groups"]) for s, d in steps.items()} == {
-        0: (6, 2, 1, 0)}
+    assert refill_shapes(out) == {0: (6, 2, 1, 0)}
     counts = check_ledger(out, total_steps=1, group_size=3, prompts_per_step=2)
     assert (counts.generated, counts.scored, counts.trained, counts.lost, counts.duplicated, counts.wasted) == \
         (9, 9, 6, 0, 0, 3), counts.problems
-    trained = [json.loads(line)["sample_id"] for p in (out / "ledger").glob("actor-*.jsonl")
-               for line in p.read_text().splitlines()]
+    trained = trained_sample_ids(out)
     assert lost_id not in trained and sum(_group(s) == f"{_group(lost_id)}r1" for s in trained) == 3
 
 

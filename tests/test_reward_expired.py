@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from tests.helpers import wait_until
+from tests.helpers import refill_shapes, trained_sample_ids, wait_until
 from tests.test_queue_reward_fetch import _sample
 from tests.test_reward_claims import _Judge, _manifest
 from tests.test_reward_rescore import _ledger, _reward, judge  # noqa: F401 (judge: a fixture)
@@ -141,16 +141,12 @@ def test_omnirl_run_refills_the_group_of_a_sample_whose_tensors_are_gone(tmp_pat
     warned = [line for line in console.splitlines() if "lost, reported failed" in line]
     assert len(warned) == 1 and f"1 sample(s) lost, reported failed (a training sample's group is refilled): " \
         f"{lost_id}: omnirl:expired-sample:images:{lost_id} was deleted before it was read" in warned[0], warned
-    steps = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = {d["step"]: d for d in steps if d["event"] == "step"}
-    assert {s: (d["samples"], d["groups"], d["refills"], d["dropped_groups"]) for s, d in steps.items()} == {
-        0: (6, 2, 1, 0)}
+    assert refill_shapes(out) == {0: (6, 2, 1, 0)}
     counts = check_ledger(out, total_steps=1, group_size=3, prompts_per_step=2)
     assert (counts.generated, counts.scored, counts.trained, counts.lost, counts.duplicated, counts.wasted) == \
         (9, 9, 6, 0, 0, 3), counts.problems
     group = _group(lost_id)  # `{step}:{prompt}`: its first attempt
-    trained = [json.loads(line)["sample_id"] for p in (out / "ledger").glob("actor-*.jsonl")
-               for line in p.read_text().splitlines()]
+    trained = trained_sample_ids(out)
     assert Counter(_group(s) for s in trained if _group(s).split("r")[0] == group) == {f"{group}r1": 3}
     reward_rows = [json.loads(line) for p in (out / "ledger").glob("reward-*.jsonl")
                    for line in p.read_text().splitlines()]
