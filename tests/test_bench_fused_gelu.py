@@ -58,6 +58,7 @@ def test_a_lora_wrapped_feed_forward_is_left_unfused():
     assert fuse_feedforward_gelu(adapter.module) == TINY_GELUS - 3  # the 3 image-stream ff's carry LoRA
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: make test-slow
 def test_compiled_blocks_keep_the_fused_op_in_one_graph():
     from omnirl.models.compile import compile_adapter_module
 

@@ -353,6 +353,7 @@ def test_an_out_whose_run_never_started_is_started_afresh_by_the_same_command(tm
                                                  "it, or choose another --out\n"), done.stderr
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: make test-slow
 def test_a_metrics_port_in_use_stops_the_run_once_naming_the_variable(tmp_path):
     """`omnirl run` with OMNIRL_METRICS_PORT on a port another process serves (a second run in the same
     shell): the controller exits 4 with one line naming the variable and the fix, started once, and the

@@ -209,6 +209,7 @@ def test_a_resume_in_another_dtype_says_what_it_does_to_the_checkpoint(tmp_path,
         "(N > 2) to train further"]
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: make test-slow
 def test_a_resume_with_a_new_reward_weight_weighs_the_scores_made_before_the_stop_with_it(tmp_path):
     """Stopped while step 0's first group was scored and its second one generated; resumed with the reward's
     weight 1 → 0.5. The controller reused the 3 scores the reward role had made (their totals at weight 1) and
@@ -241,6 +242,7 @@ def test_a_resume_with_a_new_reward_weight_weighs_the_scores_made_before_the_sto
     assert step["samples"] == 6 and step["reward_mean"] == pytest.approx(0.5 * step["reward_ocr"], abs=1e-6), step
 
 
+@pytest.mark.slow  # 20-70 s on 2 cores: make test-slow
 def test_a_finished_run_on_a_shared_redis_leaves_no_keys_and_resumes_for_more_steps(tmp_path, redis_client, redis_url):
     """A run that finished on the manifest's Redis (spec.transferQueue.redisUrl) left its job's keys there: the
     `stop` flag, `actor_state` (step 1), streams, markers. An RLJob of that name on that Redis then failed at once:
