@@ -166,3 +166,47 @@ def test_omnirl_run_is_refused_while_an_rljob_of_its_name_holds_the_redis_before
                            "would delete or take over its work: give this run another metadata.name, or let that "
                            f"RLJob finish or delete it (the claim lapses {OWNER_TTL_S} s after its last reconcile)\n")
     assert redis_client.get(kv_key("shared", "requests")) == b"its work" and not out.exists()
+
+
+def test_deleting_a_waiting_rljob_leaves_the_other_runs_keys_and_the_operator_says_why(redis_client, redis_url,
+                                                                                      tmp_path):
+    """kopf end to end: the RLJob waits (RedisNameInUse, its Warning event names the local run), then is deleted;
+    its finalizer used to delete ``omnirl:{job}:*`` whoever they belonged to: the live local run's streams."""
+    from omnirl_operator.testing import BackgroundCluster
+
+    claim_run(redis_url, job_from_dict(manifest(redis_url)), tmp_path / "out")
+    beat(redis_client, "actor-0")
+    redis_client.set(kv_key("shared", "actor_state"), b'{"step": 3}')
+
+    async def scenario(cluster: EmulatedCluster) -> list:
+        await cluster.create(rljob_body(manifest(redis_url)))
+
+        async def waiting():
+            job = await cluster.rljob("team-a", "shared")
+            ready = [c for c in (job.get("status") or {}).get("conditions", []) if c["type"] == "Ready"]
+            return job if ready and ready[0]["reason"] == "RedisNameInUse" else None
+
+        await cluster.wait_for(waiting, what="Ready reason RedisNameInUse")
+        await cluster.delete("omnirl.dev/v1alpha1", "RLJob", "team-a", "shared")
+
+        async def gone():
+            return await cluster.rljob("team-a", "shared") is None
+
+        await cluster.wait_for(gone, what="RLJob released by the finalizer")
+
+        async def events():
+            got = sorted((e.raw["reason"], e.raw["message"]) for key, e in cluster.emulator.objects.items()
+                         if key[0].plural == "events" and not e.deleted and e.raw["reason"] != "Pending")
+            return got if len(got) >= 2 else None
+
+        return await cluster.wait_for(events, what="the events")
+
+    with BackgroundCluster(OperatorSettings(), resync_seconds=0.5) as bg:
+        got = bg.run(scenario)
+    where = f"an omnirl run on host {socket.gethostname()} (--out {tmp_path / 'out'}, pid {os.getpid()})"
+    assert [reason for reason, _ in got] == ["RedisCleanupSkipped", "RedisNameInUse"], got
+    assert got[0][1] == f"the Redis keys omnirl:shared:* belong to {where}, not this RLJob: left as they are"
+    assert got[1][1].startswith("metadata.name: job 'shared' is in use on the Redis "), got[1][1]
+    assert where in got[1][1]
+    assert redis_client.get(kv_key("shared", "actor_state")) == b'{"step": 3}'
+    assert read_owner(redis_client, "shared")["kind"] == "omnirl run"
