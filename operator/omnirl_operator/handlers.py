@@ -15,7 +15,8 @@ What is registered (:func:`register`):
   watching every child kind; it also deletes finished jobs after
   ``failurePolicy.ttlSecondsAfterFinished``;
 - delete → the finalizer ``omnirl.dev/redis-cleanup`` removes the job's Redis keys (children are
-  removed by garbage collection through their ownerReferences);
+  removed by garbage collection through their ownerReferences), unless the job's run-owner record
+  names another run of its name (``runowner.py``: the job waited at ``RedisNameInUse``; the keys are that run's);
 - startup → watch timeouts, kopf's state in annotations, the API client; a liveness probe.
 
 Status is written once per reconcile, only when it changed, as one merge patch of the ``status``
@@ -40,6 +41,7 @@ from omnirl.api.errors import FieldProblem, format_value
 from omnirl.api.spec import API_GROUP, API_VERSION
 from omnirl.api.spec_queue import check_redis_url
 from omnirl.api.status import TERMINAL_PHASES, utc_now
+from omnirl.transfer.owner import describe
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.reconcile import reconcile
 from omnirl_operator.redis_cleanup import cleanup_job, redacted
@@ -173,10 +175,14 @@ async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, re
         return
     password = await _redis_password(body, memo)
     try:
-        removed = await asyncio.to_thread(cleanup_job, url, name, password)
-    except redis.RedisError as exc:
+        removed = await asyncio.to_thread(cleanup_job, url, name, password, uid=body["metadata"]["uid"])
+    except (redis.RedisError, ValueError) as exc:
         raise kopf.TemporaryError(f"cannot clean Redis {redacted(url)} (attempt {retry + 1}): {exc}",
                                   delay=10) from exc
+    if isinstance(removed, dict):  # the job never ran there (RedisNameInUse): the keys are the other run's
+        kopf.warn(body, reason="RedisCleanupSkipped",
+                  message=f"the Redis keys omnirl:{name}:* belong to {describe(removed)}, not this RLJob: left as they are")
+        return
     logger.info("deleted %d Redis keys omnirl:%s:* from %s", removed, name, redacted(url))
     kopf.info(body, reason="RedisCleaned", message=f"deleted {removed} Redis keys of job {name}")
 

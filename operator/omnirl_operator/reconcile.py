@@ -1,8 +1,10 @@
 """One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → read (one
 LIST per kind, ``read.py``; a child's name taken by another owner's object fails the job, nothing
-of that object written) → apply → observe (workloads, and the pods' exit codes) → failure policy →
-status. A job that fails stops its own pods (``stop.py``). Idempotent: running it twice creates
-nothing twice (409 on create becomes a merge patch) and writes the same status.
+of that object written) → claim the job's name on its Redis (``runowner.py``; another live run of
+that name: nothing created, checked again every resync) → apply → observe (workloads, and the pods'
+exit codes) → failure policy → status. A job that fails stops its own pods (``stop.py``).
+Idempotent: running it twice creates nothing twice (409 on create becomes a merge patch) and writes
+the same status.
 
 Handlers (``handlers.py``) only wire kopf to :func:`reconcile`; everything that talks to the API
 server goes through :class:`omnirl_operator.kube.KubeApi` in a worker thread.
@@ -42,6 +44,7 @@ from omnirl_operator.meta import (
 )
 from omnirl_operator.podcheck import judge_failure, judge_stalls, waiting_problems, waiting_summary, workload_problems
 from omnirl_operator.read import read_children
+from omnirl_operator.runowner import REASON_REDIS_NAME_IN_USE, redis_name_conflict
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
     PERMANENT_REASONS,
@@ -328,6 +331,15 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         conflict = resume_conflict_of(stored_spec, job)
         if conflict is not None:
             return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
+    if running:  # another run of this name on the job's Redis: nothing created, checked again every resync
+        in_use = await redis_name_conflict(kube, job, ns, uid, before, settings, log)
+        if in_use is not None:
+            stopped = await stop_owned(kube, ns, uid, before)  # a job that ran: its pods must not share the keys
+            observed = Observed(blocked=(REASON_REDIS_NAME_IN_USE, in_use),
+                                restarts=int((body.get("status") or {}).get("restarts") or 0))
+            said = (body.get("status") or {}).get("message") == in_use  # one event per change, not every resync
+            return Outcome(compute_status(body, observed, progress, now), stopped,
+                           [] if said else [("Warning", REASON_REDIS_NAME_IN_USE, in_use)])
     reward = before.get(f"Deployment/{child_name(job.metadata.name, 'reward')}")
     scaled, actions = await autoscale_reward(kube, job, ns, children, reward, settings, now)
     if taken:  # never write another owner's object; fail, and stop what this job already runs

@@ -57,6 +57,8 @@ class Observed:
         restarts: restarts so far, including one made in this reconcile.
         waiting: ``(reason, text)`` of pods that wait for something (unschedulable, an image that
             does not pull, ...; :func:`omnirl_operator.podcheck.waiting_summary`), or None.
+        blocked: ``(reason, text)`` when nothing was created because something outside the cluster must
+            end first (another run of the job's name on its Redis: ``runowner.py``), or None.
     """
 
     roles: dict[str, tuple[int, int]] = field(default_factory=dict)
@@ -68,6 +70,7 @@ class Observed:
     restarted: tuple[str, str] | None = None
     restarts: int = 0
     waiting: tuple[str, str] | None = None
+    blocked: tuple[str, str] | None = None
 
 
 @dataclass(frozen=True)
@@ -255,6 +258,8 @@ def _phase(previous: RLJobStatus, obs: Observed, all_ready: bool) -> tuple[str, 
         return "Succeeded", "ControllerSucceeded", obs.controller_message or "the controller finished the job"
     if obs.suspended:
         return "Suspended", "Suspended", "spec.suspend is true: no pods run"
+    if obs.blocked is not None:  # not failed: it starts once the other run ended
+        return ("Running" if previous.startTime is not None else "Pending"), obs.blocked[0], obs.blocked[1]
     if obs.restarted is not None:  # a restarted job that had run counts as running, as KubeRay does
         return ("Running" if previous.startTime is not None else "Pending"), obs.restarted[0], obs.restarted[1]
     if all_ready:

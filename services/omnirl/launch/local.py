@@ -167,6 +167,8 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
             queue.cleanup()  # a fresh run starts from empty streams
         else:
             clear_start_flags(queue)
+        if job.spec.transferQueue.redisUrl:  # a shared Redis: name this run to an operator that would start an RLJob
+            preflight.claim_run(job.spec.transferQueue.redisUrl, job, out)
         sync_port, dist_port = free_port(), free_port()
         if not args.no_ray:
             from omnirl.launch.procs import init_ray

@@ -24,6 +24,7 @@ from omnirl.controller import report
 from omnirl.launch.placement import Placement
 from omnirl.reward.registry import check_api_keys, check_in_process
 from omnirl.transfer.keys import STOPPED_RUN
+from omnirl.transfer.owner import LIVE_BEAT_S, local_owner, write_owner
 
 
 def check_local_paths(job: RLJob) -> None:
@@ -163,18 +164,15 @@ def check_redis(url: str) -> None:
                          "omnirl run starts its own redis-server") from err
 
 
-LIVE_BEAT_S = 30.0
-"""A role's heartbeat younger than this, with no `stop` flag set, means its job runs now: roles beat
-about once a second while they work, and the launcher sets `stop` when it ends."""
-
-
 def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None) -> None:
     """A job whose name is live on the manifest's Redis — another `omnirl run` of it, in another --out
     or on another machine, or an RLJob of that name on a shared Redis — is not started again there: a
     fresh run deletes the job's keys first (`TransferQueue.cleanup`), so the other run's roles failed on
     "UNBLOCKED the stream key no longer exists" and restarted, and this run's actor found that run's
     progress (`actor_state`) and refused to start (exit 4, "the checkpoint directory was lost or belongs
-    to another run"). Live: a heartbeat younger than `LIVE_BEAT_S` and no `stop` flag (a stopped run sets it).
+    to another run"). Live: a heartbeat younger than `LIVE_BEAT_S` and no `stop` flag (a stopped run sets it),
+    or a run-owner record naming an RLJob (`transfer/owner.py`: its operator renews it while the RLJob runs,
+    from before its pods start, whose beats would come too late). The record names the live run.
 
     `out`: the --out of a fresh run (None: a `--resume`, which keeps the job's keys). A fresh run from
     another --out than a stopped, unfinished run's (`mark_stopped`) is refused too: its start deletes
@@ -191,8 +189,8 @@ def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None) -
 
     import redis as redis_py
 
-    from omnirl.transfer.heartbeat import read_heartbeats
     from omnirl.transfer.keys import job_pattern, kv_key
+    from omnirl.transfer.owner import OWNER_TTL_S, RLJOB, beats_text, describe, live_beats, read_owner
 
     name = job.metadata.name
     parts = urlsplit(url)
@@ -213,16 +211,34 @@ def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None) -
                 f"{was.get('out')} --resume, or give this run another metadata.name (to drop that work: redis-cli "
                 f"-h {host} -p {port} -n {db} --scan --pattern '{job_pattern(name)}' | xargs -r redis-cli -h {host} "
                 f"-p {port} -n {db} unlink)")
-        now = time.time()
-        live = sorted((now - float(beat.get("t", 0)), worker) for worker, beat in read_heartbeats(client, name).items()
-                      if now - float(beat.get("t", 0)) < LIVE_BEAT_S)
-    if live:
-        beats = ", ".join(f"{worker} {max(age, 0):.0f} s ago" for age, worker in live)
+        owner = read_owner(client, name)  # None: no run since, or an older omnirl's
+        beats = live_beats(client, name)
+    where = f"{parts.hostname}:{parts.port or 6379} (spec.transferQueue.redisUrl)"
+    if owner is not None and owner["kind"] == RLJOB:  # renewed by its operator while it runs: live, pods or not
+        raise ValueError(f"metadata.name: job {name!r} on {where} is claimed by {describe(owner)}, which its "
+                         "operator runs, and starting here would delete or take over its work: give this run another "
+                         f"metadata.name, or let that RLJob finish or delete it (the claim lapses {OWNER_TTL_S} s "
+                         "after its last reconcile)")
+    if beats:
+        who = describe(owner) if owner is not None else "another omnirl run or RLJob of that name"
         raise ValueError(f"metadata.name: job {name!r} is running on {parts.hostname}:{parts.port or 6379} "
-                         f"(spec.transferQueue.redisUrl; last heartbeats: {beats}); another omnirl run or RLJob of "
-                         "that name uses this Redis, and starting here would delete or take over its work: stop it, "
-                         "or give this run another metadata.name (a run just killed: its beats stop counting after "
-                         f"{LIVE_BEAT_S:.0f} s)")
+                         f"(spec.transferQueue.redisUrl; last heartbeats: {beats_text(beats)}); {who} uses this "
+                         "Redis, and starting here would delete or take over its work: stop it, or give this run "
+                         f"another metadata.name (a run just killed: its beats stop counting after {LIVE_BEAT_S:.0f} s)")
+
+
+def claim_run(url: str, job: RLJob, out: Path) -> None:
+    """Write this run's run-owner record (`transfer/owner.py`: this host, `out`, this pid) on the manifest's
+    Redis once its keys are this run's (after the fresh run's cleanup or the `--resume`'s flags): the
+    operator then refuses an RLJob of this name on that Redis while this run lives, naming this run.
+
+    Raises:
+        redis.RedisError: the Redis that answered the pre-flight check went away.
+    """
+    import redis as redis_py
+
+    with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+        write_owner(client, job.metadata.name, local_owner(str(out)))
 
 
 def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:

@@ -1,0 +1,66 @@
+"""Refuse an RLJob whose name is live on its Redis under another run (`omnirl.transfer.owner`).
+
+A job's Redis keys are ``omnirl:{job}:*``: an RLJob started while an `omnirl run` of that name (or an
+RLJob of that name in another namespace or cluster) runs on the same Redis would read and write that
+run's streams and keys, and train on its samples. Each reconcile of a running RLJob, before any child is
+created, claims the job's run-owner record for this RLJob (renewing it) or, when another run holds the
+name, names that run; the reconcile then creates nothing, and tries again on every resync, so the job
+starts once that run ended. A Redis that cannot be read is not checked (the reconcile goes on, and says
+so in the operator's log): a job whose Redis starts with it, as the chart's does, must not wait for it here;
+its pods report an unreachable Redis themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+
+from omnirl.api.spec import RLJob
+from omnirl.transfer.owner import claim_for_rljob
+from omnirl_operator.autoscale import _client, _password
+from omnirl_operator.kube import KubeApi
+from omnirl_operator.meta import owned_by
+from omnirl_operator.pods import redis_url
+from omnirl_operator.settings import OperatorSettings
+
+REASON_REDIS_NAME_IN_USE = "RedisNameInUse"
+
+
+async def redis_name_conflict(kube: KubeApi, job: RLJob, ns: str, uid: str, stored: dict[str, Any],
+                              settings: OperatorSettings, log: logging.Logger) -> str | None:
+    """Claim the job's name on its Redis for RLJob `uid`, or say why not.
+
+    Args:
+        stored: the job's children as read (``Kind/name`` → object or None); one owned by `uid` means the
+            job ran before (heartbeats without a run-owner record are then its own pods').
+
+    Returns:
+        The status message naming the other run and the fix; None once claimed, or when the Redis could
+        not be read (a warning in `log` says so).
+    """
+    url = redis_url(job, settings)
+    field = "spec.transferQueue.redisUrl" if job.spec.transferQueue.redisUrl else "OMNIRL_DEFAULT_REDIS_URL"
+    parts = urlsplit(url)
+    where = f"{parts.hostname}:{parts.port or 6379}"
+    started = any(obj is not None and owned_by(obj, uid) for obj in stored.values())
+    name = job.metadata.name
+    try:
+        client = _client(url, await _password(kube, job, ns, settings))
+        try:
+            other = await asyncio.to_thread(claim_for_rljob, client, name, ns, uid, started)
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError) as exc:
+        log.warning("job %s: its name on the Redis %s (%s) was not checked for another run: %s: %s",
+                    name, where, field, type(exc).__name__, exc)
+        return None
+    if other is None:
+        return None
+    return (f"metadata.name: job {name!r} is in use on the Redis {where} ({field}): {other}. Its keys "
+            f"(omnirl:{name}:*) would be shared, so nothing of this RLJob was created; it starts on its own once "
+            "that run has ended (finished, or its keys deleted). To run both now, apply this RLJob under another metadata.name (or point it at "
+            "another Redis)")
