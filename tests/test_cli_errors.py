@@ -220,8 +220,9 @@ def holding_a_model(tmp: Path) -> str:
 CASES = {
     "run-missing-manifest": (lambda t: ["run", str(t / "nope.yaml")], "omnirl run: ", "nope.yaml: cannot read"),
     "run-invalid-manifest": (lambda t: ["run", bad_manifest(t)], "omnirl run: ", "spec.algorithm.groupSize"),
-    "run-missing-prompt-file": (lambda t: ["run", missing_prompts(t), "--out", str(t / "o")], "omnirl run: ",
-                                "spec.data.trainPrompts: "),
+    "run-missing-prompt-file": (lambda t: ["run", missing_prompts(t), "--out", str(t / "o")], "omnirl run: spec.data.trainPrompts: ",
+                                "/nope.txt does not exist on this machine; point it at a local "
+                                "prompt file (one prompt per line) (relative paths resolve against the manifest's folder)"),
     # `omnirl run` trained all weights while the user believed rank-8 adapters were trained (api/spec.py LoRASpec)
     "run-lora-settings-without-enabled": (
         lambda t: ["run", lora_settings_without_enabled(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
