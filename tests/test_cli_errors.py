@@ -220,8 +220,9 @@ def holding_a_model(tmp: Path) -> str:
 CASES = {
     "run-missing-manifest": (lambda t: ["run", str(t / "nope.yaml")], "omnirl run: ", "nope.yaml: cannot read"),
     "run-invalid-manifest": (lambda t: ["run", bad_manifest(t)], "omnirl run: ", "spec.algorithm.groupSize"),
-    "run-missing-prompt-file": (lambda t: ["run", missing_prompts(t), "--out", str(t / "o")], "omnirl run: ",
-                                "spec.data.trainPrompts: "),
+    "run-missing-prompt-file": (lambda t: ["run", missing_prompts(t), "--out", str(t / "o")], "omnirl run: spec.data.trainPrompts: ",
+                                "/nope.txt does not exist on this machine; point it at a local "
+                                "prompt file (one prompt per line) (relative paths resolve against the manifest's folder)"),
     # `omnirl run` trained all weights while the user believed rank-8 adapters were trained (api/spec.py LoRASpec)
     "run-lora-settings-without-enabled": (
         lambda t: ["run", lora_settings_without_enabled(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
@@ -582,3 +583,21 @@ def test_every_help_page_says_what_its_command_does():
     walk(parser, "omnirl")
     assert silent == []
     assert visited >= {"omnirl run", "omnirl eval", "omnirl scorer serve"}
+
+
+def test_eval_of_an_exports_manifest_says_it_scores_the_starting_model_not_the_export(tmp_path, capsys):
+    """An export's job.yaml is the run's manifest as written (model.path builtin): `omnirl eval` of it
+    without --checkpoint scored the base model (0.350 where the export scored 0.400) and said nothing."""
+    export = tmp_path / "exp"
+    export.mkdir()
+    (export / "export.json").write_text("{}")
+    (export / "job.yaml").write_text(Path(NFT).read_text())
+    prompts = prompt_file(tmp_path, 'A sign that says "42"\n')
+    code = main(["eval", str(export / "job.yaml"), "--prompts", prompts, "--steps", "2", "--out", str(tmp_path / "o")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "model builtin (spec.model.path; no --checkpoint)" in out.splitlines()
+    assert err.splitlines() == [
+        f"omnirl eval: note: {export / 'job.yaml'} is an export's manifest as written, so this scores spec.model.path "
+        f"builtin (the model the run started from), not the exported weights; to score those set spec.model.path: "
+        f"{export} or pass --checkpoint"]

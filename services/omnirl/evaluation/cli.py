@@ -88,6 +88,14 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
         with config_errors(f"--checkpoint {args.checkpoint}", SafetensorError, json.JSONDecodeError, fix=fix):
             state = load_policy(adapter, args.checkpoint, spec.model.lora)
         print(f"checkpoint {args.checkpoint}: step {state.get('step')} policy_version {state.get('policy_version')}")
+    else:  # say which weights are scored: without --checkpoint it is the manifest's model, often the base one
+        print(f"model {spec.model.path} (spec.model.path; no --checkpoint)")
+        if (Path(args.job).parent / "export.json").is_file() and spec.model.path != str(Path(args.job).parent):
+            # an export's job.yaml is the run's manifest as written: it names the model the run started from
+            print(f"omnirl eval: note: {args.job} is an export's manifest as written, so this scores "
+                  f"spec.model.path {spec.model.path} (the model the run started from), not the exported weights; "
+                  f"to score those set spec.model.path: {Path(args.job).parent} or pass --checkpoint",
+                  file=sys.stderr, flush=True)
     adapter.module.eval()
     steps = spec.validation.numSteps if args.steps is None else args.steps
     t0 = time.perf_counter()

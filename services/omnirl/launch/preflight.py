@@ -38,14 +38,15 @@ def check_local_paths(job: RLJob) -> None:
             in-process scorer its model cannot build (`reward.registry.check_in_process`: an OCR alphabet).
     """
     spec = job.spec
-    paths = [("spec.data.trainPrompts", spec.data.trainPrompts),
-             ("spec.data.validationPrompts", spec.data.validationPrompts)]
+    # What each field must name: a prompt file (a directory is refused, `controller.data`), a model directory.
+    paths = [("spec.data.trainPrompts", spec.data.trainPrompts, "prompt file (one prompt per line)"),
+             ("spec.data.validationPrompts", spec.data.validationPrompts, "prompt file (one prompt per line)")]
     if spec.model.path != "builtin":
-        paths.append(("spec.model.path", spec.model.path))
-    for field, path in paths:
+        paths.append(("spec.model.path", spec.model.path, "model directory"))
+    for field, path, kind in paths:
         if path and not Path(path).exists():
             raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
-                                    "file or directory (relative paths resolve against the manifest's folder)")
+                                    f"{kind} (relative paths resolve against the manifest's folder)")
     check_model_weights(job)  # before the prompts: tokenizing them reads the model's config
     check_prompts(job)
     check_api_keys(job.spec.reward)  # the roles inherit this environment
