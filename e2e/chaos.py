@@ -73,6 +73,10 @@ class Counts:
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.problems += other.problems
 
+    def samples(self) -> tuple[int, int, int, int, int, int]:
+        """(generated, scored, trained, lost, duplicated, wasted): what a test of one run compares."""
+        return self.generated, self.scored, self.trained, self.lost, self.duplicated, self.wasted
+
     def line(self) -> str:
         """The suite's summary line."""
         return (f"kills={self.kills} generated={self.generated} scored={self.scored} trained={self.trained} "
