@@ -76,7 +76,7 @@ def test_non_root_cuda_default_and_ascend_build_arg(image):
     ascend = dockerfile.read_text().split("AS base-ascend")[1].split("FROM ")[0]
     assert "torch-npu" in ascend
     run = " ".join(rest for w, rest in steps if w == "RUN")
-    assert "pip install /src && python -m omnirl.reward.protocol.stubs" in run  # gRPC stubs built in the image
+    assert "python -m omnirl.reward.protocol.stubs" in run  # gRPC stubs built in the image
     copies = [rest for w, rest in steps if w == "COPY"]
     assert "examples /opt/omnirl/examples" in copies
     assert OperatorSettings().data_root == "/opt/omnirl/examples"  # what the operator resolves against
@@ -101,3 +101,40 @@ def test_chart_defaults_reference_the_images_the_operator_defaults_to():
                         ("trainer", defaults.trainer_image)):
         spec = values["jobImages"][role]
         assert f"{spec['repository']}:{spec['tag'] or chart['appVersion']}" == image
+
+
+def image_specific(line: str) -> bool:
+    """Lines allowed to differ between the three role images: the header comment naming the image and
+    its build commands, the ports it exposes, its default role."""
+    return line.startswith(("# omnirl ", "#   docker build ", "# 9090 ", "EXPOSE ", "ENTRYPOINT "))
+
+
+def test_the_role_images_differ_only_in_their_name_ports_and_role():
+    """One recipe for the three role images: the torch build, the extras and the user are set once in
+    each and must agree (a torch bump in one image only would run the roles of one job on two torches)."""
+    recipes = {image: [line for line in (ROOT / image / "Dockerfile").read_text().splitlines()
+                       if not image_specific(line)] for image in IMAGES}
+    first, *rest = recipes
+    for image in rest:
+        assert recipes[image] == recipes[first], f"{image}/Dockerfile differs from {first}/Dockerfile"
+
+
+def stage_args(dockerfile: Path, stage: str) -> dict[str, str]:
+    text = re.sub(r"\\\n", " ", dockerfile.read_text()).split(f"AS {stage}")[1].split("\nFROM ")[0]
+    return dict(re.findall(r"^ARG (\w+)=(\S+)", text, flags=re.M))
+
+
+@pytest.mark.parametrize("image", sorted(IMAGES))
+def test_images_run_the_tested_torch_and_can_load_the_diffusers_families(image):
+    """The images install the torch the GPU tests ran on (pyproject's floor, 2.11.0: FSDP2's public
+    `torch.distributed.fsdp.fully_shard` needs ≥ 2.6; the images once pinned 2.5.1 and 2.4.0) and the
+    `diffusers` extra (without it every sd3/flux/qwen-image RLJob's pods fail at import)."""
+    dockerfile = ROOT / image / "Dockerfile"
+    floor = re.search(r'"torch>=([0-9.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    cuda, ascend = stage_args(dockerfile, "base-cuda"), stage_args(dockerfile, "base-ascend")
+    assert cuda["TORCH_VERSION"] == ascend["TORCH_VERSION"] == f"{floor}.0"
+    assert ascend["TORCH_NPU_VERSION"].startswith(f"{floor}.0")  # torch-npu X.Y.Z.postN is built for torch X.Y.Z
+    run = " ".join(rest for w, rest in instructions(dockerfile) if w == "RUN")
+    assert 'pip install "/src[diffusers]"' in run
+    extras = (ROOT / "pyproject.toml").read_text().split("[project.optional-dependencies]")[1]
+    assert re.search(r'^diffusers = \[.*"diffusers>=', extras, flags=re.M)
