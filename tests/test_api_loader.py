@@ -59,6 +59,8 @@ def test_console_script_exit_codes(tmp_path: Path) -> None:
     assert res.stdout.splitlines() == [
         f"{BASE}: ok",
         "  ocr-flowgrpo: σ grid: family default (ocr-digits), shift 1, 10 steps: 1.0000, 0.9000 … 0.1000, 0.0000",
+        "  ocr-flowgrpo: tensors: transferQueue.tensorTtlSeconds 3600 s must outlive checkpoint.everySteps (20) for an "
+        "actor restart to replay a batch: keep a training step under 180 s (the run warns past 50% of the TTL)",
         f"{bad}: spec.algorithm.groupSize: 1 is invalid: must be >= 2 (line 23)",
     ]
 

@@ -18,9 +18,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from omnirl.api.loader import validate_files
 
     def grid(job) -> list[str]:  # after the spec checks: only a valid job pays for torch
+        from omnirl.controller.ttl import budget_line
         from omnirl.models.registry import describe_sigma_grid
 
-        return [describe_sigma_grid(job.spec)]
+        return [describe_sigma_grid(job.spec), budget_line(job.spec)]
 
     return validate_files(args.files, out=sys.stdout, describe=grid)
 

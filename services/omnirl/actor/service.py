@@ -10,7 +10,11 @@ metrics → delete the batch's tensors. A request seen twice (redelivery) is tra
 `TrainDone` published again (a successor controller may be waiting for it). A batch whose samples'
 tensors are gone (expired after `spec.transferQueue.tensorTtlSeconds` while it waited: a slow, stopped
 or restarted actor) is not trained: `TrainLost` names them and the controller regenerates their groups
-and hands the step again (it was `MissingTensors`, a crash every restart met again).
+and hands the step again (it was `MissingTensors`, a crash every restart met again). It never names none: a
+rank's failed read of a key the leader then finds makes every rank read the batch again (an empty `TrainLost`
+left the controller waiting forever). The leader measures the batch's oldest tensor's age when it reads it and,
+at a checkpoint, that of the batches the checkpoint covers (`batch_tensor_age_seconds`,
+`replay_tensor_age_seconds`: the controller warns near `tensorTtlSeconds`).
 
 Durability: the actor's state is the authority on progress. It trains step n only right after
 n - 1 (a redelivered or replayed request of a trained step is skipped), and after every step
@@ -129,6 +133,9 @@ class ActorService:
         if self.sender is not None:
             log.info("actor rank 0 on %s: weight sync over %s", self.device, self.sender.backend)
         self._rollout: dict[str, torch.Tensor] = {}  # the leader's gathered rollout tensors
+        # seconds of tensorTtlSeconds the last batch's oldest tensor had lived when read, and the oldest tensor a
+        # replay needed until the last checkpoint (`_forget_through`): metrics, the controller warns near the TTL
+        self._batch_age, self._replay_age = 0.0, None
         self._ledger = None
         if leader:
             path = Path(env.out_dir) / "ledger" / f"actor-{env.worker_id}.jsonl"
@@ -370,7 +377,10 @@ class ActorService:
             self._trained_at_stop(req, metrics)
             return
         metrics.update(load_seconds=t_load - t0, train_seconds=t_train - t_load,
-                       sync_seconds=time.perf_counter() - t_sync, sync_bytes=float(report.bytes))
+                       sync_seconds=time.perf_counter() - t_sync, sync_bytes=float(report.bytes),
+                       batch_tensor_age_seconds=self._batch_age)
+        if req.checkpoint and self._replay_age is not None:
+            metrics["replay_tensor_age_seconds"] = self._replay_age
         if wait0 is not None and wait1 is not None:  # contention, not work: other processes held the cores
             metrics["train_cpu_wait_seconds"] = wait1 - wait0
         self._publish_state()
@@ -411,12 +421,18 @@ class ActorService:
         return path
 
     def _forget_through(self, step: int) -> None:
-        r = self.queue.redis
+        """Delete the stored batches (requests and tensors) of the steps through `step`, which a checkpoint
+        covers now; `_replay_age` = the oldest of their tensors' age (`tensorTtlSeconds` when one had expired):
+        how long a replay needed them to live."""
+        r, ages = self.queue.redis, []
         for field, raw in r.hgetall(self._trainreqs).items():
             if int(field) <= step:
                 req = TrainRequest.model_validate(json.loads(raw)["request"])
-                self.queue.delete_tensors([item.tensor_key for item in req.items])
+                keys = [item.tensor_key for item in req.items]
+                ages += [self.queue.tensor_ttl_s if a is None else a for a in self.queue.ages(keys)]
+                self.queue.delete_tensors(keys)
                 r.hdel(self._trainreqs, field)
+        self._replay_age = max(ages, default=None)
 
     def _gather_rollout(self) -> None:
         """The rollout policy's full tensors (a collective with several ranks); the leader keeps them."""
@@ -425,25 +441,40 @@ class ActorService:
     def _load_batch(self, req: TrainRequest) -> list[TrainSample]:
         """Every sample of `req` with its tensors, in order.
 
+        A rank that could not read a key the leader then finds in Redis (none absent) reads the batch again, once:
+        a `TrainLost` naming no sample gave the controller nothing to regenerate, and it waited for the step
+        forever (the actor had acked the request).
+
         Raises:
             BatchLost: on every rank when any rank found a sample's tensors gone; the leader's names every
-                sample whose key is absent by now (a key can expire between two ranks' reads).
+                sample whose key is absent by now (a key can expire between two ranks' reads), never none.
+            RuntimeError: a rank failed to read keys that Redis holds twice in a row (a role failure: the
+                failure policy restarts the actor, which gets the request again).
         """
-        samples, gone = [], False
-        for item in req.items:
-            try:
-                samples.append(self._load(item))
-            except MissingTensors:
-                gone = True
-        if self.ranks.max(float(gone)) == 0:
-            return samples
         keys = {item.tensor_key: item.sample_id for item in req.items}
-        absent = self.queue.absent(list(keys)) if self.ranks.leader else []
-        ttl_s = self.queue.tensor_ttl_s
-        reason = (f"{len(absent)} of {len(req.items)} tensor keys were gone when the actor read step {req.step}'s "
-                  f"batch (e.g. {absent[0] if absent else '?'}): expired after spec.transferQueue.tensorTtlSeconds "
-                  f"({ttl_s:g} s), or deleted")
-        raise BatchLost(TrainLost(step=req.step, samples=[keys[k] for k in absent], reason=reason))
+        for attempt in range(2):
+            samples, gone = [], 0
+            for item in req.items:
+                try:
+                    samples.append(self._load(item))
+                except MissingTensors:
+                    gone += 1
+            if self.ranks.max(float(gone)) == 0:
+                if self.ranks.leader:  # how near the batch came to tensorTtlSeconds (the controller warns)
+                    self._batch_age = max((a for a in self.queue.ages(list(keys)) if a is not None), default=0.0)
+                return samples
+            absent = self.queue.absent(list(keys)) if self.ranks.leader else []
+            if self.ranks.max(float(len(absent))) > 0:  # every rank calls it; the leader's count decides
+                ttl_s = self.queue.tensor_ttl_s
+                reason = (f"{len(absent)} of {len(req.items)} tensor keys were gone when the actor read step "
+                          f"{req.step}'s batch (e.g. {absent[0] if absent else '?'}): expired after spec."
+                          f"transferQueue.tensorTtlSeconds ({ttl_s:g} s), or deleted")
+                raise BatchLost(TrainLost(step=req.step, samples=[keys[k] for k in absent], reason=reason))
+            if attempt == 0:
+                log.warning("step %d: a rank could not read tensor keys of the batch that Redis holds (none is "
+                            "absent now): reading the batch again", req.step)
+        raise RuntimeError(f"step {req.step}: a rank could not read tensor keys of its batch twice although Redis "
+                           "holds every one of them (do all actor ranks use the same spec.transferQueue.redisUrl?)")
 
     def _report_lost(self, lost: TrainLost) -> None:
         """The leader tells the controller which samples of the step it could not train (one warning line

@@ -126,7 +126,8 @@ class TrainLost(_Msg):
 
     type: Literal["lost"] = "lost"
     step: int
-    samples: list[str] = Field(..., description="Sample ids of the batch whose tensor keys are gone.")
+    samples: list[str] = Field(..., description="Sample ids of the batch whose tensor keys are gone; never empty from "
+                               "this actor (an empty list, an older actor's, makes the controller look at the keys).")
     reason: str
 
 

@@ -43,6 +43,7 @@ from omnirl.controller.group_scoring import GroupScoring
 from omnirl.controller.groups import StepBook, refill_request
 from omnirl.controller.normalize import combine_step, component_stats
 from omnirl.controller.report import REWARD_LATENCIES, Reporter
+from omnirl.controller.ttl import TtlWatch
 from omnirl.controller.validation import SampleUnscored, Validator
 from omnirl.models.registry import load_tokenizer
 from omnirl.transfer import Message, TransferQueue, kv_key
@@ -50,6 +51,10 @@ from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stalled_text
 
 log = logging.getLogger("omnirl.controller")
 GROUP = "controller"
+# a step's batch is handed again at most this often after a `TrainLost` naming no sample while Redis holds its keys
+REASK_LIMIT = 3
+# rounds of one validation: a round whose every sample was missing (tensors gone) is run once more
+VALIDATION_ATTEMPTS = 2
 
 
 class JobFailed(RuntimeError):
@@ -113,7 +118,9 @@ class Controller:
         self.inbox: dict[int, list[Message]] = {}  # scores of steps whose book does not exist yet
         self.trained: dict[int, TrainDone] = {}
         self.lost: dict[int, TrainLost] = {}  # the actor's latest `TrainLost` per step
+        self._reasked: dict[int, int] = {}  # per step: batches handed again after a `TrainLost` naming no sample
         self.group_scoring = GroupScoring(spec.reward, self.queue)
+        self.ttl_watch = TtlWatch(spec)  # measured waits near tensorTtlSeconds: one warning per kind
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
@@ -157,6 +164,8 @@ class Controller:
                 if ahead and step + 1 < self.total_steps and step + 1 not in self.books:
                     self._publish_step(step + 1)
                 done = self._wait_trained(step, req)
+                while isinstance(done, TrainLost) and not done.samples:  # named none: look at the keys here
+                    done = self._name_lost(done, req) or self._wait_trained(step, req)
                 if isinstance(done, TrainDone):
                     break
                 self._regenerate(done)  # the actor found tensors gone: refill their groups, hand the step again
@@ -165,6 +174,7 @@ class Controller:
             self.version = done.policy_version
             stats.update(step_seconds=time.time() - t0, handoff_to_trained_seconds=time.time() - t_handed)
             self._report(step, stats, done)
+            self.ttl_watch.trained(step, done.metrics)
             self._record_queues()
             if self.validator and self._validation_due(step):
                 self._validate(step + 1)
@@ -230,6 +240,40 @@ class Controller:
         groups = book.fail_lost(lost.samples, lost.reason)
         log.warning("step %d: the actor found the tensors of %d sample(s) gone, not trained: regenerating %d "
                     "group(s) (%s)", step, len(lost.samples), len(groups), ", ".join(groups[:4]))
+
+    def _name_lost(self, lost: TrainLost, req: TrainRequest) -> TrainLost | None:
+        """A `TrainLost` of `req` naming no sample (an actor rank failed to read a key the leader then found, or an
+        actor before 2026-12-03's) gave nothing to regenerate, and the step waited forever: the controller looks at
+        the batch's tensor keys itself.
+
+        Returns:
+            A `TrainLost` naming the samples whose keys are gone (regenerated as usual), or None when Redis holds
+            every key: then the same batch is handed again (the actor trains it, or answers again); None, and
+            nothing handed, when the actor has trained the step meanwhile (the answer was an earlier copy's: its
+            checkpoint deletes the batch's keys and stored request, which are no loss then).
+        Raises:
+            JobFailed: the actor answered so `REASK_LIMIT` times for this step (it cannot read its batch).
+        """
+        state = self.queue.get_json("actor_state")
+        if (state is not None and int(state["step"]) >= lost.step) or \
+                not self.queue.redis.hexists(self._trainreqs, str(lost.step)):
+            return None  # its TrainDone follows
+        by_key = {item.tensor_key: item.sample_id for item in req.items}
+        gone = self.queue.absent(list(by_key))
+        if gone:
+            reason = (f"{len(gone)} of {len(by_key)} tensor keys of step {lost.step}'s batch were gone (e.g. {gone[0]}): "
+                      f"expired after spec.transferQueue.tensorTtlSeconds ({self.queue.tensor_ttl_s:g} s), or deleted")
+            return TrainLost(step=lost.step, samples=[by_key[k] for k in gone], reason=reason)
+        asked = self._reasked[lost.step] = self._reasked.get(lost.step, 0) + 1
+        if asked > REASK_LIMIT:
+            raise JobFailed(f"step {lost.step}: the actor reported its batch lost {asked} times naming no sample, but "
+                            f"Redis holds every tensor key of it ({lost.reason}): an actor rank cannot read what the "
+                            "leader reads; check that every actor rank reaches spec.transferQueue.redisUrl, then omnirl "
+                            "run --resume")
+        log.warning("step %d: the actor reported its batch lost naming no sample, but Redis holds every tensor key of "
+                    "it: handing the same batch again (%d of %d)", lost.step, asked, REASK_LIMIT)
+        self.queue.publish(self.queue.streams.control, req.model_dump())
+        return None
 
     def _report(self, step: int, stats: dict, done: TrainDone) -> None:
         """Write the step's line, then forget the step's numbers kept for a successor. A result the
@@ -462,11 +506,12 @@ class Controller:
 
     def _wait_trained(self, step: int, req: TrainRequest) -> TrainDone | TrainLost:
         """The actor's answer to `req`: its `TrainDone`, or `TrainLost` naming samples of `req` whose tensors
-        were gone (one naming none of them answered an earlier batch of the step, already regenerated)."""
+        were gone, or naming none at all (`_name_lost`); one naming others answered an earlier batch of the step,
+        already regenerated, and is skipped."""
         ids = {item.sample_id for item in req.items}
         while step not in self.trained:
             lost = self.lost.pop(step, None)
-            if lost is not None and ids.intersection(lost.samples):
+            if lost is not None and (not lost.samples or ids.intersection(lost.samples)):
                 return lost
             self._check_terminated()
             self._pump(block_ms=100)
@@ -500,14 +545,35 @@ class Controller:
         return (every > 0 and (step + 1) % every == 0) or step == self.total_steps - 1
 
     def _validate(self, at_step: int) -> None:
-        self.validator.publish(at_step, self.version)
-        while not self.validator.complete:
-            self._check_terminated()
-            self._pump()
-        try:
-            summary = self.validator.finish()
-        except SampleUnscored as err:
-            raise JobFailed(f"validation at step {at_step}: {err}") from err
+        """Run the validation round after `at_step` training steps and write its line. A round whose every
+        sample was missing (tensors gone: a reward role or this controller stopped longer than the TTL) is run
+        once more for the same policy version, prompts and noise, so the curve gets its point; that line's
+        `attempts` says how many rounds ran (2), and a second empty one is written with null means.
+
+        Raises:
+            JobFailed: a validation sample could not be scored (`SampleUnscored`).
+        """
+        for attempt in range(VALIDATION_ATTEMPTS):
+            self.validator.publish(at_step, self.version, attempt)
+            while not self.validator.complete:
+                self._check_terminated()
+                self._pump()
+            try:
+                summary = self.validator.finish()
+            except SampleUnscored as err:
+                raise JobFailed(f"validation at step {at_step}: {err}") from err
+            self.ttl_watch.validated(summary)
+            if summary["n"]:
+                break
+            if attempt + 1 < VALIDATION_ATTEMPTS:
+                log.warning("validation at step %d: all %d samples missing: running the round again for policy v%d "
+                            "(the same prompts and noise)", at_step, summary["missing"], self.version)
+            else:
+                log.warning("validation at step %d: all %d samples missing in %d rounds: its line has no reward (null); "
+                            "raise spec.transferQueue.tensorTtlSeconds above the longest a validation round takes",
+                            at_step, summary["missing"], VALIDATION_ATTEMPTS)
+        if attempt:  # only on a round run again: the lines of every other round keep their fields
+            summary["attempts"] = attempt + 1
         self.reporter.validation(summary)
 
     def _export(self, checkpoint: str) -> None:

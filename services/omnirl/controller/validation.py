@@ -61,22 +61,28 @@ class Validator:
         self.prompts = read_prompts(spec.data.validationPrompts, "spec.data.validationPrompts")[: spec.validation.maxPrompts]
         self.ids = [list(tokenize(p)) for p in self.prompts]
         self.round: int | None = None
+        self.tag = str(nonce)  # the last part of the current round's sample ids
         self.version = 0
         self.scores: dict[int, ScoreMeta] = {}
         self.keys: dict[int, str] = {}
         self.t0 = 0.0
 
-    def publish(self, at_step: int, version: int) -> None:
-        """Send one ODE request per held-out prompt, tagged with the training step it follows."""
+    def publish(self, at_step: int, version: int, attempt: int = 0) -> None:
+        """Send one ODE request per held-out prompt, tagged with the training step it follows.
+
+        `attempt` ≥ 1 runs the round again (every sample of the previous attempt was missing): the same
+        prompts and noise seeds under new sample ids (`val{step}:{i}:{nonce}a{attempt}`), which the rollout's
+        exactly-once markers do not skip and which tell its scores from the previous attempt's."""
         self.round, self.version, self.t0 = at_step, version, time.time()
         self.scores, self.keys = {}, {}
+        self.tag = f"{self.nonce}a{attempt}" if attempt else str(self.nonce)
         for i, (prompt, ids) in enumerate(zip(self.prompts, self.ids, strict=True)):
-            req = heldout_request(self.spec, i, prompt, ids, step=at_step, sample_id=f"val{at_step}:{i}:{self.nonce}")
+            req = heldout_request(self.spec, i, prompt, ids, step=at_step, sample_id=f"val{at_step}:{i}:{self.tag}")
             self.queue.publish(self.queue.streams.requests, req.model_dump())
 
     def record(self, score: ScoreMeta, tensor_key: str | None) -> None:
         """File a validation score (ignores leftovers of an earlier round)."""
-        if self.round is None or score.step != self.round or score.sample_id.rsplit(":", 1)[1] != str(self.nonce):
+        if self.round is None or score.step != self.round or score.sample_id.rsplit(":", 1)[1] != self.tag:
             if tensor_key:
                 self.queue.delete_tensors([tensor_key])
             return
@@ -94,7 +100,8 @@ class Validator:
         """Summarise the round over the samples it has, write their grid, delete the round's tensors.
 
         Returns the `validation` line: `n` samples in the means, `missing` samples whose tensors were gone
-        (the reward role's `lost` scores, images gone before this read); the means are None when `n` is 0.
+        (the reward role's `lost` scores, images gone before this read); the means are None when `n` is 0;
+        `val_tensor_age_seconds`, the oldest remaining tensor's age of `tensorTtlSeconds` (None: none left).
 
         Raises:
             SampleUnscored: a sample's scoring failed for another reason (after the reward role's own retries).
@@ -121,6 +128,8 @@ class Validator:
         if first:
             save_image_grid([images[i] for i in first], grid, ncols=8,
                             captions=[f"{self.scores[i].reward:.2f}" for i in first])
+        # how near the round came to tensorTtlSeconds (Redis's clock; `TtlWatch` warns): its oldest tensor still there
+        ages = [a for a in self.queue.ages(list(self.keys.values())) if a is not None]
         self.queue.delete_tensors(list(self.keys.values()))
         if missing:
             lost = sorted(missing)
@@ -135,6 +144,7 @@ class Validator:
             "val_exact_match": exact_match([self.scores[i].rewards for i in have], text_rewards(self.spec.reward)),
             "val_background_darkness": background_darkness([images[i] for i in have]) if have else None,
             "val_seconds": time.time() - self.t0, "grid": str(grid) if first else None,
+            "val_tensor_age_seconds": max(ages) if ages else None,
         }
         for spec in self.spec.reward:  # each per-sample component's raw mean, e.g. val_reward_ocr
             if spec.kind in GROUP_KINDS:  # a validation group has one sample: no group scorer runs

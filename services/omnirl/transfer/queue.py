@@ -364,6 +364,16 @@ class TransferQueue:
             pipe.exists(self._check_tensor_key(key))
         return [key for key, n in zip(keys, pipe.execute(), strict=True) if not n]
 
+    def ages(self, keys: list[str]) -> list[float | None]:
+        """Seconds each tensor key of `keys` has lived of `tensor_ttl_s` (`tensor_ttl_s` − its PTTL: Redis's
+        own clock, no writer's), in order; None for a key that no longer exists (0 for one without expiry).
+        One pipelined PTTL each."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            pipe.pttl(self._check_tensor_key(key))
+        return [None if ms == -2 else 0.0 if ms < 0 else max(0.0, self.tensor_ttl_s - ms / 1000)
+                for ms in pipe.execute()]
+
     def delete_tensors(self, keys: list[str] | str) -> int:
         """UNLINK tensor keys (a str or a list) and their image keys; returns how many keys existed."""
         keys = [keys] if isinstance(keys, str) else list(keys)
