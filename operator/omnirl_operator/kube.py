@@ -2,7 +2,7 @@
 
 The handlers call it through ``asyncio.to_thread`` (the `kubernetes` client is synchronous). It
 knows only REST paths and JSON: create, get, list by labels, JSON merge patch, delete, and
-create-or-patch.
+create-or-patch (whether a patch is needed at all is the caller's call: ``meta.py::up_to_date``).
 Builders never import this module.
 """
 

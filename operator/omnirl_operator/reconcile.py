@@ -1,10 +1,13 @@
 """One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → read (one
 LIST per kind, ``read.py``; a child's name taken by another owner's object fails the job, nothing
 of that object written) → claim the job's name on its Redis (``runowner.py``; another live run of
-that name: nothing created, checked again every resync) → apply → observe (workloads, and the pods'
-exit codes) → failure policy → status. A job that fails stops its own pods (``stop.py``).
-Idempotent: running it twice creates nothing twice (409 on create becomes a merge patch) and writes
-the same status.
+that name: nothing created, checked again every resync) → reward autoscaler (``autoscale.py``) → apply
+→ observe (workloads, and the pods'
+exit codes) → failure policy → status. A job that fails stops its own pods (``stop.py``); a refused one
+(a name taken, another run on its Redis, an invalid spec) writes nothing else, to the cluster or Redis.
+Idempotent: running it twice creates nothing twice (409 on create becomes a merge patch), writes the
+same status, and the second run sends no write at all (a child is patched only when it differs from
+its stored object, ``meta.py::up_to_date``).
 
 Handlers (``handlers.py``) only wire kopf to :func:`reconcile`; everything that talks to the API
 server goes through :class:`omnirl_operator.kube.KubeApi` in a worker thread.
