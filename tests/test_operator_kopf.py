@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import redis
 
+from omnirl_operator.meta import child_labels
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.testing import BackgroundCluster, EmulatedCluster, rljob_body
 
@@ -374,7 +375,7 @@ def test_a_configuration_error_fails_the_job_with_its_message_instead_of_restart
             else {"state": ended}
         await cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": f"{name}-{role}-abcde", "namespace": NS,
-            "labels": {"omnirl.dev/job": name, "omnirl.dev/role": role}},
+            "labels": child_labels(name, role)},  # what its template gives it
             "spec": {"containers": [{"name": role, "image": "trainer"}]},
             "status": {"containerStatuses": [{"name": role, "restartCount": 1, **states}]}})
         if role == "controller":

@@ -19,7 +19,7 @@ from omnirl.api.problems import problem_lines
 from omnirl.api.spec import RLJob
 from omnirl.api.spec_storage import quantity_bytes
 from omnirl_operator.builders import build_children
-from omnirl_operator.meta import PLACEHOLDER_UID, adopt
+from omnirl_operator.meta import PLACEHOLDER_UID, adopt, child_labels
 from omnirl_operator.reconcile import reconcile
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.testing import BackgroundCluster, EmulatedCluster, rljob_body
@@ -374,7 +374,7 @@ def _storage_failure(storage: dict, line: str) -> str:
             await reconcile(body, cluster.api, SETTINGS, now, logging.getLogger("test"))
             await cluster.set_status("batch/v1", "Job", ns, "full-controller", {"active": 1})
             await cluster.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
-                "name": "full-actor-0", "namespace": ns, "labels": {"omnirl.dev/job": "full", "omnirl.dev/role": "actor"}},
+                "name": "full-actor-0", "namespace": ns, "labels": child_labels("full", "actor")},  # its template's
                 "spec": {"containers": [{"name": "actor", "image": "trainer"}]},
                 "status": {"containerStatuses": [{"name": "actor", "restartCount": 1, "lastState": {"terminated": {
                     "exitCode": 5, "reason": "Error", "message": f"12:00:00 actor INFO step 40\n{line}\n"}}}]}})

@@ -19,7 +19,7 @@ from typing import Any
 
 from omnirl.api.judges import VOLUME_MOUNT, argv, dns_name, judge_rewards, url, wire
 from omnirl.api.spec import RewardSpec, RLJob, judge_service_name
-from omnirl_operator.meta import child_labels, deep_merge, object_meta
+from omnirl_operator.meta import child_labels, deep_merge, object_meta, pod_labels
 from omnirl_operator.pods import accelerator_resources, accelerator_scheduling, pull_secrets
 from omnirl_operator.settings import OperatorSettings
 
@@ -98,9 +98,10 @@ def build_judge(job: RLJob, reward: RewardSpec, settings: OperatorSettings, *, r
         **pull_secrets(settings),
     }
     template: dict[str, Any] = {"metadata": {"labels": labels}, "spec": spec}
-    if server.template:  # user fields win, but the selector's labels stay (the Deployment needs them)
+    if server.template:  # user fields win, but the selector's labels stay (the Deployment needs them), and
+        # those the reconcile lists the job's pods by
         template = deep_merge(template, server.template)
-        template["metadata"].setdefault("labels", {}).update(selector)
+        template["metadata"].setdefault("labels", {}).update({**pod_labels(name), **selector})
     meta = object_meta(name, child, ROLE)
     meta["labels"][LABEL_REWARD] = dns_name(reward)
     return [

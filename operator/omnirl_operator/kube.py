@@ -2,7 +2,7 @@
 
 The handlers call it through ``asyncio.to_thread`` (the `kubernetes` client is synchronous). It
 knows only REST paths and JSON: create, get, list by labels, JSON merge patch, delete, and
-create-or-patch.
+create-or-patch (whether a patch is needed at all is the caller's call: ``meta.py::up_to_date``).
 Builders never import this module.
 """
 
@@ -171,23 +171,25 @@ class KubeApi:
             raise
         return True
 
-    def apply(self, obj: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    def apply(self, obj: dict[str, Any], *, absent: bool = False) -> tuple[str, dict[str, Any]]:
         """Create-or-patch: merge-patch ``obj`` over the stored object, or create it when absent.
 
-        Patch first (one request per child when nothing is missing, the common case of a resync);
-        a 404 creates it, and a 409 on that create (a concurrent creator won) patches again.
-        Merge patch replaces lists whole, so containers, env and ports end up exactly as built.
+        Patch first, unless ``absent`` (the caller read the name and found nothing): then create
+        first. A 404 on the patch creates it, and a 409 on a create (a concurrent creator won)
+        patches. One request either way when the caller's read was right. Merge patch replaces lists
+        whole, so containers, env and ports end up exactly as built.
 
         Returns:
             ``("created" | "patched", the object as stored)``.
         """
         meta = obj["metadata"]
         args = (obj["apiVersion"], obj["kind"], meta["namespace"], meta["name"])
-        try:
-            return "patched", self.patch(*args, obj)
-        except KubeError as exc:
-            if exc.status != 404:
-                raise
+        if not absent:
+            try:
+                return "patched", self.patch(*args, obj)
+            except KubeError as exc:
+                if exc.status != 404:
+                    raise
         try:
             return "created", self.create(obj)
         except KubeError as exc:

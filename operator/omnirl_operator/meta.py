@@ -6,6 +6,8 @@ Pure functions on plain dicts; nothing here talks to a cluster.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -19,6 +21,11 @@ ANNOTATION_SPEC_HASH = f"{API_GROUP}/spec-hash"
 ANNOTATION_RESTARTED_AT = f"{API_GROUP}/restarted-at"
 # "Retain" on a child (the run claim) means: no ownerReference, garbage collection leaves it alone.
 ANNOTATION_WHEN_DELETED = f"{API_GROUP}/when-deleted"
+# On every child the reconcile writes: a hash of the object as last built (see `up_to_date`).
+ANNOTATION_APPLIED = f"{API_GROUP}/applied-hash"
+LABEL_INSTANCE = "app.kubernetes.io/instance"
+LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
+MANAGED_BY = "omnirl-operator"
 PLACEHOLDER_UID = "00000000-0000-0000-0000-000000000000"
 
 def child_name(job: str, role: str | None = None, suffix: str | None = None) -> str:
@@ -35,12 +42,19 @@ def selector_labels(job: str, role: str | None = None) -> dict[str, str]:
     return labels
 
 
+def pod_labels(job: str) -> dict[str, str]:
+    """The labels every pod of RLJob ``job`` carries, its role pods' and its judge servers' alike (the
+    judges' have no ``omnirl.dev/job``: the metrics Service selects on it): one LIST of pods by them
+    reads both. The templates set them after the user's template is merged, so they cannot be overridden."""
+    return {LABEL_INSTANCE: job, LABEL_MANAGED_BY: MANAGED_BY}
+
+
 def child_labels(job: str, role: str | None = None) -> dict[str, str]:
     """Every label a child carries: the recommended ``app.kubernetes.io/*`` set plus our selectors."""
     labels = {
         "app.kubernetes.io/name": "omnirl",
-        "app.kubernetes.io/instance": job,
-        "app.kubernetes.io/managed-by": "omnirl-operator",
+        LABEL_INSTANCE: job,
+        LABEL_MANAGED_BY: MANAGED_BY,
         "app.kubernetes.io/part-of": "omnirl",
     }
     if role is not None:
@@ -96,6 +110,53 @@ def adopt(children: Iterable[dict[str, Any]], job: str, namespace: str, uid: str
         meta["ownerReferences"] = refs + [ref]
         adopted.append(child)
     return adopted
+
+
+def with_applied_hash(child: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``child`` annotated ``omnirl.dev/applied-hash``: the first 16 hex digits of the SHA-256 of
+    its canonical JSON (sorted keys), the annotation left out."""
+    out = copy.deepcopy(child)
+    annotations = out.setdefault("metadata", {}).setdefault("annotations", {})
+    annotations.pop(ANNOTATION_APPLIED, None)
+    digest = hashlib.sha256(json.dumps(out, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:16]
+    annotations[ANNOTATION_APPLIED] = digest
+    return out
+
+
+def _unset(value: Any) -> bool:
+    # what the API server leaves out of an object it returns (Go's omitempty) or a merge patch deletes (null)
+    return value is None or value is False or value == 0 or value in ("", [], {})
+
+
+def _covers(live: Any, want: Any) -> bool:
+    if isinstance(want, dict):
+        return isinstance(live, dict) and all(
+            (_unset(v) and _unset(live.get(k))) if k not in live or v is None else _covers(live[k], v)
+            for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(live, list) and len(live) == len(want) and all(map(_covers, live, want))
+    if isinstance(want, bool) or isinstance(live, bool):  # True == 1 in Python, not in JSON
+        return live is want
+    return live == want
+
+
+def up_to_date(desired: dict[str, Any], live: dict[str, Any]) -> bool:
+    """Whether a JSON merge patch of ``desired`` over the stored ``live`` object would change nothing the
+    operator sets, so the reconcile sends none (a steady resync of a running job writes nothing).
+
+    ``desired`` should carry :func:`with_applied_hash`'s annotation: a field the operator stopped setting
+    (which a merge patch removes from a list item, e.g. a container's ``resources.limits``) then still
+    counts as a change, since the hash differs. Otherwise every field of ``desired`` must be in ``live``
+    with the same value, recursively: keys only ``live`` has (the server's defaults, ``status``, a
+    ``restarted-at`` annotation) are not compared; lists must have the same length, item by item; a
+    ``None``, ``False``, ``0``, empty string, list or map matches an absent key (the API server drops such
+    fields). A hand edit of a field the operator sets (``kubectl scale``) is a change: it is patched back.
+
+    Args:
+        desired: the child as built (JSON types).
+        live: the object as the API server returned it.
+    """
+    return _covers(live, desired)
 
 
 def owned_by(stored: dict[str, Any], uid: str) -> bool:

@@ -22,6 +22,7 @@ from omnirl_operator.meta import (
     child_name,
     deep_merge,
     object_meta,
+    pod_labels,
     selector_labels,
 )
 from omnirl_operator.settings import OperatorSettings
@@ -302,5 +303,6 @@ def pod_template(
     user = role_spec(job, role).template
     if user:
         template = deep_merge(template, user)
-        template["metadata"].setdefault("labels", {}).update(selector_labels(name, role))
+        # the selector's labels, and those the reconcile lists the job's pods by, stay ours
+        template["metadata"].setdefault("labels", {}).update({**pod_labels(name), **selector_labels(name, role)})
     return template

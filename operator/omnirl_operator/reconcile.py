@@ -1,10 +1,13 @@
 """One reconcile of an RLJob as an ordered list of steps: validate → build → adopt → read (one
 LIST per kind, ``read.py``; a child's name taken by another owner's object fails the job, nothing
 of that object written) → claim the job's name on its Redis (``runowner.py``; another live run of
-that name: nothing created, checked again every resync) → apply → observe (workloads, and the pods'
-exit codes) → failure policy → status. A job that fails stops its own pods (``stop.py``).
-Idempotent: running it twice creates nothing twice (409 on create becomes a merge patch) and writes
-the same status.
+that name: nothing created, checked again every resync) → reward autoscaler (``autoscale.py``) → apply
+→ observe (workloads, and the pods'
+exit codes) → failure policy → status. A job that fails stops its own pods (``stop.py``); a refused one
+(a name taken, another run on its Redis, an invalid spec) writes nothing else, to the cluster or Redis.
+Idempotent: running it twice creates nothing twice (409 on create becomes a merge patch), writes the
+same status, and the second run sends no write at all (a child is patched only when it differs from
+its stored object, ``meta.py::up_to_date``).
 
 Handlers (``handlers.py``) only wire kopf to :func:`reconcile`; everything that talks to the API
 server goes through :class:`omnirl_operator.kube.KubeApi` in a worker thread.
@@ -40,7 +43,9 @@ from omnirl_operator.meta import (
     adopt,
     child_name,
     foreign_owner,
-    selector_labels,
+    pod_labels,
+    up_to_date,
+    with_applied_hash,
 )
 from omnirl_operator.podcheck import judge_failure, judge_stalls, waiting_problems, waiting_summary, workload_problems
 from omnirl_operator.read import read_children
@@ -175,11 +180,15 @@ def name_conflict_message(taken: list[str], stopped: list[str]) -> str:
 
 async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], stored: dict[str, dict[str, Any] | None],
                      log: logging.Logger) -> tuple[list[str], dict[str, dict[str, Any]]]:
-    """Create-or-patch every child but the Job; returns the actions and the objects as now stored by
-    ``Kind/name`` (their ``status`` is what the reconcile observes).
+    """Create or patch every child but the Job that differs from its stored object; returns the
+    actions and the objects as now stored by ``Kind/name`` (their ``status`` is what the reconcile
+    observes). A child whose stored object already holds what it sets (:func:`omnirl_operator.meta.up_to_date`)
+    is not written, so a steady resync sends no write; each written child carries
+    ``omnirl.dev/applied-hash``.
 
     Args:
-        stored: the children as read by :func:`omnirl_operator.read.read_children`; only this job's are ever written.
+        stored: the children as read by :func:`omnirl_operator.read.read_children` (or as since written);
+            only this job's are ever written.
     """
     job = children[0]["metadata"]["labels"][LABEL_JOB] if children else ""
     actions, now = [], {}
@@ -191,8 +200,13 @@ async def _apply_all(kube: KubeApi, children: list[dict[str, Any]], stored: dict
         if child["kind"] == "PersistentVolumeClaim":  # created once: a claim's spec is immutable
             verb, obj = await asyncio.to_thread(ensure_claim, kube, child, have)
         else:
-            verb, obj = await asyncio.to_thread(kube.apply, child)
-        actions.append(f"{verb} {key}")
+            child = with_applied_hash(child)
+            if have is not None and up_to_date(child, have):
+                verb, obj = "unchanged", have
+            else:
+                verb, obj = await asyncio.to_thread(kube.apply, child, absent=have is None)
+        if verb != "unchanged":  # said every resync, it would drown the changes in the log
+            actions.append(f"{verb} {key}")
         now[key] = obj
     log.debug("applied %d children", len(actions))
     return actions, now
@@ -331,6 +345,13 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         conflict = resume_conflict_of(stored_spec, job)
         if conflict is not None:
             return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
+    # A refused job changes nothing but stopping its own pods: the name checks come before the Redis
+    # claim and the autoscaler (which wrote `kv:reward_replicas` and said "scaled" for a job it refused).
+    if taken:  # never write another owner's object; fail, and stop what this job already runs
+        stopped = await stop_owned(kube, ns, uid, before)
+        failed = None if terminal else (REASON_NAME_CONFLICT, name_conflict_message(taken, stopped))
+        observed = Observed(failed=failed, restarts=int((body.get("status") or {}).get("restarts") or 0))
+        return Outcome(compute_status(body, observed, progress, now), stopped)
     if running:  # another run of this name on the job's Redis: nothing created, checked again every resync
         in_use = await redis_name_conflict(kube, job, ns, uid, before, settings, log)
         if in_use is not None:
@@ -342,11 +363,6 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
                            [] if said else [("Warning", REASON_REDIS_NAME_IN_USE, in_use)])
     reward = before.get(f"Deployment/{child_name(job.metadata.name, 'reward')}")
     scaled, actions = await autoscale_reward(kube, job, ns, children, reward, settings, now)
-    if taken:  # never write another owner's object; fail, and stop what this job already runs
-        stopped = await stop_owned(kube, ns, uid, before)
-        failed = None if terminal else (REASON_NAME_CONFLICT, name_conflict_message(taken, stopped))
-        observed = Observed(failed=failed, restarts=int((body.get("status") or {}).get("restarts") or 0))
-        return Outcome(compute_status(body, observed, progress, now), actions + stopped)
     more, stored = await _apply_all(kube, children, before, log)
     actions += more
     judges = judge_roles(job, stored, running)
@@ -374,9 +390,11 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     if running:  # a permanent exit code or the deadline fails the job before any restart is considered
         permanent = deadline_exceeded(body, job.spec.failurePolicy.activeDeadlineSeconds, controller, now)
     if running and permanent is None:
-        pods = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns, selector_labels(job.metadata.name))
-        judge_pods = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns,
-                                             {LABEL_JUDGE_OF: job.metadata.name}) if judges else []
+        # one LIST for the role pods (omnirl.dev/job) and the judges' (omnirl.dev/judge-of): both carry pod_labels
+        listed = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns, pod_labels(job.metadata.name))
+        pods = [p for p in listed if (p["metadata"].get("labels") or {}).get(LABEL_JOB) == job.metadata.name]
+        judge_pods = [p for p in listed if judges
+                      and (p["metadata"].get("labels") or {}).get(LABEL_JUDGE_OF) == job.metadata.name]
         max_restarts = job.spec.failurePolicy.maxRestarts
         permanent = permanent_failure(pods, LABEL_ROLE) or judge_failure(judge_pods, job, max_restarts)
         if (permanent is not None and permanent.reason == PERMANENT_REASONS[STORAGE_ERROR_EXIT][0]
@@ -405,7 +423,7 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     if decision.action == "fail" or (running and state == "succeeded"):
         # finished: free the accelerators now rather than at the next reconcile
         stopped = adopt(build_children(job, settings, running=False), job.metadata.name, ns, uid)
-        actions += (await _apply_all(kube, stopped, before, log))[0]
+        actions += (await _apply_all(kube, stopped, {**before, **stored}, log))[0]
         observed = replace(observed, roles={r: (0, ready) for r, (_, ready) in observed.roles.items()})
     if decision.action == "fail" or terminal:  # a failed job's controller Job stops too (a finished one stays)
         actions += await stop_owned(kube, ns, uid, {f"Job/{child_name(job.metadata.name, 'controller')}": controller})

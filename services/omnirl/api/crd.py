@@ -10,7 +10,10 @@ get `x-kubernetes-preserve-unknown-fields`; other unions (reward params' string|
 values) become untyped preserve-unknown-fields nodes. `title`, `additionalProperties: false` and
 defaults are dropped (the API server prunes unknown fields; `omnirl validate` and the operator
 reject them, and apply defaults through pydantic); each default is written into its description
-for `kubectl explain`. `crds/rljob.yaml` is `omnirl crd`'s output (`make crd`; a test keeps it
+for `kubectl explain`. A string enum gets the `maxLength` of its longest value. Each model's
+`cel_rules` (`omnirl.api._base.CelRule`: the cross-field checks of its pydantic validators that CEL
+states exactly) become its node's `x-kubernetes-validations`, so `kubectl apply` refuses what the
+operator would mark InvalidSpec. `crds/rljob.yaml` is `omnirl crd`'s output (`make crd`; a test keeps it
 in sync).
 """
 
@@ -86,6 +89,9 @@ def _structural(schema: dict[str, Any], defs: dict[str, Any]) -> dict[str, Any]:
         node["description"] = f"{desc} Default: {json.dumps(default)}.".strip()
     if "const" in node:
         node["enum"] = [node.pop("const")]
+    if node.get("type") == "string" and node.get("enum") and "maxLength" not in node:
+        # bounds the CEL rules' estimated cost (the API server assumes an unbounded string may be megabytes)
+        node["maxLength"] = max(len(v) for v in node["enum"])
     if "prefixItems" in node:
         items = [_structural(s, defs) for s in node.pop("prefixItems")]
         if any(i != items[0] for i in items):

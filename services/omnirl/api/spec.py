@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_validator
 
-from omnirl.api._base import SpecModel
+from omnirl.api._base import CelRule, SpecModel, cel_literal
 from omnirl.api.errors import FieldProblem, FieldProblems
 from omnirl.api.podtemplate import check_pod_template
 from omnirl.api.seeds import Seed
@@ -53,6 +53,9 @@ REMOTE_KINDS: tuple[str, ...] = ("http", "grpc", "vlm")
 ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
 # The roles that hold the model (on their accelerator): attention kernel, /dev/shm for NCCL/HCCL.
 MODEL_ROLES: tuple[str, ...] = ("rollout", "actor")
+MAX_REWARDS = 64
+"""Rewards of one job: a bound the CRD's rules over `spec.reward` need (the API server refuses a CRD whose rules'
+estimated cost, which grows with the list's largest size, is over its budget); no job comes near it."""
 GROUP_ATTEMPTS = 3
 """Attempts of a prompt group in one step: a failed (or too stale) group is generated again up to
 twice, then dropped (the controller); every attempt's scores stay in their stream until the step is
@@ -127,7 +130,13 @@ class LoRASpec(SpecModel):
         default_factory=list,
         description="Linear-layer name suffixes LoRA attaches to; empty means the model adapter's defaults.",
     )
-
+    # `ignored()` in CEL: written while enabled is not true, unless equal to the default beside `enabled: false`
+    cel_rules = tuple(
+        CelRule(f"(has(self.enabled) && self.enabled) || !has(self.{f}) || (has(self.enabled) && {same})",
+                f"spec.model.lora.{f}: LoRA is off (lora.enabled is not true), so {f} would be ignored and all "
+                f"weights trained; set lora.enabled: true to train LoRA adapters, or remove {f}", f".{f}")
+        for f, same in (("rank", "self.rank == {default.rank}"), ("alpha", "self.alpha == {default.alpha}"),
+                        ("targetModules", "size(self.targetModules) == 0")))
 
     def ignored(self) -> dict[str, Any]:
         """The settings written beside LoRA off that would be ignored, as written (camelCase → value); empty
@@ -201,6 +210,9 @@ class ModelSpec(SpecModel):
     gradientCheckpointing: bool = Field(
         False, description="Actor: recompute each transformer block's activations in the backward pass "
         "(less activation memory for about one extra forward).")
+    cel_rules = (CelRule("{dtype} != 'float16'", "spec.model.dtype: float16 cannot be trained: the actor runs AdamW "
+                         "on the float16 weights, whose eps and small second moments underflow to 0, so its first "
+                         "step makes the weights inf or NaN; use bfloat16", ".dtype"),)
 
     def resolution_for(self, position: int) -> tuple[int, int] | None:
         """The image size `(height, width)` in pixels of the prompt group at `position` (see
@@ -308,6 +320,28 @@ class RewardSpec(SpecModel):
     server: RewardServerSpec | None = Field(
         None, description="A judge server the job runs itself (a Deployment and Service on Kubernetes, a local "
         "process under `omnirl run`); its URL is wired into this reward, so leave `url` unset.")
+    cel_rules = (
+        CelRule(f"!(self.name in {cel_literal(RESERVED_REWARD_NAMES)})", "spec.reward[].name: "
+                f"{', '.join(RESERVED_REWARD_NAMES)} are reserved (metrics name each reward reward_<name>, and these "
+                "are the whole reward's); rename it, e.g. <name>-score", ".name"),
+        CelRule(f"!has(self.server) || self.kind in {cel_literal(REMOTE_KINDS)}", "spec.reward[].server: only for "
+                f"kinds {', '.join(REMOTE_KINDS)} (the other kinds score in the reward workers); remove server or "
+                "change kind", ".server"),
+        CelRule("!has(self.server) || !has(self.url)", "spec.reward[].url: must be unset when server is given (the "
+                "URL of the server the job runs is wired in); remove url or server", ".url"),
+        CelRule("!has(self.server) || self.kind != 'grpc' || !has(self.server.healthPath)", "spec.reward[].server."
+                "healthPath: must be unset for kind grpc (a gRPC server does not answer an HTTP GET: the judge would "
+                "never be ready); remove it", ".server.healthPath"),
+        CelRule("!has(self.server) || self.kind != 'grpc' || {server.urlPath} == '/'", "spec.reward[].server.urlPath: "
+                "must be unset for kind grpc (the reward workers reach a gRPC server at host:port); remove it, or use "
+                "kind http", ".server.urlPath"),
+        CelRule(f"self.kind in {cel_literal(REMOTE_KINDS)} || !has(self.url)", "spec.reward[].url: must not be set "
+                "for an in-process kind (ocr, jpeg, pairwise-contrast score in the reward workers); remove url",
+                ".url"),
+        CelRule(f"!(self.kind in {cel_literal(REMOTE_KINDS)}) || has(self.url) || has(self.server)",
+                "spec.reward[].url: required for kinds http, grpc and vlm (the scorer's endpoint), or give server "
+                "for a judge the job runs", ".url"),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RewardSpec:
@@ -374,6 +408,12 @@ class AcceleratorSpec(SpecModel):
     type: AcceleratorType = Field("cpu", description="nvidia (nvidia.com/gpu), ascend (huawei.com/Ascend910) or cpu.")
     count: int = Field(0, ge=0, le=16, description="Accelerators per pod (must be 0 for cpu, >= 1 otherwise; a "
                        "role's pod uses exactly 1, a judge server's may use more).")
+    cel_rules = (
+        CelRule("{type} == 'cpu' || {count} >= 1", "accelerator.count: must be >= 1 for type nvidia or ascend",
+                ".count"),
+        CelRule("{type} != 'cpu' || {count} == 0", "accelerator.count: must be 0 for type cpu (set type nvidia or "
+                "ascend)", ".count"),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> AcceleratorSpec:
@@ -422,6 +462,12 @@ class RewardServerSpec(SpecModel):
         "`omnirl run`.",
         json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
     )
+    cel_rules = (
+        CelRule("!has(self.modelPath) || !has(self.volume)", "spec.reward[].server.volume: give modelPath (a "
+                "directory on the node) or volume (a volume source mounted at /models), not both", ".volume"),
+        CelRule("!has(self.modelPath) || self.modelPath.startsWith('/')", "spec.reward[].server.modelPath: must be "
+                "an absolute path (it is mounted at the same path in the pod)", ".modelPath"),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RewardServerSpec:
@@ -460,6 +506,8 @@ class RewardAutoscaleSpec(SpecModel):
                                             "scale-down, seconds.")
     scaleDownRatio: float = Field(0.5, gt=0, le=1, description="Scale down only while the backlog is below this "
                                   "fraction of the smaller count's capacity.")
+    cel_rules = (CelRule("self.maxReplicas >= {minReplicas}", "spec.roles.reward.autoscale.maxReplicas: must be >= "
+                         "minReplicas", ".maxReplicas"),)
 
     @model_validator(mode="after")
     def _check(self) -> RewardAutoscaleSpec:
@@ -501,6 +549,9 @@ class RewardRoleSpec(RoleSpec):
     autoscale: RewardAutoscaleSpec | None = Field(
         None, description="Scale the reward workers with the samples backlog (Kubernetes); `replicas` is then "
         "the starting count. Null: fixed `replicas`.")
+    cel_rules = (CelRule("!has(self.autoscale) || ({replicas} >= {autoscale.minReplicas} && "
+                         "{replicas} <= self.autoscale.maxReplicas)", "spec.roles.reward.replicas: must lie in "
+                         "autoscale [minReplicas, maxReplicas] (it is the starting count)", ".replicas"),)
 
     @model_validator(mode="after")
     def _check_autoscale(self) -> RewardRoleSpec:
@@ -519,6 +570,13 @@ class RolesSpec(SpecModel):
     actor: RoleSpec = Field(default_factory=RoleSpec, description="Actor ranks: > 1 shards the model with FSDP2 "
                             "and splits each batch's micro-batches over them (one GPU each).")
     controller: RoleSpec = Field(default_factory=RoleSpec, description="The single controller (replicas 1).")
+    cel_rules = (
+        CelRule("{controller.replicas} == 1", "spec.roles.controller.replicas: must be 1 (one controller per job)",
+                ".controller.replicas"),
+        *(CelRule(f"{{{role}.accelerator.count}} <= 1", f"spec.roles.{role}.accelerator.count: must be at most 1: "
+                  f"each {role} pod runs one process on one device; use replicas: N with count: 1",
+                  f".{role}.accelerator.count") for role in ("rollout", "reward", "actor", "controller")),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RolesSpec:
@@ -576,6 +634,9 @@ class TransferQueueSpec(SpecModel):
         "consumer's entries after, seconds: at least 1 (Redis takes whole ms; an entry still in progress is "
         "reclaimed and done twice) and at most 365 days (Redis refuses XAUTOCLAIM's min-idle-time from about "
         "9.2e15 s).")
+    cel_rules = (CelRule("{tensorTtlSeconds} > {claimIdleSeconds}", "spec.transferQueue.tensorTtlSeconds: must be > "
+                         "claimIdleSeconds (a sample reclaimed from a dead consumer must still have its tensors)",
+                         ".tensorTtlSeconds"),)
 
     @model_validator(mode="after")
     def _check(self) -> TransferQueueSpec:
@@ -695,7 +756,8 @@ class RLJobSpec(SpecModel):
     model: ModelSpec = Field(default_factory=ModelSpec, description="The model to post-train.")
     data: DataSpec = Field(..., description="Prompt files.")
     algorithm: AlgorithmSpec = Field(default_factory=AlgorithmSpec, description="RL algorithm and its settings.")
-    reward: list[RewardSpec] = Field(..., min_length=1, description="Weighted reward functions.")
+    reward: list[RewardSpec] = Field(..., min_length=1, max_length=MAX_REWARDS, description="Weighted reward "
+                                     f"functions (at most {MAX_REWARDS}).")
     pipeline: PipelineSpec = Field(default_factory=PipelineSpec, description="Pipelining mode.")
     validation: ValidationSpec = Field(default_factory=ValidationSpec, description="Held-out validation.")
     roles: RolesSpec = Field(default_factory=RolesSpec, description="Role replicas and resources.")
@@ -708,6 +770,50 @@ class RLJobSpec(SpecModel):
     seed: Seed = Field(0, description="Global seed (data order, SDE windows, sampling noise). A signed 64-bit "
                        "integer (`omnirl.api.seeds.derive` hashes it).")
     suspend: bool = Field(False, description="Suspended jobs have no running pods (Kueue admission).")
+    cel_rules = (
+        CelRule("self.reward.all(r, self.reward.exists_one(s, s.name == r.name))", "spec.reward[].name: must be "
+                "unique; rename one of the rewards that share a name", ".reward"),
+        CelRule("self.reward.exists(r, !has(r.weight) || r.weight != 0.0)", "spec.reward: every weight is 0, so every "
+                "sample's reward is 0 and nothing is learnt; give at least one reward a non-zero weight", ".reward"),
+        CelRule(f"!has(self.data.validationPrompts) || self.reward.exists(r, !(r.kind in {cel_literal(GROUP_KINDS)}))",
+                "spec.data.validationPrompts: needs a per-sample reward (validation scores single samples and every "
+                "reward is group-level); add one (e.g. kind ocr) or remove validationPrompts", ".data.validationPrompts"),
+        CelRule("!has(self.storage) || {roles.actor.replicas} <= 1 || 'ReadWriteMany' in {storage.accessModes} || "
+                "{storage.singleNode}", "spec.storage.accessModes: must hold ReadWriteMany for roles.actor.replicas > 1 "
+                "(every rank mounts the run volume, and a ReadWriteOnce volume attaches to one node); or set "
+                "storage.singleNode: true if all ranks fit one node", ".storage.accessModes"),
+        CelRule("!has(self.model) || !has(self.model.resolution) || !has(self.model.resolutions)",
+                "spec.model.resolutions: cannot be set together with model.resolution; keep one",
+                ".model.resolutions"),
+        CelRule("{model.family} != 'ocr-digits' || !has(self.model) || "
+                "(!has(self.model.resolution) && !has(self.model.resolutions))", "spec.model.resolution, "
+                "spec.model.resolutions: must be null for ocr-digits (its image width follows the text); remove them",
+                ".model"),
+        CelRule("{model.family} != 'ocr-digits' || {algorithm.sampling.guidanceScale} == 1.0",
+                "spec.algorithm.sampling.guidanceScale: must be 1 for ocr-digits (the model has no unconditional "
+                "branch)", ".algorithm.sampling.guidanceScale"),
+        CelRule("{model.family} == 'ocr-digits' || {model.path} != 'builtin'", "spec.model.path: must name a model "
+                "directory for this family (builtin, the default, is ocr-digits only)", ".model.path"),
+        CelRule(f"{{roles.rollout.batching}} != 'packed' || {{model.family}} in {cel_literal(PACKED_FAMILIES)}",
+                f"spec.roles.rollout.batching: packed needs a family that packs mixed shapes into one forward "
+                f"({', '.join(PACKED_FAMILIES)}); use batching stepwise", ".roles.rollout.batching"),
+        CelRule(f"{{model.attention}} != 'cudnn' || {{model.family}} in {cel_literal(CUDNN_FAMILIES)}",
+                f"spec.model.attention: cudnn is checked for families {', '.join(CUDNN_FAMILIES)} only; set auto or "
+                "torch", ".model.attention"),
+        CelRule("{model.attention} != 'cudnn' || ({roles.rollout.accelerator.type} == 'nvidia' && "
+                "{roles.actor.accelerator.type} == 'nvidia')", "spec.model.attention: cudnn runs on NVIDIA GPUs only "
+                "(roles.rollout and roles.actor accelerator.type nvidia); set auto or torch", ".model.attention"),
+        CelRule("{model.attention} != 'cudnn' || {model.dtype} != 'float32'", "spec.model.attention: cudnn needs "
+                "model.dtype bfloat16; set the dtype, or attention auto or torch", ".model.attention"),
+        CelRule(f"{{transferQueue.maxStreamLength}} >= {{algorithm.promptsPerStep}} * {{algorithm.groupSize}} * "
+                f"{GROUP_ATTEMPTS} + (has(self.data.validationPrompts) ? {{validation.maxPrompts}} : 0)",
+                f"spec.transferQueue.maxStreamLength: must be >= algorithm.promptsPerStep × algorithm.groupSize × "
+                f"{GROUP_ATTEMPTS} attempts (+ validation.maxPrompts with validationPrompts), what the controller "
+                "holds in a stream at once; raise it", ".transferQueue.maxStreamLength"),
+        CelRule("!has(self.model) || !has(self.model.resolution) || "
+                "(self.model.resolution[0] % 16 == 0 && self.model.resolution[1] % 16 == 0)",
+                "spec.model.resolution: must be multiples of 16 (VAE 8x times patch 2)", ".model.resolution"),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> RLJobSpec:

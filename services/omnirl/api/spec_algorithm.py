@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from omnirl.api._base import SpecModel
+from omnirl.api._base import CelRule, SpecModel
 from omnirl.api.errors import FieldProblem
 
 _UnitFloat = Annotated[float, Field(gt=0, lt=1)]
@@ -91,6 +91,11 @@ class WindowSpec(SpecModel):
         "is seeded per training step so every member of a group shares it. hi must be <= "
         "sampling.numSteps - 1 (the last denoising step is never trained).",
     )
+    cel_rules = (
+        CelRule("{range}[0] < {range}[1]", "spec.algorithm.flowGrpo.window.range: must satisfy lo < hi", ".range"),
+        CelRule("{size} <= {range}[1] - {range}[0]", "spec.algorithm.flowGrpo.window.size: must be <= hi - lo of "
+                "window.range", ".size"),
+    )
 
     @model_validator(mode="after")
     def _check(self) -> WindowSpec:
@@ -113,6 +118,8 @@ class RSSpec(SpecModel):
         (0.5, 2.0),
         description="[lo, hi] band of the IS weight w (dimensionless, 0 < lo < 1 < hi) used when auto is false.",
     )
+    cel_rules = (CelRule("{band}[0] < 1.0 && {band}[1] > 1.0", "spec.algorithm.flowGrpo.rolloutCorrection.rejectionSampling.band: "
+                         "must satisfy 0 < lo < 1 < hi (w = 1 is on-policy)", ".band"),)
 
     @model_validator(mode="after")
     def _check(self) -> RSSpec:
@@ -183,6 +190,8 @@ class NFTSpec(AlgorithmSettings):
     sigmaRange: tuple[_UnitFloat, _UnitFloat] = Field(
         (0.02, 0.98), description="[lo, hi] σ draws are clamped to (0 < lo < hi < 1)."
     )
+    cel_rules = (CelRule("{sigmaRange}[0] < {sigmaRange}[1]", "spec.algorithm.nft.sigmaRange: must satisfy "
+                         "0 < lo < hi < 1", ".sigmaRange"),)
     oldPolicy: OldPolicySpec = Field(default_factory=OldPolicySpec, description="v_old refresh schedule.")
 
     @model_validator(mode="after")
@@ -220,6 +229,8 @@ class MatchingDraws(AlgorithmSettings):
         False, description="Every member of a group shares each draw's σ and ε (the advantage-weighted common "
         "part then cancels: lower-variance gradient). Paper: false (ε per sample, σ per micro-batch); σ is "
         "always shared within a group here.")
+    cel_rules = (CelRule("{sigmaRange}[0] < {sigmaRange}[1]", "spec.algorithm.awm.sigmaRange, "
+                         "spec.algorithm.dgpo.sigmaRange: must satisfy 0 < lo < hi < 1", ".sigmaRange"),)
 
     @model_validator(mode="after")
     def _check_range(self) -> MatchingDraws:
@@ -325,6 +336,23 @@ class AlgorithmSpec(SpecModel):
     awm: AWMSpec = Field(default_factory=AWMSpec, description="Advantage Weighted Matching parameters (name awm).")
     dgpo: DGPOSpec = Field(default_factory=DGPOSpec, description="Direct Group Preference Optimization parameters "
                            "(name dgpo).")
+    cel_rules = (
+        *(CelRule(f"!has(self.{e.settings}) || {{name}} == '{n}'", f"spec.algorithm.{e.settings}: set, but "
+                  f"algorithm.name is not {n}, which ignores it: remove algorithm.{e.settings}, or set algorithm.name: "
+                  f"{n}", f".{e.settings}") for n, e in ALGORITHMS.items() if e.settings is not None),
+        CelRule("{promptsPerStep} * {groupSize} % {optimizer.updatesPerStep} == 0", "spec.algorithm.optimizer."
+                "updatesPerStep: must divide the batch of promptsPerStep × groupSize samples",
+                ".optimizer.updatesPerStep"),
+        CelRule("{name} != 'flow-grpo' || {flowGrpo.window.range}[1] <= {sampling.numSteps} - 1",
+                "spec.algorithm.flowGrpo.window.range: hi must be <= sampling.numSteps - 1 (the last denoising step "
+                "is never trained)", ".flowGrpo.window.range"),
+        *(CelRule(f"{{name}} != '{n}' || {{{e.settings}.timeSampling}} != 'grid' || "
+                  f"int(double({{sampling.numSteps}}) * {{{e.settings}.timestepFraction}}) >= 2",
+                  f"spec.algorithm.{e.settings}.timestepFraction: leaves no grid step to train with sampling.numSteps "
+                  "(need floor(numSteps × fraction) >= 2); raise it or sampling.numSteps",
+                  f".{e.settings}.timestepFraction")
+          for n, e in ALGORITHMS.items() if e.settings in ("awm", "dgpo")),
+    )
 
     @field_validator("name")
     @classmethod
