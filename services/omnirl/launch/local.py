@@ -30,7 +30,7 @@ import yaml
 from omnirl.api import disk
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
-from omnirl.api.runtime import STORAGE_ERROR_EXIT, VARIABLES, RoleEnv, port_number
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv, port_number
 from omnirl.api.spec import RLJob
 from omnirl.launch import preflight
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
@@ -204,7 +204,9 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         if err.tail:
             print(f"omnirl: judge {err.reward}: the last lines of {err.log}:", flush=True)
             print("\n".join(f"  {line}" for line in err.tail), flush=True)
-        failure, code = str(err), 1
+        # a setting the job cannot start with (spec.reward[i].server), as a role's at start-up: exit 4, not
+        # restarted; the operator fails the RLJob for it too (JudgeFailed), so a script reads one code for both
+        failure, code = str(err), CONFIG_ERROR_EXIT
     except RedisServerError as err:  # the embedded server exited at start (its log's tail follows the first line)
         first, _, tail = str(err).partition("\n")
         if tail.strip():
