@@ -670,7 +670,8 @@ FINISH = {"event": "finish", "time": 1012.4, "total_steps": 3, "start_step": 0, 
      "omnirl: interrupted after 2 of 3 training steps — stopping every role (the actor checkpoints the steps it "
      "trained since its last checkpoint, if any; --resume continues)"),
     ("finished", [START, *STEPS, FINISH],
-     "omnirl: interrupted after the job had finished — stopping its roles (nothing left to checkpoint)")])
+     "omnirl: interrupted after the job had finished — stopping its roles (nothing left to checkpoint)")],
+    ids=["loading", "training", "finished"])
 def test_ctrl_c_says_what_the_stop_does_in_each_phase(tmp_path, phase, records, said):
     """Ctrl-C printed "the actor writes a checkpoint; --resume continues" in every phase, also while the roles
     loaded and nothing was trained (found by hand: a Ctrl-C 1 s after the placement table of the tiny job).
