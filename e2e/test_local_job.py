@@ -99,6 +99,27 @@ def test_every_sample_scored_once_and_trained_once(tmp_path, redis_url, mode):
     assert [v["step"] for v in vals] == [0, 2, 3] and all(v["n"] == 4 for v in vals)
     assert (out / "samples" / "step-00003.png").exists()
     assert (out / "checkpoints" / "latest" / "policy.safetensors").exists()
+    # the run's summary: machine-readable as metrics.jsonl's last line, readable at the end of the output (it was
+    # the controller's raw `{"event": "controller-finished", "validation": [...]}` line, and the record held no more
+    # than `{"event": "finish", "time": …}`)
+    finish = records[-1]
+    ckpt = next(r["checkpoint"] for r in reversed(steps) if r.get("checkpoint"))
+    assert {k: v for k, v in finish.items() if k != "time"} == {
+        "event": "finish", "total_steps": 3, "start_step": 0, "last_checkpoint": ckpt,
+        "last_export": str(out / "exports" / Path(ckpt).name),
+        "validation": {"step": 3, "val_reward_mean": vals[-1]["val_reward_mean"],
+                       "val_exact_match": vals[-1]["val_exact_match"]}}
+    assert "controller-finished" not in proc.stdout
+    lines = proc.stdout.splitlines()
+    at = lines.index(f"omnirl: job {name} finished")
+    assert lines[at + 1:] == [
+        f"  training steps   3 in {finish['time'] - records[0]['time']:.0f} s",
+        f"  train reward     {steps[0]['reward_mean']:.3f} at step 0 → {steps[-1]['reward_mean']:.3f} at step 2",
+        f"  held-out reward  {vals[0]['val_reward_mean']:.3f} at step 0 → {vals[-1]['val_reward_mean']:.3f} at step 3 "
+        f"(exact match {vals[-1]['val_exact_match']:.3f})",
+        f"  checkpoint       {ckpt}",
+        f"  export           {out / 'exports' / Path(ckpt).name}",
+        f"  record           {out / 'metrics.jsonl'} (its 'finish' line)"], proc.stdout[-3000:]
     # a run that finished on the manifest's Redis leaves nothing there: no stream, trajectory, image or flag
     # (`preflight.mark_stopped`; the ledgers above show nothing was pending)
     assert list(redis.Redis.from_url(redis_url).scan_iter(match=f"omnirl:{name}:*")) == []

@@ -310,8 +310,13 @@ CASES = {
                                            "--prompts", HELDOUT, "--out", str(t / "o")], "omnirl eval: spec.reward: ",
                                 "every reward is group-level (pc), and omnirl eval scores single samples; add a "
                                 "per-sample reward (e.g. kind ocr) to the manifest"),
-    "eval-zero-steps": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--steps", "1"], "omnirl eval: ",
-                        "--steps 1: must be >= 2"),
+    "eval-zero-steps": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--sampling-steps", "1"], "omnirl eval: ",
+                        "--sampling-steps 1: must be >= 2 (denoising steps per sample; default spec.validation.numSteps)"),
+    # eval's --steps was its denoising steps, run's (and pretrain's) the training steps: the old use is refused,
+    # naming the new flag, not run silently with another meaning
+    "eval-steps-of-run": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--steps", "10"], "omnirl eval: ",
+                          "--steps 10: omnirl eval trains nothing (--steps is omnirl run's number of training steps); "
+                          "for the denoising steps per sample pass --sampling-steps 10"),
     "eval-negative-seed": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--seed", "-1"], "omnirl eval: ",
                            "--seed -1: must be >= 0"),
     "eval-out-is-a-file": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--out", HELDOUT], "omnirl eval: ",
@@ -593,7 +598,8 @@ def test_eval_of_an_exports_manifest_says_it_scores_the_starting_model_not_the_e
     (export / "export.json").write_text("{}")
     (export / "job.yaml").write_text(Path(NFT).read_text())
     prompts = prompt_file(tmp_path, 'A sign that says "42"\n')
-    code = main(["eval", str(export / "job.yaml"), "--prompts", prompts, "--steps", "2", "--out", str(tmp_path / "o")])
+    code = main(["eval", str(export / "job.yaml"), "--prompts", prompts, "--sampling-steps", "2", "--out",
+                 str(tmp_path / "o")])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "model builtin (spec.model.path; no --checkpoint)" in out.splitlines()

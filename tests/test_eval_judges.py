@@ -113,7 +113,7 @@ def test_a_judge_that_exits_ends_eval_with_one_line_naming_the_field(tmp_path, c
                                                 "startupSeconds": 20}))  # what a broken fix would wait out
     out = tmp_path / "o"
     t0 = time.monotonic()
-    assert cli_main(["eval", str(job), "--out", str(out)]) == 1
+    assert cli_main(["eval", str(job), "--out", str(out)]) == 4  # CONFIG_ERROR_EXIT, as omnirl run (was 1)
     assert time.monotonic() - t0 < 30  # not the 600 s a judge that never listens is given
     out_text, err = capsys.readouterr()
     assert gone(int(re.search(r"\(pid (\d+);", out_text)[1]))

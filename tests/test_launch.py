@@ -527,7 +527,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None):
+def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None, steps: int = 1):
     """`omnirl run` (a real launcher process, real embedded Redis — or the manifest's `redis_url` —,
     `--no-ray`) of examples/ocr-awm.yaml whose role processes are stand-ins that print `started` and
     ignore SIGTERM. Returns (the process, its output lines so far, a function reading lines until one
@@ -552,7 +552,7 @@ def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None)
     ignored = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         proc = subprocess.Popen([sys.executable, "-c", SLOW_TO_STOP, "run", str(tmp_path / "job.yaml"), "--no-ray",
-                                 "--device", "cpu", "--steps", "1", "--out", str(out)],
+                                 "--device", "cpu", "--steps", str(steps), "--out", str(out)],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     finally:
         signal.signal(signal.SIGINT, ignored)
@@ -630,7 +630,7 @@ def test_a_second_ctrl_c_kills_the_roles_at_once_and_leaves_no_redis_behind(tmp_
     try:
         pids = json.loads((out / "roles.json").read_text())
         proc.send_signal(signal.SIGINT)
-        wait_for("interrupted — stopping every role")
+        wait_for("interrupted while the roles were loading — stopping them")
         time.sleep(1.0)
         second = time.monotonic()
         proc.send_signal(signal.SIGINT)
@@ -654,6 +654,97 @@ def test_a_second_ctrl_c_kills_the_roles_at_once_and_leaves_no_redis_behind(tmp_
     assert "Traceback" not in text, text
     assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
                                              f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
+
+
+START = {"event": "start", "time": 1000.0, "total_steps": 3, "start_step": 0}
+STEPS = [{"event": "step", "step": s, "policy_version": s + 1, "reward_mean": 0.5 + s / 10, "reward_std": 0.1}
+         for s in range(3)]
+FINISH = {"event": "finish", "time": 1012.4, "total_steps": 3, "start_step": 0, "last_checkpoint": "CKPT",
+          "last_export": "EXPORT", "validation": None}
+
+
+@pytest.mark.parametrize("phase,records,said", [
+    ("loading", [], "omnirl: interrupted while the roles were loading — stopping them (nothing trained yet: nothing "
+                    "to checkpoint)"),
+    ("training", [START, *STEPS[:2]],
+     "omnirl: interrupted after 2 of 3 training steps — stopping every role (the actor checkpoints the steps it "
+     "trained since its last checkpoint, if any; --resume continues)"),
+    ("finished", [START, *STEPS, FINISH],
+     "omnirl: interrupted after the job had finished — stopping its roles (nothing left to checkpoint)")],
+    ids=["loading", "training", "finished"])
+def test_ctrl_c_says_what_the_stop_does_in_each_phase(tmp_path, phase, records, said):
+    """Ctrl-C printed "the actor writes a checkpoint; --resume continues" in every phase, also while the roles
+    loaded and nothing was trained (found by hand: a Ctrl-C 1 s after the placement table of the tiny job).
+    A real launcher; the roles are stand-ins, and the controller's records are written by the test."""
+    import signal
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=1, steps=3)
+    try:
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    assert [line for line in text.splitlines() if line.startswith("omnirl: interrupted")][0] == said, text
+    assert "writes a checkpoint" not in text, text
+    assert text.strip().splitlines()[-1] == {
+        "loading": f"omnirl: interrupted (exit 130); continue with: omnirl run {tmp_path / 'job.yaml'} --out {out} "
+                   "--steps 3 --no-ray --device cpu",
+        "training": f"omnirl: interrupted (exit 130); continue with: omnirl run {tmp_path / 'job.yaml'} --out {out} "
+                    "--steps 3 --no-ray --device cpu --resume",
+        "finished": "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"}[phase], text
+    if phase == "finished":  # the finish record, readably (it was one raw JSON line from the controller)
+        at = text.splitlines().index("omnirl: job ocr-awm finished")
+        assert text.splitlines()[at + 1:at + 6] == [
+            "  training steps  3 in 12 s",
+            "  train reward    0.500 at step 0 → 0.700 at step 2",
+            "  checkpoint      CKPT",
+            "  export          EXPORT",
+            f"  record          {out / 'metrics.jsonl'} (its 'finish' line)"], text
+
+
+def test_ctrl_c_with_the_manifests_redis_gone_returns_at_once_naming_what_is_left(tmp_path):
+    """The manifest's Redis (spec.transferQueue.redisUrl) goes down mid-run, then Ctrl-C: the roles sit in their
+    Redis clients' retries (about 2 min) and cannot act on SIGTERM, so the launcher waited out the actor's
+    terminationGracePeriodSeconds (60 s here) before its SIGKILL: 64 s measured by hand on the tiny job with real
+    roles. Now it asks Redis (2 s), gives every role the short grace, and names in one line what it could not clean
+    up. A real launcher and a real redis-server (this test's own: it is killed); the roles are stand-ins that
+    ignore SIGTERM, as a role stuck in Redis retries does."""
+    import signal
+    import time
+
+    from omnirl.transfer import start_redis_server
+
+    server = start_redis_server(dir=str(tmp_path / "redis"))
+    proc = None
+    try:
+        proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=60, redis_url=server.url, steps=3)
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (START, STEPS[0])))
+        server.process.kill()  # the Redis goes away mid-run
+        server.process.wait(10)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+        took = time.monotonic() - t0
+    finally:
+        if proc is not None:
+            proc.kill()
+        server.stop()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    assert took < 15, f"{took:.0f} s from Ctrl-C to exit: it waited out the grace period\n{text}"
+    port = server.port
+    (line,) = [x for x in text.splitlines() if x.startswith("omnirl: not cleaned up: ")]
+    assert line == (
+        f"omnirl: not cleaned up: 127.0.0.1:{port} (spec.transferQueue.redisUrl) does not answer (ConnectionError: "
+        f"Error 111 connecting to 127.0.0.1:{port}. Connection refused.), so job 'ocr-awm' is not marked stopped there "
+        "(its roles' last beats there count as a live run for 30 s); rollout-0, reward-0, actor-0, controller-0 "
+        "killed after 3 s, waiting on it (no stop checkpoint: --resume continues from the last complete one)"), text
+    assert text.strip().splitlines()[-1] == (
+        f"omnirl: interrupted (exit 130); continue with: omnirl run {tmp_path / 'job.yaml'} --out {out} --steps 3 "
+        "--no-ray --device cpu --resume"), text
 
 
 def _run_with_path(tmp_path, bin_dir, *flags: str):

@@ -139,24 +139,33 @@ def test_a_judge_that_exits_while_another_loads_is_named_at_once(tmp_path):
     assert str(err.value).startswith("spec.reward[2].server: judge other exited 7 "), err.value
 
 
-def test_omnirl_run_with_a_judge_that_exits_prints_its_log_and_one_verdict(tmp_path):
-    job_with(tmp_path, {"command": [sys.executable, "-c", "print('loading'); print('CUDA out of memory'); "
-                                                          "raise SystemExit(3)"], "startupSeconds": 20})
+JUDGE_EXITS = [sys.executable, "-c", "print('loading'); print('CUDA out of memory'); raise SystemExit(3)"]
+JUDGE_DEAF = [sys.executable, "-c", "import time; print('loading'); print('CUDA out of memory', flush=True); "
+              "time.sleep(120)"]  # never listens on its port
+
+
+@pytest.mark.parametrize("command,startup,what", [
+    (JUDGE_EXITS, 20, r"exited 3 [\d.]+ s after it started, before it answered on port \d+"),
+    (JUDGE_DEAF, 2, r"did not answer on port \d+ within spec\.reward\[1\]\.server\.startupSeconds \(2 s\) and is "
+                    r"still running")], ids=["exits", "never-listens"])
+def test_omnirl_run_with_a_judge_that_fails_to_start_prints_its_log_and_exits_4(tmp_path, command, startup, what):
+    """A judge of `reward[].server` that exits at once or never listens is a setting the job cannot start with:
+    exit 4 (`CONFIG_ERROR_EXIT`, README's exit codes of `omnirl run`), as a role's configuration error and as
+    the operator's `JudgeFailed`, not restarted. It was exit 1, the code of a crash."""
+    job_with(tmp_path, {"command": command, "startupSeconds": startup})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}
     t0 = time.monotonic()
     done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
                            "--device", "cpu", "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env,
                           timeout=120)
-    assert time.monotonic() - t0 < 60 and done.returncode == 1, done.stdout + done.stderr
+    assert time.monotonic() - t0 < 60 and done.returncode == 4, done.stdout + done.stderr
     log = tmp_path / "o" / "logs" / "judge-judge.log"
     lines = done.stdout.splitlines()
     at = lines.index(f"omnirl: judge judge: the last lines of {log}:")
     assert lines[at + 1:at + 3] == ["  loading", "  CUDA out of memory"]
     assert re.fullmatch(
-        r"omnirl: the job did not finish \(exit 1\): spec\.reward\[1\]\.server: judge judge exited 3 [\d.]+ s after "
-        rf"it started, before it answered on port \d+; its log {re.escape(str(log))} ends: 'CUDA out of memory'; fix "
-        r"the judge's command or model \(spec\.reward\[1\]\.server\), or run the judge yourself and give "
-        r"spec\.reward\[1\]\.url instead of server", lines[-1]), done.stdout
+        rf"omnirl: the job did not finish \(exit 4\): spec\.reward\[1\]\.server: judge judge {what}; its log "
+        rf"{re.escape(str(log))} ends: 'CUDA out of memory'; .*", lines[-1]), done.stdout
 
 
 def _two_judges(second: list[str], first: dict | None = None) -> RLJob:

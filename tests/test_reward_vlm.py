@@ -351,7 +351,7 @@ def test_eval_of_a_sample_the_judge_cannot_score_is_one_line_not_a_traceback(jud
 
     (tmp_path / "p.txt").write_text('"12"\n')
     code = main(["eval", judged_job(tmp_path, judge, "malformed"), "--prompts", str(tmp_path / "p.txt"),
-                 "--steps", "2", "--out", str(tmp_path / "e")])
+                 "--sampling-steps", "2", "--out", str(tmp_path / "e")])
     err = capsys.readouterr().err
     assert code == 1 and len(err.splitlines()) == 1, err
     assert err.startswith("omnirl eval: eval sample 0 ('\"12\"') could not be scored: judge: malformed reply "

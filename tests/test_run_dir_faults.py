@@ -278,9 +278,10 @@ def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothi
     code, stdout, stderr, left = _ctrl_c_while_redis_starts(tmp_path, out, "--steps", "1")
     assert code == 130, stdout + stderr
     assert "Traceback" not in stdout + stderr, stdout + stderr
-    assert stdout.strip().splitlines()[-1] == (
+    assert stdout.strip().splitlines()[-2:] == [
+        "omnirl: interrupted before the roles started — stopping what was started (nothing to checkpoint)",
         f"omnirl: interrupted (exit 130); continue with: omnirl run examples/ocr-awm.yaml --out {out} --steps 1 "
-        "--no-ray --device cpu"), stdout
+        "--no-ray --device cpu"], stdout
     assert not left, "the redis-server the launcher started outlived it"
 
 

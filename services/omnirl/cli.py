@@ -99,7 +99,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("pretrain", help="pretrain the built-in OCR digits model by flow matching")
     s.add_argument("--out", required=True, help="output directory (safetensors weights + config.json)")
-    s.add_argument("--steps", type=int, default=3000, help="optimiser steps (default 3000; the shipped model: 550)")
+    s.add_argument("--steps", type=int, default=3000, help="training (optimiser) steps (default 3000; the shipped model: 550)")
     s.add_argument("--seed", type=int, default=0, help="seed of the weights, images and noise (default 0)")
     s.add_argument("--batch-size", type=int, default=64, help="rendered images per step (default 64)")
     s.add_argument("--lr", type=float, default=None, help="peak AdamW lr (default: the shipped checkpoint's, 1.5e-3)")
@@ -112,7 +112,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoint", default=None, help="a run's checkpoint dir (e.g. OUT/checkpoints/latest)")
     s.add_argument("--prompts", default=None,
                    help="file with one prompt per line (default: the job's first validation.maxPrompts held-out prompts)")
-    s.add_argument("--steps", type=int, default=None, help="denoising steps (default: validation.numSteps)")
+    s.add_argument("--sampling-steps", type=int, default=None, metavar="N",
+                   help="denoising steps per sample (default: spec.validation.numSteps); "
+                        "not --steps, which is omnirl run's number of training steps")
+    s.add_argument("--steps", default=None, help=argparse.SUPPRESS)  # its old name: refused, naming the new one
     s.add_argument("--sampler", choices=["ode", "sde"], default="ode",
                    help="ode (default, as validation) or sde (every step but the last stochastic)")
     s.add_argument("--seed", type=int, default=None, help="noise seed (default: spec.validation.seed)")
@@ -121,8 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="run an RLJob on this machine (embedded Redis, roles as processes)")
     s.add_argument("job", help="RLJob manifest (YAML or JSON, one RLJob)")
-    s.add_argument("--steps", type=int, default=None,
-                   help="total training steps, also with --resume (default: spec.algorithm.steps)")
+    s.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="total training steps of the run, counted from its first: with --resume too, --steps 80 "
+                        "trains on to step 80, not 80 more (default: spec.algorithm.steps; the denoising steps per "
+                        "sample are spec.algorithm.sampling.numSteps)")
     s.add_argument("--out", default=None, help="output directory (default runs/<job name>)")
     s.add_argument("--resume", action="store_true",
                    help="continue the run in --out (its latest checkpoint, then the batches its Redis kept)")

@@ -134,7 +134,7 @@ class Controller:
 
     # ------------------------------------------------------------------ main loop
     def run(self) -> dict | None:
-        """Train `total_steps` steps; returns {'validation': [...], 'steps': n}, or None after
+        """Train `total_steps` steps; returns the run's `finish` record (`Reporter.finished`), or None after
         SIGTERM. Raises JobFailed."""
         try:
             return self._run()
@@ -582,7 +582,7 @@ class Controller:
         # the checkpoint's name under our own mount of the run directory (the actor's path may differ)
         path = export_run_checkpoint(self.written, self.out, self.out / self.spec.checkpoint.dir / Path(checkpoint).name,
                                      keep=self.spec.checkpoint.keep)
-        log.info("exported %s", path)
+        self.reporter.exported(path)
 
     def _export_latest(self) -> None:
         """Every step was trained before this controller started (a stop after the last step, before

@@ -100,7 +100,9 @@ class Reporter:
             self.status = StatusReporter(env.namespace, job.metadata.name)
         self.validations: list[dict] = []
         self.last_checkpoint: str | None = None
+        self.last_export: str | None = None
         self.total = 0
+        self.start_step = 0
 
     def has_validation(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds a validation round at `step` (a predecessor's)."""
@@ -116,7 +118,7 @@ class Reporter:
 
     def started(self, total_steps: int, start_step: int) -> None:
         """Note the run's plan."""
-        self.total = total_steps
+        self.total, self.start_step = total_steps, start_step
         self._write({"event": "start", "time": time.time(), "total_steps": total_steps, "start_step": start_step})
 
     def step(self, step: int, version: int, stats: dict, done: TrainDone) -> None:
@@ -155,10 +157,31 @@ class Reporter:
         if self.status is not None:
             self.status.report(stalled=text)
 
+    def exported(self, path: Path) -> None:
+        """Note an export of the run's weights (the finish record names the last one)."""
+        self.last_export = str(path)
+        log.info("exported %s", path)
+
     def finished(self) -> dict:
-        """Final record; returns {'validation': [...]}."""
-        self._write({"event": "finish", "time": time.time()})
-        return {"validation": self.validations}
+        """Write the run's final record — the machine-readable summary `omnirl run` prints readably — and log
+        one line saying the same; returns the record.
+
+        The record: `event` "finish", `time` (s since the epoch), `total_steps`, `start_step` (this
+        controller's first step: > 0 after a resume), `last_checkpoint` and `last_export` (paths; None when
+        this controller wrote none), `validation` (the last round's `step`, `val_reward_mean`,
+        `val_exact_match`; None without validation).
+        """
+        last = self.validations[-1] if self.validations else None
+        record = {"event": "finish", "time": time.time(), "total_steps": self.total, "start_step": self.start_step,
+                  "last_checkpoint": self.last_checkpoint, "last_export": self.last_export,
+                  "validation": None if last is None else {k: last.get(k) for k in
+                                                           ("step", "val_reward_mean", "val_exact_match")}}
+        self._write(record)
+        held = "" if last is None or last["val_reward_mean"] is None else \
+            f"; held-out reward {last['val_reward_mean']:.3f} at step {last['step']}"
+        log.info("job finished after %d training steps%s; last export %s; its summary is the 'finish' line of %s",
+                 self.total, held, self.last_export or "none", self.path)
+        return record
 
     def close(self) -> None:
         """Close the metrics file and the meters."""

@@ -1,4 +1,4 @@
-"""`omnirl eval JOB.yaml [--checkpoint DIR] [--prompts FILE] [--steps N] [--sampler ode|sde] [--seed S]`.
+"""`omnirl eval JOB.yaml [--checkpoint DIR] [--prompts FILE] [--sampling-steps N] [--sampler ode|sde] [--seed S]`.
 
 Samples every prompt as in-run validation does (its requests, the rollout engine, the job's σ
 grid; defaults: the job's held-out prompts, `validation.numSteps` and `validation.seed`), scores
@@ -25,6 +25,7 @@ from safetensors import SafetensorError
 from omnirl.api import disk
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import load_rljob
+from omnirl.api.runtime import CONFIG_ERROR_EXIT
 from omnirl.api.spec import GROUP_KINDS, RLJob
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
@@ -36,15 +37,20 @@ from omnirl.reward.servers import JudgeFailed, check_local, serving
 
 
 def main(args: argparse.Namespace) -> int:
-    """CLI adapter; returns 0, or 1 when a sample cannot be scored or a judge server of
-    `spec.reward[i].server` exits or never answers (one line naming the field). Raises ValueError
-    (FileNotFoundError) naming the flag for a bad --steps, --seed, --out or --prompts (missing, a
+    """CLI adapter; returns 0, 1 when a sample cannot be scored, or `CONFIG_ERROR_EXIT` (4, as `omnirl run`)
+    when a judge server of `spec.reward[i].server` exits or never answers (one line naming the field).
+    Raises ValueError (FileNotFoundError) naming the flag for `--steps` (`omnirl run`'s training steps:
+    refused, naming `--sampling-steps`), a bad --sampling-steps, --seed, --out or --prompts (missing, a
     directory, empty, or a line the model cannot tokenize), or a --checkpoint that is not one, is
     damaged, or belongs to another job or model family (`check_owner`), or naming
     `spec.reward[i].server.command` / `.modelPath` / `.volume` when this machine cannot run that judge
     (`reward.servers.check_local`, before anything loads)."""
-    if args.steps is not None and args.steps < 2:
-        raise ValueError(f"--steps {args.steps}: must be >= 2 (denoising steps; default validation.numSteps)")
+    if args.steps is not None:  # its name before 2026-12-03: `omnirl run --steps` counts training steps
+        raise ValueError(f"--steps {args.steps}: omnirl eval trains nothing (--steps is omnirl run's number of "
+                         f"training steps); for the denoising steps per sample pass --sampling-steps {args.steps}")
+    if args.sampling_steps is not None and args.sampling_steps < 2:
+        raise ValueError(f"--sampling-steps {args.sampling_steps}: must be >= 2 (denoising steps per sample; "
+                         "default spec.validation.numSteps)")
     if args.seed is not None and args.seed < 0:
         raise ValueError(f"--seed {args.seed}: must be >= 0")
     disk.check_writable(Path(args.out), purpose="grid.png and rewards.json")  # before minutes of sampling, not after
@@ -77,7 +83,7 @@ def main(args: argparse.Namespace) -> int:
             return _evaluate(args, wired, prompts, fix)
     except JudgeFailed as err:  # the user's command exited or never listened: its line, not a traceback
         print(f"omnirl eval: {err}; nothing written", file=sys.stderr, flush=True)  # one line: field, why, fix
-        return 1
+        return CONFIG_ERROR_EXIT  # as `omnirl run` for the same judge: a setting it cannot start with
 
 
 def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str) -> int:
@@ -97,7 +103,7 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
                   f"to score those set spec.model.path: {Path(args.job).parent} or pass --checkpoint",
                   file=sys.stderr, flush=True)
     adapter.module.eval()
-    steps = spec.validation.numSteps if args.steps is None else args.steps
+    steps = spec.validation.numSteps if args.sampling_steps is None else args.sampling_steps
     t0 = time.perf_counter()
     try:
         with torch.no_grad():

@@ -30,16 +30,17 @@ import yaml
 from omnirl.api import disk
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
-from omnirl.api.runtime import STORAGE_ERROR_EXIT, VARIABLES, RoleEnv, port_number
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv, port_number
 from omnirl.api.spec import RLJob
 from omnirl.launch import preflight
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
 from omnirl.launch.procs import start_role
-from omnirl.launch.progress import validation_table
+from omnirl.launch.progress import finish_summary, validation_table
 from omnirl.launch.supervise import STATELESS_GRACE_S, Supervisor, clear_start_flags
 from omnirl.reward.registry import check_judges
 from omnirl.reward.servers import JudgeFailed, check_local, check_served_judges, start_judges, stop_judges
 from omnirl.transfer import RedisServerError, TransferQueue, start_redis_server
+from omnirl.transfer.owner import LIVE_BEAT_S
 from omnirl.transfer.redis_server import free_port
 
 ROLES_MANIFEST = "job-roles.yaml"  # OUT/job.yaml with this run's judge URLs wired in: what the roles read
@@ -197,14 +198,16 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
             queue.set_json("stop", True)  # the controller set it already; every role exits 0
             supervisor.stop_all(grace_s=20.0)
     except KeyboardInterrupt:
-        print("omnirl: interrupted — stopping every role (the actor writes a checkpoint; --resume continues)",
-              flush=True)
+        print(interrupt_line(out, int(started["records"]), started=supervisor is not None, resume=args.resume,
+                             total=args.steps or job.spec.algorithm.steps), flush=True)
         code = 130
     except JudgeFailed as err:  # its log's tail, then the verdict names the field, what happened and the fix
         if err.tail:
             print(f"omnirl: judge {err.reward}: the last lines of {err.log}:", flush=True)
             print("\n".join(f"  {line}" for line in err.tail), flush=True)
-        failure, code = str(err), 1
+        # a setting the job cannot start with (spec.reward[i].server), as a role's at start-up: exit 4, not
+        # restarted; the operator fails the RLJob for it too (JudgeFailed), so a script reads one code for both
+        failure, code = str(err), CONFIG_ERROR_EXIT
     except RedisServerError as err:  # the embedded server exited at start (its log's tail follows the first line)
         first, _, tail = str(err).partition("\n")
         if tail.strip():
@@ -212,21 +215,27 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         failure, code = f"the embedded Redis did not start: {first}", 1
     finally:
         with _interrupts_hurry(supervisor):  # a second Ctrl-C cuts the stop short; it cannot skip the cleanup
+            silent, forced = "", []  # why the manifest's Redis does not answer; the roles SIGKILLed after their grace
             try:
                 if supervisor is not None:
                     failure = supervisor.failure
+                    if job.spec.transferQueue.redisUrl:
+                        silent = preflight.redis_silent(job.spec.transferQueue.redisUrl)
                     # a full or read-only run directory: the actor's SIGTERM checkpoint cannot be written (nor, when
-                    # its Redis died of it, handed over); the last complete one stands, so no grace period is waited out
-                    supervisor.stop_all(grace_s=STATELESS_GRACE_S if code == STORAGE_ERROR_EXIT else None)
+                    # its Redis died of it, handed over); the last complete one stands, so no grace period is waited
+                    # out. Nor for a Redis gone away: the roles sit in its clients' retries, deaf to SIGTERM
+                    quick = code == STORAGE_ERROR_EXIT or bool(silent)
+                    forced = supervisor.stop_all(grace_s=STATELESS_GRACE_S if quick else None)
             finally:
                 if supervisor is not None:
                     supervisor.close()
                     redis = supervisor.redis  # read after close: its watchdog may restart the server until then
-                    if job.spec.transferQueue.redisUrl:  # its roles are stopped: the resume we print must not be
+                    finished = code == 0 or not holds_run(out)  # nothing to continue when its controller never started
+                    if silent:  # the marks below would wait 5 s for nothing: say what is left instead
+                        print(left_behind(silent, job.metadata.name, forced, finished=finished), flush=True)
+                    elif job.spec.transferQueue.redisUrl:  # its roles are stopped: the resume we print must not be
                         # refused as "running" by their last beats (an embedded Redis is this --out's, not shared)
-                        # nothing to continue when its controller never started: no place to keep
-                        why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job, out,
-                                                     finished=code == 0 or not holds_run(out))
+                        why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job, out, finished=finished)
                         if why:
                             print(f"omnirl: {why}", flush=True)
                 stop_judges(judges)
@@ -236,7 +245,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
                     redis.stop()
                 if ray_ctx is None and "ray" in sys.modules:  # interrupted in ray.init: stop what it started
                     sys.modules["ray"].shutdown()
-    _summary(out)
+    _summary(out, job.metadata.name, since=int(started["records"]))
     if code:  # the table above reads like a finished run: the last line says it is not
         print(verdict(code, failure, args, out, since=int(started["records"])), flush=True)
     lock.close()
@@ -269,6 +278,52 @@ def _interrupts_hurry(supervisor: Supervisor | None) -> Iterator[None]:
     finally:
         for sig, handler in before.items():
             signal.signal(sig, handler)
+
+
+def interrupt_line(out: Path, since: int, *, started: bool, resume: bool, total: int) -> str:
+    """The launcher's line when Ctrl-C (or SIGTERM) stops a run, true for the phase it came in: before
+    the roles started, while they loaded (no `start` record of this launch's controller among the
+    records of `out`'s `metrics.jsonl` after the first `since`), while they trained, or after the job
+    had finished (its `finish` record). It said "the actor writes a checkpoint" in every phase, also
+    while the roles loaded and nothing was trained.
+
+    Args:
+        out: the run directory.
+        since: how many records `metrics.jsonl` held before this launcher started the roles.
+        started: whether the roles were started (the supervisor exists).
+        resume: `--resume` (the run's earlier checkpoints stand).
+        total: the run's total training steps.
+    """
+    kept = "the run's last checkpoint stands" if resume else "nothing to checkpoint"
+    if not started:
+        return f"omnirl: interrupted before the roles started — stopping what was started ({kept})"
+    try:
+        events = [r.get("event") for r in read_metrics(out)[since:]] if (out / METRICS_FILE).exists() else []
+    except ValueError:  # a corrupt line: the phase is unknown, the generic stop is still true
+        events = ["start"]
+    if "finish" in events:
+        return "omnirl: interrupted after the job had finished — stopping its roles (nothing left to checkpoint)"
+    if "start" not in events:
+        return ("omnirl: interrupted while the roles were loading — stopping them (nothing trained "
+                + ("since --resume: the run's last checkpoint stands)" if resume else "yet: nothing to checkpoint)"))
+    done = preflight.trained_steps(out)
+    return (f"omnirl: interrupted after {done} of {total} training steps — stopping every role (the actor "
+            "checkpoints the steps it trained since its last checkpoint, if any; --resume continues)")
+
+
+def left_behind(silent: str, job_name: str, forced: list[str], *, finished: bool) -> str:
+    """One line naming what a stop could not clean up because the manifest's Redis does not answer
+    (`silent`, `preflight.redis_silent`): the job's keys there, and the roles killed at the end of their
+    short grace (`forced`), the actor's stop checkpoint with them."""
+    keys = (f"job {job_name!r}'s keys there are not deleted" if finished else
+            f"job {job_name!r} is not marked stopped there (its roles' last beats there count as a live run for "
+            f"{LIVE_BEAT_S:.0f} s)")
+    killed = ""
+    if forced:
+        killed = (f"; {', '.join(forced)} killed after {STATELESS_GRACE_S:.0f} s, waiting on it"
+                  + (" (no stop checkpoint: --resume continues from the last complete one)"
+                     if any(name.startswith("actor-") for name in forced) else ""))
+    return f"omnirl: not cleaned up: {silent}, so {keys}{killed}"
 
 
 def holds_run(out: Path) -> bool:
@@ -318,9 +373,15 @@ def verdict(code: int, failure: str, args: argparse.Namespace, out: Path, since:
     return f"omnirl: the job did not finish (exit {code})" + (f": {failure}" if failure else "")
 
 
-def _summary(out: Path) -> None:
+def _summary(out: Path, job_name: str, since: int) -> None:
+    """The held-out table, then — when a controller this launcher started finished the job (a `finish`
+    record after the first `since`) — its summary (`progress.finish_summary`)."""
     if not (out / METRICS_FILE).exists():
         return
-    table = validation_table(read_metrics(out))
+    records = read_metrics(out)
+    table = validation_table(records)
     if table:
         print(table, flush=True)
+    summary = finish_summary(records[since:], job_name, out / METRICS_FILE)
+    if summary:
+        print(summary, flush=True)

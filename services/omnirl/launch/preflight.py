@@ -228,6 +228,30 @@ def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None) -
                          f"another metadata.name (a run just killed: its beats stop counting after {LIVE_BEAT_S:.0f} s)")
 
 
+def redis_silent(url: str, timeout_s: float = 2.0) -> str:
+    """Why the manifest's Redis does not answer a PING within `timeout_s` (no retries), or "" when it does.
+
+    Asked when the launcher stops a run on an external Redis: the roles' clients retry a Redis that went
+    away for about 2 minutes, so a role waiting on it cannot act on SIGTERM (the actor never reached its
+    stop checkpoint and was killed after its `terminationGracePeriodSeconds`, 60 s), and the launcher's
+    own cleanup there cannot be done.
+
+    Returns:
+        "" when it answers, else "HOST:PORT (spec.transferQueue.redisUrl) does not answer (ERROR)"
+        (never the password).
+    """
+    import redis as redis_py
+
+    try:
+        with redis_py.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s) as client:
+            client.ping()
+    except (redis_py.RedisError, OSError) as err:
+        parts = urlsplit(url)
+        return (f"{parts.hostname}:{parts.port or 6379} (spec.transferQueue.redisUrl) does not answer "
+                f"({type(err).__name__}: {err})")
+    return ""
+
+
 def claim_run(url: str, job: RLJob, out: Path) -> None:
     """Write this run's run-owner record (`transfer/owner.py`: this host, `out`, this pid) on the manifest's
     Redis once its keys are this run's (after the fresh run's cleanup or the `--resume`'s flags): the

@@ -1,4 +1,5 @@
-"""The local run's live view: a progress bar with the live reward, and the final reward table."""
+"""The local run's live view: a progress bar with the live reward, the final reward table and the
+summary of a finished run."""
 
 from __future__ import annotations
 
@@ -75,3 +76,49 @@ def validation_table(records: list[dict]) -> str:
         console.print(f"held-out reward: {base:.3f} → {vals[-1]['val_reward_mean']:.3f} "
                       f"({vals[-1]['val_reward_mean'] - base:+.3f})")
     return console.file.getvalue()
+
+
+def finish_summary(records: list[dict], job_name: str, metrics_path: Path) -> str:
+    """A finished run, readably: the controller's `finish` record (the last one in `records`, the lines of
+    `metrics_path`) with the step and validation lines before it. '' when `records` holds no `finish`.
+
+    The lines: the training steps (all of them, and this launch's share after a resume) and the seconds
+    from the controller's start to its finish; the train reward of the first and last step; the held-out
+    reward of the first and last validation (with exact match when an OCR-rule reward gives one); the last
+    checkpoint and export; where the machine-readable record is. (It was the controller's
+    `{"event": "controller-finished", "validation": [...]}`, one raw JSON line.)
+    """
+    ends = [i for i, r in enumerate(records) if r.get("event") == "finish"]
+    if not ends:
+        return ""
+    finish = records[ends[-1]]
+    begun = next((r for r in reversed(records[:ends[-1]]) if r.get("event") == "start"), {})
+    steps = [r for r in records if r.get("event") == "step"]
+    vals = [r for r in records if r.get("event") == "validation" and r.get("val_reward_mean") is not None]
+    first = finish.get("start_step", 0)
+    total = finish.get("total_steps") or (steps[-1]["step"] + 1 if steps else first)
+    grid = Table.grid(padding=(0, 2), pad_edge=True)
+    grid.add_column(style="bold")
+    grid.add_column(overflow="fold")
+    took = f"{finish['time'] - begun['time']:.0f} s" if "time" in begun and "time" in finish else ""
+    if first:  # a resume: this launch trained the steps after the ones its run had
+        grid.add_row("training steps", f"{total} (this run: {first} → {total}" + (f", {took})" if took else ")"))
+    else:
+        grid.add_row("training steps", f"{total}" + (f" in {took}" if took else ""))
+    if steps:
+        grid.add_row("train reward", f"{steps[0]['reward_mean']:.3f} at step {steps[0]['step']} → "
+                                     f"{steps[-1]['reward_mean']:.3f} at step {steps[-1]['step']}")
+    if vals:
+        exact = vals[-1].get("val_exact_match")
+        grid.add_row("held-out reward", f"{vals[0]['val_reward_mean']:.3f} at step {vals[0]['step']} → "
+                                        f"{vals[-1]['val_reward_mean']:.3f} at step {vals[-1]['step']}"
+                                        + ("" if exact is None else f" (exact match {exact:.3f})"))
+    checkpoint = finish.get("last_checkpoint") or next((r["checkpoint"] for r in reversed(steps)
+                                                        if r.get("checkpoint")), None)
+    grid.add_row("checkpoint", checkpoint or "none written")
+    grid.add_row("export", finish.get("last_export") or "none")
+    grid.add_row("record", f"{metrics_path} (its 'finish' line)")
+    console = Console(file=io.StringIO(), width=200)
+    console.print(f"omnirl: job {job_name} finished", style="bold")
+    console.print(grid)
+    return "\n".join(line.rstrip() for line in console.file.getvalue().splitlines())

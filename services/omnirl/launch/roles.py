@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -116,13 +115,12 @@ def run_role(role: str, job_path: str, env: RoleEnv) -> int:
         health.set_liveness(lambda: service.heartbeat.age_s() <= deadline)
         health.set_serving(True)
     try:
-        result = service.run()
+        service.run()
         if service.terminated:
             print(f"omnirl role {role}: stopped by SIGTERM, work handed back", file=sys.stderr, flush=True)
             return 143
-        if role == "controller":
+        if role == "controller":  # its summary is the `finish` line of metrics.jsonl, logged readably
             service.stop()
-            print(json.dumps({"event": "controller-finished", **(result or {})}), flush=True)
         return 0
     finally:
         signal.signal(signal.SIGTERM, old)

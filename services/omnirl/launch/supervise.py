@@ -133,11 +133,15 @@ class Supervisor:
         finally:
             self.progress.close()
 
-    def stop_all(self, grace_s: float | None = None) -> None:
+    def stop_all(self, grace_s: float | None = None) -> list[str]:
         """SIGTERM every role, SIGKILL what is left after the grace period: the actor gets
         `terminationGracePeriodSeconds` to write its checkpoint, the others at most
         `STATELESS_GRACE_S` (their work stays pending in Redis for their successors). After `hurry`
-        (a second Ctrl-C) the wait ends at once."""
+        (a second Ctrl-C) the wait ends at once.
+
+        Returns:
+            The names of the roles that were still running at the end of their grace and were SIGKILLed.
+        """
         grace = self.policy.terminationGracePeriodSeconds if grace_s is None else grace_s
         for p in self.procs.values():
             p.send_signal(signal.SIGTERM)
@@ -158,6 +162,7 @@ class Supervisor:
         if self._hurry.is_set() and forced:
             print(f"omnirl: interrupted again — killed {', '.join(forced)} before they stopped (a stop checkpoint "
                   "not finished is not written; --resume continues from the last complete one)", flush=True)
+        return forced
 
     def hurry(self) -> None:
         """Cut the grace period of the stop under way (and of any later one) short: `stop_all` SIGKILLs
