@@ -310,6 +310,10 @@ CASES = {
                                            "--prompts", HELDOUT, "--out", str(t / "o")], "omnirl eval: spec.reward: ",
                                 "every reward is group-level (pc), and omnirl eval scores single samples; add a "
                                 "per-sample reward (e.g. kind ocr) to the manifest"),
+    # ... also without --prompts: it asked for --prompts first, and refused the job once they were given
+    "eval-group-rewards-only-no-prompts": (
+        lambda t: ["eval", without_validation(t, [{"name": "pc", "kind": "pairwise-contrast"}]), "--out", str(t / "o")],
+        "omnirl eval: spec.reward: ", "every reward is group-level (pc)"),
     "eval-zero-steps": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--steps", "1"], "omnirl eval: ",
                         "--steps 1: must be >= 2"),
     "eval-negative-seed": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--seed", "-1"], "omnirl eval: ",
