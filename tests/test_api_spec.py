@@ -103,7 +103,7 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
         (
             {"transferQueue": {"passwordSecret": "Redis_Auth"}},
             'spec.transferQueue.passwordSecret: "Redis_Auth" is invalid: must name a Secret: at most 253 characters, '
-            "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (e.g. team-runs)",
+            "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (e.g. redis-auth)",
         ),
         (
             {"storage": {"claimName": "Team_Runs"}},  # in words, not the CRD's regular expression
@@ -114,6 +114,11 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
         (
             {"storage": {"size": "1Gi", "storageClassName": "Fast_SSD"}},
             'spec.storage.storageClassName: "Fast_SSD" is invalid: must name a StorageClass: at most 253 characters, '
+            "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (e.g. fast-ssd)",
+        ),
+        (
+            {"storage": {"size": "1Gi", "storageClassName": "__"}},  # nothing to keep: a made-up example
+            'spec.storage.storageClassName: "__" is invalid: must name a StorageClass: at most 253 characters, '
             "lowercase letters, digits, '-' and '.', starting and ending with a letter or digit (e.g. team-runs)",
         ),
     ],

@@ -310,6 +310,10 @@ CASES = {
                                            "--prompts", HELDOUT, "--out", str(t / "o")], "omnirl eval: spec.reward: ",
                                 "every reward is group-level (pc), and omnirl eval scores single samples; add a "
                                 "per-sample reward (e.g. kind ocr) to the manifest"),
+    # ... also without --prompts: it asked for --prompts first, and refused the job once they were given
+    "eval-group-rewards-only-no-prompts": (
+        lambda t: ["eval", without_validation(t, [{"name": "pc", "kind": "pairwise-contrast"}]), "--out", str(t / "o")],
+        "omnirl eval: spec.reward: ", "every reward is group-level (pc)"),
     "eval-zero-steps": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--sampling-steps", "1"], "omnirl eval: ",
                         "--sampling-steps 1: must be >= 2 (denoising steps per sample; default spec.validation.numSteps)"),
     # eval's --steps was its denoising steps, run's (and pretrain's) the training steps: the old use is refused,

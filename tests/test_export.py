@@ -244,8 +244,9 @@ def test_export_of_a_checkpoint_or_an_export_as_run_dir_says_what_to_pass_instea
     latest = run_dir / "checkpoints" / "latest"
     for extra in ((), ("--job", run_dir / "job.yaml")):
         code, lines = _export(capsys, latest, "--out", tmp_path / "a", *extra)
+        # the command to paste, with the --out given (it said `--out DIR`)
         assert (code, lines) == (2, [f"omnirl export: {latest} is a checkpoint, not a run directory; pass omnirl "
-                                     f"export {run_dir} --out DIR --checkpoint {latest}"]), lines
+                                     f"export {run_dir} --out {tmp_path / 'a'} --checkpoint {latest}"]), lines
     code, lines = _export(capsys, run_dir, "--out", tmp_path / "a", "--checkpoint", latest)  # the command it names
     assert code == 0, lines
     loose = tmp_path / "loose"  # a checkpoint copied out of its run: the run directory is not known

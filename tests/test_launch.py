@@ -4,6 +4,7 @@ and the supervisor's restart policy on real processes (a configuration error is 
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 from tests.helpers import supervise_scripts
@@ -447,6 +448,28 @@ def test_the_interrupt_verdict_is_a_command_a_shell_runs_with_spaces_in_the_path
     assert command == f"omnirl run 'my job.yaml' --out '{out}' --steps 30 --no-ray --resume"
     again = build_parser().parse_args(shlex.split(command)[1:])
     assert (again.job, again.out, again.steps, again.no_ray, again.resume) == ("my job.yaml", str(out), 30, True, True)
+
+
+def test_the_interrupt_verdict_starts_with_the_program_the_shell_finds(tmp_path, monkeypatch):
+    """`make demo` runs `.venv/bin/omnirl` with no venv activated; its Ctrl-C verdict said `continue with:
+    omnirl run examples/ocr-awm.yaml …`, which, pasted, failed with "omnirl: command not found"."""
+    from omnirl.cli import build_parser
+    from omnirl.launch.local import invoked_as, resume_command
+
+    venv_bin = tmp_path / "venv" / "bin"
+    venv_bin.mkdir(parents=True)
+    program = venv_bin / "omnirl"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PATH", "/nonexistent")  # no omnirl on PATH, as after `make demo`
+    monkeypatch.setattr(sys, "argv", ["venv/bin/omnirl", "run", "job.yaml"])
+    args = build_parser().parse_args(["run", "job.yaml"])
+    assert resume_command(args, tmp_path / "out") == f"venv/bin/omnirl run job.yaml --out {tmp_path / 'out'}"
+    assert invoked_as("runs/my venv/bin/omnirl") == "'runs/my venv/bin/omnirl'"
+    monkeypatch.setenv("PATH", str(venv_bin))  # an activated venv: the name alone finds the same program
+    assert resume_command(args, tmp_path / "out") == f"omnirl run job.yaml --out {tmp_path / 'out'}"
+    assert invoked_as("omnirl") == invoked_as("/usr/lib/python3/omnirl/cli.py") == "omnirl"
 
 
 def test_an_interrupt_after_the_job_finished_says_nothing_is_left(tmp_path):

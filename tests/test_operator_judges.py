@@ -149,7 +149,13 @@ def test_judge_readiness_gates_the_controller():
     ({"name": "h", "kind": "http", "server": {"command": ["x"], "modelPath": "/m", "volume": {"emptyDir": {}}}},
      "reward[0].server.volume"),
     ({"name": "h", "kind": "http", "server": {"command": ["x"], "modelPath": "rel/dir"}}, "reward[0].server.modelPath"),
-    ({"name": "h", "kind": "http", "server": {"command": ["x", "{modelPath}"]}}, "reward[0].server.args"),
+    ({"name": "h", "kind": "http", "server": {"command": ["x", "{modelPath}"]}}, "reward[0].server.command"),
+    ({"name": "h", "kind": "http", "server": {"command": ["x"], "args": ["{modelPath}"]}}, "reward[0].server.args"),
+    # a near miss of {port} or {modelPath} is passed on as written (`--port {prot}`: the judge exited 2)
+    ({"name": "h", "kind": "http", "server": {"command": ["x", "--port", "{prot}"]}}, "reward[0].server.command"),
+    ({"name": "h", "kind": "http", "server": {"command": ["x"], "args": ["--port={PORT}"]}}, "reward[0].server.args"),
+    ({"name": "h", "kind": "http", "server": {"command": ["x", "{model_path}"], "modelPath": "/m"}},
+     "reward[0].server.command"),
     ({"name": "h", "kind": "http", "server": {"command": []}}, "reward[0].server.command"),
     ({"name": "h", "kind": "http", "server": {"command": ["x"], "volume": {"emptyDir": {}, "hostPath": {}}}},
      "reward[0].server.volume"),
@@ -175,6 +181,18 @@ def test_name_clash_and_length_are_refused():
     with pytest.raises(ValidationError, match=r"spec.reward\[0\].name.*ending with a letter or digit"):
         job([{"name": "judge-", "kind": "http", "server": {"command": ["x"]}}])  # Service `demo-judge-judge-`
     job([{"name": "judge-", "kind": "http", "url": "http://x"}])  # no Service: the name is free
+
+
+def test_a_misspelt_placeholder_is_named_with_the_one_meant():
+    with pytest.raises(ValidationError) as err:
+        job([{"name": "h", "kind": "http", "server": {"command": ["serve", "--port", "{prot}"]}}])
+    assert [text for _, text in problem_lines(RLJob, err.value)] == [
+        'spec.reward[0].server.command: "{prot}" is invalid: has the placeholder {prot}, which is not substituted (the '
+        "server would get it as written); did you mean {port}? Only {port} and {modelPath} are"]
+    # braces that are not a near miss stay as written: a shell's ${HOME}, JSON, {{x}}, awk's {print}
+    server = {"command": ["sh", "-c", "serve --port {port} --home ${HOME} | awk '{print}'"], "args": ['{"a": 1}', "{{x}}"]}
+    assert argv(job([{"name": "h", "kind": "http", "server": server}]).spec.reward[0].server, 9)[2] == (
+        "serve --port 9 --home ${HOME} | awk '{print}'")
 
 
 def test_substitution_and_wiring_are_plain():

@@ -65,6 +65,34 @@ def test_missing_non_required_component_contributes_nothing_and_is_counted():
         combine_step([spec("a"), spec("b")], comps, G)
 
 
+def test_a_normalised_jobs_train_reward_is_shown_raw_beside_the_constant_trained_mean():
+    """A job with `normalize: group` OCR + a `batch` judge at 0.5 + a pairwise reward at 0.1 printed
+    `reward 0.050±1.476` on every step's line, the bar and the closing table's `train reward` (0.050 beside a
+    held-out 0.600): the trained mean of z-scores is 0 + 0.5·0 + 0.1·½ whatever the model draws. The raw
+    weighted sum, on the held-out reward's scale, is shown too."""
+    from omnirl.controller.normalize import raw_totals
+    from omnirl.controller.report import step_line
+    from omnirl.launch.progress import train_reward, validation_table
+
+    comps = [{"a": 1.0, "b": 4.0}, {"a": 3.0}, {"a": 2.0, "b": 8.0}, {"a": 6.0, "b": 0.0}]
+    specs = [spec("a", normalize="group"), spec("b", weight=0.5, required=False, normalize="batch")]
+    np.testing.assert_allclose(raw_totals(specs, comps), [3.0, 3.0, 6.0, 6.0])  # b left out where absent
+    assert combine_step(specs, comps, G).mean() == pytest.approx(0.0, abs=1e-6)  # what the line showed
+
+    step = {"reward_mean": 0.05, "reward_std": 1.476, "step_seconds": 44.9, "images_per_second": 0.1,
+            "raw_reward_mean": 0.825}
+    assert step_line(0, 4, 1, step) == "step 0 [1/4] reward 0.050±1.476 (normalised; raw 0.825)  44.9 s  0.1 img/s  v1"
+    plain = {k: v for k, v in step.items() if k != "raw_reward_mean"}  # no normalisation: the line as before
+    assert step_line(0, 4, 1, plain) == "step 0 [1/4] reward 0.050±1.476  44.9 s  0.1 img/s  v1"
+    assert (train_reward(step), train_reward(plain)) == (0.825, 0.05)
+
+    val = {"event": "validation", "policy_version": 1, "val_reward_mean": 0.6, "val_exact_match": 0.0,
+           "val_background_darkness": 0.05, "grid": "g.png"}
+    table = validation_table([{**val, "step": 0}, {"event": "step", "step": 0, **step}, {**val, "step": 1}])
+    row = next(line for line in table.splitlines() if line.startswith("│ 1 "))
+    assert [c.strip() for c in row.split("│")[1:-1]] == ["1", "1", "0.600", "0.000", "0.050", "0.825", "g.png"]
+
+
 def test_win_rates_closed_form():
     np.testing.assert_allclose(win_rates(np.array([1.0, 2.0, 3.0])), [0.0, 0.5, 1.0])
     np.testing.assert_allclose(win_rates(np.array([1.0, 1.0, 3.0])), [0.25, 0.25, 1.0])

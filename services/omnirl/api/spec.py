@@ -13,6 +13,7 @@ Choices lists are `Literal`s (not `Enum`s): values stay plain strings in Python 
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Any, Literal
 
@@ -424,6 +425,25 @@ class AcceleratorSpec(SpecModel):
         return self
 
 
+SERVER_PLACEHOLDERS = ("port", "modelPath")  # substituted in reward[].server.command/args (api/judges.py::argv)
+
+
+def misspelt_placeholder(arg: str) -> tuple[str, str] | None:
+    """`(written, meant)` for a `{name}` in a judge's argument that looks like `{port}` or `{modelPath}` but is
+    not one (`{prot}`, `{PORT}`, `{model_path}`, `{model}`), else None. Such a name is passed on as written: a
+    `--port {prot}` judge exited 2 at start, and on Kubernetes crash-looped until JudgeFailed, after `omnirl
+    validate` said ok. Only near misses are refused: `${HOME}` (a shell's), `{{x}}` and `'{"a": 1}'` stay."""
+    for m in re.finditer(r"(?<![${])\{([A-Za-z_][A-Za-z0-9_-]*)\}(?!\})", arg):
+        name = m[1]
+        if name in SERVER_PLACEHOLDERS:
+            continue
+        key = name.lower().replace("_", "").replace("-", "")
+        for meant in SERVER_PLACEHOLDERS:
+            if key == meant.lower() or difflib.SequenceMatcher(None, key, meant.lower()).ratio() >= 0.7:
+                return name, meant
+    return None
+
+
 class RewardServerSpec(SpecModel):
     """A judge server run by the job beside its roles (`reward[].server`).
 
@@ -480,9 +500,18 @@ class RewardServerSpec(SpecModel):
         if self.volume is not None and len(self.volume) != 1:
             raise FieldProblem("volume", sorted(self.volume), "must hold exactly one volume source, e.g. "
                                "{persistentVolumeClaim: {claimName: NAME}}")
-        uses_model = any("{modelPath}" in a for a in [*self.command, *self.args])
-        if uses_model and self.modelPath is None and self.volume is None:
-            raise FieldProblem("args", "{modelPath}", "is used but neither modelPath nor volume is given")
+        for field in ("command", "args"):
+            for arg in getattr(self, field):
+                misspelt = misspelt_placeholder(arg)
+                if misspelt is not None:
+                    raise FieldProblem(field, arg, f"has the placeholder {{{misspelt[0]}}}, which is not substituted "
+                                       f"(the server would get it as written); did you mean {{{misspelt[1]}}}? Only "
+                                       "{port} and {modelPath} are")
+        for field in ("command", "args"):  # the list that holds it: it said args for a {modelPath} in command
+            if any("{modelPath}" in a for a in getattr(self, field)) and self.modelPath is None and self.volume is None:
+                raise FieldProblem(field, "{modelPath}", "is used but neither modelPath nor volume is given; set "
+                                   "server.modelPath (a model directory on the node, or locally on this machine) or "
+                                   "server.volume")
         if self.template is not None:
             check_pod_template(self.template, "judge", "template")
         return self

@@ -47,8 +47,10 @@ def check_object_name(path: str, value: str, what: str) -> None:
         FieldProblem: naming `path`, the rule and an example.
     """
     if len(value) > 253 or DNS1123_SUBDOMAIN.fullmatch(value) is None:
+        # the value made valid, as the example: `storageClassName: Fast_SSD` was told "e.g. team-runs"
+        example = re.sub(r"[^a-z0-9.-]+", "-", value.lower())[:253].strip("-.") or "team-runs"
         raise FieldProblem(path, value, f"must name a {what}: at most 253 characters, lowercase letters, digits, "
-                           "'-' and '.', starting and ending with a letter or digit (e.g. team-runs)")
+                           f"'-' and '.', starting and ending with a letter or digit (e.g. {example})")
 
 
 def quantity_bytes(text: str) -> float:

@@ -41,7 +41,7 @@ from omnirl.api.spec import GROUP_ATTEMPTS, RLJob
 from omnirl.controller.data import PromptSource, read_prompts
 from omnirl.controller.group_scoring import GroupScoring
 from omnirl.controller.groups import StepBook, refill_request
-from omnirl.controller.normalize import combine_step, component_stats
+from omnirl.controller.normalize import combine_step, component_stats, raw_totals
 from omnirl.controller.report import REWARD_LATENCIES, Reporter
 from omnirl.controller.ttl import TtlWatch
 from omnirl.controller.validation import SampleUnscored, Validator
@@ -480,6 +480,10 @@ class Controller:
             "staleness_max": max(self.version - v for v in versions),
         }
         stats.update(component_stats(self.spec.reward, [s.rewards for _, s in scores]))
+        if any(spec.normalize != "none" for spec in self.spec.reward):
+            # normalised rewards average the same every step (0.050 on a job's every console line): the raw
+            # weighted sum is what a user compares with the held-out reward
+            stats["raw_reward_mean"] = float(raw_totals(self.spec.reward, [s.rewards for _, s in scores]).mean())
         replicas = self.queue.get_json("reward_replicas")  # written by the operator's autoscaler
         stats["scorer_replicas"] = int(replicas) if replicas is not None else self.spec.roles.reward.replicas
         del self.books[book.step]

@@ -88,6 +88,17 @@ def combine_step(specs: Sequence[RewardSpec], components: Sequence[Mapping[str, 
     return total.astype(np.float32)
 
 
+def raw_totals(specs: Sequence[RewardSpec], components: Sequence[Mapping[str, float]]) -> np.ndarray:
+    """Every sample's reward before normalisation, `[N]` float64: Σ weight · raw score over the rewards
+    it has (a failed non-required one is left out), as validation sums a held-out sample's.
+
+    With a `normalize` other than `none` the step's trained rewards (`combine_step`) are z-scores or
+    min-max ranks: their mean is Σ weight · mean(normalised), constant from step to step (0 for `group`
+    and `batch`), so it cannot show learning; this sum can, on the scale of the held-out reward."""
+    return np.array([sum(spec.weight * c[spec.name] for spec in specs if spec.name in c) for c in components],
+                    dtype=np.float64)
+
+
 def component_stats(specs: Sequence[RewardSpec], components: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Per-component metrics of one step (raw scores): `reward_<name>` mean (over the samples
     that have it), `component_std_<name>` population std, `component_missing_<name>` samples

@@ -26,12 +26,14 @@ def step_line(step: int, total: int, version: int, record: dict) -> str:
     checkpoint directory `step-NNNNNN` it wrote, named on the line); `[k/N]` counts steps done.
 
     `record` is the step's metrics line (reward_mean, reward_std, step_seconds and images_per_second
-    when measured, checkpoint when one was saved). A step trained before this controller started
+    when measured, checkpoint when one was saved, raw_reward_mean when a reward is normalised). A step trained before this controller started
     has no step_seconds: its clock was the predecessor's.
     """
     timing = (f"{record['step_seconds']:.1f} s  {record['images_per_second']:.1f} img/s" if "step_seconds" in record
               else "time not measured (trained before this controller started)")
-    line = (f"step {step} [{step + 1}/{total}] reward {record['reward_mean']:.3f}±{record['reward_std']:.3f}  "
+    raw = (f" (normalised; raw {record['raw_reward_mean']:.3f})" if record.get("raw_reward_mean") is not None
+           else "")  # a job with reward[].normalize: the trained mean is the same every step
+    line = (f"step {step} [{step + 1}/{total}] reward {record['reward_mean']:.3f}±{record['reward_std']:.3f}{raw}  "
             f"{timing}  v{version}")
     if record.get("checkpoint"):
         line += f"  checkpoint {Path(record['checkpoint']).name}"

@@ -58,12 +58,13 @@ def main(args: argparse.Namespace) -> int:
     spec = job.spec
     check_api_keys(spec.reward)  # before minutes of model loading and sampling
     check_local(job, by="omnirl eval")  # a judge server this machine cannot run: named now, not after loading
-    if not args.prompts and not spec.data.validationPrompts:  # it was a TypeError traceback
-        raise ValueError(f"--prompts: {args.job} has no spec.data.validationPrompts to sample by default; pass "
-                         "--prompts FILE (one prompt per line)")
+    # the manifest's problem first: no flag fixes it (a job with neither asked for --prompts, then refused it)
     if all(r.kind in GROUP_KINDS for r in spec.reward):  # each sample's mean reward came out 0, unscored
         raise ValueError(f"spec.reward: every reward is group-level ({', '.join(r.name for r in spec.reward)}), and "
                          "omnirl eval scores single samples; add a per-sample reward (e.g. kind ocr) to the manifest")
+    if not args.prompts and not spec.data.validationPrompts:  # it was a TypeError traceback
+        raise ValueError(f"--prompts: {args.job} has no spec.data.validationPrompts to sample by default; pass "
+                         "--prompts FILE (one prompt per line)")
     check_judges(spec.reward)  # those with a url; a served one once it answers (`serving`)
     fix = "restore it, or pass an older OUT/checkpoints/step-* directory"
     if args.checkpoint:  # another job's checkpoint is refused as `omnirl export` refuses it, before the model loads

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import os
 import shlex
+import shutil
 import signal
 import sys
 import threading
@@ -340,19 +341,36 @@ def holds_run(out: Path) -> bool:
         return True
 
 
+def invoked_as(argv0: str | None = None) -> str:
+    """How the user's shell calls this `omnirl` again: `omnirl` when it was started by that name or that
+    name on PATH is this program, else the path it was started by, quoted for a POSIX shell.
+
+    `make demo` runs `.venv/bin/omnirl` with no venv activated: a `continue with: omnirl run …` line
+    pasted from it failed with "omnirl: command not found". `argv0` defaults to `sys.argv[0]`; a
+    `python -m omnirl.cli` run (argv0 `…/cli.py`) gets `omnirl`."""
+    argv0 = sys.argv[0] if argv0 is None else argv0
+    if os.path.basename(argv0) != "omnirl" or os.sep not in argv0:
+        return "omnirl"
+    on_path = shutil.which("omnirl")
+    if on_path and os.path.realpath(on_path) == os.path.realpath(argv0):
+        return "omnirl"
+    return shlex.quote(argv0)
+
+
 def resume_command(args: argparse.Namespace, out: Path) -> str:
     """The `omnirl run` command that continues this run: the same job, `--out` and flags. Without
     `--steps` a resume trains to `spec.algorithm.steps` (e.g. 80 after a `--steps 3` run), and
     without `--device cpu` it places the roles on the GPUs. No `--resume` when nothing was started
     yet (`holds_run`: a stop while the roles loaded), where the same command starts the run afresh. Paths and
-    values are quoted for a POSIX shell where they need it (`--out 'runs/my run'`): the line is pasted."""
+    values are quoted for a POSIX shell where they need it (`--out 'runs/my run'`): the line is pasted, so it
+    starts with the program as the shell finds it (`invoked_as`: `.venv/bin/omnirl` when `omnirl` is not on PATH)."""
     flags = [f"--steps {args.steps}" if args.steps else "",
              f"--ray-address {shlex.quote(args.ray_address)}" if args.ray_address else "",
              "--no-ray" if args.no_ray else "",
              f"--device {args.device}" if getattr(args, "device", "auto") != "auto" else "",
              "--share-gpus" if getattr(args, "share_gpus", False) else "",
              "--resume" if holds_run(out) else ""]
-    return " ".join(["omnirl run", shlex.quote(args.job), "--out", shlex.quote(str(out)), *filter(None, flags)])
+    return " ".join([f"{invoked_as()} run", shlex.quote(args.job), "--out", shlex.quote(str(out)), *filter(None, flags)])
 
 
 def verdict(code: int, failure: str, args: argparse.Namespace, out: Path, since: int | None = None) -> str:

@@ -37,7 +37,7 @@ class Progress:
         for line in complete.splitlines():
             rec = json.loads(line)
             if rec.get("event") == "step":
-                self.reward = rec["reward_mean"]
+                self.reward = train_reward(rec)
                 self.bar.update(self.task, completed=rec["step"] + 1)
             elif rec.get("event") == "validation" and rec["val_reward_mean"] is not None:  # None: every sample missing
                 self.val = rec["val_reward_mean"]
@@ -54,6 +54,15 @@ class Progress:
         self.bar.stop()
 
 
+def train_reward(step_record: dict) -> float:
+    """A step's train reward as the bar and the closing table show it: the raw weighted sum
+    (`raw_reward_mean`) in a job that normalises a reward, whose trained mean (`reward_mean`) is the
+    same every step (0 + 0.5·0 + 0.1·½ = 0.050 for group- and batch-normalised rewards beside a
+    pairwise one), else `reward_mean`."""
+    raw = step_record.get("raw_reward_mean")
+    return step_record["reward_mean"] if raw is None else raw
+
+
 def validation_table(records: list[dict]) -> str:
     """The held-out reward by step as a printed table ('' when the run had no validation)."""
     # a round whose every sample was missing (tensors expired) has no mean: its line counts them, no row here
@@ -66,7 +75,7 @@ def validation_table(records: list[dict]) -> str:
         table.add_column(col)
     base = vals[0]["val_reward_mean"]
     for v in vals:
-        train = steps.get(v["step"] - 1, {}).get("reward_mean")
+        train = train_reward(steps[v["step"] - 1]) if v["step"] - 1 in steps else None
         table.add_row(str(v["step"]), str(v["policy_version"]), f"{v['val_reward_mean']:.3f}",
                       "—" if v.get("val_exact_match") is None else f"{v['val_exact_match']:.3f}", f"{v.get('val_background_darkness', float('nan')):.3f}",
                       "" if train is None else f"{train:.3f}", v["grid"])

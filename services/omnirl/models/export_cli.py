@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import shlex
 import sys
 from pathlib import Path
 
@@ -23,8 +24,10 @@ from omnirl.models.export import EXPORTS, export_checkpoint
 from omnirl.models.policy_io import LATEST, POLICY_FILE
 
 
-def _check_run_dir(run_dir: Path) -> None:
+def _check_run_dir(run_dir: Path, out: str = "DIR") -> None:
     """RUN_DIR must be a run directory, not one of the two directories a user has at hand after a run.
+
+    `out` is the command's `--out`, repeated in the command a checkpoint given as RUN_DIR is told to run.
 
     Raises:
         FileNotFoundError: `run_dir` is missing, a checkpoint (it holds the policy: naming the run
@@ -35,7 +38,8 @@ def _check_run_dir(run_dir: Path) -> None:
                                 "mounted spec.storage claim)")
     if (run_dir / POLICY_FILE).is_file():  # OUT/checkpoints/latest: its run is two levels up in omnirl run's layout
         run = run_dir.resolve().parent.parent
-        instead = (f"omnirl export {run} --out DIR --checkpoint {run_dir}" if (run / "job.yaml").is_file() else
+        # the user's own --out, so the command named is the one to paste (it said `--out DIR` beside a given --out)
+        instead = (f"omnirl export {run} --out {shlex.quote(out)} --checkpoint {shlex.quote(str(run_dir))}" if (run / "job.yaml").is_file() else
                    f"the run directory as RUN_DIR and --checkpoint {run_dir}")
         raise FileNotFoundError(f"{run_dir} is a checkpoint, not a run directory; pass {instead}")
     if (run_dir / "export.json").is_file():
@@ -82,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
     """CLI adapter; returns 0, or 2 (5: a storage error) with one line on stderr."""
     run_dir = Path(args.run_dir)
     try:
-        _check_run_dir(run_dir)
+        _check_run_dir(run_dir, args.out)
         job = load_rljob(_manifest(run_dir, args.job))
         checkpoint = Path(args.checkpoint) if args.checkpoint else run_dir / job.spec.checkpoint.dir / LATEST
         if not args.checkpoint and not checkpoint.exists():
