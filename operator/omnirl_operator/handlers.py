@@ -41,10 +41,10 @@ from omnirl.api.errors import FieldProblem, format_value
 from omnirl.api.spec import API_GROUP, API_VERSION
 from omnirl.api.spec_queue import check_redis_url
 from omnirl.api.status import TERMINAL_PHASES, utc_now
-from omnirl.transfer.owner import describe
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.reconcile import reconcile
 from omnirl_operator.redis_cleanup import cleanup_job, redacted
+from omnirl_operator.runowner import REASON_REDIS_NAME_IN_USE
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import status_differs, transition
 
@@ -175,13 +175,16 @@ async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, re
         return
     password = await _redis_password(body, memo)
     try:
-        removed = await asyncio.to_thread(cleanup_job, url, name, password, uid=body["metadata"]["uid"])
+        ready = next((c for c in (body.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+        waiting = ready.get("reason") == REASON_REDIS_NAME_IN_USE  # it never ran there: the keys are another run's
+        removed = await asyncio.to_thread(cleanup_job, url, name, password, uid=body["metadata"]["uid"],
+                                          waiting=waiting)
     except (redis.RedisError, ValueError) as exc:
         raise kopf.TemporaryError(f"cannot clean Redis {redacted(url)} (attempt {retry + 1}): {exc}",
                                   delay=10) from exc
-    if isinstance(removed, dict):  # the job never ran there (RedisNameInUse): the keys are the other run's
+    if isinstance(removed, str):  # the job never ran there (RedisNameInUse): the keys are the other run's
         kopf.warn(body, reason="RedisCleanupSkipped",
-                  message=f"the Redis keys omnirl:{name}:* belong to {describe(removed)}, not this RLJob: left as they are")
+                  message=f"the Redis keys omnirl:{name}:* belong to {removed}, not this RLJob: left as they are")
         return
     logger.info("deleted %d Redis keys omnirl:%s:* from %s", removed, name, redacted(url))
     kopf.info(body, reason="RedisCleaned", message=f"deleted {removed} Redis keys of job {name}")

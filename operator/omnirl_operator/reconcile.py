@@ -49,7 +49,7 @@ from omnirl_operator.meta import (
 )
 from omnirl_operator.podcheck import judge_failure, judge_stalls, waiting_problems, waiting_summary, workload_problems
 from omnirl_operator.read import read_children
-from omnirl_operator.runowner import REASON_REDIS_NAME_IN_USE, redis_name_conflict
+from omnirl_operator.runowner import REASON_REDIS_NAME_IN_USE, redis_name_conflict, release_redis_name
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
     PERMANENT_REASONS,
@@ -312,6 +312,14 @@ def resume_conflict_of(stored_spec: dict[str, Any] | None, job: RLJob) -> str | 
                                "its weights)")
 
 
+async def _release_if_finished(kube: KubeApi, job: RLJob, ns: str, uid: str, terminal: bool, status: dict[str, Any],
+                               settings: OperatorSettings, log: logging.Logger) -> None:
+    """The reconcile in which the job finishes (Succeeded, or Failed for good) releases its claim of its name
+    on its Redis (`runowner.py`): a rerun of that name may start there at once, not once the claim lapsed."""
+    if not terminal and _is_terminal({"status": status}):
+        await release_redis_name(kube, job, ns, uid, settings, log)
+
+
 async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSettings, now: datetime,
                     log: logging.Logger) -> Outcome:
     """Bring the children of one RLJob to the state its spec and status ask for.
@@ -345,18 +353,22 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         conflict = resume_conflict_of(stored_spec, job)
         if conflict is not None:
             return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
-    # A refused job changes nothing but stopping its own pods: the name checks come before the Redis
-    # claim and the autoscaler (which wrote `kv:reward_replicas` and said "scaled" for a job it refused).
+    # A refused job changes nothing but stopping its own pods (and, failed, releasing its own claim): the name
+    # checks come before the Redis claim and the autoscaler (which wrote `kv:reward_replicas` and said "scaled"
+    # for a job it refused).
     if taken:  # never write another owner's object; fail, and stop what this job already runs
         stopped = await stop_owned(kube, ns, uid, before)
         failed = None if terminal else (REASON_NAME_CONFLICT, name_conflict_message(taken, stopped))
         observed = Observed(failed=failed, restarts=int((body.get("status") or {}).get("restarts") or 0))
-        return Outcome(compute_status(body, observed, progress, now), stopped)
-    if running:  # another run of this name on the job's Redis: nothing created, checked again every resync
+        status = compute_status(body, observed, progress, now)
+        await _release_if_finished(kube, job, ns, uid, terminal, status, settings, log)
+        return Outcome(status, stopped)
+    if not terminal:  # another run of this name on the job's Redis: nothing created, checked again every resync;
+        # a suspended job renews its claim too: its pending work waits in Redis for its resume
         in_use = await redis_name_conflict(kube, job, ns, uid, before, settings, log)
         if in_use is not None:
             stopped = await stop_owned(kube, ns, uid, before)  # a job that ran: its pods must not share the keys
-            observed = Observed(blocked=(REASON_REDIS_NAME_IN_USE, in_use),
+            observed = Observed(blocked=(REASON_REDIS_NAME_IN_USE, in_use), suspended=suspended,
                                 restarts=int((body.get("status") or {}).get("restarts") or 0))
             said = (body.get("status") or {}).get("message") == in_use  # one event per change, not every resync
             return Outcome(compute_status(body, observed, progress, now), stopped,
@@ -428,6 +440,7 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     if decision.action == "fail" or terminal:  # a failed job's controller Job stops too (a finished one stays)
         actions += await stop_owned(kube, ns, uid, {f"Job/{child_name(job.metadata.name, 'controller')}": controller})
     status = compute_status(body, observed, progress, now)
+    await _release_if_finished(kube, job, ns, uid, terminal, status, settings, log)
     if observed.waiting is not None and status["message"] != (body.get("status") or {}).get("message") \
             and observed.waiting[1] in status["message"]:  # said once per change, not every resync
         events.append(("Warning", observed.waiting[0], status["message"]))

@@ -2,10 +2,12 @@
 
 A job's Redis keys are ``omnirl:{job}:*``: an RLJob started while an `omnirl run` of that name (or an
 RLJob of that name in another namespace or cluster) runs on the same Redis would read and write that
-run's streams and keys, and train on its samples. Each reconcile of a running RLJob, before any child is
-created, claims the job's run-owner record for this RLJob (renewing it) or, when another run holds the
-name, names that run; the reconcile then creates nothing, and tries again on every resync, so the job
-starts once that run ended. A Redis that cannot be read is not checked (the reconcile goes on, and says
+run's streams and keys, and train on its samples. Each reconcile of a running or suspended RLJob, before
+any child is created, claims the job's run-owner record for this RLJob (renewing it; atomically, so of
+two claimants in one instant one wins) or, when another run holds the name, names that run; the
+reconcile then creates nothing, and tries again on every resync, so the job starts once that run ended.
+A suspended RLJob keeps its claim (its pending work waits in Redis for its resume); one that finishes
+releases it at once (`release_redis_name`), and its finalizer deletes it with the job's keys. A Redis that cannot be read is not checked (the reconcile goes on, and says
 so in the operator's log): a job whose Redis starts with it, as the chart's does, must not wait for it here;
 its pods report an unreachable Redis themselves.
 """
@@ -20,7 +22,7 @@ from urllib.parse import urlsplit
 import redis
 
 from omnirl.api.spec import RLJob
-from omnirl.transfer.owner import claim_for_rljob
+from omnirl.transfer.owner import claim_for_rljob, is_rljob, release
 from omnirl_operator.autoscale import _client, _password
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.meta import owned_by
@@ -30,9 +32,18 @@ from omnirl_operator.settings import OperatorSettings
 REASON_REDIS_NAME_IN_USE = "RedisNameInUse"
 
 
+def _where(job: RLJob, settings: OperatorSettings) -> tuple[str, str, str]:
+    """``(url, the field that set it, host:port)`` of the job's Redis."""
+    url = redis_url(job, settings)
+    field = "spec.transferQueue.redisUrl" if job.spec.transferQueue.redisUrl else "OMNIRL_DEFAULT_REDIS_URL"
+    parts = urlsplit(url)
+    return url, field, f"{parts.hostname}:{parts.port or 6379}"
+
+
 async def redis_name_conflict(kube: KubeApi, job: RLJob, ns: str, uid: str, stored: dict[str, Any],
                               settings: OperatorSettings, log: logging.Logger) -> str | None:
-    """Claim the job's name on its Redis for RLJob `uid`, or say why not.
+    """Claim the job's name on its Redis for RLJob `uid` (for `settings.run_owner_ttl_seconds`; marked
+    suspended when `spec.suspend` is), or say why not.
 
     Args:
         stored: the job's children as read (``Kind/name`` → object or None); one owned by `uid` means the
@@ -42,16 +53,14 @@ async def redis_name_conflict(kube: KubeApi, job: RLJob, ns: str, uid: str, stor
         The status message naming the other run and the fix; None once claimed, or when the Redis could
         not be read (a warning in `log` says so).
     """
-    url = redis_url(job, settings)
-    field = "spec.transferQueue.redisUrl" if job.spec.transferQueue.redisUrl else "OMNIRL_DEFAULT_REDIS_URL"
-    parts = urlsplit(url)
-    where = f"{parts.hostname}:{parts.port or 6379}"
+    url, field, where = _where(job, settings)
     started = any(obj is not None and owned_by(obj, uid) for obj in stored.values())
     name = job.metadata.name
     try:
         client = _client(url, await _password(kube, job, ns, settings))
         try:
-            other = await asyncio.to_thread(claim_for_rljob, client, name, ns, uid, started)
+            other = await asyncio.to_thread(claim_for_rljob, client, name, ns, uid, started,
+                                            settings.run_owner_ttl_seconds, bool(job.spec.suspend))
         finally:
             client.close()
     except (redis.RedisError, ValueError) as exc:
@@ -64,3 +73,22 @@ async def redis_name_conflict(kube: KubeApi, job: RLJob, ns: str, uid: str, stor
             f"(omnirl:{name}:*) would be shared, so nothing of this RLJob was created; it starts on its own once "
             "that run has ended (finished, or its keys deleted). To run both now, apply this RLJob under another metadata.name (or point it at "
             "another Redis)")
+
+
+async def release_redis_name(kube: KubeApi, job: RLJob, ns: str, uid: str, settings: OperatorSettings,
+                             log: logging.Logger) -> None:
+    """Release RLJob `uid`'s claim of its name on its Redis, now that it finished (Succeeded or Failed):
+    an `omnirl run` of that name may start there at once, not `run_owner_ttl_seconds` later. Only a record
+    naming this RLJob is deleted (atomically: `owner.release`); the job's other keys stay until its
+    finalizer. A Redis that cannot be reached is logged: the claim then lapses by itself."""
+    url, field, where = _where(job, settings)
+    try:
+        client = _client(url, await _password(kube, job, ns, settings))
+        try:
+            await asyncio.to_thread(release, client, job.metadata.name, is_rljob(uid))
+        finally:
+            client.close()
+    except (redis.RedisError, ValueError) as exc:
+        log.warning("job %s finished, but its claim of its name on the Redis %s (%s) was not released: %s: %s; it "
+                    "lapses %g s after the last reconcile", job.metadata.name, where, field, type(exc).__name__, exc,
+                    settings.run_owner_ttl_seconds)

@@ -49,6 +49,9 @@ class OperatorSettings:
         cpu_request: CPU request of every role container (``OMNIRL_CPU_REQUEST``, e.g. ``"1"``).
         memory_request: memory request of every role container (``OMNIRL_MEMORY_REQUEST``).
         resync_seconds: period of the level-triggered timer (``OMNIRL_RESYNC_SECONDS``), seconds.
+        run_owner_ttl_seconds: life of an RLJob's claim of its name on its Redis unless a reconcile renews
+            it (``OMNIRL_RUN_OWNER_TTL_SECONDS``, seconds; ``omnirl.transfer.owner.OWNER_TTL_S``): how long a
+            job whose operator is gone still holds its name; more than ``resync_seconds``.
         data_root: directory in the pods that relative ``spec.data`` / ``spec.model.path`` values
             resolve against (``OMNIRL_DATA_ROOT``); the images ship ``examples/`` there, so the
             example manifests run unchanged. Mount your own data and use absolute paths.
@@ -65,6 +68,7 @@ class OperatorSettings:
     cpu_request: str = "1"
     memory_request: str = "2Gi"
     resync_seconds: float = 15.0
+    run_owner_ttl_seconds: float = 120.0
     data_root: str = "/opt/omnirl/examples"
 
     def __post_init__(self) -> None:
@@ -74,6 +78,10 @@ class OperatorSettings:
             )
         if not self.data_root.startswith("/"):
             raise ValueError(f"OMNIRL_DATA_ROOT={self.data_root!r} must be an absolute path in the pods")
+        if self.run_owner_ttl_seconds <= self.resync_seconds:  # every resync must renew it before it lapses
+            raise ValueError(f"OMNIRL_RUN_OWNER_TTL_SECONDS={self.run_owner_ttl_seconds:g} must be more than "
+                             f"OMNIRL_RESYNC_SECONDS={self.resync_seconds:g}: a running RLJob's claim of its name "
+                             "would lapse between two reconciles; raise it (default 120)")
         for name in ("rollout_image", "reward_image", "trainer_image"):
             if not getattr(self, name):
                 raise ValueError(f"{name} is empty; set OMNIRL_{name.upper()} to an image reference")
@@ -116,5 +124,6 @@ class OperatorSettings:
             cpu_request=env.get("OMNIRL_CPU_REQUEST") or d.cpu_request,
             memory_request=env.get("OMNIRL_MEMORY_REQUEST") or d.memory_request,
             resync_seconds=_positive_float(env, "OMNIRL_RESYNC_SECONDS", d.resync_seconds),
+            run_owner_ttl_seconds=_positive_float(env, "OMNIRL_RUN_OWNER_TTL_SECONDS", d.run_owner_ttl_seconds),
             data_root=env.get("OMNIRL_DATA_ROOT") or d.data_root,
         )

@@ -256,6 +256,8 @@ def _phase(previous: RLJobStatus, obs: Observed, all_ready: bool) -> tuple[str, 
         return "Failed", obs.failed[0], obs.failed[1]
     if obs.controller == "succeeded":
         return "Succeeded", "ControllerSucceeded", obs.controller_message or "the controller finished the job"
+    if obs.suspended and obs.blocked is not None:  # it keeps no claim of its name while another run holds it
+        return "Suspended", obs.blocked[0], f"spec.suspend is true: no pods run; {obs.blocked[1]}"
     if obs.suspended:
         return "Suspended", "Suspended", "spec.suspend is true: no pods run"
     if obs.blocked is not None:  # not failed: it starts once the other run ended

@@ -41,7 +41,7 @@ from omnirl.launch.supervise import STATELESS_GRACE_S, Supervisor, clear_start_f
 from omnirl.reward.registry import check_judges
 from omnirl.reward.servers import JudgeFailed, check_local, check_served_judges, start_judges, stop_judges
 from omnirl.transfer import RedisServerError, TransferQueue, start_redis_server
-from omnirl.transfer.owner import LIVE_BEAT_S
+from omnirl.transfer.owner import LIVE_BEAT_S, RUN_OWNER
 from omnirl.transfer.redis_server import free_port
 
 ROLES_MANIFEST = "job-roles.yaml"  # OUT/job.yaml with this run's judge URLs wired in: what the roles read
@@ -152,12 +152,13 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     started["records"] = len(read_metrics(out)) if args.resume else 0  # a fresh run holds none
     if job.spec.transferQueue.redisUrl:  # the embedded Redis is this --out's own, and the lock guards it
         preflight.check_redis(job.spec.transferQueue.redisUrl)
-        preflight.check_not_running_elsewhere(job.spec.transferQueue.redisUrl, job, None if args.resume else out)
+        # read only, to fail before anything starts; the claim below decides again, atomically
+        preflight.check_not_running_elsewhere(job.spec.transferQueue.redisUrl, job, None if args.resume else out, out)
     check_local(job)  # judge servers this machine cannot run (reward/servers.py)
     out.mkdir(parents=True, exist_ok=True)
     lock = lock or preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
-    redis, judges, queue, supervisor, ray_ctx = None, [], None, None, None
+    redis, judges, queue, supervisor, ray_ctx, claim = None, [], None, None, None, None
     failure, code = "", 1
     try:
         redis_url = job.spec.transferQueue.redisUrl
@@ -165,12 +166,13 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
             redis = start_redis_server(dir=str(out / "redis"), aof=True)
             redis_url = redis.url
         queue = TransferQueue.for_job(job.metadata.name, job.spec.transferQueue, redis_url)
+        if job.spec.transferQueue.redisUrl:  # a shared Redis: claim the name before touching its keys (atomic:
+            # another launcher or an operator claiming in the same instant is refused), renewed until the end
+            claim = preflight.claim_run(job.spec.transferQueue.redisUrl, job, out, resume=bool(args.resume))
         if not args.resume:
-            queue.cleanup()  # a fresh run starts from empty streams
+            queue.cleanup(keep=(RUN_OWNER,))  # a fresh run starts from empty streams, its claim kept
         else:
             clear_start_flags(queue)
-        if job.spec.transferQueue.redisUrl:  # a shared Redis: name this run to an operator that would start an RLJob
-            preflight.claim_run(job.spec.transferQueue.redisUrl, job, out)
         sync_port, dist_port = free_port(), free_port()
         if not args.no_ray:
             from omnirl.launch.procs import init_ray
@@ -228,17 +230,20 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
                     quick = code == STORAGE_ERROR_EXIT or bool(silent)
                     forced = supervisor.stop_all(grace_s=STATELESS_GRACE_S if quick else None)
             finally:
+                if claim is not None:
+                    claim.close()  # stop renewing: mark_stopped below marks the record stopped or deletes it
                 if supervisor is not None:
                     supervisor.close()
                     redis = supervisor.redis  # read after close: its watchdog may restart the server until then
-                    finished = code == 0 or not holds_run(out)  # nothing to continue when its controller never started
-                    if silent:  # the marks below would wait 5 s for nothing: say what is left instead
-                        print(left_behind(silent, job.metadata.name, forced, finished=finished), flush=True)
-                    elif job.spec.transferQueue.redisUrl:  # its roles are stopped: the resume we print must not be
-                        # refused as "running" by their last beats (an embedded Redis is this --out's, not shared)
-                        why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job, out, finished=finished)
-                        if why:
-                            print(f"omnirl: {why}", flush=True)
+                finished = code == 0 or not holds_run(out)  # nothing to continue when its controller never started
+                if silent:  # the marks below would wait 5 s for nothing: say what is left instead
+                    print(left_behind(silent, job.metadata.name, forced, finished=finished), flush=True)
+                elif claim is not None:  # its roles are stopped: the resume we print must not be refused as
+                    # "running" by their last beats (an embedded Redis is this --out's, not shared); nothing to
+                    # continue when its controller never started (or no role did): no place to keep, claim released
+                    why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job, out, finished=finished)
+                    if why:
+                        print(f"omnirl: {why}", flush=True)
                 stop_judges(judges)
                 if queue is not None:
                     queue.close()

@@ -24,7 +24,7 @@ from omnirl.controller import report
 from omnirl.launch.placement import Placement
 from omnirl.reward.registry import check_api_keys, check_in_process
 from omnirl.transfer.keys import STOPPED_RUN
-from omnirl.transfer.owner import LIVE_BEAT_S, local_owner, write_owner
+from omnirl.transfer.owner import LIVE_BEAT_S
 
 
 def check_local_paths(job: RLJob) -> None:
@@ -165,17 +165,75 @@ def check_redis(url: str) -> None:
                          "omnirl run starts its own redis-server") from err
 
 
-def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None) -> None:
+def _refusal(client, url: str, job: RLJob, out: Path | None, owner: dict | None, own: Path | None) -> str | None:
+    """Why `job` may not start on the manifest's Redis given its run-owner record `owner` (None: none), or
+    None (`check_not_running_elsewhere` says what is refused and why; `claim_run` decides with it). `own`: this
+    run's --out: a leased record of this host and that --out is a killed predecessor's (this launcher holds the
+    run directory's lock), not a live run."""
+    import json
+    import socket
+    import time
+
+    from omnirl.transfer.keys import job_pattern, kv_key
+    from omnirl.transfer.owner import LOCAL, NO_RECORD, OWNER_TTL_S, RLJOB, beats_text, describe, leased, live_beats
+
+    name = job.metadata.name
+    parts = urlsplit(url)
+    where = f"{parts.hostname}:{parts.port or 6379} (spec.transferQueue.redisUrl)"
+    if owner is not None and owner["kind"] == RLJOB:  # renewed by its operator while it runs: live, pods or not
+        if owner.get("suspended"):
+            return (f"metadata.name: job {name!r} on {where} is claimed by {describe(owner)}, which is suspended "
+                    "(spec.suspend) with its pending work in this Redis, and starting here would delete it: give "
+                    "this run another metadata.name, or resume that RLJob (spec.suspend: false) or delete it")
+        return (f"metadata.name: job {name!r} on {where} is claimed by {describe(owner)}, which its operator runs, "
+                "and starting here would delete or take over its work: give this run another metadata.name, or let "
+                f"that RLJob finish or delete it (the claim is released then; it lapses "
+                f"{owner.get('lease_s', OWNER_TTL_S):g} s after its last reconcile if its operator is gone)")
+    mine = own is not None and (owner or {}).get("kind") == LOCAL and \
+        (owner.get("host"), owner.get("out")) == (socket.gethostname(), str(own))
+    if owner is not None and leased(owner) and not mine:  # another launcher renews it: live from its claim, before any beat
+        beats = live_beats(client, name)
+        seen = f"last heartbeats: {beats_text(beats)}" if beats else "starting: no role beats yet"
+        return (f"metadata.name: job {name!r} is running on {where[:-1]}; {seen}); {describe(owner)} holds it on "
+                "this Redis, and starting here would delete or take over its work: stop it, or give this run another "
+                f"metadata.name (a launcher killed with SIGKILL: its claim lapses after {owner['lease_s']:g} s)")
+    stopped = client.get(kv_key(name, STOPPED_RUN))
+    if client.get(kv_key(name, "stop")) is not None:
+        if out is None or stopped is None:
+            return None
+        was = json.loads(stopped)
+        if (was.get("host"), was.get("out")) == (socket.gethostname(), str(out)):
+            return None  # its own --out again (the directory was removed): a fresh start replaces it
+        ago = max(time.time() - float(was.get("time", 0)), 0) / 60
+        host, port, db = parts.hostname, parts.port or 6379, (parts.path or "/0").strip("/") or "0"
+        return (f"metadata.name: job {name!r} on {host}:{port} (spec.transferQueue.redisUrl) holds the pending work "
+                f"of a run that was stopped before it finished ({was.get('host')}:{was.get('out')}, {ago:.0f} min "
+                f"ago), which a fresh start here would delete: continue it with omnirl run JOB --out "
+                f"{was.get('out')} --resume, or give this run another metadata.name (to drop that work: redis-cli "
+                f"-h {host} -p {port} -n {db} --scan --pattern '{job_pattern(name)}' | xargs -r redis-cli -h {host} "
+                f"-p {port} -n {db} unlink)")
+    beats = live_beats(client, name)
+    if beats:  # no record, or an older launcher's (no lease): its roles' beats say it runs
+        who = describe(owner) if owner is not None else NO_RECORD
+        return (f"metadata.name: job {name!r} is running on {where[:-1]}; last heartbeats: {beats_text(beats)}); "
+                f"{who} uses this Redis, and starting here would delete or take over its work: stop it, or give this "
+                f"run another metadata.name (a run just killed: its beats stop counting after {LIVE_BEAT_S:.0f} s)")
+    return None
+
+
+def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None, own: Path | None = None) -> None:
     """A job whose name is live on the manifest's Redis — another `omnirl run` of it, in another --out
     or on another machine, or an RLJob of that name on a shared Redis — is not started again there: a
     fresh run deletes the job's keys first (`TransferQueue.cleanup`), so the other run's roles failed on
     "UNBLOCKED the stream key no longer exists" and restarted, and this run's actor found that run's
     progress (`actor_state`) and refused to start (exit 4, "the checkpoint directory was lost or belongs
-    to another run"). Live: a heartbeat younger than `LIVE_BEAT_S` and no `stop` flag (a stopped run sets it),
-    or a run-owner record naming an RLJob (`transfer/owner.py`: its operator renews it while the RLJob runs,
-    from before its pods start, whose beats would come too late). The record names the live run.
+    to another run"). Live: a run-owner record that its holder renews (`transfer/owner.py`: an RLJob's
+    operator, running or suspended, or another launcher, from its claim on, before its roles beat), or a
+    heartbeat younger than `LIVE_BEAT_S` and no `stop` flag (a run that left no record: an older omnirl).
+    The record names the live run. This check reads only, to fail early; `claim_run` decides again, atomically.
 
-    `out`: the --out of a fresh run (None: a `--resume`, which keeps the job's keys). A fresh run from
+    `own`: this run's --out (its killed predecessor's claim is no other run). `out`: the --out of a fresh
+    run (None: a `--resume`, which keeps the job's keys). A fresh run from
     another --out than a stopped, unfinished run's (`mark_stopped`) is refused too: its start deletes
     the job's keys, the stopped run's pending work, and that run's `--resume` then failed at start-up
     (exit 4, "the checkpoint directory was lost or belongs to another run").
@@ -184,48 +242,14 @@ def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None) -
         ValueError: naming `metadata.name`, the Redis (never its password), the live workers or the
             stopped run's place, and the fix.
     """
-    import json
-    import socket
-    import time
-
     import redis as redis_py
 
-    from omnirl.transfer.keys import job_pattern, kv_key
-    from omnirl.transfer.owner import OWNER_TTL_S, RLJOB, beats_text, describe, live_beats, read_owner
+    from omnirl.transfer.owner import read_owner
 
-    name = job.metadata.name
-    parts = urlsplit(url)
     with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
-        stopped = client.get(kv_key(name, STOPPED_RUN))
-        if client.get(kv_key(name, "stop")) is not None:
-            if out is None or stopped is None:
-                return
-            was = json.loads(stopped)
-            if (was.get("host"), was.get("out")) == (socket.gethostname(), str(out)):
-                return  # its own --out again (the directory was removed): a fresh start replaces it
-            ago = max(time.time() - float(was.get("time", 0)), 0) / 60
-            host, port, db = parts.hostname, parts.port or 6379, (parts.path or "/0").strip("/") or "0"
-            raise ValueError(
-                f"metadata.name: job {name!r} on {host}:{port} (spec.transferQueue.redisUrl) holds the pending work "
-                f"of a run that was stopped before it finished ({was.get('host')}:{was.get('out')}, {ago:.0f} min "
-                f"ago), which a fresh start here would delete: continue it with omnirl run JOB --out "
-                f"{was.get('out')} --resume, or give this run another metadata.name (to drop that work: redis-cli "
-                f"-h {host} -p {port} -n {db} --scan --pattern '{job_pattern(name)}' | xargs -r redis-cli -h {host} "
-                f"-p {port} -n {db} unlink)")
-        owner = read_owner(client, name)  # None: no run since, or an older omnirl's
-        beats = live_beats(client, name)
-    where = f"{parts.hostname}:{parts.port or 6379} (spec.transferQueue.redisUrl)"
-    if owner is not None and owner["kind"] == RLJOB:  # renewed by its operator while it runs: live, pods or not
-        raise ValueError(f"metadata.name: job {name!r} on {where} is claimed by {describe(owner)}, which its "
-                         "operator runs, and starting here would delete or take over its work: give this run another "
-                         f"metadata.name, or let that RLJob finish or delete it (the claim lapses {OWNER_TTL_S} s "
-                         "after its last reconcile)")
-    if beats:
-        who = describe(owner) if owner is not None else "another omnirl run or RLJob of that name"
-        raise ValueError(f"metadata.name: job {name!r} is running on {parts.hostname}:{parts.port or 6379} "
-                         f"(spec.transferQueue.redisUrl; last heartbeats: {beats_text(beats)}); {who} uses this "
-                         "Redis, and starting here would delete or take over its work: stop it, or give this run "
-                         f"another metadata.name (a run just killed: its beats stop counting after {LIVE_BEAT_S:.0f} s)")
+        why = _refusal(client, url, job, out, read_owner(client, job.metadata.name), own)
+    if why is not None:
+        raise ValueError(why)
 
 
 def redis_silent(url: str, timeout_s: float = 2.0) -> str:
@@ -252,18 +276,68 @@ def redis_silent(url: str, timeout_s: float = 2.0) -> str:
     return ""
 
 
-def claim_run(url: str, job: RLJob, out: Path) -> None:
-    """Write this run's run-owner record (`transfer/owner.py`: this host, `out`, this pid) on the manifest's
-    Redis once its keys are this run's (after the fresh run's cleanup or the `--resume`'s flags): the
-    operator then refuses an RLJob of this name on that Redis while this run lives, naming this run.
+class RunClaim:
+    """This launcher's claim of its job's name on a shared Redis (`claim_run`): a thread renews the record's
+    lease every `LOCAL_RENEW_S` until `close`, and says once on stdout when it cannot."""
+
+    def __init__(self, url: str, job: RLJob, out: Path, lease_s: float) -> None:
+        import threading
+
+        self.url, self.name, self.out, self.lease_s = url, job.metadata.name, str(out), lease_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name="omnirl-run-owner", daemon=True)
+        self._thread.start()
+
+    def _renew(self) -> None:
+        import redis as redis_py
+
+        from omnirl.transfer.owner import LOCAL_RENEW_S, renew_local
+
+        said = False
+        while not self._stop.wait(min(LOCAL_RENEW_S, self.lease_s / 3)):
+            try:
+                with redis_py.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5) as client:
+                    if renew_local(client, self.name, self.out, self.lease_s):
+                        said = False
+                        continue
+                    why = "the record is gone or names another run"
+            except (redis_py.RedisError, OSError, ValueError) as err:
+                why = f"{type(err).__name__}: {err}"
+            if not said:  # once per failure streak: the run goes on, but its name may be taken
+                parts = urlsplit(self.url)
+                print(f"omnirl: could not renew this run's claim of job {self.name!r} on {parts.hostname}:"
+                      f"{parts.port or 6379} ({why}); it lapses {self.lease_s:.0f} s after the last renewal, and "
+                      "another run of that name could then start there", flush=True)
+                said = True
+
+    def close(self) -> None:
+        """Stop renewing (the record stays until `mark_stopped` or its lease lapses)."""
+        self._stop.set()
+        self._thread.join()
+
+
+def claim_run(url: str, job: RLJob, out: Path, resume: bool = False, lease_s: float | None = None) -> RunClaim:
+    """Claim the job's name on the manifest's Redis for this run (`transfer/owner.py`: this host, `out`,
+    this pid), atomically, before the run touches the job's keys (a fresh run's cleanup, a `--resume`'s
+    flags): of two launchers, or a launcher and an operator, claiming in one instant, exactly one wins. The
+    operator then refuses an RLJob of this name on that Redis while this run lives, naming this run. The
+    record lives `lease_s` seconds (default `LOCAL_LEASE_S`) and the returned claim's thread renews it.
 
     Raises:
+        ValueError: the name is live there (`check_not_running_elsewhere`'s sentence: the other run and the fix).
         redis.RedisError: the Redis that answered the pre-flight check went away.
     """
     import redis as redis_py
 
+    from omnirl.transfer.owner import LOCAL_LEASE_S, claim, local_owner
+
+    lease_s = LOCAL_LEASE_S if lease_s is None else lease_s
     with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
-        write_owner(client, job.metadata.name, local_owner(str(out)))
+        why = claim(client, job.metadata.name, local_owner(str(out), lease_s),
+                    lambda owner: _refusal(client, url, job, None if resume else out, owner, out), lease_s)
+    if why is not None:
+        raise ValueError(why)
+    return RunClaim(url, job, out, lease_s)
 
 
 def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
@@ -272,15 +346,17 @@ def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
     the `--resume` the launcher prints after a Ctrl-C was refused by `check_not_running_elsewhere` as
     "running on REDIS … another omnirl run or RLJob of that name" — the run's own stopped roles. A run
     that did not finish also leaves its place (`STOPPED_RUN`: this host and `out`), so that a fresh run
-    of the job from another --out is refused instead of deleting the work its `--resume` needs. A
-    `--resume` (`supervise.clear_start_flags`) and a fresh run (`TransferQueue.cleanup`) clear both.
+    of the job from another --out is refused instead of deleting the work its `--resume` needs, and its
+    run-owner record stays, marked stopped and without a TTL (`owner.mark_local_stopped`): the pending
+    work stays this run's. A `--resume` (`supervise.clear_start_flags`) and a fresh run
+    (`TransferQueue.cleanup`) clear both.
 
-    A run that finished (or whose controller never started) deletes the job's keys instead: they hold no
-    pending work (the checkpoints and metrics are in `out`; a `--resume` for more steps starts from the
-    checkpoint), and an RLJob of that name on this Redis, whose pods cannot tell a predecessor's keys from
-    their own, met them: its actor exited 4 at once ("the job's actor had trained step 1, but there is
-    none … the checkpoint directory was lost or belongs to another run"), and with the `stop` flag alone
-    every role would have ended at once.
+    A run that finished (or whose controller never started) deletes the job's keys instead, its record
+    with them: they hold no pending work (the checkpoints and metrics are in `out`; a `--resume` for more
+    steps starts from the checkpoint), and an RLJob of that name on this Redis, whose pods cannot tell a
+    predecessor's keys from their own, met them: its actor exited 4 at once ("the job's actor had trained
+    step 1, but there is none … the checkpoint directory was lost or belongs to another run"), and with
+    the `stop` flag alone every role would have ended at once.
 
     A client of its own with 5 s timeouts and no retries: the job's queue retries for minutes, and a
     Redis that went away must not hold the launcher's exit.
@@ -296,6 +372,7 @@ def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
 
     from omnirl.transfer.cleanup import delete_job_keys
     from omnirl.transfer.keys import kv_key
+    from omnirl.transfer.owner import mark_local_stopped
 
     name = job.metadata.name
     try:
@@ -306,7 +383,8 @@ def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
                 client.set(kv_key(name, "stop"), b"true")
                 where = {"host": socket.gethostname(), "out": str(out), "time": time.time()}
                 client.set(kv_key(name, STOPPED_RUN), json.dumps(where).encode())
-    except (redis_py.RedisError, OSError) as err:
+                mark_local_stopped(client, name, str(out))
+    except (redis_py.RedisError, OSError, ValueError) as err:
         parts = urlsplit(url)
         return (f"could not mark job {job.metadata.name!r} stopped on {parts.hostname}:{parts.port or 6379} "
                 f"({type(err).__name__}: {err}); a --resume within {LIVE_BEAT_S:.0f} s is refused as running")

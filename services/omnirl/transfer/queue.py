@@ -510,10 +510,11 @@ class TransferQueue:
         return None if data is None else json.loads(data)
 
     # ------------------------------------------------------------------ lifecycle
-    def cleanup(self) -> int:
+    def cleanup(self, keep: tuple[str, ...] = ()) -> int:
         """UNLINK every key of this job (:func:`~omnirl.transfer.cleanup.delete_job_keys`, shared
-        with the operator's finalizer); returns how many. Other jobs are untouched."""
-        removed = delete_job_keys(self.redis, self.job)
+        with the operator's finalizer) but the kv names in `keep` (a fresh `omnirl run` keeps the
+        run-owner record it claimed first, `transfer/owner.py`); returns how many. Other jobs are untouched."""
+        removed = delete_job_keys(self.redis, self.job, keep=keep)
         self._groups.clear()
         self._claim_cursor.clear()
         return removed
