@@ -192,7 +192,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         # (exit 2, "does not answer"); job.yaml keeps `server`, which eval serves itself
         (out / ROLES_MANIFEST).write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
         supervisor = Supervisor(job, role_plan(job), start, queue, out, args.steps or job.spec.algorithm.steps,
-                                resume="auto" if args.resume else "0", redis=redis)
+                                resume="auto" if args.resume else "0", redis=redis, judges=judges)
         code = supervisor.run()
         redis = supervisor.redis  # it may have restarted the server
         if code == 0:
