@@ -551,10 +551,11 @@ sys.exit(main(sys.argv[1:]))
 
 
 def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None, steps: int = 1,
-                      judge: dict | None = None):
+                      judge: dict | None = None, reward_role: dict | None = None):
     """`omnirl run` (a real launcher process, real embedded Redis — or the manifest's `redis_url` —,
     `--no-ray`) of examples/ocr-awm.yaml whose role processes are stand-ins that print `started` and
-    ignore SIGTERM; `judge`: a `reward[]` entry appended (a real judge server the launcher starts).
+    ignore SIGTERM; `judge`: a `reward[]` entry appended (a real judge server the launcher starts);
+    `reward_role`: fields set in `roles.reward`.
     Returns (the process, its output lines so far, a function reading lines until one holds a text, the
     run directory), once every role runs."""
     import signal
@@ -573,6 +574,8 @@ def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None,
         doc["spec"]["transferQueue"] = {"redisUrl": redis_url}
     if judge:
         doc["spec"]["reward"].append(judge)
+    if reward_role:
+        doc["spec"]["roles"]["reward"].update(reward_role)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
     # started by a shell without job control, pytest (and so the launcher) would inherit SIGINT ignored
@@ -634,6 +637,24 @@ def test_roles_json_names_the_judge_servers_the_launcher_started(tmp_path):
     while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert {name: pid for name, pid in pids.items() if _alive(pid)} == {}
+
+
+def test_a_local_run_says_at_start_that_it_keeps_replicas_instead_of_autoscaling(tmp_path):
+    """`omnirl run` of a job with `roles.reward.autoscale` ignored it without a word (the README says local
+    runs keep `replicas`): a user saw 2 reward workers from start to end and no reason. One line now."""
+    proc, lines, _, out = _launch_stand_ins(
+        tmp_path, reward_role={"replicas": 2, "autoscale": {"minReplicas": 1, "maxReplicas": 6}})
+    try:
+        text = "".join(lines)
+        pids = json.loads((out / "roles.json").read_text())
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    notes = [line for line in text.splitlines() if "autoscale" in line]
+    assert notes == ["omnirl: roles.reward.autoscale (1–6 workers by the samples backlog) is for Kubernetes, where "
+                     "the operator scales the reward Deployment; this local run keeps roles.reward.replicas: "
+                     "2 reward workers throughout"], text
+    assert {name for name in pids if name.startswith("reward-")} == {"reward-0", "reward-1"}  # as it says
 
 
 def test_a_redis_the_watchdog_restarted_dies_with_a_sigkilled_launcher(tmp_path):
