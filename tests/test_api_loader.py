@@ -183,12 +183,16 @@ def test_multi_document_file_checks_every_document(tmp_path: Path) -> None:
     third = BASE.read_text() + "---\n" + yaml.safe_dump(_set(_base(), "metadata.name", "b"))
     jobs = load_rljobs(_write(tmp_path, third, "two.yaml"))
     assert [j.metadata.name for j in jobs] == ["ocr-flowgrpo", "b"]
-    with pytest.raises(ManifestError, match="holds 2 RLJob documents"):
+    with pytest.raises(ManifestError) as raised:
         load_rljob(tmp_path / "two.yaml")
+    assert raised.value.problems == [f"{tmp_path / 'two.yaml'}: holds 2 RLJob documents (ocr-flowgrpo, b); this "
+                                     "command takes exactly one: split the file, one RLJob per file (kubectl apply "
+                                     "-f takes the file as it is)"]
     out = io.StringIO()  # accepted, but not silently: `omnirl run two.yaml` refuses the file
     assert validate_files([str(tmp_path / "two.yaml")], out) == 0
     assert out.getvalue().splitlines() == [f"{tmp_path / 'two.yaml'}: ok", "  2 RLJobs in one file: kubectl apply -f "
-                                           "takes them all; omnirl run and omnirl render take one RLJob per file"]
+                                           "takes them all; omnirl run and omnirl render take one RLJob per file: "
+                                           "split the file for those"]
 
 
 def test_non_mapping_and_empty_documents(tmp_path: Path) -> None:

@@ -162,6 +162,14 @@ def namespaced(tmp: Path, namespace: str, field: str = "namespace") -> str:
     return str(path)
 
 
+def two_jobs(tmp: Path) -> str:
+    """The NFT example, then a copy named `second`, in one file (two YAML documents)."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    path = tmp / "two.yaml"
+    path.write_text(yaml.safe_dump_all([doc, {**doc, "metadata": {**doc["metadata"], "name": "second"}}], sort_keys=False))
+    return str(path)
+
+
 def dead_redis(tmp: Path) -> str:
     """The NFT example with a `transferQueue.redisUrl` nothing listens on (port 1)."""
     doc = yaml.safe_load(Path(NFT).read_text())
@@ -346,6 +354,10 @@ CASES = {
                                    "choose another --out or remove it"),
     "render-missing-manifest": (lambda t: ["render", str(t / "nope.yaml")], "omnirl render: ", "nope.yaml: cannot read"),
     "render-invalid-manifest": (lambda t: ["render", bad_manifest(t)], "omnirl render: ", "spec.algorithm.groupSize"),
+    # a file of 2 RLJobs (kubectl apply -f takes it): "expected exactly one", and no word of the fix
+    "render-two-jobs": (lambda t: ["render", two_jobs(t)], "omnirl render: ", "two.yaml: holds 2 RLJob documents "
+                        "(ocr-nft, second); this command takes exactly one: split the file, one RLJob per file "
+                        "(kubectl apply -f takes the file as it is)"),
     "render-bad-namespace": (lambda t: ["render", NFT, "--namespace", "Bad_NS"],
                              "omnirl render: --namespace \"Bad_NS\" is invalid: ", f"must be {DNS1123_LABEL_RULE}"),
     "render-empty-namespace": (lambda t: ["render", NFT, "--namespace", ""], "omnirl render: --namespace \"\" is invalid",

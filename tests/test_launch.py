@@ -550,11 +550,14 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None, steps: int = 1):
+def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None, steps: int = 1,
+                      judge: dict | None = None, reward_role: dict | None = None):
     """`omnirl run` (a real launcher process, real embedded Redis — or the manifest's `redis_url` —,
     `--no-ray`) of examples/ocr-awm.yaml whose role processes are stand-ins that print `started` and
-    ignore SIGTERM. Returns (the process, its output lines so far, a function reading lines until one
-    holds a text, the run directory), once every role runs."""
+    ignore SIGTERM; `judge`: a `reward[]` entry appended (a real judge server the launcher starts);
+    `reward_role`: fields set in `roles.reward`.
+    Returns (the process, its output lines so far, a function reading lines until one holds a text, the
+    run directory), once every role runs."""
     import signal
     import subprocess
     import sys
@@ -569,6 +572,10 @@ def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None,
     doc["spec"]["failurePolicy"] = {"terminationGracePeriodSeconds": grace_s}
     if redis_url:
         doc["spec"]["transferQueue"] = {"redisUrl": redis_url}
+    if judge:
+        doc["spec"]["reward"].append(judge)
+    if reward_role:
+        doc["spec"]["roles"]["reward"].update(reward_role)
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
     # started by a shell without job control, pytest (and so the launcher) would inherit SIGINT ignored
@@ -603,6 +610,51 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] != "Z"
     except FileNotFoundError:
         return False
+
+
+def test_roles_json_names_the_judge_servers_the_launcher_started(tmp_path):
+    """`OUT/roles.json` named the roles and the Redis but not the judge server `reward[].server` started
+    (found by hand: `{"rollout-0": …, "controller-0": …, "redis": …}` while the judge ran as its own pid,
+    holding a port). Its entry is `judge-<reward name>`: the pid the launcher's line printed, a live
+    `omnirl scorer serve`, gone with a SIGKILLed launcher as every other entry."""
+    import re
+    import sys
+    import time
+
+    server = {"command": [sys.executable, "-m", "omnirl.cli", "scorer", "serve", "--reward", "ocr", "--protocol", "http",
+                          "--host", "127.0.0.1", "--port", "{port}"], "urlPath": "/v1/score", "healthPath": "/healthz"}
+    proc, lines, wait_for, out = _launch_stand_ins(
+        tmp_path, judge={"name": "critic", "kind": "http", "weight": 0.5, "server": server})
+    try:
+        pids = json.loads((out / "roles.json").read_text())
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    printed = int(re.search(r"judge critic starting on port \d+ \(pid (\d+)", "".join(lines)).group(1))
+    assert pids["judge-critic"] == printed
+    assert set(pids) == {"rollout-0", "reward-0", "actor-0", "controller-0", "redis", "judge-critic"}
+    deadline = time.monotonic() + 30
+    while any(_alive(pid) for pid in pids.values()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert {name: pid for name, pid in pids.items() if _alive(pid)} == {}
+
+
+def test_a_local_run_says_at_start_that_it_keeps_replicas_instead_of_autoscaling(tmp_path):
+    """`omnirl run` of a job with `roles.reward.autoscale` ignored it without a word (the README says local
+    runs keep `replicas`): a user saw 2 reward workers from start to end and no reason. One line now."""
+    proc, lines, _, out = _launch_stand_ins(
+        tmp_path, reward_role={"replicas": 2, "autoscale": {"minReplicas": 1, "maxReplicas": 6}})
+    try:
+        text = "".join(lines)
+        pids = json.loads((out / "roles.json").read_text())
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    notes = [line for line in text.splitlines() if "autoscale" in line]
+    assert notes == ["omnirl: roles.reward.autoscale (1–6 workers by the samples backlog) is for Kubernetes, where "
+                     "the operator scales the reward Deployment; this local run keeps roles.reward.replicas: "
+                     "2 reward workers throughout"], text
+    assert {name for name in pids if name.startswith("reward-")} == {"reward-0", "reward-1"}  # as it says
 
 
 def test_a_redis_the_watchdog_restarted_dies_with_a_sigkilled_launcher(tmp_path):

@@ -139,7 +139,7 @@ def _printer_columns() -> list[dict[str, Any]]:
     col = [
         ("Phase", "string", ".status.phase", "Pending, Running, Suspended, Succeeded or Failed.", 0),
         ("Steps", "integer", ".status.step", "Training steps completed (the last checkpoint is step-<Steps - 1>).", 0),
-        ("Reward", "number", ".status.rewardMean", "Mean reward of the last training step.", 0),
+        ("Reward", "number", ".status.rewardMean", "Mean reward of the last training step (raw weighted sum when normalised).", 0),
         ("Ready", "string", ".status.readyRoles", "Roles with all pods ready / roles.", 0),
         # the Ready condition's reason is the phase's: WaitingForPods, Unschedulable, ImagePullBackOff, JudgeFailed ...
         ("Reason", "string", '.status.conditions[?(@.type=="Ready")].reason',

@@ -224,7 +224,10 @@ def load_rljob(path: str | os.PathLike[str]) -> RLJob:
     """
     jobs = load_rljobs(path)
     if len(jobs) != 1:
-        raise ManifestError([f"{os.fspath(path)}: holds {len(jobs)} RLJob documents; expected exactly one"])
+        # the fix, not only the count: a user with a file `kubectl apply -f` takes was left to guess
+        raise ManifestError([f"{os.fspath(path)}: holds {len(jobs)} RLJob documents "
+                             f"({', '.join(j.metadata.name for j in jobs)}); this command takes exactly one: split "
+                             "the file, one RLJob per file (kubectl apply -f takes the file as it is)"])
     return jobs[0]
 
 
@@ -249,7 +252,7 @@ def validate_files(files: list[str], out: TextIO, describe: Callable[[RLJob], li
             out.write(f"{f}: ok\n")
             if len(jobs) > 1:  # accepted for the cluster, but `omnirl run` and `render` would refuse the file
                 out.write(f"  {len(jobs)} RLJobs in one file: kubectl apply -f takes them all; omnirl run and "
-                          "omnirl render take one RLJob per file\n")
+                          "omnirl render take one RLJob per file: split the file for those\n")
             for job in jobs if describe else []:
                 for line in describe(job):
                     out.write(f"  {job.metadata.name}: {line}\n")

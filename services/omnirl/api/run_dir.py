@@ -15,6 +15,22 @@ METRICS_FILE = "metrics.jsonl"
 """One JSON record per line in the run directory: `{"event": "step" | "validation" | ..., "step": k, ...}`."""
 
 
+def train_reward(step_record: dict) -> float:
+    """A step's train reward as a user reads it (console line, bar, closing table, `status.rewardMean`,
+    `omnirl_reward_mean{reward="total"}`): the raw weighted sum (`raw_reward_mean`) in a job that normalises
+    a reward, whose trained mean (`reward_mean`) is the same every step (0 + 0.5·0 + 0.1·½ = 0.050 for
+    group- and batch-normalised rewards beside a pairwise one), else `reward_mean`.
+
+    Args:
+        step_record: a step's `metrics.jsonl` line (or the controller's step stats): `reward_mean` (float)
+            and, in a normalised job, `raw_reward_mean` (float).
+    Raises:
+        KeyError: the record has neither a non-None `raw_reward_mean` nor a `reward_mean`.
+    """
+    raw = step_record.get("raw_reward_mean")
+    return step_record["reward_mean"] if raw is None else raw
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """Every record of `run_dir/metrics.jsonl`, in the order written (blank lines skipped, and a last
     line without its newline: one being appended now, or cut short by a full disk).

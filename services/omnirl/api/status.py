@@ -82,7 +82,8 @@ class RLJobStatus(_Status):
     )
     readyRoles: str = Field("0/0", pattern=r"^\d+/\d+$", description="Roles with all pods ready / roles, e.g. 4/4.")
     step: int = Field(0, ge=0, description="Training steps completed (reported by the controller).")
-    rewardMean: float | None = Field(None, description="Mean reward of the last training step's batch.")
+    rewardMean: float | None = Field(None, description="Mean reward of the last training step's batch (the raw "
+                                      "weighted sum in a job with reward[].normalize).")
     policyVersion: int = Field(0, ge=0, description="Policy version the rollout workers hold.")
     lastCheckpoint: str | None = Field(None, description="Path of the last saved checkpoint.")
     startTime: AwareDatetime | None = Field(None, description="When the job first ran (RFC 3339, UTC).")

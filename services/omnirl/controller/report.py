@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omnirl.api.disk import append_lines
 from omnirl.api.messages import TrainDone
-from omnirl.api.run_dir import METRICS_FILE, read_metrics
+from omnirl.api.run_dir import METRICS_FILE, read_metrics, train_reward
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.telemetry.meters import Meters
@@ -137,7 +137,8 @@ class Reporter:
         self.meters.record_step(record, reward_latencies=latencies)
         log.info("%s", step_line(step, self.total, version, record))
         if self.status is not None:
-            self.status.report(step=step + 1, reward_mean=stats["reward_mean"], policy_version=version,
+            # the raw weighted sum in a normalised job: its trained mean is the same every step (REWARD column 0.050)
+            self.status.report(step=step + 1, reward_mean=train_reward(stats), policy_version=version,
                                last_checkpoint=self.last_checkpoint)
 
     def validation(self, summary: dict) -> None:

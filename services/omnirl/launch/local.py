@@ -72,6 +72,19 @@ def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, ou
     }
 
 
+def autoscale_note(job: RLJob) -> str | None:
+    """The line `omnirl run` prints for a job with `roles.reward.autoscale`, which only the operator acts
+    on (it scales the reward Deployment by the samples backlog): a local run keeps `roles.reward.replicas`
+    workers, said once at start instead of silently. None without autoscale."""
+    auto, reward = job.spec.roles.reward.autoscale, job.spec.roles.reward
+    if auto is None:
+        return None
+    workers = f"{reward.replicas} reward worker{'s' if reward.replicas != 1 else ''}"
+    return (f"omnirl: roles.reward.autoscale ({auto.minReplicas}–{auto.maxReplicas} workers by the samples backlog) "
+            f"is for Kubernetes, where the operator scales the reward Deployment; this local run keeps "
+            f"roles.reward.replicas: {workers} throughout")
+
+
 def shell_metrics_port() -> int:
     """The controller's /metrics port from `omnirl run`'s own OMNIRL_METRICS_PORT (0 = none).
 
@@ -181,6 +194,9 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         print(f"omnirl: job {job.metadata.name} → {out} (redis {redis_url}, {'ray' if ray_ctx else 'subprocesses'})",
               flush=True)
         print(describe(placements, backend), flush=True)
+        note = autoscale_note(job)
+        if note:
+            print(note, flush=True)
         where = {(p.role, p.index): p for p in placements}
 
         def start(role: str, index: int, resume: str):
@@ -194,7 +210,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         # (exit 2, "does not answer"); job.yaml keeps `server`, which eval serves itself
         (out / ROLES_MANIFEST).write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
         supervisor = Supervisor(job, role_plan(job), start, queue, out, args.steps or job.spec.algorithm.steps,
-                                resume="auto" if args.resume else "0", redis=redis)
+                                resume="auto" if args.resume else "0", redis=redis, judges=judges)
         code = supervisor.run()
         redis = supervisor.redis  # it may have restarted the server
         if code == 0:

@@ -12,6 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
+from omnirl.api.run_dir import train_reward
+
 
 class Progress:
     """Follows `metrics.jsonl` and shows steps done, the last reward and the last validation."""
@@ -52,15 +54,6 @@ class Progress:
         """Final refresh and stop."""
         self.update()
         self.bar.stop()
-
-
-def train_reward(step_record: dict) -> float:
-    """A step's train reward as the bar and the closing table show it: the raw weighted sum
-    (`raw_reward_mean`) in a job that normalises a reward, whose trained mean (`reward_mean`) is the
-    same every step (0 + 0.5·0 + 0.1·½ = 0.050 for group- and batch-normalised rewards beside a
-    pairwise one), else `reward_mean`."""
-    raw = step_record.get("raw_reward_mean")
-    return step_record["reward_mean"] if raw is None else raw
 
 
 def validation_table(records: list[dict]) -> str:
@@ -115,8 +108,8 @@ def finish_summary(records: list[dict], job_name: str, metrics_path: Path) -> st
     else:
         grid.add_row("training steps", f"{total}" + (f" in {took}" if took else ""))
     if steps:
-        grid.add_row("train reward", f"{steps[0]['reward_mean']:.3f} at step {steps[0]['step']} → "
-                                     f"{steps[-1]['reward_mean']:.3f} at step {steps[-1]['step']}")
+        grid.add_row("train reward", f"{train_reward(steps[0]):.3f} at step {steps[0]['step']} → "
+                                     f"{train_reward(steps[-1]):.3f} at step {steps[-1]['step']}")
     if vals:
         exact = vals[-1].get("val_exact_match")
         grid.add_row("held-out reward", f"{vals[0]['val_reward_mean']:.3f} at step {vals[0]['step']} → "

@@ -40,7 +40,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from omnirl.api import disk
@@ -48,6 +48,7 @@ from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXI
 from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
+from omnirl.reward.servers import JudgeProcess
 from omnirl.transfer import RedisServer, RedisServerError, TransferQueue, kv_key, start_redis_server
 from omnirl.transfer.heartbeat import past_startup, read_heartbeats
 
@@ -86,11 +87,15 @@ class Supervisor:
         resume: `OMNIRL_RESUME` of the first start ("auto" with `--resume`: a run stopped before its
             first checkpoint continues from Redis, as after a restart; else "0").
         redis: the embedded Redis to keep alive, or None for an external one.
+        judges: the launcher's judge servers (`reward[].server`): `roles.json` names each one's pid as
+            `judge-<reward name>` (not supervised: `reward/servers.py` started them and stops them).
     """
 
     def __init__(self, job: RLJob, plan: list[tuple[str, int]], start: StartRole, queue: TransferQueue, out: Path,
-                 total_steps: int, resume: str = "0", redis: RedisServer | None = None) -> None:
+                 total_steps: int, resume: str = "0", redis: RedisServer | None = None,
+                 judges: Sequence[JudgeProcess] = ()) -> None:
         self.job, self.plan, self.start, self.queue, self.out = job, plan, start, queue, out
+        self.judges = list(judges)
         self.policy = job.spec.failurePolicy
         self.redis = redis
         self.progress = Progress(out / "metrics.jsonl", total_steps)
@@ -371,6 +376,9 @@ class Supervisor:
             pids = {name: p.pid for name, p in list(self.procs.items())}
             if self.redis is not None:
                 pids["redis"] = self.redis.pid
+            # a judge holds a port and often a GPU: a user reading roles.json to find what the run started
+            # (or to `kill -9` one, as the README suggests) missed it
+            pids.update({f"judge-{j.reward.name}": j.proc.pid for j in self.judges})
             tmp = self.out / ".roles.json.tmp"
             try:
                 tmp.write_text(json.dumps(pids))

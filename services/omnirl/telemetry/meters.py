@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 
+from omnirl.api.run_dir import train_reward
 from omnirl.api.runtime import port_errors
 from omnirl.telemetry import names as N
 
@@ -75,8 +76,8 @@ class Meters:
         for name, key in gauge_keys.items():
             if key in s:
                 self.gauges[name].set(float(s[key]), a)
-        if "reward_mean" in s:
-            self.gauges[N.REWARD_MEAN].set(float(s["reward_mean"]), {**a, "reward": "total"})
+        if "reward_mean" in s:  # a normalised job's raw weighted sum: its trained mean is the same every step
+            self.gauges[N.REWARD_MEAN].set(float(train_reward(s)), {**a, "reward": "total"})
         for key, value in s.items():
             if key.startswith("reward_") and key not in ("reward_mean", "reward_std", "reward_seconds",
                                                           "reward_latency_seconds"):

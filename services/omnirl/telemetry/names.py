@@ -10,7 +10,7 @@ from __future__ import annotations
 # controller: one value per training step
 STEP_SECONDS = "omnirl_step_seconds"  # histogram, label phase=total|rollout|reward|train|sync
 IMAGES_PER_SECOND = "omnirl_images_per_second"  # gauge
-REWARD_MEAN = "omnirl_reward_mean"  # gauge, label reward=<name>|total
+REWARD_MEAN = "omnirl_reward_mean"  # gauge, label reward=<name>|total (raw weighted sum when normalised)
 REWARD_STD = "omnirl_reward_std"  # gauge
 REWARD_COMPONENT_STD = "omnirl_reward_component_std"  # gauge, label reward=<name> (raw score spread)
 REWARD_COMPONENT_MISSING = "omnirl_reward_component_missing"  # gauge, label reward=<name> (samples without it)
@@ -48,7 +48,8 @@ SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0,
 HELP = {
     STEP_SECONDS: "Seconds of one training step, by phase (total, rollout, reward, train, sync)",
     IMAGES_PER_SECOND: "Training samples per second of the last step (samples / step seconds)",
-    REWARD_MEAN: "Mean reward of the last step's trained samples: the weighted total, or one raw component",
+    REWARD_MEAN: ("Mean reward of the last step's trained samples: the weighted total (of the raw components in a job "
+                  "that normalises a reward), or one raw component"),
     REWARD_STD: "Standard deviation of the last step's total reward",
     REWARD_COMPONENT_STD: "Standard deviation of one reward component's raw scores in the last step",
     REWARD_COMPONENT_MISSING: "Samples of the last step a non-required reward component failed on",
