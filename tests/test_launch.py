@@ -639,6 +639,7 @@ def test_roles_json_names_the_judge_servers_the_launcher_started(tmp_path):
     assert {name: pid for name, pid in pids.items() if _alive(pid)} == {}
 
 
+@pytest.mark.slow  # a whole run for one printed line (~15 s)
 def test_a_local_run_says_at_start_that_it_keeps_replicas_instead_of_autoscaling(tmp_path):
     """`omnirl run` of a job with `roles.reward.autoscale` ignored it without a word (the README says local
     runs keep `replicas`): a user saw 2 reward workers from start to end and no reason. One line now."""
@@ -741,11 +742,13 @@ FINISH = {"event": "finish", "time": 1012.4, "total_steps": 3, "start_step": 0, 
 @pytest.mark.parametrize("phase,records,said", [
     ("loading", [], "omnirl: interrupted while the roles were loading — stopping them (nothing trained yet: nothing "
                     "to checkpoint)"),
-    ("training", [START, *STEPS[:2]],
-     "omnirl: interrupted after 2 of 3 training steps — stopping every role (the actor checkpoints the steps it "
-     "trained since its last checkpoint, if any; --resume continues)"),
-    ("finished", [START, *STEPS, FINISH],
-     "omnirl: interrupted after the job had finished — stopping its roles (nothing left to checkpoint)")],
+    pytest.param("training", [START, *STEPS[:2]],
+                 "omnirl: interrupted after 2 of 3 training steps — stopping every role (the actor checkpoints the "
+                 "steps it trained since its last checkpoint, if any; --resume continues)",
+                 marks=pytest.mark.slow),  # make test keeps one phase (~15 s a phase)
+    pytest.param("finished", [START, *STEPS, FINISH],
+                 "omnirl: interrupted after the job had finished — stopping its roles (nothing left to checkpoint)",
+                 marks=pytest.mark.slow)],
     ids=["loading", "training", "finished"])
 def test_ctrl_c_says_what_the_stop_does_in_each_phase(tmp_path, phase, records, said):
     """Ctrl-C printed "the actor writes a checkpoint; --resume continues" in every phase, also while the roles
