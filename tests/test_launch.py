@@ -1005,6 +1005,44 @@ def test_a_fresh_run_from_another_out_keeps_a_stopped_runs_work_on_the_manifests
     check_not_running_elsewhere(redis_url, job, other)
 
 
+def test_a_resume_from_another_out_keeps_a_stopped_runs_work_and_place(tmp_path, redis_client, redis_url):
+    """Run A of job 'ocr-awm' stopped (SIGTERM) on an external Redis after 3 steps; `omnirl run … --out B --resume`,
+    B a finished run of that job made on another Redis: accepted, its roles loaded, and its actor exited 4 ("the
+    job's actor had trained step 3, but it holds step 1 … the checkpoint directory was lost or belongs to another
+    run"), after which the record and `kv:stopped_run` named B, so a third run was told to `--resume` B, not A.
+    Found by hand with the real CLI. Now B's --resume is refused before anything starts (the launcher's pre-flight
+    check and its claim), naming A, and A's record and place stay; A's own --resume is accepted."""
+    import socket
+
+    from omnirl.launch.preflight import check_not_running_elsewhere, claim_run, mark_stopped
+    from omnirl.transfer.keys import STOPPED_RUN, kv_key
+    from omnirl.transfer.owner import RUN_OWNER
+
+    job = load_rljob("examples/ocr-awm.yaml")
+    job.spec.transferQueue.redisUrl = redis_url
+    a, b = tmp_path / "a", tmp_path / "b"
+    claim_run(redis_url, job, a).close()
+    assert mark_stopped(redis_url, job, a, finished=False) == ""  # A's Ctrl-C
+    before = {key: redis_client.get(kv_key("ocr-awm", key)) for key in (RUN_OWNER, STOPPED_RUN)}
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    said = (f"metadata.name: job 'ocr-awm' on 127.0.0.1:{port} (spec.transferQueue.redisUrl) holds the pending work "
+            f"of a run that was stopped before it finished ({socket.gethostname()}:{a}, 0 min ago), which a --resume "
+            f"of {b} would take over (its actor cannot continue another run's steps): continue it with omnirl run JOB "
+            f"--out {a} --resume, or give this run another metadata.name (to drop that work: redis-cli -h 127.0.0.1 -p "
+            f"{port} -n 0 --scan --pattern 'omnirl:ocr-awm:*' | xargs -r redis-cli -h 127.0.0.1 -p {port} -n 0 unlink)")
+    with pytest.raises(ValueError) as refused:
+        check_not_running_elsewhere(redis_url, job, None, b)  # B's --resume: pre-flight
+    assert str(refused.value) == said
+    with pytest.raises(ValueError) as refused:
+        claim_run(redis_url, job, b, resume=True)  # and the atomic claim
+    assert str(refused.value) == said
+    after = {key: redis_client.get(kv_key("ocr-awm", key)) for key in (RUN_OWNER, STOPPED_RUN)}
+    assert after == before and json.loads(after[STOPPED_RUN])["out"] == str(a)
+    check_not_running_elsewhere(redis_url, job, None, a)  # A's own --resume is welcome
+    claim_run(redis_url, job, a, resume=True).close()
+    assert json.loads(redis_client.get(kv_key("ocr-awm", RUN_OWNER)))["out"] == str(a)
+
+
 # loaded by the actor process (sitecustomize on PYTHONPATH): its first training step meets a configuration
 # error, as a LoRA whose targetModules match nothing once the first batch trains
 ACTOR_CONFIG_ERROR_AT_FIRST_STEP = '''

@@ -199,16 +199,22 @@ def _refusal(client, url: str, job: RLJob, out: Path | None, owner: dict | None,
                 f"metadata.name (a launcher killed with SIGKILL: its claim lapses after {owner['lease_s']:g} s)")
     stopped = client.get(kv_key(name, STOPPED_RUN))
     if client.get(kv_key(name, "stop")) is not None:
-        if out is None or stopped is None:
+        here = out if out is not None else own  # a fresh run's --out, or the --out a --resume continues
+        if here is None or stopped is None:
             return None
         was = json.loads(stopped)
-        if (was.get("host"), was.get("out")) == (socket.gethostname(), str(out)):
-            return None  # its own --out again (the directory was removed): a fresh start replaces it
+        if (was.get("host"), was.get("out")) == (socket.gethostname(), str(here)):
+            return None  # its own --resume, or its own --out again (the directory was removed): a fresh start
+        # another --out's pending work: a fresh start deletes it; a --resume of another run of this name takes it
+        # over (its actor met that run's progress and exited 4, "the checkpoint directory was lost or belongs to
+        # another run", and the stopped run's record and place then named the --resume's --out)
+        does = "a fresh start here would delete" if out is not None else \
+            f"a --resume of {here} would take over (its actor cannot continue another run's steps)"
         ago = max(time.time() - float(was.get("time", 0)), 0) / 60
         host, port, db = parts.hostname, parts.port or 6379, (parts.path or "/0").strip("/") or "0"
         return (f"metadata.name: job {name!r} on {host}:{port} (spec.transferQueue.redisUrl) holds the pending work "
                 f"of a run that was stopped before it finished ({was.get('host')}:{was.get('out')}, {ago:.0f} min "
-                f"ago), which a fresh start here would delete: continue it with omnirl run JOB --out "
+                f"ago), which {does}: continue it with omnirl run JOB --out "
                 f"{was.get('out')} --resume, or give this run another metadata.name (to drop that work: redis-cli "
                 f"-h {host} -p {port} -n {db} --scan --pattern '{job_pattern(name)}' | xargs -r redis-cli -h {host} "
                 f"-p {port} -n {db} unlink)")
@@ -236,7 +242,9 @@ def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None, o
     run (None: a `--resume`, which keeps the job's keys). A fresh run from
     another --out than a stopped, unfinished run's (`mark_stopped`) is refused too: its start deletes
     the job's keys, the stopped run's pending work, and that run's `--resume` then failed at start-up
-    (exit 4, "the checkpoint directory was lost or belongs to another run").
+    (exit 4, "the checkpoint directory was lost or belongs to another run"); so is a `--resume` of another
+    --out (`own`), whose actor cannot continue that run's steps (exit 4 once its roles loaded, and the
+    stopped run's place then named the --resume's --out).
 
     Raises:
         ValueError: naming `metadata.name`, the Redis (never its password), the live workers or the
