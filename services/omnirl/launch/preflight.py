@@ -286,7 +286,11 @@ def redis_silent(url: str, timeout_s: float = 2.0) -> str:
 
 class RunClaim:
     """This launcher's claim of its job's name on a shared Redis (`claim_run`): a thread renews the record's
-    lease every `LOCAL_RENEW_S` until `close`, and says once on stdout when it cannot."""
+    lease every `LOCAL_RENEW_S` until `close`, and says once on stdout when it cannot. A record that is gone
+    (a Redis restarted without persistence, a lease lapsed while Redis did not answer, a hand deletion) is
+    claimed again, atomically, when no other run took the name meanwhile: before, the run went on without
+    one, and a second run or an RLJob of its name was told that it was "a run that left no run-owner record
+    (an omnirl older than that record, or a launcher killed …)"."""
 
     def __init__(self, url: str, job: RLJob, out: Path, lease_s: float) -> None:
         import threading
@@ -299,23 +303,34 @@ class RunClaim:
     def _renew(self) -> None:
         import redis as redis_py
 
-        from omnirl.transfer.owner import LOCAL_RENEW_S, renew_local
+        from omnirl.transfer.owner import LOCAL_RENEW_S, claim, describe, local_owner, renew_local
 
         said = False
+        parts = urlsplit(self.url)
+        where = f"job {self.name!r} on {parts.hostname}:{parts.port or 6379}"
         while not self._stop.wait(min(LOCAL_RENEW_S, self.lease_s / 3)):
             try:
                 with redis_py.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5) as client:
                     if renew_local(client, self.name, self.out, self.lease_s):
                         said = False
                         continue
-                    why = "the record is gone or names another run"
+                    # gone, or another run's: claimed again only when gone (atomic, as the first claim)
+                    other = claim(client, self.name, local_owner(self.out, self.lease_s),
+                                  lambda owner: None if owner is None else describe(owner), self.lease_s)
+                    if other is None:
+                        print(f"omnirl: this run's claim of {where} was gone (a Redis restarted without "
+                              "persistence, a lease lapsed while Redis did not answer, or the key deleted); "
+                              "claimed it again", flush=True)
+                        said = False
+                        continue
+                    says = (f"omnirl: this run's claim of {where} was taken by {other} (its lease lapsed while "
+                            "this launcher did not renew it): the two runs share the job's keys; stop one of them")
             except (redis_py.RedisError, OSError, ValueError) as err:
-                why = f"{type(err).__name__}: {err}"
+                says = (f"omnirl: could not renew this run's claim of {where} ({type(err).__name__}: {err}); it "
+                        f"lapses {self.lease_s:.0f} s after the last renewal, and another run of that name could "
+                        "then start there")
             if not said:  # once per failure streak: the run goes on, but its name may be taken
-                parts = urlsplit(self.url)
-                print(f"omnirl: could not renew this run's claim of job {self.name!r} on {parts.hostname}:"
-                      f"{parts.port or 6379} ({why}); it lapses {self.lease_s:.0f} s after the last renewal, and "
-                      "another run of that name could then start there", flush=True)
+                print(says, flush=True)
                 said = True
 
     def close(self) -> None:
