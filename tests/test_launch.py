@@ -1005,6 +1005,35 @@ def test_a_fresh_run_from_another_out_keeps_a_stopped_runs_work_on_the_manifests
     check_not_running_elsewhere(redis_url, job, other)
 
 
+def test_a_ctrl_c_after_the_job_finished_frees_its_name_on_the_manifests_redis(tmp_path, redis_client, redis_url):
+    """Ctrl-C of `omnirl run` on an external Redis after its controller wrote the `finish` record (the roles
+    stopping): it said "interrupted (exit 130) after the job had finished: nothing to continue", but left the job's
+    keys, its `stop` flag, `kv:stopped_run` and its record marked stopped, so a fresh run of that name from another
+    --out was refused ("holds the pending work of a run that was stopped before it finished …: continue it with
+    omnirl run JOB --out OUT --resume"), and that --resume said "nothing to do" and left them too: a dead end but
+    for redis-cli. Found by hand on a 2-step copy of the AWM example. Now it deletes them, as a run that finished."""
+    import signal
+
+    from omnirl.launch.preflight import check_not_running_elsewhere
+    from omnirl.transfer.keys import kv_key
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=5, redis_url=redis_url)
+    try:
+        (out / "metrics.jsonl").write_text('{"event": "start", "start_step": 0}\n'
+                                           '{"event": "finish", "total_steps": 1, "start_step": 0}\n')
+        redis_client.set(kv_key("ocr-awm", "actor_state"), b'{"step": 0}')  # what a finished run leaves
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    assert text.strip().splitlines()[-1] == "omnirl: interrupted (exit 130) after the job had finished: nothing to " \
+        "continue", text
+    assert list(redis_client.scan_iter(match=kv_key("ocr-awm", "*"))) == [], text
+    check_not_running_elsewhere(redis_url, load_rljob(str(tmp_path / "job.yaml")), tmp_path / "other")
+
+
 def test_a_resume_from_another_out_keeps_a_stopped_runs_work_and_place(tmp_path, redis_client, redis_url):
     """Run A of job 'ocr-awm' stopped (SIGTERM) on an external Redis after 3 steps; `omnirl run … --out B --resume`,
     B a finished run of that job made on another Redis: accepted, its roles loaded, and its actor exited 4 ("the
