@@ -1034,6 +1034,32 @@ def test_a_ctrl_c_after_the_job_finished_frees_its_name_on_the_manifests_redis(t
     check_not_running_elsewhere(redis_url, load_rljob(str(tmp_path / "job.yaml")), tmp_path / "other")
 
 
+def test_a_resume_right_after_its_launcher_was_sigkilled_says_when_to_retry(tmp_path, redis_client, redis_url):
+    """`omnirl run … --resume` of the --out whose launcher was just SIGKILLed (its roles gone with it): refused,
+    as its roles' last beats count as live for 30 s, but it said "an omnirl run on host vm (--out /runs/m, pid
+    18712) uses this Redis …: stop it", naming a pid that was gone and a run that was this one. Found by hand.
+    It now says the last launcher of this --out was killed and in how many seconds to run it again."""
+    import re
+
+    from omnirl.launch.preflight import check_not_running_elsewhere
+    from omnirl.transfer.heartbeat import Heartbeat
+    from omnirl.transfer.owner import local_owner, write_owner
+
+    job = load_rljob("examples/ocr-awm.yaml")
+    job.spec.transferQueue.redisUrl = redis_url
+    out = tmp_path / "m"
+    write_owner(redis_client, "ocr-awm", {**local_owner(str(out)), "pid": 18712}, ttl_s=30)  # its lease
+    Heartbeat(redis_client, "ocr-awm", "actor", "actor-0").beat()
+    with pytest.raises(ValueError) as refused:
+        check_not_running_elsewhere(redis_url, job, None, out)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    said = re.sub(r"in \d+ s$", "in N s", str(refused.value))
+    assert said == (f"metadata.name: job 'ocr-awm' on 127.0.0.1:{port} (spec.transferQueue.redisUrl): the last launcher "
+                    "of this --out (pid 18712) was killed without stopping its roles, whose last heartbeats (actor-0 0 s "
+                    "ago) count as a live run for 30 s: run this again in N s")
+    assert int(str(refused.value).rsplit(" ", 2)[1]) in (29, 30)
+
+
 def test_a_resume_from_another_out_keeps_a_stopped_runs_work_and_place(tmp_path, redis_client, redis_url):
     """Run A of job 'ocr-awm' stopped (SIGTERM) on an external Redis after 3 steps; `omnirl run … --out B --resume`,
     B a finished run of that job made on another Redis: accepted, its roles loaded, and its actor exited 4 ("the

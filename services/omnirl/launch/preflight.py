@@ -219,6 +219,11 @@ def _refusal(client, url: str, job: RLJob, out: Path | None, owner: dict | None,
                 f"-h {host} -p {port} -n {db} --scan --pattern '{job_pattern(name)}' | xargs -r redis-cli -h {host} "
                 f"-p {port} -n {db} unlink)")
     beats = live_beats(client, name)
+    if beats and mine:  # this --out's launcher (this one holds its lock now) was killed: its roles' last beats
+        wait = max(LIVE_BEAT_S - beats[0][0], 1.0)  # (it said "stop it", naming a pid that was gone)
+        return (f"metadata.name: job {name!r} on {where}: the last launcher of this --out (pid {owner.get('pid')}) "
+                f"was killed without stopping its roles, whose last heartbeats ({beats_text(beats)}) count as a "
+                f"live run for {LIVE_BEAT_S:.0f} s: run this again in {wait:.0f} s")
     if beats:  # no record, or an older launcher's (no lease): its roles' beats say it runs
         who = describe(owner) if owner is not None else NO_RECORD
         return (f"metadata.name: job {name!r} is running on {where[:-1]}; last heartbeats: {beats_text(beats)}); "
