@@ -329,6 +329,11 @@ CASES = {
     "eval-steps-of-run": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--steps", "10"], "omnirl eval: ",
                           "--steps 10: omnirl eval trains nothing (--steps is omnirl run's number of training steps); "
                           "for the denoising steps per sample pass --sampling-steps 10"),
+    # both given: it said "pass --sampling-steps 10" beside the --sampling-steps 4 given
+    "eval-steps-beside-sampling-steps": (
+        lambda t: ["eval", NFT, "--prompts", HELDOUT, "--steps", "10", "--sampling-steps", "4"], "omnirl eval: ",
+        "--steps 10: omnirl eval trains nothing (--steps is omnirl run's number of training steps); drop it "
+        "(--sampling-steps 4 sets the denoising steps per sample)"),
     "eval-negative-seed": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--seed", "-1"], "omnirl eval: ",
                            "--seed -1: must be >= 0"),
     "eval-out-is-a-file": (lambda t: ["eval", NFT, "--prompts", HELDOUT, "--out", HELDOUT], "omnirl eval: ",

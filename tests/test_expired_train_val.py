@@ -106,6 +106,44 @@ def test_a_validation_round_with_gone_samples_reports_the_rest_and_counts_the_mi
         "val4:2:3: omnirl:valgone:images:x expired before it was read", warned[0]
 
 
+def test_a_validation_image_deleted_within_its_ttl_is_not_called_expired(tmp_path, redis_client, caplog):
+    """A Redis restarted without persistence mid-run (found by hand: `omnirl run` of a shared Redis, the server
+    killed and started again): the round's warning said "omnirl:…:images:val6:0:1 was gone …, 5 s after the sample
+    was generated (spec.transferQueue.tensorTtlSeconds 3600); raise spec.transferQueue.tensorTtlSeconds", a fix
+    that cannot help. An image gone within its TTL is called deleted; one gone past it, expired, with the fix."""
+    spec = _val_spec(tmp_path)
+    warned = []
+    with TransferQueue(redis_client, "valdel") as q:
+        validator = Validator(q, spec, lambda p: [1], tmp_path, nonce=0)
+        for step, age_s in ((0, 5.0), (1, 4000.0)):
+            validator.publish(at_step=step, version=step)
+            for i in range(3):
+                q.publish(q.streams.samples, {"sample_id": f"s{step}{i}"}, {"x0": torch.zeros(1)},
+                          image=torch.full((8, 16, 3), 255, dtype=torch.uint8))
+            msgs = q.consume(q.streams.samples, "v", "v", count=10, block_ms=0)
+            for i, msg in enumerate(msgs):
+                validator.record(ScoreMeta(sample_id=f"val{step}:{i}:0", kind="val", step=step,
+                                           group_id=f"val{step}:{i}", policy_version=step, reward=0.5,
+                                           rewards={"ocr": 0.5}, generated_at=time.time() - age_s, scored_at=0.0),
+                                 msg.tensor_key)
+            q.delete_tensors([msgs[0].tensor_key])
+            caplog.clear()
+            with caplog.at_level(logging.WARNING, logger="omnirl.controller"):
+                summary = validator.finish()
+            assert (summary["n"], summary["missing"]) == (2, 1)
+            warned += [r.getMessage() for r in caplog.records if "missing" in r.getMessage()]
+        q.cleanup()
+    assert warned == [
+        "validation at step 0: 1 of 3 samples missing, left out of the means (n=2): val0:0:0: "
+        "omnirl:valdel:images:s00 was deleted before the controller read it for the round, 5 s after the sample was "
+        "generated (within spec.transferQueue.tensorTtlSeconds 3600: not expired; a Redis restarted without "
+        "persistence, or a key evicted or deleted)",
+        "validation at step 1: 1 of 3 samples missing, left out of the means (n=2): val1:0:0: "
+        "omnirl:valdel:images:s10 was gone when the controller read it for the round, 4000 s after the sample was "
+        "generated (spec.transferQueue.tensorTtlSeconds 3600); raise spec.transferQueue.tensorTtlSeconds above the "
+        "longest a validation round takes"], warned
+
+
 def test_a_round_whose_every_sample_is_gone_has_no_mean_and_a_failed_scorer_still_fails_it(tmp_path, redis_client):
     """Every sample lost: n=0, mean None (not 0: no silently wrong mean), no grid. A sample a scorer failed
     (not lost) still raises SampleUnscored: only gone tensors are counted missing."""

@@ -1008,6 +1008,99 @@ def test_a_fresh_run_from_another_out_keeps_a_stopped_runs_work_on_the_manifests
     check_not_running_elsewhere(redis_url, job, other)
 
 
+def test_a_ctrl_c_after_the_job_finished_frees_its_name_on_the_manifests_redis(tmp_path, redis_client, redis_url):
+    """Ctrl-C of `omnirl run` on an external Redis after its controller wrote the `finish` record (the roles
+    stopping): it said "interrupted (exit 130) after the job had finished: nothing to continue", but left the job's
+    keys, its `stop` flag, `kv:stopped_run` and its record marked stopped, so a fresh run of that name from another
+    --out was refused ("holds the pending work of a run that was stopped before it finished …: continue it with
+    omnirl run JOB --out OUT --resume"), and that --resume said "nothing to do" and left them too: a dead end but
+    for redis-cli. Found by hand on a 2-step copy of the AWM example. Now it deletes them, as a run that finished."""
+    import signal
+
+    from omnirl.launch.preflight import check_not_running_elsewhere
+    from omnirl.transfer.keys import kv_key
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=5, redis_url=redis_url)
+    try:
+        (out / "metrics.jsonl").write_text('{"event": "start", "start_step": 0}\n'
+                                           '{"event": "finish", "total_steps": 1, "start_step": 0}\n')
+        redis_client.set(kv_key("ocr-awm", "actor_state"), b'{"step": 0}')  # what a finished run leaves
+        proc.send_signal(signal.SIGINT)
+        rest, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    text = "".join(lines) + rest
+    assert proc.returncode == 130, text
+    assert text.strip().splitlines()[-1] == "omnirl: interrupted (exit 130) after the job had finished: nothing to " \
+        "continue", text
+    assert list(redis_client.scan_iter(match=kv_key("ocr-awm", "*"))) == [], text
+    check_not_running_elsewhere(redis_url, load_rljob(str(tmp_path / "job.yaml")), tmp_path / "other")
+
+
+def test_a_resume_right_after_its_launcher_was_sigkilled_says_when_to_retry(tmp_path, redis_client, redis_url):
+    """`omnirl run … --resume` of the --out whose launcher was just SIGKILLed (its roles gone with it): refused,
+    as its roles' last beats count as live for 30 s, but it said "an omnirl run on host vm (--out /runs/m, pid
+    18712) uses this Redis …: stop it", naming a pid that was gone and a run that was this one. Found by hand.
+    It now says the last launcher of this --out was killed and in how many seconds to run it again."""
+    import re
+
+    from omnirl.launch.preflight import check_not_running_elsewhere
+    from omnirl.transfer.heartbeat import Heartbeat
+    from omnirl.transfer.owner import local_owner, write_owner
+
+    job = load_rljob("examples/ocr-awm.yaml")
+    job.spec.transferQueue.redisUrl = redis_url
+    out = tmp_path / "m"
+    write_owner(redis_client, "ocr-awm", {**local_owner(str(out)), "pid": 18712}, ttl_s=30)  # its lease
+    Heartbeat(redis_client, "ocr-awm", "actor", "actor-0").beat()
+    with pytest.raises(ValueError) as refused:
+        check_not_running_elsewhere(redis_url, job, None, out)
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    said = re.sub(r"in \d+ s$", "in N s", str(refused.value))
+    assert said == (f"metadata.name: job 'ocr-awm' on 127.0.0.1:{port} (spec.transferQueue.redisUrl): the last launcher "
+                    "of this --out (pid 18712) was killed without stopping its roles, whose last heartbeats (actor-0 0 s "
+                    "ago) count as a live run for 30 s: run this again in N s")
+    assert int(str(refused.value).rsplit(" ", 2)[1]) in (29, 30)
+
+
+def test_a_resume_from_another_out_keeps_a_stopped_runs_work_and_place(tmp_path, redis_client, redis_url):
+    """Run A of job 'ocr-awm' stopped (SIGTERM) on an external Redis after 3 steps; `omnirl run … --out B --resume`,
+    B a finished run of that job made on another Redis: accepted, its roles loaded, and its actor exited 4 ("the
+    job's actor had trained step 3, but it holds step 1 … the checkpoint directory was lost or belongs to another
+    run"), after which the record and `kv:stopped_run` named B, so a third run was told to `--resume` B, not A.
+    Found by hand with the real CLI. Now B's --resume is refused before anything starts (the launcher's pre-flight
+    check and its claim), naming A, and A's record and place stay; A's own --resume is accepted."""
+    import socket
+
+    from omnirl.launch.preflight import check_not_running_elsewhere, claim_run, mark_stopped
+    from omnirl.transfer.keys import STOPPED_RUN, kv_key
+    from omnirl.transfer.owner import RUN_OWNER
+
+    job = load_rljob("examples/ocr-awm.yaml")
+    job.spec.transferQueue.redisUrl = redis_url
+    a, b = tmp_path / "a", tmp_path / "b"
+    claim_run(redis_url, job, a).close()
+    assert mark_stopped(redis_url, job, a, finished=False) == ""  # A's Ctrl-C
+    before = {key: redis_client.get(kv_key("ocr-awm", key)) for key in (RUN_OWNER, STOPPED_RUN)}
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    said = (f"metadata.name: job 'ocr-awm' on 127.0.0.1:{port} (spec.transferQueue.redisUrl) holds the pending work "
+            f"of a run that was stopped before it finished ({socket.gethostname()}:{a}, 0 min ago), which a --resume "
+            f"of {b} would take over (its actor cannot continue another run's steps): continue it with omnirl run JOB "
+            f"--out {a} --resume, or give this run another metadata.name (to drop that work: redis-cli -h 127.0.0.1 -p "
+            f"{port} -n 0 --scan --pattern 'omnirl:ocr-awm:*' | xargs -r redis-cli -h 127.0.0.1 -p {port} -n 0 unlink)")
+    with pytest.raises(ValueError) as refused:
+        check_not_running_elsewhere(redis_url, job, None, b)  # B's --resume: pre-flight
+    assert str(refused.value) == said
+    with pytest.raises(ValueError) as refused:
+        claim_run(redis_url, job, b, resume=True)  # and the atomic claim
+    assert str(refused.value) == said
+    after = {key: redis_client.get(kv_key("ocr-awm", key)) for key in (RUN_OWNER, STOPPED_RUN)}
+    assert after == before and json.loads(after[STOPPED_RUN])["out"] == str(a)
+    check_not_running_elsewhere(redis_url, job, None, a)  # A's own --resume is welcome
+    claim_run(redis_url, job, a, resume=True).close()
+    assert json.loads(redis_client.get(kv_key("ocr-awm", RUN_OWNER)))["out"] == str(a)
+
+
 # loaded by the actor process (sitecustomize on PYTHONPATH): its first training step meets a configuration
 # error, as a LoRA whose targetModules match nothing once the first batch trains
 ACTOR_CONFIG_ERROR_AT_FIRST_STEP = '''

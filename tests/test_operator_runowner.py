@@ -291,6 +291,39 @@ def test_an_omnirl_run_holds_its_name_from_its_claim_before_any_role_beats_until
     assert claim_for_rljob(redis_client, "shared", "team-a", "u1", False) is None
 
 
+def test_a_launchers_record_lost_with_its_redis_is_claimed_again_and_anothers_is_left(redis_client, redis_url,
+                                                                                       tmp_path, capsys):
+    """Found by hand: `omnirl run` on a shared Redis that restarted without persistence mid-run said "could not
+    renew this run's claim … (the record is gone or names another run); it lapses 30 s after the last renewal"
+    and ran on without a record, so a second run of its name was told it was "a run that left no run-owner
+    record (an omnirl older than that record, or a launcher killed …)". Now the renew thread claims it again;
+    a record another run holds is left as it is, and the launcher says so."""
+    from omnirl.transfer.owner import local_owner, write_owner
+
+    job = job_from_dict(manifest(redis_url))
+    claim = claim_run(redis_url, job, tmp_path / "a", lease_s=1.5)  # renewed by its thread every 0.5 s
+    try:
+        redis_client.flushall()  # the Redis restarted with nothing
+        time.sleep(1.2)
+        mine = read_owner(redis_client, "shared")
+        assert (mine["out"], mine["pid"], mine["lease_s"]) == (str(tmp_path / "a"), os.getpid(), 1.5)
+        assert 0 < redis_client.pttl(kv_key("shared", RUN_OWNER)) <= 1500
+        other = {**local_owner(str(tmp_path / "b"), 1.5), "pid": 4242}
+        write_owner(redis_client, "shared", other, ttl_s=30)  # another run took the name meanwhile
+        time.sleep(1.2)
+        assert read_owner(redis_client, "shared") == other  # left as it is
+    finally:
+        claim.close()
+    lines = capsys.readouterr().out.splitlines()
+    where = f"job 'shared' on 127.0.0.1:{redis_url.rsplit(':', 1)[1].split('/')[0]}"
+    assert lines == [
+        f"omnirl: this run's claim of {where} was gone (a Redis restarted without persistence, a lease lapsed while "
+        "Redis did not answer, or the key deleted); claimed it again",
+        f"omnirl: this run's claim of {where} was taken by an omnirl run on host {socket.gethostname()} (--out "
+        f"{tmp_path / 'b'}, pid 4242) (its lease lapsed while this launcher did not renew it): the two runs share the "
+        "job's keys; stop one of them"], lines
+
+
 def test_a_suspended_rljob_keeps_its_name_and_pending_work_past_the_claims_lapse(redis_client, redis_url, tmp_path):
     """Found by hand: an RLJob suspended (spec.suspend) with its pending work in Redis renewed no claim; once it
     lapsed (120 s; 3 s there) a real `omnirl run` of that name started and deleted that work (kv:actor_state

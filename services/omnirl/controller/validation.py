@@ -46,6 +46,20 @@ class SampleUnscored(RuntimeError):
     controller fails the job (`JobFailed`, not restarted) rather than crash into a restart."""
 
 
+def gone_reason(key: str, age_s: float, ttl_s: float) -> str:
+    """Why the image `key` of a held-out sample generated `age_s` seconds ago (the rollout's clock) was gone
+    when the round was summarised: expired (`age_s` ≥ `ttl_s`, spec.transferQueue.tensorTtlSeconds: raise it),
+    or deleted within its TTL (a Redis restarted without persistence, a key evicted or deleted), where a
+    higher TTL cannot help (the reward role tells the two apart the same way)."""
+    if age_s >= ttl_s:
+        return (f"{key} was gone when the controller read it for the round, {age_s:.0f} s after the sample was "
+                f"generated (spec.transferQueue.tensorTtlSeconds {ttl_s:g}); raise spec.transferQueue."
+                "tensorTtlSeconds above the longest a validation round takes")
+    return (f"{key} was deleted before the controller read it for the round, {age_s:.0f} s after the sample was "
+            f"generated (within spec.transferQueue.tensorTtlSeconds {ttl_s:g}: not expired; a Redis restarted "
+            "without persistence, or a key evicted or deleted)")
+
+
 class Validator:
     """Publishes a validation round and collects its scores.
 
@@ -117,10 +131,7 @@ class Validator:
             try:
                 images[i] = self.queue.load_image(self.keys[i]).numpy()
             except MissingTensors as err:  # e.g. a controller stopped for longer than the TTL mid-round
-                missing[i] = (f"{err.key} was gone when the controller read it for the round, "
-                              f"{time.time() - self.scores[i].generated_at:.0f} s after the sample was generated "
-                              f"(spec.transferQueue.tensorTtlSeconds {self.queue.tensor_ttl_s:g}); raise spec."
-                              "transferQueue.tensorTtlSeconds above the longest a validation round takes")
+                missing[i] = gone_reason(err.key, time.time() - self.scores[i].generated_at, self.queue.tensor_ttl_s)
         have = sorted(images)  # prompt indices in the means
         rewards = [self.scores[i].reward for i in have]
         first = have[:GRID_SIZE]

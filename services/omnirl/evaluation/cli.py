@@ -46,8 +46,10 @@ def main(args: argparse.Namespace) -> int:
     `spec.reward[i].server.command` / `.modelPath` / `.volume` when this machine cannot run that judge
     (`reward.servers.check_local`, before anything loads)."""
     if args.steps is not None:  # its name before 2026-12-03: `omnirl run --steps` counts training steps
+        fix = f"for the denoising steps per sample pass --sampling-steps {args.steps}" if args.sampling_steps is None \
+            else f"drop it (--sampling-steps {args.sampling_steps} sets the denoising steps per sample)"
         raise ValueError(f"--steps {args.steps}: omnirl eval trains nothing (--steps is omnirl run's number of "
-                         f"training steps); for the denoising steps per sample pass --sampling-steps {args.steps}")
+                         f"training steps); {fix}")
     if args.sampling_steps is not None and args.sampling_steps < 2:
         raise ValueError(f"--sampling-steps {args.sampling_steps}: must be >= 2 (denoising steps per sample; "
                          "default spec.validation.numSteps)")

@@ -251,7 +251,10 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
                 if supervisor is not None:
                     supervisor.close()
                     redis = supervisor.redis  # read after close: its watchdog may restart the server until then
-                finished = code == 0 or not holds_run(out)  # nothing to continue when its controller never started
+                # nothing to continue when its controller never started, or finished the job (its `finish` record):
+                # a Ctrl-C after the finish left its keys, stop flag and place, and a fresh run of the name was then
+                # refused, told to --resume this one, whose --resume said "nothing to do" and left them
+                finished = code == 0 or not holds_run(out) or _finished_now(out, int(started["records"]))
                 if silent:  # the marks below would wait 5 s for nothing: say what is left instead
                     print(left_behind(silent, job.metadata.name, forced, finished=finished), flush=True)
                 elif claim is not None:  # its roles are stopped: the resume we print must not be refused as
@@ -346,6 +349,15 @@ def left_behind(silent: str, job_name: str, forced: list[str], *, finished: bool
                   + (" (no stop checkpoint: --resume continues from the last complete one)"
                      if any(name.startswith("actor-") for name in forced) else ""))
     return f"omnirl: not cleaned up: {silent}, so {keys}{killed}"
+
+
+def _finished_now(out: Path, since: int) -> bool:
+    """Whether a controller this launcher started finished the job (a `finish` record after the first
+    `since` of `out/metrics.jsonl`); False for a file that cannot be read (its run is kept, as `holds_run`)."""
+    try:
+        return preflight.finished(out, since)
+    except (OSError, ValueError):
+        return False
 
 
 def holds_run(out: Path) -> bool:

@@ -199,20 +199,31 @@ def _refusal(client, url: str, job: RLJob, out: Path | None, owner: dict | None,
                 f"metadata.name (a launcher killed with SIGKILL: its claim lapses after {owner['lease_s']:g} s)")
     stopped = client.get(kv_key(name, STOPPED_RUN))
     if client.get(kv_key(name, "stop")) is not None:
-        if out is None or stopped is None:
+        here = out if out is not None else own  # a fresh run's --out, or the --out a --resume continues
+        if here is None or stopped is None:
             return None
         was = json.loads(stopped)
-        if (was.get("host"), was.get("out")) == (socket.gethostname(), str(out)):
-            return None  # its own --out again (the directory was removed): a fresh start replaces it
+        if (was.get("host"), was.get("out")) == (socket.gethostname(), str(here)):
+            return None  # its own --resume, or its own --out again (the directory was removed): a fresh start
+        # another --out's pending work: a fresh start deletes it; a --resume of another run of this name takes it
+        # over (its actor met that run's progress and exited 4, "the checkpoint directory was lost or belongs to
+        # another run", and the stopped run's record and place then named the --resume's --out)
+        does = "a fresh start here would delete" if out is not None else \
+            f"a --resume of {here} would take over (its actor cannot continue another run's steps)"
         ago = max(time.time() - float(was.get("time", 0)), 0) / 60
         host, port, db = parts.hostname, parts.port or 6379, (parts.path or "/0").strip("/") or "0"
         return (f"metadata.name: job {name!r} on {host}:{port} (spec.transferQueue.redisUrl) holds the pending work "
                 f"of a run that was stopped before it finished ({was.get('host')}:{was.get('out')}, {ago:.0f} min "
-                f"ago), which a fresh start here would delete: continue it with omnirl run JOB --out "
+                f"ago), which {does}: continue it with omnirl run JOB --out "
                 f"{was.get('out')} --resume, or give this run another metadata.name (to drop that work: redis-cli "
                 f"-h {host} -p {port} -n {db} --scan --pattern '{job_pattern(name)}' | xargs -r redis-cli -h {host} "
                 f"-p {port} -n {db} unlink)")
     beats = live_beats(client, name)
+    if beats and mine:  # this --out's launcher (this one holds its lock now) was killed: its roles' last beats
+        wait = max(LIVE_BEAT_S - beats[0][0], 1.0)  # (it said "stop it", naming a pid that was gone)
+        return (f"metadata.name: job {name!r} on {where}: the last launcher of this --out (pid {owner.get('pid')}) "
+                f"was killed without stopping its roles, whose last heartbeats ({beats_text(beats)}) count as a "
+                f"live run for {LIVE_BEAT_S:.0f} s: run this again in {wait:.0f} s")
     if beats:  # no record, or an older launcher's (no lease): its roles' beats say it runs
         who = describe(owner) if owner is not None else NO_RECORD
         return (f"metadata.name: job {name!r} is running on {where[:-1]}; last heartbeats: {beats_text(beats)}); "
@@ -236,7 +247,9 @@ def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None, o
     run (None: a `--resume`, which keeps the job's keys). A fresh run from
     another --out than a stopped, unfinished run's (`mark_stopped`) is refused too: its start deletes
     the job's keys, the stopped run's pending work, and that run's `--resume` then failed at start-up
-    (exit 4, "the checkpoint directory was lost or belongs to another run").
+    (exit 4, "the checkpoint directory was lost or belongs to another run"); so is a `--resume` of another
+    --out (`own`), whose actor cannot continue that run's steps (exit 4 once its roles loaded, and the
+    stopped run's place then named the --resume's --out).
 
     Raises:
         ValueError: naming `metadata.name`, the Redis (never its password), the live workers or the
@@ -278,7 +291,11 @@ def redis_silent(url: str, timeout_s: float = 2.0) -> str:
 
 class RunClaim:
     """This launcher's claim of its job's name on a shared Redis (`claim_run`): a thread renews the record's
-    lease every `LOCAL_RENEW_S` until `close`, and says once on stdout when it cannot."""
+    lease every `LOCAL_RENEW_S` until `close`, and says once on stdout when it cannot. A record that is gone
+    (a Redis restarted without persistence, a lease lapsed while Redis did not answer, a hand deletion) is
+    claimed again, atomically, when no other run took the name meanwhile: before, the run went on without
+    one, and a second run or an RLJob of its name was told that it was "a run that left no run-owner record
+    (an omnirl older than that record, or a launcher killed …)"."""
 
     def __init__(self, url: str, job: RLJob, out: Path, lease_s: float) -> None:
         import threading
@@ -291,23 +308,34 @@ class RunClaim:
     def _renew(self) -> None:
         import redis as redis_py
 
-        from omnirl.transfer.owner import LOCAL_RENEW_S, renew_local
+        from omnirl.transfer.owner import LOCAL_RENEW_S, claim, describe, local_owner, renew_local
 
         said = False
+        parts = urlsplit(self.url)
+        where = f"job {self.name!r} on {parts.hostname}:{parts.port or 6379}"
         while not self._stop.wait(min(LOCAL_RENEW_S, self.lease_s / 3)):
             try:
                 with redis_py.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5) as client:
                     if renew_local(client, self.name, self.out, self.lease_s):
                         said = False
                         continue
-                    why = "the record is gone or names another run"
+                    # gone, or another run's: claimed again only when gone (atomic, as the first claim)
+                    other = claim(client, self.name, local_owner(self.out, self.lease_s),
+                                  lambda owner: None if owner is None else describe(owner), self.lease_s)
+                    if other is None:
+                        print(f"omnirl: this run's claim of {where} was gone (a Redis restarted without "
+                              "persistence, a lease lapsed while Redis did not answer, or the key deleted); "
+                              "claimed it again", flush=True)
+                        said = False
+                        continue
+                    says = (f"omnirl: this run's claim of {where} was taken by {other} (its lease lapsed while "
+                            "this launcher did not renew it): the two runs share the job's keys; stop one of them")
             except (redis_py.RedisError, OSError, ValueError) as err:
-                why = f"{type(err).__name__}: {err}"
+                says = (f"omnirl: could not renew this run's claim of {where} ({type(err).__name__}: {err}); it "
+                        f"lapses {self.lease_s:.0f} s after the last renewal, and another run of that name could "
+                        "then start there")
             if not said:  # once per failure streak: the run goes on, but its name may be taken
-                parts = urlsplit(self.url)
-                print(f"omnirl: could not renew this run's claim of job {self.name!r} on {parts.hostname}:"
-                      f"{parts.port or 6379} ({why}); it lapses {self.lease_s:.0f} s after the last renewal, and "
-                      "another run of that name could then start there", flush=True)
+                print(says, flush=True)
                 said = True
 
     def close(self) -> None:
