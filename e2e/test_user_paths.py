@@ -103,7 +103,7 @@ def test_ray_sync_job_with_http_reward_metrics_and_eval(tmp_path, redis_url, req
     grids = {}
     for name, extra in (("trained", ["--checkpoint", str(out / "checkpoints" / "latest")]), ("base", [])):
         ev = subprocess.run([sys.executable, "-m", "omnirl.cli", "eval", str(job), "--prompts", str(prompts),
-                             "--steps", "4", "--out", str(tmp_path / name), *extra],
+                             "--sampling-steps", "4", "--out", str(tmp_path / name), *extra],
                             capture_output=True, text=True, timeout=300, cwd=ROOT)
         assert ev.returncode == 0, ev.stdout[-2000:] + ev.stderr[-2000:]
         result = json.loads((tmp_path / name / "rewards.json").read_text())
