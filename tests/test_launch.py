@@ -326,7 +326,6 @@ def test_an_out_whose_run_never_started_is_started_afresh_by_the_same_command(tm
     Run again after the fix, the same command was refused — "omnirl run: OUT already holds a run: pass
     --resume to continue it" — for a run that trained nothing. Found by hand with the README's truncated
     weights file. A real launcher and Redis; the role processes are stand-ins."""
-    import signal
     import subprocess
     import sys
 
@@ -338,11 +337,9 @@ def test_an_out_whose_run_never_started_is_started_afresh_by_the_same_command(tm
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(load_rljob("examples/ocr-awm.yaml"))))
     proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=5)  # waits until every role started
     try:
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
+        text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    text = "".join(lines) + rest
     assert proc.returncode == 130, text
     # still nothing to continue: the same command again, not --resume
     assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
@@ -550,6 +547,15 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+def _interrupt(proc, lines: list[str]) -> str:
+    """Ctrl-C (SIGINT) the launcher and wait for it to end; returns everything it printed."""
+    import signal
+
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    return "".join(lines) + rest
+
+
 def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None, steps: int = 1,
                       judge: dict | None = None, reward_role: dict | None = None):
     """`omnirl run` (a real launcher process, real embedded Redis — or the manifest's `redis_url` —,
@@ -754,16 +760,13 @@ def test_ctrl_c_says_what_the_stop_does_in_each_phase(tmp_path, phase, records, 
     """Ctrl-C printed "the actor writes a checkpoint; --resume continues" in every phase, also while the roles
     loaded and nothing was trained (found by hand: a Ctrl-C 1 s after the placement table of the tiny job).
     A real launcher; the roles are stand-ins, and the controller's records are written by the test."""
-    import signal
 
     proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=1, steps=3)
     try:
         (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
+        text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    text = "".join(lines) + rest
     assert proc.returncode == 130, text
     assert [line for line in text.splitlines() if line.startswith("omnirl: interrupted")][0] == said, text
     assert "writes a checkpoint" not in text, text
@@ -937,7 +940,6 @@ def test_the_resume_printed_after_a_ctrl_c_on_the_manifests_redis_is_not_refused
     (…; last heartbeats: actor-0 25 s ago, …); another omnirl run or RLJob of that name uses this Redis …" —
     the beats of the run's own stopped roles, since only a finished run set `stop`. Found by hand on a 6-step
     copy of the AWM example. A real launcher and Redis; the roles are stand-ins whose beats the test writes."""
-    import signal
 
     from omnirl.launch.preflight import check_not_running_elsewhere
     from omnirl.transfer.heartbeat import Heartbeat
@@ -948,11 +950,9 @@ def test_the_resume_printed_after_a_ctrl_c_on_the_manifests_redis_is_not_refused
         for worker in ("rollout-0", "reward-0", "actor-0", "controller-0"):  # they beat while they run
             Heartbeat(redis_client, "ocr-awm", worker.split("-")[0], worker).beat()
         assert redis_client.get(kv_key("ocr-awm", "stop")) is None
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
+        text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    text = "".join(lines) + rest
     assert proc.returncode == 130, text
     assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
                                              f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
@@ -970,7 +970,6 @@ def test_a_fresh_run_from_another_out_keeps_a_stopped_runs_work_on_the_manifests
     directory was lost or belongs to another run". Found by hand on a 6-step copy of the AWM example. Now B is
     refused before anything starts, naming A and its resume, and A's work stays. A real launcher and Redis; the
     roles are stand-ins, and the controller's `start` record is written by the test."""
-    import signal
     import socket
     import subprocess
     import sys
@@ -982,11 +981,9 @@ def test_a_fresh_run_from_another_out_keeps_a_stopped_runs_work_on_the_manifests
     try:
         (out / "metrics.jsonl").write_text('{"event": "start", "start_step": 0}\n')  # the run started
         redis_client.set(kv_key("ocr-awm", "trainreqs"), b"A's batches")  # its pending work
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
+        text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    text = "".join(lines) + rest
     assert proc.returncode == 130 and text.strip().endswith(f"--out {out} --steps 1 --no-ray --device cpu --resume"), text
     other = tmp_path / "other"
     done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
@@ -1015,7 +1012,6 @@ def test_a_ctrl_c_after_the_job_finished_frees_its_name_on_the_manifests_redis(t
     --out was refused ("holds the pending work of a run that was stopped before it finished …: continue it with
     omnirl run JOB --out OUT --resume"), and that --resume said "nothing to do" and left them too: a dead end but
     for redis-cli. Found by hand on a 2-step copy of the AWM example. Now it deletes them, as a run that finished."""
-    import signal
 
     from omnirl.launch.preflight import check_not_running_elsewhere
     from omnirl.transfer.keys import kv_key
@@ -1025,11 +1021,9 @@ def test_a_ctrl_c_after_the_job_finished_frees_its_name_on_the_manifests_redis(t
         (out / "metrics.jsonl").write_text('{"event": "start", "start_step": 0}\n'
                                            '{"event": "finish", "total_steps": 1, "start_step": 0}\n')
         redis_client.set(kv_key("ocr-awm", "actor_state"), b'{"step": 0}')  # what a finished run leaves
-        proc.send_signal(signal.SIGINT)
-        rest, _ = proc.communicate(timeout=120)
+        text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    text = "".join(lines) + rest
     assert proc.returncode == 130, text
     assert text.strip().splitlines()[-1] == "omnirl: interrupted (exit 130) after the job had finished: nothing to " \
         "continue", text
