@@ -354,14 +354,17 @@ class ActorService:
             for item in req.items:
                 self._ledger.write(json.dumps({"sample_id": item.sample_id, "step": req.step, "run": self._run_id,
                                                "base": self._base_step}) + "\n")
+        metrics.update(load_seconds=t_load - t0, train_seconds=t_train - t_load, batch_tensor_age_seconds=self._batch_age)
+        if wait0 is not None and wait1 is not None:  # contention, not work: other processes held the cores
+            metrics["train_cpu_wait_seconds"] = wait1 - wait0
         if not replay and self.ranks.max(float(self.terminated)) > 0:
             self._trained_at_stop(req, metrics)  # the rollout workers may be gone already: no broadcast
             return
+        if self.ranks.leader:  # before the checkpoint: a successor resuming from it republishes these metrics
+            self._note_trained(self._result(req, metrics))
         if replay:
             if req.checkpoint:
                 self._save(req.step, self.data_position)
-            if self.ranks.leader:  # for a metrics line the dead controller may not have written
-                self._note_trained(self._result(req, metrics))
             return
         self._gather_rollout()
         ckpt = None
@@ -376,13 +379,9 @@ class ActorService:
         except SyncAborted:
             self._trained_at_stop(req, metrics)
             return
-        metrics.update(load_seconds=t_load - t0, train_seconds=t_train - t_load,
-                       sync_seconds=time.perf_counter() - t_sync, sync_bytes=float(report.bytes),
-                       batch_tensor_age_seconds=self._batch_age)
+        metrics.update(sync_seconds=time.perf_counter() - t_sync, sync_bytes=float(report.bytes))
         if req.checkpoint and self._replay_age is not None:
             metrics["replay_tensor_age_seconds"] = self._replay_age
-        if wait0 is not None and wait1 is not None:  # contention, not work: other processes held the cores
-            metrics["train_cpu_wait_seconds"] = wait1 - wait0
         self._publish_state()
         done = self._result(req, metrics, checkpoint=ckpt)
         self._note_trained(done)
@@ -403,7 +402,9 @@ class ActorService:
                          metrics={k: float(v) for k, v in metrics.items()})
 
     def _note_trained(self, done: TrainDone) -> None:
-        """`kv:trained` keeps each step's result until the controller has written its metrics line."""
+        """`kv:trained` keeps each step's result until the controller has written its metrics line. Noted as
+        soon as the step is trained (again with the sync's numbers after the broadcast): an actor killed after
+        the step's checkpoint resumes past the step and can only republish what is kept here."""
         self.queue.redis.hset(self._trained, str(done.step), json.dumps(done.model_dump()))
 
     def _save(self, step: int, data_position: list, gathered: bool = False) -> Path | None:
