@@ -176,6 +176,8 @@ def test_external_redis():
     ("watchNamespaces={Team_A}", "at '/watchNamespaces/0': 'Team_A' does not match pattern"),
     ("operator.resyncSeconds=abc", "at '/operator/resyncSeconds': got string, want number"),
     ("operator.resyncSeconds=0", "at '/operator/resyncSeconds'"),
+    ("operator.runOwnerTtlSeconds=abc", "at '/operator/runOwnerTtlSeconds': got string, want number"),
+    ("operator.runOwnerTtlSeconds=0", "at '/operator/runOwnerTtlSeconds'"),
     ("operator.dataRoot=examples", "at '/operator/dataRoot': 'examples' does not match pattern '^/'"),
     ("jobImages.pullPolicy=always", "at '/jobImages/pullPolicy': value must be one of"),
     ("redis.externalUrl=my-redis:6379", "'my-redis:6379' does not match pattern '^rediss?://'"),
@@ -185,6 +187,29 @@ def test_values_schema_refuses_wrong_values_naming_the_key(value, message):
     proc = helm("template", "omnirl", str(CHART), "--set", value, check=False)
     assert proc.returncode != 0, f"--set {value} rendered"
     assert "values don't meet the specifications of the schema" in proc.stderr and message in proc.stderr, proc.stderr
+
+
+@needs_helm
+def test_the_run_owner_ttl_is_a_value_the_operator_reads_and_must_outlive_a_resync(tmp_path):
+    """The operator reads OMNIRL_RUN_OWNER_TTL_SECONDS (an RLJob's claim of its name on its Redis), but the chart
+    set no such variable: its default (120 s) could only be changed through operator.extraEnv, and a value the
+    operator refuses (not more than resyncSeconds) crash-looped its pod instead of stopping `helm install`."""
+    from omnirl.transfer.owner import OWNER_TTL_S
+    from omnirl_operator.settings import OperatorSettings
+
+    def settings(env: dict[str, object]) -> OperatorSettings:
+        return OperatorSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+
+    env = operator_env(render())
+    assert (env["OMNIRL_RUN_OWNER_TTL_SECONDS"], settings(env).run_owner_ttl_seconds) == ("120", OWNER_TTL_S)
+    values = tmp_path / "values.yaml"
+    values.write_text("operator: {runOwnerTtlSeconds: 2.5, resyncSeconds: 0.5}\n")
+    env = operator_env(render("--values", str(values)))
+    assert (settings(env).run_owner_ttl_seconds, settings(env).resync_seconds) == (2.5, 0.5)
+    proc = helm("template", "omnirl", str(CHART), "--set", "operator.runOwnerTtlSeconds=15", check=False)
+    assert proc.returncode != 0 and (
+        "operator.runOwnerTtlSeconds (15) must be more than operator.resyncSeconds (15): a running RLJob's claim of "
+        "its name would lapse between two reconciles; raise it (default 120)") in proc.stderr, proc.stderr
 
 
 def _leaf_paths(values: dict, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:

@@ -608,6 +608,24 @@ def _launch_stand_ins(tmp_path, grace_s: int = 60, redis_url: str | None = None,
     return proc, lines, wait_for, out
 
 
+ROLES = ("rollout-0", "reward-0", "actor-0", "controller-0")  # the stand-in job's roles, in the launcher's order
+
+
+def _killed(text: str, before: str, after: str) -> list[str]:
+    """The roles a launcher line names as killed: the comma-separated names between `before` and `after`."""
+    (line,) = [x for x in text.splitlines() if before in x and after in x.split(before, 1)[1]]
+    return line.split(before, 1)[1].split(after, 1)[0].split(", ")
+
+
+def _ignored_sigterm(out) -> set[str]:
+    """The stand-in roles that had put in their SIGTERM-ignoring handler (they print `started` after it, into their
+    log): those cannot end on the launcher's SIGTERM, only by its SIGKILL. One that had not yet (its interpreter
+    still starting, on a loaded machine) ends on the SIGTERM by itself within its grace, and is rightly not named
+    as killed."""
+    return {name for name in ROLES
+            if (out / "logs" / f"{name}.log").exists() and "started" in (out / "logs" / f"{name}.log").read_text()}
+
+
 def _alive(pid: int) -> bool:
     """Whether `pid` runs (a zombie does not)."""
     from pathlib import Path
@@ -732,7 +750,12 @@ def test_a_second_ctrl_c_kills_the_roles_at_once_and_leaves_no_redis_behind(tmp_
             os.kill(pid, signal.SIGKILL)
             raise AssertionError(f"{name} (pid {pid}) outlived the launcher")
     assert took < 30, f"{took:.0f} s after the second Ctrl-C: it waited out the grace period\n{text}"
-    assert "interrupted again — killed rollout-0, reward-0, actor-0, controller-0 before they stopped" in text, text
+    # the roles still running at the second Ctrl-C, named in the launcher's order: every one that ignored its
+    # SIGTERM (the controller always had, and none had the 3 s of a non-actor's grace); a stand-in SIGTERMed before
+    # its handler was in (a loaded machine) ended by itself, and is not named
+    killed = _killed(text, "omnirl: interrupted again — killed ", " before they stopped")
+    assert killed == [name for name in ROLES if name in killed], text
+    assert _ignored_sigterm(out) <= set(killed) and "controller-0" in killed, (_ignored_sigterm(out), text)
     assert "Traceback" not in text, text
     assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
                                              f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
@@ -793,6 +816,7 @@ def test_ctrl_c_with_the_manifests_redis_gone_returns_at_once_naming_what_is_lef
     roles. Now it asks Redis (2 s), gives every role the short grace, and names in one line what it could not clean
     up. A real launcher and a real redis-server (this test's own: it is killed); the roles are stand-ins that
     ignore SIGTERM, as a role stuck in Redis retries does."""
+    import os
     import signal
     import time
 
@@ -817,12 +841,23 @@ def test_ctrl_c_with_the_manifests_redis_gone_returns_at_once_naming_what_is_lef
     assert proc.returncode == 130, text
     assert took < 15, f"{took:.0f} s from Ctrl-C to exit: it waited out the grace period\n{text}"
     port = server.port
+    pids = json.loads((out / "roles.json").read_text())
+    left = {name: pid for name, pid in pids.items() if _alive(pid)}
+    for pid in left.values():
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"{sorted(left)} outlived the launcher\n{text}"
     (line,) = [x for x in text.splitlines() if x.startswith("omnirl: not cleaned up: ")]
+    # killed: the roles that ignored their SIGTERM (the controller always had); one SIGTERMed before its handler was
+    # in (a loaded machine) ended by itself within its grace, and is not named
+    killed = _killed(text, "(its roles' last beats there count as a live run for 30 s); ", " killed after 3 s")
+    assert killed == [name for name in ROLES if name in killed], text
+    assert _ignored_sigterm(out) <= set(killed) and "controller-0" in killed, (_ignored_sigterm(out), text)
     assert line == (
         f"omnirl: not cleaned up: 127.0.0.1:{port} (spec.transferQueue.redisUrl) does not answer (ConnectionError: "
         f"Error 111 connecting to 127.0.0.1:{port}. Connection refused.), so job 'ocr-awm' is not marked stopped there "
-        "(its roles' last beats there count as a live run for 30 s); rollout-0, reward-0, actor-0, controller-0 "
-        "killed after 3 s, waiting on it (no stop checkpoint: --resume continues from the last complete one)"), text
+        f"(its roles' last beats there count as a live run for 30 s); {', '.join(killed)} killed after 3 s, waiting on "
+        "it" + (" (no stop checkpoint: --resume continues from the last complete one)" if "actor-0" in killed else "")
+    ), text
     assert text.strip().splitlines()[-1] == (
         f"omnirl: interrupted (exit 130); continue with: omnirl run {tmp_path / 'job.yaml'} --out {out} --steps 3 "
         "--no-ray --device cpu --resume"), text
@@ -1093,6 +1128,46 @@ def test_a_resume_from_another_out_keeps_a_stopped_runs_work_and_place(tmp_path,
     check_not_running_elsewhere(redis_url, job, None, a)  # A's own --resume is welcome
     claim_run(redis_url, job, a, resume=True).close()
     assert json.loads(redis_client.get(kv_key("ocr-awm", RUN_OWNER)))["out"] == str(a)
+
+
+
+@pytest.mark.parametrize("phase", ["loading", pytest.param("training", marks=pytest.mark.slow)])  # ~19 s each
+def test_a_run_whose_name_was_taken_leaves_the_other_runs_keys_as_they_are_when_it_stops(tmp_path, redis_client,
+                                                                                         redis_url, phase):
+    """`omnirl run` on an external Redis whose claim was taken meanwhile (its lease lapsed while its launcher did
+    not renew it, and an RLJob of that name claimed the name: the record names that RLJob), then Ctrl-C: its
+    `mark_stopped` wrote the `stop` flag (which ends the other run's roles) and its own place into the other run's
+    keys, or, stopped while loading (nothing to continue), deleted every key of that name, the RLJob's record and
+    pending work with them. Found by hand with the stand-in launcher. Now it touches none of them and says so."""
+    import socket
+
+    from omnirl.transfer.keys import kv_key
+    from omnirl.transfer.owner import RUN_OWNER, rljob_owner, write_owner
+
+    proc, lines, wait_for, out = _launch_stand_ins(tmp_path, grace_s=1, redis_url=redis_url)
+    try:
+        if phase == "training":
+            (out / "metrics.jsonl").write_text('{"event": "start", "start_step": 0}\n')
+        rljob = rljob_owner("team-a", "ocr-awm", "uid-1")
+        write_owner(redis_client, "ocr-awm", rljob, ttl_s=120)  # the RLJob's claim, after this run's lapsed
+        redis_client.set(kv_key("ocr-awm", "actor_state"), b'{"step": 7}')  # the RLJob's pending work
+        wait_for("was taken by RLJob team-a/ocr-awm (uid uid-1)")  # its renewal thread sees it within 5 s
+        text = _interrupt(proc, lines)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, text
+    keys = sorted(k.decode() for k in redis_client.scan_iter(match=kv_key("ocr-awm", "*")))
+    assert keys == [kv_key("ocr-awm", "actor_state"), kv_key("ocr-awm", RUN_OWNER)], (keys, text)
+    assert json.loads(redis_client.get(kv_key("ocr-awm", RUN_OWNER))) == rljob
+    assert redis_client.get(kv_key("ocr-awm", "actor_state")) == b'{"step": 7}'
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    (said,) = [line for line in text.splitlines() if "not this run" in line]
+    assert said == (
+        f"omnirl: job 'ocr-awm' on 127.0.0.1:{port} is held by RLJob team-a/ocr-awm (uid uid-1), not this run (its "
+        "claim was taken while this launcher did not renew it): this run "
+        + ("set no stop flag and left no place there" if phase == "training" else "deleted no keys there")
+        + ", as its keys are that run's now (the two runs may have shared them meanwhile)"), text
+    assert socket.gethostname() not in said
 
 
 # loaded by the actor process (sitecustomize on PYTHONPATH): its first training step meets a configuration

@@ -460,3 +460,50 @@ def test_an_older_launchers_run_without_a_record_is_named_and_its_keys_survive_a
         "an omnirl run on host old (--out /o, pid 1) is running this job on that Redis (heartbeats of actor-0")
     redis_client.set(kv_key("shared", "stop"), b"true")  # it ended
     assert claim_for_rljob(redis_client, "shared", "team-a", "u1", False) is None
+
+
+@pytest.mark.parametrize("edit", [{"algorithm": {"groupSize": 12}}, {"algorithm": {"groupSize": "many"}}],
+                         ids=["reshaping-edit", "unparseable-edit"])
+def test_an_rljob_whose_edit_is_refused_keeps_its_name_held_past_the_claims_lapse(redis_client, redis_url, edit):
+    """Found by hand: an RLJob edited into an invalid spec (InvalidSpec: an edit that reshapes its published steps,
+    or one that does not parse) returned before its claim was renewed, so 3 s later (the claim's TTL here; 120 s by
+    default) the record was gone and `omnirl run` of that name could claim it while the RLJob's pods ran. A refused
+    edit now renews the claim on the Redis its pods use (the spec it last applied) and changes nothing else."""
+    settings = OperatorSettings(run_owner_ttl_seconds=3.0, resync_seconds=0.3)
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(manifest(redis_url)))
+            body = await cluster.rljob("team-a", "shared")
+            first = await reconcile(body, cluster.api, settings, NOW, LOG)
+            await cluster.patch(*rljob, "team-a", "shared", {"status": first.status}, sub="status")
+            made = {k: obj.get("metadata", {}).get("resourceVersion") for k, obj in
+                    ((f"{r.plural}/{n}", o) for (r, _, n), o in cluster.emulator.objects.items()
+                     if r.plural not in ("events", "rljobs"))}
+            assert len(made) == 11
+            await cluster.patch(*rljob, "team-a", "shared", {"spec": edit})
+            ttls, started = [], time.monotonic()
+            while time.monotonic() - started < 4.5:  # past one lapse of the claim
+                out = await reconcile(await cluster.rljob("team-a", "shared"), cluster.api, settings, NOW, LOG)
+                await cluster.patch(*rljob, "team-a", "shared", {"status": out.status}, sub="status")
+                ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
+                assert (out.status["phase"], ready["reason"], out.actions) == ("Pending", "InvalidSpec", []), out.status
+                assert out.status["message"].startswith("the edited spec is invalid and was not applied; the job "
+                                                        "goes on with generation 1"), out.status["message"]
+                ttls.append(redis_client.pttl(kv_key("shared", RUN_OWNER)))
+                await asyncio.sleep(0.3)
+            assert all(0 < t <= 3000 for t in ttls), ttls  # renewed on every refused reconcile
+            owner = read_owner(redis_client, "shared")
+            assert (owner["kind"], owner["uid"], owner["lease_s"], owner["suspended"]) == (
+                "RLJob", body["metadata"]["uid"], 3.0, False)
+            # nothing else changed: the children as they were, the job's ConfigMap still the applied spec
+            now = {k: obj.get("metadata", {}).get("resourceVersion") for k, obj in
+                   ((f"{r.plural}/{n}", o) for (r, _, n), o in cluster.emulator.objects.items()
+                    if r.plural not in ("events", "rljobs"))}
+            assert now == made
+            # so an omnirl run of that name is still refused, naming the RLJob
+            with pytest.raises(ValueError, match=f"RLJob team-a/shared \\(uid {body['metadata']['uid']}\\)"):
+                claim_run(redis_url, job_from_dict(manifest(redis_url)), Path("/tmp/omnirl-test-out"))
+
+    asyncio.run(main())

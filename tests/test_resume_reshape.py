@@ -263,6 +263,61 @@ def test_a_finished_run_on_a_shared_redis_leaves_no_keys_and_resumes_for_more_st
     assert sorted(redis_client.scan_iter(match=job_pattern("reshape"))) == []
 
 
+
+def test_a_resume_with_nothing_to_do_clears_its_finished_runs_leftover_keys_but_not_another_runs(
+        tmp_path, redis_client, redis_url):
+    """`omnirl run --resume` of a run that had finished, on the manifest's Redis, with keys of that name left there
+    (a launcher killed after the job's `finish` record, or an older one that kept them after a Ctrl-C: its `stop`
+    flag, its place, its record marked stopped, `actor_state`, streams): it said "nothing to do" and left them, so
+    a fresh run of that name from another --out was still refused ("holds the pending work of a run that was
+    stopped before it finished …: continue it with … --resume"), the very --resume that had nothing to do. Found
+    by hand with the real CLI. It now deletes them, as that run would have once finished, and says so; keys another
+    run holds (its record) are left, and it says whose."""
+    import socket
+
+    from omnirl.launch.preflight import check_not_running_elsewhere
+    from omnirl.transfer.keys import STOPPED_RUN, job_pattern, kv_key
+    from omnirl.transfer.owner import RUN_OWNER, local_owner, rljob_owner, write_owner
+
+    job = _job(tmp_path, {"transferQueue": {"redisUrl": redis_url}}, steps=2)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(load_rljob(job))))
+    records = [{"event": "start"}, *({"event": "step", "step": s} for s in range(2)), {"event": "finish"}]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_owner(redis_client, "reshape", {**local_owner(str(out)), "pid": 1, "stopped": time.time()})
+    redis_client.set(kv_key("reshape", "stop"), b"true")
+    redis_client.set(kv_key("reshape", STOPPED_RUN), json.dumps({"host": socket.gethostname(), "out": str(out),
+                                                                  "time": time.time()}).encode())
+    redis_client.set(kv_key("reshape", "actor_state"), b'{"step": 1}')
+    redis_client.xadd("omnirl:reshape:samples", {"x": b"1"})
+    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    nothing = (f"omnirl: {out} has trained 2 steps, the job asks for 2 (spec.algorithm.steps): nothing to do; pass "
+               "--steps N (N > 2) to train further")
+    code, output = _finish(_omnirl(job, out, "--resume"), 60)
+    assert (code, output.splitlines()) == (0, [nothing, (
+        f"omnirl: deleted the 5 keys job 'reshape' had left on 127.0.0.1:{port} (spec.transferQueue.redisUrl), as the "
+        f"run does once it finished: they held no pending work (its checkpoints and metrics are in {out}); the name "
+        "is free there")]), output
+    assert list(redis_client.scan_iter(match=job_pattern("reshape"))) == []
+    check_not_running_elsewhere(redis_url, load_rljob(job), tmp_path / "other")  # a fresh run elsewhere may start
+
+    code, output = _finish(_omnirl(job, out, "--resume"), 60)  # again: nothing left, nothing more said
+    assert (code, output.splitlines()) == (0, [nothing]), output
+
+    rljob = rljob_owner("team-a", "reshape", "uid-1")  # another run holds the name now: its keys stay
+    write_owner(redis_client, "reshape", rljob, ttl_s=60)
+    redis_client.set(kv_key("reshape", "actor_state"), b'{"step": 9}')
+    code, output = _finish(_omnirl(job, out, "--resume"), 60)
+    assert code == 0 and output.splitlines()[0] == nothing, output
+    assert output.splitlines()[1].startswith(
+        f"omnirl: left the keys of job 'reshape' on 127.0.0.1:{port} (spec.transferQueue.redisUrl) as they are: "
+        f"metadata.name: job 'reshape' on 127.0.0.1:{port} (spec.transferQueue.redisUrl) is claimed by RLJob "
+        "team-a/reshape (uid uid-1)"), output
+    assert json.loads(redis_client.get(kv_key("reshape", RUN_OWNER))) == rljob
+    assert redis_client.get(kv_key("reshape", "actor_state")) == b'{"step": 9}'
+
+
 def test_an_actor_that_meets_a_stopped_local_runs_work_names_that_run(tmp_path, redis_client, redis_url):
     """An RLJob (or any fresh start) of a job whose keys on the shared Redis are an `omnirl run` stopped before it
     finished: its actor, started as the pod starts it (OMNIRL_RESUME=auto, an empty run directory), exited 4 with

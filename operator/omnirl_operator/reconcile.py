@@ -4,7 +4,8 @@ of that object written) → claim the job's name on its Redis (``runowner.py``; 
 that name: nothing created, checked again every resync) → reward autoscaler (``autoscale.py``) → apply
 → observe (workloads, and the pods'
 exit codes) → failure policy → status. A job that fails stops its own pods (``stop.py``); a refused one
-(a name taken, another run on its Redis, an invalid spec) writes nothing else, to the cluster or Redis.
+(a name taken, another run on its Redis, an invalid spec) writes nothing else, to the cluster or Redis, but
+for a live job whose edit is refused, which renews its claim of its name (its pods go on with the last spec).
 Idempotent: running it twice creates nothing twice (409 on create becomes a merge patch), writes the
 same status, and the second run sends no write at all (a child is patched only when it differs from
 its stored object, ``meta.py::up_to_date``).
@@ -49,7 +50,12 @@ from omnirl_operator.meta import (
 )
 from omnirl_operator.podcheck import judge_failure, judge_stalls, waiting_problems, waiting_summary, workload_problems
 from omnirl_operator.read import read_children
-from omnirl_operator.runowner import REASON_REDIS_NAME_IN_USE, redis_name_conflict, release_redis_name
+from omnirl_operator.runowner import (
+    REASON_REDIS_NAME_IN_USE,
+    keep_name_on_refused_edit,
+    redis_name_conflict,
+    release_redis_name,
+)
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.status import (
     PERMANENT_REASONS,
@@ -320,6 +326,15 @@ async def _release_if_finished(kube: KubeApi, job: RLJob, ns: str, uid: str, ter
         await release_redis_name(kube, job, ns, uid, settings, log)
 
 
+async def _refused_edit(kube: KubeApi, body: dict[str, Any], ns: str, uid: str, problems: tuple[str, ...],
+                        progress: dict[str, Any], now: datetime, settings: OperatorSettings,
+                        log: logging.Logger) -> Outcome:
+    """The outcome of a reconcile that refuses the spec (`InvalidSpec`): the status says so, nothing is applied,
+    and a live job keeps its name on its Redis (`runowner.keep_name_on_refused_edit`: its pods go on)."""
+    await keep_name_on_refused_edit(kube, body, ns, uid, settings, log)
+    return Outcome(compute_status(body, Observed(invalid_spec=problems), progress, now), [])
+
+
 async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSettings, now: datetime,
                     log: logging.Logger) -> Outcome:
     """Bring the children of one RLJob to the state its spec and status ask for.
@@ -332,12 +347,12 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     progress = {k: (body.get("status") or {}).get(k) for k in PROGRESS_FIELDS}
     job, problems = validate(body, settings)
     if job is None:
-        return Outcome(compute_status(body, Observed(invalid_spec=problems), progress, now), [])
+        return await _refused_edit(kube, body, ns, uid, problems, progress, now, settings, log)
     terminal = _is_terminal(body)
     if not terminal:  # a role's envFrom that sets the operator's variables: refused like such an env entry
         env_from = await asyncio.to_thread(env_from_problems, job, kube, ns)
         if env_from:
-            return Outcome(compute_status(body, Observed(invalid_spec=env_from), progress, now), [])
+            return await _refused_edit(kube, body, ns, uid, env_from, progress, now, settings, log)
     suspended = job.spec.suspend and not terminal
     running = not suspended and not terminal
     children = adopt(build_children(job, settings, running=running), job.metadata.name, ns, uid)
@@ -346,13 +361,13 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     if claim is not None and not terminal:  # an edit the claim cannot follow: an invalid spec, nothing applied
         conflict = claim_conflict(before[label_of(claim)], claim)
         if conflict is not None:
-            return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
+            return await _refused_edit(kube, body, ns, uid, (conflict,), progress, now, settings, log)
     stored_spec = before.get(f"ConfigMap/{child_name(job.metadata.name, suffix='spec')}")
     note = resume_note_of(stored_spec, job)  # read before the apply rewrites the ConfigMap
     if not terminal:  # an edit that reshapes the work in Redis and the checkpoints: refused, nothing applied
         conflict = resume_conflict_of(stored_spec, job)
         if conflict is not None:
-            return Outcome(compute_status(body, Observed(invalid_spec=(conflict,)), progress, now), [])
+            return await _refused_edit(kube, body, ns, uid, (conflict,), progress, now, settings, log)
     # A refused job changes nothing but stopping its own pods (and, failed, releasing its own claim): the name
     # checks come before the Redis claim and the autoscaler (which wrote `kv:reward_replicas` and said "scaled"
     # for a job it refused).

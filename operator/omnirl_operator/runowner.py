@@ -20,12 +20,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import redis
+import yaml
+from pydantic import ValidationError
 
+from omnirl.api.loader import job_from_dict
 from omnirl.api.spec import RLJob
 from omnirl.transfer.owner import claim_for_rljob, is_rljob, release
 from omnirl_operator.autoscale import _client, _password
 from omnirl_operator.kube import KubeApi
-from omnirl_operator.meta import owned_by
+from omnirl_operator.meta import child_name, owned_by
 from omnirl_operator.pods import redis_url
 from omnirl_operator.settings import OperatorSettings
 
@@ -41,13 +44,15 @@ def _where(job: RLJob, settings: OperatorSettings) -> tuple[str, str, str]:
 
 
 async def redis_name_conflict(kube: KubeApi, job: RLJob, ns: str, uid: str, stored: dict[str, Any],
-                              settings: OperatorSettings, log: logging.Logger) -> str | None:
+                              settings: OperatorSettings, log: logging.Logger,
+                              suspended: bool | None = None) -> str | None:
     """Claim the job's name on its Redis for RLJob `uid` (for `settings.run_owner_ttl_seconds`; marked
     suspended when `spec.suspend` is), or say why not.
 
     Args:
         stored: the job's children as read (``Kind/name`` → object or None); one owned by `uid` means the
             job ran before (heartbeats without a run-owner record are then its own pods').
+        suspended: whether the record says suspended (None: `job.spec.suspend`).
 
     Returns:
         The status message naming the other run and the fix; None once claimed, or when the Redis could
@@ -60,7 +65,8 @@ async def redis_name_conflict(kube: KubeApi, job: RLJob, ns: str, uid: str, stor
         client = _client(url, await _password(kube, job, ns, settings))
         try:
             other = await asyncio.to_thread(claim_for_rljob, client, name, ns, uid, started,
-                                            settings.run_owner_ttl_seconds, bool(job.spec.suspend))
+                                            settings.run_owner_ttl_seconds,
+                                            bool(job.spec.suspend) if suspended is None else suspended)
         finally:
             client.close()
     except (redis.RedisError, ValueError) as exc:
@@ -73,6 +79,44 @@ async def redis_name_conflict(kube: KubeApi, job: RLJob, ns: str, uid: str, stor
             f"(omnirl:{name}:*) would be shared, so nothing of this RLJob was created; it starts on its own once "
             "that run has ended (finished, or its keys deleted). To run both now, apply this RLJob under another metadata.name (or point it at "
             "another Redis)")
+
+
+LIVE_PHASES = ("Pending", "Running", "Suspended")
+
+
+async def keep_name_on_refused_edit(kube: KubeApi, body: dict[str, Any], ns: str, uid: str,
+                                    settings: OperatorSettings, log: logging.Logger) -> None:
+    """Renew RLJob `uid`'s claim of its name when a reconcile refuses its edited spec (`InvalidSpec`): its
+    pods go on with the spec it last applied, so its name stays held on *that* spec's Redis (the job's
+    ConfigMap, ``job.yaml``; an edit of `spec.transferQueue.redisUrl` is not applied either), as suspended
+    when its status is. Before, such a reconcile returned before the claim, which lapsed after
+    `run_owner_ttl_seconds`, and an `omnirl run` of that name could then take it while the RLJob's pods ran.
+
+    Nothing is renewed for a job that never applied a spec (no ConfigMap of its own) or has finished. Another
+    run holding the name is logged as a warning, nothing else changed (the refused edit is what the status says).
+
+    Raises:
+        KubeError: the ConfigMap could not be read (kopf retries the handler).
+    """
+    status = body.get("status") or {}
+    if status.get("phase") not in LIVE_PHASES or status.get("observedGeneration") is None:
+        return
+    name = body["metadata"]["name"]
+    spec_map = await asyncio.to_thread(kube.get, "v1", "ConfigMap", ns, child_name(name, suffix="spec"))
+    text = ((spec_map or {}).get("data") or {}).get("job.yaml")
+    if spec_map is None or not owned_by(spec_map, uid) or not text:
+        return
+    try:
+        applied = job_from_dict(yaml.safe_load(text))
+    except (ValidationError, ValueError, yaml.YAMLError) as exc:  # written by this operator: should not happen
+        log.warning("job %s: its edit was refused and its applied spec (ConfigMap %s) does not load (%s: %s); its "
+                    "claim of its name on its Redis was not renewed", name, child_name(name, suffix="spec"),
+                    type(exc).__name__, exc)
+        return
+    other = await redis_name_conflict(kube, applied, ns, uid, {f"ConfigMap/{child_name(name, suffix='spec')}": spec_map},
+                                      settings, log, suspended=status.get("phase") == "Suspended")
+    if other is not None:
+        log.warning("job %s: its edit was refused (InvalidSpec), and its name is not held by it: %s", name, other)
 
 
 async def release_redis_name(kube: KubeApi, job: RLJob, ns: str, uid: str, settings: OperatorSettings,

@@ -160,6 +160,11 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
             print(f"omnirl: {out} has trained {trained} steps, the job asks for {total} "
                   f"({'--steps' if args.steps else 'spec.algorithm.steps'}): nothing to do; pass --steps N "
                   f"(N > {trained}) to train further", flush=True)
+            if job.spec.transferQueue.redisUrl:  # leave that Redis as the finished run does (the embedded one is
+                # this --out's own: its finished run leaves it as it is too)
+                cleared = preflight.clear_finished(job.spec.transferQueue.redisUrl, job, out)
+                if cleared:
+                    print(f"omnirl: {cleared}", flush=True)
             lock.close()
             return 0
     started["records"] = len(read_metrics(out)) if args.resume else 0  # a fresh run holds none

@@ -375,7 +375,7 @@ def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
     "running on REDIS … another omnirl run or RLJob of that name" — the run's own stopped roles. A run
     that did not finish also leaves its place (`STOPPED_RUN`: this host and `out`), so that a fresh run
     of the job from another --out is refused instead of deleting the work its `--resume` needs, and its
-    run-owner record stays, marked stopped and without a TTL (`owner.mark_local_stopped`): the pending
+    run-owner record stays, marked stopped and without a TTL (`owner.stop_local`): the pending
     work stays this run's. A `--resume` (`supervise.clear_start_flags`) and a fresh run
     (`TransferQueue.cleanup`) clear both.
 
@@ -386,37 +386,90 @@ def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
     step 1, but there is none … the checkpoint directory was lost or belongs to another run"), and with
     the `stop` flag alone every role would have ended at once.
 
+    Only while the job's run-owner record is this run's (or gone), atomically (`owner.stop_local`): a record
+    naming another run (an RLJob or a launcher that took the name after this run's lease lapsed) leaves every
+    key as it is. Before, the `stop` flag ended that run's roles, this run's place sent its users to this
+    run's --resume, and a run stopped while loading deleted that run's record and pending work.
+
     A client of its own with 5 s timeouts and no retries: the job's queue retries for minutes, and a
     Redis that went away must not hold the launcher's exit.
 
     Returns:
-        "" once set, else why not (the error, never the password), for the launcher to print.
+        "" once done, else why not, for the launcher to print: the error (never the password), or the other
+        run that holds the name and what this run left undone.
     """
-    import json
     import socket
     import time
 
     import redis as redis_py
 
-    from omnirl.transfer.cleanup import delete_job_keys
-    from omnirl.transfer.keys import kv_key
-    from omnirl.transfer.owner import mark_local_stopped
+    from omnirl.transfer.owner import describe, stop_local
 
     name = job.metadata.name
+    parts = urlsplit(url)
+    where = f"{parts.hostname}:{parts.port or 6379}"
     try:
         with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
-            if finished:
-                delete_job_keys(client, name)
-            else:
-                client.set(kv_key(name, "stop"), b"true")
-                where = {"host": socket.gethostname(), "out": str(out), "time": time.time()}
-                client.set(kv_key(name, STOPPED_RUN), json.dumps(where).encode())
-                mark_local_stopped(client, name, str(out))
+            place = {"host": socket.gethostname(), "out": str(out), "time": time.time()}
+            other, _ = stop_local(client, name, str(out), finished, place)
     except (redis_py.RedisError, OSError, ValueError) as err:
-        parts = urlsplit(url)
-        return (f"could not mark job {job.metadata.name!r} stopped on {parts.hostname}:{parts.port or 6379} "
+        return (f"could not mark job {job.metadata.name!r} stopped on {where} "
                 f"({type(err).__name__}: {err}); a --resume within {LIVE_BEAT_S:.0f} s is refused as running")
+    if other is not None:
+        did = "deleted no keys there" if finished else "set no stop flag and left no place there"
+        return (f"job {name!r} on {where} is held by {describe(other)}, not this run (its claim was taken while this "
+                f"launcher did not renew it): this run {did}, as its keys are that run's now (the two runs may have shared "
+                "them meanwhile)")
     return ""
+
+
+def clear_finished(url: str, job: RLJob, out: Path) -> str:
+    """What `omnirl run --resume` of a finished run (nothing to do) does with the job's keys on the manifest's
+    Redis: what that run does once it finishes (`mark_stopped`, finished): it deletes them, as they hold no
+    pending work (the checkpoints and metrics are in `out`), when the name is this run's to take, as its
+    `--resume` would (`claim_run`: atomically; the record gone, or this --out's, stopped or of a killed
+    launcher whose roles no longer beat). Left there by a launcher killed after the job's `finish` record, or
+    an older one that kept them after a Ctrl-C, they made a fresh run of that name from another --out refused
+    ("holds the pending work of a run that was stopped before it finished …: continue it with … --resume"),
+    and that --resume said "nothing to do" and left them. Keys another run holds are left.
+
+    Returns:
+        The line for the launcher to print: the keys deleted, or why they were left (another run holds the name,
+        the Redis does not answer: never the password); "" when there were none.
+    """
+    import socket
+    import time
+
+    import redis as redis_py
+
+    from omnirl.transfer.owner import LOCAL_LEASE_S, claim, describe, local_owner, stop_local
+
+    name, parts = job.metadata.name, urlsplit(url)
+    redis_at = f"{parts.hostname}:{parts.port or 6379} (spec.transferQueue.redisUrl)"
+    where = f"job {name!r} on {redis_at}"
+    had: list[bool] = []  # whether a record was there before this claim (it is among the keys deleted)
+    try:
+        with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+
+            def refusal(owner: dict | None) -> str | None:
+                had[:] = [owner is not None]
+                return _refusal(client, url, job, None, owner, out)
+
+            why = claim(client, name, local_owner(str(out), LOCAL_LEASE_S), refusal, LOCAL_LEASE_S)
+            if why is not None:
+                return f"left the keys of {where} as they are: {why}"
+            place = {"host": socket.gethostname(), "out": str(out), "time": time.time()}
+            other, removed = stop_local(client, name, str(out), True, place)
+    except (redis_py.RedisError, OSError, ValueError) as err:
+        return (f"could not delete the keys {where} may have left ({type(err).__name__}: {err}); a fresh run of "
+                "that name elsewhere may be refused until they are gone")
+    if other is not None:  # cannot happen: this run's claim held the record since; said rather than hidden
+        return f"left the keys of {where} as they are: {describe(other)} holds the name"
+    left = removed - (0 if had and had[0] else 1)  # this claim's own record is not a leftover
+    if left <= 0:
+        return ""
+    return (f"deleted the {left} key{'s' if left != 1 else ''} job {name!r} had left on {redis_at}, as the run does once it "
+            f"finished: they held no pending work (its checkpoints and metrics are in {out}); the name is free there")
 
 
 def trained_steps(out: Path) -> int:

@@ -11,12 +11,14 @@ one fact that says who: ``omnirl:{job}:kv:run_owner`` =
   which the launcher renews every `LOCAL_RENEW_S` while it runs: the run holds the name from its claim
   on, before any role beats (Ray start-up, judge servers, model loading). A run stopped before it
   finished rewrites it with ``"stopped"`` and no TTL (its pending work stays its own); a run that
-  finished deletes it with the job's keys. A record without ``lease_s`` was written by an older
-  launcher: that run is live while its roles beat and no ``stop`` flag is set;
+  finished deletes it with the job's keys; both only while the record is still its own (`stop_local`).
+  A record without ``lease_s`` was written by an older launcher: that run is live while its roles beat
+  and no ``stop`` flag is set;
 - ``{"kind": "RLJob", "namespace", "name", "uid", "time", "lease_s", "suspended"}``: claimed by the
   operator on every reconcile of an RLJob that runs or is suspended (a suspended RLJob keeps its name and
-  its pending work), with a TTL of `lease_s` (`OWNER_TTL_S` unless the operator's settings say else: it
-  lapses once no operator reconciles that RLJob); released when the RLJob finishes and deleted with the
+  its pending work), also one that refuses its edited spec (its pods go on), with a TTL of `lease_s`
+  (`OWNER_TTL_S` unless the operator's settings say else: it lapses once no operator reconciles that
+  RLJob); released when the RLJob finishes and deleted with the
   job's keys when it is deleted.
 
 Every claim is atomic (`claim`: WATCH on the record, the decision, then MULTI/SET/EXEC, retried when the
@@ -38,7 +40,7 @@ from typing import Any
 import redis
 
 from omnirl.transfer.heartbeat import read_heartbeats
-from omnirl.transfer.keys import STOPPED_RUN, kv_key
+from omnirl.transfer.keys import STOPPED_RUN, job_pattern, kv_key
 
 RUN_OWNER = "run_owner"
 LOCAL = "omnirl run"
@@ -175,7 +177,7 @@ def is_rljob(uid: str) -> Callable[[dict[str, Any]], bool]:
 
 
 def is_local(out: str, host: str | None = None) -> Callable[[dict[str, Any]], bool]:
-    """`mine` for `release`/`renew_local`/`mark_local_stopped`: the record of the `omnirl run` of --out
+    """`mine` for `release`/`renew_local`/`stop_local`: the record of the `omnirl run` of --out
     `out` on `host` (default this host); the run directory's lock makes that one launcher."""
     host = socket.gethostname() if host is None else host
     return lambda owner: owner["kind"] == LOCAL and (owner.get("host"), owner.get("out")) == (host, str(out))
@@ -205,19 +207,52 @@ def renew_local(client: redis.Redis, job: str, out: str, lease_s: float = LOCAL_
     return _if_mine(client, job, is_local(out), lambda pipe, raw: pipe.pexpire(key, int(lease_s * 1000)))
 
 
-def mark_local_stopped(client: redis.Redis, job: str, out: str) -> bool:
-    """Rewrite this host's `omnirl run` of --out `out` record as stopped, without a TTL: its pending work
-    stays its own (an RLJob's finalizer leaves those keys), and nothing renews it any more.
+def stop_local(client: redis.Redis, job: str, out: str, finished: bool,
+               place: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
+    """What this host's `omnirl run` of --out `out` leaves on its Redis once its roles are stopped, atomically,
+    and only while the record is its own (or gone): `finished`, every key of the job is deleted, the record
+    with them (they hold no pending work); else the ``stop`` flag and `place` (`STOPPED_RUN`: host, out, time)
+    are set and the record is rewritten as stopped, without a TTL: its pending work stays its own (an RLJob's
+    finalizer leaves those keys), and nothing renews it any more.
+
+    The record is WATCHed from its read to the writes: a record that names another run (an RLJob or another
+    launcher that took the name after this run's lease lapsed) leaves every key as it is. Before, the ``stop``
+    flag ended that run's roles, or the deletion took its record and pending work.
 
     Returns:
-        False when the record is gone or names another run.
+        ``(None, keys deleted)`` once done (0 unless `finished`); else ``(the other run's record, 0)``, nothing
+        written.
+    Raises:
+        redis.RedisError: Redis unreachable or refusing, or the record kept changing for `CLAIM_ATTEMPTS` rounds.
+        ValueError: the record is not a run-owner record.
     """
     key = kv_key(job, RUN_OWNER)
-
-    def stopped(pipe: Any, raw: bytes) -> None:
-        pipe.set(key, json.dumps({**json.loads(raw), "stopped": time.time()}).encode())
-
-    return _if_mine(client, job, is_local(out), stopped)
+    mine = is_local(out)
+    with client.pipeline() as pipe:
+        for _ in range(CLAIM_ATTEMPTS):
+            try:
+                pipe.watch(key)
+                raw = pipe.get(key)
+                owner = parse_owner(job, raw)
+                if owner is not None and not mine(owner):
+                    pipe.unwatch()
+                    return owner, 0
+                keys = list(pipe.scan_iter(match=job_pattern(job), count=1000)) if finished else []
+                pipe.multi()
+                if finished:
+                    for start in range(0, len(keys), 500):
+                        pipe.unlink(*keys[start:start + 500])
+                else:
+                    pipe.set(kv_key(job, "stop"), b"true")
+                    pipe.set(kv_key(job, STOPPED_RUN), json.dumps(place).encode())
+                    if raw is not None:
+                        pipe.set(key, json.dumps({**json.loads(raw), "stopped": time.time()}).encode())
+                pipe.execute()
+                return None, len(keys)
+            except redis.WatchError:
+                continue
+    raise redis.RedisError(f"{key} changed on every one of {CLAIM_ATTEMPTS} attempts; something rewrites it in a "
+                           "loop: find that client (redis-cli MONITOR)")
 
 
 def leased(owner: dict[str, Any]) -> bool:
