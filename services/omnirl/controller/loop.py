@@ -552,7 +552,8 @@ class Controller:
         """Run the validation round after `at_step` training steps and write its line. A round whose every
         sample was missing (tensors gone: a reward role or this controller stopped longer than the TTL) is run
         once more for the same policy version, prompts and noise, so the curve gets its point; that line's
-        `attempts` says how many rounds ran (2), and a second empty one is written with null means.
+        `attempts` says how many rounds ran (2), its `val_seconds` the time of both, and a second empty one is
+        written with null means.
 
         Raises:
             JobFailed: a validation sample could not be scored (`SampleUnscored`).
