@@ -483,7 +483,9 @@ class Controller:
         if any(spec.normalize != "none" for spec in self.spec.reward):
             # normalised rewards average the same every step (0.050 on a job's every console line): the raw
             # weighted sum is what a user compares with the held-out reward
-            stats["raw_reward_mean"] = float(raw_totals(self.spec.reward, [s.rewards for _, s in scores]).mean())
+            raw = raw_totals(self.spec.reward, [s.rewards for _, s in scores])
+            # and its spread: the trained rewards' (reward_std) is about 1 by construction for z-scores
+            stats["raw_reward_mean"], stats["raw_reward_std"] = float(raw.mean()), float(raw.std())
         replicas = self.queue.get_json("reward_replicas")  # written by the operator's autoscaler
         stats["scorer_replicas"] = int(replicas) if replicas is not None else self.spec.roles.reward.replicas
         del self.books[book.step]
