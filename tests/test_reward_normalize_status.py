@@ -179,3 +179,38 @@ def test_the_controllers_step_gives_the_raw_sums_spread_on_its_line_and_gauge(tm
     assert (record["raw_reward_mean"], record["raw_reward_std"]) == (pytest.approx(RAW_MEAN), pytest.approx(RAW_STD))
     assert (record["reward_mean"], record["reward_std"]) == (pytest.approx(0.0, abs=1e-6),
                                                              pytest.approx(TRAINED_STD, abs=1e-6))
+
+
+@pytest.mark.slow  # 40-90 s on 2 busy cores: a whole `omnirl run` of one step
+def test_omnirl_run_of_a_normalised_job_prints_the_raw_spread_of_its_scores(tmp_path):
+    """`omnirl run` (real redis-server and role processes) of a tiny FlowGRPO job with OCR `normalize: group`: step
+    0's line gives the mean ± population std of the 6 raw OCR scores the reward role wrote to its ledger, and
+    `metrics.jsonl` holds them as `raw_reward_mean`/`raw_reward_std` (before: `reward -0.000±1.000 (normalised; raw
+    0.567)` where the scores 0.4, 0.4, 0.6, 0.75, 0.75, 0.5 spread 0.146)."""
+    import os
+    import subprocess
+    import sys
+
+    from e2e.chaos import chaos_job
+
+    path = chaos_job(tmp_path, "rawspread", 1)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["reward"] = [{**r, "normalize": "group"} for r in doc["spec"]["reward"]]
+    doc["spec"].pop("validation", None)  # no validationPrompts: none would run
+    doc["spec"]["failurePolicy"]["maxRestarts"] = 0
+    path.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(ROOT / p) for p in ("services", "operator", "."))}
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(path), "--no-ray", "--device", "cpu",
+                           "--out", str(out)], capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console[-3000:]
+    scores = np.array([json.loads(line)["reward"] for p in (out / "ledger").glob("reward-*.jsonl")
+                       for line in p.read_text().splitlines()])
+    assert scores.size == 6, scores
+    (step,) = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["event"] == "step"]
+    assert step["raw_reward_mean"] == pytest.approx(scores.mean(), abs=1e-6)
+    assert step["raw_reward_std"] == pytest.approx(scores.std(), abs=1e-6) and scores.std() > 0
+    assert step["reward_std"] == pytest.approx(1.0, abs=1e-3)  # the trained z-scores', kept in metrics.jsonl
+    line = next(x for x in console.splitlines() if "omnirl.controller: step 0 [1/1] reward " in x)
+    assert f"reward {scores.mean():.3f}±{scores.std():.3f} (raw sum; normalised for training)  " in line, line
