@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -103,13 +104,17 @@ def test_a_train_lost_naming_no_sample_makes_the_controller_look_at_the_batch_ke
     q.cleanup()
 
 
+LOST_DELAY_S = 1.0  # the all-missing first attempt's time, in the validation test below
+
+
 def test_an_all_missing_validation_round_runs_once_more_for_the_same_policy_version(tmp_path, redis_url,
                                                                                     redis_client, caplog):
     """`Controller._validate` with a stand-in for the rollout and reward roles (a thread on the requests stream).
     Every sample of the first round comes back lost: the round is published again under new ids (`…a1`) with the
     same noise seeds and the line is the second round's, `attempts` 2, at the same policy version (before: n=0 and
     a null mean, not run again). Both rounds lost: one line with null means, n 0, `attempts` 2, and a warning naming
-    the TTL field; the job goes on."""
+    the TTL field; the job goes on. The rerun line's `val_seconds` is the whole round's, both attempts: the first
+    attempt's lost scores come `LOST_DELAY_S` late (before: 0.02 s, the rerun's alone, for a round of 1.04 s)."""
     from omnirl.controller.loop import Controller
 
     name = "valagain"
@@ -138,6 +143,8 @@ def test_an_all_missing_validation_round_runs_once_more_for_the_same_policy_vers
                                       group_id=req.group_id, policy_version=3, generated_at=1.0, scored_at=2.0,
                                       **(dict(failed=True, lost=True, reason="gone") if lost else
                                          dict(reward=0.25 * (index + 1), rewards={"ocr": 0.25 * (index + 1)})))
+                    if lost and req.step == 5:  # the first attempt takes LOST_DELAY_S before its scores come
+                        time.sleep(LOST_DELAY_S / 2)
                     tensors = None if lost else {"x0": torch.zeros(1)}
                     image = None if lost else torch.full((8, 16, 3), 255, dtype=torch.uint8)
                     rq.publish(rq.streams.scores, score.model_dump(), tensors, image=image)
@@ -147,7 +154,9 @@ def test_an_all_missing_validation_round_runs_once_more_for_the_same_policy_vers
     thread.start()
     try:
         with caplog.at_level(logging.WARNING, logger="omnirl.controller"):
+            t0 = time.monotonic()
             c._validate(5)
+            took = time.monotonic() - t0
             lose["rounds"] = 2
             c._validate(6)
     finally:
@@ -160,6 +169,7 @@ def test_an_all_missing_validation_round_runs_once_more_for_the_same_policy_vers
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     got = [(r["step"], r["policy_version"], r["n"], r["missing"], r["attempts"], r["val_reward_mean"]) for r in rows]
     assert got == [(5, 3, 2, 0, 2, 0.375), (6, 3, 0, 2, 2, None)]
+    assert LOST_DELAY_S <= rows[0]["val_seconds"] <= took, (rows[0]["val_seconds"], took)  # both attempts
     warned = [r.getMessage() for r in caplog.records]
     assert "validation at step 5: all 2 samples missing: running the round again for policy v3 (the same prompts and " \
         "noise)" in warned, warned

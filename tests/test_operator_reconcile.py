@@ -617,3 +617,76 @@ def test_a_role_envfrom_source_holding_the_operators_variables_is_refused():
             assert "created StatefulSet/envfrom-actor" in out.actions, out.actions
 
     asyncio.run(main())
+
+
+def test_an_edit_of_a_judge_is_refused_where_it_changes_the_scorer_and_said_where_it_does_not():
+    """A live RLJob with a judge server (`reward[].server`). Its steady reconcile is not refused: the edit check
+    reads the ConfigMap's `manifest.yaml`, the judges as written, not `job.yaml`, where each is wired to its Service
+    URL. Another model under the judge (`server.modelPath`) or the judge replaced by a URL of one's own would change
+    the reward mid-run: refused (`InvalidSpec`), naming the field. More replicas and a longer timeout are how the
+    judge runs: applied, and the SpecChanged event says so (before, all four were applied without a word)."""
+    from omnirl_operator.reconcile import resume_conflict_of
+
+    rljob = ("omnirl.dev/v1alpha1", "RLJob")
+    server = {"command": ["python", "-m", "omnirl.cli", "scorer", "serve", "--reward", "ocr", "--port", "{port}"],
+              "modelPath": "/models/judge-a", "urlPath": "/v1/score"}
+    manifest = {**MANIFEST, "metadata": {"name": "judged", "namespace": NS},
+                "spec": {**MANIFEST["spec"], "reward": [{"name": "ocr", "kind": "ocr"},
+                                                         {"name": "judge", "kind": "http", "server": server}]}}
+
+    async def step(cluster: EmulatedCluster, seconds: int = 0):
+        out = await reconcile(await cluster.rljob(NS, "judged"), cluster.api, OperatorSettings(),
+                              NOW + timedelta(seconds=seconds), LOG)
+        await cluster.patch(*rljob, NS, "judged", {"status": out.status}, sub="status")
+        return out
+
+    def reward(**fields) -> dict:
+        return {"spec": {"reward": [{"name": "ocr", "kind": "ocr"}, {"name": "judge", "kind": "http", **fields}]}}
+
+    async def main() -> None:
+        async with EmulatedCluster() as cluster:
+            await cluster.create(rljob_body(manifest))
+            await step(cluster)
+            for kind, role in (("Deployment", "rollout"), ("Deployment", "reward"), ("StatefulSet", "actor"),
+                               ("Deployment", "judge-judge")):
+                await cluster.set_status("apps/v1", kind, NS, f"judged-{role}", {"readyReplicas": 1})
+            await step(cluster, 1)  # the judge is ready: the controller Job is created
+            await cluster.set_status("batch/v1", "Job", NS, "judged-controller", {"active": 1, "ready": 1})
+            out = await step(cluster, 1)
+            assert out.status["phase"] == "Running" and out.events == [], out.status  # not refused as a url change
+            stored = await cluster.get("v1", "ConfigMap", NS, "judged-spec")
+            assert "http://judged-judge-judge:8000/v1/score" in stored["data"]["job.yaml"]  # what the pods read
+            # a ConfigMap written before it held manifest.yaml: the job is compared wired, as job.yaml holds it
+            old = {"data": {"job.yaml": stored["data"]["job.yaml"]}}
+            assert resume_conflict_of(old, job_from_dict(manifest)) is None
+
+            for edit, field, was, now in (
+                    (reward(server={**server, "modelPath": "/models/judge-b"}), "spec.reward[1].server.modelPath",
+                     "'/models/judge-a'", "'/models/judge-b'"),
+                    (reward(server=None, url="http://mine:9000/v1/score"), "spec.reward[1].url", "None",
+                     "'http://mine:9000/v1/score'")):
+                await cluster.patch(*rljob, NS, "judged", edit)
+                out = await step(cluster, 2)
+                ready = next(c for c in out.status["conditions"] if c["type"] == "Ready")
+                assert (ready["reason"], out.events) == ("InvalidSpec", []), out.status
+                assert out.status["message"] == (
+                    "the edited spec is invalid and was not applied; the job goes on with generation 1: RLJob judged "
+                    f"started with {field} {was} (now {now}): {field} names the judge that scores the reward, and "
+                    "another judge (another model or version) would change the reward from the first resumed step "
+                    "without a word (a judge that only moved: make it answer at the earlier address too); put the "
+                    "earlier values back, or delete RLJob judged (its queued work goes with it) and create it again as "
+                    "a new run (model.path: one of its exports to continue from its weights)")
+                kept = await cluster.get("v1", "ConfigMap", NS, "judged-spec")
+                assert kept["data"] == stored["data"]  # nothing applied
+
+            await cluster.patch(*rljob, NS, "judged", reward(server={**server, "replicas": 2}, url=None,
+                                                             timeoutSeconds=120))
+            out = await step(cluster, 3)
+            assert out.status["observedGeneration"] == 4 and len(out.events) == 1, out.status
+            assert out.events[0][2].endswith(
+                "spec.reward[1].timeoutSeconds 30.0 → 120.0, spec.reward[1].server.replicas 1 → 2: how a scorer is run "
+                "and waited for, not what it scores (the resumed roles use the new values)"), out.events
+            judge = await cluster.get("apps/v1", "Deployment", NS, "judged-judge-judge")
+            assert judge["spec"]["replicas"] == 2
+
+    asyncio.run(main())

@@ -166,8 +166,39 @@ def test_which_changes_a_resume_refuses(tmp_path):
                                           ("spec.reward[0].required", True, False)]
     assert resume_notes(two, other) == ("spec.reward[1].weight 0.1 → 0.5, spec.reward[1].normalize 'none' → "
                                         "'group': the scores already made for the pending steps are combined with "
-                                        "the new values too (reward_mean changes scale from the first resumed step)")
+                                        "the new values too (reward_mean changes scale from the first resumed step); "
+                                        "spec.reward[1].timeoutSeconds 30.0 → 9.0: how a scorer is run and waited "
+                                        "for, not what it scores (the resumed roles use the new value)")
     assert resume_notes(base, base) is None
+
+    # the judge: its url, or the server the job runs (what it runs: image, command, args, model, path), is the scorer;
+    # how it is run and waited for is not (timeoutSeconds, replicas, port, probes, placement): accepted and said
+    url = edited(spec__reward=[{"name": "judge", "kind": "http", "url": "http://judge-a:8000/v1/score"}])
+    moved = edited(spec__reward=[{"name": "judge", "kind": "http", "url": "http://judge-b:8000/v1/score",
+                                  "timeoutSeconds": 60.0}])
+    assert resume_changes(url, moved) == [("spec.reward[0].url", "http://judge-a:8000/v1/score",
+                                           "http://judge-b:8000/v1/score")]
+    assert resume_notes(url, moved) == ("spec.reward[0].timeoutSeconds 30.0 → 60.0: how a scorer is run and waited "
+                                        "for, not what it scores (the resumed roles use the new value)")
+    server = {"command": ["vllm", "serve", "{modelPath}"], "modelPath": "/models/judge-7b", "replicas": 1,
+              "port": 8000, "urlPath": "/v1", "healthPath": None, "startupSeconds": 600}
+    served = edited(spec__reward=[{"name": "judge", "kind": "vlm", "params": {"model": "j"}, "url": None,
+                                   "server": server}])
+    bigger = json.loads(json.dumps(served))
+    bigger["spec"]["reward"][0]["server"].update(modelPath="/models/judge-70b", args=["--tp", "2"])
+    assert resume_changes(served, bigger) == [("spec.reward[0].server.args", [], ["--tp", "2"]),
+                                              ("spec.reward[0].server.modelPath", "/models/judge-7b",
+                                               "/models/judge-70b")]
+    scaled = json.loads(json.dumps(served))
+    scaled["spec"]["reward"][0]["server"].update(replicas=4, healthPath="/health", startupSeconds=900)
+    assert resume_changes(served, scaled) == []
+    assert resume_notes(served, scaled) == (
+        "spec.reward[0].server.replicas 1 → 4, spec.reward[0].server.healthPath None → '/health', "
+        "spec.reward[0].server.startupSeconds 600 → 900: how a scorer is run and waited for, not what it scores (the "
+        "resumed roles use the new values)")
+    yours = edited(spec__reward=[{"name": "judge", "kind": "vlm", "params": {"model": "j"},
+                                  "url": "http://mine:8000/v1", "server": None}])
+    assert resume_changes(served, yours) == [("spec.reward[0].url", None, "http://mine:8000/v1")]  # server → url
 
     # the dtype: the checkpoint loads cast to the new one (tests/test_actor.py), accepted and said, with the rounding
     # when float32 → bfloat16; in one line with the rewards' note
@@ -205,6 +236,43 @@ def test_a_resume_in_another_dtype_says_what_it_does_to_the_checkpoint(tmp_path,
     assert main(["run", str(job), "--resume", "--no-ray", "--out", str(out)]) == 0
     assert capsys.readouterr().out.splitlines() == [
         f"omnirl: --resume: {DTYPE_NOTE}",
+        f"omnirl: {out} has trained 2 steps, the job asks for 2 (spec.algorithm.steps): nothing to do; pass --steps N "
+        "(N > 2) to train further"]
+
+
+def test_a_resume_that_moves_a_judges_url_is_refused_and_a_new_timeout_is_said(tmp_path, capsys):
+    """`omnirl run --resume` of a run whose `http` reward's `url` now names another judge: refused before anything
+    starts, one line naming the field, both values and the fix. Measured before (`omnirl run` to step 1 with an OCR
+    judge, `--resume --steps 2` with the url on a JPEG judge): accepted without a word, the train reward 0.567 →
+    -3.193. A new `timeoutSeconds` alone is accepted and said (it was accepted silently). Here the run has all its
+    steps, so nothing starts after the note."""
+    from omnirl.cli import main
+
+    judge = {"name": "judge", "kind": "http", "url": "http://127.0.0.1:19501/v1/score"}
+    job = _job(tmp_path, {"reward": [judge]}, steps=2)
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(load_rljob(job))))
+    records = [{"event": "start"}, *({"event": "step", "step": s} for s in range(2)), {"event": "finish"}]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    before = (out / "job.yaml").read_text()
+
+    _job(tmp_path, {"reward": [{**judge, "url": "http://127.0.0.1:19502/v1/score"}]}, steps=2)
+    assert main(["run", str(job), "--resume", "--no-ray", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"omnirl run: --resume: {out} holds a run started with spec.reward[0].url 'http://127.0.0.1:19501/v1/score' "
+        "(now 'http://127.0.0.1:19502/v1/score'): spec.reward[0].url names the judge that scores the reward, and "
+        "another judge (another model or version) would change the reward from the first resumed step without a "
+        "word (a judge that only moved: make it answer at the earlier address too); put the earlier values back to "
+        "resume it, or start a new run (another --out) with model.path: OUT/exports/latest to continue from its "
+        "weights"]
+    assert (out / "job.yaml").read_text() == before
+
+    _job(tmp_path, {"reward": [{**judge, "timeoutSeconds": 60}]}, steps=2)
+    assert main(["run", str(job), "--resume", "--no-ray", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "omnirl: --resume: spec.reward[0].timeoutSeconds 30.0 → 60.0: how a scorer is run and waited for, not what "
+        "it scores (the resumed roles use the new value)",
         f"omnirl: {out} has trained 2 steps, the job asks for 2 (spec.algorithm.steps): nothing to do; pass --steps N "
         "(N > 2) to train further"]
 

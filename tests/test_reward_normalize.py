@@ -80,9 +80,11 @@ def test_a_normalised_jobs_train_reward_is_shown_raw_beside_the_constant_trained
     assert combine_step(specs, comps, G).mean() == pytest.approx(0.0, abs=1e-6)  # what the line showed
 
     step = {"reward_mean": 0.05, "reward_std": 1.476, "step_seconds": 44.9, "images_per_second": 0.1,
-            "raw_reward_mean": 0.825}
-    assert step_line(0, 4, 1, step) == "step 0 [1/4] reward 0.050±1.476 (normalised; raw 0.825)  44.9 s  0.1 img/s  v1"
-    plain = {k: v for k, v in step.items() if k != "raw_reward_mean"}  # no normalisation: the line as before
+            "raw_reward_mean": 0.825, "raw_reward_std": 0.25}
+    # the raw sum's mean and spread (the spread was the trained rewards' 1.476 beside the raw mean)
+    assert step_line(0, 4, 1, step) == ("step 0 [1/4] reward 0.825±0.250 (raw sum; normalised for training)  44.9 s  "
+                                        "0.1 img/s  v1")
+    plain = {k: v for k, v in step.items() if not k.startswith("raw_")}  # no normalisation: the line as before
     assert step_line(0, 4, 1, plain) == "step 0 [1/4] reward 0.050±1.476  44.9 s  0.1 img/s  v1"
     assert (train_reward(step), train_reward(plain)) == (0.825, 0.05)
 

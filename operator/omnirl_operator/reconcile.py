@@ -34,7 +34,7 @@ from omnirl.api.spec import ROLE_NAMES, RLJob
 from omnirl.api.status import TERMINAL_PHASES
 from omnirl_operator.autoscale import autoscale_reward
 from omnirl_operator.builders import build_children, desired_replicas, label_of
-from omnirl_operator.judges import LABEL_JUDGE_OF, judge_roles, judges_ready
+from omnirl_operator.judges import LABEL_JUDGE_OF, judge_roles, judges_ready, wired
 from omnirl_operator.kube import KubeApi, KubeError
 from omnirl_operator.meta import (
     ANNOTATION_RESTARTED_AT,
@@ -49,6 +49,7 @@ from omnirl_operator.meta import (
     with_applied_hash,
 )
 from omnirl_operator.podcheck import judge_failure, judge_stalls, waiting_problems, waiting_summary, workload_problems
+from omnirl_operator.pods import JOB_KEY, MANIFEST_KEY
 from omnirl_operator.read import read_children
 from omnirl_operator.runowner import (
     REASON_REDIS_NAME_IN_USE,
@@ -290,16 +291,25 @@ async def _restart(kube: KubeApi, job: RLJob, ns: str, now: datetime, role: str 
     return [f"restarted {'job ' + name if role is None else 'role ' + role}"]
 
 
-def _stored_manifest(stored_spec: dict[str, Any] | None) -> dict[str, Any] | None:
-    text = ((stored_spec or {}).get("data") or {}).get("job.yaml")
-    return (yaml.safe_load(text) or {}) if text else None
+def _stored_manifest(stored_spec: dict[str, Any] | None, job: RLJob) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """(the manifest the job's pods run, `job` in the same form) from its ConfigMap, or None without one.
+
+    The ConfigMap's `manifest.yaml` holds the judges as written (`reward[].server`), as `job` has them; one
+    written before it had that key holds only `job.yaml`, each judge wired to its Service URL, so `job` is
+    compared wired too (else every judge reward would read as a changed `url`)."""
+    data = (stored_spec or {}).get("data") or {}
+    if data.get(MANIFEST_KEY):
+        return yaml.safe_load(data[MANIFEST_KEY]) or {}, dump_rljob(job)
+    text = data.get(JOB_KEY)
+    return ((yaml.safe_load(text) or {}), dump_rljob(wired(job))) if text else None
 
 
 def resume_note_of(stored_spec: dict[str, Any] | None, job: RLJob) -> str | None:
-    """The accepted changes of an edit to the pending work (new reward weights, another `model.dtype`:
-    `api/resume.py::resume_notes`), against the job's ConfigMap; None without one or without such a change."""
-    before = _stored_manifest(stored_spec)
-    return None if before is None else resume_notes(before, dump_rljob(job))
+    """The accepted changes of an edit to the pending work (new reward weights, a judge's timeout, another
+    `model.dtype`: `api/resume.py::resume_notes`), against the job's ConfigMap; None without one or without such
+    a change."""
+    pair = _stored_manifest(stored_spec, job)
+    return None if pair is None else resume_notes(*pair)
 
 
 def resume_conflict_of(stored_spec: dict[str, Any] | None, job: RLJob) -> str | None:
@@ -308,11 +318,11 @@ def resume_conflict_of(stored_spec: dict[str, Any] | None, job: RLJob) -> str | 
     checkpoints (`omnirl.api.resume.RESUME_FIXED`). Its pods would restart with `OMNIRL_RESUME=auto` and
     the controller would rebuild those steps with the new values (a larger `groupSize`: it waited for
     ever for samples never requested). A job that has no ConfigMap yet has nothing to keep."""
-    before = _stored_manifest(stored_spec)
-    if before is None:
+    pair = _stored_manifest(stored_spec, job)
+    if pair is None:
         return None
     name = job.metadata.name
-    return resume_conflict(before, dump_rljob(job), where=f"RLJob {name}",
+    return resume_conflict(*pair, where=f"RLJob {name}",
                            fix=f"put the earlier values back, or delete RLJob {name} (its queued work goes with it) "
                                "and create it again as a new run (model.path: one of its exports to continue from "
                                "its weights)")

@@ -39,6 +39,14 @@ accepted, and the pending steps' scores are combined with the new values (`resum
 half scored before the stop mixed both weights: weight 1 → 0.5 gave reward_mean 0.383 where 0.233 was
 right).
 
+The judge (`REWARD_FIXED`'s `url` and `server.*`): a remote reward's `url`, or the judge server the job runs
+(`server`: its image, command line, model and path), is the scorer itself. Measured (`omnirl run` of an `http`
+reward to step 1, then `--resume` with its `url` moved to another `omnirl scorer serve`, a JPEG one): accepted
+without a word, and the train reward went 0.567 → -3.193 from the first resumed step. Refused like `params`;
+a judge that only moved answers at the earlier URL too. How a judge is run and waited for (`REWARD_OPERATIONAL`:
+`timeoutSeconds`, `server.replicas`, `port`, `healthPath`, `startupSeconds`, `accelerator`, `template`) scores
+nothing differently: accepted, and said (`resume_notes`; it was accepted silently).
+
 Read by the launcher's `--resume` pre-flight (against `OUT/job.yaml`) and by the operator before it
 applies an edited spec of a live job (against its `J-spec` ConfigMap). Standard library only.
 """
@@ -74,11 +82,22 @@ in both manifests (without it no adapter is stored)."""
 MODEL_NOTED: tuple[str, ...] = ("spec.model.dtype",)
 """Model fields a resume accepts and says (`resume_notes`): the checkpoint loads cast to the new value."""
 
-REWARD_FIXED: tuple[str, ...] = ("kind", "params", "required")
+REWARD_JUDGE: tuple[str, ...] = ("url", "server.image", "server.command", "server.args", "server.modelPath",
+                                  "server.volume", "server.urlPath")
+"""Per `spec.reward[i]`: which judge scores it, the endpoint or the server the job runs (part of `REWARD_FIXED`);
+`server.*` is compared only when both manifests run a server (a switch between `url` and `server` is a `url`
+change)."""
+
+REWARD_FIXED: tuple[str, ...] = ("kind", "params", "required", *REWARD_JUDGE)
 """Per `spec.reward[i]` (matched by position, after the names): what defines the scores already made."""
 
 REWARD_FREE: tuple[str, ...] = ("weight", "normalize")
 """Per `spec.reward[i]`: how the controller combines the stored components; accepted, and said (`resume_notes`)."""
+
+REWARD_OPERATIONAL: tuple[str, ...] = ("timeoutSeconds", "server.replicas", "server.port", "server.healthPath",
+                                       "server.startupSeconds", "server.accelerator", "server.template")
+"""Per `spec.reward[i]`: how the scorer is run and waited for, not what it scores; accepted, and said
+(`resume_notes`)."""
 
 _ABSENT = object()
 
@@ -144,14 +163,22 @@ def reward_changes(before: dict[str, Any], now: dict[str, Any], which: tuple[str
     out = []
     for i, (a, b) in enumerate(zip(was, value, strict=True)):
         for key in which:
+            if key.startswith("server."):
+                if not (isinstance(a.get("server"), dict) and isinstance(b.get("server"), dict)):
+                    continue  # a server added or removed: `url` changed with it (the two are exclusive)
+                a_, b_, key_ = a["server"], b["server"], key.removeprefix("server.")
+            else:
+                a_, b_, key_ = a, b, key
             # a field left out is its default: the dump writes every field, a hand-written ConfigMap may not
-            x, y = a.get(key, _REWARD_DEFAULTS.get(key)), b.get(key, _REWARD_DEFAULTS.get(key))
+            x, y = a_.get(key_, _REWARD_DEFAULTS.get(key)), b_.get(key_, _REWARD_DEFAULTS.get(key))
             if x != y:
                 out.append((f"spec.reward[{i}].{key}", x, y))
     return out
 
 
-_REWARD_DEFAULTS: dict[str, Any] = {"params": {}, "required": True, "weight": 1.0, "normalize": "none"}
+_REWARD_DEFAULTS: dict[str, Any] = {"params": {}, "required": True, "weight": 1.0, "normalize": "none",
+                                    "timeoutSeconds": 30.0, "server.args": [], "server.urlPath": "/",
+                                    "server.replicas": 1, "server.port": 8000}
 
 
 def resume_changes(before: dict[str, Any], now: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -175,6 +202,9 @@ _WHY_MODEL = ("its checkpoints hold the weights of that model in that layout, wh
               "on other base weights or at another adapter scale")
 _WHY_REWARD = ("the scores already made for its pending steps come from {those} rewards, and a resumed step "
                "would mix them with scores of the new definition")
+_WHY_JUDGE = ("{fields} name{s} the judge that scores the reward, and another judge (another model or version) would "
+              "change the reward from the first resumed step without a word (a judge that only moved: make it "
+              "answer at the earlier address too)")
 
 
 def resume_conflict(before: dict[str, Any], now: dict[str, Any], *, where: str, fix: str) -> str | None:
@@ -188,8 +218,10 @@ def resume_conflict(before: dict[str, Any], now: dict[str, Any], *, where: str, 
     steps = [c for c in changes if c[0] in RESUME_FIXED]
     model = [c for c in changes if c[0] in MODEL_FIXED]
     reward = [c for c in changes if c[0].startswith("spec.reward")]
+    judge = [c[0] for c in reward if c[0].split("].", 1)[-1] in REWARD_JUDGE]
     why = ([_WHY_STEPS.format(it="it" if len(steps) == 1 else "them")] if steps else []) + (
-        [_WHY_MODEL] if model else []) + ([_WHY_REWARD.format(those="those")] if reward else [])
+        [_WHY_MODEL] if model else []) + ([_WHY_REWARD.format(those="those")] if len(reward) > len(judge) else []) + (
+        [_WHY_JUDGE.format(fields=", ".join(judge), s="" if len(judge) > 1 else "s")] if judge else [])
     return f"{where} started with {fields}: {'; '.join(why)}; {fix}"
 
 
@@ -205,7 +237,9 @@ def resume_notes(before: dict[str, Any], now: dict[str, Any]) -> str | None:
     """One line for the accepted changes of a resume, or None: the reward fields `REWARD_FREE` (`weight`,
     `normalize`: the controller combines each step's stored components with the manifest's values, so the
     scores already made for the pending steps count with the new ones, and `reward_mean` changes scale from
-    the first resumed step) and `MODEL_NOTED` (`dtype`: the checkpoint loads cast to the new dtype). Both
+    the first resumed step), `REWARD_OPERATIONAL` (`timeoutSeconds`, the judge server's replicas, port, probes,
+    placement: the resumed roles use the new values) and `MODEL_NOTED` (`dtype`: the checkpoint loads cast to
+    the new dtype). Both
     manifests as for `resume_changes`; a field either lacks is not compared."""
     notes = []
     changes = reward_changes(before, now, REWARD_FREE)
@@ -214,5 +248,10 @@ def resume_notes(before: dict[str, Any], now: dict[str, Any]) -> str | None:
         notes.append(f"{fields}: the scores already made for the pending steps are combined with the new "
                      f"value{'s' if len(changes) > 1 else ''} too (reward_mean changes scale from the first resumed "
                      "step)")
+    changes = reward_changes(before, now, REWARD_OPERATIONAL)
+    if changes:
+        fields = ", ".join(f"{path} {was!r} → {value!r}" for path, was, value in changes)
+        notes.append(f"{fields}: how a scorer is run and waited for, not what it scores (the resumed roles use the new "
+                     f"value{'s' if len(changes) > 1 else ''})")
     notes += [_dtype_note(was, value) for _, was, value in _fields(before, now, MODEL_NOTED)]
     return "; ".join(notes) or None

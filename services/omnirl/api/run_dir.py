@@ -31,6 +31,23 @@ def train_reward(step_record: dict) -> float:
     return step_record["reward_mean"] if raw is None else raw
 
 
+def train_reward_std(step_record: dict) -> float:
+    """The spread that goes with `train_reward` (the console line's `±`, `omnirl_reward_std`): the population
+    standard deviation of the step's raw weighted sums (`raw_reward_std`) in a job that normalises a reward,
+    whose trained rewards' spread (`reward_std`) is about 1 by construction (z-scores), else `reward_std`.
+
+    Args:
+        step_record: a step's `metrics.jsonl` line (or the controller's step stats): `reward_std` (float) and,
+            in a normalised job, `raw_reward_mean` and `raw_reward_std` (float).
+    Raises:
+        KeyError: a normalised record (non-None `raw_reward_mean`) without `raw_reward_std` (a line written
+            before 2026-12-03), or a record without `reward_std`.
+    """
+    if step_record.get("raw_reward_mean") is not None:
+        return step_record["raw_reward_std"]
+    return step_record["reward_std"]
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """Every record of `run_dir/metrics.jsonl`, in the order written (blank lines skipped, and a last
     line without its newline: one being appended now, or cut short by a full disk).

@@ -483,7 +483,9 @@ class Controller:
         if any(spec.normalize != "none" for spec in self.spec.reward):
             # normalised rewards average the same every step (0.050 on a job's every console line): the raw
             # weighted sum is what a user compares with the held-out reward
-            stats["raw_reward_mean"] = float(raw_totals(self.spec.reward, [s.rewards for _, s in scores]).mean())
+            raw = raw_totals(self.spec.reward, [s.rewards for _, s in scores])
+            # and its spread: the trained rewards' (reward_std) is about 1 by construction for z-scores
+            stats["raw_reward_mean"], stats["raw_reward_std"] = float(raw.mean()), float(raw.std())
         replicas = self.queue.get_json("reward_replicas")  # written by the operator's autoscaler
         stats["scorer_replicas"] = int(replicas) if replicas is not None else self.spec.roles.reward.replicas
         del self.books[book.step]
@@ -552,7 +554,8 @@ class Controller:
         """Run the validation round after `at_step` training steps and write its line. A round whose every
         sample was missing (tensors gone: a reward role or this controller stopped longer than the TTL) is run
         once more for the same policy version, prompts and noise, so the curve gets its point; that line's
-        `attempts` says how many rounds ran (2), and a second empty one is written with null means.
+        `attempts` says how many rounds ran (2), its `val_seconds` the time of both, and a second empty one is
+        written with null means.
 
         Raises:
             JobFailed: a validation sample could not be scored (`SampleUnscored`).

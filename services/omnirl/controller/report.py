@@ -11,7 +11,7 @@ from pathlib import Path
 
 from omnirl.api.disk import append_lines
 from omnirl.api.messages import TrainDone
-from omnirl.api.run_dir import METRICS_FILE, read_metrics, train_reward
+from omnirl.api.run_dir import METRICS_FILE, read_metrics, train_reward, train_reward_std
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.telemetry.meters import Meters
@@ -26,14 +26,19 @@ def step_line(step: int, total: int, version: int, record: dict) -> str:
     checkpoint directory `step-NNNNNN` it wrote, named on the line); `[k/N]` counts steps done.
 
     `record` is the step's metrics line (reward_mean, reward_std, step_seconds and images_per_second
-    when measured, checkpoint when one was saved, raw_reward_mean when a reward is normalised). A step trained before this controller started
-    has no step_seconds: its clock was the predecessor's.
+    when measured, checkpoint when one was saved, raw_reward_mean and raw_reward_std when a reward is
+    normalised). The reward is `train_reward`±`train_reward_std`: in a normalised job the raw weighted sum's
+    mean and spread, marked `(raw sum; normalised for training)` (the trained rewards' mean is the same every
+    step and their spread about 1). A step trained before this controller started has no step_seconds: its
+    clock was the predecessor's.
+
+    Raises:
+        KeyError: as `train_reward_std`, a normalised record without `raw_reward_std`.
     """
     timing = (f"{record['step_seconds']:.1f} s  {record['images_per_second']:.1f} img/s" if "step_seconds" in record
               else "time not measured (trained before this controller started)")
-    raw = (f" (normalised; raw {record['raw_reward_mean']:.3f})" if record.get("raw_reward_mean") is not None
-           else "")  # a job with reward[].normalize: the trained mean is the same every step
-    line = (f"step {step} [{step + 1}/{total}] reward {record['reward_mean']:.3f}±{record['reward_std']:.3f}{raw}  "
+    raw = " (raw sum; normalised for training)" if record.get("raw_reward_mean") is not None else ""
+    line = (f"step {step} [{step + 1}/{total}] reward {train_reward(record):.3f}±{train_reward_std(record):.3f}{raw}  "
             f"{timing}  v{version}")
     if record.get("checkpoint"):
         line += f"  checkpoint {Path(record['checkpoint']).name}"

@@ -86,8 +86,11 @@ class Validator:
 
         `attempt` ≥ 1 runs the round again (every sample of the previous attempt was missing): the same
         prompts and noise seeds under new sample ids (`val{step}:{i}:{nonce}a{attempt}`), which the rollout's
-        exactly-once markers do not skip and which tell its scores from the previous attempt's."""
-        self.round, self.version, self.t0 = at_step, version, time.time()
+        exactly-once markers do not skip and which tell its scores from the previous attempt's; the round's clock
+        (`val_seconds`) keeps running from attempt 0's publish."""
+        if not attempt:  # a rerun is part of the same round: its time counts from the first attempt
+            self.t0 = time.monotonic()
+        self.round, self.version = at_step, version
         self.scores, self.keys = {}, {}
         self.tag = f"{self.nonce}a{attempt}" if attempt else str(self.nonce)
         for i, (prompt, ids) in enumerate(zip(self.prompts, self.ids, strict=True)):
@@ -115,7 +118,9 @@ class Validator:
 
         Returns the `validation` line: `n` samples in the means, `missing` samples whose tensors were gone
         (the reward role's `lost` scores, images gone before this read); the means are None when `n` is 0;
-        `val_tensor_age_seconds`, the oldest remaining tensor's age of `tensorTtlSeconds` (None: none left).
+        `val_tensor_age_seconds`, the oldest remaining tensor's age of `tensorTtlSeconds` (None: none left);
+        `val_seconds`, the whole round's time in seconds, from the publish of its first attempt (`attempt` 0) to
+        this summary: a round run again counts both attempts (before: only the rerun's).
 
         Raises:
             SampleUnscored: a sample's scoring failed for another reason (after the reward role's own retries).
@@ -154,7 +159,7 @@ class Validator:
             # each OCR-rule reward's own score, not the weighted sum (None: the job matches no text)
             "val_exact_match": exact_match([self.scores[i].rewards for i in have], text_rewards(self.spec.reward)),
             "val_background_darkness": background_darkness([images[i] for i in have]) if have else None,
-            "val_seconds": time.time() - self.t0, "grid": str(grid) if first else None,
+            "val_seconds": time.monotonic() - self.t0, "grid": str(grid) if first else None,
             "val_tensor_age_seconds": max(ages) if ages else None,
         }
         for spec in self.spec.reward:  # each per-sample component's raw mean, e.g. val_reward_ocr

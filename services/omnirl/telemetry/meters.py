@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
 from opentelemetry.sdk.metrics import MeterProvider
 
-from omnirl.api.run_dir import train_reward
+from omnirl.api.run_dir import train_reward, train_reward_std
 from omnirl.api.runtime import port_errors
 from omnirl.telemetry import names as N
 
@@ -66,7 +66,7 @@ class Meters:
         for latency in reward_latencies:
             self.hist[N.REWARD_LATENCY_SECONDS].record(float(latency), a)
         gauge_keys = {
-            N.IMAGES_PER_SECOND: "images_per_second", N.REWARD_STD: "reward_std", N.TRAINING_STEP: "step",
+            N.IMAGES_PER_SECOND: "images_per_second", N.TRAINING_STEP: "step",
             N.POLICY_VERSION: "policy_version", N.POLICY_STALENESS: "staleness_mean", N.KL: "kl",
             N.CLIP_FRACTION: "clip_fraction", N.IS_WEIGHT: "is_weight_mean", N.IS_ESS: "is_ess",
             N.RS_MASKED_FRACTION: "rs_masked_fraction", N.GRAD_NORM: "grad_norm", N.LOSS: "loss",
@@ -78,6 +78,8 @@ class Meters:
                 self.gauges[name].set(float(s[key]), a)
         if "reward_mean" in s:  # a normalised job's raw weighted sum: its trained mean is the same every step
             self.gauges[N.REWARD_MEAN].set(float(train_reward(s)), {**a, "reward": "total"})
+        if "reward_std" in s:  # and its spread: the trained z-scores' is about 1 every step
+            self.gauges[N.REWARD_STD].set(float(train_reward_std(s)), a)
         for key, value in s.items():
             if key.startswith("reward_") and key not in ("reward_mean", "reward_std", "reward_seconds",
                                                           "reward_latency_seconds"):

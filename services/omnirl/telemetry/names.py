@@ -11,7 +11,7 @@ from __future__ import annotations
 STEP_SECONDS = "omnirl_step_seconds"  # histogram, label phase=total|rollout|reward|train|sync
 IMAGES_PER_SECOND = "omnirl_images_per_second"  # gauge
 REWARD_MEAN = "omnirl_reward_mean"  # gauge, label reward=<name>|total (raw weighted sum when normalised)
-REWARD_STD = "omnirl_reward_std"  # gauge
+REWARD_STD = "omnirl_reward_std"  # gauge (raw weighted sum's spread when normalised)
 REWARD_COMPONENT_STD = "omnirl_reward_component_std"  # gauge, label reward=<name> (raw score spread)
 REWARD_COMPONENT_MISSING = "omnirl_reward_component_missing"  # gauge, label reward=<name> (samples without it)
 REWARD_REPLICAS = "omnirl_reward_replicas"  # gauge (reward workers the operator's autoscaler asks for)
@@ -50,7 +50,8 @@ HELP = {
     IMAGES_PER_SECOND: "Training samples per second of the last step (samples / step seconds)",
     REWARD_MEAN: ("Mean reward of the last step's trained samples: the weighted total (of the raw components in a job "
                   "that normalises a reward), or one raw component"),
-    REWARD_STD: "Standard deviation of the last step's total reward",
+    REWARD_STD: ("Standard deviation of the last step's total reward over its trained samples (of the raw weighted "
+                 "sums in a job that normalises a reward)"),
     REWARD_COMPONENT_STD: "Standard deviation of one reward component's raw scores in the last step",
     REWARD_COMPONENT_MISSING: "Samples of the last step a non-required reward component failed on",
     REWARD_REPLICAS: "Reward workers the operator's autoscaler asks for",
