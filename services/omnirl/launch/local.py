@@ -136,7 +136,8 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     preflight.check_attention(job, placements)
     preflight.check_local_paths(job)
     preflight.check_redis_server(job)
-    check_judges(job.spec.reward)  # the judges of reward[].url; those of reward[].server once they answer
+    if not args.resume:  # the judges of reward[].url; those of reward[].server once they answer
+        check_judges(job.spec.reward)
     backend = weight_sync_backend(placements)
     out = Path(args.out or Path("runs") / job.metadata.name).resolve()
     started["out"] = out
@@ -167,6 +168,8 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
                     print(f"omnirl: {cleared}", flush=True)
             lock.close()
             return 0
+    if args.resume:  # after its checks: a judge the resumed run may not use is refused as such, not as silent
+        check_judges(job.spec.reward)
     started["records"] = len(read_metrics(out)) if args.resume else 0  # a fresh run holds none
     if job.spec.transferQueue.redisUrl:  # the embedded Redis is this --out's own, and the lock guards it
         preflight.check_redis(job.spec.transferQueue.redisUrl)
