@@ -5,7 +5,8 @@ AOF, the local supervisor). A seeded schedule injects faults at random moments, 
 process ids from `OUT/roles.json`: SIGKILL of the rollout, reward, actor or controller process,
 SIGKILL of redis-server (restarted with its AOF by the launcher), and SIGSTOP of a worker (it
 stops beating; the supervisor kills and replaces it after `progressDeadlineSeconds`, longer than
-`claimIdleSeconds`). After each run the ledger check (:func:`check_ledger`) proves: the job
+`claimIdleSeconds`). After each run the ledger check (`omnirl ledger`'s
+`omnirl.api.ledger_check.check_ledger`) proves: the job
 finished; every sample trained into the final weights was generated once, scored once and trained
 once; every step is in the final weights with whole groups. The suite ends with one line:
 
@@ -23,11 +24,12 @@ import signal
 import subprocess
 import sys
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import yaml
+
+from omnirl.api.ledger_check import LedgerCounts, check_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 # fault → weight in the schedule
@@ -55,17 +57,15 @@ def chaos_job(tmp: Path, name: str, steps: int) -> Path:
 
 
 @dataclass
-class Counts:
-    """One run's (or the suite's) ledger numbers; see the module doc."""
+class Counts(LedgerCounts):
+    """The suite's numbers: a run's ledger counts (`omnirl ledger`'s, `api/ledger_check.py`) and its faults."""
 
     kills: int = 0
-    generated: int = 0
-    scored: int = 0
-    trained: int = 0
-    lost: int = 0
-    duplicated: int = 0
-    wasted: int = 0
-    problems: list[str] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, counts: LedgerCounts, kills: int) -> Counts:
+        """One run's ledger counts with its faults."""
+        return cls(**{f.name: getattr(counts, f.name) for f in fields(LedgerCounts)}, kills=kills)
 
     def add(self, other: Counts) -> None:
         """Sum `other` into this."""
@@ -73,81 +73,9 @@ class Counts:
             setattr(self, k, getattr(self, k) + getattr(other, k))
         self.problems += other.problems
 
-    def samples(self) -> tuple[int, int, int, int, int, int]:
-        """(generated, scored, trained, lost, duplicated, wasted): what a test of one run compares."""
-        return self.generated, self.scored, self.trained, self.lost, self.duplicated, self.wasted
-
     def line(self) -> str:
         """The suite's summary line."""
-        return (f"kills={self.kills} generated={self.generated} scored={self.scored} trained={self.trained} "
-                f"lost={self.lost} duplicated={self.duplicated} wasted={self.wasted}")
-
-
-def _rows(out: Path, pattern: str) -> list[dict]:
-    rows = []
-    for f in sorted((out / "ledger").glob(pattern)):
-        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
-    return rows
-
-
-def final_lineage(out: Path, total_steps: int) -> list[dict]:
-    """The actor ledger rows whose updates are in the final weights.
-
-    Every actor process (`run`) that resumed from checkpoint step `base` contributes its rows with
-    step > base; the rows up to `base` come from the run that wrote that checkpoint, recursively.
-    The final run is the last one that checkpointed the last step.
-    """
-    rows = _rows(out, "actor-*.jsonl")
-    ckpts = _rows(out, "checkpoints-*.jsonl")
-    by_run: dict[str, list[dict]] = {}
-    for r in rows:
-        by_run.setdefault(r["run"], []).append(r)
-    finals = [c["run"] for c in ckpts if c["checkpoint"] == total_steps - 1]
-    if not finals:
-        return []
-    lineage, run, upto = [], finals[-1], total_steps - 1
-    while run is not None:
-        mine = [r for r in by_run.get(run, []) if r["step"] <= upto]
-        lineage += mine
-        base = mine[0]["base"] if mine else -1
-        if base < 0:
-            break
-        writers = [c["run"] for c in ckpts if c["checkpoint"] == base and c["run"] != run]
-        if not writers:
-            raise AssertionError(f"run {run} resumed from checkpoint step {base}, which no run wrote")
-        run, upto = writers[-1], base
-    return lineage
-
-
-def check_ledger(out: Path, total_steps: int, group_size: int, prompts_per_step: int) -> Counts:
-    """Count generated/scored/trained/lost/duplicated/wasted training samples of one finished run."""
-    gen = [r["sample_id"] for r in _rows(out, "rollout-*.jsonl") if not r["sample_id"].startswith("val")]
-    scored = [r["sample_id"] for r in _rows(out, "reward-*.jsonl") if not r["sample_id"].startswith("val")]
-    lineage = final_lineage(out, total_steps)
-    trained = [r["sample_id"] for r in lineage]
-    c = Counts(generated=len(set(gen)), scored=len(set(scored)), trained=len(set(trained)))
-    c.duplicated = (len(gen) - len(set(gen))) + (len(scored) - len(set(scored))) + (len(trained) - len(set(trained)))
-    never_scored = set(trained) - set(scored)
-    groups = Counter(_group(sid) for sid in trained)
-    partial = {g: n for g, n in groups.items() if n != group_size}
-    steps = {r["step"] for r in lineage}
-    missing_steps = [s for s in range(total_steps) if s not in steps]
-    c.lost = len(never_scored) + sum(group_size - n for n in partial.values() if n < group_size) \
-        + len(missing_steps) * group_size * prompts_per_step
-    c.wasted = len(set(gen) - set(trained))
-    if never_scored:
-        c.problems.append(f"{out}: trained but never scored: {sorted(never_scored)[:3]}")
-    if partial:
-        c.problems.append(f"{out}: partial groups in the final weights: {partial}")
-    if missing_steps:
-        c.problems.append(f"{out}: steps missing from the final weights: {missing_steps}")
-    return c
-
-
-def _group(sample_id: str) -> str:
-    """`{step}:{prompt}:{index}[r{attempt}]` → `{step}:{prompt}[r{attempt}]`."""
-    step, prompt, index = sample_id.split(":")
-    return f"{step}:{prompt}" + (f"r{index.split('r')[1]}" if "r" in index else "")
+        return f"kills={self.kills} " + super().line()
 
 
 def _alive(pid: int) -> bool:
@@ -198,10 +126,9 @@ def run_once(tmp: Path, index: int, rng: random.Random, steps: int, max_kills: i
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         log.close()
-    counts = check_ledger(out, steps, 3, 2) if proc.returncode == 0 else \
-        Counts(lost=steps * 6, problems=[f"{name}: exit {proc.returncode} (log {tmp / f'{name}.log'})"])
-    counts.kills = kills
-    return counts
+    if proc.returncode != 0:
+        return Counts(lost=steps * 6, kills=kills, problems=[f"{name}: exit {proc.returncode} (log {tmp / f'{name}.log'})"])
+    return Counts.of(check_ledger(out, steps, 3, 2), kills)
 
 
 def suite(tmp: Path, runs: int, seed: int, steps: int = 4, max_kills: int = 12) -> Counts:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from e2e.chaos import check_ledger, suite
+from e2e.chaos import suite
+
+from omnirl.api.ledger_check import check_ledger
 
 
 @pytest.mark.slow

@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 import redis
 import yaml
-from e2e.chaos import check_ledger
 from e2e.kubelet import Kubelet, NotClaimed, field_value, mount_volumes, remap_path
 from e2e.test_local_job import tiny_job
 
+from omnirl.api.ledger_check import account, check_ledger
 from omnirl.api.runtime import with_redis_password
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.settings import OperatorSettings
@@ -195,10 +195,15 @@ def test_rljob_manifests_run_and_report_to_the_rljob(tmp_path, protected_redis):
         assert [(r["step"], r["policy_version"]) for r in steps] == [(0, 1), (1, 2), (2, 3)]
         assert all(r["reward_judge"] < 0 and r["component_missing_judge"] == 0 for r in steps)  # −JPEG kB
         assert status["rewardMean"] == round(steps[-1]["reward_mean"], 4)  # the controller's own number
-        # every role's ledger is on the claim, one file per pod: the cluster job is accounted as `make chaos` does
+        # every role's ledger is on the claim, one file per pod: `omnirl ledger` accounts the cluster job as a local
+        # run, its steps from the claim's metrics.jsonl, groupSize and promptsPerStep from the export's job.yaml
         assert {f.name.split(f"-{NAME}-")[0] for f in (claim / "ledger").glob("*.jsonl")} == {
             "rollout", "reward", "actor", "checkpoints"}
-        counts = check_ledger(claim, total_steps=3, group_size=3, prompts_per_step=2)
+        accounted = account(claim)
+        assert (accounted.counted_steps, accounted.finished, accounted.sources) == (3, True, {
+            "steps": str(claim / "metrics.jsonl"), "group_size": str(claim / "exports" / "latest" / "job.yaml"),
+            "prompts_per_step": str(claim / "exports" / "latest" / "job.yaml")})
+        counts = accounted.counts
         assert (counts.trained, counts.lost, counts.duplicated) == (18, 0, 0), (counts.line(), counts.problems)
         assert counts.generated >= 18 and counts.scored >= 18
         # the result on the claim: the controller exported the actor's last checkpoint, and the built-in

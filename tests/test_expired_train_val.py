@@ -225,7 +225,7 @@ def test_omnirl_run_regenerates_the_group_whose_tensors_the_actor_found_gone(tmp
     naming the TTL field and its fix, the controller regenerates that one group and hands the step again: step 0
     trains 6 samples in whole groups, `refills` 1; the ledger: 9 generated and scored, 6 trained, nothing lost or
     duplicated. The first validation round reports 1 sample and 1 missing, the last one 2 and none."""
-    from e2e.chaos import _group, check_ledger
+    from omnirl.api.ledger_check import check_ledger, group_of
 
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -256,12 +256,12 @@ def test_omnirl_run_regenerates_the_group_whose_tensors_the_actor_found_gone(tmp
     assert "Raise spec.transferQueue.tensorTtlSeconds above the longest a sample waits to be trained" in warned[0]
     regen = [line for line in console.splitlines() if "regenerating" in line]
     assert len(regen) == 1 and f"step 0: the actor found the tensors of 1 sample(s) gone, not trained: regenerating " \
-        f"1 group(s) ({_group(lost_id)})" in regen[0], regen
+        f"1 group(s) ({group_of(lost_id)})" in regen[0], regen
     assert refill_shapes(out) == {0: (6, 2, 1, 0)}
     counts = check_ledger(out, total_steps=1, group_size=3, prompts_per_step=2)
     assert counts.samples() == (9, 9, 6, 0, 0, 3), counts.problems
     trained = trained_sample_ids(out)
-    assert lost_id not in trained and sum(_group(s) == f"{_group(lost_id)}r1" for s in trained) == 3
+    assert lost_id not in trained and sum(group_of(s) == f"{group_of(lost_id)}r1" for s in trained) == 3
 
 
 def _actor(tmp_path: Path, job: Path, redis_url: str) -> subprocess.Popen:

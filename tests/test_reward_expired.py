@@ -120,7 +120,9 @@ def test_omnirl_run_refills_the_group_of_a_sample_whose_tensors_are_gone(tmp_pat
     before the reward role reads them. The run finishes; the step refills that one group and trains 6 samples in
     whole groups; the ledger: 6 trained, 9 generated and scored, nothing lost or duplicated, the lost sample's
     reward line marked `lost`."""
-    from e2e.chaos import _group, chaos_job, check_ledger
+    from e2e.chaos import chaos_job
+
+    from omnirl.api.ledger_check import check_ledger, group_of
 
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -144,9 +146,9 @@ def test_omnirl_run_refills_the_group_of_a_sample_whose_tensors_are_gone(tmp_pat
     assert refill_shapes(out) == {0: (6, 2, 1, 0)}
     counts = check_ledger(out, total_steps=1, group_size=3, prompts_per_step=2)
     assert counts.samples() == (9, 9, 6, 0, 0, 3), counts.problems
-    group = _group(lost_id)  # `{step}:{prompt}`: its first attempt
+    group = group_of(lost_id)  # `{step}:{prompt}`: its first attempt
     trained = trained_sample_ids(out)
-    assert Counter(_group(s) for s in trained if _group(s).split("r")[0] == group) == {f"{group}r1": 3}
+    assert Counter(group_of(s) for s in trained if group_of(s).split("r")[0] == group) == {f"{group}r1": 3}
     reward_rows = [json.loads(line) for p in (out / "ledger").glob("reward-*.jsonl")
                    for line in p.read_text().splitlines()]
     assert [r["sample_id"] for r in reward_rows if r.get("lost")] == [lost_id]

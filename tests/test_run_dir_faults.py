@@ -386,8 +386,9 @@ def test_a_write_the_run_directory_refuses_stops_the_job_and_resume_finishes_it_
     scored and trained once. Before, the role crashed (exit 1) and was restarted
     `failurePolicy.maxRestarts` times, each failing the same way."""
 
-    from e2e.chaos import chaos_job, check_ledger
+    from e2e.chaos import chaos_job
 
+    from omnirl.api.ledger_check import check_ledger
     from omnirl.api.runtime import STORAGE_ERROR_EXIT
 
     job, out, steps = chaos_job(tmp_path, "full-disk", steps=4), tmp_path / "out", 4

@@ -73,6 +73,12 @@ def _cmd_export(args: argparse.Namespace) -> int:
     from omnirl.models.export_cli import main as export_main
 
     return export_main(args)
+def _cmd_ledger(args: argparse.Namespace) -> int:
+    from omnirl.api.ledger_check import main as ledger_main
+
+    return ledger_main(args)
+
+
 def _cmd_scorer_serve(args: argparse.Namespace) -> int:
     from omnirl.reward.serve import main as serve_main
 
@@ -153,6 +159,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--checkpoint", default=None, help="a checkpoint directory (default: RUN_DIR/checkpoints/latest)")
     s.add_argument("--job", default=None, help="the run's manifest (default: RUN_DIR/job.yaml)")
     s.set_defaults(fn=_cmd_export)
+    s = sub.add_parser("ledger", help="account a run's training samples from its ledgers: generated, scored, "
+                       "trained, lost, duplicated, wasted; exit 3 when any was lost or duplicated")
+    s.add_argument("run_dir", metavar="OUT",
+                   help="the run directory (omnirl run --out), or a directory holding a ledger/ copied off the job's claim")
+    s.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    s.add_argument("-f", "--job", default=None, metavar="JOB.yaml",
+                   help="the job's manifest, for groupSize, promptsPerStep and steps (default: OUT/job.yaml, "
+                        "else OUT/exports/latest/job.yaml)")
+    s.add_argument("--steps", type=int, default=None, metavar="N",
+                   help="the run's total training steps (default: OUT/metrics.jsonl's last start, else the manifest's)")
+    s.add_argument("--group-size", type=int, default=None, metavar="G", help="spec.algorithm.groupSize")
+    s.add_argument("--prompts-per-step", type=int, default=None, metavar="P", help="spec.algorithm.promptsPerStep")
+    s.set_defaults(fn=_cmd_ledger)
+
     s = sub.add_parser("scorer", help="scorer servers (the scorer protocol, see services/omnirl/reward/protocol)")
     scorer_sub = s.add_subparsers(dest="scorer_command", required=True)
     s = scorer_sub.add_parser("serve", help="serve a built-in scorer over gRPC (with gRPC health) or HTTP/JSON")

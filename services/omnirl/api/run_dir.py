@@ -1,9 +1,10 @@
 """The run directory's `metrics.jsonl`: its name and its one reader.
 
 The controller writes it (`controller/report.py::Reporter`); the launcher (`omnirl run --resume`,
-the held-out table), the controller on restart and `omnirl export` (validations into the export's
-manifest) read it here, so the file's name and line format have one owner below every layer that
-uses them.
+the held-out table), the controller on restart, `omnirl export` (validations into the export's
+manifest) and `omnirl ledger` (the planned steps) read it here, so the file's name and line format have
+one owner below every layer that uses them. Also where a run directory keeps its manifest (`run_manifest`:
+`omnirl export`, `omnirl ledger`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ from pathlib import Path
 
 METRICS_FILE = "metrics.jsonl"
 """One JSON record per line in the run directory: `{"event": "step" | "validation" | ..., "step": k, ...}`."""
+RUN_MANIFESTS = ("job.yaml", "exports/latest/job.yaml")
+"""Where a run directory holds the manifest its run used, first found first: `omnirl run`'s copy, else the last
+export's (a Kubernetes run's controller writes only that one)."""
+
+
+def run_manifest(run_dir: Path) -> Path | None:
+    """The manifest `run_dir` holds (`RUN_MANIFESTS`), or None."""
+    return next((Path(run_dir) / m for m in RUN_MANIFESTS if (Path(run_dir) / m).is_file()), None)
 
 
 def train_reward(step_record: dict) -> float:

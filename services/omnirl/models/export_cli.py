@@ -18,6 +18,7 @@ from pathlib import Path
 from omnirl.api import disk
 from omnirl.api.errors import ManifestError
 from omnirl.api.loader import load_rljob
+from omnirl.api.run_dir import run_manifest
 from omnirl.api.runtime import STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.models.export import EXPORTS, export_checkpoint
@@ -50,9 +51,9 @@ def _check_run_dir(run_dir: Path, out: str = "DIR") -> None:
 def _manifest(run_dir: Path, job: str | None) -> Path:
     if job is not None:
         return Path(job)
-    for candidate in (run_dir / "job.yaml", run_dir / EXPORTS / LATEST / "job.yaml"):
-        if candidate.is_file():
-            return candidate
+    found = run_manifest(run_dir)
+    if found is not None:
+        return found
     raise FileNotFoundError(f"{run_dir} holds no job.yaml (nor {EXPORTS}/{LATEST}/job.yaml); pass the run's "
                             "manifest with --job JOB.yaml")
 
