@@ -14,6 +14,7 @@ import time
 import uuid
 from pathlib import Path
 
+import pytest
 import yaml
 from tests.helpers import jpeg_reward_job
 
@@ -194,3 +195,61 @@ def test_a_manifests_redis_that_stays_away_stops_the_run_after_the_bound(tmp_pat
         r"\d\d:\d\d:\d\d \(\d+ s, ConnectionError: .*\); the roles' calls give up after 120 s; start that Redis "
         r"again \(with its data: AOF or RDB\), then continue with --resume", sup.failure), sup.failure
     assert "restart" not in out, out
+
+
+# ------------------------------------------------------------------ the controller's wait, through `omnirl run`
+
+def _listens(port: int) -> bool:
+    import socket
+
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_omnirl_run_with_a_judge_that_never_answers_says_the_wait_with_its_holder(tmp_path):
+    """The user's path: `omnirl run` of a tiny job whose http judge accepts every call and answers none within
+    its `timeoutSeconds` (3600): the reward worker beats (waiting on a remote scorer), so nothing is stale and the
+    run printed no line at all (2 min 20 s measured until stopped). Now the controller's line comes once
+    `progressDeadlineSeconds` (10 here) passed with no score, naming the holder."""
+    from e2e.chaos import chaos_job
+
+    port = free_port()
+    judge = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "scorer", "serve", "--reward", "jpeg", "--protocol",
+                              "http", "--host", "127.0.0.1", "--port", str(port), "--delay-ms", "10000000"],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    path = chaos_job(tmp_path, f"deaf-{uuid.uuid4().hex[:6]}", 1)
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["reward"].append({"name": "judge", "kind": "http", "url": f"http://127.0.0.1:{port}/v1/score",
+                                  "timeoutSeconds": 3600, "weight": 0.5})
+    doc["spec"]["failurePolicy"]["progressDeadlineSeconds"] = 10
+    path.write_text(yaml.safe_dump(doc))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}
+    run, lines = None, []
+    try:
+        deadline = time.monotonic() + 60
+        while not _listens(port):
+            assert time.monotonic() < deadline and judge.poll() is None, "the judge did not start"
+            time.sleep(0.2)
+        run = subprocess.Popen([sys.executable, "-u", "-m", "omnirl.cli", "run", str(path), "--no-ray", "--device",
+                                "cpu", "--out", str(tmp_path / "out")], stdout=subprocess.PIPE,
+                               stderr=subprocess.STDOUT, text=True, env=env)
+        threading.Thread(target=lambda: lines.extend(line.rstrip("\n") for line in run.stdout), daemon=True).start()
+        deadline = time.monotonic() + 300  # start-up on a loaded box, then 10 s without a score
+        while not any("no new score" in line for line in lines):
+            assert time.monotonic() < deadline and run.poll() is None, "\n".join(lines[-30:])
+            time.sleep(0.5)
+    finally:
+        if run is not None:
+            run.terminate()  # the launcher's Ctrl-C path: stops every role
+            run.wait(120)
+        judge.terminate()
+        judge.wait(10)
+    said = [line for line in lines if "no new score" in line]
+    assert re.search(
+        r"WARNING omnirl\.controller: step 0: no new score for 1\d s \(failurePolicy\.progressDeadlineSeconds 10\), "
+        r"[0-5] of 6 scores in; samples to score: reward-0 holds \d+(, \d+ not delivered yet)?; requests to generate: "
+        r"[^.]*\. A role that beats is working or waiting: look at reward-0's log \(omnirl run: "
+        r"OUT/logs/reward-0\.log\); a remote scorer that accepts a call and does not answer holds it up to "
+        r"spec\.reward\[\]\.timeoutSeconds \(judge 3600 s\) per try: lower it to fail such calls sooner\. The run goes "
+        r"on waiting$", said[0]), said[0]
