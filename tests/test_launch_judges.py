@@ -139,15 +139,94 @@ def test_a_judge_that_exits_while_another_loads_is_named_at_once(tmp_path):
     assert str(err.value).startswith("spec.reward[2].server: judge other exited 7 "), err.value
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# an HTTP server answering 200 on every GET, on the port the first argument names (a number, or an environment
+# variable's name)
+ANY_PORT_SERVER = ("import http.server, os, sys\n"
+                   "class H(http.server.BaseHTTPRequestHandler):\n"
+                   "    def do_GET(self): self.send_response(200); self.end_headers()\n"
+                   "p = sys.argv[1]\n"
+                   "print('loading', flush=True)\n"
+                   "http.server.HTTPServer(('127.0.0.1', int(os.environ.get(p, p))), H).serve_forever()")
+
+
+def test_a_judge_listening_on_a_port_written_into_its_command_is_named_at_once(tmp_path):
+    """A judge command that ignores `{port}` and listens on a port of its own: `omnirl run` waited the whole
+    `startupSeconds` (900 s by default) for an answer on the port it gave, then said only that nothing answered
+    there. Now the port the judge's process listens on is read (/proc) and named at once with the fix."""
+    hard = _free_port()
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", ANY_PORT_SERVER, str(hard)], "startupSeconds": 120})
+    t0 = time.monotonic()
+    with pytest.raises(JudgeFailed) as err:
+        start_judges(job, tmp_path / "logs")
+    assert time.monotonic() - t0 < 20  # not its startupSeconds (120), which a broken detection would wait out
+    given = int(re.search(r"not on port (\d+) it was given", str(err.value))[1])
+    assert given != hard
+    log = tmp_path / "logs" / "judge-judge.log"
+    assert re.fullmatch(
+        rf"spec\.reward\[1\]\.server: judge judge listens on port {hard}, not on port {given} it was given "
+        r"\d+\.\d s after it started \(a port written into its command\); its log "
+        rf"{re.escape(str(log))} ends: 'loading'; its command must listen on the port omnirl run gives it: write "
+        rf"'{{port}}' where it has {hard} \(e\.g\. args: \[--port, '{{port}}'\]\) or read \$OMNIRL_JUDGE_PORT; "
+        r"spec\.reward\[1\]\.server\.port is the pod's port on Kubernetes, where '\{port\}' becomes it",
+        str(err.value)), err.value
+    with socket.socket() as s:  # the judge was stopped
+        assert s.connect_ex(("127.0.0.1", hard)) != 0
+
+
+def test_a_judge_answering_its_health_path_on_another_port_is_named_even_behind_a_shell(tmp_path, monkeypatch):
+    # the port is nowhere in the command (an environment variable the judge reads), and the listener is the
+    # shell's child: its answer to healthPath on that port says it is ready there
+    other = _free_port()
+    monkeypatch.setenv("JUDGE_TEST_PORT", str(other))
+    script = tmp_path / "judge.py"
+    script.write_text(ANY_PORT_SERVER)
+    job = job_with(tmp_path, {"command": ["sh", "-c", f"{sys.executable} {script} JUDGE_TEST_PORT; exit 0"],
+                              "healthPath": "/health", "startupSeconds": 120})
+    t0 = time.monotonic()
+    with pytest.raises(JudgeFailed) as err:
+        start_judges(job, tmp_path / "logs")
+    assert time.monotonic() - t0 < 20
+    assert re.match(rf"spec\.reward\[1\]\.server: judge judge listens on port {other}, not on port \d+ it was given "
+                    r"[\d.]+ s after it started \(it answers its healthPath /health there\); ", str(err.value)), err.value
+
+
+def test_a_judge_listening_elsewhere_without_a_sign_it_is_the_judges_port_is_named_while_it_waits(
+        tmp_path, monkeypatch, capsys):
+    # a loading server may listen on ports of its own (a torch store): not failed for it, but named
+    monkeypatch.setattr(servers, "WAIT_NOTE_S", 0.8)
+    other = _free_port()
+    monkeypatch.setenv("JUDGE_TEST_PORT", str(other))
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", ANY_PORT_SERVER, "JUDGE_TEST_PORT"],
+                              "startupSeconds": 3})
+    with pytest.raises(JudgeFailed) as err:
+        start_judges(job, tmp_path / "logs")
+    assert "did not answer on port" in str(err.value)
+    notes = [line for line in capsys.readouterr().out.splitlines() if "not answering on port" in line]
+    assert notes and all(re.search(rf"; it listens on port {other} \(its command must listen on \d+: '\{{port\}}' or "
+                                   r"\$OMNIRL_JUDGE_PORT\); its log ends: 'loading'$", line) for line in notes[1:]), notes
+
+
 JUDGE_EXITS = [sys.executable, "-c", "print('loading'); print('CUDA out of memory'); raise SystemExit(3)"]
 JUDGE_DEAF = [sys.executable, "-c", "import time; print('loading'); print('CUDA out of memory', flush=True); "
               "time.sleep(120)"]  # never listens on its port
+HARD_PORT = _free_port()
+JUDGE_HARD_PORT = [sys.executable, "-c", "import http.server; print('loading'); print('CUDA out of memory', flush=True); "
+                   f"http.server.HTTPServer(('127.0.0.1', {HARD_PORT}), http.server.BaseHTTPRequestHandler)"
+                   ".serve_forever()"]  # listens on a port written into it, not on {port}
 
 
 @pytest.mark.parametrize("command,startup,what", [
     (JUDGE_EXITS, 20, r"exited 3 [\d.]+ s after it started, before it answered on port \d+"),
     (JUDGE_DEAF, 2, r"did not answer on port \d+ within spec\.reward\[1\]\.server\.startupSeconds \(2 s\) and is "
-                    r"still running")], ids=["exits", "never-listens"])
+                    r"still running"),
+    (JUDGE_HARD_PORT, 900, rf"listens on port {HARD_PORT}, not on port \d+ it was given [\d.]+ s after it started "
+                           r"\(a port written into its command\)")], ids=["exits", "never-listens", "hard-coded-port"])
 def test_omnirl_run_with_a_judge_that_fails_to_start_prints_its_log_and_exits_4(tmp_path, command, startup, what):
     """A judge of `reward[].server` that exits at once or never listens is a setting the job cannot start with:
     exit 4 (`CONFIG_ERROR_EXIT`, README's exit codes of `omnirl run`), as a role's configuration error and as

@@ -43,6 +43,7 @@ from omnirl.controller.group_scoring import GroupScoring
 from omnirl.controller.groups import StepBook, refill_request
 from omnirl.controller.normalize import combine_step, component_stats, raw_totals
 from omnirl.controller.report import REWARD_LATENCIES, Reporter
+from omnirl.controller.stall import ScoreWait
 from omnirl.controller.ttl import TtlWatch
 from omnirl.controller.validation import SampleUnscored, Validator
 from omnirl.models.registry import load_tokenizer
@@ -121,6 +122,7 @@ class Controller:
         self._reasked: dict[int, int] = {}  # per step: batches handed again after a `TrainLost` naming no sample
         self.group_scoring = GroupScoring(spec.reward, self.queue)
         self.ttl_watch = TtlWatch(spec)  # measured waits near tensorTtlSeconds: one warning per kind
+        self.score_wait = ScoreWait(self.queue, spec)  # a wait for scores that gets none: a line, repeated
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
@@ -359,12 +361,16 @@ class Controller:
     # ------------------------------------------------------------------ collection
     def _collect(self, step: int) -> tuple[list[TrainItem], dict]:
         book = self.books[step]
+        self.score_wait.begin(f"step {step}")
         while True:
             self._check_terminated()
             self._pump()
             self._settle(book)
             if book.complete:
                 break
+            groups = book.groups.values()
+            self.score_wait.check(sum(len(g.expected & set(g.scores)) for g in groups),
+                                  sum(len(g.expected) for g in groups))
         if not book.groups:
             raise JobFailed(f"step {step}: every group failed: {book.failures[:3]}")
         return self._advantages(book)
@@ -397,6 +403,7 @@ class Controller:
         step is handed to the actor (so a successor can take it over); everything else is acked."""
         score = ScoreMeta.model_validate(m.meta)
         scores = self.queue.streams.scores
+        self.score_wait.arrived()
         if score.kind == "val":
             if self.validator:
                 self.validator.record(score, m.tensor_key)
@@ -562,9 +569,11 @@ class Controller:
         """
         for attempt in range(VALIDATION_ATTEMPTS):
             self.validator.publish(at_step, self.version, attempt)
+            self.score_wait.begin(f"validation at step {at_step}")
             while not self.validator.complete:
                 self._check_terminated()
                 self._pump()
+                self.score_wait.check(len(self.validator.scores), len(self.validator.prompts))
             try:
                 summary = self.validator.finish()
             except SampleUnscored as err:

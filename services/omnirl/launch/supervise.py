@@ -25,7 +25,11 @@ So does a run directory that cannot be written (`omnirl.api.disk`): a role that 
 `STORAGE_ERROR_EXIT`, no restart spent; `--resume` continues once there is room.
 
 Each replica's restarts and the job's restarts count against `maxRestarts` separately; one more
-fails the job. The embedded Redis (AOF) is restarted on its port and directory when it dies.
+fails the job. The embedded Redis (AOF) is restarted on its port and directory when it dies. A manifest's
+Redis (`spec.transferQueue.redisUrl`) is the user's: it is PINGed every `REDIS_PROBE_S`, and while it does
+not answer a line says since when and what happens next (every `REDIS_NOTE_S`), no role is judged by its
+heartbeat or exit, and after `REDIS_DOWN_S` the job stops (exit 1, `--resume` once it is back); before, the
+supervisor sat silent in a heartbeat read's retries (2 minutes per call) and then died on a traceback.
 Every action is printed (`omnirl: …`) and appended to `OUT/events.jsonl`; `OUT/roles.json` names
 the current process ids (the chaos suite reads it).
 """
@@ -42,6 +46,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from urllib.parse import urlsplit
+
+import redis as redis_py
 
 from omnirl.api import disk
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT
@@ -51,10 +58,16 @@ from omnirl.launch.progress import Progress
 from omnirl.reward.servers import JudgeProcess
 from omnirl.transfer import RedisServer, RedisServerError, TransferQueue, kv_key, start_redis_server
 from omnirl.transfer.heartbeat import past_startup, read_heartbeats
+from omnirl.transfer.queue import RECONNECT_S, redis_client
 
 STATELESS_GRACE_S = 3.0
 SETTLE_S = 10.0  # how long a role whose failure the controller reported gets to exit (its code may be permanent)
 REDIS_RESTART_S = 30.0  # how long a refused restart of the embedded Redis is retried before the job stops
+REDIS_PROBE_S = 2.0  # a manifest's Redis (spec.transferQueue.redisUrl) is PINGed this often
+REDIS_PROBE_RETRY_S = 1.0  # redis-py's retries of one PING (and of a heartbeat read) before it counts as down
+REDIS_NOTE_S = 30.0  # while it is down, the line saying so is repeated this often
+# how long the run waits for it: the roles' own calls retry for RECONNECT_S, after which they fail; a margin more
+REDIS_DOWN_S = RECONNECT_S + 30.0
 # (role, index, OMNIRL_RESUME) -> a started role process
 StartRole = Callable[[str, int, str], RoleProcess]
 
@@ -111,6 +124,15 @@ class Supervisor:
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._hurry = threading.Event()  # `hurry`: the grace period of a stop is cut short
+        # a manifest's Redis (the embedded one has the watchdog): its own client, whose retries give up within
+        # seconds, for the PINGs and heartbeat reads; the queue's client retried 2 minutes per call, in silence
+        self._external = job.spec.transferQueue.redisUrl if redis is None else None
+        self._probe = redis_client(self._external, REDIS_PROBE_RETRY_S, socket_connect_timeout=REDIS_PROBE_RETRY_S,
+                                   socket_timeout=REDIS_PROBE_S) if self._external else None
+        self._probed = 0.0  # monotonic time of the last PING
+        self._down_since: float | None = None  # while the manifest's Redis is down: its last answer (wall clock)
+        self._answered = time.time()  # wall-clock time of its last answer
+        self._down_said = 0.0  # monotonic time of the last line saying so
         # its own thread: the main loop may sit in a Redis call retrying while the server is down
         self._watchdog = threading.Thread(target=self._watch_redis, daemon=True)
         self._watchdog.start()
@@ -126,6 +148,9 @@ class Supervisor:
                 self._pump()
                 if self._verdict is not None:
                     raise self._verdict
+                if not self._external_redis_answers():
+                    time.sleep(0.2)  # a role's exit now is most likely the outage's: handled once it is back
+                    continue
                 done = self._check_exits()
                 if done is not None:
                     return done
@@ -176,6 +201,8 @@ class Supervisor:
 
     def close(self) -> None:
         """Stop watching Redis, close the events file."""
+        if self._probe is not None:
+            self._probe.close()
         self._closed.set()
         self._watchdog.join(timeout=5)
         try:
@@ -252,7 +279,13 @@ class Supervisor:
         if time.monotonic() - self._last_beats < every_s:
             return
         self._last_beats = time.monotonic()
-        beats = read_heartbeats(self.queue.redis, self.job.metadata.name)
+        try:
+            beats = read_heartbeats(self._probe or self.queue.redis, self.job.metadata.name)
+        except (redis_py.ConnectionError, redis_py.TimeoutError, OSError) as err:
+            if self._probe is None:
+                raise
+            self._redis_down(err)  # gone since the last PING: the next rounds wait for it
+            return
         deadline = self.policy.progressDeadlineSeconds
         now = time.time()
         for name, p in list(self.procs.items()):
@@ -270,6 +303,58 @@ class Supervisor:
                     reason += past_startup(self.policy.startupDeadlineSeconds)
                 self._failed(p, reason, 137)
                 return
+
+    def _external_redis_answers(self) -> bool:
+        """Whether the manifest's Redis (`spec.transferQueue.redisUrl`) answers: PINGed every `REDIS_PROBE_S`
+        (redis-py retrying for `REDIS_PROBE_RETRY_S`), True for the embedded one (the watchdog's). While it does
+        not, a line says since when and what happens next, every `REDIS_NOTE_S`; once it answers again a line
+        says so and the roles' beats are counted from then (none could be written meanwhile).
+
+        Raises:
+            JobFailure: exit 1, it has not answered for `REDIS_DOWN_S`: the roles' own calls gave up.
+        """
+        if self._probe is None or time.monotonic() - self._probed < (REDIS_PROBE_S if self._down_since is None
+                                                                       else 0.5):
+            return self._down_since is None
+        self._probed = time.monotonic()
+        try:
+            self._probe.ping()
+        except (redis_py.ConnectionError, redis_py.TimeoutError, OSError) as err:
+            self._redis_down(err)
+            return False
+        self._answered = time.time()
+        if self._down_since is not None:
+            away = self._answered - self._down_since
+            self._down_since = None
+            self._event("redis", f"{_where(self._external)} answers again after {away:.0f} s", "the run goes on")
+            now = time.time()  # no role could beat while it was down: their deadline counts from now
+            for key in self._alive:
+                self._alive[key] = max(self._alive[key], now)
+        return True
+
+    def _redis_down(self, err: BaseException) -> None:
+        """Note that the manifest's Redis did not answer (`err`): a line the first time and every `REDIS_NOTE_S`;
+        `JobFailure` (exit 1) once it has been down for `REDIS_DOWN_S`."""
+        now = time.time()
+        if self._down_since is None:
+            self._down_since = self._answered  # it went away after its last answer
+            self._down_said = 0.0
+        away = now - self._down_since
+        since = time.strftime("%H:%M:%S", time.localtime(self._down_since))
+        where = _where(self._external)
+        if away >= REDIS_DOWN_S:
+            self._event("redis", f"{where} unreachable: no answer since {since} ({away:.0f} s)", "stop-job")
+            raise JobFailure(1, f"{where} (spec.transferQueue.redisUrl) has not answered since {since} ({away:.0f} s, "
+                                f"{type(err).__name__}: {err}); the roles' calls give up after {RECONNECT_S:.0f} s; "
+                                "start that Redis again (with its data: AOF or RDB), then continue with --resume")
+        if time.monotonic() - self._down_said >= REDIS_NOTE_S:
+            self._down_said = time.monotonic()
+            until = time.strftime("%H:%M:%S", time.localtime(self._down_since + REDIS_DOWN_S))
+            print(f"omnirl: Redis at {where} (spec.transferQueue.redisUrl) is unreachable: no answer since {since} "
+                  f"({away:.0f} s; "
+                  f"{type(err).__name__}: {err}); the roles wait for it (their calls retry for {RECONNECT_S:.0f} s) "
+                  f"and so does this run, until {until} ({REDIS_DOWN_S:.0f} s), then it stops (exit 1; --resume "
+                  "continues once that Redis is back with its data)", flush=True)
 
     def _watch_redis(self) -> None:
         """The watchdog thread: restarts the embedded Redis (`_restart_redis`) until `close`. It lives
@@ -389,6 +474,12 @@ class Supervisor:
                 raise JobFailure(STORAGE_ERROR_EXIT, f"{tmp} cannot be written ({disk.describe(err)}); "
                                                      f"{disk.fix(err)}") from raised
             tmp.replace(self.out / "roles.json")
+
+
+def _where(url: str) -> str:
+    """`host:port/db` of a Redis URL, never its password."""
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 6379}{parts.path if parts.path not in ('', '/') else ''}"
 
 
 def _redis_storage_error(server: RedisServer) -> OSError | None:

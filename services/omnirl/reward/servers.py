@@ -9,7 +9,9 @@ it answers — `GET healthPath` returns 200, or, without a health path, the port
 connection — for up to `server.startupSeconds` (default 900: a judge may load a large model; the
 operator's startup probe allows the same), saying every `WAIT_NOTE_S` what it waits for; a judge
 whose process exits first is named at once with its exit code and its log's tail (every judge is
-watched while any is awaited: one that died while another loaded waited out the other's bound).
+watched while any is awaited: one that died while another loaded waited out the other's bound), and so
+is one that listens on a port that is certainly its own but not the one it was given (its command ignores
+`{port}`: `listening_ports`, `_hard_coded`), which waited out its whole `startupSeconds` before.
 Then it writes the manifest the roles read with the judge's URL wired in
 (`http://127.0.0.1:<port><urlPath>`). The servers stop with the job, or the eval (SIGTERM, then SIGKILL).
 The run directory's `OUT/job.yaml` keeps `server` (the manifest as written): the wired URL is
@@ -19,6 +21,7 @@ this run's, dead once it ends, so the roles read a copy with it (`OUT/job-roles.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -40,6 +43,8 @@ from omnirl.transfer.redis_server import free_port
 PORT_ENV = "OMNIRL_JUDGE_PORT"  # the port, in the judge's environment as in its pod (operator/judges.py)
 WAIT_NOTE_S = 30.0  # while a judge loads, a line this often: what is awaited, for how long yet, its log's last line
 TAIL_LINES = 5  # the lines of a failed judge's log printed before the launcher's verdict
+PORTS_EVERY_S = 1.0  # how often the ports a loading judge listens on are read (/proc)
+_LISTEN = "0A"  # TCP_LISTEN in /proc/net/tcp's `st` column
 
 
 class JudgeFailed(RuntimeError):
@@ -138,6 +143,88 @@ def _failed(j: JudgeProcess, i: int, what: str, fix: str) -> JudgeFailed:
                        tail)
 
 
+def _tree(pid: int) -> set[int]:
+    """`pid` and its descendants (a judge's command may be a shell, or a server that forks workers): read from
+    /proc; empty where there is none (not Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(") ", 1)[1].split()[1])  # after the command name, which may hold ") "
+        except (OSError, IndexError, ValueError):  # gone meanwhile
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        if p not in found:
+            found.add(p)
+            todo += children.get(p, [])
+    return found
+
+
+def listening_ports(pid: int) -> set[int]:
+    """TCP ports (IPv4 and IPv6) that process `pid` or one of its descendants listens on, from /proc (Linux;
+    elsewhere, or for a process gone meanwhile: empty). A judge told `{port}` that listens elsewhere is named
+    by this at once instead of being waited for its whole `startupSeconds`."""
+    inodes = set()
+    for p in _tree(pid):
+        try:
+            fds = os.listdir(f"/proc/{p}/fd")
+        except OSError:  # gone, or not ours to read
+            continue
+        for fd in fds:
+            try:
+                link = os.readlink(f"/proc/{p}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                inodes.add(link[8:-1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()  # sl local rem st tx:rx tr:when retrnsmt uid timeout inode
+            if len(cols) > 9 and cols[3] == _LISTEN and cols[9] in inodes:
+                ports.add(int(cols[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+def _hard_coded(j: JudgeProcess, i: int, ports: set[int], probed: set[int]) -> list[tuple[int, str]]:
+    """Of `ports` (where judge `j`, `spec.reward[i]`, listens, not on its given port), those that are certainly
+    its own port, with why: the manifest's `server.port` (the pod's port: a command written for the pod alone), a
+    number written in its command or args, or, with a `healthPath`, a port that answers it (a judge ready on the
+    wrong port; each port asked once, `probed` keeps them). Other ports may be a loading server's own (a torch
+    store, a worker's socket) and are only named while it waits."""
+    written = " ".join(argv(j.reward.server, "{port}"))
+    sure = []
+    for p in sorted(ports):
+        if p == j.reward.server.port:
+            sure.append((p, f"spec.reward[{i}].server.port, the pod's port"))
+        elif re.search(rf"(?<!\d){p}(?!\d)", written):
+            sure.append((p, "a port written into its command"))
+    path = j.reward.server.healthPath
+    for p in sorted(ports - {p for p, _ in sure} - probed) if path else []:
+        probed.add(p)
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{p}{path}", timeout=2) as resp:
+                if resp.status == 200:
+                    sure.append((p, f"it answers its healthPath {path} there"))
+        except (urllib.error.URLError, OSError, ValueError):
+            pass
+    return sure
+
+
+def _elsewhere(ports: set[int]) -> str:
+    return ", ".join(str(p) for p in sorted(ports))
+
+
 def _await_answers(job: RLJob, judges: list[JudgeProcess], by: str) -> None:
     """Wait until every judge answers, watching all of them each round (0.2 s).
 
@@ -147,8 +234,13 @@ def _await_answers(job: RLJob, judges: list[JudgeProcess], by: str) -> None:
     """
     started = time.monotonic()
     pending = list(judges)
-    note_at = started + WAIT_NOTE_S
+    note_at, ports_at = started + WAIT_NOTE_S, started
+    elsewhere: dict[str, set[int]] = {}  # per judge: the ports it listens on, not its own (last read)
+    probed: dict[str, set[int]] = {j.reward.name: set() for j in judges}  # ports asked for its healthPath
     while pending:
+        read_ports = time.monotonic() >= ports_at
+        if read_ports:
+            ports_at = time.monotonic() + PORTS_EVERY_S
         for j in list(pending):
             i, code = job.spec.reward.index(j.reward), j.proc.poll()
             if code is not None:  # before `answers`: a port answering for a dead judge is another program's
@@ -158,6 +250,18 @@ def _await_answers(job: RLJob, judges: list[JudgeProcess], by: str) -> None:
                               "instead of server")
             if j.answers():
                 pending.remove(j)
+                continue
+            if read_ports:
+                ports = listening_ports(j.proc.pid)
+                elsewhere[j.reward.name] = set() if j.port in ports else ports
+                wrong = _hard_coded(j, i, elsewhere[j.reward.name], probed[j.reward.name])
+                if wrong:  # it would never answer on its port: waiting out startupSeconds (900 s) told nothing
+                    port, why = wrong[0]
+                    raise _failed(j, i, f"listens on port {port}, not on port {j.port} it was given "
+                                  f"{time.monotonic() - started:.1f} s after it started ({why})",
+                                  f"its command must listen on the port {by} gives it: write '{{port}}' where it has "
+                                  f"{port} (e.g. args: [--port, '{{port}}']) or read ${PORT_ENV}; spec.reward[{i}]."
+                                  "server.port is the pod's port on Kubernetes, where '{port}' becomes it")
         now = time.monotonic()
         for j in pending:
             i, bound = job.spec.reward.index(j.reward), j.reward.server.startupSeconds
@@ -170,8 +274,11 @@ def _await_answers(job: RLJob, judges: list[JudgeProcess], by: str) -> None:
             note_at += WAIT_NOTE_S
             for j in pending:
                 last = next((line.strip() for line in reversed(_tail(j.log)) if line.strip()), "")
+                other = elsewhere.get(j.reward.name)
                 print(f"omnirl: judge {j.reward.name} not answering on port {j.port} yet ({now - started:.0f} s of "
                       f"its startupSeconds {j.reward.server.startupSeconds}; {by} stops at once if it exits)"
+                      + (f"; it listens on port {_elsewhere(other)} (its command must listen on {j.port}: "
+                         f"'{{port}}' or ${PORT_ENV})" if other else "")
                       + (f"; its log ends: {last!r}" if last else ""), flush=True)
         if pending:
             time.sleep(0.2)

@@ -37,6 +37,8 @@ from omnirl.transfer.keys import StreamNames, done_key, image_key, job_prefix, k
 from omnirl.transfer.keys import tensor_key as make_tensor_key
 from omnirl.transfer.message import Message
 
+RECONNECT_S = 120.0  # how long every role's (and the launcher's) Redis calls retry a Redis that went away
+
 
 def _s(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
@@ -103,7 +105,7 @@ class TransferQueue:
         self._owns_client = False
 
     @classmethod
-    def from_url(cls, url: str, job: str, *, reconnect_s: float = 120.0, **kwargs: Any) -> TransferQueue:
+    def from_url(cls, url: str, job: str, *, reconnect_s: float = RECONNECT_S, **kwargs: Any) -> TransferQueue:
         """Connect to ``url`` (``redis://host:port/db``); :meth:`close` closes this client.
 
         Every command is retried on connection errors, timeouts and "loading the dataset" with
@@ -531,10 +533,11 @@ class TransferQueue:
         self.close()
 
 
-def redis_client(url: str, reconnect_s: float = 120.0) -> redis.Redis:
-    """A bytes client for ``url`` that rides out a Redis restart (see :meth:`TransferQueue.from_url`)."""
+def redis_client(url: str, reconnect_s: float = RECONNECT_S, **kwargs: Any) -> redis.Redis:
+    """A bytes client for ``url`` that rides out a Redis restart (see :meth:`TransferQueue.from_url`); `kwargs`
+    go to ``redis.Redis.from_url`` (e.g. ``socket_connect_timeout``, seconds)."""
     retries = max(1, int(reconnect_s) + 6)  # 50 ms … 2 s jittered (≈ 1 s each): ~6 quick tries, then ~1 s each
     # the builtin ConnectionError (refused, reset) too: redis-py retries a failed connect with these
     errors = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, TimeoutError)
     retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=2.0), retries, supported_errors=errors)
-    return redis.Redis.from_url(url, decode_responses=False, retry=retry, retry_on_error=list(errors))
+    return redis.Redis.from_url(url, decode_responses=False, retry=retry, retry_on_error=list(errors), **kwargs)
