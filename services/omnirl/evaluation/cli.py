@@ -89,6 +89,20 @@ def main(args: argparse.Namespace) -> int:
         return CONFIG_ERROR_EXIT  # as `omnirl run` for the same judge: a setting it cannot start with
 
 
+def _export_fix(export: Path) -> str:
+    """How to score an export's weights: its directory as `spec.model.path`, or `--checkpoint` of the checkpoint
+    it was exported from when `export.json` names one that is on this machine. `--checkpoint EXPORT` itself is
+    refused (an export holds no `policy.safetensors`), so a bare "or pass --checkpoint" sent users into that."""
+    fix = f"set spec.model.path: {export}"
+    try:
+        ckpt = json.loads((export / "export.json").read_text()).get("checkpoint")
+    except (OSError, json.JSONDecodeError, AttributeError):  # a damaged export.json only loses the hint
+        return fix
+    if isinstance(ckpt, str) and (Path(ckpt) / "policy.safetensors").is_file():
+        fix += f", or pass --checkpoint {ckpt} (the checkpoint it was exported from)"
+    return fix
+
+
 def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str) -> int:
     """Load the model, sample and score `prompts` with `job`'s rewards (judges wired in), write the outputs."""
     spec = job.spec
@@ -99,12 +113,12 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
         print(f"checkpoint {args.checkpoint}: step {state.get('step')} policy_version {state.get('policy_version')}")
     else:  # say which weights are scored: without --checkpoint it is the manifest's model, often the base one
         print(f"model {spec.model.path} (spec.model.path; no --checkpoint)")
-        if (Path(args.job).parent / "export.json").is_file() and spec.model.path != str(Path(args.job).parent):
+        export = Path(args.job).parent
+        if (export / "export.json").is_file() and spec.model.path != str(export):
             # an export's job.yaml is the run's manifest as written: it names the model the run started from
             print(f"omnirl eval: note: {args.job} is an export's manifest as written, so this scores "
                   f"spec.model.path {spec.model.path} (the model the run started from), not the exported weights; "
-                  f"to score those set spec.model.path: {Path(args.job).parent} or pass --checkpoint",
-                  file=sys.stderr, flush=True)
+                  f"to score those {_export_fix(export)}", file=sys.stderr, flush=True)
     adapter.module.eval()
     steps = spec.validation.numSteps if args.sampling_steps is None else args.sampling_steps
     t0 = time.perf_counter()
