@@ -30,7 +30,7 @@ from omnirl.api.spec import GROUP_KINDS, RLJob
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.evaluation.evaluate import SampleUnscored, evaluate
-from omnirl.models.policy_io import check_owner, load_policy, resolve_checkpoint
+from omnirl.models.policy_io import check_owner, exported_from, load_policy, resolve_checkpoint
 from omnirl.models.registry import adapter_options, check_model_path, load_adapter, load_tokenizer
 from omnirl.reward.registry import check_api_keys, check_judges
 from omnirl.reward.servers import JudgeFailed, check_local, serving
@@ -93,14 +93,9 @@ def _export_fix(export: Path) -> str:
     """How to score an export's weights: its directory as `spec.model.path`, or `--checkpoint` of the checkpoint
     it was exported from when `export.json` names one that is on this machine. `--checkpoint EXPORT` itself is
     refused (an export holds no `policy.safetensors`), so a bare "or pass --checkpoint" sent users into that."""
+    source = exported_from(export)
     fix = f"set spec.model.path: {export}"
-    try:
-        ckpt = json.loads((export / "export.json").read_text()).get("checkpoint")
-    except (OSError, json.JSONDecodeError, AttributeError):  # a damaged export.json only loses the hint
-        return fix
-    if isinstance(ckpt, str) and (Path(ckpt) / "policy.safetensors").is_file():
-        fix += f", or pass --checkpoint {ckpt} (the checkpoint it was exported from)"
-    return fix
+    return fix + (f", or pass --checkpoint {source} (the checkpoint it was exported from)" if source else "")
 
 
 def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str) -> int:
