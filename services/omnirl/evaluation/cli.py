@@ -106,7 +106,11 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
         with config_errors(f"--checkpoint {args.checkpoint}", SafetensorError, json.JSONDecodeError, fix=fix):
             state = load_policy(adapter, args.checkpoint, spec.model.lora)
         print(f"checkpoint {args.checkpoint}: step {state.get('step')} policy_version {state.get('policy_version')}")
+        # the directory itself, not `latest` as given: a run that goes on moves `latest`, and the record then lied
+        scored = {"checkpoint": str(resolve_checkpoint(args.checkpoint)), "checkpoint_step": state.get("step"),
+                  "policy_version": state.get("policy_version")}
     else:  # say which weights are scored: without --checkpoint it is the manifest's model, often the base one
+        scored = {"checkpoint": None}
         print(f"model {spec.model.path} (spec.model.path; no --checkpoint)")
         export = Path(args.job).parent
         if (export / "export.json").is_file() and spec.model.path != str(export):
@@ -131,7 +135,7 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
                     captions=[f"{r:.2f}" for r in result.rewards[:n_grid]])
     (out / "rewards.json").write_text(json.dumps({
         "mean_reward": result.mean_reward, "exact_match": result.exact_match, "n": result.n,
-        "sampler": args.sampler, "steps": steps, "seconds": seconds, "checkpoint": args.checkpoint,
+        "sampler": args.sampler, "steps": steps, "seconds": seconds, **scored,
         "rewards": [float(r) for r in result.rewards], "prompts": result.prompts}, indent=1))
     print(f"grid {out / 'grid.png'}  ({seconds:.1f} s)")
     exact = "" if result.exact_match is None else f" exact_match={result.exact_match:.3f}"  # None: no text to match
