@@ -204,8 +204,12 @@ def _export(capsys, *args: str) -> tuple[int, list[str]]:
 
 def test_export_cli_writes_the_latest_checkpoint(run_dir, tmp_path, capsys):
     code = main(["export", str(run_dir), "--out", str(tmp_path / "x")])
-    assert code == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert code == 0, err
     assert json.loads((tmp_path / "x" / "export.json").read_text())["policy_version"] == 4
+    # the step directory exported, not `…/checkpoints/latest` as defaulted (it printed that)
+    assert out.splitlines() == [f"exported {(run_dir / 'checkpoints' / 'latest').resolve()} (step 3, policy_version 4) "
+                                f"→ {tmp_path / 'x'}"]
     assert load_digits_adapter(tmp_path / "x").config.d_model == 128
 
 
