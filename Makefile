@@ -32,7 +32,7 @@ lint: install
 	$(BIN)/lint-imports
 
 # pytest exits 5 when it collected nothing: that is a failure here, never a pass.
-# `make test` (CI, ~15 min on 2 cores) runs every test but those marked slow; `make test-slow` runs those:
+# `make test` (CI, ~20 min on 2 cores, as README.md says) runs every test but those marked slow; `make test-slow` runs those:
 # whole jobs under faults, resumes, chaos, golden curves (~30 min on 2 cores).
 test: install lint
 	$(BIN)/pytest -q -m "not gpu and not slow"; rc=$$?; \

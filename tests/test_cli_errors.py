@@ -627,4 +627,25 @@ def test_eval_of_an_exports_manifest_says_it_scores_the_starting_model_not_the_e
     assert err.splitlines() == [
         f"omnirl eval: note: {export / 'job.yaml'} is an export's manifest as written, so this scores spec.model.path "
         f"builtin (the model the run started from), not the exported weights; to score those set spec.model.path: "
-        f"{export} or pass --checkpoint"]
+        f"{export}"]
+
+
+def test_eval_of_an_exports_manifest_names_the_checkpoint_it_was_exported_from(tmp_path, capsys):
+    """The note's fix was "or pass --checkpoint", and `--checkpoint EXPORT` is refused (no policy.safetensors):
+    it now names the checkpoint export.json records, when that checkpoint is on this machine."""
+    ckpt = tmp_path / "run" / "checkpoints" / "step-000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "policy.safetensors").write_bytes(b"")
+    export = tmp_path / "exp"
+    export.mkdir()
+    (export / "export.json").write_text(json.dumps({"format": "omnirl-export-v1", "checkpoint": str(ckpt)}))
+    (export / "job.yaml").write_text(Path(NFT).read_text())
+    prompts = prompt_file(tmp_path, 'A sign that says "42"\n')
+    code = main(["eval", str(export / "job.yaml"), "--prompts", prompts, "--sampling-steps", "2", "--out",
+                 str(tmp_path / "o")])
+    _, err = capsys.readouterr()
+    assert code == 0, err
+    assert err.splitlines() == [
+        f"omnirl eval: note: {export / 'job.yaml'} is an export's manifest as written, so this scores spec.model.path "
+        f"builtin (the model the run started from), not the exported weights; to score those set spec.model.path: "
+        f"{export}, or pass --checkpoint {ckpt} (the checkpoint it was exported from)"]

@@ -131,6 +131,9 @@ def test_eval_equals_validation_builtin(tmp_path, redis_url):
     ev = _eval(job, ckpt, tmp_path / "eval")
     _assert_same(val, ev)
     assert ev["prompts"] == read_prompts(HELDOUT)[:4] and ev["steps"] == 4
+    # the record names the step directory scored, not `latest` as given (which moves while a run goes on)
+    assert (ev["checkpoint"], ev["checkpoint_step"], ev["policy_version"]) == (
+        str((tmp_path / "ckpt" / "step-000003").resolve()), 3, 3)
 
 
 @pytest.fixture(scope="module")

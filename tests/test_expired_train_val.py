@@ -78,7 +78,12 @@ def test_a_validation_round_with_gone_samples_reports_the_rest_and_counts_the_mi
     job = "valgone"
     with TransferQueue(redis_client, job) as q:
         validator = Validator(q, spec, lambda p: [1], tmp_path, nonce=3)
-        validator.publish(at_step=4, version=2)
+        with caplog.at_level(logging.INFO, logger="omnirl.controller"):
+            validator.publish(at_step=4, version=2)
+        # the round says when it starts (the CPU demo's first one ran 300 s on a busy box without a line)
+        assert [r.getMessage() for r in caplog.records] == [
+            "validation after 4 training steps (v2): sampling 3 held-out prompts, 20 ODE steps each"]
+        caplog.clear()
         for i in range(3):
             q.publish(q.streams.samples, {"sample_id": f"s{i}"}, {"x0": torch.zeros(1)},
                       image=torch.full((8, 16, 3), 255, dtype=torch.uint8))

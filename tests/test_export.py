@@ -204,8 +204,12 @@ def _export(capsys, *args: str) -> tuple[int, list[str]]:
 
 def test_export_cli_writes_the_latest_checkpoint(run_dir, tmp_path, capsys):
     code = main(["export", str(run_dir), "--out", str(tmp_path / "x")])
-    assert code == 0, capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert code == 0, err
     assert json.loads((tmp_path / "x" / "export.json").read_text())["policy_version"] == 4
+    # the step directory exported, not `…/checkpoints/latest` as defaulted (it printed that)
+    assert out.splitlines() == [f"exported {(run_dir / 'checkpoints' / 'latest').resolve()} (step 3, policy_version 4) "
+                                f"→ {tmp_path / 'x'}"]
     assert load_digits_adapter(tmp_path / "x").config.d_model == 128
 
 
@@ -365,8 +369,16 @@ def test_eval_of_a_run_directory_or_an_export_says_what_to_pass_instead(run_dir,
     assert said[run_dir] == (f"omnirl eval: {run_dir}: no policy.safetensors; it is a run directory: pass "
                              f"{run_dir}/checkpoints/latest")
     assert said[export] == (f"omnirl eval: {export}: no policy.safetensors; it is an export (the trained model as "
-                            f"users load it): evaluate it as model.path: {export} in a manifest, or pass the run's "
-                            "OUT/checkpoints/latest")
+                            f"users load it): evaluate it as model.path: {export} in a manifest, or pass the "
+                            f"checkpoint it was exported from, {(run_dir / 'checkpoints' / 'latest').resolve()}")
+    # a checkpoint that is gone (pruned by checkpoint.keep) is not named: the generic fix stays
+    meta = json.loads((export / "export.json").read_text())
+    (export / "export.json").write_text(json.dumps({**meta, "checkpoint": str(tmp_path / "pruned")}))
+    main(["eval", str(run_dir / "job.yaml"), "--prompts", str(prompts), "--checkpoint", str(export),
+          "--out", str(tmp_path / "e")])
+    assert capsys.readouterr().err.splitlines() == [
+        f"omnirl eval: {export}: no policy.safetensors; it is an export (the trained model as users load it): "
+        f"evaluate it as model.path: {export} in a manifest, or pass the run's OUT/checkpoints/latest"]
 
 
 def test_an_export_out_that_cannot_be_written_is_one_line_naming_out_and_the_fix(run_dir, tmp_path, capsys):

@@ -93,6 +93,10 @@ class Validator:
         self.round, self.version = at_step, version
         self.scores, self.keys = {}, {}
         self.tag = f"{self.nonce}a{attempt}" if attempt else str(self.nonce)
+        # said at the start too: the CPU demo's first round took 14 s idle, 300 s on a busy box, without a line
+        log.info("validation after %d training steps (v%d): sampling %d held-out prompts, %d ODE steps each%s",
+                 at_step, version, len(self.prompts), self.spec.validation.numSteps,
+                 f" (attempt {attempt + 1}: every sample of the last one was missing)" if attempt else "")
         for i, (prompt, ids) in enumerate(zip(self.prompts, self.ids, strict=True)):
             req = heldout_request(self.spec, i, prompt, ids, step=at_step, sample_id=f"val{at_step}:{i}:{self.tag}")
             self.queue.publish(self.queue.streams.requests, req.model_dump())

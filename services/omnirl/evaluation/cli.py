@@ -30,7 +30,7 @@ from omnirl.api.spec import GROUP_KINDS, RLJob
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.evaluation.evaluate import SampleUnscored, evaluate
-from omnirl.models.policy_io import check_owner, load_policy, resolve_checkpoint
+from omnirl.models.policy_io import check_owner, exported_from, load_policy, resolve_checkpoint
 from omnirl.models.registry import adapter_options, check_model_path, load_adapter, load_tokenizer
 from omnirl.reward.registry import check_api_keys, check_judges
 from omnirl.reward.servers import JudgeFailed, check_local, serving
@@ -89,6 +89,15 @@ def main(args: argparse.Namespace) -> int:
         return CONFIG_ERROR_EXIT  # as `omnirl run` for the same judge: a setting it cannot start with
 
 
+def _export_fix(export: Path) -> str:
+    """How to score an export's weights: its directory as `spec.model.path`, or `--checkpoint` of the checkpoint
+    it was exported from when `export.json` names one that is on this machine. `--checkpoint EXPORT` itself is
+    refused (an export holds no `policy.safetensors`), so a bare "or pass --checkpoint" sent users into that."""
+    source = exported_from(export)
+    fix = f"set spec.model.path: {export}"
+    return fix + (f", or pass --checkpoint {source} (the checkpoint it was exported from)" if source else "")
+
+
 def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str) -> int:
     """Load the model, sample and score `prompts` with `job`'s rewards (judges wired in), write the outputs."""
     spec = job.spec
@@ -97,14 +106,18 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
         with config_errors(f"--checkpoint {args.checkpoint}", SafetensorError, json.JSONDecodeError, fix=fix):
             state = load_policy(adapter, args.checkpoint, spec.model.lora)
         print(f"checkpoint {args.checkpoint}: step {state.get('step')} policy_version {state.get('policy_version')}")
+        # the directory itself, not `latest` as given: a run that goes on moves `latest`, and the record then lied
+        scored = {"checkpoint": str(resolve_checkpoint(args.checkpoint)), "checkpoint_step": state.get("step"),
+                  "policy_version": state.get("policy_version")}
     else:  # say which weights are scored: without --checkpoint it is the manifest's model, often the base one
+        scored = {"checkpoint": None}
         print(f"model {spec.model.path} (spec.model.path; no --checkpoint)")
-        if (Path(args.job).parent / "export.json").is_file() and spec.model.path != str(Path(args.job).parent):
+        export = Path(args.job).parent
+        if (export / "export.json").is_file() and spec.model.path != str(export):
             # an export's job.yaml is the run's manifest as written: it names the model the run started from
             print(f"omnirl eval: note: {args.job} is an export's manifest as written, so this scores "
                   f"spec.model.path {spec.model.path} (the model the run started from), not the exported weights; "
-                  f"to score those set spec.model.path: {Path(args.job).parent} or pass --checkpoint",
-                  file=sys.stderr, flush=True)
+                  f"to score those {_export_fix(export)}", file=sys.stderr, flush=True)
     adapter.module.eval()
     steps = spec.validation.numSteps if args.sampling_steps is None else args.sampling_steps
     t0 = time.perf_counter()
@@ -122,7 +135,7 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
                     captions=[f"{r:.2f}" for r in result.rewards[:n_grid]])
     (out / "rewards.json").write_text(json.dumps({
         "mean_reward": result.mean_reward, "exact_match": result.exact_match, "n": result.n,
-        "sampler": args.sampler, "steps": steps, "seconds": seconds, "checkpoint": args.checkpoint,
+        "sampler": args.sampler, "steps": steps, "seconds": seconds, **scored,
         "rewards": [float(r) for r in result.rewards], "prompts": result.prompts}, indent=1))
     print(f"grid {out / 'grid.png'}  ({seconds:.1f} s)")
     exact = "" if result.exact_match is None else f" exact_match={result.exact_match:.3f}"  # None: no text to match

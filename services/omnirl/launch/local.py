@@ -441,6 +441,6 @@ def _summary(out: Path, job_name: str, since: int) -> None:
     table = validation_table(records)
     if table:
         print(table, flush=True)
-    summary = finish_summary(records[since:], job_name, out / METRICS_FILE)
+    summary = finish_summary(records, job_name, out / METRICS_FILE, since=since)
     if summary:
         print(summary, flush=True)

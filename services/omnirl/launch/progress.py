@@ -80,23 +80,28 @@ def validation_table(records: list[dict]) -> str:
     return console.file.getvalue()
 
 
-def finish_summary(records: list[dict], job_name: str, metrics_path: Path) -> str:
+def finish_summary(records: list[dict], job_name: str, metrics_path: Path, since: int = 0) -> str:
     """A finished run, readably: the controller's `finish` record (the last one in `records`, the lines of
-    `metrics_path`) with the step and validation lines before it. '' when `records` holds no `finish`.
+    `metrics_path`) with the step and validation lines before it. '' when `records[since:]` (this launch's
+    lines) holds no `finish`.
 
     The lines: the training steps (all of them, and this launch's share after a resume) and the seconds
     from the controller's start to its finish; the train reward of the first and last step; the held-out
     reward of the first and last validation (with exact match when an OCR-rule reward gives one); the last
     checkpoint and export; where the machine-readable record is. (It was the controller's
-    `{"event": "controller-finished", "validation": [...]}`, one raw JSON line.)
+    `{"event": "controller-finished", "validation": [...]}`, one raw JSON line.) The rewards are the whole
+    run's, as the held-out table above it: after a `--resume` they were this launch's only (`0.491 at step 4 →
+    0.491 at step 4` under a table reading 0.426 → 0.491).
     """
-    ends = [i for i, r in enumerate(records) if r.get("event") == "finish"]
+    ends = [i for i, r in enumerate(records) if r.get("event") == "finish" and i >= since]
     if not ends:
         return ""
     finish = records[ends[-1]]
-    begun = next((r for r in reversed(records[:ends[-1]]) if r.get("event") == "start"), {})
-    steps = [r for r in records if r.get("event") == "step"]
-    vals = [r for r in records if r.get("event") == "validation" and r.get("val_reward_mean") is not None]
+    # this launch's first start: a restart-job writes another, and timing from it dropped the time before it
+    begun = next((r for r in records[since:ends[-1]] if r.get("event") == "start"),
+                 next((r for r in reversed(records[:ends[-1]]) if r.get("event") == "start"), {}))
+    steps = [r for r in records[:ends[-1]] if r.get("event") == "step"]
+    vals = [r for r in records[:ends[-1]] if r.get("event") == "validation" and r.get("val_reward_mean") is not None]
     first = finish.get("start_step", 0)
     total = finish.get("total_steps") or (steps[-1]["step"] + 1 if steps else first)
     grid = Table.grid(padding=(0, 2), pad_edge=True)

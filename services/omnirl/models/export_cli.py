@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import json
 import shlex
 import sys
 from pathlib import Path
@@ -106,5 +107,7 @@ def main(args: argparse.Namespace) -> int:
             return STORAGE_ERROR_EXIT
         print(f"omnirl export: {str(err).strip(chr(39) + chr(34))}", file=sys.stderr)
         return 2
-    print(f"exported {checkpoint} → {out}")
+    # the step directory and its step, not `latest` as given: which weights these are, as export.json records them
+    meta = json.loads((out / "export.json").read_text())
+    print(f"exported {meta['checkpoint']} (step {meta['step']}, policy_version {meta['policy_version']}) → {out}")
     return 0

@@ -23,6 +23,17 @@ COMPLETE = "COMPLETE"
 POLICY_FILE = "policy.safetensors"
 
 
+def exported_from(export: Path) -> Path | None:
+    """The checkpoint an export (`omnirl export`, `OUT/exports/step-*`) was made from, as its `export.json`
+    records it, when that checkpoint is still on this machine (it holds `policy.safetensors`); else None
+    (pruned by `checkpoint.keep`, a pod's path, or no readable `export.json`: only the hint is lost)."""
+    try:
+        ckpt = json.loads((export / "export.json").read_text()).get("checkpoint")
+    except (OSError, json.JSONDecodeError, AttributeError):  # AttributeError: a JSON document that is no object
+        return None
+    return Path(ckpt) if isinstance(ckpt, str) and (Path(ckpt) / POLICY_FILE).is_file() else None
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """The one answer to "where is the checkpoint": `path` itself, or `path/latest` when given a
     checkpoints root (the layout of `omnirl.actor.checkpoint`), resolved.
@@ -42,8 +53,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
         if (p / "checkpoints").is_dir():  # the run directory itself, `omnirl run --out`
             hint = f"it is a run directory: pass {Path(path) / 'checkpoints' / LATEST}"
         elif (p / "export.json").is_file():  # OUT/exports/latest: the model as users load it
+            source = exported_from(p)  # naming it beats a generic OUT/checkpoints/latest, which may be newer
             hint = (f"it is an export (the trained model as users load it): evaluate it as model.path: {path} "
-                    "in a manifest, or pass the run's OUT/checkpoints/latest")
+                    "in a manifest, or pass " + (f"the checkpoint it was exported from, {source}" if source
+                                                 else "the run's OUT/checkpoints/latest"))
         else:
             hint = "pass a run's checkpoint dir, e.g. OUT/checkpoints/latest"
         raise FileNotFoundError(f"{path}: no {POLICY_FILE}; {hint}")
