@@ -9,6 +9,17 @@ points found wanting so far:
   the validation round that comes first): its successor started at the next step and never exported the
   checkpoint (`exports/latest` lagged `checkpoints/latest` until the next checkpoint; with `checkpoint.keep`
   2 the finished run had `exports/step-000002` only, an uninterrupted one also `step-000001`).
+
+Tried by hand on 2026-12-03 with the same hook (3 steps, sync unless named), each ending as an uninterrupted
+run (exit 0, one line per step with its loss, the same losses and rewards, ledger 18 trained, nothing lost or
+duplicated), so not kept here: the actor after the weight broadcast before `_publish_state`, after
+`_publish_state`, after `_publish_done` (steps 0, 1; also fully-async, and `restart-role`), after noting the
+result before the checkpoint, inside `_forget_through`, in a replayed step, after a replay's checkpoint, in
+`_announce`; the controller before and after publishing a `TrainRequest` (also async-reward, fully-async and
+`restart-role`), before `expected:{step}`, before `_report`, after a step's line, after a validation round's
+publish, before its `finish`, after its line, before and after the last export, after `finish`, after `stop`;
+the rollout and reward roles right after a publish. A finished job still ends as a failure when a role dies
+between the controller's `finish` record and its exit, see the commit's report (`launch/supervise.py`).
 """
 
 from __future__ import annotations
