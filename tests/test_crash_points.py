@@ -19,7 +19,9 @@ result before the checkpoint, inside `_forget_through`, in a replayed step, afte
 `restart-role`), before `expected:{step}`, before `_report`, after a step's line, after a validation round's
 publish, before its `finish`, after its line, before and after the last export, after `finish`, after `stop`;
 the rollout and reward roles right after a publish. A finished job still ends as a failure when a role dies
-between the controller's `finish` record and its exit, see the commit's report (`launch/supervise.py`).
+between the controller's `finish` record and its exit (the actor right after its last `_publish_done`):
+`launch/supervise.py::_check_exits` restarts the job (the export is made again as `step-000002.1`) or, with
+`maxRestarts` spent, exits 137 ("the job did not finish") after printing the finished run's summary; not fixed.
 """
 
 from __future__ import annotations
