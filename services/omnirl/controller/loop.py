@@ -157,6 +157,8 @@ class Controller:
         if self.validator and not self.reporter.has_validation(self.start_step) and (
                 self.start_step == 0 or self._validation_due(self.start_step - 1)):
             self._validate(self.start_step)  # step 0, or a round the predecessor did not finish
+        if self.env.export and 0 < self.start_step < self.total_steps:
+            self._export_missed(self.start_step - 1)  # after that round, as the predecessor would have
         mode = self.spec.pipeline
         ahead = mode.mode == "fully-async" and mode.staleAction == "drop" and mode.maxStaleness >= 1
         for step in range(self.start_step, self.total_steps):
@@ -599,6 +601,25 @@ class Controller:
         path = export_run_checkpoint(self.written, self.out, self.out / self.spec.checkpoint.dir / Path(checkpoint).name,
                                      keep=self.spec.checkpoint.keep)
         self.reporter.exported(path)
+
+    def _export_missed(self, step: int) -> None:
+        """Export the scheduled checkpoint of `step`, the last step trained before this controller started,
+        when no export of that step exists: the predecessor died between the step's result and its export
+        (after the line, during the validation round). Before, that export was never written (`exports/latest`
+        lagged `checkpoints/latest` until the next checkpoint; with `checkpoint.keep` ≥ 2 the finished run
+        lacked it). A checkpoint the actor wrote only because it was stopped (SIGTERM) is not scheduled and
+        keeps having no export (README, "The trained model")."""
+        from omnirl.actor.checkpoint import COMPLETE
+        from omnirl.models.export import EXPORTS
+        from omnirl.models.policy_io import step_order
+
+        ckpt = self.out / self.spec.checkpoint.dir / f"step-{step:06d}"
+        exports = self.out / EXPORTS
+        done = exports.is_dir() and any((step_order(p.name) or (-1, 0))[0] == step for p in exports.iterdir())
+        if done or not self._checkpoint_due(step) or not (ckpt / COMPLETE).is_file():
+            return
+        log.info("exporting checkpoint step %d, which the previous controller did not export", step)
+        self._export(str(ckpt))
 
     def _export_latest(self) -> None:
         """Every step was trained before this controller started (a stop after the last step, before
