@@ -18,10 +18,12 @@ result before the checkpoint, inside `_forget_through`, in a replayed step, afte
 `_announce`; the controller before and after publishing a `TrainRequest` (also async-reward, fully-async and
 `restart-role`), before `expected:{step}`, before `_report`, after a step's line, after a validation round's
 publish, before its `finish`, after its line, before and after the last export, after `finish`, after `stop`;
-the rollout and reward roles right after a publish. A finished job still ends as a failure when a role dies
-between the controller's `finish` record and its exit (the actor right after its last `_publish_done`):
-`launch/supervise.py::_check_exits` restarts the job (the export is made again as `step-000002.1`) or, with
-`maxRestarts` spent, exits 137 ("the job did not finish") after printing the finished run's summary; not fixed.
+the rollout and reward roles right after a publish.
+
+- the actor killed right after publishing its last step's result: the supervisor restarted the finished job
+  (trained again from the last checkpoint, the export made again as `step-000002.1`) or, with `maxRestarts`
+  spent, exited 137 ("the job did not finish") after printing the finished run's summary. Now a role that dies
+  once the job no longer needs it is not restarted (`launch/supervise.py::_no_longer_needed`).
 """
 
 from __future__ import annotations
@@ -82,26 +84,7 @@ def test_a_role_killed_at_an_exact_point_ends_as_an_uninterrupted_run(tmp_path, 
     restart-job, one line per step with the actor's loss, the validation rounds once each, both checkpoints
     exported (each once, no `.K` copy), and the ledger: 18 trained, nothing lost or duplicated."""
     role, target, when, cond, val_every = KILL_POINTS[point]
-    hook = tmp_path / "hook"
-    hook.mkdir()
-    (hook / "sitecustomize.py").write_text(KILL_AT)
-    job, out = chaos_job(tmp_path, "crash-point", steps=3), tmp_path / "out"
-    doc = yaml.safe_load(job.read_text())
-    doc["spec"]["pipeline"] = {"mode": "sync"}
-    doc["spec"]["checkpoint"]["keep"] = 2
-    if val_every:
-        doc["spec"]["data"]["validationPrompts"] = str(ROOT / "examples/prompts/ocr-heldout.txt")
-        doc["spec"]["validation"] = {"everySteps": val_every, "numSteps": 4, "maxPrompts": 2}
-    job.write_text(yaml.safe_dump(doc))
-    kill = {"role": role, "target": target, "when": when, "cond": cond, "marker": str(tmp_path / "killed")}
-    paths = [str(hook), str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMNIRL_TEST_KILL": json.dumps(kill)}
-    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(job), "--no-ray", "--device", "cpu",
-                           "--out", str(out)], capture_output=True, text=True, timeout=540, cwd=ROOT, env=env)
-    console = done.stdout + done.stderr
-    assert done.returncode == 0, console[-3000:]
-    assert (tmp_path / "killed").exists(), console[-3000:]  # the fault happened
-
+    out = _run_killed(tmp_path, (role, target, when, cond), val_every=val_every)
     events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
     assert [(e["role"], e["action"]) for e in events] == [(f"{role}-0", "restart-job")], events
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -117,5 +100,55 @@ def test_a_role_killed_at_an_exact_point_ends_as_an_uninterrupted_run(tmp_path, 
     if val_every:  # exported after the round of its weights, which it carries
         carried = json.loads((out / "exports" / "step-000001" / "validation.json").read_text())
         assert carried["validation"]["step"] == 2, carried
+    counts = check_ledger(out, total_steps=3, group_size=3, prompts_per_step=2)
+    assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 18, [])
+
+
+def _run_killed(tmp_path: Path, kill_at: tuple[str, str, str, str], val_every: int = 0, max_restarts: int = 100
+                ) -> Path:
+    """`omnirl run` of 3 sync steps (checkpoints after steps 1 and 2, `keep` 2) with one role SIGKILLed at
+    `kill_at` = (role, "module:Class.method", before/after, condition on `args`); asserts exit 0 and that the
+    kill happened; returns the run directory."""
+    role, target, when, cond = kill_at
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(KILL_AT)
+    job, out = chaos_job(tmp_path, "crash-point", steps=3), tmp_path / "out"
+    doc = yaml.safe_load(job.read_text())
+    doc["spec"]["pipeline"] = {"mode": "sync"}
+    doc["spec"]["checkpoint"]["keep"] = 2
+    doc["spec"]["failurePolicy"]["maxRestarts"] = max_restarts
+    if val_every:
+        doc["spec"]["data"]["validationPrompts"] = str(ROOT / "examples/prompts/ocr-heldout.txt")
+        doc["spec"]["validation"] = {"everySteps": val_every, "numSteps": 4, "maxPrompts": 2}
+    job.write_text(yaml.safe_dump(doc))
+    kill = {"role": role, "target": target, "when": when, "cond": cond, "marker": str(tmp_path / "killed")}
+    paths = [str(hook), str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "OMNIRL_TEST_KILL": json.dumps(kill)}
+    done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(job), "--no-ray", "--device", "cpu",
+                           "--out", str(out)], capture_output=True, text=True, timeout=540, cwd=ROOT, env=env)
+    console = done.stdout + done.stderr
+    assert done.returncode == 0, console[-3000:]  # before the fix (maxRestarts 0): 137, "the job did not finish"
+    assert (tmp_path / "killed").exists(), console[-3000:]  # the fault happened
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_actor_killed_after_its_last_result_ends_the_job_without_a_restart(tmp_path):
+    """The actor SIGKILLed right after publishing the last step's result, `maxRestarts: 0`: the job finishes
+    (exit 0) once, its one event says the actor was not restarted, one start and one finish record, both
+    checkpoints exported once (no `step-000002.1`), and the ledger: 18 trained, nothing lost or duplicated."""
+    out = _run_killed(tmp_path, ("actor", "omnirl.actor.service:ActorService._publish_done", "after",
+                                 "args[1].step == 2"), max_restarts=0)
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [(e["role"], e["action"]) for e in events] == [
+        ("actor-0", "not restarted (the job's last step, 2, was trained and reported: nothing is left for the actor)")
+    ] or [(e["role"], e["action"]) for e in events] == [
+        ("actor-0", "not restarted (the controller had ended the job)")], events
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records].count("start") == 1 and [r["event"] for r in records].count("finish") == 1
+    assert [r["step"] for r in records if r["event"] == "step"] == [0, 1, 2]
+    assert sorted(p.name for p in (out / "exports").iterdir()) == ["latest", "step-000001", "step-000002"]
     counts = check_ledger(out, total_steps=3, group_size=3, prompts_per_step=2)
     assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 18, [])

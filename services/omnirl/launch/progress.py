@@ -25,6 +25,9 @@ class Progress:
                                 console=Console(stderr=True), transient=False)
         self.task = self.bar.add_task("train", total=total_steps, info="")
         self.reward = self.val = None
+        self.total = total_steps
+        self.last_step = -1  # the highest step with a line in the file (an earlier launch's too)
+        self.finished = False  # a `finish` record of this many steps (or more): the controller ended the job
         self.bar.start()
 
     def update(self) -> None:
@@ -38,7 +41,10 @@ class Progress:
         self.offset += len(complete.encode())
         for line in complete.splitlines():
             rec = json.loads(line)
+            if rec.get("event") == "finish" and (rec.get("total_steps") or 0) >= self.total:
+                self.finished = True
             if rec.get("event") == "step":
+                self.last_step = max(self.last_step, rec["step"])
                 self.reward = train_reward(rec)
                 self.bar.update(self.task, completed=rec["step"] + 1)
             elif rec.get("event") == "validation" and rec["val_reward_mean"] is not None:  # None: every sample missing

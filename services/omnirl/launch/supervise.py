@@ -114,6 +114,7 @@ class Supervisor:
         self.progress = Progress(out / "metrics.jsonl", total_steps)
         self.procs: dict[str, RoleProcess] = {}
         self.restarts: dict[str, int] = {}  # replica name or "job" → restarts so far
+        self._done: set[str] = set()  # roles that died when the job no longer needed them: not restarted
         self._resume = resume
         self.failure = ""  # why run() gave up (its JobFailure's reason), for the launcher's last line
         self._verdict: JobFailure | None = None  # set by the Redis watchdog: why the job cannot go on
@@ -245,12 +246,37 @@ class Supervisor:
             return None
         for p in self._roles():
             c = p.poll()
-            if c is None or (c == 0 and self.queue.get_json("stop")):
+            if c is None or p.name in self._done or (c == 0 and self.queue.get_json("stop")):
                 continue  # running, or finished because the controller ended the job
             self._stop_if_unwritable(p, c)
+            why = self._no_longer_needed(p)
+            if why:
+                self._done.add(p.name)
+                self._event(p.name, _exit_reason(p, c), f"not restarted ({why})")
+                continue
             self._failed(p, _exit_reason(p, c), c)
             return None
         return None
+
+    def _no_longer_needed(self, p: RoleProcess) -> str:
+        """Why the job can end without `p`, a role that just died, or "". Restarting it there restarted the
+        whole finished job (an actor SIGKILLed after publishing its last step's result: trained again from the
+        last checkpoint, exported again as `step-NNNNNN.1`), or with `maxRestarts: 0` failed a job whose
+        `finish` record was written. The actor is done once the last step's line is written (its checkpoint
+        comes before its result); it died moments before the controller wrote it, so a dead actor whose
+        `actor_state` names the last step gets up to `SETTLE_S` for the line."""
+        if self.queue.get_json("stop") or self.progress.finished:
+            return "the controller had ended the job"
+        last = self.progress.total - 1
+        if p.role == "actor":
+            state = self.queue.get_json("actor_state") or {}
+            end = time.monotonic() + (SETTLE_S if int(state.get("step", -1)) >= last else 0.0)
+            while self.progress.last_step < last and time.monotonic() < end:
+                time.sleep(0.1)
+                self._pump()
+            if self.progress.last_step >= last:
+                return f"the job's last step, {last}, was trained and reported: nothing is left for the actor"
+        return ""
 
     def _roles(self) -> list[RoleProcess]:
         """Every process but the controller's."""
@@ -439,6 +465,7 @@ class Supervisor:
         else:
             self.stop_all()
             clear_start_flags(self.queue)
+            self._done.clear()
             for role, index in self.plan:
                 self.procs[f"{role}-{index}"] = self.start(role, index, "auto")
         self._write_pids()
