@@ -259,3 +259,18 @@ def test_omnirl_ledger_on_a_real_run_stopped_then_resumed(tmp_path):
     code, got = _ledger_json(out, env)
     assert (code, got["counted_steps"], got["finished"], got["problems"]) == (0, 4, True, []), got
     assert [got[k] for k in ("generated", "scored", "trained", "lost", "duplicated", "wasted")] == [24, 24, 24, 0, 0, 0]
+
+
+def test_a_run_whose_finish_line_has_no_total_steps_is_counted_from_its_start_line(tmp_path, capsys):
+    """A run directory of omnirl before 2026-12 ends its metrics.jsonl with `{"event": "finish", "time": …}`
+    alone: `omnirl ledger` said only `omnirl ledger: total_steps` (a KeyError), exit 2."""
+    out = tmp_path / "run"
+    write_run(out, steps=2)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["event"] == "finish"
+    (out / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps({"event": "finish", "time": 1.0})]) + "\n")
+    code, text, err = ledger(str(out), capsys=capsys)
+    assert (code, err) == (0, "")
+    assert text.startswith(f"{out}: 2 of 2 steps counted (0–1), groups of 3 × 2 prompts per step (from "
+                           f"{out / 'job.yaml'}, {out / 'metrics.jsonl'})\n"), text
+    assert "trained        12" in text and text.rstrip().endswith("ok: nothing lost, nothing duplicated")

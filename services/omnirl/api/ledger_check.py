@@ -270,6 +270,8 @@ def account(run_dir: str | Path, steps: int | None = None, group_size: int | Non
     records = read_metrics(run_dir) if (run_dir / METRICS_FILE).is_file() else None
     starts = [r for r in records or [] if r.get("event") in ("start", "finish")]
     finished = None if records is None else bool(starts) and starts[-1]["event"] == "finish"
+    # the planned steps: the last start's (a finish line of a run before 2026-12 has no total_steps)
+    planned_at = [r for r in starts if r["event"] == "start" and "total_steps" in r]
     values, sources = {}, {}
     for name, value in flags.items():
         if value is not None:
@@ -277,8 +279,8 @@ def account(run_dir: str | Path, steps: int | None = None, group_size: int | Non
                 raise ValueError(f"{FLAGS[name][0]} {value}, but {spec_path} (the manifest this run used) says "
                                  f"{FLAGS[name][1]} {spec[name]}: drop {FLAGS[name][0]}")
             values[name], sources[name] = value, FLAGS[name][0]
-        elif name == "steps" and starts:  # `omnirl run --steps N` is in the start record, not in job.yaml
-            values[name], sources[name] = int(starts[-1]["total_steps"]), str(run_dir / METRICS_FILE)
+        elif name == "steps" and planned_at:  # `omnirl run --steps N` is in the start record, not in job.yaml
+            values[name], sources[name] = int(planned_at[-1]["total_steps"]), str(run_dir / METRICS_FILE)
         elif spec is not None:
             values[name], sources[name] = spec[name], spec_path
         else:
