@@ -274,3 +274,25 @@ def test_a_run_whose_finish_line_has_no_total_steps_is_counted_from_its_start_li
     assert text.startswith(f"{out}: 2 of 2 steps counted (0–1), groups of 3 × 2 prompts per step (from "
                            f"{out / 'job.yaml'}, {out / 'metrics.jsonl'})\n"), text
     assert "trained        12" in text and text.rstrip().endswith("ok: nothing lost, nothing duplicated")
+
+
+@pytest.mark.parametrize("file,line,why", [
+    ("actor-a.jsonl", '{"sample_id": "0:0:0", "run": "a", "base": -1}', "no 'step'"),
+    ("checkpoints-a.jsonl", '{"checkpoint": "1", "run": "a"}', "'checkpoint' '1' is not an integer"),
+    ("rollout-0.jsonl", '{"sample_id": "0-0-0", "policy_version": 0}',
+     "sample id '0-0-0': expected {step}:{prompt}:{index}[r{attempt}]"),
+    ("reward-0.jsonl", '["0:0:0"]', "a JSON list, not an object")], ids=["no-step", "str-checkpoint", "bad-id", "list"])
+def test_a_ledger_line_of_the_wrong_shape_names_its_file_and_line(tmp_path, capsys, file, line, why):
+    """A ledger line without a field the accounting reads said only `omnirl ledger: step` (a bare KeyError), one
+    with another id form `omnirl ledger: sample id '0-0-0': …` naming no file."""
+    out = tmp_path / "run"
+    write_run(out, steps=2)
+    path = out / "ledger" / file
+    n = len(path.read_text().splitlines()) + 1
+    with path.open("a") as f:
+        f.write(line + "\n")
+    code, text, err = ledger(str(out), capsys=capsys)
+    assert (code, text) == (2, "")
+    kind = file.split("-")[0]
+    assert err == (f"omnirl ledger: {path}: line {n} is not a line of a {kind} ledger ({why}): {line!r}; a ledger is "
+                   "written by the roles only: an edited or damaged file cannot be accounted; copy it again\n")

@@ -67,19 +67,51 @@ def ledger_rows(run_dir: Path, kind: str) -> list[dict]:
     as written; a last line without its newline (being appended now, or cut by a full disk) is skipped.
 
     Raises:
-        ValueError: a whole line that is not JSON (names the file and line).
+        ValueError: a whole line that is not JSON, or not a `kind` line (`FIELDS`: a field missing or of
+            another type, a training sample id of another form); names the file and line.
         OSError: a ledger file cannot be read.
     """
     rows = []
     for f in sorted((Path(run_dir) / LEDGER_DIR).glob(LEDGERS[kind])):
         text = f.read_text()
         for n, line in enumerate(text[: text.rfind("\n") + 1].splitlines(), 1):
+            if not line.strip():
+                continue
             try:
-                rows += [json.loads(line)] if line.strip() else []
+                row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{f}: line {n} is not a JSON ledger line ({err}): {line[:80]!r}; a ledger is written "
-                                 "by the roles only: an edited or damaged file cannot be accounted; copy it again") from err
+                raise ValueError(f"{f}: line {n} is not a JSON ledger line ({err}): {line[:80]!r}; {_DAMAGED}") from err
+            why = _malformed(kind, row)
+            if why:  # read as it is, a missing field was a bare KeyError ('omnirl ledger: run')
+                raise ValueError(f"{f}: line {n} is not a line of a {kind} ledger ({why}): {line[:80]!r}; {_DAMAGED}")
+            rows.append(row)
     return rows
+
+
+_DAMAGED = "a ledger is written by the roles only: an edited or damaged file cannot be accounted; copy it again"
+FIELDS = {"rollout": {"sample_id": str}, "reward": {"sample_id": str},
+          "actor": {"sample_id": str, "step": int, "run": str, "base": int},
+          "checkpoints": {"checkpoint": int, "run": str}}
+"""Each ledger kind → the fields its lines must have and their type (what the roles write)."""
+
+
+def _malformed(kind: str, row: object) -> str:
+    """Why `row` is not a `kind` ledger line ('' when it is one): a field missing or of another type, or a
+    training sample id not of the form `{step}:{prompt}:{index}[r{attempt}]`."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    for name, typ in FIELDS[kind].items():
+        if name not in row:
+            return f"no {name!r}"
+        if not isinstance(row[name], typ) or isinstance(row[name], bool):
+            return f"{name!r} {row[name]!r} is not {'an integer' if typ is int else 'a string'}"
+    sid = row.get("sample_id")
+    if isinstance(sid, str) and not sid.startswith("val"):
+        try:
+            parse_sample_id(sid)
+        except ValueError as err:
+            return str(err)
+    return ""
 
 
 def _present(run_dir: Path, kind: str) -> bool:
