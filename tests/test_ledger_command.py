@@ -296,3 +296,17 @@ def test_a_ledger_line_of_the_wrong_shape_names_its_file_and_line(tmp_path, caps
     kind = file.split("-")[0]
     assert err == (f"omnirl ledger: {path}: line {n} is not a line of a {kind} ledger ({why}): {line!r}; a ledger is "
                    "written by the roles only: an edited or damaged file cannot be accounted; copy it again\n")
+
+
+def test_a_manifest_given_with_f_that_contradicts_the_runs_own_is_refused(tmp_path, capsys):
+    """`-f` another job's manifest (groups of 8 × 8) for a run that holds its own (3 × 2): it was counted against
+    the -f one without a word, `PROBLEM: 40 sample(s) lost`, exit 3, for a run that lost nothing."""
+    out = tmp_path / "run"
+    write_run(out, steps=2)
+    other = ROOT / "examples" / "ocr-flowgrpo.yaml"
+    code, text, err = ledger(str(out), "-f", str(other), capsys=capsys)
+    assert (code, text) == (2, "")
+    assert err == (f"omnirl ledger: -f {other} says spec.algorithm.groupSize 8, but {out / 'job.yaml'} (the manifest "
+                   "this run used) says 3: drop -f, the run's own manifest is read\n")
+    code, text, err = ledger(str(out), "-f", str(out / "job.yaml"), capsys=capsys)  # the same numbers: accepted
+    assert (code, err) == (0, "") and "trained        12" in text

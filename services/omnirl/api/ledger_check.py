@@ -288,8 +288,8 @@ def account(run_dir: str | Path, steps: int | None = None, group_size: int | Non
         job: a manifest to read the three from (`-f`).
     Raises:
         FileNotFoundError: no ledger there; `job` does not exist.
-        ValueError: a parameter found nowhere (names the flag), a flag that contradicts the run's own
-            manifest, a value < 1, a ledger naming a checkpoint it does not record.
+        ValueError: a parameter found nowhere (names the flag), a flag or `job` that contradicts the run's own
+            manifest (groupSize, promptsPerStep), a value < 1, a ledger naming a checkpoint it does not record.
         omnirl.api.errors.ManifestError: the manifest does not validate.
     """
     run_dir = Path(run_dir)
@@ -299,6 +299,11 @@ def account(run_dir: str | Path, steps: int | None = None, group_size: int | Non
         if value is not None and value < 1:
             raise ValueError(f"{FLAGS[name][0]} {value}: must be >= 1")
     spec, spec_path = _manifest(run_dir, job)
+    own, own_path = _manifest(run_dir, None) if job else (spec, spec_path)  # the manifest the run used, if here
+    for name in ("group_size", "prompts_per_step") if job and own is not None else ():
+        if own[name] != spec[name]:  # else counted against another job's groups: hundreds of samples "lost"
+            raise ValueError(f"-f {job} says {FLAGS[name][1]} {spec[name]}, but {own_path} (the manifest this run "
+                             f"used) says {own[name]}: drop -f, the run's own manifest is read")
     records = read_metrics(run_dir) if (run_dir / METRICS_FILE).is_file() else None
     starts = [r for r in records or [] if r.get("event") in ("start", "finish")]
     finished = None if records is None else bool(starts) and starts[-1]["event"] == "finish"
@@ -307,9 +312,9 @@ def account(run_dir: str | Path, steps: int | None = None, group_size: int | Non
     values, sources = {}, {}
     for name, value in flags.items():
         if value is not None:
-            if spec is not None and name != "steps" and spec[name] != value and not job:
-                raise ValueError(f"{FLAGS[name][0]} {value}, but {spec_path} (the manifest this run used) says "
-                                 f"{FLAGS[name][1]} {spec[name]}: drop {FLAGS[name][0]}")
+            if own is not None and name != "steps" and own[name] != value:
+                raise ValueError(f"{FLAGS[name][0]} {value}, but {own_path} (the manifest this run used) says "
+                                 f"{FLAGS[name][1]} {own[name]}: drop {FLAGS[name][0]}")
             values[name], sources[name] = value, FLAGS[name][0]
         elif name == "steps" and planned_at:  # `omnirl run --steps N` is in the start record, not in job.yaml
             values[name], sources[name] = int(planned_at[-1]["total_steps"]), str(run_dir / METRICS_FILE)
