@@ -310,3 +310,17 @@ def test_a_manifest_given_with_f_that_contradicts_the_runs_own_is_refused(tmp_pa
                    "this run used) says 3: drop -f, the run's own manifest is read\n")
     code, text, err = ledger(str(out), "-f", str(out / "job.yaml"), capsys=capsys)  # the same numbers: accepted
     assert (code, err) == (0, "") and "trained        12" in text
+
+
+@pytest.mark.parametrize("steps", [3, 50])
+def test_steps_that_contradict_the_runs_start_line_are_refused(tmp_path, capsys, steps):
+    """A finished 4-step run counted with `--steps 3` or `--steps 50`: it was `steps missing from the final
+    weights`, `PROBLEM: 18 sample(s) lost` (or 300, trained 0), exit 3, for a run that lost nothing."""
+    out = tmp_path / "run"
+    write_run(out, steps=4)
+    code, text, err = ledger(str(out), "--steps", str(steps), capsys=capsys)
+    assert (code, text) == (2, "")
+    assert err == (f"omnirl ledger: --steps {steps}, but {out / 'metrics.jsonl'} (the run's last start) planned 4 "
+                   "steps: drop --steps, the run's own count is read\n")
+    code, text, err = ledger(str(out), "--steps", "4", capsys=capsys)  # its own count: accepted
+    assert (code, err) == (0, "") and "trained        24" in text

@@ -312,6 +312,10 @@ def account(run_dir: str | Path, steps: int | None = None, group_size: int | Non
     values, sources = {}, {}
     for name, value in flags.items():
         if value is not None:
+            if name == "steps" and planned_at and int(planned_at[-1]["total_steps"]) != value:
+                # a finished run held to another count: every step past its own "lost", or a checkpoint never written
+                raise ValueError(f"--steps {value}, but {run_dir / METRICS_FILE} (the run's last start) planned "
+                                 f"{planned_at[-1]['total_steps']} steps: drop --steps, the run's own count is read")
             if own is not None and name != "steps" and own[name] != value:
                 raise ValueError(f"{FLAGS[name][0]} {value}, but {own_path} (the manifest this run used) says "
                                  f"{FLAGS[name][1]} {own[name]}: drop {FLAGS[name][0]}")
