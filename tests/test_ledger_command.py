@@ -324,3 +324,17 @@ def test_steps_that_contradict_the_runs_start_line_are_refused(tmp_path, capsys,
                    "steps: drop --steps, the run's own count is read\n")
     code, text, err = ledger(str(out), "--steps", "4", capsys=capsys)  # its own count: accepted
     assert (code, err) == (0, "") and "trained        24" in text
+
+
+def test_a_run_that_has_published_no_sample_yet_says_so(tmp_path, capsys):
+    """`omnirl ledger` in a run's first seconds (its job.yaml and metrics.jsonl written, no ledger line yet) told
+    the user to copy ledger/ off a Kubernetes claim."""
+    out = tmp_path / "run"
+    write_run(out, steps=2)
+    for f in (out / "ledger").iterdir():
+        f.unlink()
+    code, text, err = ledger(str(out), capsys=capsys)
+    assert (code, text) == (2, "")
+    assert err == (f"omnirl ledger: {out / 'ledger'}: no ledger files yet: the run in {out} has published no sample "
+                   "(a run just started writes them as its first samples are generated); try again once its first "
+                   "step is on its way\n")

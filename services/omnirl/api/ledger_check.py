@@ -256,6 +256,10 @@ def _ledger_dir(run_dir: Path) -> Path:
         raise ValueError(f"{run_dir} holds the ledger files itself ({', '.join(here)}): pass the directory above it, "
                          f"omnirl ledger {run_dir.parent}")
     if not led.is_dir() or not any(any(led.glob(p)) for p in LEDGERS.values()):
+        if (run_dir / METRICS_FILE).is_file() or run_manifest(run_dir) is not None:  # a run of omnirl run --out
+            raise FileNotFoundError(f"{led}: no ledger files yet: the run in {run_dir} has published no sample (a "
+                                    "run just started writes them as its first samples are generated); try again "
+                                    "once its first step is on its way")
         raise FileNotFoundError(f"{led}: no ledger files (rollout-*.jsonl, reward-*.jsonl, actor-*.jsonl, "
                                 "checkpoints-*.jsonl); pass the run directory of omnirl run --out, or copy ledger/ off "
                                 "the job's claim: kubectl cp NS/J-actor-0:/var/lib/omnirl/ledger ./run/ledger")
