@@ -179,6 +179,36 @@ def test_a_judge_listening_on_a_port_written_into_its_command_is_named_at_once(t
         assert s.connect_ex(("127.0.0.1", hard)) != 0
 
 
+# a judge as tritonserver: its own gRPC port (written into its args) opened first, then, loaded, its HTTP port
+SIDE_PORT_SERVER = ("import http.server, socket, sys, time\n"
+                    "a = dict(zip(sys.argv[1::2], sys.argv[2::2]))\n"
+                    "g = socket.socket(); g.bind(('127.0.0.1', int(a['--grpc-port']))); g.listen()\n"
+                    "print('grpc up, loading', flush=True); time.sleep(2.5)\n"
+                    "http.server.HTTPServer(('127.0.0.1', int(a['--http-port'])), http.server.BaseHTTPRequestHandler)"
+                    ".serve_forever()")
+
+
+@pytest.mark.parametrize("port_arg", ["{port}", "$OMNIRL_JUDGE_PORT"])
+def test_a_judge_given_its_port_that_first_listens_on_another_port_written_into_its_args_is_waited_for(
+        tmp_path, port_arg):
+    """`--http-port {port} --grpc-port 8001`: the written 8001 is the judge's own second port, not a hard-coded
+    judge port. It was exit 4 ('listens on port 8001 … (a port written into its command)') one second after
+    the start, for a judge that answers on its port 2.5 s later."""
+    side = _free_port()
+    script = tmp_path / "triton.py"
+    script.write_text(SIDE_PORT_SERVER)
+    command = ["sh", "-c", f"exec {sys.executable} {script} --http-port {port_arg} --grpc-port {side}"]
+    job = job_with(tmp_path, {"command": command, "startupSeconds": 60})
+    judges, wired = start_judges(job, tmp_path / "logs")
+    try:
+        (j,) = judges
+        assert j.port != side and j.answers()
+        assert wired.spec.reward[1].url == f"http://127.0.0.1:{j.port}/v1/score"
+        assert servers.listening_ports(j.proc.pid) == {side, j.port}
+    finally:
+        stop_judges(judges)
+
+
 def test_a_judge_answering_its_health_path_on_another_port_is_named_even_behind_a_shell(tmp_path, monkeypatch):
     # the port is nowhere in the command (an environment variable the judge reads), and the listener is the
     # shell's child: its answer to healthPath on that port says it is ready there

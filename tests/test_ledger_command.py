@@ -259,3 +259,82 @@ def test_omnirl_ledger_on_a_real_run_stopped_then_resumed(tmp_path):
     code, got = _ledger_json(out, env)
     assert (code, got["counted_steps"], got["finished"], got["problems"]) == (0, 4, True, []), got
     assert [got[k] for k in ("generated", "scored", "trained", "lost", "duplicated", "wasted")] == [24, 24, 24, 0, 0, 0]
+
+
+def test_a_run_whose_finish_line_has_no_total_steps_is_counted_from_its_start_line(tmp_path, capsys):
+    """A run directory of omnirl before 2026-12 ends its metrics.jsonl with `{"event": "finish", "time": …}`
+    alone: `omnirl ledger` said only `omnirl ledger: total_steps` (a KeyError), exit 2."""
+    out = tmp_path / "run"
+    write_run(out, steps=2)
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    assert json.loads(lines[-1])["event"] == "finish"
+    (out / "metrics.jsonl").write_text("\n".join(lines[:-1] + [json.dumps({"event": "finish", "time": 1.0})]) + "\n")
+    code, text, err = ledger(str(out), capsys=capsys)
+    assert (code, err) == (0, "")
+    assert text.startswith(f"{out}: 2 of 2 steps counted (0–1), groups of 3 × 2 prompts per step (from "
+                           f"{out / 'job.yaml'}, {out / 'metrics.jsonl'})\n"), text
+    assert "trained        12" in text and text.rstrip().endswith("ok: nothing lost, nothing duplicated")
+
+
+@pytest.mark.parametrize("file,line,why", [
+    ("actor-a.jsonl", '{"sample_id": "0:0:0", "run": "a", "base": -1}', "no 'step'"),
+    ("checkpoints-a.jsonl", '{"checkpoint": "1", "run": "a"}', "'checkpoint' '1' is not an integer"),
+    ("rollout-0.jsonl", '{"sample_id": "0-0-0", "policy_version": 0}',
+     "sample id '0-0-0': expected {step}:{prompt}:{index}[r{attempt}]"),
+    ("reward-0.jsonl", '["0:0:0"]', "a JSON list, not an object")], ids=["no-step", "str-checkpoint", "bad-id", "list"])
+def test_a_ledger_line_of_the_wrong_shape_names_its_file_and_line(tmp_path, capsys, file, line, why):
+    """A ledger line without a field the accounting reads said only `omnirl ledger: step` (a bare KeyError), one
+    with another id form `omnirl ledger: sample id '0-0-0': …` naming no file."""
+    out = tmp_path / "run"
+    write_run(out, steps=2)
+    path = out / "ledger" / file
+    n = len(path.read_text().splitlines()) + 1
+    with path.open("a") as f:
+        f.write(line + "\n")
+    code, text, err = ledger(str(out), capsys=capsys)
+    assert (code, text) == (2, "")
+    kind = file.split("-")[0]
+    assert err == (f"omnirl ledger: {path}: line {n} is not a line of a {kind} ledger ({why}): {line!r}; a ledger is "
+                   "written by the roles only: an edited or damaged file cannot be accounted; copy it again\n")
+
+
+def test_a_manifest_given_with_f_that_contradicts_the_runs_own_is_refused(tmp_path, capsys):
+    """`-f` another job's manifest (groups of 8 × 8) for a run that holds its own (3 × 2): it was counted against
+    the -f one without a word, `PROBLEM: 40 sample(s) lost`, exit 3, for a run that lost nothing."""
+    out = tmp_path / "run"
+    write_run(out, steps=2)
+    other = ROOT / "examples" / "ocr-flowgrpo.yaml"
+    code, text, err = ledger(str(out), "-f", str(other), capsys=capsys)
+    assert (code, text) == (2, "")
+    assert err == (f"omnirl ledger: -f {other} says spec.algorithm.groupSize 8, but {out / 'job.yaml'} (the manifest "
+                   "this run used) says 3: drop -f, the run's own manifest is read\n")
+    code, text, err = ledger(str(out), "-f", str(out / "job.yaml"), capsys=capsys)  # the same numbers: accepted
+    assert (code, err) == (0, "") and "trained        12" in text
+
+
+@pytest.mark.parametrize("steps", [3, 50])
+def test_steps_that_contradict_the_runs_start_line_are_refused(tmp_path, capsys, steps):
+    """A finished 4-step run counted with `--steps 3` or `--steps 50`: it was `steps missing from the final
+    weights`, `PROBLEM: 18 sample(s) lost` (or 300, trained 0), exit 3, for a run that lost nothing."""
+    out = tmp_path / "run"
+    write_run(out, steps=4)
+    code, text, err = ledger(str(out), "--steps", str(steps), capsys=capsys)
+    assert (code, text) == (2, "")
+    assert err == (f"omnirl ledger: --steps {steps}, but {out / 'metrics.jsonl'} (the run's last start) planned 4 "
+                   "steps: drop --steps, the run's own count is read\n")
+    code, text, err = ledger(str(out), "--steps", "4", capsys=capsys)  # its own count: accepted
+    assert (code, err) == (0, "") and "trained        24" in text
+
+
+def test_a_run_that_has_published_no_sample_yet_says_so(tmp_path, capsys):
+    """`omnirl ledger` in a run's first seconds (its job.yaml and metrics.jsonl written, no ledger line yet) told
+    the user to copy ledger/ off a Kubernetes claim."""
+    out = tmp_path / "run"
+    write_run(out, steps=2)
+    for f in (out / "ledger").iterdir():
+        f.unlink()
+    code, text, err = ledger(str(out), capsys=capsys)
+    assert (code, text) == (2, "")
+    assert err == (f"omnirl ledger: {out / 'ledger'}: no ledger files yet: the run in {out} has published no sample "
+                   "(a run just started writes them as its first samples are generated); try again once its first "
+                   "step is on its way\n")

@@ -169,6 +169,38 @@ def test_a_manifests_redis_that_goes_away_and_comes_back_is_said_at_once_and_the
     assert "no progress" not in out and "restart" not in out, out
 
 
+def test_a_manifests_redis_that_hangs_is_said_within_seconds_and_the_run_goes_on(tmp_path, capsys):
+    """A Redis that accepts and does not answer (SIGSTOPped; a host cut off by the network): each try of the
+    PING costs its whole socket timeout, and the probe's 7 retries (redis_client's default) made that 21 s
+    before the first line; a 12 s hang of `omnirl run`'s Redis was not said at all. One retry: ~5 s."""
+    import signal
+
+    port = free_port()
+    server = _redis(port, tmp_path)
+    try:
+        sup, thread, result = _supervise(tmp_path, f"redis://127.0.0.1:{port}/0", beats=40)  # 8 s of beats
+        time.sleep(2)
+        server.send_signal(signal.SIGSTOP)
+        t_stop, out = time.monotonic(), ""
+        while "is unreachable" not in out and time.monotonic() - t_stop < 30:
+            time.sleep(0.2)
+            out += capsys.readouterr().out
+        said_after = time.monotonic() - t_stop
+        server.send_signal(signal.SIGCONT)
+        thread.join(60)
+        assert not thread.is_alive()
+    finally:
+        server.send_signal(signal.SIGCONT)
+        server.terminate()
+        server.wait(5)
+    out += capsys.readouterr().out
+    assert said_after < 12, (said_after, out)  # 2 s between PINGs + 2 tries of 2 s, on a busy box
+    said = [line for line in out.splitlines() if "is unreachable" in line]
+    assert len(said) == 1 and re.search(r"is unreachable: no answer since \d\d:\d\d:\d\d \(\d+ s; TimeoutError: ",
+                                        said[0]), out
+    assert result["code"] == 0 and len([line for line in out.splitlines() if "answers again" in line]) == 1, out
+
+
 def test_a_manifests_redis_that_stays_away_stops_the_run_after_the_bound(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(supervise, "REDIS_DOWN_S", 15.0)  # 150 s in a run
     monkeypatch.setattr(supervise, "REDIS_NOTE_S", 4.0)

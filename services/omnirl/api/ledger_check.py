@@ -67,19 +67,51 @@ def ledger_rows(run_dir: Path, kind: str) -> list[dict]:
     as written; a last line without its newline (being appended now, or cut by a full disk) is skipped.
 
     Raises:
-        ValueError: a whole line that is not JSON (names the file and line).
+        ValueError: a whole line that is not JSON, or not a `kind` line (`FIELDS`: a field missing or of
+            another type, a training sample id of another form); names the file and line.
         OSError: a ledger file cannot be read.
     """
     rows = []
     for f in sorted((Path(run_dir) / LEDGER_DIR).glob(LEDGERS[kind])):
         text = f.read_text()
         for n, line in enumerate(text[: text.rfind("\n") + 1].splitlines(), 1):
+            if not line.strip():
+                continue
             try:
-                rows += [json.loads(line)] if line.strip() else []
+                row = json.loads(line)
             except json.JSONDecodeError as err:
-                raise ValueError(f"{f}: line {n} is not a JSON ledger line ({err}): {line[:80]!r}; a ledger is written "
-                                 "by the roles only: an edited or damaged file cannot be accounted; copy it again") from err
+                raise ValueError(f"{f}: line {n} is not a JSON ledger line ({err}): {line[:80]!r}; {_DAMAGED}") from err
+            why = _malformed(kind, row)
+            if why:  # read as it is, a missing field was a bare KeyError ('omnirl ledger: run')
+                raise ValueError(f"{f}: line {n} is not a line of a {kind} ledger ({why}): {line[:80]!r}; {_DAMAGED}")
+            rows.append(row)
     return rows
+
+
+_DAMAGED = "a ledger is written by the roles only: an edited or damaged file cannot be accounted; copy it again"
+FIELDS = {"rollout": {"sample_id": str}, "reward": {"sample_id": str},
+          "actor": {"sample_id": str, "step": int, "run": str, "base": int},
+          "checkpoints": {"checkpoint": int, "run": str}}
+"""Each ledger kind → the fields its lines must have and their type (what the roles write)."""
+
+
+def _malformed(kind: str, row: object) -> str:
+    """Why `row` is not a `kind` ledger line ('' when it is one): a field missing or of another type, or a
+    training sample id not of the form `{step}:{prompt}:{index}[r{attempt}]`."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    for name, typ in FIELDS[kind].items():
+        if name not in row:
+            return f"no {name!r}"
+        if not isinstance(row[name], typ) or isinstance(row[name], bool):
+            return f"{name!r} {row[name]!r} is not {'an integer' if typ is int else 'a string'}"
+    sid = row.get("sample_id")
+    if isinstance(sid, str) and not sid.startswith("val"):
+        try:
+            parse_sample_id(sid)
+        except ValueError as err:
+            return str(err)
+    return ""
 
 
 def _present(run_dir: Path, kind: str) -> bool:
@@ -224,6 +256,10 @@ def _ledger_dir(run_dir: Path) -> Path:
         raise ValueError(f"{run_dir} holds the ledger files itself ({', '.join(here)}): pass the directory above it, "
                          f"omnirl ledger {run_dir.parent}")
     if not led.is_dir() or not any(any(led.glob(p)) for p in LEDGERS.values()):
+        if (run_dir / METRICS_FILE).is_file() or run_manifest(run_dir) is not None:  # a run of omnirl run --out
+            raise FileNotFoundError(f"{led}: no ledger files yet: the run in {run_dir} has published no sample (a "
+                                    "run just started writes them as its first samples are generated); try again "
+                                    "once its first step is on its way")
         raise FileNotFoundError(f"{led}: no ledger files (rollout-*.jsonl, reward-*.jsonl, actor-*.jsonl, "
                                 "checkpoints-*.jsonl); pass the run directory of omnirl run --out, or copy ledger/ off "
                                 "the job's claim: kubectl cp NS/J-actor-0:/var/lib/omnirl/ledger ./run/ledger")
@@ -256,8 +292,8 @@ def account(run_dir: str | Path, steps: int | None = None, group_size: int | Non
         job: a manifest to read the three from (`-f`).
     Raises:
         FileNotFoundError: no ledger there; `job` does not exist.
-        ValueError: a parameter found nowhere (names the flag), a flag that contradicts the run's own
-            manifest, a value < 1, a ledger naming a checkpoint it does not record.
+        ValueError: a parameter found nowhere (names the flag), a flag or `job` that contradicts the run's own
+            manifest (groupSize, promptsPerStep), a value < 1, a ledger naming a checkpoint it does not record.
         omnirl.api.errors.ManifestError: the manifest does not validate.
     """
     run_dir = Path(run_dir)
@@ -267,18 +303,29 @@ def account(run_dir: str | Path, steps: int | None = None, group_size: int | Non
         if value is not None and value < 1:
             raise ValueError(f"{FLAGS[name][0]} {value}: must be >= 1")
     spec, spec_path = _manifest(run_dir, job)
+    own, own_path = _manifest(run_dir, None) if job else (spec, spec_path)  # the manifest the run used, if here
+    for name in ("group_size", "prompts_per_step") if job and own is not None else ():
+        if own[name] != spec[name]:  # else counted against another job's groups: hundreds of samples "lost"
+            raise ValueError(f"-f {job} says {FLAGS[name][1]} {spec[name]}, but {own_path} (the manifest this run "
+                             f"used) says {own[name]}: drop -f, the run's own manifest is read")
     records = read_metrics(run_dir) if (run_dir / METRICS_FILE).is_file() else None
     starts = [r for r in records or [] if r.get("event") in ("start", "finish")]
     finished = None if records is None else bool(starts) and starts[-1]["event"] == "finish"
+    # the planned steps: the last start's (a finish line of a run before 2026-12 has no total_steps)
+    planned_at = [r for r in starts if r["event"] == "start" and "total_steps" in r]
     values, sources = {}, {}
     for name, value in flags.items():
         if value is not None:
-            if spec is not None and name != "steps" and spec[name] != value and not job:
-                raise ValueError(f"{FLAGS[name][0]} {value}, but {spec_path} (the manifest this run used) says "
-                                 f"{FLAGS[name][1]} {spec[name]}: drop {FLAGS[name][0]}")
+            if name == "steps" and planned_at and int(planned_at[-1]["total_steps"]) != value:
+                # a finished run held to another count: every step past its own "lost", or a checkpoint never written
+                raise ValueError(f"--steps {value}, but {run_dir / METRICS_FILE} (the run's last start) planned "
+                                 f"{planned_at[-1]['total_steps']} steps: drop --steps, the run's own count is read")
+            if own is not None and name != "steps" and own[name] != value:
+                raise ValueError(f"{FLAGS[name][0]} {value}, but {own_path} (the manifest this run used) says "
+                                 f"{FLAGS[name][1]} {own[name]}: drop {FLAGS[name][0]}")
             values[name], sources[name] = value, FLAGS[name][0]
-        elif name == "steps" and starts:  # `omnirl run --steps N` is in the start record, not in job.yaml
-            values[name], sources[name] = int(starts[-1]["total_steps"]), str(run_dir / METRICS_FILE)
+        elif name == "steps" and planned_at:  # `omnirl run --steps N` is in the start record, not in job.yaml
+            values[name], sources[name] = int(planned_at[-1]["total_steps"]), str(run_dir / METRICS_FILE)
         elif spec is not None:
             values[name], sources[name] = spec[name], spec_path
         else:

@@ -64,7 +64,10 @@ STATELESS_GRACE_S = 3.0
 SETTLE_S = 10.0  # how long a role whose failure the controller reported gets to exit (its code may be permanent)
 REDIS_RESTART_S = 30.0  # how long a refused restart of the embedded Redis is retried before the job stops
 REDIS_PROBE_S = 2.0  # a manifest's Redis (spec.transferQueue.redisUrl) is PINGed this often
-REDIS_PROBE_RETRY_S = 1.0  # redis-py's retries of one PING (and of a heartbeat read) before it counts as down
+REDIS_PROBE_RETRY_S = 1.0  # the connect timeout of one try of a PING (and of a heartbeat read)
+# one retry, each try bounded by REDIS_PROBE_RETRY_S to connect and REDIS_PROBE_S to answer: a down Redis counts as
+# down within ~5 s (redis_client's default, 7 retries, took 21 s for a SIGSTOPped one, 4 s for a refused port)
+REDIS_PROBE_RETRIES = 1
 REDIS_NOTE_S = 30.0  # while it is down, the line saying so is repeated this often
 # how long the run waits for it: the roles' own calls retry for RECONNECT_S, after which they fail; a margin more
 REDIS_DOWN_S = RECONNECT_S + 30.0
@@ -128,7 +131,7 @@ class Supervisor:
         # a manifest's Redis (the embedded one has the watchdog): its own client, whose retries give up within
         # seconds, for the PINGs and heartbeat reads; the queue's client retried 2 minutes per call, in silence
         self._external = job.spec.transferQueue.redisUrl if redis is None else None
-        self._probe = redis_client(self._external, REDIS_PROBE_RETRY_S, socket_connect_timeout=REDIS_PROBE_RETRY_S,
+        self._probe = redis_client(self._external, retries=REDIS_PROBE_RETRIES, socket_connect_timeout=REDIS_PROBE_RETRY_S,
                                    socket_timeout=REDIS_PROBE_S) if self._external else None
         self._probed = 0.0  # monotonic time of the last PING
         self._down_since: float | None = None  # while the manifest's Redis is down: its last answer (wall clock)
@@ -332,7 +335,7 @@ class Supervisor:
 
     def _external_redis_answers(self) -> bool:
         """Whether the manifest's Redis (`spec.transferQueue.redisUrl`) answers: PINGed every `REDIS_PROBE_S`
-        (redis-py retrying for `REDIS_PROBE_RETRY_S`), True for the embedded one (the watchdog's). While it does
+        (`REDIS_PROBE_RETRIES` retry, each try bounded by `REDIS_PROBE_RETRY_S` to connect, `REDIS_PROBE_S` to answer), True for the embedded one (the watchdog's). While it does
         not, a line says since when and what happens next, every `REDIS_NOTE_S`; once it answers again a line
         says so and the roles' beats are counted from then (none could be written meanwhile).
 

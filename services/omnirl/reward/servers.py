@@ -199,15 +199,19 @@ def listening_ports(pid: int) -> set[int]:
 def _hard_coded(j: JudgeProcess, i: int, ports: set[int], probed: set[int]) -> list[tuple[int, str]]:
     """Of `ports` (where judge `j`, `spec.reward[i]`, listens, not on its given port), those that are certainly
     its own port, with why: the manifest's `server.port` (the pod's port: a command written for the pod alone), a
-    number written in its command or args, or, with a `healthPath`, a port that answers it (a judge ready on the
+    number written in its command or args that does not pass its port on (no `{port}`, `$OMNIRL_JUDGE_PORT` or
+    `$PORT` in them), or, with a `healthPath`, a port that answers it (a judge ready on the
     wrong port; each port asked once, `probed` keeps them). Other ports may be a loading server's own (a torch
     store, a worker's socket) and are only named while it waits."""
     written = " ".join(argv(j.reward.server, "{port}"))
+    # a command that passes its port on ('{port}', $OMNIRL_JUDGE_PORT, $PORT) listens there: a number written
+    # beside it is a port of its own (tritonserver --http-port {port} --grpc-port 8001), not a hard-coded judge port
+    given_on = "{port}" in written or re.search(rf"\b({PORT_ENV}|PORT)\b", written) is not None
     sure = []
     for p in sorted(ports):
         if p == j.reward.server.port:
             sure.append((p, f"spec.reward[{i}].server.port, the pod's port"))
-        elif re.search(rf"(?<!\d){p}(?!\d)", written):
+        elif not given_on and re.search(rf"(?<!\d){p}(?!\d)", written):
             sure.append((p, "a port written into its command"))
     path = j.reward.server.healthPath
     for p in sorted(ports - {p for p, _ in sure} - probed) if path else []:

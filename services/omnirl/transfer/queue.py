@@ -533,10 +533,13 @@ class TransferQueue:
         self.close()
 
 
-def redis_client(url: str, reconnect_s: float = RECONNECT_S, **kwargs: Any) -> redis.Redis:
+def redis_client(url: str, reconnect_s: float = RECONNECT_S, retries: int | None = None, **kwargs: Any) -> redis.Redis:
     """A bytes client for ``url`` that rides out a Redis restart (see :meth:`TransferQueue.from_url`); `kwargs`
-    go to ``redis.Redis.from_url`` (e.g. ``socket_connect_timeout``, seconds)."""
-    retries = max(1, int(reconnect_s) + 6)  # 50 ms … 2 s jittered (≈ 1 s each): ~6 quick tries, then ~1 s each
+    go to ``redis.Redis.from_url`` (e.g. ``socket_connect_timeout``, seconds). `retries` (default: as many as
+    fill about `reconnect_s` seconds against a refused port) sets the tries after the first instead: against a
+    server that accepts and does not answer each try costs its whole ``socket_timeout``."""
+    if retries is None:
+        retries = max(1, int(reconnect_s) + 6)  # 50 ms … 2 s jittered (≈ 1 s each): ~6 quick tries, then ~1 s each
     # the builtin ConnectionError (refused, reset) too: redis-py retries a failed connect with these
     errors = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, TimeoutError)
     retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=2.0), retries, supported_errors=errors)
