@@ -294,7 +294,7 @@ def test_a_ledger_line_of_the_wrong_shape_names_its_file_and_line(tmp_path, caps
     code, text, err = ledger(str(out), capsys=capsys)
     assert (code, text) == (2, "")
     kind = file.split("-")[0]
-    assert err == (f"omnirl ledger: {path}: line {n} is not a line of a {kind} ledger ({why}): {line!r}; a ledger is "
+    assert err == (f"omnirl ledger: {path}: line {n} is not a line of {'an' if kind[0] in 'aeiou' else 'a'} {kind} ledger ({why}): {line!r}; a ledger is "
                    "written by the roles only: an edited or damaged file cannot be accounted; copy it again\n")
 
 

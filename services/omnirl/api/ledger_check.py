@@ -83,7 +83,7 @@ def ledger_rows(run_dir: Path, kind: str) -> list[dict]:
                 raise ValueError(f"{f}: line {n} is not a JSON ledger line ({err}): {line[:80]!r}; {_DAMAGED}") from err
             why = _malformed(kind, row)
             if why:  # read as it is, a missing field was a bare KeyError ('omnirl ledger: run')
-                raise ValueError(f"{f}: line {n} is not a line of a {kind} ledger ({why}): {line[:80]!r}; {_DAMAGED}")
+                raise ValueError(f"{f}: line {n} is not a line of {'an' if kind[0] in 'aeiou' else 'a'} {kind} ledger ({why}): {line[:80]!r}; {_DAMAGED}")
             rows.append(row)
     return rows
 
