@@ -104,16 +104,16 @@ def test_a_role_killed_at_an_exact_point_ends_as_an_uninterrupted_run(tmp_path, 
     assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 18, [])
 
 
-def _run_killed(tmp_path: Path, kill_at: tuple[str, str, str, str], val_every: int = 0, max_restarts: int = 100
-                ) -> Path:
-    """`omnirl run` of 3 sync steps (checkpoints after steps 1 and 2, `keep` 2) with one role SIGKILLed at
+def _run_killed(tmp_path: Path, kill_at: tuple[str, str, str, str], val_every: int = 0, max_restarts: int = 100,
+                steps: int = 3) -> Path:
+    """`omnirl run` of `steps` sync steps (checkpoints after steps 1 and 2, `keep` 2) with one role SIGKILLed at
     `kill_at` = (role, "module:Class.method", before/after, condition on `args`); asserts exit 0 and that the
     kill happened; returns the run directory."""
     role, target, when, cond = kill_at
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "sitecustomize.py").write_text(KILL_AT)
-    job, out = chaos_job(tmp_path, "crash-point", steps=3), tmp_path / "out"
+    job, out = chaos_job(tmp_path, "crash-point", steps=steps), tmp_path / "out"
     doc = yaml.safe_load(job.read_text())
     doc["spec"]["pipeline"] = {"mode": "sync"}
     doc["spec"]["checkpoint"]["keep"] = 2
