@@ -4,7 +4,8 @@
 
 Three measurements on the SD3.5-Medium-sized transformer (random bf16, 512², 333 text tokens):
 - `kernels`: `scaled_dot_product_attention` alone at the rollout's two shapes ([B, 24, 1357, 64]
-  joint and [B, 24, 1024, 64] image-only), per backend: ms, TFLOP/s (4·B·H·S²·d) and the largest
+  joint and [B, 24, 1024, 64] image-only), and the joint shape's FLOPs at head dim 128
+  ([B, 12, 1357, 128], `joint_d128`), per backend: ms, TFLOP/s (4·B·H·S²·d) and the largest
   difference from the fp32 math reference.
 - `forward`: per backend, the regionally compiled transformer (as the rollout compiles it) at
   batch B: ms per forward (mean of 10, CUDA events), MFU, GPU kernel time by kind (matmul,
@@ -69,10 +70,13 @@ def cuda_ms(fn, repeats: int) -> float:
 def kernels(backends: list[str], batch: int, device, peak: float) -> dict:
     """SDPA alone at the rollout's joint and image-only shapes, per backend."""
     out = {}
-    for name, seq in (("joint", 1024 + TEXT_TOKENS), ("image", 1024)):
-        q, k, v = (torch.randn(batch, 24, seq, 64, device=device, dtype=torch.bfloat16) for _ in range(3))
+    # joint_d128: the joint shape's FLOPs at head dim 128 (half the heads), which the model does not
+    # run: the ratio to "joint" shows what head dim 64's one exp per 256 matmul FLOPs costs.
+    for name, seq, heads, dim in (("joint", 1024 + TEXT_TOKENS, 24, 64), ("image", 1024, 24, 64),
+                                  ("joint_d128", 1024 + TEXT_TOKENS, 12, 128)):
+        q, k, v = (torch.randn(batch, heads, seq, dim, device=device, dtype=torch.bfloat16) for _ in range(3))
         ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float())
-        flops = 4.0 * batch * 24 * seq * seq * 64
+        flops = 4.0 * batch * heads * seq * seq * dim
         for backend in backends:
             try:
                 with sdpa_kernel([BACKENDS[backend]]):  # this kernel only, no fallback
@@ -84,7 +88,7 @@ def kernels(backends: list[str], batch: int, device, peak: float) -> dict:
             tflops = flops / ms / 1e9
             out[f"{name}/{backend}"] = {"ms": ms, "tflops": tflops, "of_peak": tflops / peak,
                                         "max_abs_err": float((got.float() - ref).abs().max())}
-            print(f"  sdpa {name:5} [{batch},24,{seq},64] {backend:9} {ms:7.3f} ms {tflops:6.1f} TFLOP/s "
+            print(f"  sdpa {name:10} [{batch},{heads},{seq},{dim}] {backend:9} {ms:7.3f} ms {tflops:6.1f} TFLOP/s "
                   f"({tflops / peak:.1%} of peak) max |err| {out[f'{name}/{backend}']['max_abs_err']:.2e}", flush=True)
     return out
 
