@@ -196,6 +196,24 @@ def test_which_changes_a_resume_refuses(tmp_path):
         "spec.reward[0].server.replicas 1 → 4, spec.reward[0].server.healthPath None → '/health', "
         "spec.reward[0].server.startupSeconds 600 → 900: how a scorer is run and waited for, not what it scores (the "
         "resumed roles use the new values)")
+    # server.template sets the judge container's image, command or args over the generated ones (user fields win):
+    # that is another judge; node pools and env are placement, accepted and said
+    def templated(**judge):
+        out = json.loads(json.dumps(served))
+        out["spec"]["reward"][0]["server"]["template"] = {"spec": {
+            "nodeSelector": {"pool": "a100"}, "containers": [{"name": "judge", "env": [{"name": "X", "value": "1"}],
+                                                               **judge}]}}
+        return out
+    pinned = templated(image="vllm/vllm-openai:v0.9")
+    assert resume_changes(templated(), pinned) == [("spec.reward[0].server.template.judge", {},
+                                                    {"image": "vllm/vllm-openai:v0.9"})]
+    assert resume_changes(pinned, templated(image="vllm/vllm-openai:v0.9", args=["--quantization", "fp8"])) == [
+        ("spec.reward[0].server.template.judge", {"image": "vllm/vllm-openai:v0.9"},
+         {"image": "vllm/vllm-openai:v0.9", "args": ["--quantization", "fp8"]})]
+    moved_pool = json.loads(json.dumps(pinned))
+    moved_pool["spec"]["reward"][0]["server"]["template"]["spec"]["nodeSelector"] = {"pool": "h100"}
+    assert resume_changes(pinned, moved_pool) == [] and resume_changes(served, templated()) == []
+    assert "server.template" in resume_notes(pinned, moved_pool)
     yours = edited(spec__reward=[{"name": "judge", "kind": "vlm", "params": {"model": "j"},
                                   "url": "http://mine:8000/v1", "server": None}])
     assert resume_changes(served, yours) == [("spec.reward[0].url", None, "http://mine:8000/v1")]  # server → url

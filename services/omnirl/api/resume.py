@@ -40,11 +40,12 @@ half scored before the stop mixed both weights: weight 1 → 0.5 gave reward_mea
 right).
 
 The judge (`REWARD_FIXED`'s `url` and `server.*`): a remote reward's `url`, or the judge server the job runs
-(`server`: its image, command line, model and path), is the scorer itself. Measured (`omnirl run` of an `http`
+(`server`: its image, command line, model and path, also where `server.template`'s container `judge` sets its
+image, command or args), is the scorer itself. Measured (`omnirl run` of an `http`
 reward to step 1, then `--resume` with its `url` moved to another `omnirl scorer serve`, a JPEG one): accepted
 without a word, and the train reward went 0.567 → -3.193 from the first resumed step. Refused like `params`;
 a judge that only moved answers at the earlier URL too. How a judge is run and waited for (`REWARD_OPERATIONAL`:
-`timeoutSeconds`, `server.replicas`, `port`, `healthPath`, `startupSeconds`, `accelerator`, `template`) scores
+`timeoutSeconds`, `server.replicas`, `port`, `healthPath`, `startupSeconds`, `accelerator`, the rest of `template`) scores
 nothing differently: accepted, and said (`resume_notes`; it was accepted silently).
 
 Read by the launcher's `--resume` pre-flight (against `OUT/job.yaml`) and by the operator before it
@@ -83,10 +84,11 @@ MODEL_NOTED: tuple[str, ...] = ("spec.model.dtype",)
 """Model fields a resume accepts and says (`resume_notes`): the checkpoint loads cast to the new value."""
 
 REWARD_JUDGE: tuple[str, ...] = ("url", "server.image", "server.command", "server.args", "server.modelPath",
-                                  "server.volume", "server.urlPath")
+                                  "server.volume", "server.urlPath", "server.template.judge")
 """Per `spec.reward[i]`: which judge scores it, the endpoint or the server the job runs (part of `REWARD_FIXED`);
 `server.*` is compared only when both manifests run a server (a switch between `url` and `server` is a `url`
-change)."""
+change). `server.template.judge` is the `image`, `command` and `args` that `server.template`'s container `judge`
+sets over the generated ones (the rest of the template is `REWARD_OPERATIONAL`)."""
 
 REWARD_FIXED: tuple[str, ...] = ("kind", "params", "required", *REWARD_JUDGE)
 """Per `spec.reward[i]` (matched by position, after the names): what defines the scores already made."""
@@ -169,11 +171,24 @@ def reward_changes(before: dict[str, Any], now: dict[str, Any], which: tuple[str
                 a_, b_, key_ = a["server"], b["server"], key.removeprefix("server.")
             else:
                 a_, b_, key_ = a, b, key
-            # a field left out is its default: the dump writes every field, a hand-written ConfigMap may not
-            x, y = a_.get(key_, _REWARD_DEFAULTS.get(key)), b_.get(key_, _REWARD_DEFAULTS.get(key))
+            if key_ == "template.judge":
+                x, y = _judge_container(a_.get("template")), _judge_container(b_.get("template"))
+            else:  # a field left out is its default: the dump writes every field, a hand-written ConfigMap may not
+                x, y = a_.get(key_, _REWARD_DEFAULTS.get(key)), b_.get(key_, _REWARD_DEFAULTS.get(key))
             if x != y:
                 out.append((f"spec.reward[{i}].{key}", x, y))
     return out
+
+
+def _judge_container(template: Any) -> dict[str, Any]:
+    """What a judge server's pod template sets over the generated container `judge` that changes the judge
+    itself: its `image`, `command` and `args` ({} when it sets none; merged user fields win, api/podtemplate.py)."""
+    spec = template.get("spec") if isinstance(template, dict) else None
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    for c in containers if isinstance(containers, list) else []:
+        if isinstance(c, dict) and c.get("name") == "judge":
+            return {k: c[k] for k in ("image", "command", "args") if k in c}
+    return {}
 
 
 _REWARD_DEFAULTS: dict[str, Any] = {"params": {}, "required": True, "weight": 1.0, "normalize": "none",
