@@ -64,6 +64,37 @@ def test_a_wait_without_a_new_score_names_the_step_the_count_and_who_holds_the_s
         queue.close()
 
 
+def test_a_wait_while_the_rollout_still_compiles_says_so(redis_url, tmp_path):
+    """On a GPU the first step's torch.compile can outlast progressDeadlineSeconds: the line names the workers
+    whose last beat a start-up or a compilation wrote, and the bound, instead of reading as a hang."""
+    from omnirl.transfer.heartbeat import Heartbeat
+
+    job, _ = jpeg_reward_job(f"stall-{uuid.uuid4().hex[:8]}", redis_url, tmp_path)
+    doc = dump_rljob(job)
+    doc["spec"]["failurePolicy"] = {"progressDeadlineSeconds": 60, "startupDeadlineSeconds": 900}
+    spec = job_from_dict(doc).spec
+    queue = TransferQueue.for_job(job.metadata.name, spec.transferQueue, redis_url)
+    try:
+        s = queue.streams
+        queue.ensure_group(s.requests, "rollout")
+        queue.publish(s.requests, {"request_id": "0:0"})
+        queue.consume(s.requests, "rollout", "rollout-0", count=1, block_ms=0)
+        Heartbeat(queue.redis, job.metadata.name, "rollout", "rollout-0").beat(startup=True)
+        Heartbeat(queue.redis, job.metadata.name, "reward", "reward-0").beat()
+        Heartbeat(queue.redis, job.metadata.name, "actor", "actor-0").beat(startup=True)  # not the wait's
+        wait = ScoreWait(queue, spec)
+        wait.begin("step 0", now=0.0)
+        line = wait.check(0, 8, now=61.0)
+        assert ("requests to generate: rollout-0 holds 1. rollout-0 is still loading or compiling (the last beat says "
+                "so), which may take up to failurePolicy.startupDeadlineSeconds (900 s) per start-up or compilation; "
+                "A role that beats is working or waiting: look at rollout-0's log") in line
+        Heartbeat(queue.redis, job.metadata.name, "rollout", "rollout-0").beat()  # compiled: its loop beats
+        assert "loading or compiling" not in wait.check(0, 8, now=122.0)
+    finally:
+        queue.cleanup()
+        queue.close()
+
+
 # ------------------------------------------------------------------ a manifest's Redis that goes away
 
 # a role that beats every 0.2 s `beats` times, riding out a Redis away (as the roles' retrying clients do), then

@@ -20,6 +20,7 @@ import redis
 
 from omnirl.api.spec import REMOTE_KINDS, RLJobSpec
 from omnirl.transfer import TransferQueue
+from omnirl.transfer.heartbeat import read_heartbeats
 
 log = logging.getLogger("omnirl.controller")
 
@@ -86,9 +87,15 @@ class ScoreWait:
         makers, requests = holders(self.queue, streams.requests, "rollout")
         remote = [f"{r.name} {r.timeoutSeconds:g} s" for r in self.spec.reward if r.kind in REMOTE_KINDS]
         who = scorers or makers
+        starting = self._starting()
         line = (f"{self.what}: no new score for {now - self.last:.0f} s (failurePolicy.progressDeadlineSeconds "
                 f"{self.after_s:g}), {have} of {want} scores in; samples to score: {samples}; requests to generate: "
-                f"{requests}. A role that beats is working or waiting"
+                f"{requests}. "
+                + (f"{' and '.join(starting)} {'is' if len(starting) == 1 else 'are'} still loading or compiling "
+                   "(the last beat says so), which may take up to failurePolicy.startupDeadlineSeconds "
+                   f"({self.spec.failurePolicy.startupDeadlineSeconds:g} s) per start-up or compilation; "
+                   if starting else "")
+                + "A role that beats is working or waiting"
                 + (f": look at {', '.join(who)}'s log (omnirl run: OUT/logs/{who[0]}.log)" if who else "")
                 + ("; a remote scorer that accepts a call and does not answer holds it up to "
                    f"spec.reward[].timeoutSeconds ({', '.join(remote)}) per try: lower it to fail such calls sooner"
@@ -96,3 +103,13 @@ class ScoreWait:
                 + ". The run goes on waiting")
         log.warning(line)
         return line
+
+    def _starting(self) -> list[str]:
+        """The rollout and reward workers whose last beat a start-up or a torch.compile wrote (`"startup": true`,
+        transfer/heartbeat.py), sorted: on a GPU the first step's compilation alone can outlast
+        `progressDeadlineSeconds`, and the line should not read as a hang. [] when Redis does not answer."""
+        try:
+            beats = read_heartbeats(self.queue.redis, self.queue.job)
+        except redis.RedisError:
+            return []
+        return sorted(w for w, b in beats.items() if b.get("startup") and b.get("role") in ("rollout", "reward"))
