@@ -421,6 +421,24 @@ def test_validate_refuses_lora_settings_without_enabled(tmp_path, capsys):
         "remove rank and alpha (line 10)"]
 
 
+def test_validate_says_which_named_files_are_not_on_this_machine_and_run_refuses_them(tmp_path, capsys):
+    """Valid for a cluster (the files live in the pods), but `omnirl run` here refuses them: validate says so."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["data"].update(trainPrompts="prompts/nope.txt", validationPrompts=HELDOUT)
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["validate", str(path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    missing = tmp_path / "prompts" / "nope.txt"
+    assert lines[0] == f"{path}: ok" and [line for line in lines if "not on this machine" in line] == [
+        f"  {doc['metadata']['name']}: spec.data.trainPrompts: {missing} is not on this machine: omnirl run here "
+        "refuses it; on Kubernetes it must exist inside the pods (the image, or a volume from spec.storage or the "
+        "role's template)"]
+    assert main(["run", str(path), "--no-ray", "--device", "cpu", "--out", str(tmp_path / "o")]) == 2
+    assert f"spec.data.trainPrompts: {missing} does not exist on this machine" in capsys.readouterr().err
+    assert main(["validate", NFT]) == 0 and "not on this machine" not in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("value", ["abc", "70000", "-1"])
 def test_a_bad_metrics_port_is_refused_before_anything_starts(value, tmp_path, capsys, monkeypatch):
     """`OMNIRL_METRICS_PORT=abc omnirl run` printed the placement table, started Redis and wrote the

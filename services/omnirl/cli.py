@@ -19,9 +19,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
     def grid(job) -> list[str]:  # after the spec checks: only a valid job pays for torch
         from omnirl.controller.ttl import budget_line
+        from omnirl.launch.preflight import missing_local_paths
         from omnirl.models.registry import describe_sigma_grid
 
-        return [describe_sigma_grid(job.spec), budget_line(job.spec)]
+        # valid for a cluster, where the files live in the pods; said, because `omnirl run` here refuses them
+        missing = [f"{field}: {path} is not on this machine: omnirl run here refuses it; on Kubernetes it must "
+                   "exist inside the pods (the image, or a volume from spec.storage or the role's template)"
+                   for field, path, _ in missing_local_paths(job)]
+        return [describe_sigma_grid(job.spec), budget_line(job.spec), *missing]
 
     return validate_files(args.files, out=sys.stdout, describe=grid)
 

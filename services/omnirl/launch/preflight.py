@@ -27,6 +27,18 @@ from omnirl.transfer.keys import STOPPED_RUN
 from omnirl.transfer.owner import LIVE_BEAT_S
 
 
+def missing_local_paths(job: RLJob) -> list[tuple[str, str, str]]:
+    """The files `job` names that are not on this machine, as (field, path, what it must name): the prompt
+    files (a directory is refused later, `controller.data`) and the model directory unless `builtin`. Paths as
+    the job holds them (`loader.load_rljob` made relative ones absolute against the manifest's folder)."""
+    spec = job.spec
+    paths = [("spec.data.trainPrompts", spec.data.trainPrompts, "prompt file (one prompt per line)"),
+             ("spec.data.validationPrompts", spec.data.validationPrompts, "prompt file (one prompt per line)")]
+    if spec.model.path != "builtin":
+        paths.append(("spec.model.path", spec.model.path, "model directory"))
+    return [(field, path, kind) for field, path, kind in paths if path and not Path(path).exists()]
+
+
 def check_local_paths(job: RLJob) -> None:
     """The files a local run reads, and the variables its VLM judges' `apiKeyEnv` name, checked
     before any process starts (a pod's paths are the operator's business: `omnirl validate` does not
@@ -37,16 +49,9 @@ def check_local_paths(job: RLJob) -> None:
         ValueError: an unset `spec.reward[i].params.apiKeyEnv` variable (`reward.registry.check_api_keys`), an
             in-process scorer its model cannot build (`reward.registry.check_in_process`: an OCR alphabet).
     """
-    spec = job.spec
-    # What each field must name: a prompt file (a directory is refused, `controller.data`), a model directory.
-    paths = [("spec.data.trainPrompts", spec.data.trainPrompts, "prompt file (one prompt per line)"),
-             ("spec.data.validationPrompts", spec.data.validationPrompts, "prompt file (one prompt per line)")]
-    if spec.model.path != "builtin":
-        paths.append(("spec.model.path", spec.model.path, "model directory"))
-    for field, path, kind in paths:
-        if path and not Path(path).exists():
-            raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
-                                    f"{kind} (relative paths resolve against the manifest's folder)")
+    for field, path, kind in missing_local_paths(job):
+        raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
+                                f"{kind} (relative paths resolve against the manifest's folder)")
     check_model_weights(job)  # before the prompts: tokenizing them reads the model's config
     check_prompts(job)
     check_api_keys(job.spec.reward)  # the roles inherit this environment
