@@ -2,7 +2,9 @@
 
 It reads the job manifest and the OMNIRL_* environment (`omnirl.api.runtime.RoleEnv`), serves the
 gRPC health service and `/metrics` when their ports are set, runs the role's service, and exits
-0 when the job finished or non-zero with the reason as its last stderr line.
+0 when the job finished or non-zero with the reason as its last stderr line. A role that starts once
+the job has finished (its `finish` record in Redis, `finished_record`) exits 0 at once, before torch
+is imported, with one line saying so: a pod restarted in place or rolled after the job's end.
 
 `OMNIRL_RESUME` (`RoleEnv.resume`): `1` resume from the latest checkpoint (without one the actor
 exits 4 before its model loads, one line naming the path and the fix),
@@ -153,7 +155,7 @@ def finished_record(job, env: RoleEnv, role: str) -> dict | None:
 
     Raises:
         redis.RedisError: the job's Redis did not answer within the client's retries (about 2 minutes).
-        json.JSONDecodeError: a line of `metrics.jsonl` (controller) that is not JSON.
+        json.JSONDecodeError: `kv:finished`, or a line of `metrics.jsonl` (controller), that is not JSON.
     """
     from omnirl.api.run_dir import METRICS_FILE, read_metrics
     from omnirl.transfer.client import redis_client
