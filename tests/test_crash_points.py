@@ -24,6 +24,9 @@ the rollout and reward roles right after a publish.
   (trained again from the last checkpoint, the export made again as `step-000002.1`) or, with `maxRestarts`
   spent, exited 137 ("the job did not finish") after printing the finished run's summary. Now a role that dies
   once the job no longer needs it is not restarted (`launch/supervise.py::_no_longer_needed`).
+- the same with validation: the final round stalled (its rollout worker waited for the dead actor's weight-sync
+  store, without beating): rollout-0 was killed for "no progress for 62 s" and, `maxRestarts: 0`, the run exited
+  137. Now that actor is restarted alone, once (`launch/supervise.py::_final_round_needs`).
 """
 
 from __future__ import annotations
@@ -149,6 +152,30 @@ def test_an_actor_killed_after_its_last_result_ends_the_job_without_a_restart(tm
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["event"] for r in records].count("start") == 1 and [r["event"] for r in records].count("finish") == 1
     assert [r["step"] for r in records if r["event"] == "step"] == [0, 1, 2]
+    assert sorted(p.name for p in (out / "exports").iterdir()) == ["latest", "step-000001", "step-000002"]
+    counts = check_ledger(out, total_steps=3, group_size=3, prompts_per_step=2)
+    assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 18, [])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_actor_killed_after_its_last_result_comes_back_once_for_the_final_validation(tmp_path):
+    """As above with validation every 2 steps, so a final round follows the last step: the rollout worker whose
+    weight-sync connection broke waits for the actor's store before it generates the round. Before, the actor
+    was not restarted and the round stalled: rollout-0 killed for "no progress for 62 s" and, `maxRestarts: 0`,
+    exit 137 "the job did not finish". Now the actor is restarted alone, once, not counted: exit 0, rounds at 0,
+    2 and 3 once each, both checkpoints exported once, 18 trained, nothing lost or duplicated."""
+    out = _run_killed(tmp_path, ("actor", "omnirl.actor.service:ActorService._publish_done", "after",
+                                 "args[1].step == 2"), val_every=2, max_restarts=0)
+    events = [json.loads(line) for line in (out / "events.jsonl").read_text().splitlines()]
+    assert [(e["role"], e["action"]) for e in events] == [(
+        "actor-0", "restarted alone, not counted against maxRestarts (the job's last step, 2, was trained and "
+        "reported: nothing is left for the actor, but the final validation round's rollout workers wait for its "
+        "weight-sync store)")], events
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["event"] for r in records].count("start") == 1 and [r["event"] for r in records].count("finish") == 1
+    assert [r["step"] for r in records if r["event"] == "step"] == [0, 1, 2]
+    assert [r["step"] for r in records if r["event"] == "validation"] == [0, 2, 3]
     assert sorted(p.name for p in (out / "exports").iterdir()) == ["latest", "step-000001", "step-000002"]
     counts = check_ledger(out, total_steps=3, group_size=3, prompts_per_step=2)
     assert (counts.lost, counts.duplicated, counts.trained, counts.problems) == (0, 0, 18, [])

@@ -34,6 +34,7 @@ from omnirl.api.spec import ROLE_NAMES, RLJob
 from omnirl.api.status import TERMINAL_PHASES
 from omnirl_operator.autoscale import autoscale_reward
 from omnirl_operator.builders import build_children, desired_replicas, label_of
+from omnirl_operator.finished import finish_record, finished_message
 from omnirl_operator.judges import LABEL_JUDGE_OF, judge_roles, judges_ready, wired
 from omnirl_operator.kube import KubeApi, KubeError
 from omnirl_operator.meta import (
@@ -410,6 +411,10 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     controller, more, spec_changed = await _sync_controller(kube, job, ns, current, wanted_job, suspended)
     actions += more
     state, message = controller_state(controller)
+    if running and state == "failed":  # died after writing the job's `finish` record: the job is done
+        record = await finish_record(kube, job, ns, settings, log)
+        if record is not None:
+            state, message = "succeeded", finished_message(record, message or "Failed")
     roles, failures = observe_roles(job, stored, controller, running)
     roles.update(judges)
     if scaled is not None:  # status.roles.reward.desired: what the autoscaler asks for
@@ -424,29 +429,37 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     failed_role = "controller" if state == "failed" else next(iter(sorted(failures)), None)
     decision = FailureDecision("none")
     permanent = None
-    if running:  # a permanent exit code or the deadline fails the job before any restart is considered
+    # a job whose controller finished is not failed by what its pods did since (a pod that died after the
+    # `finish` record, restarted in place, has a restartCount that read as a crash loop)
+    checked = running and state != "succeeded"
+    if checked:  # a permanent exit code or the deadline fails the job before any restart is considered
         permanent = deadline_exceeded(body, job.spec.failurePolicy.activeDeadlineSeconds, controller, now)
-    if running and permanent is None:
+    if checked and permanent is None:
         # one LIST for the role pods (omnirl.dev/job) and the judges' (omnirl.dev/judge-of): both carry pod_labels
         listed = await asyncio.to_thread(kube.list_by_labels, "v1", "Pod", ns, pod_labels(job.metadata.name))
         pods = [p for p in listed if (p["metadata"].get("labels") or {}).get(LABEL_JOB) == job.metadata.name]
         judge_pods = [p for p in listed if judges
                       and (p["metadata"].get("labels") or {}).get(LABEL_JUDGE_OF) == job.metadata.name]
         max_restarts = job.spec.failurePolicy.maxRestarts
-        permanent = permanent_failure(pods, LABEL_ROLE) or judge_failure(judge_pods, job, max_restarts)
+        # the last step's result is reported (the controller's status.step): the actor has nothing left to do, and
+        # its pod restarted in place (after a SIGKILL right after that result) is no failure of the job (`omnirl
+        # run`'s supervisor does not restart it then, `launch/supervise.py::_no_longer_needed`)
+        trained = int(progress.get("step") or 0) >= job.spec.algorithm.steps
+        judged = [p for p in pods if not (trained and (p["metadata"].get("labels") or {}).get(LABEL_ROLE) == "actor")]
+        permanent = permanent_failure(judged, LABEL_ROLE) or judge_failure(judge_pods, job, max_restarts)
         if (permanent is not None and permanent.reason == PERMANENT_REASONS[STORAGE_ERROR_EXIT][0]
                 and names_full_volume(permanent.message)):  # not for a file it may not read or write
             permanent = replace(permanent, message=f"{permanent.message}. {full_volume_fix(job, permanent.role)}")
         problems = judge_stalls(stored, job) + workload_problems(stored) + waiting_problems(pods + judge_pods)
         observed = replace(observed, waiting=waiting_summary(problems))
         if failed_role is None:  # a replica the kubelet keeps restarting is a failed role
-            looping = crash_looping(pods, LABEL_ROLE, max_restarts,
+            looping = crash_looping(judged, LABEL_ROLE, max_restarts,
                                     _templates(job, stored), (ANNOTATION_SPEC_HASH, ANNOTATION_RESTARTED_AT))
             failed_role = next(iter(sorted(looping)), None)
             failures.update(looping)
     if permanent is not None:
         decision = permanent
-    elif running and failed_role is not None:
+    elif checked and failed_role is not None:
         detail = message if failed_role == "controller" else failures[failed_role]
         decision = decide_failure(job.spec.failurePolicy.model_dump(mode="json"), observed.restarts,
                                   failed_role, detail)

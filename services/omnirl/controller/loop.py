@@ -49,6 +49,7 @@ from omnirl.controller.validation import SampleUnscored, Validator
 from omnirl.models.registry import load_tokenizer
 from omnirl.transfer import Message, TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stalled_text
+from omnirl.transfer.keys import FINISHED
 
 log = logging.getLogger("omnirl.controller")
 GROUP = "controller"
@@ -188,7 +189,10 @@ class Controller:
             self._validate(self.total_steps)
         if self.start_step >= self.total_steps and self.env.export:
             self._export_latest()
-        return self.reporter.finished()
+        record = self.reporter.finished()
+        # after the line: a role (this one included) starting from now on finds it and exits 0 at once
+        self.queue.set_json(FINISHED, record)
+        return record
 
     def _hand_over(self, step: int) -> tuple[TrainRequest, dict, float]:
         """Hand step `step`'s batch to the actor: the one a predecessor stored (`kv:trainreqs`) and the actor

@@ -2,7 +2,9 @@
 
 It reads the job manifest and the OMNIRL_* environment (`omnirl.api.runtime.RoleEnv`), serves the
 gRPC health service and `/metrics` when their ports are set, runs the role's service, and exits
-0 when the job finished or non-zero with the reason as its last stderr line.
+0 when the job finished or non-zero with the reason as its last stderr line. A role that starts once
+the job has finished (its `finish` record in Redis, `finished_record`) exits 0 at once, before torch
+is imported, with one line saying so: a pod restarted in place or rolled after the job's end.
 
 `OMNIRL_RESUME` (`RoleEnv.resume`): `1` resume from the latest checkpoint (without one the actor
 exits 4 before its model loads, one line naming the path and the fix),
@@ -24,10 +26,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -96,6 +100,10 @@ def run_role(role: str, job_path: str, env: RoleEnv) -> int:
     """Run one role to completion in this process with `env` (its `resume` and `steps` included);
     returns the exit code (143 after SIGTERM)."""
     job = load_rljob(job_path)
+    done = finished_record(job, env, role)
+    if done is not None:
+        print(finished_line(role, done), file=sys.stderr, flush=True)
+        return 0
     started = _beat_while_starting(job, env, role)
     try:
         env = _setup(env, role)
@@ -127,6 +135,55 @@ def run_role(role: str, job_path: str, env: RoleEnv) -> int:
         if health:
             health.stop()
         service.close()
+
+
+def finished_record(job, env: RoleEnv, role: str) -> dict | None:
+    """The job's `finish` record when its controller has finished the job's steps (`OMNIRL_STEPS`, else
+    `spec.algorithm.steps`), else None: then this role process has nothing to do. A pod restarted in place
+    after the last step (the actor SIGKILLed right after its last result, a rollout pod after the `finish`
+    record) or a whole-job restart after the controller died past its `finish` line (its Job failed, the
+    operator's `restart-job`) ran the finished job again: the new controller exported the last checkpoint
+    once more (`exports/step-000002.1`) and wrote a second `start` and `finish`.
+
+    Read from the job's Redis (`kv:finished`, `transfer/keys.py::FINISHED`, which the controller writes right
+    after the line). The controller also reads its run directory's `metrics.jsonl` (it died between the line
+    and the key) and then writes the key and sets the `stop` flag, which its predecessor may not have set: the
+    roles still running end as they do after any finish.
+
+    Returns:
+        The record (`event`, `time` in s since the epoch, `total_steps`, ...), or None.
+
+    Raises:
+        redis.RedisError: the job's Redis did not answer within the client's retries (about 2 minutes).
+        json.JSONDecodeError: `kv:finished`, or a line of `metrics.jsonl` (controller), that is not JSON.
+    """
+    from omnirl.api.run_dir import METRICS_FILE, read_metrics
+    from omnirl.transfer.client import redis_client
+    from omnirl.transfer.keys import FINISHED, kv_key
+
+    total = env.steps if env.steps is not None else job.spec.algorithm.steps
+    client = redis_client(env.redis_url)
+    try:
+        raw = client.get(kv_key(env.job_name, FINISHED))
+        record = None if raw is None else json.loads(raw)
+        if record is None and role == "controller" and (Path(env.out_dir) / METRICS_FILE).is_file():
+            ends = [r for r in read_metrics(Path(env.out_dir)) if r.get("event") in ("start", "finish")]
+            record = ends[-1] if ends and ends[-1]["event"] == "finish" else None
+        if record is None or int(record.get("total_steps") or 0) < total:
+            return None  # a run resumed for more steps than it finished: not done
+        if role == "controller":
+            client.set(kv_key(env.job_name, FINISHED), json.dumps(record).encode())
+            client.set(kv_key(env.job_name, "stop"), b"true")
+        return record
+    finally:
+        client.close()
+
+
+def finished_line(role: str, record: dict) -> str:
+    """The one line of a role process that found the job finished (`finished_record`)."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(float(record.get("time") or 0)))
+    return (f"omnirl role {role}: the job had finished ({record.get('total_steps')} training steps; its controller "
+            f"wrote the finish record at {when}): nothing to do, exiting 0")
 
 
 def _beat_while_starting(job, env: RoleEnv, role: str) -> Callable[[], None]:

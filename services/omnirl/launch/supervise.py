@@ -118,6 +118,7 @@ class Supervisor:
         self.procs: dict[str, RoleProcess] = {}
         self.restarts: dict[str, int] = {}  # replica name or "job" → restarts so far
         self._done: set[str] = set()  # roles that died when the job no longer needed them: not restarted
+        self._alone: set[str] = set()  # actors restarted alone for the final validation round (`_final_round_needs`)
         self._resume = resume
         self.failure = ""  # why run() gave up (its JobFailure's reason), for the launcher's last line
         self._verdict: JobFailure | None = None  # set by the Redis watchdog: why the job cannot go on
@@ -253,6 +254,13 @@ class Supervisor:
                 continue  # running, or finished because the controller ended the job
             self._stop_if_unwritable(p, c)
             why = self._no_longer_needed(p)
+            if why and self._final_round_needs(p):
+                self._alone.add(p.name)
+                self._event(p.name, _exit_reason(p, c), f"restarted alone, not counted against maxRestarts ({why}, "
+                            "but the final validation round's rollout workers wait for its weight-sync store)")
+                self.procs[p.name] = self.start(p.role, p.index, "auto")
+                self._write_pids()
+                continue
             if why:
                 self._done.add(p.name)
                 self._event(p.name, _exit_reason(p, c), f"not restarted ({why})")
@@ -280,6 +288,18 @@ class Supervisor:
             if self.progress.last_step >= last:
                 return f"the job's last step, {last}, was trained and reported: nothing is left for the actor"
         return ""
+
+    def _final_round_needs(self, p: RoleProcess) -> bool:
+        """Whether `p`, an actor that died after the job's last step (`_no_longer_needed`), must come back once for
+        the final validation round (`spec.data.validationPrompts`; the controller has not ended the job): a rollout
+        worker whose weight-sync connection broke waits for the actor's store before it generates again (its
+        receiver's `timeout_s`, 120 s), and did not beat meanwhile. Left dead, the round stalled: measured with
+        `maxRestarts: 0` and `progressDeadlineSeconds` 60, rollout-0 was killed for "no progress for 62 s" and the
+        run exited 137, "the job did not finish". Restarted alone (`OMNIRL_RESUME=auto`), the actor resumes from
+        the last step's checkpoint, which it wrote before its result: nothing is trained again. Once per process;
+        a single-rank actor only (a rank restarted alone cannot join its old group: several ranks stay as before)."""
+        return (p.role == "actor" and self.job.spec.roles.actor.replicas == 1 and bool(self.job.spec.data.validationPrompts)
+                and p.name not in self._alone and not self.progress.finished and not self.queue.get_json("stop"))
 
     def _roles(self) -> list[RoleProcess]:
         """Every process but the controller's."""
@@ -469,6 +489,7 @@ class Supervisor:
             self.stop_all()
             clear_start_flags(self.queue)
             self._done.clear()
+            self._alone.clear()
             for role, index in self.plan:
                 self.procs[f"{role}-{index}"] = self.start(role, index, "auto")
         self._write_pids()

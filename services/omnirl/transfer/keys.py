@@ -134,6 +134,12 @@ class StreamNames:
         return (self.requests, self.samples, self.scores, self.control)
 
 
+FINISHED = "finished"
+"""The kv key (`kv_key(job, FINISHED)`) holding the job's `finish` record (`controller/report.py::Reporter.finished`),
+written by the controller right after that line of `metrics.jsonl`: a role process that starts once it is there
+(a pod restarted in place, a Job's new pod, a whole-job restart after the controller died past its `finish`) has
+nothing to do and exits 0 at once (`launch/roles.py::finished_record`)."""
+
 STOPPED_RUN = "stopped_run"
 """The kv key (`kv_key(job, STOPPED_RUN)`) where a launcher that stopped a run before it finished leaves
 `{"host", "out", "time"}` (`launch/preflight.py::mark_stopped`): the job's keys on a shared Redis are that run's

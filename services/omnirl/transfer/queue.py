@@ -25,19 +25,16 @@ from typing import Any
 
 import redis
 import torch
-from redis.backoff import ExponentialWithJitterBackoff
-from redis.retry import Retry
 
 from omnirl.api.spec import TransferQueueSpec
 from omnirl.transfer import _scripts
 from omnirl.transfer.cleanup import delete_job_keys
+from omnirl.transfer.client import RECONNECT_S, redis_client
 from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, encode_tensors
 from omnirl.transfer.errors import BackpressureTimeout, MissingTensors
 from omnirl.transfer.keys import StreamNames, done_key, image_key, job_prefix, kv_key
 from omnirl.transfer.keys import tensor_key as make_tensor_key
 from omnirl.transfer.message import Message
-
-RECONNECT_S = 120.0  # how long every role's (and the launcher's) Redis calls retry a Redis that went away
 
 
 def _s(value: bytes | str) -> str:
@@ -531,16 +528,3 @@ class TransferQueue:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def redis_client(url: str, reconnect_s: float = RECONNECT_S, retries: int | None = None, **kwargs: Any) -> redis.Redis:
-    """A bytes client for ``url`` that rides out a Redis restart (see :meth:`TransferQueue.from_url`); `kwargs`
-    go to ``redis.Redis.from_url`` (e.g. ``socket_connect_timeout``, seconds). `retries` (default: as many as
-    fill about `reconnect_s` seconds against a refused port) sets the tries after the first instead: against a
-    server that accepts and does not answer each try costs its whole ``socket_timeout``."""
-    if retries is None:
-        retries = max(1, int(reconnect_s) + 6)  # 50 ms … 2 s jittered (≈ 1 s each): ~6 quick tries, then ~1 s each
-    # the builtin ConnectionError (refused, reset) too: redis-py retries a failed connect with these
-    errors = (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError, ConnectionError, TimeoutError)
-    retry = Retry(ExponentialWithJitterBackoff(base=0.05, cap=2.0), retries, supported_errors=errors)
-    return redis.Redis.from_url(url, decode_responses=False, retry=retry, retry_on_error=list(errors), **kwargs)
