@@ -130,7 +130,9 @@ def test_eval_equals_validation_builtin(tmp_path, redis_url):
     val = _validation_round(job, ckpt, redis_url, tmp_path / "val")
     ev = _eval(job, ckpt, tmp_path / "eval")
     _assert_same(val, ev)
-    assert ev["prompts"] == read_prompts(HELDOUT)[:4] and ev["steps"] == 4
+    assert ev["prompts"] == read_prompts(HELDOUT)[:4]
+    # the denoising steps per sample under a name that does not read as the checkpoint's training steps
+    assert (ev["denoising_steps"], ev["sampler"]) == (4, "ode") and "steps" not in ev
     # the record names the step directory scored, not `latest` as given (which moves while a run goes on)
     assert (ev["checkpoint"], ev["checkpoint_step"], ev["policy_version"]) == (
         str((tmp_path / "ckpt" / "step-000003").resolve()), 3, 3)
@@ -318,5 +320,5 @@ def test_eval_refuses_an_out_holding_an_evaluation_unless_overwrite(tmp_path, ca
     assert f"({out / 'grid.png'})" in capsys.readouterr().err
     assert (out / "grid.png").read_bytes() == first["grid.png"]
     assert cli_main([*argv, "--sampling-steps", "3", "--overwrite"]) == 0
-    assert json.loads((out / "rewards.json").read_text())["n"] == 2
+    assert json.loads((out / "rewards.json").read_text())["denoising_steps"] == 3
     assert (out / "grid.png").read_bytes() != first["grid.png"]  # 3 denoising steps draw other images than 2

@@ -159,7 +159,8 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
                     captions=[f"{r:.2f}" for r in result.rewards[:n_grid]])
     (out / "rewards.json").write_text(json.dumps({
         "mean_reward": result.mean_reward, "exact_match": result.exact_match, "n": result.n,
-        "sampler": args.sampler, "steps": steps, "seconds": seconds, **scored,
+        # `denoising_steps`, not `steps`: beside a checkpoint's step it read as training steps (nothing read `steps`)
+        "sampler": args.sampler, "denoising_steps": steps, "seconds": seconds, **scored,
         "rewards": [float(r) for r in result.rewards], "prompts": result.prompts}, indent=1))
     print(f"grid {out / 'grid.png'}  ({seconds:.1f} s)")
     exact = "" if result.exact_match is None else f" exact_match={result.exact_match:.3f}"  # None: no text to match
