@@ -35,6 +35,7 @@ from omnirl.api.disk import failure, storage_error
 from omnirl.api.errors import ConfigError
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv
+from omnirl.launch.placement import n_threads
 
 
 def resolve_device(device: str, environ: dict[str, str] | None = None) -> str:
@@ -79,7 +80,7 @@ def _setup(env: RoleEnv, role: str) -> RoleEnv:
         torch.cuda.set_device(env.device)  # NCCL, compile and default allocations use it
     if env.threads:
         torch.set_num_threads(env.threads)
-    logging.getLogger("omnirl").info("%s on %s, %d threads", role, env.device, torch.get_num_threads())
+    logging.getLogger("omnirl").info("%s on %s, %s", role, env.device, n_threads(torch.get_num_threads()))
     return env
 
 
