@@ -285,6 +285,41 @@ def test_an_actor_starts_when_the_stored_batches_reach_the_trained_step_and_name
         queue.cleanup()
 
 
+@pytest.mark.parametrize(("checkpointed", "said"), [(-1, "(no checkpoint yet)"), (3, "(after checkpoint step 3)")])
+def test_a_replay_line_says_no_checkpoint_yet_not_checkpoint_step_minus_1(tmp_path, redis_client, caplog,
+                                                                          checkpointed, said):
+    """An actor restarted before the run's first checkpoint logged "replaying step 0 from its stored request
+    (after checkpoint step -1)" (seen on `omnirl run` with the actor SIGKILLed after step 0's result)."""
+    import logging
+    import types
+
+    from omnirl.actor.service import ActorService
+    from omnirl.api.messages import TrainRequest
+    from omnirl.transfer import kv_key
+
+    queue = TransferQueue(redis_client, f"replay-line-{os.getpid()}-{checkpointed + 1}")
+    trained = []
+
+    def train(req, replay):  # the update itself is not this test's subject
+        trained.append((req.step, replay))
+        me.trained_step = req.step
+
+    me = types.SimpleNamespace(queue=queue, trained_step=checkpointed, checkpointed_step=checkpointed,
+                               ckpt_root=tmp_path, _trainreqs=kv_key(queue.job, "trainreqs"), _train=train,
+                               ranks=types.SimpleNamespace(max=lambda value: value))
+    step = checkpointed + 1
+    try:
+        redis_client.hset(me._trainreqs, str(step), json.dumps(
+            {"request": TrainRequest(step=step, policy_version=step, items=[]).model_dump()}))
+        with caplog.at_level(logging.INFO, logger="omnirl.actor"):
+            ActorService._replay(me)
+    finally:
+        queue.cleanup()
+    assert trained == [(step, True)]
+    assert [r.getMessage() for r in caplog.records if r.name == "omnirl.actor"] == [
+        f"replaying step {step} from its stored request {said}"]
+
+
 def test_take_over_and_recover_return_a_dead_consumers_entries(redis_client):
     q = TransferQueue(redis_client, "dur", claim_idle_s=3600)
     s = q.streams.scores
