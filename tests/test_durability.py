@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -426,6 +427,20 @@ def test_a_sigkilled_redis_comes_back_with_its_aof_and_a_client_rides_it_out(tmp
                 s.stop()
     with pytest.raises(redis.ConnectionError):  # no server: the retries give up and the error is raised
         redis_client(f"redis://127.0.0.1:{port}/0", reconnect_s=0).ping()
+
+
+def test_a_redis_that_stays_down_is_given_up_after_about_reconnect_s_not_twice_that():
+    """Each retry waits min(2 s, U·50 ms·2^n), ~2 s once n > 5: `int(reconnect_s) + 6` retries, taken for ~1 s
+    each, gave up after ~2 × reconnect_s (21.5 s for 10 s; the roles' 120 s were ~250 s, past the launcher's
+    verdict at 150 s that counts on them having given up)."""
+    with socket.socket() as s:  # a port nothing listens on: each try is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        redis_client(f"redis://127.0.0.1:{port}/0", reconnect_s=6).ping()
+    assert 2.5 < time.monotonic() - t0 < 10.5  # ~6.5 s; before: ~14 s
+
 
 
 def test_a_successor_meets_a_dead_controllers_refill():
