@@ -10,6 +10,7 @@ import signal
 import socket
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -441,6 +442,44 @@ def test_a_redis_that_stays_down_is_given_up_after_about_reconnect_s_not_twice_t
         redis_client(f"redis://127.0.0.1:{port}/0", reconnect_s=6).ping()
     assert 2.5 < time.monotonic() - t0 < 10.5  # ~6.5 s; before: ~14 s
 
+
+_ROLE_LOSES_REDIS = """
+import argparse, sys
+import omnirl.launch.roles as roles
+from omnirl.transfer.queue import redis_client
+def run_role(role, job, env):
+    try:
+        redis_client(env.redis_url, reconnect_s=0).ping()  # the retries spent: redis-py's own error
+    except Exception as err:
+        if sys.argv[1] == "wrapped":  # as a role's code may re-raise it
+            raise RuntimeError("reading the next batch") from err
+        raise
+roles.run_role = run_role
+sys.exit(roles.main(argparse.Namespace(role="reward", job="job.yaml", out=None)))
+"""
+
+
+@pytest.mark.parametrize("how", ["raised", "wrapped"])
+def test_a_role_that_loses_redis_says_so_in_one_line_and_exits_1(tmp_path, how):
+    """A role whose Redis calls spent their retries died with redis-py's traceback (its retry loop, its socket
+    code: ~40 lines per role) under `omnirl run`'s own Redis line; now one line naming the role, the Redis and
+    who decides, exit 1 still (a crash to the supervisor, never a clean exit)."""
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMNIRL_JOB_NAME": "j", "OMNIRL_REDIS_URL": f"redis://:secret@127.0.0.1:{port}/0",
+           "PYTHONPATH": os.pathsep.join(str(repo / p) for p in ("services", "operator", "."))}
+    done = subprocess.run([sys.executable, "-c", _ROLE_LOSES_REDIS, how], capture_output=True, text=True, timeout=60,
+                          cwd=repo, env=env)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        f"omnirl role reward: Redis at 127.0.0.1:{port}/0 did not answer through its calls' retries (about 120 s; "
+        f"ConnectionError: Error 111 connecting to 127.0.0.1:{port}. Connection refused.); this role gives up "
+        "(exit 1) and the supervisor (omnirl run, or the operator) decides whether the job goes on"], done.stderr
 
 
 def test_a_successor_meets_a_dead_controllers_refill():
