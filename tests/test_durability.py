@@ -443,6 +443,48 @@ def test_a_redis_that_stays_down_is_given_up_after_about_reconnect_s_not_twice_t
     assert 2.5 < time.monotonic() - t0 < 10.5  # ~6.5 s; before: ~14 s
 
 
+def test_a_call_blocked_when_redis_goes_gives_up_after_about_reconnect_s_not_its_square():
+    """A blocking XREADGROUP (the actor's, the controller's wait) when Redis goes: its command's retries each
+    retried the reconnect too (redis-py shares the retry), so counted alone they multiplied (the actor and the
+    controller still retried when `omnirl run` stopped the job 150 s after Redis died; 21.5 s for reconnect_s 2).
+    Now a deadline per call: the reconnect spends reconnect_s, and the command gives up with it."""
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+                              stdout=subprocess.DEVNULL)
+    client = redis_client(f"redis://127.0.0.1:{port}/0", reconnect_s=6)
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # it answers once it listens
+            try:
+                client.xgroup_create("s", "g", id="0", mkstream=True)
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline
+        gone = []
+
+        def stop():
+            time.sleep(0.5)  # the read below is blocked by then
+            gone.append(time.monotonic())
+            server.terminate()
+            server.wait()
+
+        stopper = threading.Thread(target=stop)
+        stopper.start()
+        with pytest.raises(redis.ConnectionError):
+            client.xreadgroup("g", "w", {"s": ">"}, count=1, block=60_000)
+        stopper.join()
+        assert 5.5 < time.monotonic() - gone[0] < 9.5  # ~6-8 s; before: ~12 s counted and timed, ~40 s counted
+    finally:
+        client.close()
+        if server.poll() is None:
+            server.terminate()
+            server.wait()
+
+
 _ROLE_LOSES_REDIS = """
 import argparse, sys
 import omnirl.launch.roles as roles
