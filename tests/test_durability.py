@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import threading
 import time
+from pathlib import Path
 
 import grpc
 import pytest
@@ -285,6 +287,41 @@ def test_an_actor_starts_when_the_stored_batches_reach_the_trained_step_and_name
         queue.cleanup()
 
 
+@pytest.mark.parametrize(("checkpointed", "said"), [(-1, "(no checkpoint yet)"), (3, "(after checkpoint step 3)")])
+def test_a_replay_line_says_no_checkpoint_yet_not_checkpoint_step_minus_1(tmp_path, redis_client, caplog,
+                                                                          checkpointed, said):
+    """An actor restarted before the run's first checkpoint logged "replaying step 0 from its stored request
+    (after checkpoint step -1)" (seen on `omnirl run` with the actor SIGKILLed after step 0's result)."""
+    import logging
+    import types
+
+    from omnirl.actor.service import ActorService
+    from omnirl.api.messages import TrainRequest
+    from omnirl.transfer import kv_key
+
+    queue = TransferQueue(redis_client, f"replay-line-{os.getpid()}-{checkpointed + 1}")
+    trained = []
+
+    def train(req, replay):  # the update itself is not this test's subject
+        trained.append((req.step, replay))
+        me.trained_step = req.step
+
+    me = types.SimpleNamespace(queue=queue, trained_step=checkpointed, checkpointed_step=checkpointed,
+                               ckpt_root=tmp_path, _trainreqs=kv_key(queue.job, "trainreqs"), _train=train,
+                               ranks=types.SimpleNamespace(max=lambda value: value))
+    step = checkpointed + 1
+    try:
+        redis_client.hset(me._trainreqs, str(step), json.dumps(
+            {"request": TrainRequest(step=step, policy_version=step, items=[]).model_dump()}))
+        with caplog.at_level(logging.INFO, logger="omnirl.actor"):
+            ActorService._replay(me)
+    finally:
+        queue.cleanup()
+    assert trained == [(step, True)]
+    assert [r.getMessage() for r in caplog.records if r.name == "omnirl.actor"] == [
+        f"replaying step {step} from its stored request {said}"]
+
+
 def test_take_over_and_recover_return_a_dead_consumers_entries(redis_client):
     q = TransferQueue(redis_client, "dur", claim_idle_s=3600)
     s = q.streams.scores
@@ -391,6 +428,100 @@ def test_a_sigkilled_redis_comes_back_with_its_aof_and_a_client_rides_it_out(tmp
                 s.stop()
     with pytest.raises(redis.ConnectionError):  # no server: the retries give up and the error is raised
         redis_client(f"redis://127.0.0.1:{port}/0", reconnect_s=0).ping()
+
+
+def test_a_redis_that_stays_down_is_given_up_after_about_reconnect_s_not_twice_that():
+    """Each retry waits min(2 s, U·50 ms·2^n), ~2 s once n > 5: `int(reconnect_s) + 6` retries, taken for ~1 s
+    each, gave up after ~2 × reconnect_s (21.5 s for 10 s; the roles' 120 s were ~250 s, past the launcher's
+    verdict at 150 s that counts on them having given up)."""
+    with socket.socket() as s:  # a port nothing listens on: each try is refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    t0 = time.monotonic()
+    with pytest.raises(redis.ConnectionError):
+        redis_client(f"redis://127.0.0.1:{port}/0", reconnect_s=6).ping()
+    assert 2.5 < time.monotonic() - t0 < 10.5  # ~6.5 s; before: ~14 s
+
+
+def test_a_call_blocked_when_redis_goes_gives_up_after_about_reconnect_s_not_its_square():
+    """A blocking XREADGROUP (the actor's, the controller's wait) when Redis goes: its command's retries each
+    retried the reconnect too (redis-py shares the retry), so counted alone they multiplied (the actor and the
+    controller still retried when `omnirl run` stopped the job 150 s after Redis died; 21.5 s for reconnect_s 2).
+    Now a deadline per call: the reconnect spends reconnect_s, and the command gives up with it."""
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+                              stdout=subprocess.DEVNULL)
+    client = redis_client(f"redis://127.0.0.1:{port}/0", reconnect_s=6)
+    try:
+        deadline = time.monotonic() + 10
+        while True:  # it answers once it listens
+            try:
+                client.xgroup_create("s", "g", id="0", mkstream=True)
+                break
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline
+        gone = []
+
+        def stop():
+            time.sleep(0.5)  # the read below is blocked by then
+            gone.append(time.monotonic())
+            server.terminate()
+            server.wait()
+
+        stopper = threading.Thread(target=stop)
+        stopper.start()
+        with pytest.raises(redis.ConnectionError):
+            client.xreadgroup("g", "w", {"s": ">"}, count=1, block=60_000)
+        stopper.join()
+        assert 5.5 < time.monotonic() - gone[0] < 9.5  # ~6-8 s; before: ~12 s counted and timed, ~40 s counted
+    finally:
+        client.close()
+        if server.poll() is None:
+            server.terminate()
+            server.wait()
+
+
+_ROLE_LOSES_REDIS = """
+import argparse, sys
+import omnirl.launch.roles as roles
+from omnirl.transfer.queue import redis_client
+def run_role(role, job, env):
+    try:
+        redis_client(env.redis_url, reconnect_s=0).ping()  # the retries spent: redis-py's own error
+    except Exception as err:
+        if sys.argv[1] == "wrapped":  # as a role's code may re-raise it
+            raise RuntimeError("reading the next batch") from err
+        raise
+roles.run_role = run_role
+sys.exit(roles.main(argparse.Namespace(role="reward", job="job.yaml", out=None)))
+"""
+
+
+@pytest.mark.parametrize("how", ["raised", "wrapped"])
+def test_a_role_that_loses_redis_says_so_in_one_line_and_exits_1(tmp_path, how):
+    """A role whose Redis calls spent their retries died with redis-py's traceback (its retry loop, its socket
+    code: ~40 lines per role) under `omnirl run`'s own Redis line; now one line naming the role, the Redis and
+    who decides, exit 1 still (a crash to the supervisor, never a clean exit)."""
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "OMNIRL_JOB_NAME": "j", "OMNIRL_REDIS_URL": f"redis://:secret@127.0.0.1:{port}/0",
+           "PYTHONPATH": os.pathsep.join(str(repo / p) for p in ("services", "operator", "."))}
+    done = subprocess.run([sys.executable, "-c", _ROLE_LOSES_REDIS, how], capture_output=True, text=True, timeout=60,
+                          cwd=repo, env=env)
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        f"omnirl role reward: Redis at 127.0.0.1:{port}/0 did not answer through its calls' retries (about 120 s; "
+        f"ConnectionError: Error 111 connecting to 127.0.0.1:{port}. Connection refused.); this role gives up "
+        "(exit 1) and the supervisor (omnirl run, or the operator) decides whether the job goes on"], done.stderr
 
 
 def test_a_successor_meets_a_dead_controllers_refill():

@@ -130,7 +130,9 @@ def test_eval_equals_validation_builtin(tmp_path, redis_url):
     val = _validation_round(job, ckpt, redis_url, tmp_path / "val")
     ev = _eval(job, ckpt, tmp_path / "eval")
     _assert_same(val, ev)
-    assert ev["prompts"] == read_prompts(HELDOUT)[:4] and ev["steps"] == 4
+    assert ev["prompts"] == read_prompts(HELDOUT)[:4]
+    # the denoising steps per sample under a name that does not read as the checkpoint's training steps
+    assert (ev["denoising_steps"], ev["sampler"]) == (4, "ode") and "steps" not in ev
     # the record names the step directory scored, not `latest` as given (which moves while a run goes on)
     assert (ev["checkpoint"], ev["checkpoint_step"], ev["policy_version"]) == (
         str((tmp_path / "ckpt" / "step-000003").resolve()), 3, 3)
@@ -295,3 +297,28 @@ def test_exact_match_is_absent_for_a_job_that_matches_no_text(tmp_path):
     table = validation_table([{"event": "validation", "step": 0, "policy_version": 0, "val_reward_mean": -2.0,
                                "val_exact_match": None, "val_background_darkness": 0.5, "grid": "g.png"}])
     assert "│ —" in table and "-2.000" in table
+
+
+def test_eval_refuses_an_out_holding_an_evaluation_unless_overwrite(tmp_path, capsys):
+    """A second `omnirl eval --out DIR` replaced the first one's rewards.json and grid.png without a word:
+    it is refused (exit 2, one line naming the file and both fixes) with the first one's files untouched;
+    `--overwrite` replaces them."""
+    job = _job(tmp_path, "eval-twice", {"family": "ocr-digits", "path": "builtin", "dtype": "float32"})
+    prompts = tmp_path / "p.txt"
+    prompts.write_text('"12"\n"345"\n')
+    out = tmp_path / "eval"
+    argv = ["eval", str(job), "--prompts", str(prompts), "--out", str(out)]
+    assert cli_main([*argv, "--sampling-steps", "2"]) == 0
+    first = {name: (out / name).read_bytes() for name in ("rewards.json", "grid.png")}
+    capsys.readouterr()
+    assert cli_main([*argv, "--sampling-steps", "3"]) == 2
+    assert capsys.readouterr().err == (f"omnirl eval: --out {out}: already holds an evaluation ({out / 'rewards.json'}); "
+                                       "pass another --out to keep it, or --overwrite to replace it\n")
+    assert {name: (out / name).read_bytes() for name in first} == first
+    (out / "rewards.json").unlink()  # a grid alone is an evaluation's output too
+    assert cli_main([*argv, "--sampling-steps", "3"]) == 2
+    assert f"({out / 'grid.png'})" in capsys.readouterr().err
+    assert (out / "grid.png").read_bytes() == first["grid.png"]
+    assert cli_main([*argv, "--sampling-steps", "3", "--overwrite"]) == 0
+    assert json.loads((out / "rewards.json").read_text())["denoising_steps"] == 3
+    assert (out / "grid.png").read_bytes() != first["grid.png"]  # 3 denoising steps draw other images than 2

@@ -12,7 +12,7 @@ from tests.helpers import supervise_scripts
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.runtime import sync_backend
 from omnirl.launch.local import role_env
-from omnirl.launch.placement import cpu_role_threads, place, role_plan, weight_sync_backend
+from omnirl.launch.placement import cpu_role_threads, describe, n_threads, place, role_plan, weight_sync_backend
 from omnirl.launch.roles import resolve_device
 
 
@@ -36,6 +36,18 @@ def test_threads_split_the_cores_only_when_rollout_and_training_overlap():
     assert cpu_role_threads("rollout", "async-reward", 2) == 2 and cpu_role_threads("actor", "sync", 8) == 8
     assert cpu_role_threads("rollout", "fully-async", 2) == 1 and cpu_role_threads("actor", "fully-async", 8) == 4
     assert cpu_role_threads("reward", "fully-async", 8) == 1 and cpu_role_threads("controller", "sync", 1) == 1
+
+
+def test_the_placement_table_says_1_thread_not_1_threads():
+    placements = place(load_rljob("examples/ocr-nft.yaml"), cores=2)
+    assert describe(placements, "gloo").splitlines() == [
+        "omnirl: placement",
+        "  rollout-0      cpu                      2 threads",
+        "  reward-0       cpu                      1 thread",
+        "  actor-0        cpu                      2 threads",
+        "  controller-0   cpu                      1 thread",
+        "  weight sync: gloo"]
+    assert (n_threads(0), n_threads(1), n_threads(12)) == ("0 threads", "1 thread", "12 threads")
 
 
 def test_every_role_gets_the_process_contract(tmp_path):

@@ -173,10 +173,69 @@ def test_a_judge_listening_on_a_port_written_into_its_command_is_named_at_once(t
         r"\d+\.\d s after it started \(a port written into its command\); its log "
         rf"{re.escape(str(log))} ends: 'loading'; its command must listen on the port omnirl run gives it: write "
         rf"'{{port}}' where it has {hard} \(e\.g\. args: \[--port, '{{port}}'\]\) or read \$OMNIRL_JUDGE_PORT; "
-        r"spec\.reward\[1\]\.server\.port is the pod's port on Kubernetes, where '\{port\}' becomes it",
+        r"on Kubernetes '\{port\}' becomes spec\.reward\[1\]\.server\.port \(8000\), the pod's port",
         str(err.value)), err.value
     with socket.socket() as s:  # the judge was stopped
         assert s.connect_ex(("127.0.0.1", hard)) != 0
+
+
+def _pod_port(job: RLJob, explicit: bool) -> int:
+    """A free port as judge 1's `server.port`: set in the manifest (`explicit`), or standing for the default 8000
+    the user never wrote (8000 itself may be taken on a shared machine; `model_fields_set` stays without it)."""
+    port = _free_port()
+    server = job.spec.reward[1].server
+    if explicit:
+        server.port = port
+        assert "port" in server.model_fields_set
+    else:
+        server.__dict__["port"] = port
+        assert "port" not in server.model_fields_set
+    return port
+
+
+def _port_refusal(job: RLJob, tmp_path: Path) -> tuple[str, int]:
+    """start_judges' JudgeFailed text for `job` (named at once, not after its startupSeconds) and the port given."""
+    t0 = time.monotonic()
+    with pytest.raises(JudgeFailed) as err:
+        start_judges(job, tmp_path / "logs")
+    assert time.monotonic() - t0 < 20, err.value
+    text = re.sub(r"it was given \d+\.\d s after", "it was given T s after", str(err.value))
+    return text, int(re.search(r"not on port (\d+) it was given", text)[1])
+
+
+def test_a_judge_hard_coding_the_default_pod_port_is_told_to_write_port_there_not_sent_to_server_port(tmp_path):
+    """`--port 8000` written into the judge's command, `server.port` left at its default 8000: the reason given was
+    "(spec.reward[1].server.port, the pod's port)", a field the user never set, as if changing it were the fix."""
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", ANY_PORT_SERVER, "PLACEHOLDER"], "startupSeconds": 120})
+    pod = _pod_port(job, explicit=False)
+    job.spec.reward[1].server.command[-1] = str(pod)  # the pod port, hard-coded
+    text, given = _port_refusal(job, tmp_path)
+    assert text == (
+        f"spec.reward[1].server: judge judge listens on port {pod}, not on port {given} it was given T s after it "
+        f"started (a port written into its command; {pod} is also the default of spec.reward[1].server.port, the "
+        f"pod's port); its log {tmp_path / 'logs' / 'judge-judge.log'} ends: 'loading'; its command must listen on "
+        f"the port omnirl run gives it: write '{{port}}' where it has {pod} (e.g. args: [--port, '{{port}}']) or read "
+        f"$OMNIRL_JUDGE_PORT; on Kubernetes '{{port}}' becomes spec.reward[1].server.port ({pod}), the pod's port")
+
+
+@pytest.mark.parametrize("explicit", [False, True], ids=["default-server-port", "server-port-set"])
+def test_a_judge_on_its_programs_own_default_port_is_told_to_pass_port_not_to_write_it_where_it_has_none(
+        tmp_path, monkeypatch, explicit):
+    """A command given no port at all (as `vllm serve MODEL`, whose own default is 8000, `server.port`'s too):
+    the fix said "write '{port}' where it has 8000", and its command has no 8000 anywhere."""
+    job = job_with(tmp_path, {"command": [sys.executable, "-c", ANY_PORT_SERVER, "JUDGE_TEST_PORT"],
+                              "startupSeconds": 120})
+    pod = _pod_port(job, explicit)
+    monkeypatch.setenv("JUDGE_TEST_PORT", str(pod))  # the program's own default, nowhere in the command
+    text, given = _port_refusal(job, tmp_path)
+    field = "spec.reward[1].server.port, the pod's port" if explicit else \
+        "the default of spec.reward[1].server.port, the pod's port"
+    assert text == (
+        f"spec.reward[1].server: judge judge listens on port {pod}, not on port {given} it was given T s after it "
+        f"started ({field}; {pod} is nowhere in its command, so it is its program's own default port); its log "
+        f"{tmp_path / 'logs' / 'judge-judge.log'} ends: 'loading'; its command must listen on the port omnirl run "
+        "gives it: pass it '{port}' (e.g. args: [--port, '{port}']) or read $OMNIRL_JUDGE_PORT; on Kubernetes "
+        f"'{{port}}' becomes spec.reward[1].server.port ({pod}), the pod's port")
 
 
 # a judge as tritonserver: its own gRPC port (written into its args) opened first, then, loaded, its HTTP port
@@ -205,6 +264,24 @@ def test_a_judge_given_its_port_that_first_listens_on_another_port_written_into_
         assert j.port != side and j.answers()
         assert wired.spec.reward[1].url == f"http://127.0.0.1:{j.port}/v1/score"
         assert servers.listening_ports(j.proc.pid) == {side, j.port}
+    finally:
+        stop_judges(judges)
+
+
+def test_a_judge_given_its_port_whose_side_port_written_into_its_args_is_the_pod_port_is_waited_for(tmp_path):
+    """`--http-port {port} --grpc-port 8000` with `server.port` at its default 8000: the side port was taken for
+    the pod's port (exit 4, 'listens on port 8000 … (spec.reward[1].server.port, the pod's port)') one second
+    after the start, for a judge that answers on its port 2.5 s later."""
+    script = tmp_path / "triton.py"
+    script.write_text(SIDE_PORT_SERVER)
+    job = job_with(tmp_path, {"command": [sys.executable, str(script), "--http-port", "{port}", "--grpc-port", "X"],
+                              "startupSeconds": 60})
+    side = _pod_port(job, explicit=False)
+    job.spec.reward[1].server.command[-1] = str(side)
+    judges, _ = start_judges(job, tmp_path / "logs")
+    try:
+        (j,) = judges
+        assert j.answers() and servers.listening_ports(j.proc.pid) == {side, j.port}
     finally:
         stop_judges(judges)
 

@@ -130,7 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sampler", choices=["ode", "sde"], default="ode",
                    help="ode (default, as validation) or sde (every step but the last stochastic)")
     s.add_argument("--seed", type=int, default=None, help="noise seed (default: spec.validation.seed)")
-    s.add_argument("--out", default="eval-out", help="directory for grid.png and rewards.json (default eval-out)")
+    s.add_argument("--out", default="eval-out", help="directory for grid.png and rewards.json (default eval-out); "
+                   "one that already holds an evaluation is refused unless --overwrite")
+    s.add_argument("--overwrite", action="store_true",
+                   help="replace the grid.png and rewards.json a previous evaluation left in --out")
     s.set_defaults(fn=_cmd_eval)
 
     s = sub.add_parser("run", help="run an RLJob on this machine (embedded Redis, roles as processes)")

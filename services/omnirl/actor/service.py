@@ -260,8 +260,9 @@ class ActorService:
                         "(mount it from a persistent volume) or belongs to another run")
                 return
             req = TrainRequest.model_validate(json.loads(raw)["request"])
-            log.info("replaying step %d from its stored request (after checkpoint step %d)", req.step,
-                     self.checkpointed_step)
+            # -1: no checkpoint saved yet (the step replays from the model's weights), not a step
+            after = "no checkpoint yet" if self.checkpointed_step < 0 else f"after checkpoint step {self.checkpointed_step}"
+            log.info("replaying step %d from its stored request (%s)", req.step, after)
             try:
                 self._train(req, replay=True)
             except BatchLost as lost:

@@ -1,10 +1,12 @@
-"""`omnirl eval JOB.yaml [--checkpoint DIR] [--prompts FILE] [--sampling-steps N] [--sampler ode|sde] [--seed S]`.
+"""`omnirl eval JOB.yaml [--checkpoint DIR] [--prompts FILE] [--sampling-steps N] [--sampler ode|sde] [--seed S]
+[--out OUT] [--overwrite]`.
 
 Samples every prompt as in-run validation does (its requests, the rollout engine, the job's σ
 grid; defaults: the job's held-out prompts, `validation.numSteps` and `validation.seed`), scores
 it with the weighted sum of the job's rewards, writes `OUT/grid.png` and `OUT/rewards.json`, and
 ends with one line `mean_reward=0.412 exact_match=0.180 n=256` (`exact_match`: the share of samples
-whose text every OCR-rule reward read exactly; absent when the job has none).
+whose text every OCR-rule reward read exactly; absent when the job has none). An OUT that already holds
+an evaluation's `rewards.json` or `grid.png` is refused before the model loads unless `--overwrite`.
 
 A judge the job runs (`reward[].server`) is served here as `omnirl run` serves it (same command, a
 free port, log `OUT/logs/judge-R.log`; `reward/servers.py::serving`) and stopped at the end, so
@@ -42,7 +44,8 @@ def main(args: argparse.Namespace) -> int:
     Raises ValueError (FileNotFoundError) naming the flag for `--steps` (`omnirl run`'s training steps:
     refused, naming `--sampling-steps`), a bad --sampling-steps, --seed, --out or --prompts (missing, a
     directory, empty, or a line the model cannot tokenize), or a --checkpoint that is not one, is
-    damaged, or belongs to another job or model family (`check_owner`), or naming
+    damaged, or belongs to another job or model family (`check_owner`), an --out that already holds an
+    evaluation without --overwrite (`_check_not_overwriting`), or naming
     `spec.reward[i].server.command` / `.modelPath` / `.volume` when this machine cannot run that judge
     (`reward.servers.check_local`, before anything loads)."""
     if args.steps is not None:  # its name before 2026-12-03: `omnirl run --steps` counts training steps
@@ -81,12 +84,33 @@ def main(args: argparse.Namespace) -> int:
     else:  # what validation samples
         prompts = check_prompts(spec.data.validationPrompts, tokenize, "spec.data.validationPrompts",
                                 spec.validation.maxPrompts)
+    # after the inputs' checks (a stray ./eval-out must not hide a bad manifest), before the judge's log and
+    # the model load
+    _check_not_overwriting(Path(args.out), args.overwrite)
     try:
         with serving(job, Path(args.out) / "logs", by="omnirl eval") as wired:
             return _evaluate(args, wired, prompts, fix)
     except JudgeFailed as err:  # the user's command exited or never listened: its line, not a traceback
         print(f"omnirl eval: {err}; nothing written", file=sys.stderr, flush=True)  # one line: field, why, fix
         return CONFIG_ERROR_EXIT  # as `omnirl run` for the same judge: a setting it cannot start with
+
+
+OUTPUTS = ("rewards.json", "grid.png")  # what an evaluation writes into --out
+
+
+def _check_not_overwriting(out: Path, overwrite: bool) -> None:
+    """Refuse an `out` that already holds an evaluation's outputs (`OUTPUTS`) unless `overwrite`: a second
+    `omnirl eval --out DIR` replaced the first one's scores without a word.
+
+    Raises:
+        ValueError: one line naming the existing file and the two fixes (another --out, or --overwrite).
+    """
+    if overwrite:
+        return
+    for name in OUTPUTS:
+        if (out / name).exists():
+            raise ValueError(f"--out {out}: already holds an evaluation ({out / name}); pass another --out to keep "
+                             "it, or --overwrite to replace it")
 
 
 def _export_fix(export: Path) -> str:
@@ -135,7 +159,8 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
                     captions=[f"{r:.2f}" for r in result.rewards[:n_grid]])
     (out / "rewards.json").write_text(json.dumps({
         "mean_reward": result.mean_reward, "exact_match": result.exact_match, "n": result.n,
-        "sampler": args.sampler, "steps": steps, "seconds": seconds, **scored,
+        # `denoising_steps`, not `steps`: beside a checkpoint's step it read as training steps (nothing read `steps`)
+        "sampler": args.sampler, "denoising_steps": steps, "seconds": seconds, **scored,
         "rewards": [float(r) for r in result.rewards], "prompts": result.prompts}, indent=1))
     print(f"grid {out / 'grid.png'}  ({seconds:.1f} s)")
     exact = "" if result.exact_match is None else f" exact_match={result.exact_match:.3f}"  # None: no text to match

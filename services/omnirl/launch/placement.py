@@ -192,11 +192,16 @@ def weight_sync_backend(placements: list[Placement]) -> str:
     return sync_backend(actor.kind, [p.kind for p in rollouts], any(same), all(same))
 
 
+def n_threads(n: int) -> str:
+    """`n` CPU threads as a phrase: "1 thread", "2 threads" (the table said "1 threads")."""
+    return f"{n} thread{'' if n == 1 else 's'}"
+
+
 def describe(placements: list[Placement], backend: str) -> str:
     """A few lines saying where each process runs (printed at start)."""
     rows = []
     for p in placements:
         where = "cpu" if p.kind == "cpu" else f"{p.device} = {_UNIT[p.kind]} {','.join(p.visible)}"
-        rows.append(f"  {p.name:<14} {where:<24} {p.threads} threads")
+        rows.append(f"  {p.name:<14} {where:<24} {n_threads(p.threads)}")
     sync = backend or "by device (nccl/hccl across devices)"
     return "omnirl: placement\n" + "\n".join(rows) + f"\n  weight sync: {sync}"

@@ -34,11 +34,14 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from omnirl.api.disk import failure, storage_error
 from omnirl.api.errors import ConfigError
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv
+from omnirl.launch.placement import n_threads
+from omnirl.transfer.client import RECONNECT_S
 
 
 def resolve_device(device: str, environ: dict[str, str] | None = None) -> str:
@@ -83,7 +86,7 @@ def _setup(env: RoleEnv, role: str) -> RoleEnv:
         torch.cuda.set_device(env.device)  # NCCL, compile and default allocations use it
     if env.threads:
         torch.set_num_threads(env.threads)
-    logging.getLogger("omnirl").info("%s on %s, %d threads", role, env.device, torch.get_num_threads())
+    logging.getLogger("omnirl").info("%s on %s, %s", role, env.device, n_threads(torch.get_num_threads()))
     return env
 
 
@@ -277,6 +280,29 @@ def main(args: argparse.Namespace) -> int:
             raised = "" if full is err else f" ({type(err).__name__}: {err})"  # a library's own wrapper
             print(f"omnirl role {args.role}: {what}{raised}; {fixed}", file=sys.stderr, flush=True)
             return STORAGE_ERROR_EXIT
+        lost = _redis_lost(err)
+        if lost is not None:  # not a bug of the role: a traceback of redis-py's retry loop told the user nothing
+            url = urlsplit(os.environ.get(VARIABLES["redis_url"], ""))  # host:port/db as the launcher's lines, no password
+            where = f"{url.hostname}:{url.port or 6379}{url.path if url.path not in ('', '/') else ''}"
+            print(f"omnirl role {args.role}: Redis at {where} did not answer through its calls' retries (about "
+                  f"{RECONNECT_S:.0f} s; {type(lost).__name__}: {lost}); this role gives up (exit 1) and the "
+                  "supervisor (omnirl run, or the operator) decides whether the job goes on", file=sys.stderr,
+                  flush=True)
+            return 1
         logging.getLogger("omnirl").exception("role %s failed", args.role)
         print(f"omnirl role {args.role} failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
         return 1
+
+
+def _redis_lost(err: BaseException) -> BaseException | None:
+    """The redis-py `ConnectionError` or `TimeoutError` (its retries spent) that `err` is or was raised from,
+    else None."""
+    import redis
+
+    seen: set[int] = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None

@@ -196,30 +196,40 @@ def listening_ports(pid: int) -> set[int]:
     return ports
 
 
-def _hard_coded(j: JudgeProcess, i: int, ports: set[int], probed: set[int]) -> list[tuple[int, str]]:
+def _hard_coded(j: JudgeProcess, i: int, ports: set[int], probed: set[int]) -> list[tuple[int, str, bool]]:
     """Of `ports` (where judge `j`, `spec.reward[i]`, listens, not on its given port), those that are certainly
-    its own port, with why: the manifest's `server.port` (the pod's port: a command written for the pod alone), a
-    number written in its command or args that does not pass its port on (no `{port}`, `$OMNIRL_JUDGE_PORT` or
-    `$PORT` in them), or, with a `healthPath`, a port that answers it (a judge ready on the
-    wrong port; each port asked once, `probed` keeps them). Other ports may be a loading server's own (a torch
-    store, a worker's socket) and are only named while it waits."""
+    its own port, with why and whether the number is written in its command: a number written in its command or
+    args that does not pass its port on (no `{port}`, `$OMNIRL_JUDGE_PORT` or `$PORT` in them), the manifest's
+    `server.port` (the pod's port, default 8000, also the default port of common servers: a command written for
+    the pod alone) unless its command passes its port on and writes that number as a port of its own, or, with a
+    `healthPath`, a port that answers it (a judge ready on the wrong port; each port asked once, `probed` keeps
+    them). Other ports may be a loading server's own (a torch store, a worker's socket) and are only named while
+    it waits."""
     written = " ".join(argv(j.reward.server, "{port}"))
     # a command that passes its port on ('{port}', $OMNIRL_JUDGE_PORT, $PORT) listens there: a number written
     # beside it is a port of its own (tritonserver --http-port {port} --grpc-port 8001), not a hard-coded judge port
     given_on = "{port}" in written or re.search(rf"\b({PORT_ENV}|PORT)\b", written) is not None
+    pod = j.reward.server.port
+    # the default 8000 the user never wrote: naming the field alone sent them to a setting they had not made
+    pod_field = (f"spec.reward[{i}].server.port, the pod's port" if "port" in j.reward.server.model_fields_set
+                 else f"the default of spec.reward[{i}].server.port, the pod's port")
     sure = []
     for p in sorted(ports):
-        if p == j.reward.server.port:
-            sure.append((p, f"spec.reward[{i}].server.port, the pod's port"))
-        elif not given_on and re.search(rf"(?<!\d){p}(?!\d)", written):
-            sure.append((p, "a port written into its command"))
+        in_command = re.search(rf"(?<!\d){p}(?!\d)", written) is not None
+        if in_command and not given_on:
+            sure.append((p, "a port written into its command" + (f"; {pod} is also {pod_field}" if p == pod else ""),
+                         True))
+        elif p == pod and not in_command:
+            sure.append((p, f"{pod_field}; {p} is nowhere in its command, so it is its program's own default "
+                         "port", False))
     path = j.reward.server.healthPath
-    for p in sorted(ports - {p for p, _ in sure} - probed) if path else []:
+    for p in sorted(ports - {p for p, _, _ in sure} - probed) if path else []:
         probed.add(p)
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{p}{path}", timeout=2) as resp:
                 if resp.status == 200:
-                    sure.append((p, f"it answers its healthPath {path} there"))
+                    sure.append((p, f"it answers its healthPath {path} there",
+                                 re.search(rf"(?<!\d){p}(?!\d)", written) is not None))
         except (urllib.error.URLError, OSError, ValueError):
             pass
     return sure
@@ -260,12 +270,13 @@ def _await_answers(job: RLJob, judges: list[JudgeProcess], by: str) -> None:
                 elsewhere[j.reward.name] = set() if j.port in ports else ports
                 wrong = _hard_coded(j, i, elsewhere[j.reward.name], probed[j.reward.name])
                 if wrong:  # it would never answer on its port: waiting out startupSeconds (900 s) told nothing
-                    port, why = wrong[0]
+                    port, why, in_command = wrong[0]
+                    how = (f"write '{{port}}' where it has {port}" if in_command else "pass it '{port}'")
                     raise _failed(j, i, f"listens on port {port}, not on port {j.port} it was given "
                                   f"{time.monotonic() - started:.1f} s after it started ({why})",
-                                  f"its command must listen on the port {by} gives it: write '{{port}}' where it has "
-                                  f"{port} (e.g. args: [--port, '{{port}}']) or read ${PORT_ENV}; spec.reward[{i}]."
-                                  "server.port is the pod's port on Kubernetes, where '{port}' becomes it")
+                                  f"its command must listen on the port {by} gives it: {how} (e.g. args: [--port, "
+                                  f"'{{port}}']) or read ${PORT_ENV}; on Kubernetes '{{port}}' becomes spec.reward[{i}]."
+                                  f"server.port ({j.reward.server.port}), the pod's port")
         now = time.monotonic()
         for j in pending:
             i, bound = job.spec.reward.index(j.reward), j.reward.server.startupSeconds
