@@ -65,6 +65,17 @@ def lora_settings_without_enabled(tmp: Path) -> str:
     return str(path)
 
 
+def lora_target_of_no_layer(tmp: Path) -> str:
+    """The NFT example with LoRA on `qkv_proj`, a name of other models' layers (the built-in model's is `attn.qkv`):
+    `omnirl validate` said ok and `omnirl run` started Redis, Ray and every role, then stopped with exit 4."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["model"]["lora"] = {"enabled": True, "rank": 4, "targetModules": ["qkv_proj"]}
+    doc["spec"]["data"] = {"trainPrompts": HELDOUT, "validationPrompts": HELDOUT}
+    path = tmp / "lora-target.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
 def with_judge_server(tmp: Path) -> str:
     """The NFT example plus an http judge the job runs itself (`reward[].server`, no url), whose command
     this machine does not have."""
@@ -283,6 +294,11 @@ CASES = {
         " asks for ('A sign that says \"{n}\"'): no sample of it could score 1; add the characters to the alphabet, "
         "or fix or remove that line".format(n=next(line.split('"')[1] for line in Path(HELDOUT).read_text().splitlines()
                                                    if "9" in line))),
+    "run-lora-target-of-no-layer": (
+        lambda t: ["run", lora_target_of_no_layer(t), "--no-ray", "--out", str(t / "o")],
+        "omnirl run: spec.model.lora.targetModules: ['qkv_proj'] match no layer of the model, so LoRA would train "
+        "nothing; ", "list linear layers of DigitsDiT: attn.proj, attn.qkv, mlp.fc1, mlp.fc2, modulation, "
+        "modulation_out, out_proj, patch_embed, sigma_mlp.0, sigma_mlp.2 (empty: the model's defaults)"),
     "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-cudnn-on-the-cpu": (lambda t: ["run", cudnn_on_gpus(t), "--device", "cpu", "--no-ray", "--out",
