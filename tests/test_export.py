@@ -223,6 +223,12 @@ def test_export_cli_errors_are_one_line_naming_the_fix(run_dir, tmp_path, capsys
         ((run_dir, "--out", run_dir), "already exists; choose another --out or remove it"),
         ((run_dir, "--out", tmp_path / "a", "--checkpoint", run_dir / "checkpoints" / "step-999999"),
          "step-999999: does not exist; pass a checkpoint the run still keeps"),
+        # the checkpoint's weights file itself: it said "…/policy.safetensors: no policy.safetensors"
+        ((run_dir, "--out", tmp_path / "a", "--checkpoint", run_dir / "checkpoints" / "latest" / "policy.safetensors"),
+         f"latest/policy.safetensors is a file; pass the checkpoint directory that holds it, "
+         f"{run_dir / 'checkpoints' / 'latest'}"),
+        ((run_dir, "--out", tmp_path / "a", "--checkpoint", run_dir / "job.yaml"),
+         "job.yaml is a file; pass a run's checkpoint dir, e.g. OUT/checkpoints/latest"),
     ]
     for args, fix in cases:
         code, lines = _export(capsys, *args)

@@ -46,6 +46,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not p.exists():  # e.g. a step-* directory pruned by checkpoint.keep: "no policy.safetensors" misled
         raise FileNotFoundError(f"{path}: does not exist; pass a checkpoint the run still keeps "
                                 "(OUT/checkpoints/latest, or a step-* directory there)")
+    if p.is_file():  # a file of the checkpoint (its policy.safetensors, state.json): "FILE: no policy.safetensors" misled
+        where = p.parent if (p.parent / POLICY_FILE).is_file() else None
+        raise FileNotFoundError(f"{path} is a file; pass " + (f"the checkpoint directory that holds it, {where}" if where
+                                                             else "a run's checkpoint dir, e.g. OUT/checkpoints/latest"))
     if (p / LATEST).exists():
         p = p / LATEST
     p = p.resolve()
