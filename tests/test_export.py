@@ -297,6 +297,50 @@ def test_export_and_eval_refuse_another_jobs_manifest(run_dir, tmp_path, capsys)
     assert not (tmp_path / "a").exists()
 
 
+def test_export_and_eval_refuse_a_manifest_whose_lora_differs_from_the_checkpoints(tmp_path, capsys):
+    """The actor records its LoRA settings in state.json (`lora_settings`), and `omnirl export --job` and
+    `omnirl eval JOB --checkpoint` refuse a manifest of another rank, alpha or targetModules, naming each
+    field with both values (`policy_io.check_owner`). Before, another rank crashed eval on a tensor copy
+    (`RuntimeError: The size of tensor a (8) must match the size of tensor b (4)`, exit 1) and export wrote
+    export.json with the manifest's rank; another alpha merged the adapters at the wrong scale without a word."""
+    from omnirl.actor.trainer import Trainer
+
+    job = rljob(lora=LORA)
+    run = tmp_path / "run"
+    Trainer(load_digits_adapter(), job.spec).save(run / "checkpoints", 0, {
+        "step": 0, "policy_version": 1, "data_position": [0, 3], "job": "exp", "family": "ocr-digits"})
+    latest = (run / "checkpoints" / "latest").resolve()
+    assert json.loads((latest / "state.json").read_text())["lora_settings"] == {
+        "rank": 4, "alpha": 8.0, "targetModules": []}
+    (run / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job)))
+    assert _export(capsys, run, "--out", tmp_path / "ok") == (0, [])  # the run's own manifest
+    prompts = tmp_path / "p.txt"
+    prompts.write_text('A sign that says "12"\n')
+    for i, (lora, said) in enumerate([
+            ({**LORA, "rank": 8}, "spec.model.lora.rank 4 (the manifest: 8)"),
+            ({**LORA, "alpha": 16.0}, "spec.model.lora.alpha 8.0 (the manifest: 16.0)"),
+            ({**LORA, "rank": 8, "targetModules": ["attn.qkv"]},
+             "spec.model.lora.rank 4 (the manifest: 8), spec.model.lora.targetModules [] (the manifest: ['attn.qkv'])")]):
+        other = tmp_path / f"other{i}.yaml"
+        other.write_text(yaml.safe_dump(dump_rljob(rljob(lora=lora))))
+        refusal = (f"{latest} was trained with {said}: its adapters mean something else under the manifest's; "
+                   "pass the run's own manifest")
+        code, lines = _export(capsys, run, "--out", tmp_path / "a", "--job", other)
+        assert code == 2 and lines == [f"omnirl export: {refusal} (--job), or put those values back"], lines
+        code = main(["eval", str(other), "--prompts", str(prompts), "--checkpoint", str(run / "checkpoints" / "latest"),
+                     "--out", str(tmp_path / "e")])
+        lines = capsys.readouterr().err.splitlines()
+        assert code == 2 and lines == [f"omnirl eval: {refusal} (omnirl eval OUT/job.yaml), or put those values back"]
+    assert not (tmp_path / "a").exists() and not (tmp_path / "e").exists()
+    # LoRA off in the manifest of a LoRA checkpoint: named as such (eval said "policy tensors do not match")
+    (tmp_path / "full.yaml").write_text(yaml.safe_dump(dump_rljob(rljob())))
+    code = main(["eval", str(tmp_path / "full.yaml"), "--prompts", str(prompts), "--checkpoint", str(latest),
+                 "--out", str(tmp_path / "e")])
+    assert code == 2 and capsys.readouterr().err.splitlines() == [
+        f"omnirl eval: {latest} holds LoRA adapters but the manifest's spec.model.lora.enabled is False; pass the "
+        "run's own manifest (omnirl eval OUT/job.yaml)"]
+
+
 def test_a_truncated_or_corrupt_checkpoint_is_one_line_for_export_and_eval(run_dir, tmp_path, capsys):
     """`omnirl export` and `omnirl eval --checkpoint` on a checkpoint whose policy.safetensors is cut
     short (a full disk) or whose state.json is garbage: one line naming it and the fix, exit 2 (a

@@ -79,13 +79,27 @@ def check_owner(job: RLJob, ckpt: Path, state: dict, manifest: str) -> None:
         job: the manifest given. ckpt: the resolved checkpoint. state: its state.json.
         manifest: how the command takes the run's own manifest, for the fix (`--job`).
     Raises:
-        ValueError: naming both jobs (or families) and the fix.
+        ValueError: naming both jobs (or families) and the fix; or a manifest whose `spec.model.lora` differs
+            from the checkpoint's: LoRA on or off, or (recorded since 2026-12-03, `lora_settings`) another
+            rank, alpha or targetModules, naming each field with both values.
     """
     mine = {"job": job.metadata.name, "family": job.spec.model.family}
     for key, what in (("job", "job"), ("family", "model family")):
         if key in state and state[key] != mine[key]:
             raise ValueError(f"{ckpt} is a checkpoint of {what} {state[key]!r} but the manifest is for {what} "
                              f"{mine[key]!r}; pass the run's own manifest ({manifest}) or that job's checkpoint")
+    lora = job.spec.model.lora
+    if bool(state.get("lora")) != lora.enabled:
+        raise ValueError(f"{ckpt} holds {'LoRA adapters' if state.get('lora') else 'full weights'} but the manifest's "
+                         f"spec.model.lora.enabled is {lora.enabled}; pass the run's own manifest ({manifest})")
+    # the adapters' rank, scale (alpha / rank) and layers: another rank crashed `omnirl eval` on a tensor copy, and
+    # another alpha merged the adapters into an export at the wrong scale without a word
+    written = state.get("lora_settings") or {}
+    changed = [f"spec.model.lora.{key} {written[key]!r} (the manifest: {getattr(lora, key)!r})"
+               for key in ("rank", "alpha", "targetModules") if key in written and written[key] != getattr(lora, key)]
+    if changed:
+        raise ValueError(f"{ckpt} was trained with {', '.join(changed)}: its adapters mean something else under "
+                         f"the manifest's; pass the run's own manifest ({manifest}), or put those values back")
 
 
 def publish(root: Path, tmp: Path, final: Path, keep: int) -> Path:
