@@ -332,6 +332,15 @@ def test_export_and_eval_refuse_a_manifest_whose_lora_differs_from_the_checkpoin
         lines = capsys.readouterr().err.splitlines()
         assert code == 2 and lines == [f"omnirl eval: {refusal} (omnirl eval OUT/job.yaml), or put those values back"]
     assert not (tmp_path / "a").exists() and not (tmp_path / "e").exists()
+    # a checkpoint written before lora_settings: another rank is one line from the tensors' shapes, not a traceback
+    state = json.loads((latest / "state.json").read_text())
+    (latest / "state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "lora_settings"}))
+    code = main(["eval", str(tmp_path / "other0.yaml"), "--prompts", str(prompts), "--checkpoint", str(latest),
+                 "--out", str(tmp_path / "e")])
+    assert code == 2 and capsys.readouterr().err.splitlines() == [
+        f"omnirl eval: {latest}: policy tensor blocks.0.attn.qkv.lora_A.default.weight has shape [4, 128] but the "
+        "manifest's model has [8, 128] (48 such tensor(s); another spec.model.lora.rank or model config); pass the "
+        "run's own manifest"]
     # LoRA off in the manifest of a LoRA checkpoint: named as such (eval said "policy tensors do not match")
     (tmp_path / "full.yaml").write_text(yaml.safe_dump(dump_rljob(rljob())))
     code = main(["eval", str(tmp_path / "full.yaml"), "--prompts", str(prompts), "--checkpoint", str(latest),

@@ -183,6 +183,7 @@ def load_policy(adapter: ModelAdapter, path: str | Path, lora: LoRASpec) -> dict
     Raises:
         FileNotFoundError: not a (complete) checkpoint.
         KeyError: tensor names do not match the model (wrong model family or LoRA settings).
+        ValueError: tensor shapes do not match it (another LoRA rank in a checkpoint without `lora_settings`).
     """
     ckpt = resolve_checkpoint(path)
     state = json.loads((ckpt / "state.json").read_text())
@@ -196,6 +197,13 @@ def load_policy(adapter: ModelAdapter, path: str | Path, lora: LoRASpec) -> dict
     missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
     if missing or unexpected:
         raise KeyError(f"{ckpt}: policy tensors do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    # a checkpoint older than `lora_settings` (check_owner) under another LoRA rank: a RuntimeError in the copy
+    shapes = [k for k, t in own.items() if tuple(t.shape) != tuple(tensors[k].shape)]
+    if shapes:
+        k = shapes[0]
+        raise ValueError(f"{ckpt}: policy tensor {k} has shape {list(tensors[k].shape)} but the manifest's model has "
+                         f"{list(own[k].shape)} ({len(shapes)} such tensor(s); another spec.model.lora.rank or model "
+                         "config); pass the run's own manifest")
     with torch.no_grad():
         for k, t in own.items():
             t.copy_(tensors[k])
