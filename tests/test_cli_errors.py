@@ -65,6 +65,31 @@ def lora_settings_without_enabled(tmp: Path) -> str:
     return str(path)
 
 
+def lora_target_of_no_layer(tmp: Path) -> str:
+    """The NFT example with LoRA on `qkv_proj`, a name of other models' layers (the built-in model's is `attn.qkv`):
+    `omnirl validate` said ok and `omnirl run` started Redis, Ray and every role, then stopped with exit 4."""
+    doc = yaml.safe_load(Path(NFT).read_text())
+    doc["spec"]["model"]["lora"] = {"enabled": True, "rank": 4, "targetModules": ["qkv_proj"]}
+    doc["spec"]["data"] = {"trainPrompts": HELDOUT, "validationPrompts": HELDOUT}
+    path = tmp / "lora-target.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return str(path)
+
+
+_HELD: list = []  # listening sockets kept open for the duration of the test session
+
+
+def a_port_in_use(tmp: Path) -> str:
+    """A port some process listens on (another scorer, say)."""
+    import socket
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    _HELD.append(sock)
+    return str(sock.getsockname()[1])
+
+
 def with_judge_server(tmp: Path) -> str:
     """The NFT example plus an http judge the job runs itself (`reward[].server`, no url), whose command
     this machine does not have."""
@@ -283,6 +308,26 @@ CASES = {
         " asks for ('A sign that says \"{n}\"'): no sample of it could score 1; add the characters to the alphabet, "
         "or fix or remove that line".format(n=next(line.split('"')[1] for line in Path(HELDOUT).read_text().splitlines()
                                                    if "9" in line))),
+    "run-lora-target-of-no-layer": (
+        lambda t: ["run", lora_target_of_no_layer(t), "--no-ray", "--out", str(t / "o")],
+        "omnirl run: spec.model.lora.targetModules: ['qkv_proj'] match no layer of the model, so LoRA would train "
+        "nothing; ", "list linear layers of DigitsDiT: attn.proj, attn.qkv, mlp.fc1, mlp.fc2, modulation, "
+        "modulation_out, out_proj, patch_embed, sigma_mlp.0, sigma_mlp.2 (empty: the model's defaults)"),
+    # the scorer server: each answered "choose a free port", also for a host that is not this machine's, and gRPC's
+    # bind failure printed its C-core log lines before it
+    "scorer-serve-host-not-an-address": (
+        lambda t: ["scorer", "serve", "--reward", "jpeg", "--protocol", "http", "--host", "no-such-host.invalid",
+                   "--port", "0"],
+        "omnirl scorer: --host no-such-host.invalid: not an address (", "); pass an address of this machine, e.g. "
+        "127.0.0.1, or 0.0.0.0 for all interfaces (the default)"),
+    "scorer-serve-host-of-another-machine": (
+        lambda t: ["scorer", "serve", "--reward", "jpeg", "--host", "192.0.2.1", "--port", "0"],
+        "omnirl scorer: --host 192.0.2.1: not an address of this machine (Cannot assign requested address); ",
+        "pass one of its addresses, e.g. 127.0.0.1, or 0.0.0.0 for all interfaces (the default)"),
+    "scorer-serve-grpc-port-in-use": (
+        lambda t: ["scorer", "serve", "--reward", "jpeg", "--host", "127.0.0.1", "--port", a_port_in_use(t)],
+        "omnirl scorer: --host 127.0.0.1 --port ", ": cannot listen there (Address already in use); choose a free "
+        "port, or --port 0 for any"),
     "run-dead-redis-url": (lambda t: ["run", dead_redis(t), "--no-ray", "--out", str(t / "o")], "omnirl run: ",
                            "spec.transferQueue.redisUrl: 127.0.0.1:1 does not answer"),
     "run-cudnn-on-the-cpu": (lambda t: ["run", cudnn_on_gpus(t), "--device", "cpu", "--no-ray", "--out",

@@ -223,6 +223,12 @@ def test_export_cli_errors_are_one_line_naming_the_fix(run_dir, tmp_path, capsys
         ((run_dir, "--out", run_dir), "already exists; choose another --out or remove it"),
         ((run_dir, "--out", tmp_path / "a", "--checkpoint", run_dir / "checkpoints" / "step-999999"),
          "step-999999: does not exist; pass a checkpoint the run still keeps"),
+        # the checkpoint's weights file itself: it said "…/policy.safetensors: no policy.safetensors"
+        ((run_dir, "--out", tmp_path / "a", "--checkpoint", run_dir / "checkpoints" / "latest" / "policy.safetensors"),
+         f"latest/policy.safetensors is a file; pass the checkpoint directory that holds it, "
+         f"{run_dir / 'checkpoints' / 'latest'}"),
+        ((run_dir, "--out", tmp_path / "a", "--checkpoint", run_dir / "job.yaml"),
+         "job.yaml is a file; pass a run's checkpoint dir, e.g. OUT/checkpoints/latest"),
     ]
     for args, fix in cases:
         code, lines = _export(capsys, *args)
@@ -289,6 +295,59 @@ def test_export_and_eval_refuse_another_jobs_manifest(run_dir, tmp_path, capsys)
     code, lines = _export(capsys, run_dir, "--out", tmp_path / "a")
     assert code == 2 and "checkpoint of model family 'sd3' but the manifest is for model family 'ocr-digits'" in lines[0]
     assert not (tmp_path / "a").exists()
+
+
+def test_export_and_eval_refuse_a_manifest_whose_lora_differs_from_the_checkpoints(tmp_path, capsys):
+    """The actor records its LoRA settings in state.json (`lora_settings`), and `omnirl export --job` and
+    `omnirl eval JOB --checkpoint` refuse a manifest of another rank, alpha or targetModules, naming each
+    field with both values (`policy_io.check_owner`). Before, another rank crashed eval on a tensor copy
+    (`RuntimeError: The size of tensor a (8) must match the size of tensor b (4)`, exit 1) and export wrote
+    export.json with the manifest's rank; another alpha merged the adapters at the wrong scale without a word."""
+    from omnirl.actor.trainer import Trainer
+
+    job = rljob(lora=LORA)
+    run = tmp_path / "run"
+    Trainer(load_digits_adapter(), job.spec).save(run / "checkpoints", 0, {
+        "step": 0, "policy_version": 1, "data_position": [0, 3], "job": "exp", "family": "ocr-digits"})
+    latest = (run / "checkpoints" / "latest").resolve()
+    assert json.loads((latest / "state.json").read_text())["lora_settings"] == {
+        "rank": 4, "alpha": 8.0, "targetModules": []}
+    (run / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job)))
+    assert _export(capsys, run, "--out", tmp_path / "ok") == (0, [])  # the run's own manifest
+    prompts = tmp_path / "p.txt"
+    prompts.write_text('A sign that says "12"\n')
+    for i, (lora, said) in enumerate([
+            ({**LORA, "rank": 8}, "spec.model.lora.rank 4 (the manifest: 8)"),
+            ({**LORA, "alpha": 16.0}, "spec.model.lora.alpha 8.0 (the manifest: 16.0)"),
+            ({**LORA, "rank": 8, "targetModules": ["attn.qkv"]},
+             "spec.model.lora.rank 4 (the manifest: 8), spec.model.lora.targetModules [] (the manifest: ['attn.qkv'])")]):
+        other = tmp_path / f"other{i}.yaml"
+        other.write_text(yaml.safe_dump(dump_rljob(rljob(lora=lora))))
+        refusal = (f"{latest} was trained with {said}: its adapters mean something else under the manifest's; "
+                   "pass the run's own manifest")
+        code, lines = _export(capsys, run, "--out", tmp_path / "a", "--job", other)
+        assert code == 2 and lines == [f"omnirl export: {refusal} (--job), or put those values back"], lines
+        code = main(["eval", str(other), "--prompts", str(prompts), "--checkpoint", str(run / "checkpoints" / "latest"),
+                     "--out", str(tmp_path / "e")])
+        lines = capsys.readouterr().err.splitlines()
+        assert code == 2 and lines == [f"omnirl eval: {refusal} (omnirl eval OUT/job.yaml), or put those values back"]
+    assert not (tmp_path / "a").exists() and not (tmp_path / "e").exists()
+    # a checkpoint written before lora_settings: another rank is one line from the tensors' shapes, not a traceback
+    state = json.loads((latest / "state.json").read_text())
+    (latest / "state.json").write_text(json.dumps({k: v for k, v in state.items() if k != "lora_settings"}))
+    code = main(["eval", str(tmp_path / "other0.yaml"), "--prompts", str(prompts), "--checkpoint", str(latest),
+                 "--out", str(tmp_path / "e")])
+    assert code == 2 and capsys.readouterr().err.splitlines() == [
+        f"omnirl eval: {latest}: policy tensor blocks.0.attn.qkv.lora_A.default.weight has shape [4, 128] but the "
+        "manifest's model has [8, 128] (48 such tensor(s); another spec.model.lora.rank or model config); pass the "
+        "run's own manifest"]
+    # LoRA off in the manifest of a LoRA checkpoint: named as such (eval said "policy tensors do not match")
+    (tmp_path / "full.yaml").write_text(yaml.safe_dump(dump_rljob(rljob())))
+    code = main(["eval", str(tmp_path / "full.yaml"), "--prompts", str(prompts), "--checkpoint", str(latest),
+                 "--out", str(tmp_path / "e")])
+    assert code == 2 and capsys.readouterr().err.splitlines() == [
+        f"omnirl eval: {latest} holds LoRA adapters but the manifest's spec.model.lora.enabled is False; pass the "
+        "run's own manifest (omnirl eval OUT/job.yaml)"]
 
 
 def test_a_truncated_or_corrupt_checkpoint_is_one_line_for_export_and_eval(run_dir, tmp_path, capsys):

@@ -202,6 +202,14 @@ def test_wrong_directories_are_one_line_with_the_fix(tmp_path, capsys):
         "kubectl cp NS/J-actor-0:/var/lib/omnirl/ledger ./run/ledger" in err
     code, _, err = ledger(str(tmp_path / "nope"), capsys=capsys)
     assert code == 2 and "no such directory" in err
+    # a file of the run (it said "no such directory" of a path that is there)
+    code, _, err = ledger(str(out / "metrics.jsonl"), capsys=capsys)
+    assert (code, err) == (2, f"omnirl ledger: {out / 'metrics.jsonl'} is a file, not a directory; pass the run "
+                              f"directory that holds it, omnirl ledger {out}\n")
+    (tmp_path / "notes.txt").write_text("x")
+    code, _, err = ledger(str(tmp_path / "notes.txt"), capsys=capsys)
+    assert code == 2 and err.startswith(f"omnirl ledger: {tmp_path / 'notes.txt'} is a file, not a directory; pass "
+                                        "the run directory (omnirl run --out)"), err
     actor = out / "ledger" / "actor-a.jsonl"
     actor.write_text(actor.read_text() + '{"sample_id": "0:0:0"')  # a line being appended (or cut): skipped
     assert account(out).counts.samples() == (6, 6, 6, 0, 0, 0)

@@ -472,3 +472,36 @@ def test_missing_weights_are_refused_before_the_run_and_a_truncated_file_is_name
     os.truncate(encoder, encoder.stat().st_size // 2)
     with pytest.raises(OSError, match=f"^{encoder} is unreadable \\(truncated"):
         load_adapter(name, str(model), resolution=RES)
+
+
+def test_lora_targets_of_no_layer_are_refused_before_the_run(family, tmp_path, capsys, monkeypatch):
+    """Pre-flight (`omnirl run`) checks `model.lora.targetModules` on a weightless skeleton of the transformer
+    built from its config: a target of no layer is one line naming the field and the model's linear layers,
+    exit 2, nothing started (it was exit 4 once every role had loaded the model); the family's defaults and a
+    real layer pass."""
+    import yaml
+
+    from omnirl.api.errors import ConfigError
+    from omnirl.api.spec import LoRASpec
+    from omnirl.cli import main
+    from omnirl.models.registry import check_lora_targets
+
+    name, path, _, adapter = family
+    for targets in ([], ["to_q"]):  # the defaults, one real layer: silent
+        check_lora_targets(name, str(path), LoRASpec(enabled=True, targetModules=targets))
+    assert list(type(adapter).default_lora_targets) == adapter.lora_target_modules  # what the roles inject
+    with pytest.raises(ConfigError, match=r"^spec.model.lora.targetModules: \['qkv_proj'\] match no layer"):
+        check_lora_targets(name, str(path), LoRASpec(enabled=True, targetModules=["qkv_proj"]))
+    (tmp_path / "train.txt").write_text('a sign that says "42"\n')
+    doc = {"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {"name": "lora-typo"},
+           "spec": {"model": {"family": name, "path": str(path), "resolution": list(RES),
+                              "lora": {"enabled": True, "targetModules": ["qkv_proj"]}},
+                    "data": {"trainPrompts": str(tmp_path / "train.txt")}, "reward": [{"name": "ocr", "kind": "ocr"}]}}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    monkeypatch.delenv("OMNIRL_DEBUG", raising=False)
+    assert main(["run", str(tmp_path / "job.yaml"), "--no-ray", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(
+        "omnirl run: spec.model.lora.targetModules: ['qkv_proj'] match no layer of the model, so LoRA would train "
+        f"nothing; list linear layers of {type(adapter.module).__name__}: "), err
+    assert "attn.to_q" in err and not (tmp_path / "o").exists()

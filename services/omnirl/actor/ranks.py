@@ -18,6 +18,8 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from omnirl.api.errors import ConfigError
+
 T = TypeVar("T")
 
 
@@ -168,10 +170,23 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> flo
     """Clip the global gradient L2 norm to `max_norm`; returns the norm before clipping.
 
     With FSDP2 the norm of sharded (`DTensor`) gradients spans every shard; it is gathered to a
-    plain float here.
+    plain float here (every rank gets the same, so every rank raises alike).
+
+    Raises:
+        ConfigError: the norm is NaN or infinite (the training diverged: a learning rate far too high): the
+            clipped gradients would be NaN and the optimizer step would make every trained weight NaN. Before,
+            that step was applied: the rollouts drew NaN images (reward 0.000), the NaN weights were checkpointed
+            and exported, and only the next step failed, on every restart from that checkpoint. A replay of the
+            step diverges the same way, so it is a permanent error (the role exits 4), naming the fields to lower.
     """
     norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm)
-    return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    value = float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+    if not math.isfinite(value):
+        raise ConfigError(f"spec.algorithm.optimizer: the gradient norm is {value} (the training diverged), so "
+                          "this update was not applied: it would have made every trained weight NaN; lower "
+                          f"spec.algorithm.optimizer.learningRate (or gradClip, now {max_norm:g}), then start again "
+                          "or --resume from a checkpoint written before the divergence")
+    return value
 
 
 SINGLE = Ranks()

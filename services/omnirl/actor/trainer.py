@@ -97,6 +97,9 @@ class Trainer:
         """
         state = {**state, "optimizer_steps": self.optimizer_steps, "lora": self.policies.lora,
                  "torch_rng_seed": int(torch.initial_seed()), "actor_ranks": self.ranks.world}
+        if self.policies.lora:  # what the adapters mean: `omnirl eval`/`export` refuse a manifest that differs
+            lora = self.spec.model.lora
+            state["lora_settings"] = {"rank": lora.rank, "alpha": lora.alpha, "targetModules": list(lora.targetModules)}
         keep = self.ranks.leader  # the others only join the gathers
         old = self.ranks.full(self.policies.named_tensors("old"), keep) if self.policies.has_old else None
         policy = self.rollout_tensors(keep) if policy is None else policy

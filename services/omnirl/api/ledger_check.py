@@ -247,6 +247,12 @@ class Accounting:
 
 def _ledger_dir(run_dir: Path) -> Path:
     """`run_dir/ledger`, refused with the fix when it is not there or holds no ledger file."""
+    if run_dir.is_file():  # `omnirl ledger OUT/metrics.jsonl`: "no such directory" named a path that is there
+        parent = run_dir.parent
+        above = (f"pass the run directory that holds it, omnirl ledger {parent}" if (parent / LEDGER_DIR).is_dir()
+                 else f"pass the run directory (omnirl run --out) or a directory holding a {LEDGER_DIR}/ copied off "
+                      "the job's claim")
+        raise FileNotFoundError(f"{run_dir} is a file, not a directory; {above}")
     if not run_dir.is_dir():
         raise FileNotFoundError(f"{run_dir}: no such directory; pass the run directory (omnirl run --out) or a "
                                 f"directory holding a {LEDGER_DIR}/ copied off the job's claim")

@@ -53,6 +53,7 @@ def check_local_paths(job: RLJob) -> None:
         raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
                                 f"{kind} (relative paths resolve against the manifest's folder)")
     check_model_weights(job)  # before the prompts: tokenizing them reads the model's config
+    check_lora(job)
     check_prompts(job)
     check_api_keys(job.spec.reward)  # the roles inherit this environment
     check_in_process(job.spec.reward)
@@ -70,6 +71,19 @@ def check_model_weights(job: RLJob) -> None:
     from omnirl.models.registry import check_model_path
 
     check_model_path(job.spec.model.family, job.spec.model.path)
+
+
+def check_lora(job: RLJob) -> None:
+    """`spec.model.lora.targetModules` names layers of the model LoRA can adapt (`models.registry.check_lora_targets`,
+    on a weightless skeleton); left to the roles, a typo (`qkv_proj` for `attn.qkv`) stopped the job, exit 4, after
+    Redis, Ray and every role had started and loaded the model.
+
+    Raises:
+        ConfigError (a ValueError): naming `spec.model.lora.targetModules`, the target and the model's linear layers.
+    """
+    from omnirl.models.registry import check_lora_targets
+
+    check_lora_targets(job.spec.model.family, job.spec.model.path, job.spec.model.lora)
 
 
 def check_attention(job: RLJob, placements: list[Placement]) -> None:

@@ -111,10 +111,7 @@ def _write(job: RLJob, ckpt: Path, out: Path, run_dir: Path | None) -> None:
     spec = job.spec
     state = json.loads((ckpt / "state.json").read_text())
     check_owner(job, ckpt, state, manifest="--job")
-    lora = bool(state.get("lora"))
-    if lora != spec.model.lora.enabled:
-        raise ValueError(f"{ckpt} holds {'LoRA adapters' if lora else 'full weights'} but the manifest's "
-                         f"model.lora.enabled is {spec.model.lora.enabled}; pass the run's own manifest")
+    lora = bool(state.get("lora"))  # the manifest agrees (`check_owner`)
     policy = ckpt / "policy.safetensors"
     if spec.model.family == "ocr-digits":
         files = _digits(job, policy, lora, out, state)

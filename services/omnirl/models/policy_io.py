@@ -46,6 +46,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
     if not p.exists():  # e.g. a step-* directory pruned by checkpoint.keep: "no policy.safetensors" misled
         raise FileNotFoundError(f"{path}: does not exist; pass a checkpoint the run still keeps "
                                 "(OUT/checkpoints/latest, or a step-* directory there)")
+    if p.is_file():  # a file of the checkpoint (its policy.safetensors, state.json): "FILE: no policy.safetensors" misled
+        where = p.parent if (p.parent / POLICY_FILE).is_file() else None
+        raise FileNotFoundError(f"{path} is a file; pass " + (f"the checkpoint directory that holds it, {where}" if where
+                                                             else "a run's checkpoint dir, e.g. OUT/checkpoints/latest"))
     if (p / LATEST).exists():
         p = p / LATEST
     p = p.resolve()
@@ -75,13 +79,27 @@ def check_owner(job: RLJob, ckpt: Path, state: dict, manifest: str) -> None:
         job: the manifest given. ckpt: the resolved checkpoint. state: its state.json.
         manifest: how the command takes the run's own manifest, for the fix (`--job`).
     Raises:
-        ValueError: naming both jobs (or families) and the fix.
+        ValueError: naming both jobs (or families) and the fix; or a manifest whose `spec.model.lora` differs
+            from the checkpoint's: LoRA on or off, or (recorded since 2026-12-03, `lora_settings`) another
+            rank, alpha or targetModules, naming each field with both values.
     """
     mine = {"job": job.metadata.name, "family": job.spec.model.family}
     for key, what in (("job", "job"), ("family", "model family")):
         if key in state and state[key] != mine[key]:
             raise ValueError(f"{ckpt} is a checkpoint of {what} {state[key]!r} but the manifest is for {what} "
                              f"{mine[key]!r}; pass the run's own manifest ({manifest}) or that job's checkpoint")
+    lora = job.spec.model.lora
+    if bool(state.get("lora")) != lora.enabled:
+        raise ValueError(f"{ckpt} holds {'LoRA adapters' if state.get('lora') else 'full weights'} but the manifest's "
+                         f"spec.model.lora.enabled is {lora.enabled}; pass the run's own manifest ({manifest})")
+    # the adapters' rank, scale (alpha / rank) and layers: another rank crashed `omnirl eval` on a tensor copy, and
+    # another alpha merged the adapters into an export at the wrong scale without a word
+    written = state.get("lora_settings") or {}
+    changed = [f"spec.model.lora.{key} {written[key]!r} (the manifest: {getattr(lora, key)!r})"
+               for key in ("rank", "alpha", "targetModules") if key in written and written[key] != getattr(lora, key)]
+    if changed:
+        raise ValueError(f"{ckpt} was trained with {', '.join(changed)}: its adapters mean something else under "
+                         f"the manifest's; pass the run's own manifest ({manifest}), or put those values back")
 
 
 def publish(root: Path, tmp: Path, final: Path, keep: int) -> Path:
@@ -165,6 +183,7 @@ def load_policy(adapter: ModelAdapter, path: str | Path, lora: LoRASpec) -> dict
     Raises:
         FileNotFoundError: not a (complete) checkpoint.
         KeyError: tensor names do not match the model (wrong model family or LoRA settings).
+        ValueError: tensor shapes do not match it (another LoRA rank in a checkpoint without `lora_settings`).
     """
     ckpt = resolve_checkpoint(path)
     state = json.loads((ckpt / "state.json").read_text())
@@ -178,6 +197,13 @@ def load_policy(adapter: ModelAdapter, path: str | Path, lora: LoRASpec) -> dict
     missing, unexpected = sorted(set(own) - set(tensors)), sorted(set(tensors) - set(own))
     if missing or unexpected:
         raise KeyError(f"{ckpt}: policy tensors do not match the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    # a checkpoint older than `lora_settings` (check_owner) under another LoRA rank: a RuntimeError in the copy
+    shapes = [k for k, t in own.items() if tuple(t.shape) != tuple(tensors[k].shape)]
+    if shapes:
+        k = shapes[0]
+        raise ValueError(f"{ckpt}: policy tensor {k} has shape {list(tensors[k].shape)} but the manifest's model has "
+                         f"{list(own[k].shape)} ({len(shapes)} such tensor(s); another spec.model.lora.rank or model "
+                         "config); pass the run's own manifest")
     with torch.no_grad():
         for k, t in own.items():
             t.copy_(tensors[k])

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from omnirl.api.spec import RLJobSpec
+from omnirl.api.spec import LoRASpec, RLJobSpec
 from omnirl.models.protocol import ModelAdapter
 
 FAMILIES = ("ocr-digits", "sd3", "qwen-image", "flux")
@@ -161,6 +161,37 @@ def check_model_path(family: str, path: str, field: str = "spec.model.path") -> 
     except (FileNotFoundError, ValueError) as err:
         raise type(err)(f"{field}: {path} is incomplete: {err}; copy the whole model directory there, "
                         f"or point {field} at a complete one") from err
+
+
+def check_lora_targets(family: str, path: str, lora: LoRASpec) -> None:
+    """`spec.model.lora.targetModules` (empty: the family's defaults) checked against the model's layers the
+    way the roles check them when they inject LoRA (`models.lora.check_targets`), on a skeleton of the model
+    built from its config on the meta device: no weights are read and no memory is taken (`omnirl run`'s
+    pre-flight; a no-op with LoRA off). Left to the roles, a target that names no layer stopped the job with
+    exit 4 only after Redis, Ray and every role had started and loaded the model.
+
+    Raises:
+        ConfigError (a ValueError): naming `spec.model.lora.targetModules`, the target and the model's linear layers.
+        FileNotFoundError / OSError / ValueError: the model's config is missing or unreadable (`check_model_path`
+            names those first).
+    """
+    if not lora.enabled:
+        return
+    from omnirl.models.lora import check_targets
+
+    with torch.device("meta"):  # the layers' names and types only: parameters without storage
+        if family == "ocr-digits":
+            from omnirl.models.digits.adapter import _digits_directory, read_digits_config
+            from omnirl.models.digits.model import LORA_TARGET_MODULES, DigitsConfig, DigitsDiT
+
+            config = read_digits_config(_digits_directory(path))["model"]
+            module, defaults = DigitsDiT(DigitsConfig.from_dict(config)), LORA_TARGET_MODULES
+        else:
+            adapter_cls = _diffusers_class(family)
+            transformer_cls = adapter_cls.transformer_class()
+            config = transformer_cls.load_config(str(Path(path) / "transformer"), local_files_only=True)
+            module, defaults = transformer_cls.from_config(config), adapter_cls.default_lora_targets
+    check_targets(module, list(lora.targetModules or defaults))
 
 
 def _diffusers_class(family: str):

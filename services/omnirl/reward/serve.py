@@ -15,8 +15,10 @@ for a slow judge in tests and benchmarks.
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import signal
+import socket
 import sys
 import threading
 import time
@@ -151,6 +153,33 @@ class DelayedScorer(Scorer):
         return self.inner.score(images, prompts, sample_ids)
 
 
+def check_address(host: str, port: int) -> None:
+    """`--host HOST --port PORT` can be listened on, probed with a plain socket before the scorer loads (gRPC's own
+    bind failure also prints its C-core log lines, and both servers' errors were all answered "choose a free port",
+    also for a host that is not this machine's).
+
+    Raises:
+        ValueError: naming `--host` (unresolvable, or no address of this machine) or `--port` (in use, or refused)
+            and the fix.
+    """
+    try:
+        family, kind, proto, _, addr = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as err:
+        raise ValueError(f"--host {host}: not an address ({err.strerror}); pass an address of this machine, "
+                         "e.g. 127.0.0.1, or 0.0.0.0 for all interfaces (the default)") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the servers do: TIME_WAIT is no conflict
+        try:
+            probe.bind(addr)
+        except OSError as err:
+            if err.errno == errno.EADDRNOTAVAIL:
+                raise ValueError(f"--host {host}: not an address of this machine ({err.strerror}); pass one of its "
+                                 "addresses, e.g. 127.0.0.1, or 0.0.0.0 for all interfaces (the default)") from None
+            raise ValueError(f"--host {host} --port {port}: cannot listen there ({err.strerror}); choose a free "
+                             "port, or --port 0 for any") from None
+
+
 def main(args: argparse.Namespace) -> int:
     """`omnirl scorer serve`: build the scorer (params checked as in a manifest), serve until a signal."""
     if not 0 <= args.port <= 65535:
@@ -160,6 +189,7 @@ def main(args: argparse.Namespace) -> int:
         spec = RewardSpec.model_validate({"name": args.reward, "kind": args.reward, "params": params})
     except ValidationError as err:  # the CLI prints ManifestError's lines and exits 2
         raise ManifestError([f"--param {text}" for _, text in problem_lines(RewardSpec, err)]) from None
+    check_address(args.host, args.port)  # before the scorer's model loads
     scorer = build_scorer(spec)
     if getattr(args, "delay_ms", 0):
         scorer = DelayedScorer(scorer, args.delay_ms / 1000.0)

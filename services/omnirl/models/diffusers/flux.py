@@ -103,6 +103,16 @@ class FluxAdapter(DiffusersAdapterBase):
 
     family = "flux"
     subfolders = FLUX_SUBFOLDERS
+    default_lora_targets = tuple(FLUX_LORA_TARGETS)
+
+    @staticmethod
+    def transformer_class():
+        """The diffusers class of this family's transformer/ (what `load` reads; `registry.check_lora_targets`
+        builds its skeleton from the config)."""
+        from diffusers import FluxTransformer2DModel
+
+        return FluxTransformer2DModel
+
     MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
 
     time_convention = "sigma"

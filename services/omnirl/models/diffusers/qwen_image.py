@@ -111,6 +111,16 @@ class QwenImageAdapter(DiffusersAdapterBase):
 
     family = "qwen-image"
     subfolders = QWEN_SUBFOLDERS
+    default_lora_targets = tuple(QWEN_LORA_TARGETS)
+
+    @staticmethod
+    def transformer_class():
+        """The diffusers class of this family's transformer/ (what `load` reads; `registry.check_lora_targets`
+        builds its skeleton from the config)."""
+        from diffusers import QwenImageTransformer2DModel
+
+        return QwenImageTransformer2DModel
+
     MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
 
     linear_sigmas = True

@@ -87,6 +87,16 @@ class SD3Adapter(DiffusersAdapterBase):
 
     family = "sd3"
     subfolders = SD3_SUBFOLDERS
+    default_lora_targets = tuple(SD3_LORA_TARGETS)
+
+    @staticmethod
+    def transformer_class():
+        """The diffusers class of this family's transformer/ (what `load` reads; `registry.check_lora_targets`
+        builds its skeleton from the config)."""
+        from diffusers import SD3Transformer2DModel
+
+        return SD3Transformer2DModel
+
     MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
 
     latent_channels: int
