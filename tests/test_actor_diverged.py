@@ -15,7 +15,7 @@ import pytest
 import torch
 from tests.test_actor import rollouts, spec  # noqa: F401 - the fixture is used by name
 
-from omnirl.actor.ranks import clip_grad_norm
+from omnirl.actor.ranks import check_loss, clip_grad_norm
 from omnirl.actor.trainer import Trainer
 from omnirl.api.errors import ConfigError
 
@@ -45,3 +45,21 @@ def test_a_step_whose_gradients_are_not_finite_leaves_the_weights_as_they_were(r
     after = trainer.policies.trained_tensors()
     assert all(torch.equal(after[k], before[k]) for k in before)  # no NaN written into any weight
     assert trainer.optimizer_steps == 0
+
+
+def test_a_non_finite_loss_is_a_configuration_error_naming_the_learning_rate():
+    with pytest.raises(ConfigError, match=r"^spec.algorithm.optimizer: the NFT loss is nan \(samples \['a', 'b'\]; "
+                                          r"the training diverged\); lower spec.algorithm.optimizer.learningRate"):
+        check_loss(torch.tensor(float("nan")), "NFT", ["a", "b"])
+    check_loss(torch.tensor(0.5), "NFT", ["a"])  # a finite loss passes
+
+
+def test_a_step_after_an_absurd_learning_rate_stops_with_a_configuration_error(rollouts):  # noqa: F811
+    # `omnirl run` of the NFT demo at learningRate 1e30: step 0's gradient norm was finite, AdamW moved every weight
+    # by ~1e30, and step 1's loss was NaN: a ValueError, restarted from scratch maxRestarts times (exit 1)
+    adapter, samples = rollouts
+    trainer = Trainer(copy.deepcopy(adapter), spec(name="diffusion-nft", optimizer={"learningRate": 1e30}))
+    trainer.train_step(samples, step=0)
+    assert trainer.optimizer_steps >= 1
+    with pytest.raises(ConfigError, match=r"the NFT loss is (nan|inf|-inf) .*lower spec.algorithm.optimizer"):
+        trainer.train_step(samples, step=1)

@@ -19,7 +19,7 @@ import torch
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds
 from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, group_shapes, micro_batches
 from omnirl.actor.policy import PolicySet
-from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
+from omnirl.actor.ranks import SINGLE, Ranks, check_loss, clip_grad_norm
 from omnirl.algorithms import (
     awm_advantages,
     awm_loss,
@@ -89,7 +89,7 @@ def awm_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
         grid_of: latent shape → the rollout σ grid `[N+1]` (`adapter.sigma_grid(numSteps, shape, shift)`), for
             `timeSampling: grid`; each group draws on its own size's grid.
     Raises:
-        ValueError: non-finite loss (with the sample ids).
+        ConfigError: non-finite loss (`ranks.check_loss`: the training diverged).
     """
     plan = [micro_batches(mini, opt.microBatchSize, keep_groups=True)
             for mini in group_minibatches(samples, opt.updatesPerStep, derive(seed, "minibatch", step=step))]
@@ -103,8 +103,7 @@ def awm_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
         optimizer.zero_grad(set_to_none=True)
         for mb, share in ranks.share(mbs):
             out = _micro(policies, mb, spec, sigmas, seed, device, advantage_clip, old if m else None)
-            if not torch.isfinite(out["loss"]):
-                raise ValueError(f"non-finite AWM loss (samples {[s.sample_id for s in mb][:4]})")
+            check_loss(out["loss"], "AWM", [s.sample_id for s in mb])
             w = len(mb) / sizes[m] * share
             (out["loss"] * (w * ranks.grad_scale)).backward()
             for key in ("loss", "policy_loss", "kl", "ema_kl", "matching_error", "clip_fraction"):

@@ -18,7 +18,7 @@ from omnirl.actor.algorithm import Algorithm, PolicyNeeds
 from omnirl.actor.awm_update import _forward, _velocity_gap, draw_sigmas
 from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, group_shapes, micro_batches
 from omnirl.actor.policy import PolicySet
-from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
+from omnirl.actor.ranks import SINGLE, Ranks, check_loss, clip_grad_norm
 from omnirl.algorithms import dgpo_loss, matching_error
 from omnirl.api.seeds import derive
 from omnirl.api.spec import OptimizerSpec
@@ -59,7 +59,7 @@ def dgpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: li
     Args:
         grid_of: latent shape → the rollout σ grid `[N+1]`, for `timeSampling: grid` (each group its own size's).
     Raises:
-        ValueError: non-finite loss (with the sample ids).
+        ConfigError: non-finite loss (`ranks.check_loss`: the training diverged).
     """
     plan = [micro_batches(mini, opt.microBatchSize, keep_groups=True)
             for mini in group_minibatches(samples, opt.updatesPerStep, derive(seed, "minibatch", step=step))]
@@ -71,8 +71,7 @@ def dgpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: li
         optimizer.zero_grad(set_to_none=True)
         for mb, share in ranks.share(mbs):
             out = _micro(policies, mb, spec, sigmas, seed, device)
-            if not torch.isfinite(out["loss"]):
-                raise ValueError(f"non-finite DGPO loss (samples {[s.sample_id for s in mb][:4]})")
+            check_loss(out["loss"], "DGPO", [s.sample_id for s in mb])
             w = len(mb) / sizes[m] * share
             (out["loss"] * (w * ranks.grad_scale)).backward()
             for key in _METRICS:

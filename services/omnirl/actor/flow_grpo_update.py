@@ -16,7 +16,7 @@ import torch
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds, RolloutPlan
 from omnirl.actor.batch import GridOf, TrainSample, micro_batches, stack_window
 from omnirl.actor.policy import PolicySet
-from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
+from omnirl.actor.ranks import SINGLE, Ranks, check_loss, clip_grad_norm
 from omnirl.algorithms import (
     auto_band,
     flow_grpo_loss,
@@ -92,7 +92,8 @@ def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, sample
     the micro-batches; metrics are reduced over the ranks, so every rank returns the same.
 
     Raises:
-        ValueError: a sample without a window (FlowGRPO needs SDE rollouts) or non-finite loss.
+        ValueError: a sample without a window (FlowGRPO needs SDE rollouts).
+        ConfigError: non-finite loss (`ranks.check_loss`: the training diverged).
     """
     if any(s.log_probs.numel() == 0 for s in samples):
         raise ValueError("FlowGRPO needs SDE-window rollouts; got samples without a window (ODE rollouts)")
@@ -123,8 +124,7 @@ def flow_grpo_step(policies: PolicySet, optimizer: torch.optim.Optimizer, sample
             out, log_prob = _micro_loss(policies, mb, old_lp, keep_by_id, spec, device)
             if m == 0 and share:
                 live.update({s.sample_id: log_prob[i].detach().cpu() for i, s in enumerate(mb)})
-            if not torch.isfinite(out.loss):
-                raise ValueError(f"non-finite FlowGRPO loss {out.loss.item()} (samples {[s.sample_id for s in mb][:4]})")
+            check_loss(out.loss, "FlowGRPO", [s.sample_id for s in mb])
             (out.loss * (len(mb) / len(minibatch) * share * ranks.grad_scale)).backward()
             w = len(mb) / len(minibatch) / n_mini * share
             sums["loss"] += float(out.loss.detach()) * w

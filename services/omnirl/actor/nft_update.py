@@ -17,7 +17,7 @@ import torch
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds
 from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, micro_batches
 from omnirl.actor.policy import PolicySet
-from omnirl.actor.ranks import SINGLE, Ranks, clip_grad_norm
+from omnirl.actor.ranks import SINGLE, Ranks, check_loss, clip_grad_norm
 from omnirl.algorithms import nft_loss, optimality_probability
 from omnirl.api.ids import parse_group_id
 from omnirl.api.seeds import derive
@@ -66,7 +66,7 @@ def nft_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
     micro-batches (see `flow_grpo_step`); metrics are reduced, the same on every rank.
 
     Raises:
-        ValueError: non-finite loss (with the sample ids).
+        ConfigError: non-finite loss (`ranks.check_loss`: the training diverged).
     """
     minibatches = group_minibatches(samples, opt.updatesPerStep, derive(seed, "minibatch", step=step))
     n_mini = len(minibatches)
@@ -77,8 +77,7 @@ def nft_step(policies: PolicySet, optimizer: torch.optim.Optimizer, samples: lis
         for mb, share in ranks.share(micro_batches(minibatch, opt.microBatchSize, keep_groups=True)):
             for draw in range(k):
                 out = _draw_loss(policies, mb, draw, spec, seed, device)
-                if not torch.isfinite(out["loss"]):
-                    raise ValueError(f"non-finite NFT loss (samples {[s.sample_id for s in mb][:4]})")
+                check_loss(out["loss"], "NFT", [s.sample_id for s in mb])
                 w = len(mb) / len(minibatch) / k * share
                 (out["loss"] * (w * ranks.grad_scale)).backward()
                 for key in ("loss", "positive_loss", "negative_loss", "kl"):

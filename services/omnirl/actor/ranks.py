@@ -189,4 +189,20 @@ def clip_grad_norm(parameters: list[torch.nn.Parameter], max_norm: float) -> flo
     return value
 
 
+def check_loss(loss: torch.Tensor, algorithm: str, sample_ids: Sequence[str]) -> None:
+    """Raise when a micro-batch's loss (a 0-d tensor) is NaN or infinite, before its backward pass.
+
+    Raises:
+        ConfigError: naming the algorithm, the first 4 `sample_ids` and spec.algorithm.optimizer.learningRate. A
+            finite gradient norm does not bound the step: at `learningRate: 1e30` step 0's norm was finite, AdamW
+            moved every weight by ~1e30, and step 1's loss was NaN. As a ValueError the role exited 1 and the job
+            was restarted from scratch `maxRestarts` times, diverging the same way each time (exit 1 after 2 min of
+            replays); the seeded replay of the step cannot differ, so it is permanent (the role exits 4).
+    """
+    if not torch.isfinite(loss):
+        raise ConfigError(f"spec.algorithm.optimizer: the {algorithm} loss is {float(loss.detach())} (samples "
+                          f"{list(sample_ids)[:4]}; the training diverged); lower spec.algorithm.optimizer.learningRate, "
+                          "then start again or --resume from a checkpoint written before the divergence")
+
+
 SINGLE = Ranks()
