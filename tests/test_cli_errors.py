@@ -484,6 +484,20 @@ def test_validate_says_which_named_files_are_not_on_this_machine_and_run_refuses
     assert main(["validate", NFT]) == 0 and "not on this machine" not in capsys.readouterr().out
 
 
+def test_validate_refuses_lora_targets_of_no_layer_as_omnirl_run_does(tmp_path, capsys):
+    # validate said ok (exit 0) to targetModules [qkv_proj] on the built-in model, which omnirl run refuses (exit 2)
+    path = lora_target_of_no_layer(tmp_path)
+    assert main(["validate", path]) == 2
+    assert capsys.readouterr().out.splitlines() == [
+        f"{path}: spec.model.lora.targetModules: ['qkv_proj'] match no layer of the model, so LoRA would train "
+        "nothing; list linear layers of DigitsDiT: attn.proj, attn.qkv, mlp.fc1, mlp.fc2, modulation, modulation_out, "
+        "out_proj, patch_embed, sigma_mlp.0, sigma_mlp.2 (empty: the model's defaults)"]
+    doc = yaml.safe_load(Path(path).read_text())
+    doc["spec"]["model"]["lora"]["targetModules"] = ["attn.qkv"]
+    Path(path).write_text(yaml.safe_dump(doc))
+    assert main(["validate", path]) == 0 and capsys.readouterr().out.startswith(f"{path}: ok")
+
+
 @pytest.mark.parametrize("value", ["abc", "70000", "-1"])
 def test_a_bad_metrics_port_is_refused_before_anything_starts(value, tmp_path, capsys, monkeypatch):
     """`OMNIRL_METRICS_PORT=abc omnirl run` printed the placement table, started Redis and wrote the

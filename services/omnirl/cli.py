@@ -28,7 +28,21 @@ def _cmd_validate(args: argparse.Namespace) -> int:
                    for field, path, _ in missing_local_paths(job)]
         return [describe_sigma_grid(job.spec), budget_line(job.spec), *missing]
 
-    return validate_files(args.files, out=sys.stdout, describe=grid)
+    def check(job) -> list[str]:
+        # `omnirl run`'s pre-flight LoRA check (a weightless skeleton of the model), where the model is on this
+        # machine: validate said ok to targetModules [qkv_proj] on the built-in model, which omnirl run refused
+        from omnirl.api.errors import ConfigError
+        from omnirl.launch.preflight import check_lora, missing_local_paths
+
+        if any(field == "spec.model.path" for field, _, _ in missing_local_paths(job)):
+            return []  # said under `ok` (a cluster's pods hold it)
+        try:
+            check_lora(job)
+        except ConfigError as err:
+            return [str(err)]
+        return []
+
+    return validate_files(args.files, out=sys.stdout, describe=grid, check=check)
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:

@@ -231,12 +231,15 @@ def load_rljob(path: str | os.PathLike[str]) -> RLJob:
     return jobs[0]
 
 
-def validate_files(files: list[str], out: TextIO, describe: Callable[[RLJob], list[str]] | None = None) -> int:
+def validate_files(files: list[str], out: TextIO, describe: Callable[[RLJob], list[str]] | None = None,
+                   check: Callable[[RLJob], list[str]] | None = None) -> int:
     """`omnirl validate`: print `FILE: ok` per valid file, else its problem lines, to `out`; a valid
     file of several RLJobs gets a line saying `omnirl run` and `omnirl render` take one per file.
 
     Args:
         describe: extra lines printed under a valid job's `ok` (the CLI's: its σ grid).
+        check: problems of a job whose spec is valid that need more than the spec (the CLI's: LoRA targets
+            against the model's layers); any makes the file invalid, each printed as `FILE: problem`.
     Returns:
         0 when every file is valid, 2 otherwise (also when `files` is empty).
     """
@@ -249,6 +252,12 @@ def validate_files(files: list[str], out: TextIO, describe: Callable[[RLJob], li
             for line in e.problems:
                 out.write(line + "\n")
         else:
+            problems = [line for job in jobs for line in (check(job) if check else [])]
+            if problems:
+                ok = False
+                for line in problems:
+                    out.write(f"{f}: {line}\n")
+                continue
             out.write(f"{f}: ok\n")
             if len(jobs) > 1:  # accepted for the cluster, but `omnirl run` and `render` would refuse the file
                 out.write(f"  {len(jobs)} RLJobs in one file: kubectl apply -f takes them all; omnirl run and "
