@@ -487,3 +487,19 @@ def test_an_unreadable_checkpoint_file_is_reported_as_a_read_with_its_fix(run_di
         f"omnirl export: cannot read {f} ([Errno 13] Permission denied); make it readable by uid {os.getuid()} "
         "(its owner or mode; in a pod, uid 1000: give the volume an fsGroup or chown it)"]
     assert not (tmp_path / "export").exists()
+
+
+def test_a_manifest_that_spells_out_the_models_default_lora_targets_is_the_checkpoints_own(tmp_path):
+    """`targetModules: [attn.qkv, attn.proj, mlp.fc1, mlp.fc2]` (the built-in model's defaults, any order) makes the
+    same adapters as the run's `[]`: `omnirl eval` refused it ("its adapters mean something else"), exit 2."""
+    from omnirl.models.policy_io import check_owner
+
+    state = {"job": "exp", "family": "ocr-digits", "lora": True,
+             "lora_settings": {"rank": 4, "alpha": 8.0, "targetModules": []}}
+    for targets in (["attn.qkv", "attn.proj", "mlp.fc1", "mlp.fc2"], ["mlp.fc2", "mlp.fc1", "attn.proj", "attn.qkv"]):
+        check_owner(rljob(lora={**LORA, "targetModules": targets}), tmp_path, state, "OUT/job.yaml")  # no refusal
+    with pytest.raises(ValueError, match=r"targetModules \[\] \(the manifest: \['attn.qkv'\]\)"):
+        check_owner(rljob(lora={**LORA, "targetModules": ["attn.qkv"]}), tmp_path, state, "OUT/job.yaml")
+    spelled = {**state, "lora_settings": {**state["lora_settings"], "targetModules": ["attn.qkv", "attn.proj",
+                                                                                       "mlp.fc1", "mlp.fc2"]}}
+    check_owner(rljob(lora=LORA), tmp_path, spelled, "OUT/job.yaml")  # and the other way round

@@ -96,10 +96,25 @@ def check_owner(job: RLJob, ckpt: Path, state: dict, manifest: str) -> None:
     # another alpha merged the adapters into an export at the wrong scale without a word
     written = state.get("lora_settings") or {}
     changed = [f"spec.model.lora.{key} {written[key]!r} (the manifest: {getattr(lora, key)!r})"
-               for key in ("rank", "alpha", "targetModules") if key in written and written[key] != getattr(lora, key)]
+               for key in ("rank", "alpha", "targetModules") if key in written and
+               not _same_lora_value(key, written[key], getattr(lora, key), job.spec.model.family)]
     if changed:
         raise ValueError(f"{ckpt} was trained with {', '.join(changed)}: its adapters mean something else under "
                          f"the manifest's; pass the run's own manifest ({manifest}), or put those values back")
+
+
+def _same_lora_value(key: str, written: object, manifest: object, family: str) -> bool:
+    """Whether a checkpoint's `lora_settings[key]` and the manifest's value make the same adapters: targetModules
+    compare as the layer names they resolve to, empty meaning the family's defaults, in any order (the manifest
+    that spelled out the built-in model's defaults was refused against its own run's `[]`)."""
+    if key != "targetModules":
+        return written == manifest
+    from omnirl.models.registry import default_lora_targets
+
+    def resolved(targets: object) -> set[str]:
+        return set(targets or default_lora_targets(family))  # type: ignore[arg-type]
+
+    return resolved(written) == resolved(manifest)
 
 
 def publish(root: Path, tmp: Path, final: Path, keep: int) -> Path:

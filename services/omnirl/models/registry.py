@@ -194,6 +194,20 @@ def check_lora_targets(family: str, path: str, lora: LoRASpec) -> None:
     check_targets(module, list(lora.targetModules or defaults))
 
 
+def default_lora_targets(family: str) -> list[str]:
+    """The layers LoRA adapts in `family`'s model when `spec.model.lora.targetModules` is empty (what the roles'
+    `inject_lora` gets then).
+
+    Raises:
+        ValueError: an unknown family.
+    """
+    if family == "ocr-digits":
+        from omnirl.models.digits.model import LORA_TARGET_MODULES
+
+        return list(LORA_TARGET_MODULES)
+    return list(_diffusers_class(family).default_lora_targets)
+
+
 def _diffusers_class(family: str):
     if family == "sd3":
         from omnirl.models.diffusers.sd3 import SD3Adapter
