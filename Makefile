@@ -35,7 +35,7 @@ lint: install
 # `make test` (CI, ~20 min on 2 cores, as README.md says) runs every test but those marked slow; `make test-slow` runs those:
 # whole jobs under faults, resumes, chaos, golden curves (~30 min on 2 cores).
 test: install lint
-	$(BIN)/pytest -q -m "not gpu and not slow"; rc=$$?; \
+	$(BIN)/pytest -q -m "not gpu and not slow" --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected"; exit 1; fi; exit $$rc
 
 test-slow: install
