@@ -58,6 +58,7 @@ from omnirl.launch.progress import Progress
 from omnirl.reward.servers import JudgeProcess
 from omnirl.transfer import RedisServer, RedisServerError, TransferQueue, kv_key, start_redis_server
 from omnirl.transfer.heartbeat import past_startup, read_heartbeats
+from omnirl.transfer.keys import FINISHED
 from omnirl.transfer.queue import RECONNECT_S, redis_client
 
 STATELESS_GRACE_S = 3.0
@@ -77,9 +78,12 @@ StartRole = Callable[[str, int, str], RoleProcess]
 
 def clear_start_flags(queue: TransferQueue) -> None:
     """Before the roles start again (`--resume`, `restart-job`): drop the `stop` flag (every new role
-    would exit at once), `actor_ready` (the controller must wait for the new actor's broadcast) and the
-    stopped run's place (`preflight.STOPPED_RUN`: it runs again)."""
-    queue.redis.delete(*(kv_key(queue.job, flag) for flag in ("stop", "actor_ready", "stopped_run")))
+    would exit at once), `actor_ready` (the controller must wait for the new actor's broadcast), the
+    stopped run's place (`preflight.STOPPED_RUN`: it runs again) and the `finish` record (`keys.FINISHED`):
+    the launcher starts roles only when the run directory says work is left (`--resume`'s pre-flight reads
+    `metrics.jsonl`; no restart follows the finish line, `_no_longer_needed`), and a record the embedded Redis
+    kept while that line was lost made every role exit at once, the missed export never written."""
+    queue.redis.delete(*(kv_key(queue.job, flag) for flag in ("stop", "actor_ready", "stopped_run", FINISHED)))
 
 
 class JobFailure(Exception):
