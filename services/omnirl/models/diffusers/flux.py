@@ -150,7 +150,7 @@ class FluxAdapter(DiffusersAdapterBase):
         self.tokenizers = list(tokenizers)
         self.clip_length = int(tokenizers[0].model_max_length)
         self.max_sequence_length = int(max_sequence_length)
-        self.lora_target_modules = list(FLUX_LORA_TARGETS)
+        self.lora_target_modules = list(self.default_lora_targets)
         self.compile_block_types = ["FluxTransformerBlock", "FluxSingleTransformerBlock"]
         self.negative_ids = []
 
@@ -169,11 +169,11 @@ class FluxAdapter(DiffusersAdapterBase):
         guidance_scale, max_sequence_length, cache_size).
         Raises FileNotFoundError / OSError as `DiffusersAdapterBase._load_parts`.
         """
-        from diffusers import AutoencoderKL, FluxTransformer2DModel
+        from diffusers import AutoencoderKL
         from transformers import CLIPTextModel, T5EncoderModel
 
         root, transformer, vae, scheduler_config, tokenizers = cls._load_parts(
-            path, FluxTransformer2DModel, AutoencoderKL, dtype, device)
+            path, cls.transformer_class(), AutoencoderKL, dtype, device)
         clip = load_component(CLIPTextModel, root, "text_encoder", dtype=dtype, device=device)
         t5 = load_component(T5EncoderModel, root, "text_encoder_2", dtype=dtype, device=device)
         return cls(transformer, vae, scheduler_config, [clip, t5], tokenizers, **kwargs)

@@ -147,7 +147,7 @@ class QwenImageAdapter(DiffusersAdapterBase):
         self.tokenizers = [tokenizer]
         self.max_sequence_length = int(max_sequence_length)
         self.text_bucket = int(text_bucket)
-        self.lora_target_modules = list(QWEN_LORA_TARGETS)
+        self.lora_target_modules = list(self.default_lora_targets)
         self.compile_block_types = ["QwenImageTransformerBlock"]
         self.negative_ids = self.tokenize(negative_prompt)
 
@@ -160,11 +160,11 @@ class QwenImageAdapter(DiffusersAdapterBase):
         constructor.
         Raises FileNotFoundError / OSError as `DiffusersAdapterBase._load_parts`.
         """
-        from diffusers import AutoencoderKLQwenImage, QwenImageTransformer2DModel
+        from diffusers import AutoencoderKLQwenImage
         from transformers import Qwen2_5_VLForConditionalGeneration
 
         root, transformer, vae, scheduler_config, (tokenizer,) = cls._load_parts(
-            path, QwenImageTransformer2DModel, AutoencoderKLQwenImage, dtype, device)
+            path, cls.transformer_class(), AutoencoderKLQwenImage, dtype, device)
         text_encoder = load_component(Qwen2_5_VLForConditionalGeneration, root, "text_encoder", dtype=dtype, device=device)
         return cls(transformer, vae, scheduler_config, text_encoder, tokenizer, **kwargs)
 

@@ -120,7 +120,7 @@ class SD3Adapter(DiffusersAdapterBase):
                          guidance_scale=guidance_scale, cache_size=cache_size)
         self.text_encoders = list(text_encoders)
         self.tokenizers = list(tokenizers)
-        self.lora_target_modules = list(SD3_LORA_TARGETS)
+        self.lora_target_modules = list(self.default_lora_targets)
         self.compile_block_types = ["JointTransformerBlock"]
         self.clip_length = int(tokenizers[0].model_max_length)
         self.max_sequence_length = int(max_sequence_length)
@@ -137,11 +137,11 @@ class SD3Adapter(DiffusersAdapterBase):
         constructor (resolution, guidance_scale, negative_prompt, max_sequence_length, cache_size).
         Raises FileNotFoundError / OSError as `DiffusersAdapterBase._load_parts`.
         """
-        from diffusers import AutoencoderKL, SD3Transformer2DModel
+        from diffusers import AutoencoderKL
         from transformers import CLIPTextModelWithProjection, T5EncoderModel
 
         root, transformer, vae, scheduler_config, tokenizers = cls._load_parts(
-            path, SD3Transformer2DModel, AutoencoderKL, dtype, device)
+            path, cls.transformer_class(), AutoencoderKL, dtype, device)
         clip_l = load_component(CLIPTextModelWithProjection, root, "text_encoder", dtype=dtype, device=device)
         clip_g = load_component(CLIPTextModelWithProjection, root, "text_encoder_2", dtype=dtype, device=device)
         t5 = load_component(T5EncoderModel, root, "text_encoder_3", dtype=dtype, device=device) if tokenizers[2] else None
