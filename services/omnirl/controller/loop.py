@@ -612,7 +612,7 @@ class Controller:
         (after the line, during the validation round). Before, that export was never written (`exports/latest`
         lagged `checkpoints/latest` until the next checkpoint; with `checkpoint.keep` ≥ 2 the finished run
         lacked it). A checkpoint the actor wrote only because it was stopped (SIGTERM) is not scheduled and
-        keeps having no export (README, "The trained model")."""
+        keeps having no export (docs/local.md, "The trained model")."""
         from omnirl.actor.checkpoint import COMPLETE
         from omnirl.models.export import EXPORTS
         from omnirl.models.policy_io import step_order
