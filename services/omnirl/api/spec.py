@@ -380,7 +380,7 @@ class RewardSpec(SpecModel):
 
 
 class PipelineSpec(SpecModel):
-    """How rollout, reward and training overlap (DESIGN.md §2)."""
+    """How rollout, reward and training overlap (docs/concepts.md, Pipelining)."""
 
     mode: Literal["sync", "async-reward", "fully-async"] = Field(
         "async-reward",
