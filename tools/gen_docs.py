@@ -20,7 +20,6 @@ import argparse
 import ast
 import dataclasses
 import json
-import os
 import re
 import sys
 import types
@@ -240,10 +239,26 @@ def slug(path: str) -> str:
 # ---------------------------------------------------------------- cli.md
 
 
+def usage(parser: argparse.ArgumentParser, name: str) -> str:
+    """`name ARG [--flag VALUE] …`, one line, built from the parser's actions (argparse's own usage text
+    depends on the terminal's width and the Python version; this page must not)."""
+    parts = [name]
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+            continue
+        value = "{" + ",".join(map(str, action.choices)) + "}" if action.choices else (action.metavar or action.dest.upper())
+        if not action.option_strings:
+            parts.append(value + (" ..." if action.nargs == "+" else ""))
+            continue
+        flag = action.option_strings[-1] if action.option_strings[-1].startswith("--") else action.option_strings[0]
+        text = flag if action.nargs == 0 else f"{flag} {value}"
+        parts.append(text if action.required else f"[{text}]")
+    return " ".join(parts)
+
+
 def cli_page() -> str:
     from omnirl.cli import build_parser
 
-    os.environ["COLUMNS"] = "100"  # argparse wraps usage to the terminal: the page must not depend on it
     parser = build_parser()
     out = [HEADER.format(source="services/omnirl/cli.py"), "# Command line\n\n",
            f"`omnirl` — {parser.description}\n\n",
@@ -256,7 +271,7 @@ def cli_page() -> str:
             for choice, child in children[0].choices.items():
                 document(child, f"{name} {choice}")
             return
-        out.append(f"## {name}\n\n{cell(sub.description or '')}\n\n```\n{sub.format_usage().strip()}\n```\n\n")
+        out.append(f"## {name}\n\n{cell(sub.description or '')}\n\n```\n{usage(sub, name)}\n```\n\n")
         rows = []
         for action in sub._actions:
             if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
