@@ -318,8 +318,12 @@ def fit_calibration(rows: list[dict]) -> dict:
 
 
 def sweep(kinds: list[str], levels: list[tuple[int, int]], *, actors: int | None, duration_s: float,
-          warmup_s: float, saturation: float, budget_s: float, **overrides: Any) -> tuple[list[dict], dict]:
+          warmup_s: float, saturation: float, budget_s: float, after_row: Any = None,
+          **overrides: Any) -> tuple[list[dict], dict]:
     """Run each kind up the levels until Redis saturates, the throughput is flat, or the budget is spent.
+
+    `after_row(rows, verdict)` runs after every level (the CLI writes the JSON there, so a run cut short
+    keeps what it measured).
 
     Returns:
         (rows, per kind ``{"stopped": reason, "max_samples_per_s", "max_mb_per_s", "at"}``).
@@ -348,14 +352,22 @@ def sweep(kinds: list[str], levels: list[tuple[int, int]], *, actors: int | None
                                              "host's cores are the limit")
                 break
             previous = row
-        best = max((r for r in rows if r["kind"] == kind), key=lambda r: r["samples_per_s"], default=None)
-        verdict[kind] = {"stopped": reason, "max_samples_per_s": best and best["samples_per_s"],
-                         "max_mb_per_s": best and best["mb_per_s"],
-                         "at": best and f"{best['producers']}x{best['consumers']}",
-                         "redis_cpu_s_per_sample": best and best["redis_cpu_s_per_sample"],
-                         "one_core_samples_per_s": best and best["redis_cpu_s_per_sample"]
-                         and 1 / best["redis_cpu_s_per_sample"]}
+            verdict[kind] = _verdict(rows, kind, "running")
+            if after_row is not None:
+                after_row(rows, verdict)
+        verdict[kind] = _verdict(rows, kind, reason)
+        if after_row is not None:
+            after_row(rows, verdict)
     return rows, verdict
+
+
+def _verdict(rows: list[dict], kind: str, reason: str) -> dict:
+    """A kind's best level and what one Redis core carries of it."""
+    best = max((r for r in rows if r["kind"] == kind), key=lambda r: r["samples_per_s"], default=None)
+    return {"stopped": reason, "max_samples_per_s": best and best["samples_per_s"],
+            "max_mb_per_s": best and best["mb_per_s"], "at": best and f"{best['producers']}x{best['consumers']}",
+            "redis_cpu_s_per_sample": best and best["redis_cpu_s_per_sample"],
+            "one_core_samples_per_s": best and best["redis_cpu_s_per_sample"] and 1 / best["redis_cpu_s_per_sample"]}
 
 
 HEADER = (f"{'kind':8} {'N×M':>6} {'A':>3} {'MB/sample':>9} {'samples/s':>9} {'MB/s':>8} {'p50 ms':>8} "
@@ -398,6 +410,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--out", default=None, help="directory for <date>-cpu-transfer-load.json "
                    "(default benchmarks/results; none with --quick)")
     p.add_argument("--name", default="cpu-transfer-load", help="file name after the date")
+    p.add_argument("--merge", action="store_true", help="keep the other kinds' rows of the day's file")
     args = p.parse_args(argv)
     quick = args.quick
     kinds = (args.kinds or ("tiny" if quick else ",".join(FULL_KINDS))).split(",")
@@ -410,21 +423,38 @@ def main(argv: list[str] | None = None) -> dict:
     if quick:
         overrides.update(train_batch=16)
     duration, warmup = (2.0, 0.5) if quick else (args.duration, args.warmup)
+    path = None
+    if args.out or not quick:
+        out = Path(args.out or "benchmarks/results")
+        out.mkdir(parents=True, exist_ok=True)
+        path = out / f"{date.today()}-{args.name}.json"
+    old = json.loads(path.read_text()) if args.merge and path is not None and path.exists() else None
+    machine = {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "note": args.machine,
+               "redis": _redis_version()}
+    command = "python -m benchmarks.transfer_load " + " ".join(argv if argv is not None else sys.argv[1:])
+
+    def result_of(rows: list[dict], verdict: dict) -> dict:
+        result = {
+            "date": str(date.today()), "command": command, "machine": machine,
+            "columns": {"samples_per_s": "first deliveries to reward consumers per second in the window",
+                        "mb_per_s": "samples/s x stored bytes per sample (10^6 B)",
+                        "redis_cpu": "cores of redis-server's CPU time over the window",
+                        "redis_cpu_s_per_sample": "Redis CPU seconds per sample of the window",
+                        "commands_per_sample": "commands per sample, those the Lua scripts run included",
+                        "latency": "reward consume time - publish start (ms)"},
+            "rows": rows, "saturation": verdict, "calibration": fit_calibration(rows),
+        }
+        return _merged(old, result) if old is not None else result
+
+    def write(rows: list[dict], verdict: dict) -> None:
+        if path is not None:
+            path.write_text(json.dumps(result_of(rows, verdict), indent=1))
+
     print(HEADER, flush=True)
     rows, verdict = sweep(kinds, levels, actors=args.actors if args.actors else (1 if quick else None),
                           duration_s=duration, warmup_s=warmup, saturation=args.saturation,
-                          budget_s=args.budget_s, **overrides)
-    result = {
-        "date": str(date.today()),
-        "command": "python -m benchmarks.transfer_load " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "machine": {"cpus": os.cpu_count(), "load_average": os.getloadavg(), "note": args.machine,
-                    "redis": _redis_version()},
-        "columns": {"samples_per_s": "first deliveries to reward consumers per second in the window",
-                    "mb_per_s": "samples/s x stored bytes per sample (10^6 B)",
-                    "redis_cpu": "cores of redis-server's CPU time over the window",
-                    "latency": "reward consume time - publish start (ms)"},
-        "rows": rows, "saturation": verdict, "calibration": fit_calibration(rows),
-    }
+                          budget_s=args.budget_s, after_row=write, **overrides)
+    result = result_of(rows, verdict)
     for kind, v in verdict.items():
         print(f"{kind}: {v['stopped']}; best {v['max_samples_per_s'] or 0:.1f} samples/s "
               f"({v['max_mb_per_s'] or 0:.0f} MB/s) at {v['at']}; one Redis core carries "
@@ -433,13 +463,20 @@ def main(argv: list[str] | None = None) -> dict:
     if cal["s_per_sample"] is not None:
         print(f"calibration: Redis CPU = {cal['s_per_sample'] * 1e6:.0f} µs per sample + {cal['s_per_byte'] * 1e9:.3f} "
               f"ns per network byte ({cal['runs']} runs, r² {cal['r2'] if cal['r2'] is None else round(cal['r2'], 3)})")
-    if args.out or not quick:
-        out = Path(args.out or "benchmarks/results")
-        out.mkdir(parents=True, exist_ok=True)
-        path = out / f"{date.today()}-{args.name}.json"
-        path.write_text(json.dumps(result, indent=1))
+    if path is not None:
+        write(rows, verdict)
         print(f"wrote {path}")
     return result
+
+
+def _merged(old: dict, new: dict) -> dict:
+    """`new` with the rows and verdicts of `old`'s other kinds kept; the calibration refitted over all rows."""
+    kinds = {r["kind"] for r in new["rows"]}
+    rows = [r for r in old["rows"] if r["kind"] not in kinds] + new["rows"]
+    saturation = {k: v for k, v in old["saturation"].items() if k not in kinds} | new["saturation"]
+    commands = [c for c in old.get("commands", [old["command"]]) if c != new["command"]] + [new["command"]]
+    return {**new, "command": new["command"], "commands": commands, "rows": rows, "saturation": saturation,
+            "calibration": fit_calibration(rows)}
 
 
 def _redis_version() -> str:
