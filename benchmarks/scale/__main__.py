@@ -21,18 +21,21 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from benchmarks.scale import jobs
+from benchmarks.scale.comm import WeightSync
 from benchmarks.scale.model import MODES, Cluster, Job, Redis, Result, Simulation
 
 GPUS = (8, 64, 512, 1024)
 
 
-def simulate(job: Job, gpus: int, mode: str, redis: Redis, sync_mode: str = "ring", steps: int = 4,
+def simulate(job: Job, gpus: int, mode: str, redis: Redis, sync: WeightSync | None = None,
              **cluster: object) -> Result:
-    """One job on `gpus` split GPUs in `mode` (`cluster`: more `Cluster` fields, e.g. admission)."""
+    """One job on `gpus` split GPUs in `mode` (`sync`: default the measured ring sync; `cluster`: more
+    `Cluster` fields, e.g. admission). Four steps, the first not measured; fully-async runs six and leaves
+    out three (its pipeline fills over two steps, and a Redis backlog carries over)."""
     rollout, actor = jobs.gpu_split(gpus, job, mode)
     cluster = Cluster(devices=gpus, rollout=rollout, actor=actor, reward_workers=max(1, gpus // 8), **cluster)
-    result = Simulation(job, cluster, redis, jobs.weight_sync(sync_mode), mode, steps=steps,
-                        warmup=2 if mode == "fully-async" else 1).run()
+    steps, warmup = (6, 3) if mode == "fully-async" else (4, 1)
+    result = Simulation(job, cluster, redis, sync or jobs.weight_sync(), mode, steps=steps, warmup=warmup).run()
     result.extra.update(rollout=rollout, actor=actor)
     return result
 
@@ -60,6 +63,26 @@ def table(name: str, job_of, kind: str, weak: bool) -> list[dict]:
             print(f"{mode:13} {g:>5} {str(row['rollout']) + '+' + str(row['actor']):>9} {job.samples_per_step:>7} "
                   f"{r.step_s:8.2f} {r.samples_per_s:9.1f} {per_gpu:7.3f} {per_gpu / base:5.2f} {r.busy:5.2f} "
                   f"{r.redis_util:6.2f} {r.bottleneck:>11}")
+    return rows
+
+
+def redis_capacity() -> list[dict]:
+    """GPUs one Redis (one core) carries per job and mode: Redis's samples/s at 100% of its core over the
+    samples/s one GPU asks of it (the 8-GPU run's throughput / 8), payloads in Redis or by reference."""
+    rows = []
+    print("\nGPUs one Redis carries (its core at 100%; demand = the 8-GPU run's samples/s per GPU)")
+    print(f"{'job':7} {'payload':14} {'ms Redis/sample':>15} {'samples/s':>9} " + " ".join(f"{m:>13}" for m in MODES))
+    for name, job, kind in (("image", jobs.image_job(), "img512"), ("video", jobs.video_job(), "video33")):
+        redis = jobs.redis_for(kind)
+        meta = replace(jobs.redis_for("tiny"), client_s_per_byte=redis.client_s_per_byte, by_reference=True)
+        demand = {m: simulate(job, 8, m, redis).samples_per_s / 8 for m in MODES}
+        for label, rc in (("in Redis", redis), ("by reference", meta)):
+            per_sample = rc.publish_s(job) + rc.reward_s(job) + rc.actor_s(job)
+            gpus = {m: 1 / per_sample / demand[m] for m in MODES}
+            rows.append({"job": name, "payload": label, "redis_s_per_sample": per_sample,
+                         "samples_per_s": 1 / per_sample, "demand_per_gpu": demand, "gpus": gpus})
+            print(f"{name:7} {label:14} {per_sample * 1e3:15.2f} {1 / per_sample:9.0f} "
+                  + " ".join(f"{gpus[m]:13.0f}" for m in MODES))
     return rows
 
 
@@ -99,6 +122,9 @@ def check() -> list[dict]:
     return rows
 
 
+SYNC_TARGET_S = 0.05
+"""A weight sync of the LoRA adapters without its per-sync protocol cost (manifest built and checked once,
+checksums on the device in one pass): 48 MB over NVLink is < 1 ms; not measured."""
 STORAGE_BPS = 2e9
 """A shared PVC served by one NFS server on 25 GbE (3.1 GB/s line rate): an assumption for the what-if;
 parallel file systems give tens of GB/s."""
@@ -111,33 +137,37 @@ def what_if(gpus: int = 64, before: str | None = None) -> list[dict]:
     job = jobs.image_job()
     redis = jobs.redis_for("img512")
     by_ref = replace(jobs.redis_for("tiny"), client_s_per_byte=redis.client_s_per_byte, by_reference=True)
+    ring, batched = jobs.weight_sync(), jobs.weight_sync("ring-batched")
     cases = []
     if before:
         jobs.LOAD_TEST.append(before)
-        cases.append(("publish with the payload as Lua arguments", jobs.redis_for("img512"), "ring", {}))
+        cases.append(("publish with the payload as Lua arguments", jobs.redis_for("img512"), ring, {}))
         jobs.LOAD_TEST.pop()
+    fair = {"admission": "fair"}
     cases += [
-        ("payload staged by SET, renamed by the script", redis, "ring", {}),
-        ("+ fair admission of groups to replicas", redis, "ring", {"admission": "fair"}),
+        ("payload staged by SET, renamed by the script", redis, ring, {}),
+        ("+ fair admission of groups to replicas", redis, ring, fair),
         (f"+ payloads by reference on a {STORAGE_BPS / 1e9:g} GB/s PVC", replace(by_ref, storage_bps=STORAGE_BPS),
-         "ring", {"admission": "fair"}),
-        ("+ unbounded storage instead", by_ref, "ring", {"admission": "fair"}),
-        ("+ weight-sync store requests batched", by_ref, "ring-batched", {"admission": "fair"}),
+         ring, fair),
+        ("+ unbounded storage instead", by_ref, ring, fair),
+        ("+ weight-sync store requests batched", by_ref, batched, fair),
+        (f"+ weight sync fixed cost {SYNC_TARGET_S:g} s (a target)", by_ref, replace(batched, fixed_s=SYNC_TARGET_S),
+         fair),
     ]
     rows = []
     print(f"\nimage job (512 images per step) at {gpus} GPUs vs 8, the changes one after another")
     print(f"{'change':48} {'mode':13} {'step 8':>7} {'step ' + str(gpus):>7} {'eff':>5} {'busy':>5} {'redis':>6} "
           f"{'bottleneck':>11}")
     for mode in MODES:
-        for label, rc, sync_mode, kw in cases:
-            base = simulate(job, 8, mode, rc, sync_mode, **kw)
-            r = simulate(job, gpus, mode, rc, sync_mode, **kw)
+        for label, rc, sync, kw in cases:
+            base = simulate(job, 8, mode, rc, sync, **kw)
+            r = simulate(job, gpus, mode, rc, sync, **kw)
             eff = (r.samples_per_s / gpus) / (base.samples_per_s / 8)
             rows.append({"change": label, "mode": mode, "gpus": gpus, "step_s": r.step_s, "step_s_8": base.step_s,
                          "efficiency": eff, "busy": r.busy, "redis_util": r.redis_util, "bottleneck": r.bottleneck,
                          "phases": r.phases})
             print(f"{label:48} {mode:13} {base.step_s:7.2f} {r.step_s:7.2f} {eff:5.2f} {r.busy:5.2f} "
-                  f"{r.redis_util:6.2f} {r.bottleneck:>11}")
+                  f"{r.redis_util:6.2f} {r.bottleneck:>11}  " + " ".join(f"{k} {v:.2f}" for k, v in r.phases.items()))
     return rows
 
 
@@ -166,6 +196,7 @@ def main(argv: list[str] | None = None) -> dict:
                              "img512", args.weak)
         out["video"] = table("video job: Wan2.1-1.3B 33×240×416, FlowGRPO LoRA",
                              lambda g: jobs.video_job(video_n * scale(g)), "video33", args.weak)
+        out["redis_capacity"] = redis_capacity()
         out["costs"] = {"image": asdict(jobs.image_job(image_n)), "video": asdict(jobs.video_job(video_n)),
                         "redis_img512": asdict(jobs.redis_for("img512")), "redis_video33": asdict(jobs.redis_for("video33"))}
     if args.json:
