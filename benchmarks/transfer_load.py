@@ -318,12 +318,13 @@ def fit_calibration(rows: list[dict]) -> dict:
 
 
 def sweep(kinds: list[str], levels: list[tuple[int, int]], *, actors: int | None, duration_s: float,
-          warmup_s: float, saturation: float, budget_s: float, after_row: Any = None,
+          warmup_s: float, saturation: float, budget_s: float, after_row: Any = None, keep_going: bool = False,
           **overrides: Any) -> tuple[list[dict], dict]:
     """Run each kind up the levels until Redis saturates, the throughput is flat, or the budget is spent.
 
     `after_row(rows, verdict)` runs after every level (the CLI writes the JSON there, so a run cut short
-    keeps what it measured).
+    keeps what it measured). With `keep_going` a flat level does not stop the kind (only Redis's saturation
+    and the budget do): on a many-core host the next level may still grow.
 
     Returns:
         (rows, per kind ``{"stopped": reason, "max_samples_per_s", "max_mb_per_s", "at"}``).
@@ -346,7 +347,7 @@ def sweep(kinds: list[str], levels: list[tuple[int, int]], *, actors: int | None
             if row["redis_cpu"] >= saturation:
                 row["saturated"] = reason = f"Redis saturated ({row['redis_cpu']:.2f} of a core)"
                 break
-            if previous is not None and row["samples_per_s"] < 1.1 * previous["samples_per_s"]:
+            if not keep_going and previous is not None and row["samples_per_s"] < 1.1 * previous["samples_per_s"]:
                 row["saturated"] = reason = (f"flat (< +10% over {previous['producers']}x{previous['consumers']}) "
                                              f"with Redis at {row['redis_cpu']:.2f} of a core: the clients or the "
                                              "host's cores are the limit")
@@ -405,6 +406,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--abandon-every", type=int, default=50, help="abandon every k-th reward batch (0: never)")
     p.add_argument("--saturation", type=float, default=0.9, help="Redis CPU (cores) that counts as saturated")
     p.add_argument("--budget-s", type=float, default=1200.0, help="bound on the whole sweep (s)")
+    p.add_argument("--keep-going", action="store_true", help="a flat level does not stop the kind")
     p.add_argument("--quick", action="store_true", help="< 60 s smoke run: tiny payloads, 2x2, 2 s")
     p.add_argument("--machine", default="", help="free text about the machine, stored in the JSON")
     p.add_argument("--out", default=None, help="directory for <date>-cpu-transfer-load.json "
@@ -453,7 +455,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(HEADER, flush=True)
     rows, verdict = sweep(kinds, levels, actors=args.actors if args.actors else (1 if quick else None),
                           duration_s=duration, warmup_s=warmup, saturation=args.saturation,
-                          budget_s=args.budget_s, after_row=write, **overrides)
+                          budget_s=args.budget_s, after_row=write, keep_going=args.keep_going, **overrides)
     result = result_of(rows, verdict)
     for kind, v in verdict.items():
         print(f"{kind}: {v['stopped']}; best {v['max_samples_per_s'] or 0:.1f} samples/s "

@@ -177,3 +177,30 @@ def test_redis_as_one_server_caps_the_throughput() -> None:
 def test_interpolate_is_piecewise_linear_and_flat_outside() -> None:
     pts = ((1, 0.2), (4, 0.8), (8, 1.0))
     assert [interpolate(pts, x) for x in (0, 1, 2.5, 4, 6, 8, 64)] == pytest.approx([0.2, 0.2, 0.5, 0.8, 0.9, 1.0, 1.0])
+
+
+def test_fair_admission_spreads_groups_over_replicas() -> None:
+    # 8 groups of 8 arrive at once at 4 idle replicas: greedy, the first two take 4 groups each (32 samples:
+    # 1.6 s) while the others wait with nothing; fair, each takes 2 (16 samples: 0.8 s)
+    job = _job(train_s_per_sample=0.0)
+    four = dict(devices=5, rollout=4, actor=1, reward_workers=1)
+    greedy = Simulation(job, Cluster(**four), FREE_REDIS, SYNC, "sync", steps=3).run()
+    fair = Simulation(job, Cluster(**four, admission="fair"), FREE_REDIS, SYNC, "sync", steps=3).run()
+    assert greedy.phases["rollout"] == pytest.approx(1.6) and fair.phases["rollout"] == pytest.approx(0.8)
+
+
+def test_redis_shards_and_payloads_by_reference_lift_the_redis_cap() -> None:
+    job = _job(rollout_s_per_sample=0.05, train_s_per_sample=0.0, samples_per_step=512, trajectory_bytes=10**6,
+               media_bytes=10**6)
+    heavy = Redis(s_per_sample=0.002, s_per_byte=5e-9)  # 2 ms of commands + 4 MB moved × 5 ns: 22 ms a sample
+    many = dict(devices=17, rollout=16, actor=1, reward_workers=4)
+    one = Simulation(job, Cluster(**many), heavy, SYNC, "async-reward", steps=3).run()
+    two = Simulation(job, Cluster(**many, redis_shards=2), heavy, SYNC, "async-reward", steps=3).run()
+    meta = Simulation(job, Cluster(**many), Redis(s_per_sample=0.002, s_per_byte=5e-9, by_reference=True), SYNC,
+                      "async-reward", steps=3).run()
+    # after the replicas' 1.6 s batch, Redis alone: 512 × 22 ms on one server, 512 × 2 ms by reference (plus
+    # the requests' and control messages' small ops and the sync); two shards share the 22 ms about evenly
+    control, sync = (64 + 2) * CONTROL_OP * 0.002, SYNC.seconds(0, 16)
+    assert one.bottleneck == "redis" and one.step_s == pytest.approx(1.6 + 512 * 0.022 + control + sync)
+    assert meta.step_s == pytest.approx(1.6 + 512 * 0.002 + control + sync)
+    assert two.step_s < 0.6 * one.step_s and meta.redis_util < one.redis_util
