@@ -10,6 +10,7 @@ whole job with one ``SCAN MATCH omnirl:{job}:*`` (:func:`job_pattern`):
 ``omnirl:{job}:control``        stream: TrainRequest (controller → actor), TrainDone / RoleFailure (back)
 ``omnirl:{job}:tensors:{id}``   string: safetensors bytes of one sample's trajectory, with a TTL
 ``omnirl:{job}:images:{id}``    string: safetensors bytes of its decoded image alone, same TTL
+``omnirl:{job}:staged:{t}:{p}`` string: a publish's payload until its script renames it (tensor TTL)
 ``omnirl:{job}:done:{kind}:{id}``  string: idempotency marker, with a TTL
 ``omnirl:{job}:kv:{name}``      string: small JSON values (stop flag, actor_state, expected:{step})
 ==============================  ===============================================================
@@ -81,6 +82,12 @@ def image_key(tensor_key: str) -> str:
     if not sep or not head.startswith(f"{PREFIX}:") or ":" in head.removeprefix(f"{PREFIX}:"):
         raise ValueError(f"{tensor_key!r} is not a tensor key 'omnirl:{{job}}:tensors:{{id}}' (see tensor_key)")
     return f"{head}:images:{sample_id}"
+
+
+def staged_key(job: str, token: str, part: str) -> str:
+    """``omnirl:{job}:staged:{token}:{part}`` — a publish's payload (``t`` trajectory, ``i`` image) before its
+    script moves it under its tensor or image key (`TransferQueue.publish`); it carries the tensor TTL."""
+    return f"{job_prefix(job)}staged:{_validate_part('token', token)}:{_validate_part('part', part)}"
 
 
 def done_key(job: str, kind: str, sample_id: str) -> str:
