@@ -101,7 +101,7 @@ BAD = [
     (
         "spec.reward.0.kind",
         "clip",
-        'spec.reward[0].kind: "clip" is invalid: must be one of: ocr, jpeg, http, grpc, vlm, pairwise-contrast',
+        'spec.reward[0].kind: "clip" is invalid: must be one of: grpc, http, jpeg, ocr, pairwise-contrast, vlm',
     ),
     (
         "spec.reward.0.params.alphabet",

@@ -112,6 +112,9 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    from omnirl.api.extensions import REWARD_KINDS
+    from omnirl.api.spec import ROLE_NAMES  # torch-free; pydantic's models are built once here for every command
+
     p = argparse.ArgumentParser(prog="omnirl", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -168,7 +171,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_cmd_run)
 
     s = sub.add_parser("role", help="run one role of a job (the container entrypoint)")
-    s.add_argument("role", choices=["rollout", "reward", "actor", "controller"], help="the role to run")
+    s.add_argument("role", choices=ROLE_NAMES, help="the role to run")
     s.add_argument("--job", required=True, help="RLJob manifest (YAML or JSON)")
     s.add_argument("--out", default=None, help="run output directory")
     s.add_argument("--index", type=int, default=0, help="replica index of this role")
@@ -198,7 +201,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("scorer", help="scorer servers (the scorer protocol, see services/omnirl/reward/protocol)")
     scorer_sub = s.add_subparsers(dest="scorer_command", required=True)
     s = scorer_sub.add_parser("serve", help="serve a built-in scorer over gRPC (with gRPC health) or HTTP/JSON")
-    s.add_argument("--reward", required=True, choices=["ocr", "jpeg"], help="the built-in scorer to serve")
+    s.add_argument("--reward", required=True, choices=[k for k, info in REWARD_KINDS.items() if info.runs == "in-process"],
+                   help="the in-process reward kind to serve")
     s.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
                    help="grpc (default; omnirl.scorer.v1.Scorer + gRPC health) or http (POST /v1/score)")
     s.add_argument("--host", default="0.0.0.0", help="address to listen on (default all interfaces)")
