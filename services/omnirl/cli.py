@@ -21,26 +21,30 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         from omnirl.controller.ttl import budget_line
         from omnirl.launch.preflight import missing_local_paths
         from omnirl.models.registry import describe_sigma_grid
+        from omnirl.reward.registry import environment_lines
 
         # valid for a cluster, where the files live in the pods; said, because `omnirl run` here refuses them
         missing = [f"{field}: {path} is not on this machine: omnirl run here refuses it; on Kubernetes it must "
                    "exist inside the pods (the image, or a volume from spec.storage or the role's template)"
                    for field, path, _ in missing_local_paths(job)]
-        return [describe_sigma_grid(job.spec), budget_line(job.spec), *missing]
+        return [describe_sigma_grid(job.spec), budget_line(job.spec), *missing, *environment_lines(job.spec.reward)[0]]
 
     def check(job) -> list[str]:
         # `omnirl run`'s pre-flight LoRA check (a weightless skeleton of the model), where the model is on this
         # machine: validate said ok to targetModules [qkv_proj] on the built-in model, which omnirl run refused
+        # and each reward kind's check of this machine (a python reward's function imports and is callable)
         from omnirl.api.errors import ConfigError
         from omnirl.launch.preflight import check_lora, missing_local_paths
+        from omnirl.reward.registry import environment_lines
 
+        problems = environment_lines(job.spec.reward)[1]
         if any(field == "spec.model.path" for field, _, _ in missing_local_paths(job)):
-            return []  # said under `ok` (a cluster's pods hold it)
+            return problems  # the model's: said under `ok` (a cluster's pods hold it)
         try:
             check_lora(job)
         except ConfigError as err:
-            return [str(err)]
-        return []
+            return [*problems, str(err)]
+        return problems
 
     return validate_files(args.files, out=sys.stdout, describe=grid, check=check)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omnirl.api.spec import RewardSpec
 from omnirl.reward.base import Scorer
-from omnirl.reward.kinds import get_kind
+from omnirl.reward.kinds import NotOnThisMachine, get_kind
 
 
 def build_scorer(spec: RewardSpec, threads: int = 1, field: str | None = None) -> Scorer:
@@ -41,6 +41,24 @@ def check_api_keys(specs: list[RewardSpec]) -> None:
         check = get_kind(spec.kind).check_environment
         if check is not None:
             check(spec.typed_params(), f"spec.reward[{i}]")
+
+
+def environment_lines(specs: list[RewardSpec]) -> tuple[list[str], list[str]]:
+    """`omnirl validate`'s reading of each entry's `RewardKind.check_environment` on this machine: (notes of what
+    this machine lacks, `NotOnThisMachine`, which a cluster's pods may have; problems, every other refusal).
+    Each line names `spec.reward[i]`."""
+    notes, problems = [], []
+    for i, spec in enumerate(specs):
+        check = get_kind(spec.kind).check_environment
+        if check is None:
+            continue
+        try:
+            check(spec.typed_params(), f"spec.reward[{i}]")
+        except NotOnThisMachine as err:
+            notes.append(f"{err} (omnirl run here refuses it)")
+        except ValueError as err:
+            problems.append(str(err))
+    return notes, problems
 
 
 def check_in_process(specs: list[RewardSpec]) -> None:

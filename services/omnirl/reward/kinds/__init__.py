@@ -25,6 +25,12 @@ if TYPE_CHECKING:
     from omnirl.api.spec import RewardSpec
 
 
+class NotOnThisMachine(ValueError):
+    """A `check_environment` refusal that is about this machine, not the manifest (a module or variable it lacks):
+    `omnirl run` and the reward role refuse it as any ValueError; `omnirl validate` notes it (the manifest may be
+    meant for a cluster, whose pods have it), as it notes a model directory that is not here."""
+
+
 def _never(params: Any) -> bool:
     return False
 
@@ -46,7 +52,8 @@ class RewardKind:
         reads_text: `params -> bool`: its reward is the OCR rule on the prompt's quoted text (counted by
             `val_exact_match`).
         check_environment: `(params, field) -> None`, before anything starts (`omnirl run`, `omnirl eval`, the
-            reward role): e.g. an API key's variable is set. Raises ValueError naming the field.
+            reward role) and in `omnirl validate`: e.g. an API key's variable is set. Raises ValueError naming the
+            field; `NotOnThisMachine` for what this machine lacks (validate notes it instead of refusing).
         check_prompts: `(params, prompts, field, where) -> None`, on the job's prompt files (`omnirl run`'s
             pre-flight): prompts are `(line number, text)`. Raises ValueError naming the field, file and line.
         check_endpoint: `(spec, params, field, strict) -> None`: the `url` answers as this kind's scorer should

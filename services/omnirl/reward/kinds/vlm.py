@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
-from omnirl.reward.kinds import RewardKind, register_kind
+from omnirl.reward.kinds import NotOnThisMachine, RewardKind, register_kind
 
 VLMTemplate = Literal["read-text", "rate", "yes-no"]
 
@@ -70,10 +70,13 @@ def build(spec, params: VLMParams, *, threads: int, field: str):
 
 
 def check_environment(params: VLMParams, field: str) -> None:
-    """`params.apiKeyEnv`, when given, names a variable set here (`vlm.api_key`)."""
+    """`params.apiKeyEnv`, when given, names a variable set here (`vlm.api_key`; unset: `NotOnThisMachine`)."""
     from omnirl.reward.vlm import api_key  # the openai client only for jobs with a VLM judge
 
-    api_key(params.apiKeyEnv, f"{field}.params.apiKeyEnv")
+    try:
+        api_key(params.apiKeyEnv, f"{field}.params.apiKeyEnv")
+    except ValueError as err:  # its only one: the variable is not set in this process's environment
+        raise NotOnThisMachine(str(err)) from None
 
 
 def check_endpoint(spec, params: VLMParams, field: str, strict: bool) -> None:
