@@ -15,5 +15,6 @@ REWARD_KINDS = {
     'jpeg': {'module': 'omnirl.reward.kinds.jpeg', 'params': 'JPEGParams', 'params_keys': ['quality'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['image']},
     'ocr': {'module': 'omnirl.reward.kinds.ocr', 'params': 'OCRParams', 'params_keys': ['alphabet', 'threads', 'batchSize'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['image']},
     'pairwise-contrast': {'module': 'omnirl.reward.kinds.pairwise', 'params': 'PairwiseContrastParams', 'params_keys': [], 'runs': 'group', 'endpoint': None, 'modalities': ['image']},
+    'python': {'module': 'omnirl.reward.kinds.python', 'params': 'PythonParams', 'params_keys': ['function', 'call'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['image']},
     'vlm': {'module': 'omnirl.reward.kinds.vlm', 'params': 'VLMParams', 'params_keys': ['model', 'template', 'instruction', 'scale', 'maxTokens', 'topLogprobs', 'concurrency', 'batchSize', 'maxRetries', 'apiKeyEnv'], 'runs': 'remote', 'endpoint': 'openai', 'modalities': ['image']},
 }
