@@ -204,9 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("scorer", help="scorer servers (the scorer protocol, see services/omnirl/reward/protocol)")
     scorer_sub = s.add_subparsers(dest="scorer_command", required=True)
-    s = scorer_sub.add_parser("serve", help="serve a built-in scorer over gRPC (with gRPC health) or HTTP/JSON")
-    s.add_argument("--reward", required=True, choices=[k for k, info in REWARD_KINDS.items() if info.runs == "in-process"],
-                   help="the in-process reward kind to serve")
+    s = scorer_sub.add_parser("serve", help="serve a built-in scorer or a Python function over gRPC (with gRPC health) "
+                              "or HTTP/JSON")
+    what = s.add_mutually_exclusive_group(required=True)
+    what.add_argument("--reward", choices=[k for k, info in REWARD_KINDS.items() if info.runs == "in-process"],
+                      help="the in-process reward kind to serve")
+    what.add_argument("--function", metavar="MODULE:FUNCTION",
+                      help="serve a Python function as the reward (--reward python --param function=MODULE:FUNCTION; "
+                           "docs/rewards-python.md)")
     s.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
                    help="grpc (default; omnirl.scorer.v1.Scorer + gRPC health) or http (POST /v1/score)")
     s.add_argument("--host", default="0.0.0.0", help="address to listen on (default all interfaces)")
