@@ -1,6 +1,7 @@
 """A job whose reward is a user's Python function, through `omnirl run`: scored in-process by the reward role
 (`kind: python`) and, the same function, by a judge server `omnirl scorer serve --function` that the run starts
-itself (`kind: grpc` with `server`); every sample's reward is the function's closed form (docs/rewards-python.md)."""
+itself (`kind: grpc` with `server`); every sample's reward is the function's closed form (docs/rewards-python.md).
+The job also writes TensorBoard event files (`spec.telemetry.tensorboard`), read back equal to metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import sys
 import pytest
 import yaml
 from e2e.test_local_job import ledger, run, tiny_job
+from tests.test_telemetry_tensorboard import assert_tensorboard_is_metrics_jsonl
 
 from omnirl.controller.data import read_prompts
 
@@ -38,6 +40,7 @@ def test_a_python_function_reward_in_process_and_served(tmp_path, redis_url, mon
         {"name": "mine", "kind": "python", "params": {"function": "user_reward_e2e:score"}},
         {"name": "served", "kind": "grpc", "weight": 0.5, "server": server},
     ]
+    doc["spec"]["telemetry"] = {"tensorboard": True}
     path.write_text(yaml.safe_dump(doc))
     out = tmp_path / "out"
     proc = run(path, out)
@@ -59,3 +62,4 @@ def test_a_python_function_reward_in_process_and_served(tmp_path, redis_url, mon
         assert r["reward_mine"] > 0 and abs(r["reward_mine"] - r["reward_served"]) < 1e-6, r
     vals = [r for r in records if r["event"] == "validation"]
     assert vals and all(abs(v["val_reward_mine"] - v["val_reward_served"]) < 1e-6 for v in vals)
+    assert_tensorboard_is_metrics_jsonl(out)

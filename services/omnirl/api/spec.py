@@ -117,6 +117,7 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "CheckpointSpec",
     "FailurePolicySpec",
     "StorageSpec",
+    "TelemetrySpec",
     "RLJobSpec",
     "ObjectMeta",
     "RLJob",
@@ -785,6 +786,15 @@ class FailurePolicySpec(SpecModel):
         return self.startupDeadlineSeconds + self.progressDeadlineSeconds
 
 
+class TelemetrySpec(SpecModel):
+    """Where a run's numbers go besides `metrics.jsonl` and the Prometheus meters (always on)."""
+
+    tensorboard: bool = Field(
+        False, description="Write TensorBoard event files of every metrics.jsonl step and validation line to "
+        "OUT/tensorboard/ (the run directory: spec.storage's claim on Kubernetes); needs the tensorboard package "
+        "(pip install 'omnirl[tensorboard]') where the controller runs. View with tensorboard --logdir OUT/tensorboard.")
+
+
 class RLJobSpec(SpecModel):
     """`spec` of an RLJob."""
 
@@ -805,6 +815,7 @@ class RLJobSpec(SpecModel):
     seed: Seed = Field(0, description="Global seed (data order, SDE windows, sampling noise). A signed 64-bit "
                        "integer (`omnirl.api.seeds.derive` hashes it).")
     suspend: bool = Field(False, description="Suspended jobs have no running pods (Kueue admission).")
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="Extra metrics outputs (TensorBoard).")
     cel_rules = (
         CelRule("self.reward.all(r, self.reward.exists_one(s, s.name == r.name))", "spec.reward[].name: must be "
                 "unique; rename one of the rewards that share a name", ".reward"),
