@@ -117,7 +117,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from omnirl.api.extensions import REWARD_KINDS
-    from omnirl.api.spec import ROLE_NAMES  # torch-free; pydantic's models are built once here for every command
+    from omnirl.api.roles import ROLE_NAMES
 
     p = argparse.ArgumentParser(prog="omnirl", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)

@@ -23,6 +23,7 @@ from omnirl.api._base import CelRule, SpecModel, cel_literal
 from omnirl.api.errors import FieldProblem, FieldProblems
 from omnirl.api.extensions import FAMILIES, FAMILY_NAMES, REWARD_KIND_NAMES, REWARD_KINDS, families_with, kinds_with
 from omnirl.api.podtemplate import check_pod_template
+from omnirl.api.roles import MODEL_ROLES, ROLE_NAMES
 from omnirl.api.seeds import Seed
 from omnirl.api.spec_algorithm import (
     AdvantageSpec,
@@ -54,10 +55,6 @@ NormalizeMode = Literal["none", "group", "batch", "minmax"]
 GROUP_KINDS: tuple[str, ...] = kinds_with("runs", "group")
 REMOTE_KINDS: tuple[str, ...] = kinds_with("runs", "remote")
 GRPC_KINDS: tuple[str, ...] = kinds_with("endpoint", "grpc")
-ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
-"""The four roles of a job, in the launcher's order: the one list every role loop, CLI choice and builder reads."""
-# The roles that hold the model (on their accelerator): attention kernel, /dev/shm for NCCL/HCCL.
-MODEL_ROLES: tuple[str, ...] = ("rollout", "actor")
 MAX_REWARDS = 64
 """Rewards of one job: a bound the CRD's rules over `spec.reward` need (the API server refuses a CRD whose rules'
 estimated cost, which grows with the list's largest size, is over its budget); no job comes near it."""
