@@ -57,7 +57,7 @@ def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path,
         assert abs(r["reward_contrast"] - 0.5) < 1e-6
         assert r["component_missing_ocr"] == r["component_missing_judge"] == 0.0
 
-    # eval of the finished run, as the README says: the judge is served again (this run's URL is dead)
+    # eval of the finished run, as docs/rewards.md says: the judge is served again (this run's URL is dead)
     ev = subprocess.run([sys.executable, "-m", "omnirl.cli", "eval", str(out / "job.yaml"), "--checkpoint",
                          str(out / "checkpoints" / "latest"), "--out", str(tmp_path / "eval")],
                         capture_output=True, text=True, timeout=300, cwd=ROOT)

@@ -44,7 +44,9 @@ def _problems(path: str) -> list[str]:
 
 def test_examples_exist_and_validate() -> None:
     names = {p.name for p in EXAMPLES}
-    assert {"ocr-flowgrpo.yaml", "ocr-nft.yaml", "gpu-sd3-flowgrpo.yaml", "ascend-qwen-image-nft.yaml"} <= names
+    # the GPU recipes docs/gpu.md names (one GPU: SD3, FLUX; one 8-GPU node) among them
+    assert {"ocr-flowgrpo.yaml", "ocr-nft.yaml", "gpu-sd3-flowgrpo.yaml", "ascend-qwen-image-nft.yaml",
+            "gpu-sd3-1gpu.yaml", "gpu-flux-1gpu.yaml", "gpu-sd3-8gpu.yaml"} <= names
     out = io.StringIO()
     assert validate_files([str(p) for p in EXAMPLES], out) == 0
     assert out.getvalue().splitlines() == [f"{p}: ok" for p in EXAMPLES]

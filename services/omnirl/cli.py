@@ -10,6 +10,8 @@ import logging
 import os
 import sys
 
+from omnirl.api.exits import FAILED, INTERRUPTED_EXIT, STORAGE_ERROR_EXIT, USAGE_EXIT
+
 DESCRIPTION = ("Reinforcement-learning post-training of flow-matching (diffusion) models from one RLJob manifest: "
                "on this machine (omnirl run) or on Kubernetes (the operator).")
 
@@ -262,20 +264,19 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 130, not a traceback from wherever it landed
         print(f"omnirl {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED_EXIT
     except BrokenPipeError:  # `omnirl validate … | head`: the reader left; no traceback, as other CLIs
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush must not raise too
-        return 1
+        return FAILED
     except (FileNotFoundError, ValueError, KeyError) as err:
         from omnirl.api.errors import error_text
 
         lines = getattr(err, "problems", None) or [error_text(err)]  # as raised: a quoted value keeps its quotes
         for line in lines:
             print(f"omnirl {args.command}: {line}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     except OSError as err:
         from omnirl.api import disk
-        from omnirl.api.runtime import STORAGE_ERROR_EXIT
 
         full = disk.storage_error(err)
         if full is None:

@@ -27,6 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omnirl.api.exits import LEDGER_PROBLEMS_EXIT
 from omnirl.api.ids import parse_sample_id
 from omnirl.api.run_dir import METRICS_FILE, RUN_MANIFESTS, read_metrics, run_manifest
 
@@ -34,8 +35,6 @@ LEDGER_DIR = "ledger"
 LEDGERS = {"rollout": "rollout-*.jsonl", "reward": "reward-*.jsonl", "actor": "actor-*.jsonl",
            "checkpoints": "checkpoints-*.jsonl"}
 """Each ledger kind → its files' glob in `OUT/ledger/` (one file per worker or pod)."""
-LEDGER_PROBLEMS_EXIT = 3
-"""`omnirl ledger`'s exit code when samples were lost or duplicated (0: none; 2: refused; 5: unreadable)."""
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Typed metadata of the TransferQueue's stream entries (msgpack on the wire, DESIGN.md §4).
+"""Typed metadata of the TransferQueue's stream entries (msgpack on the wire, docs/architecture.md §3 "Messages").
 
 Streams and who reads them:
 

@@ -15,18 +15,10 @@ from dataclasses import dataclass, fields
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from omnirl.api.errors import ConfigError, config_errors
+from omnirl.api.exits import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT  # noqa: F401
 
-# Exit codes of `omnirl role` (besides 0 = done, 1 = crashed, 130 = Ctrl-C, 143 = SIGTERM; a crash is
-# restarted per `spec.failurePolicy`). These three are permanent: the local supervisor stops the job at
-# once and the operator marks the RLJob Failed (the controller Job's podFailurePolicy fails it too).
-JOB_FAILED_EXIT = 3  # the controller failed the job itself (every group of a step failed, a scorer is down)
-CONFIG_ERROR_EXIT = 4  # a role found a setting it cannot run with at start-up (`omnirl.api.errors.ConfigError`)
-# a role's write to the run directory failed for want of space or a writable mount (ENOSPC, EDQUOT,
-# EFBIG, EROFS) or permission (EACCES, EPERM): every restart would fail the same way until someone
-# frees space or fixes the directory; a resume continues
-STORAGE_ERROR_EXIT = 5
-PERMANENT_EXITS = (JOB_FAILED_EXIT, CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT)
-
+# the role exit codes imported above are owned by `omnirl.api.exits` (with 0, 1, 130, 143); re-exported here for the
+# roles' readers
 # RoleEnv field → environment variable (`weight_sync_addr` = host:port of two fields)
 VARIABLES = {
     "job_name": "OMNIRL_JOB_NAME", "redis_url": "OMNIRL_REDIS_URL", "weight_sync_addr": "OMNIRL_WEIGHT_SYNC_ADDR",

@@ -376,7 +376,7 @@ class RewardSpec(SpecModel):
         return self
 
     def typed_params(self) -> SpecModel:
-        """`params` as the kind's model (`omnirl.api.spec_reward.PARAMS_BY_KIND`), defaults filled in."""
+        """`params` as the kind's params class (`omnirl.api.extensions.params_model`), defaults filled in."""
         return parse_params(self.kind, self.params)
 
 
@@ -384,7 +384,7 @@ class RewardSpec(SpecModel):
 
 
 class PipelineSpec(SpecModel):
-    """How rollout, reward and training overlap (DESIGN.md §2)."""
+    """How rollout, reward and training overlap (docs/concepts.md, Pipelining)."""
 
     mode: Literal["sync", "async-reward", "fully-async"] = Field(
         "async-reward",

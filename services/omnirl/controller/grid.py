@@ -1,4 +1,4 @@
-"""Save sample images as one PNG grid (local runs write one per validation, DESIGN.md §6)."""
+"""Save sample images as one PNG grid (local runs write one per validation, docs/local.md "Outputs")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The single controller: draws prompts, dispatches, groups, computes advantages, hands batches
-to the actor, bumps the policy version, validates and reports (DESIGN.md §2).
+to the actor, bumps the policy version, validates and reports (docs/architecture.md §2).
 
 Pipelining (`spec.pipeline.mode`):
 - `sync`: reward workers start a step's scoring only after all its rollouts exist (baseline).
@@ -8,7 +8,7 @@ Pipelining (`spec.pipeline.mode`):
   so rollout overlaps training; every sample carries its policy_version and a group staler than
   `maxStaleness` is refilled (`drop`), or requests are never published ahead (`wait`).
 
-Restarts (DESIGN.md §7, README "What survives what"): the controller keeps no state of its own
+Restarts (docs/reliability.md): the controller keeps no state of its own
 that Redis (AOF) and the actor do not hold. It starts at the step after the actor's last trained
 one (`kv:actor_state`: step, policy version, data position — the checkpoint's after an actor
 restart); it redraws that step's prompts from the same data position, so group and sample ids and
@@ -612,7 +612,7 @@ class Controller:
         (after the line, during the validation round). Before, that export was never written (`exports/latest`
         lagged `checkpoints/latest` until the next checkpoint; with `checkpoint.keep` ≥ 2 the finished run
         lacked it). A checkpoint the actor wrote only because it was stopped (SIGTERM) is not scheduled and
-        keeps having no export (README, "The trained model")."""
+        keeps having no export (docs/local.md, "The trained model")."""
         from omnirl.actor.checkpoint import COMPLETE
         from omnirl.models.export import EXPORTS
         from omnirl.models.policy_io import step_order

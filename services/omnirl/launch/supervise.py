@@ -517,7 +517,7 @@ class Supervisor:
             if self.redis is not None:
                 pids["redis"] = self.redis.pid
             # a judge holds a port and often a GPU: a user reading roles.json to find what the run started
-            # (or to `kill -9` one, as the README suggests) missed it
+            # (or to `kill -9` one, as docs/local.md suggests) missed it
             pids.update({f"judge-{j.reward.name}": j.proc.pid for j in self.judges})
             tmp = self.out / ".roles.json.tmp"
             try:

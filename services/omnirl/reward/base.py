@@ -1,6 +1,6 @@
 """The scorer contract: images + prompts → one float32 reward per sample, or an error.
 
-A scorer never turns a failure into a reward of 0 (DESIGN.md §7): bad input, a crashed model or a
+A scorer never turns a failure into a reward of 0 (docs/rewards.md): bad input, a crashed model or a
 non-finite reward raises `ScorerError` naming the sample, and the controller refills or drops the
 sample's group.
 """

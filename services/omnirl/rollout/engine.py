@@ -22,7 +22,7 @@ in-run validation and `omnirl eval` all run through it.
 
 Every sample draws its noise from its own generator (on the engine's device) seeded by
 `request.seed`, so a sample is bit-identical whichever batch it ran in. Latents and the SDE math
-stay fp32 (DESIGN.md §7). Latents, σ and the recorded trajectory stay on the engine's device
+stay fp32 (docs/architecture.md §4). Latents, σ and the recorded trajectory stay on the engine's device
 until the sample finishes: a step launches its work without waiting for the device.
 
 Handover on an accelerator: a step that finishes samples only launches their copies to the host

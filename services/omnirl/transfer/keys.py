@@ -1,4 +1,4 @@
-"""Redis key names of one job's TransferQueue (DESIGN.md §4).
+"""Redis key names of one job's TransferQueue (docs/architecture.md §2).
 
 Every key of a job starts with ``omnirl:{job}:`` so that the operator's finalizer can remove the
 whole job with one ``SCAN MATCH omnirl:{job}:*`` (:func:`job_pattern`):

@@ -1,4 +1,4 @@
-"""The TransferQueue: one job's Redis Streams, consumer groups, tensor keys and markers (DESIGN.md §4).
+"""The TransferQueue: one job's Redis Streams, consumer groups, tensor keys and markers (docs/architecture.md §2).
 
 Delivery is at-least-once: an entry stays pending in its consumer group until it is acknowledged,
 and entries pending longer than ``claim_idle_s`` (a dead or stuck consumer) are reclaimed with
