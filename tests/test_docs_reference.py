@@ -26,7 +26,7 @@ def test_the_generated_reference_page_is_what_the_code_generates(name):
 
 
 def test_the_reward_parameters_page_gives_the_specs_defaults():
-    from omnirl.api.spec_reward import OCRParams
+    from omnirl.reward.kinds.ocr import OCRParams
 
     page = (ROOT / "docs" / "reference" / "rljob.md").read_text()
     ocr = page.split("### kind: ocr", 1)[1].split("###", 1)[0]

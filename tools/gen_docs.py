@@ -3,7 +3,7 @@
 Each page has one owner in the code:
 
 - `rljob.md`: the RLJob fields from the pydantic spec (`omnirl.api.spec`, its `spec_*` modules) and the
-  reward parameters per kind (`omnirl.api.spec_reward.PARAMS_BY_KIND`), with an example value from `examples/`;
+  reward parameters per kind (each registered kind's params class, `omnirl.api.extensions.params_model`), with an example value from `examples/`;
 - `cli.md`: every subcommand's arguments from the argparse parser (`omnirl.cli.build_parser`);
 - `role-env.md`: the role processes' environment (`omnirl.api.runtime.RoleEnv`, `VARIABLES`);
 - `metrics.md`: the Prometheus names (`omnirl.telemetry.names`);
@@ -161,8 +161,8 @@ def example_text(value: Any) -> str:
 
 def rljob_page() -> str:
     from omnirl.api.crd import model_schema
+    from omnirl.api.extensions import REWARD_KINDS, params_model
     from omnirl.api.spec import RLJob, RLJobSpec
-    from omnirl.api.spec_reward import PARAMS_BY_KIND
 
     examples = example_values()
     sections: list[tuple[str, type]] = []  # (path, model), depth first
@@ -217,7 +217,8 @@ def rljob_page() -> str:
     out.append("## spec.reward[].params by kind {#reward-params}\n\n"
                "Each reward `kind` takes its own `params` (checked by `omnirl validate`, naming the key); the reward "
                "workers build their scorers from these same models.\n\n")
-    for kind, model in PARAMS_BY_KIND.items():
+    for kind in REWARD_KINDS:
+        model = params_model(kind)  # the params class in the kind's module (services/omnirl/reward/kinds/)
         out.append(f"### kind: {kind}\n\n{' '.join((model.__doc__ or '').split())}\n\n")
         if not model.model_fields:
             out.append("No parameters.\n\n")

@@ -1,5 +1,6 @@
 """Where a step's numbers go: `OUT/metrics.jsonl` (one line per step and per validation), a log
-line, the OpenTelemetry meters, and — in a pod — the RLJob's status (`kubectl get rlj`)."""
+line, the OpenTelemetry meters, TensorBoard event files when `spec.telemetry.tensorboard` asks, and — in a pod —
+the RLJob's status (`kubectl get rlj`)."""
 
 from __future__ import annotations
 
@@ -100,6 +101,11 @@ class Reporter:
         self.path = out / METRICS_FILE
         self._f = append_lines(self.path)  # a line a full disk cut is dropped (api/disk.py)
         self.meters = Meters(env.job_name, env.metrics_port)
+        self.tensorboard = None  # the same records as the meters', as event files (spec.telemetry.tensorboard)
+        if job.spec.telemetry.tensorboard:
+            from omnirl.telemetry.tensorboard import TensorBoardLog
+
+            self.tensorboard = TensorBoardLog(out)
         self.status = None
         if env.report_status == "kubernetes":
             from omnirl.telemetry.k8s_status import StatusReporter
@@ -140,6 +146,8 @@ class Reporter:
             record["checkpoint"] = done.checkpoint
         self._write(record)
         self.meters.record_step(record, reward_latencies=latencies)
+        if self.tensorboard is not None:
+            self.tensorboard.record("train", record)
         log.info("%s", step_line(step, self.total, version, record))
         if self.status is not None:
             # the raw weighted sum in a normalised job: its trained mean is the same every step (REWARD column 0.050)
@@ -149,8 +157,11 @@ class Reporter:
     def validation(self, summary: dict) -> None:
         """Record a validation round."""
         self.validations.append(summary)
-        self._write({"event": "validation", "time": time.time(), **summary})
+        record = {"event": "validation", "time": time.time(), **summary}
+        self._write(record)
         self.meters.record_validation(summary)
+        if self.tensorboard is not None:
+            self.tensorboard.record("validation", record)
         exact, mean = summary["val_exact_match"], summary["val_reward_mean"]  # exact None: no OCR-rule reward
         missing = summary.get("missing", 0)  # samples whose tensors were gone: not in the means
         log.info("validation after %d training steps (v%d): reward %s%s (n=%d%s, %.1f s) grid %s",
@@ -192,6 +203,8 @@ class Reporter:
         return record
 
     def close(self) -> None:
-        """Close the metrics file and the meters."""
+        """Close the metrics file, the meters and the TensorBoard log."""
         self._f.close()
         self.meters.shutdown()
+        if self.tensorboard is not None:
+            self.tensorboard.close()

@@ -48,6 +48,7 @@ def check_local_paths(job: RLJob) -> None:
         FileNotFoundError: naming the field and the missing path.
         ValueError: an unset `spec.reward[i].params.apiKeyEnv` variable (`reward.registry.check_api_keys`), an
             in-process scorer its model cannot build (`reward.registry.check_in_process`: an OCR alphabet).
+        ConfigError: `spec.telemetry.tensorboard` without the tensorboard package here.
     """
     for field, path, kind in missing_local_paths(job):
         raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
@@ -57,6 +58,10 @@ def check_local_paths(job: RLJob) -> None:
     check_prompts(job)
     check_api_keys(job.spec.reward)  # the roles inherit this environment
     check_in_process(job.spec.reward)
+    if job.spec.telemetry.tensorboard:  # the controller would stop with it after every role loaded
+        from omnirl.telemetry.tensorboard import require_tensorboard
+
+        require_tensorboard()
 
 
 def check_model_weights(job: RLJob) -> None:

@@ -185,12 +185,23 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be 0..65535 (0 picks a free port)")
     params = dict(parse_param(p) for p in args.param)
+    kind = args.reward
+    if getattr(args, "function", None):  # --function M:F is --reward python --param function=M:F
+        kind, params = "python", {**params, "function": args.function}
     try:
-        spec = RewardSpec.model_validate({"name": args.reward, "kind": args.reward, "params": params})
+        spec = RewardSpec.model_validate({"name": kind, "kind": kind, "params": params})
     except ValidationError as err:  # the CLI prints ManifestError's lines and exits 2
-        raise ManifestError([f"--param {text}" for _, text in problem_lines(RewardSpec, err)]) from None
+        lines = [f"--param {text}" for _, text in problem_lines(RewardSpec, err)]
+        raise ManifestError([line.replace("--param params.function:", "--function:") if kind == "python" else line
+                             for line in lines]) from None
     check_address(args.host, args.port)  # before the scorer's model loads
-    scorer = build_scorer(spec)
+    try:
+        scorer = build_scorer(spec)
+    except ValueError as err:  # the function's import and checks (kind python) name the flag, not a manifest field
+        if kind != "python":
+            raise
+        raise ValueError(str(err).replace(f"spec.reward[{kind}].params.function",
+                                          "--function" if args.function else "--param function")) from None
     if getattr(args, "delay_ms", 0):
         scorer = DelayedScorer(scorer, args.delay_ms / 1000.0)
     stop = threading.Event()
