@@ -204,8 +204,9 @@ def test_held_out_prompts_and_refills_keep_their_resolution():
     """`model.resolutions`: held-out prompt i is sampled at resolutions[i mod n] (validation and
     `omnirl eval` build the same request), a refilled group keeps its size, and the engine request
     carries it as a (height, width) tuple."""
+    from omnirl.api.heldout import heldout_request
     from omnirl.api.spec import RLJobSpec
-    from omnirl.rollout.requests import heldout_request, sample_requests
+    from omnirl.rollout.requests import sample_requests
 
     spec = RLJobSpec.model_validate({"model": {"family": "sd3", "path": "/m", "resolutions": [[32, 48], [48, 32]]},
                                      "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "j", "kind": "jpeg"}]})

@@ -20,12 +20,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.helpers import crash_everywhere
 from tests.test_controller_units import request, score
 
-from omnirl.actor.checkpoint import COMPLETE, has_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
+from omnirl.actor.checkpoint import COMPLETE, load_checkpoint, resolve_checkpoint, save_checkpoint
 from omnirl.api.runtime import RoleEnv
 from omnirl.controller.groups import StepBook, attempt_of, refill_request
 from omnirl.launch.roles import should_resume
 from omnirl.launch.supervise import clear_start_flags
-from omnirl.models.policy_io import make_latest
+from omnirl.models.policy_io import has_checkpoint, make_latest
 from omnirl.telemetry.health import HealthServer
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.heartbeat import Heartbeat, last_beats, read_heartbeats, stale_roles, stalled_text

@@ -47,7 +47,6 @@ import torch
 from safetensors import SafetensorError
 
 from omnirl.actor.batch import TrainSample
-from omnirl.actor.checkpoint import LATEST
 from omnirl.actor.ranks import Ranks
 from omnirl.actor.trainer import Trainer
 from omnirl.api.disk import append_lines
@@ -57,7 +56,7 @@ from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.attention import select_attention
 from omnirl.models.compile import while_compiling
-from omnirl.models.policy_io import step_order
+from omnirl.models.policy_io import LATEST, step_order
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.telemetry.cpu import cpu_wait_seconds
 from omnirl.transfer import MissingTensors, TransferQueue, kv_key

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-from omnirl.actor.algorithm import algorithm_for
 from omnirl.algorithms import group_advantages
+from omnirl.algorithms.plan import planner_for
 from omnirl.api.errors import config_errors
 from omnirl.api.ids import parse_group_id
 from omnirl.api.judges import check_written
@@ -334,7 +334,7 @@ class Controller:
         published = self.queue.get_json(f"expected:{step}") is not None
         book = StepBook(step, t_published=time.time())
         self.next_unpublished = step + 1
-        plan = algorithm_for(algo.name).rollout(algo, window_seed=derive(self.spec.seed, "window", step=step))
+        plan = planner_for(algo.name).rollout(algo, window_seed=derive(self.spec.seed, "window", step=step))
         expected = 0
         sizes = self.spec.model.resolutions
         for p in prompts:
@@ -613,9 +613,8 @@ class Controller:
         lagged `checkpoints/latest` until the next checkpoint; with `checkpoint.keep` ≥ 2 the finished run
         lacked it). A checkpoint the actor wrote only because it was stopped (SIGTERM) is not scheduled and
         keeps having no export (README, "The trained model")."""
-        from omnirl.actor.checkpoint import COMPLETE
         from omnirl.models.export import EXPORTS
-        from omnirl.models.policy_io import step_order
+        from omnirl.models.policy_io import COMPLETE, step_order
 
         ckpt = self.out / self.spec.checkpoint.dir / f"step-{step:06d}"
         exports = self.out / EXPORTS
@@ -628,7 +627,7 @@ class Controller:
     def _export_latest(self) -> None:
         """Every step was trained before this controller started (a stop after the last step, before
         its predecessor exported): export the checkpoint the actor wrote when it was stopped."""
-        from omnirl.actor.checkpoint import LATEST, has_checkpoint
+        from omnirl.models.policy_io import LATEST, has_checkpoint
 
         root = self.out / self.spec.checkpoint.dir
         if not has_checkpoint(root):

@@ -94,7 +94,7 @@ def should_resume(mode: str, checkpoint_root: Path) -> bool:
     """Whether this role process resumes: `1` always (the actor then exits `CONFIG_ERROR_EXIT`
     without a checkpoint, `omnirl.actor.service.nothing_to_resume`), `auto` when
     `checkpoint_root/latest` is complete, `0` never."""
-    from omnirl.actor.checkpoint import has_checkpoint
+    from omnirl.models.policy_io import has_checkpoint
 
     return mode == "1" or (mode == "auto" and has_checkpoint(checkpoint_root))
 

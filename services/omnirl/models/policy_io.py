@@ -34,6 +34,13 @@ def exported_from(export: Path) -> Path | None:
     return Path(ckpt) if isinstance(ckpt, str) and (Path(ckpt) / POLICY_FILE).is_file() else None
 
 
+def has_checkpoint(root: str | Path) -> bool:
+    """True when `root/latest` is a complete checkpoint (what `OMNIRL_RESUME=auto` resumes from; the controller
+    exports it when every step was trained before it started)."""
+    latest = Path(root) / LATEST
+    return (latest / COMPLETE).is_file() and (latest / POLICY_FILE).is_file()
+
+
 def resolve_checkpoint(path: str | Path) -> Path:
     """The one answer to "where is the checkpoint": `path` itself, or `path/latest` when given a
     checkpoints root (the layout of `omnirl.actor.checkpoint`), resolved.

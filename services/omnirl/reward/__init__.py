@@ -4,6 +4,6 @@ Scorers live in their own modules (`omnirl.reward.ocr.OCRScorer`,
 `omnirl.reward.jpeg.JPEGCompressibilityScorer`) so importing this package loads no model runtime.
 """
 
-from omnirl.reward.base import Scorer, ScorerError
+from omnirl.scorers.base import Scorer, ScorerError
 
 __all__ = ["Scorer", "ScorerError"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omnirl.api.spec import RewardSpec
-from omnirl.reward.base import Scorer
+from omnirl.scorers.base import Scorer
 
 
 def build_scorer(spec: RewardSpec, threads: int = 1, field: str | None = None) -> Scorer:
@@ -43,7 +43,7 @@ def build_scorer(spec: RewardSpec, threads: int = 1, field: str | None = None) -
         from omnirl.reward.vlm import VLMScorer
 
         return VLMScorer(spec.name, spec.url, params, timeout_s=spec.timeoutSeconds, field=field)
-    raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is a group-level scorer (omnirl.reward.group_registry)")
+    raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is a group-level scorer (omnirl.scorers.group_registry)")
 
 
 def check_api_keys(specs: list[RewardSpec]) -> None:
