@@ -222,7 +222,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         code = supervisor.run()
         redis = supervisor.redis  # it may have restarted the server
         if code == 0:
-            queue.set_json("stop", True)  # the controller set it already; every role exits 0
+            queue.records.request_stop()  # the controller set it already; every role exits 0
             supervisor.stop_all(grace_s=20.0)
     except KeyboardInterrupt:
         print(interrupt_line(out, int(started["records"]), started=supervisor is not None, resume=args.resume,
