@@ -17,6 +17,7 @@ import logging
 import time
 from typing import Any
 
+from omnirl.api.run_dir import finish_covers
 from omnirl.api.spec import RLJob
 from omnirl.transfer.client import RedisError
 from omnirl.transfer.records import JobRecords
@@ -49,7 +50,7 @@ async def finish_record(kube: KubeApi, job: RLJob, ns: str, settings: OperatorSe
         log.warning("job %s: its controller Job failed, and whether it had finished the job first was not read from "
                     "the Redis %s (%s): %s: %s", name, where, field, type(exc).__name__, exc)
         return None
-    if not isinstance(record, dict) or int(record.get("total_steps") or 0) < job.spec.algorithm.steps:
+    if not isinstance(record, dict) or not finish_covers(record, job.spec.algorithm.steps):
         return None
     return record
 

@@ -30,7 +30,7 @@ import yaml
 
 from omnirl.api import disk
 from omnirl.api.loader import dump_rljob, load_rljob
-from omnirl.api.run_dir import METRICS_FILE, read_metrics
+from omnirl.api.run_dir import METRICS_FILE, finished, read_metrics, trained_steps
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv, port_number
 from omnirl.api.spec import RLJob
 from omnirl.launch import preflight
@@ -154,10 +154,11 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         note = preflight.check_same_job(job, out)
         if note:
             print(f"omnirl: --resume: {note}", flush=True)
-        total, trained = args.steps or job.spec.algorithm.steps, preflight.trained_steps(out)
+        # how far it got: its highest step with a line, + 1
+        total, trained = args.steps or job.spec.algorithm.steps, max(trained_steps(out), default=-1) + 1
         # nothing would run: say so instead of starting every role for nothing; a run stopped after its
         # last step but before its final validation and export still starts, for those
-        if trained >= total and preflight.finished(out):
+        if trained >= total and finished(out):
             print(f"omnirl: {out} has trained {trained} steps, the job asks for {total} "
                   f"({'--steps' if args.steps else 'spec.algorithm.steps'}): nothing to do; pass --steps N "
                   f"(N > {trained}) to train further", flush=True)
@@ -262,13 +263,13 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
                 # nothing to continue when its controller never started, or finished the job (its `finish` record):
                 # a Ctrl-C after the finish left its keys, stop flag and place, and a fresh run of the name was then
                 # refused, told to --resume this one, whose --resume said "nothing to do" and left them
-                finished = code == 0 or not holds_run(out) or _finished_now(out, int(started["records"]))
+                done = code == 0 or not holds_run(out) or _finished_now(out, int(started["records"]))
                 if silent:  # the marks below would wait 5 s for nothing: say what is left instead
-                    print(left_behind(silent, job.metadata.name, forced, finished=finished), flush=True)
+                    print(left_behind(silent, job.metadata.name, forced, finished=done), flush=True)
                 elif claim is not None:  # its roles are stopped: the resume we print must not be refused as
                     # "running" by their last beats (an embedded Redis is this --out's, not shared); nothing to
                     # continue when its controller never started (or no role did): no place to keep, claim released
-                    why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job, out, finished=finished)
+                    why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job, out, finished=done)
                     if why:
                         print(f"omnirl: {why}", flush=True)
                 stop_judges(judges)
@@ -339,7 +340,7 @@ def interrupt_line(out: Path, since: int, *, started: bool, resume: bool, total:
     if "start" not in events:
         return ("omnirl: interrupted while the roles were loading — stopping them (nothing trained "
                 + ("since --resume: the run's last checkpoint stands)" if resume else "yet: nothing to checkpoint)"))
-    done = preflight.trained_steps(out)
+    done = max(trained_steps(out), default=-1) + 1  # its highest step with a line, + 1
     return (f"omnirl: interrupted after {done} of {total} training steps — stopping every role (the actor "
             "checkpoints the steps it trained since its last checkpoint, if any; --resume continues)")
 
@@ -363,7 +364,7 @@ def _finished_now(out: Path, since: int) -> bool:
     """Whether a controller this launcher started finished the job (a `finish` record after the first
     `since` of `out/metrics.jsonl`); False for a file that cannot be read (its run is kept, as `holds_run`)."""
     try:
-        return preflight.finished(out, since)
+        return finished(out, since)
     except (OSError, ValueError):
         return False
 
@@ -424,7 +425,7 @@ def verdict(code: int, failure: str, args: argparse.Namespace, out: Path, since:
     it started none). A finished earlier part of a resumed run is not this run finishing: a Ctrl-C
     while its roles were restarted said "after the job had finished: nothing to continue"."""
     if code == 130:
-        if since is not None and (out / METRICS_FILE).exists() and preflight.finished(out, since):
+        if since is not None and (out / METRICS_FILE).exists() and finished(out, since):
             return "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
         return f"omnirl: interrupted (exit 130); continue with: {resume_command(args, out)}"
     if code == STORAGE_ERROR_EXIT:  # the failure ends with the fix ("free space there"): the resume follows it

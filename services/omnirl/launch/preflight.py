@@ -20,7 +20,6 @@ import yaml
 from omnirl.api.loader import dump_rljob
 from omnirl.api.resume import resume_conflict, resume_notes
 from omnirl.api.spec import MODEL_ROLES, RLJob
-from omnirl.controller import report
 from omnirl.launch.placement import Placement
 from omnirl.reward.registry import check_api_keys, check_in_process
 from omnirl.transfer.owner import LIVE_BEAT_S
@@ -481,26 +480,6 @@ def clear_finished(url: str, job: RLJob, out: Path) -> str:
         return ""
     return (f"deleted the {left} key{'s' if left != 1 else ''} job {name!r} had left on {redis_at}, as the run does once it "
             f"finished: they held no pending work (its checkpoints and metrics are in {out}); the name is free there")
-
-
-def trained_steps(out: Path) -> int:
-    """How many steps the run in `out` has trained: its highest step with a line in `metrics.jsonl`,
-    plus 1 (0 for none; `controller/report.py::trained_steps` reads the file).
-
-    Raises:
-        FileNotFoundError: `out` holds no `metrics.jsonl`.
-    """
-    return max(report.trained_steps(out), default=-1) + 1
-
-
-def finished(out: Path, since: int = 0) -> bool:
-    """Whether the run in `out` ended with its controller's final record (`controller/report.py::finished`),
-    among the records after the first `since`.
-
-    Raises:
-        FileNotFoundError: `out` holds no `metrics.jsonl`.
-    """
-    return report.finished(out, since)
 
 
 def _get(doc: object, keys: tuple[str, ...]) -> object:

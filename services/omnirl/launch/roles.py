@@ -159,7 +159,7 @@ def finished_record(job, env: RoleEnv, role: str) -> dict | None:
         redis.RedisError: the job's Redis did not answer within the client's retries (about 2 minutes).
         json.JSONDecodeError: `kv:finished`, or a line of `metrics.jsonl` (controller), that is not JSON.
     """
-    from omnirl.api.run_dir import METRICS_FILE, read_metrics
+    from omnirl.api.run_dir import METRICS_FILE, finish_covers, read_metrics
     from omnirl.transfer.client import redis_client
     from omnirl.transfer.records import JobRecords
 
@@ -171,7 +171,7 @@ def finished_record(job, env: RoleEnv, role: str) -> dict | None:
         if record is None and role == "controller" and (Path(env.out_dir) / METRICS_FILE).is_file():
             ends = [r for r in read_metrics(Path(env.out_dir)) if r.get("event") in ("start", "finish")]
             record = ends[-1] if ends and ends[-1]["event"] == "finish" else None
-        if record is None or int(record.get("total_steps") or 0) < total:
+        if not finish_covers(record, total):
             return None  # a run resumed for more steps than it finished: not done
         if role == "controller":
             records.set_finish_record(record)

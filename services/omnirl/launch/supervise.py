@@ -25,7 +25,7 @@ So does a run directory that cannot be written (`omnirl.api.disk`): a role that 
 `STORAGE_ERROR_EXIT`, no restart spent; `--resume` continues once there is room.
 
 Each replica's restarts and the job's restarts count against `maxRestarts` separately; one more
-fails the job. The embedded Redis (AOF) is restarted on its port and directory when it dies. A manifest's
+fails the job (`omnirl.api.failure_policy`, the decision the operator makes too). The embedded Redis (AOF) is restarted on its port and directory when it dies. A manifest's
 Redis (`spec.transferQueue.redisUrl`) is the user's: it is PINGed every `REDIS_PROBE_S`, and while it does
 not answer a line says since when and what happens next (every `REDIS_NOTE_S`), no role is judged by its
 heartbeat or exit, and after `REDIS_DOWN_S` the job stops (exit 1, `--resume` once it is back); before, the
@@ -49,6 +49,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from omnirl.api import disk
+from omnirl.api.failure_policy import count, decide
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
@@ -119,7 +120,7 @@ class Supervisor:
         self.redis = redis
         self.progress = Progress(out / "metrics.jsonl", total_steps)
         self.procs: dict[str, RoleProcess] = {}
-        self.restarts: dict[str, int] = {}  # replica name or "job" → restarts so far
+        self.restarts: dict[str, int] = {}  # scope (replica name or "job") → restarts so far (`failure_policy.count`)
         self._done: set[str] = set()  # roles that died when the job no longer needed them: not restarted
         self._alone: set[str] = set()  # actors restarted alone for the final validation round (`_final_round_needs`)
         self._resume = resume
@@ -475,17 +476,18 @@ class Supervisor:
 
     # ------------------------------------------------------------------ actions
     def _failed(self, p: RoleProcess, reason: str, code: int) -> None:
-        action = getattr(self.policy, p.role)
-        scope = "job" if action == "restart-job" else p.name
-        used = self.restarts.get(scope, 0)
-        if action == "fail-job":
+        """Carry out the failure policy's decision (`api/failure_policy.py::decide`: a replica restarted alone is
+        its own scope, the process name) for `p`, which failed with `reason` (exit `code`)."""
+        decided = decide(self.policy, p.role, p.name, self.restarts)
+        if decided.cause == "fail-job":
             raise JobFailure(_exit_code(code), f"role {p.name} failed ({reason}); failurePolicy.{p.role}=fail-job")
-        if used >= self.policy.maxRestarts:
-            raise JobFailure(_exit_code(code), f"role {p.name} failed ({reason}); {scope} restarted "
-                                               f"{used} times already (failurePolicy.maxRestarts={self.policy.maxRestarts})")
-        self.restarts[scope] = used + 1
-        self._event(p.name, reason, action, restarts=used + 1)
-        if action == "restart-role":
+        if decided.cause == "exhausted":
+            raise JobFailure(_exit_code(code), f"role {p.name} failed ({reason}); {decided.scope} restarted "
+                                               f"{decided.used} times already (failurePolicy.maxRestarts="
+                                               f"{self.policy.maxRestarts})")
+        self.restarts = count(self.restarts, decided)
+        self._event(p.name, reason, decided.action, restarts=decided.used + 1)
+        if decided.action == "restart-role":
             p.kill(grace_s=0.1)
             self.procs[p.name] = self.start(p.role, p.index, "auto")
         else:
