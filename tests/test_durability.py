@@ -396,7 +396,7 @@ def test_the_stalled_status_names_the_startup_deadline_after_a_startup_beat(redi
 
 def test_a_sigkilled_redis_comes_back_with_its_aof_and_a_client_rides_it_out(tmp_path):
     """Restarted from a thread, as the launcher's watchdog does (with a `preexec_fn` the start hung in
-    the forked child after the suite's gloo tests: see `omnirl.api.child`)."""
+    the forked child after the suite's gloo tests: see `omnirl.system.child`)."""
     server = start_redis_server(dir=str(tmp_path), aof=True)
     port = server.port
     client = redis_client(server.url, reconnect_s=60)

@@ -31,12 +31,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.models.policy_io import (  # the one "where is the checkpoint"
     COMPLETE,
     publish,
     resolve_checkpoint,
 )
+from omnirl.system.disk import readable, readable_as_umask_allows
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -83,7 +83,7 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
 
     Raises:
         OSError (or safetensors' `SafetensorError` carrying the system's text, see
-        `omnirl.api.disk.storage_error`): a write failed, e.g. no space left; the partly written
+        `omnirl.system.disk.storage_error`): a write failed, e.g. no space left; the partly written
         temporary directory is removed and `latest` is unchanged.
     """
     root = Path(root)

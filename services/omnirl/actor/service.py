@@ -49,7 +49,6 @@ from safetensors import SafetensorError
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.ranks import Ranks
 from omnirl.actor.trainer import Trainer
-from omnirl.api.disk import append_lines
 from omnirl.api.errors import ConfigError, config_errors
 from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainLost, TrainRequest
 from omnirl.api.runtime import RoleEnv
@@ -58,6 +57,7 @@ from omnirl.models.attention import select_attention
 from omnirl.models.compile import while_compiling
 from omnirl.models.policy_io import LATEST, step_order
 from omnirl.models.registry import adapter_options, load_adapter
+from omnirl.system.disk import append_lines
 from omnirl.telemetry.cpu import cpu_wait_seconds
 from omnirl.transfer import MissingTensors, TransferQueue
 from omnirl.transfer.heartbeat import Heartbeat
@@ -139,7 +139,7 @@ class ActorService:
         if leader:
             path = Path(env.out_dir) / "ledger" / f"actor-{env.worker_id}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._ledger = append_lines(path)  # a line a full disk cut is dropped (api/disk.py)
+            self._ledger = append_lines(path)  # a line a full disk cut is dropped (system/disk.py)
             self._ckpt_ledger = append_lines(path.parent / f"checkpoints-{env.worker_id}.jsonl")
         # model.compile compiles at the first step (train, no-grad and reference graphs) and on a new shape
         bound = spec.failurePolicy.startupDeadlineSeconds

@@ -31,7 +31,6 @@ from omnirl.algorithms import group_advantages
 from omnirl.algorithms.plan import planner_for
 from omnirl.api.errors import config_errors
 from omnirl.api.ids import parse_group_id
-from omnirl.api.judges import check_written
 from omnirl.api.loader import load_rljob
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainLost, TrainRequest
 from omnirl.api.runtime import VARIABLES, RoleEnv
@@ -46,6 +45,7 @@ from omnirl.controller.stall import ScoreWait
 from omnirl.controller.ttl import TtlWatch
 from omnirl.controller.validation import SampleUnscored, Validator
 from omnirl.models.registry import load_tokenizer
+from omnirl.scorers.judges import check_written
 from omnirl.transfer import Message, TransferQueue
 from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stalled_text
 from omnirl.transfer.records import NO_PROGRESS, HandedBatch
@@ -73,7 +73,7 @@ class Terminated(Exception):
 def written_manifest(job: RLJob, env: RoleEnv) -> RLJob:
     """The manifest the exports carry: `OMNIRL_MANIFEST`'s, the job as the user wrote it (each judge the
     job runs a `reward[].server`), else `job`. `job` (the `--job` file) has the URL the launcher or the
-    operator wired in instead (`api/judges.py::wire`): it dies with the run, and `omnirl eval` of an
+    operator wired in instead (`scorers/judges.py::wire`): it dies with the run, and `omnirl eval` of an
     export's job.yaml failed on it (exit 2, "the scorer at http://127.0.0.1:PORT/v1/score does not answer").
 
     Raises:

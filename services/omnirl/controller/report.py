@@ -9,11 +9,11 @@ import math
 import time
 from pathlib import Path
 
-from omnirl.api.disk import append_lines
 from omnirl.api.messages import TrainDone
 from omnirl.api.run_dir import METRICS_FILE, read_metrics, train_reward, train_reward_std, trained_steps
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
+from omnirl.system.disk import append_lines
 from omnirl.telemetry.meters import Meters
 
 log = logging.getLogger("omnirl.controller")
@@ -70,7 +70,7 @@ class Reporter:
     def __init__(self, out: Path, env: RoleEnv, job: RLJob) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / METRICS_FILE
-        self._f = append_lines(self.path)  # a line a full disk cut is dropped (api/disk.py)
+        self._f = append_lines(self.path)  # a line a full disk cut is dropped (system/disk.py)
         self.meters = Meters(env.job_name, env.metrics_port)
         self.status = None
         if env.report_status == "kubernetes":

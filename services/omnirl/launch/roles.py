@@ -17,7 +17,7 @@ Exit codes (`omnirl.api.runtime`): 0 done; 1 crashed (restarted per `failurePoli
 `JOB_FAILED_EXIT` (3) the controller failed the job; `CONFIG_ERROR_EXIT` (4) a `ConfigError` at
 start-up — a setting the role cannot run with, printed as one line, never restarted;
 `STORAGE_ERROR_EXIT` (5) a write failed for want of space or a writable mount (ENOSPC, EDQUOT,
-EFBIG, EROFS), or a read or write for want of permission (EACCES, EPERM; `omnirl.api.disk`), one line
+EFBIG, EROFS), or a read or write for want of permission (EACCES, EPERM; `omnirl.system.disk`), one line
 naming what failed (read or write), the path, the errno and the fix, never restarted (a resume
 continues once it is fixed); 130 Ctrl-C; 143 SIGTERM.
 """
@@ -35,11 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from omnirl.api.disk import failure, storage_error
 from omnirl.api.errors import ConfigError
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv
 from omnirl.launch.placement import n_threads
+from omnirl.system.disk import failure, storage_error
 from omnirl.transfer.client import RECONNECT_S
 
 

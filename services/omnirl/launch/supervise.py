@@ -19,7 +19,7 @@ cannot run with: a model directory without the family's layout, an unreadable ch
 job at once with the role's one-line message: restarting cannot help (`omnirl.api.runtime`). When
 roles die together the most specific cause decides: a role's permanent exit before the controller's
 exit 1, which often repeats a failure the role reported (`RoleFailure`) before exiting itself.
-So does a run directory that cannot be written (`omnirl.api.disk`): a role that exits
+So does a run directory that cannot be written (`omnirl.system.disk`): a role that exits
 `STORAGE_ERROR_EXIT`, or any role or the embedded Redis dying while a probe write to `out` fails
 (a Redis that cannot append to its AOF exits 1 and is not restarted then). The job stops with
 `STORAGE_ERROR_EXIT`, no restart spent; `--resume` continues once there is room.
@@ -48,13 +48,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from omnirl.api import disk
 from omnirl.api.failure_policy import count, decide
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
 from omnirl.reward.servers import JudgeProcess
+from omnirl.system import disk
 from omnirl.transfer import RedisServer, RedisServerError, TransferQueue, start_redis_server
 from omnirl.transfer.client import REDIS_AWAY, ping
 from omnirl.transfer.heartbeat import past_startup, read_heartbeats

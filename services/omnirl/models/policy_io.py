@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from omnirl.api.disk import readable, sync_dir, sync_tree
 from omnirl.api.spec import LoRASpec, RLJob, is_lora_tensor
 from omnirl.models.lora import inject_lora
 from omnirl.models.protocol import ModelAdapter
+from omnirl.system.disk import readable, sync_dir, sync_tree
 
 LATEST = "latest"
 COMPLETE = "COMPLETE"
