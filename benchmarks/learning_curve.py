@@ -18,10 +18,10 @@ import time
 import torch
 import yaml
 
-from omnirl.actor.algorithm import algorithm_for
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.trainer import Trainer
 from omnirl.algorithms import group_advantages
+from omnirl.algorithms.plan import planner_for
 from omnirl.api.loader import _Loader as YAML12Loader
 from omnirl.api.loader import job_from_dict, load_rljob, resolve_paths
 from omnirl.api.seeds import derive
@@ -88,7 +88,7 @@ def main() -> None:
     it = 0
     while time.time() - t0 < args.minutes * 60 and (args.max_its is None or it < args.max_its):
         prompts = data.draw(algo.promptsPerStep)
-        plan = algorithm_for(algo.name).rollout(algo, window_seed=derive(spec.seed, "window", step=it))
+        plan = planner_for(algo.name).rollout(algo, window_seed=derive(spec.seed, "window", step=it))
         window, noise, sde_type = plan.window, plan.noise_level, plan.sde_type
         for p_ in prompts:
             for i in range(algo.groupSize):

@@ -19,7 +19,7 @@ import yaml
 from e2e.chaos import chaos_job
 from safetensors.torch import load_file
 
-from omnirl.api.ledger_check import check_ledger, final_lineage
+from omnirl.evaluation.ledger import check_ledger, final_lineage
 
 ROOT = Path(__file__).resolve().parents[1]
 NOT_REPLAYED = {"time", "sync_bytes", "checkpoint"}

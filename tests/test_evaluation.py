@@ -284,7 +284,7 @@ def test_exact_match_counts_exact_readings_not_a_weighted_sum_that_reaches_1(tmp
 def test_exact_match_is_absent_for_a_job_that_matches_no_text(tmp_path):
     """A JPEG-only job reads no text: no exact match in rewards.json, the eval line or the run's table."""
     from omnirl.launch.progress import validation_table
-    from omnirl.reward.text import exact_match
+    from omnirl.scorers.text import exact_match
 
     assert exact_match([{"ocr": 1.0, "jpeg": -2.0}, {"ocr": 0.99}, {}], ["ocr"]) == pytest.approx(1 / 3)
     assert exact_match([{"jpeg": 5.0}], []) is None

@@ -272,7 +272,7 @@ def test_omnirl_run_through_a_train_lost_naming_no_sample_and_an_empty_validatio
     hands the same batch again (one warning). Nothing regenerated: 2 × 6 samples trained, no refills. The key left
     20 s of 60 makes the batch (40 s) and the replay warnings, once each. Validation at step 0: every sample gone in
     the first round, run again: n=2, attempts 2 (before: n=0, null mean, no rerun)."""
-    from omnirl.api.ledger_check import check_ledger
+    from omnirl.evaluation.ledger import check_ledger
 
     hook = tmp_path / "hook"
     hook.mkdir()

@@ -33,7 +33,7 @@ def test_the_table_is_what_the_registering_modules_say() -> None:
 
 def test_every_family_and_kind_module_registers_what_the_table_names() -> None:
     from omnirl.models.families import get_family
-    from omnirl.reward.kinds import get_kind
+    from omnirl.scorers.kinds import get_kind
 
     modules = set(registering_modules())
     for name, info in extensions.FAMILIES.items():

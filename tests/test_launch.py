@@ -1114,8 +1114,9 @@ def test_a_resume_from_another_out_keeps_a_stopped_runs_work_and_place(tmp_path,
     import socket
 
     from omnirl.launch.preflight import check_not_running_elsewhere, claim_run, mark_stopped
-    from omnirl.transfer.keys import STOPPED_RUN, kv_key
+    from omnirl.transfer.keys import kv_key
     from omnirl.transfer.owner import RUN_OWNER
+    from omnirl.transfer.records import STOPPED_RUN
 
     job = load_rljob("examples/ocr-awm.yaml")
     job.spec.transferQueue.redisUrl = redis_url

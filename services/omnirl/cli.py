@@ -99,7 +99,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     return export_main(args)
 def _cmd_ledger(args: argparse.Namespace) -> int:
-    from omnirl.api.ledger_check import main as ledger_main
+    from omnirl.evaluation.ledger import main as ledger_main
 
     return ledger_main(args)
 
@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `omnirl` console script; returns the process exit code.
 
     A user error (bad manifest, missing file, bad value) prints one line per problem and exits 2; a
-    file or directory that cannot be read or written (no permission, no space: `omnirl.api.disk`)
+    file or directory that cannot be read or written (no permission, no space: `omnirl.system.disk`)
     one line saying which, the path and the fix, exit 5 (`STORAGE_ERROR_EXIT`, as a role's);
     Ctrl-C prints `omnirl COMMAND: interrupted` and exits 130 (`omnirl run` stops its job first and
     says how to continue); OMNIRL_DEBUG=1 shows the traceback instead. `omnirl role` reports its own failures.
@@ -276,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"omnirl {args.command}: {line}", file=sys.stderr)
         return USAGE_EXIT
     except OSError as err:
-        from omnirl.api import disk
+        from omnirl.system import disk
 
         full = disk.storage_error(err)
         if full is None:

@@ -108,7 +108,7 @@ class RoleEnv:
         steps: OMNIRL_STEPS: total training steps (overrides `spec.algorithm.steps`; None = the spec's).
         manifest: OMNIRL_MANIFEST: the job's manifest as the user wrote it, each judge the job runs a
             `reward[].server` (the `--job` file has the URL the launcher or operator wired in instead,
-            `api/judges.py::wire`, which dies with the run): what the controller writes into exports
+            `scorers/judges.py::wire`, which dies with the run): what the controller writes into exports
             (`controller/loop.py::written_manifest`). "" = the `--job` file.
     """
 

@@ -429,7 +429,7 @@ class AcceleratorSpec(SpecModel):
         return self
 
 
-SERVER_PLACEHOLDERS = ("port", "modelPath")  # substituted in reward[].server.command/args (api/judges.py::argv)
+SERVER_PLACEHOLDERS = ("port", "modelPath")  # substituted in reward[].server.command/args (scorers/judges.py::argv)
 
 
 def misspelt_placeholder(arg: str) -> tuple[str, str] | None:

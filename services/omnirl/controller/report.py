@@ -10,11 +10,11 @@ import math
 import time
 from pathlib import Path
 
-from omnirl.api.disk import append_lines
 from omnirl.api.messages import TrainDone
-from omnirl.api.run_dir import METRICS_FILE, read_metrics, train_reward, train_reward_std
+from omnirl.api.run_dir import METRICS_FILE, read_metrics, train_reward, train_reward_std, trained_steps
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
+from omnirl.system.disk import append_lines
 from omnirl.telemetry.meters import Meters
 
 log = logging.getLogger("omnirl.controller")
@@ -59,34 +59,6 @@ def contention_note(record: dict) -> str:
     return f"  actor threads waited {wait:.1f} s for a CPU (the cores were busy with other work)"
 
 
-def trained_steps(run_dir: Path) -> set[int]:
-    """The training steps (0-based) with a line in `run_dir/metrics.jsonl`: the steps whose result
-    a controller has recorded. The one reader of that fact (the controller, before it writes a line
-    again; `omnirl run --resume`, before it starts a run with nothing left to train).
-
-    Raises:
-        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
-    """
-    return _steps_with(run_dir, "step")
-
-
-def finished(run_dir: Path, since: int = 0) -> bool:
-    """True when the last controller to start in `run_dir` also finished (its final validation and
-    export written): a run stopped after training its last step, before that, is not finished.
-    `since`: only the records after the first `since` count (a launcher asks about the controllers it
-    started: a resumed run whose earlier part finished has not finished while no new record says so).
-
-    Raises:
-        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
-    """
-    ends = [rec["event"] for rec in read_metrics(run_dir)[since:] if rec.get("event") in ("start", "finish")]
-    return bool(ends) and ends[-1] == "finish"
-
-
-def _steps_with(run_dir: Path, event: str) -> set[int]:
-    return {int(rec["step"]) for rec in read_metrics(run_dir) if rec.get("event") == event}
-
-
 class Reporter:
     """Writes the job's progress.
 
@@ -99,7 +71,7 @@ class Reporter:
     def __init__(self, out: Path, env: RoleEnv, job: RLJob) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / METRICS_FILE
-        self._f = append_lines(self.path)  # a line a full disk cut is dropped (api/disk.py)
+        self._f = append_lines(self.path)  # a line a full disk cut is dropped (system/disk.py)
         self.meters = Meters(env.job_name, env.metrics_port)
         self.tensorboard = None  # the same records as the meters', as event files (spec.telemetry.tensorboard)
         if job.spec.telemetry.tensorboard:
@@ -119,7 +91,7 @@ class Reporter:
 
     def has_validation(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds a validation round at `step` (a predecessor's)."""
-        return step in _steps_with(self.path.parent, "validation")
+        return step in {int(rec["step"]) for rec in read_metrics(self.path.parent) if rec.get("event") == "validation"}
 
     def has_step(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds the line of training step `step`."""

@@ -1,6 +1,6 @@
 """In-run validation: held-out prompts through the real rollout and reward workers.
 
-Each validation publishes one ODE request per held-out prompt (`omnirl.rollout.requests.heldout_request`:
+Each validation publishes one ODE request per held-out prompt (`omnirl.api.heldout.heldout_request`:
 `kind="val"`, no SDE window, `validation.numSteps` steps), the very requests `omnirl eval` runs
 through its in-process engine and scores with the same weighted rewards, so the number in
 `metrics.jsonl` and the one `omnirl eval --checkpoint` prints agree. It writes an image grid
@@ -21,12 +21,12 @@ from pathlib import Path
 
 import numpy as np
 
+from omnirl.api.heldout import heldout_request
 from omnirl.api.messages import ScoreMeta
 from omnirl.api.spec import GROUP_KINDS, RLJobSpec
 from omnirl.controller.data import read_prompts
 from omnirl.controller.grid import save_image_grid
-from omnirl.reward.text import exact_match, text_rewards
-from omnirl.rollout.requests import heldout_request
+from omnirl.scorers.text import exact_match, text_rewards
 from omnirl.transfer import MissingTensors, TransferQueue
 
 GRID_SIZE = 32

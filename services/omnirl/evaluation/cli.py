@@ -24,7 +24,6 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from omnirl.api import disk
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import CONFIG_ERROR_EXIT
@@ -36,6 +35,7 @@ from omnirl.models.policy_io import check_owner, exported_from, load_policy, res
 from omnirl.models.registry import adapter_options, check_model_path, load_adapter, load_tokenizer
 from omnirl.reward.registry import check_api_keys, check_judges
 from omnirl.reward.servers import JudgeFailed, check_local, serving
+from omnirl.system import disk
 
 
 def main(args: argparse.Namespace) -> int:

@@ -14,12 +14,13 @@ from typing import Literal
 
 import numpy as np
 
+from omnirl.api.heldout import heldout_request
 from omnirl.api.spec import RLJobSpec
 from omnirl.models.protocol import ModelAdapter
 from omnirl.reward.scoring import RewardSet
-from omnirl.reward.text import exact_match, text_rewards
 from omnirl.rollout.engine import RolloutEngine
-from omnirl.rollout.requests import heldout_request, sample_requests
+from omnirl.rollout.requests import sample_requests
+from omnirl.scorers.text import exact_match, text_rewards
 
 
 @dataclass
@@ -29,7 +30,7 @@ class EvalResult:
     Attributes:
         mean_reward: mean of `rewards` (validation's `val_reward_mean`).
         exact_match: fraction of samples whose text every OCR-rule reward read exactly (each one's raw
-            score ≥ 1 − 1e-6; `omnirl.reward.text.exact_match`), None when the job has no such reward
+            score ≥ 1 − 1e-6; `omnirl.scorers.text.exact_match`), None when the job has no such reward
             (validation's `val_exact_match`).
         n: number of samples (= prompts).
         rewards: `[n]` float32 weighted sums of the job's rewards, in prompt order.

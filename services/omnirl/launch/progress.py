@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from omnirl.api.run_dir import train_reward
+from omnirl.api.run_dir import finish_covers, train_reward
 
 
 class Progress:
@@ -41,7 +41,7 @@ class Progress:
         self.offset += len(complete.encode())
         for line in complete.splitlines():
             rec = json.loads(line)
-            if rec.get("event") == "finish" and (rec.get("total_steps") or 0) >= self.total:
+            if rec.get("event") == "finish" and finish_covers(rec, self.total):
                 self.finished = True
             if rec.get("event") == "step":
                 self.last_step = max(self.last_step, rec["step"])

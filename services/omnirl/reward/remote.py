@@ -27,9 +27,9 @@ from typing import Any
 import grpc
 import numpy as np
 
-from omnirl.reward.base import Outcome, PerSampleScorer, ScorerError, check_batch
 from omnirl.reward.protocol.codec import build_request, from_json, pb2, pb2_grpc, read_response, to_json
 from omnirl.reward.slow import longest_call_s, measure_timeout, probe_timeout, slow_reason
+from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """gRPC message size limit both ways (a batch of 64 PNGs at 1024² fits)."""
@@ -226,7 +226,7 @@ class GRPCScorer(RemoteScorer):
         self.stub = pb2_grpc.ScorerStub(self.channel)
 
     def score_each(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:
-        """One score or error per sample (see `omnirl.reward.base.PerSampleScorer`)."""
+        """One score or error per sample (see `omnirl.scorers.base.PerSampleScorer`)."""
         check_batch(images, prompts, sample_ids)
         request = build_request(images, prompts, sample_ids)
 
@@ -268,7 +268,7 @@ class HTTPScorer(RemoteScorer):
         self.where, self.field = url, field or f"spec.reward[{name}]"
 
     def score_each(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:
-        """One score or error per sample (see `omnirl.reward.base.PerSampleScorer`)."""
+        """One score or error per sample (see `omnirl.scorers.base.PerSampleScorer`)."""
         check_batch(images, prompts, sample_ids)
         body = json.dumps(to_json(build_request(images, prompts, sample_ids))).encode()
         request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})

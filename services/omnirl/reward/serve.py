@@ -33,10 +33,10 @@ from pydantic import ValidationError
 from omnirl.api.errors import ManifestError
 from omnirl.api.problems import problem_lines
 from omnirl.api.spec import RewardSpec
-from omnirl.reward.base import Scorer
 from omnirl.reward.protocol.codec import answer, check_request, from_json, pb2, pb2_grpc, to_json
 from omnirl.reward.registry import build_scorer
 from omnirl.reward.remote import MAX_MESSAGE_BYTES
+from omnirl.scorers.base import Scorer
 
 
 class _Servicer(pb2_grpc.ScorerServicer):

@@ -6,7 +6,7 @@ question; temperature 0 and a seed derived from the sample id, so an image gets 
 every time. Templates (`VLMParams.template`):
 
 - `read-text`: the reply is the text the judge reads; reward = Flow-GRPO's OCR rule against the
-  prompt's quoted text (`omnirl.reward.text.ocr_reward`).
+  prompt's quoted text (`omnirl.scorers.text.ocr_reward`).
 - `rate`: the reply must be one integer k in 1..scale (nothing else); reward = (k − 1)/(scale − 1).
 - `yes-no`: one token with its top log-probabilities; reward = P(yes) / (P(yes) + P(no)), summing
   the probabilities of the alternatives that read `yes` / `no` (case and spaces ignored). A server
@@ -39,11 +39,11 @@ import openai
 
 from omnirl.api.prompts import target_text
 from omnirl.api.seeds import derive
-from omnirl.reward.base import Outcome, PerSampleScorer, ScorerError, check_batch
 from omnirl.reward.kinds.vlm import VLMParams
 from omnirl.reward.protocol.codec import encode_png
 from omnirl.reward.slow import longest_call_s, measure_timeout, probe_timeout, slow_reason
-from omnirl.reward.text import ocr_reward
+from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch
+from omnirl.scorers.text import ocr_reward
 
 INSTRUCTIONS = {
     "read-text": "What text is written in this image? Reply with the text only, exactly as written.",

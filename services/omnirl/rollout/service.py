@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import time
 
-import redis
 import torch
 
 from omnirl.api.errors import config_errors
@@ -40,7 +39,8 @@ from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.requests import sample_requests
 from omnirl.rollout.types import SampleResult
-from omnirl.transfer import TransferQueue, kv_key
+from omnirl.transfer import TransferQueue
+from omnirl.transfer.client import RedisError
 from omnirl.transfer.heartbeat import Heartbeat, last_beats, read_heartbeats
 from omnirl.transfer.lease import holding
 from omnirl.weight_sync import SyncAborted, WeightReceiver
@@ -111,7 +111,7 @@ class RolloutService:
                 connect_timeout_s=self._startup_limit_s, connect_note=self._actor_seen,
                 connect_limit="failurePolicy.startupDeadlineSeconds + progressDeadlineSeconds",
                 abort=lambda: self.terminated)
-        while not self.terminated and not self.queue.get_json("stop"):
+        while not self.terminated and not self.queue.records.stop_requested():
             self.heartbeat.beat()
             if self.receiver.pending_version() is not None:
                 self._drain()
@@ -139,7 +139,7 @@ class RolloutService:
         """What Redis says of the actor while its store does not answer (`last_beats`)."""
         try:
             return last_beats(read_heartbeats(self.queue.redis, self.env.job_name), "actor")
-        except redis.RedisError as err:  # only a note: the connect goes on
+        except RedisError as err:  # only a note: the connect goes on
             return f"the actor's heartbeat not read ({err})"
 
     def _step(self) -> None:
@@ -199,7 +199,7 @@ class RolloutService:
             ).model_dump()
             tensors = {"x0": r.x0, "latents": r.latents, "log_probs": r.log_probs, "sigmas": r.sigmas}
             # the sync-mode count is part of the atomic publish: a kill between two calls lost it for good
-            count = kv_key(self.env.job_name, f"generated:{m['step']}") if m["kind"] == "train" else None
+            count = self.queue.records.generated_key(m["step"]) if m["kind"] == "train" else None
             published = self.queue.publish(self.queue.streams.samples, meta, tensors, image=r.image,
                                            done_kind="rollout", count_key=count)
             self.heartbeat.beat(progressed=True)

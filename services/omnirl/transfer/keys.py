@@ -12,7 +12,8 @@ whole job with one ``SCAN MATCH omnirl:{job}:*`` (:func:`job_pattern`):
 ``omnirl:{job}:images:{id}``    string: safetensors bytes of its decoded image alone, same TTL
 ``omnirl:{job}:staged:{t}:{p}`` string: a publish's payload until its script renames it (tensor TTL)
 ``omnirl:{job}:done:{kind}:{id}``  string: idempotency marker, with a TTL
-``omnirl:{job}:kv:{name}``      string: small JSON values (stop flag, actor_state, expected:{step})
+``omnirl:{job}:kv:{name}``      small values two roles exchange: each one's name, type, writer and
+                                reader are defined once, in `records.py` (`JobRecords`)
 ==============================  ===============================================================
 """
 
@@ -139,15 +140,3 @@ class StreamNames:
     def all(self) -> tuple[str, str, str, str]:
         """The four stream keys, in pipeline order."""
         return (self.requests, self.samples, self.scores, self.control)
-
-
-FINISHED = "finished"
-"""The kv key (`kv_key(job, FINISHED)`) holding the job's `finish` record (`controller/report.py::Reporter.finished`),
-written by the controller right after that line of `metrics.jsonl`: a role process that starts once it is there
-(a pod restarted in place, a Job's new pod, a whole-job restart after the controller died past its `finish`) has
-nothing to do and exits 0 at once (`launch/roles.py::finished_record`)."""
-
-STOPPED_RUN = "stopped_run"
-"""The kv key (`kv_key(job, STOPPED_RUN)`) where a launcher that stopped a run before it finished leaves
-`{"host", "out", "time"}` (`launch/preflight.py::mark_stopped`): the job's keys on a shared Redis are that run's
-pending work, which its `--resume` needs; the actor names it when it cannot continue that work."""

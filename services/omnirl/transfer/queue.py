@@ -35,6 +35,8 @@ from omnirl.transfer.errors import BackpressureTimeout, MissingTensors
 from omnirl.transfer.keys import StreamNames, done_key, image_key, job_prefix, kv_key, staged_key
 from omnirl.transfer.keys import tensor_key as make_tensor_key
 from omnirl.transfer.message import Message
+from omnirl.transfer.pending import holders
+from omnirl.transfer.records import JobRecords
 
 
 def _s(value: bytes | str) -> str:
@@ -100,6 +102,7 @@ class TransferQueue:
         self._groups: set[tuple[str, str]] = set()
         self._claim_cursor: dict[tuple[str, str], str] = {}
         self._owns_client = False
+        self.records = JobRecords(redis, job)  # the job's small records two roles exchange (`records.py`)
 
     @classmethod
     def from_url(cls, url: str, job: str, *, reconnect_s: float = RECONNECT_S, **kwargs: Any) -> TransferQueue:
@@ -488,6 +491,11 @@ class TransferQueue:
             if _s(info["name"]) == group:
                 return info
         raise ValueError(f"stream {stream!r} has no consumer group {group!r}; call ensure_group first")
+
+    def holders(self, stream: str, group: str) -> tuple[list[str], str]:
+        """Who holds ``stream``'s entries in ``group`` (`pending.holders`: the consumers with a pending entry and
+        one line of text); never raises for a stream or group not there yet."""
+        return holders(self.redis, self._check_key("stream", stream), group)
 
     def pending_count(self, stream: str, group: str) -> int:
         """Entries delivered to ``group`` and not yet acknowledged.

@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
-from omnirl.reward.kinds import NotOnThisMachine, RewardKind, register_kind
+from omnirl.scorers.kinds import NotOnThisMachine, RewardKind, register_kind
 
 VLMTemplate = Literal["read-text", "rate", "yes-no"]
 

@@ -16,8 +16,8 @@ import numpy as np
 from google.protobuf import json_format
 from PIL import Image
 
-from omnirl.reward.base import Outcome, Scorer, ScorerError, score_each
 from omnirl.reward.protocol.stubs import load
+from omnirl.scorers.base import Outcome, Scorer, ScorerError, score_each
 
 pb2, pb2_grpc = load()
 
