@@ -47,7 +47,8 @@ def test_check_names_a_stale_page_and_the_command(tmp_path, monkeypatch):
 
 
 def test_exit_codes_keep_their_values_and_one_owner():
-    from omnirl.api import exits, ledger_check, runtime
+    from omnirl.api import exits, runtime
+    from omnirl.evaluation import ledger as ledger_check
 
     assert (exits.USAGE_EXIT, exits.JOB_FAILED_EXIT, exits.CONFIG_ERROR_EXIT, exits.STORAGE_ERROR_EXIT,
             exits.LEDGER_PROBLEMS_EXIT, exits.INTERRUPTED_EXIT, exits.TERMINATED_EXIT) == (2, 3, 4, 5, 3, 130, 143)
