@@ -1,16 +1,22 @@
 """Held-out requests and the wire → engine conversion: one shape for validation and `omnirl eval`.
 
-In-run validation publishes `heldout_request`s to the rollout workers; `omnirl eval` builds the
-very same requests and runs them through an in-process `RolloutEngine`. Both paths turn a
-`GenerateRequest` into engine requests with `sample_requests`, so the two see the same σ grid,
-the same noise seeds and the same sampler settings.
+In-run validation publishes `heldout_request`s to the rollout workers, grouped into `heldout_cohorts`;
+`omnirl eval` builds the very same requests and cohorts and runs them through an in-process
+`RolloutEngine`. Both paths turn a requests-stream entry into engine requests with `entry_requests`, so
+the two see the same σ grid, the same noise seeds, the same sampler settings and the same batches: a
+cohort is denoised together and with nothing else (`HeldOutCohort`), so a held-out sample's latents are
+bitwise the ones eval computes on the same machine with the same torch threads. Before, each held-out
+request travelled alone and joined whatever batch the worker was running when it arrived (one sample's
+first step alone, the next three joining it): the fp32 GEMMs of the σ conditioning round differently at
+batch size 1, 2-3 and ≥ 4 on the 2-core CPU, the latents moved by up to 5e-7, and a pixel that then
+rounded the other way moved a JPEG-size reward (`e2e/test_reward_judges.py`, issue 36).
 """
 
 from __future__ import annotations
 
 from typing import Literal
 
-from omnirl.api.messages import GenerateRequest, SampleSeed
+from omnirl.api.messages import GenerateRequest, HeldOutCohort, SampleSeed
 from omnirl.api.seeds import derive
 from omnirl.api.spec import RLJobSpec
 from omnirl.rollout.types import SampleRequest
@@ -61,10 +67,32 @@ def heldout_request(spec: RLJobSpec, index: int, prompt: str, prompt_ids: list[i
         resolution=list(spec.model.resolution_for(index)) if spec.model.resolutions else None)
 
 
-def sample_requests(req: GenerateRequest, meta: dict | None = None, skip=lambda sample_id: False) -> list[SampleRequest]:
+def heldout_cohorts(requests: list[GenerateRequest], size: int) -> list[HeldOutCohort]:
+    """`requests` (held-out, in prompt order) as cohorts of `size` consecutive ones (the last may be smaller):
+    what validation publishes and `omnirl eval` denoises, `size` = `spec.roles.rollout.maxBatchSize` in both, so
+    a cohort's samples of one shape fit one forward. Raises ValueError for size < 1."""
+    if size < 1:
+        raise ValueError(f"cohort size {size}: must be >= 1")
+    chunks = [requests[i : i + size] for i in range(0, len(requests), size)]
+    return [HeldOutCohort(cohort_id=chunk[0].samples[0].sample_id, requests=chunk) for chunk in chunks]
+
+
+def entry_requests(entry: dict, meta: dict | None = None, skip=lambda sample_id: False) -> list[SampleRequest]:
+    """The engine requests of one requests-stream entry: a `GenerateRequest` (`sample_requests`) or a
+    `HeldOutCohort` (each of its requests', in order, marked with the cohort's id). `meta` and `skip` as in
+    `sample_requests`. Raises pydantic.ValidationError for an entry that is neither."""
+    if entry.get("type") == "cohort":
+        cohort = HeldOutCohort.model_validate(entry)
+        return [s for req in cohort.requests for s in sample_requests(req, meta, skip, cohort=cohort.cohort_id)]
+    return sample_requests(GenerateRequest.model_validate(entry), meta, skip)
+
+
+def sample_requests(req: GenerateRequest, meta: dict | None = None, skip=lambda sample_id: False,
+                    cohort: str | None = None) -> list[SampleRequest]:
     """The engine requests of a wire request, one per sample not `skip`ped.
 
-    Each carries `meta` plus the request's kind, step and group id (for the result's metadata).
+    Each carries `meta` plus the request's kind, step and group id (for the result's metadata), and
+    `cohort` (the `HeldOutCohort` it travelled in, None for a lone request).
     """
     base = {**(meta or {}), "kind": req.kind, "step": req.step, "group_id": req.group_id}
     return [SampleRequest(
@@ -72,4 +100,5 @@ def sample_requests(req: GenerateRequest, meta: dict | None = None, skip=lambda 
         num_steps=req.num_steps, window=tuple(req.window), noise_level=req.noise_level, sde_type=req.sde_type,
         shift=req.shift, guidance_scale=req.guidance_scale, meta=dict(base),
         resolution=None if req.resolution is None else (int(req.resolution[0]), int(req.resolution[1])),
+        cohort=cohort,
     ) for s in req.samples if not skip(s.sample_id)]
