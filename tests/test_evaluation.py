@@ -28,7 +28,7 @@ from omnirl.api.messages import GenerateRequest, SampleMeta, SampleSeed, ScoreMe
 from omnirl.api.runtime import RoleEnv
 from omnirl.cli import main as cli_main
 from omnirl.controller.data import read_prompts
-from omnirl.controller.grid import save_image_grid
+from omnirl.controller.grid import save_image_grid, tile_caption
 from omnirl.controller.validation import Validator
 from omnirl.evaluation.evaluate import evaluate, sample_heldout
 from omnirl.models.digits.adapter import BUILTIN_DIR
@@ -124,6 +124,16 @@ def _assert_same(val: dict, ev: dict) -> None:
     assert abs(val["val_reward_jpeg"]) > 0.05  # the second reward counts
 
 
+def _captions_read(grid: Path, n: int, cell_w: int) -> list[str]:
+    """What the OCR recogniser reads in the caption strip of each of the first `n` tiles of a one-row grid of
+    32-px-high images `cell_w` wide (`save_image_grid`'s layout: 2-px padding, a 12-px caption under each)."""
+    from omnirl.reward.ocr import OCRScorer
+
+    pixels = np.asarray(Image.open(grid).convert("RGB"))
+    strips = [pixels[2 + 32 : 2 + 44, 2 + k * (cell_w + 2) : 2 + k * (cell_w + 2) + cell_w] for k in range(n)]
+    return OCRScorer(alphabet="0123456789.").read(np.stack(strips))
+
+
 def test_eval_equals_validation_builtin(tmp_path, redis_url):
     job = _job(tmp_path, "evalval-digits", {"family": "ocr-digits", "path": "builtin", "dtype": "float32"})
     ckpt = _checkpoint(load_adapter("ocr-digits", "builtin"), tmp_path / "ckpt")
@@ -131,6 +141,11 @@ def test_eval_equals_validation_builtin(tmp_path, redis_url):
     ev = _eval(job, ckpt, tmp_path / "eval")
     _assert_same(val, ev)
     assert ev["prompts"] == read_prompts(HELDOUT)[:4]
+    # each tile's caption: its score, then the text its prompt asked for (it was the score alone, issue 31)
+    targets = [p.split('"')[1] for p in ev["prompts"]]
+    for grid in (Path(val["grid"]), tmp_path / "eval" / "grid.png"):
+        assert _captions_read(grid, 4, 128) == [f"{r:.2f}".lstrip("-") + t for r, t in zip(ev["rewards"], targets,
+                                                                                           strict=True)], grid
     # the denoising steps per sample under a name that does not read as the checkpoint's training steps
     assert (ev["denoising_steps"], ev["sampler"]) == (4, "ode") and "steps" not in ev
     # the record names the step directory scored, not `latest` as given (which moves while a run goes on)
@@ -292,6 +307,18 @@ def test_save_image_grid_pads_mixed_widths(tmp_path):
     assert grid.size == (2 * (128 + 2) + 2, 2 * (32 + 12 + 2) + 2)
     with pytest.raises(ValueError, match="uint8"):
         save_image_grid([np.zeros((4, 4, 3), np.float32)], tmp_path / "x.png")
+
+
+def test_a_tile_caption_is_the_score_and_the_prompts_text_cut_to_its_tile(tmp_path):
+    assert tile_caption('A sign that says "36882"', -1.2346) == '-1.23 "36882"'
+    assert tile_caption("  a red cube on a table ", 0.5) == '0.50 "a red cube on a table"'  # no quotes: the line
+    assert tile_caption('a sign that says "4', None) == '— "a sign that says "4"'  # one quote: the line as it is
+    # a caption wider than its tile is cut there ("…"): it ran over the padding into the next tile
+    images = [np.zeros((32, 64, 3), np.uint8)] * 2
+    captions = [tile_caption("a photograph of a very long prompt that no tile can hold", 0.25)] * 2
+    grid = np.asarray(Image.open(save_image_grid(images, tmp_path / "g.png", captions=captions)).convert("RGB"))
+    assert (grid[34:46, 66:68] == 128).all()  # the padding between the two tiles' captions stays grey
+    assert grid[34:46, 2:66].max() > 250  # the caption is drawn (white, anti-aliased)
 
 
 def _two_ocr_job(tmp: Path, name: str, prompts: int) -> Path:

@@ -5,7 +5,7 @@ Each validation publishes one ODE request per held-out prompt (`omnirl.rollout.r
 consecutive prompts, one stream entry each (`heldout_cohorts`), the very requests and batches `omnirl
 eval` runs through its in-process engine and scores with the same weighted rewards, so the number in
 `metrics.jsonl` and the one `omnirl eval --checkpoint` prints agree. It writes an image grid
-`OUT/samples/step-XXXXX.png` of the first 32 prompts with their rewards.
+`OUT/samples/step-XXXXX.png` of the first 32 prompts with their rewards and texts (`tile_caption`).
 
 A sample whose tensors are gone before the round is summarised (expired after
 `spec.transferQueue.tensorTtlSeconds`, or deleted: the reward role's `lost` score, or an image gone when
@@ -25,7 +25,7 @@ import numpy as np
 from omnirl.api.messages import ScoreMeta
 from omnirl.api.spec import GROUP_KINDS, RLJobSpec
 from omnirl.controller.data import read_prompts
-from omnirl.controller.grid import save_image_grid
+from omnirl.controller.grid import save_image_grid, tile_caption
 from omnirl.reward.text import exact_match, text_rewards
 from omnirl.rollout.requests import heldout_cohorts, heldout_request
 from omnirl.transfer import MissingTensors, TransferQueue
@@ -150,7 +150,7 @@ class Validator:
         grid = self.out / "samples" / f"step-{self.round:05d}.png"
         if first:
             save_image_grid([images[i] for i in first], grid, ncols=8,
-                            captions=[f"{self.scores[i].reward:.2f}" for i in first])
+                            captions=[tile_caption(self.prompts[i], self.scores[i].reward) for i in first])
         # how near the round came to tensorTtlSeconds (Redis's clock; `TtlWatch` warns): its oldest tensor still there
         ages = [a for a in self.queue.ages(list(self.keys.values())) if a is not None]
         self.queue.delete_tensors(list(self.keys.values()))

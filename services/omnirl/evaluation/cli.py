@@ -37,7 +37,7 @@ from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, cpu_role_threads, fixed_local_threads
 from omnirl.api.spec import GROUP_KINDS, RLJob
 from omnirl.controller.data import check_prompts
-from omnirl.controller.grid import save_image_grid
+from omnirl.controller.grid import save_image_grid, tile_caption
 from omnirl.evaluation.evaluate import SampleUnscored, evaluate
 from omnirl.models.policy_io import check_owner, exported_from, load_policy, resolve_checkpoint
 from omnirl.models.registry import adapter_options, check_model_path, load_adapter, load_tokenizer
@@ -164,8 +164,8 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     n_grid = min(64, result.n)
-    save_image_grid(result.images[:n_grid], out / "grid.png", ncols=8,
-                    captions=[f"{r:.2f}" for r in result.rewards[:n_grid]])
+    captions = [tile_caption(p, r) for p, r in zip(result.prompts[:n_grid], result.rewards[:n_grid], strict=True)]
+    save_image_grid(result.images[:n_grid], out / "grid.png", ncols=8, captions=captions)
     (out / "rewards.json").write_text(json.dumps({
         "mean_reward": result.mean_reward, "exact_match": result.exact_match, "n": result.n,
         # `denoising_steps`, not `steps`: beside a checkpoint's step it read as training steps (nothing read `steps`)
