@@ -26,7 +26,7 @@ from omnirl.api.loader import _Loader as YAML12Loader
 from omnirl.api.loader import job_from_dict, load_rljob, resolve_paths
 from omnirl.api.seeds import derive
 from omnirl.controller.data import PromptSource, read_prompts
-from omnirl.controller.grid import save_image_grid
+from omnirl.controller.grid import save_image_grid, tile_caption
 from omnirl.controller.validation import background_darkness
 from omnirl.evaluation.evaluate import evaluate
 from omnirl.models.registry import load_adapter
@@ -79,7 +79,8 @@ def main() -> None:
             r = evaluate(adapter, spec, held, rewards=reward_set, device=args.device)
         adapter.module.train()
         if args.grid:
-            save_image_grid(r.images[:32], f"{args.grid}/it-{it:05d}.png", captions=[f"{x:.2f}" for x in r.rewards[:32]])
+            captions = [tile_caption(p, x) for p, x in zip(r.prompts[:32], r.rewards[:32], strict=True)]
+            save_image_grid(r.images[:32], f"{args.grid}/it-{it:05d}.png", captions=captions)
         print(json.dumps({"it": it, "minutes": round((time.time() - t0) / 60, 2), "val_reward": round(r.mean_reward, 4),
                           "exact": round(r.exact_match, 4), "darkness": round(background_darkness(r.images), 4),
                           "train_reward": train_reward}), flush=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from omnirl.api.messages import GenerateRequest, SampleSeed
+from omnirl.api.messages import GenerateRequest, HeldOutCohort, SampleSeed
 from omnirl.api.seeds import derive
 from omnirl.api.spec import RLJobSpec
 
@@ -59,3 +59,12 @@ def heldout_request(spec: RLJobSpec, index: int, prompt: str, prompt_ids: list[i
         samples=[SampleSeed(sample_id=sample_id, seed=eval_seed(v.seed if seed is None else seed, index))],
         num_steps=n, window=window, noise_level=noise, shift=s.shift, guidance_scale=s.guidanceScale,
         resolution=list(spec.model.resolution_for(index)) if spec.model.resolutions else None)
+
+def heldout_cohorts(requests: list[GenerateRequest], size: int) -> list[HeldOutCohort]:
+    """`requests` (held-out, in prompt order) as cohorts of `size` consecutive ones (the last may be smaller):
+    what validation publishes and `omnirl eval` denoises, `size` = `spec.roles.rollout.maxBatchSize` in both, so
+    a cohort's samples of one shape fit one forward. Raises ValueError for size < 1."""
+    if size < 1:
+        raise ValueError(f"cohort size {size}: must be >= 1")
+    chunks = [requests[i : i + size] for i in range(0, len(requests), size)]
+    return [HeldOutCohort(cohort_id=chunk[0].samples[0].sample_id, requests=chunk) for chunk in chunks]

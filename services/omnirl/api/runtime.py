@@ -213,6 +213,27 @@ class RoleEnv:
         )
 
 
+def cpu_role_threads(role: str, mode: str, cores: int) -> int:
+    """torch threads of a role of an all-CPU job (`omnirl run`'s placement; `omnirl eval` samples with the
+    rollout's, so its forwards round as the run's validation did). In `sync`/`async-reward` the rollout and the
+    actor take turns, so each may use every core; in `fully-async` they run at once and split the cores
+    (threads beyond the cores spin against each other: 4× slower steps measured on 2 cores)."""
+    if role in ("reward", "controller"):
+        return 1
+    return max(1, cores // 2) if mode == "fully-async" else max(1, cores)
+
+
+def fixed_local_threads() -> int | None:
+    """`OMNIRL_LOCAL_THREADS`: one torch thread count for every local role (benchmarks on shared machines), and
+    for `omnirl eval`; None when unset. Raises ValueError naming the variable when it is not a positive integer."""
+    fixed = os.environ.get("OMNIRL_LOCAL_THREADS")
+    if not fixed:
+        return None
+    if not fixed.isdigit() or int(fixed) < 1:
+        raise ValueError(f"OMNIRL_LOCAL_THREADS={fixed!r} must be a positive integer")
+    return int(fixed)
+
+
 def with_redis_password(url: str, password: str | None) -> str:
     """``url`` with ``password`` in it (percent-encoded), unless the URL already carries one.
 

@@ -22,6 +22,7 @@ from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_vali
 from omnirl.api._base import CelRule, SpecModel, cel_literal
 from omnirl.api.errors import FieldProblem, FieldProblems
 from omnirl.api.extensions import FAMILIES, FAMILY_NAMES, REWARD_KIND_NAMES, REWARD_KINDS, families_with, kinds_with
+from omnirl.api.paths import path_problem, printable, url_path_problem, utf8_problem
 from omnirl.api.podtemplate import check_pod_template
 from omnirl.api.roles import MODEL_ROLES, ROLE_NAMES
 from omnirl.api.seeds import Seed
@@ -171,6 +172,15 @@ AttentionBackend = Literal["auto", "torch", "cudnn", "math"]
 """`spec.model.attention`: what each value means is owned by `omnirl.models.attention`."""
 
 
+def check_paths(*fields: tuple[str, str | None]) -> None:
+    """Each (field, value) of a model's path-like fields names a possible file (`api/paths.py::path_problem`);
+    None values are skipped. Raises FieldProblem naming the first field that does not (its value printable)."""
+    for field, value in fields:
+        problem = None if value is None else path_problem(value)
+        if problem:
+            raise FieldProblem(field, printable(value), problem)
+
+
 class ModelSpec(SpecModel):
     """The model to post-train."""
 
@@ -241,6 +251,7 @@ class ModelSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
+        check_paths(("path", self.path))
         if self.dtype == "float16":  # no float32 master copy: AdamW's update is computed in float16
             raise FieldProblem("dtype", "float16", "cannot be trained: the actor runs AdamW on the float16 weights "
                                "(LoRA adapters too), whose eps (1e-8) and small second moments underflow to 0, so "
@@ -279,6 +290,11 @@ class DataSpec(SpecModel):
         "null disables validation.",
     )
     shuffle: bool = Field(True, description="Shuffle training prompts each epoch (seeded by spec.seed).")
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSpec:
+        check_paths(("trainPrompts", self.trainPrompts), ("validationPrompts", self.validationPrompts))
+        return self
 
 
 # ---------------------------------------------------------------- reward
@@ -495,6 +511,18 @@ class RewardServerSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> RewardServerSpec:
+        check_paths(("modelPath", self.modelPath), ("command[0]", self.command[0]))
+        for field in ("urlPath", "healthPath"):
+            value = getattr(self, field)
+            problem = None if value is None else url_path_problem(value)
+            if problem:
+                raise FieldProblem(field, printable(value), problem)
+        for field in ("command", "args"):  # each is one argv string of the server's exec: no NUL, UTF-8
+            for i, arg in enumerate(getattr(self, field)):
+                problem = "must not contain a NUL character (\\x00): no argument holds one" if "\x00" in arg \
+                    else utf8_problem(arg)
+                if problem:
+                    raise FieldProblem(f"{field}[{i}]", printable(arg), problem)
         if self.modelPath is not None and self.volume is not None:
             raise FieldProblem("volume", self.volume, "give modelPath (a directory on the node) or volume (a volume "
                                "source mounted at /models), not both")
@@ -710,6 +738,7 @@ class CheckpointSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointSpec:
+        check_paths(("dir", self.dir))
         # the actor writes OUT/dir, the controller and `omnirl export` read it there: outside OUT a pod's
         # checkpoints would miss the volume (lost on restart, not seen by the controller's pod)
         if self.dir.startswith("/") or ".." in self.dir.split("/"):

@@ -187,6 +187,8 @@ class Controller:
             self._validate(self.total_steps)
         if self.start_step >= self.total_steps and self.env.export:
             self._export_latest()
+        if self.env.export:  # the checkpoints are on our mount: the record names the run's last one
+            self._note_latest_checkpoint()
         record = self.reporter.finished()
         # after the line: a role (this one included) starting from now on finds it and exits 0 at once
         self.records.set_finish_record(record)
@@ -625,6 +627,17 @@ class Controller:
             raise JobFailed(f"every step is trained but {root / LATEST} is not a complete checkpoint: nothing to "
                             "export; run omnirl export on an earlier checkpoint")
         self._export(str((root / LATEST).resolve()))
+
+    def _note_latest_checkpoint(self) -> None:
+        """The finish record's `last_checkpoint` is what `latest` names at the end, under our mount of the run
+        directory, not only the last one this controller saw in a step's result: after a Ctrl-C during the last
+        step and `--resume`, the actor's stop checkpoint (`step-000005`) is in no step line, and the summary
+        named the scheduled `step-000003` while `latest` and the export were step 5 (issue 31)."""
+        from omnirl.models.policy_io import LATEST, has_checkpoint
+
+        root = self.out / self.spec.checkpoint.dir
+        if has_checkpoint(root):
+            self.reporter.last_checkpoint = str(root / (root / LATEST).resolve().name)
 
     def stop(self) -> None:
         """Tell every role to finish (sets the job's `stop` flag)."""

@@ -158,8 +158,9 @@ class Reporter:
         one line saying the same; returns the record.
 
         The record: `event` "finish", `time` (s since the epoch), `total_steps`, `start_step` (this
-        controller's first step: > 0 after a resume), `last_checkpoint` and `last_export` (paths; None when
-        this controller wrote none), `validation` (the last round's `step`, `val_reward_mean`,
+        controller's first step: > 0 after a resume), `last_checkpoint` (path; the run's `latest` when the
+        controller sees the checkpoints, `Controller._note_latest_checkpoint`, else the last in this controller's
+        step results; None when there is none) and `last_export` (path; None when this controller wrote none), `validation` (the last round's `step`, `val_reward_mean`,
         `val_exact_match`; None without validation).
         """
         last = self.validations[-1] if self.validations else None

@@ -94,7 +94,7 @@ def finish_summary(records: list[dict], job_name: str, metrics_path: Path, since
     The lines: the training steps (all of them, and this launch's share after a resume) and the seconds
     from the controller's start to its finish; the train reward of the first and last step; the held-out
     reward of the first and last validation (with exact match when an OCR-rule reward gives one); the last
-    checkpoint and export; where the machine-readable record is. (It was the controller's
+    checkpoint and export as the record names them; where the machine-readable record is. (It was the controller's
     `{"event": "controller-finished", "validation": [...]}`, one raw JSON line.) The rewards are the whole
     run's, as the held-out table above it: after a `--resume` they were this launch's only (`0.491 at step 4 →
     0.491 at step 4` under a table reading 0.426 → 0.491).
@@ -126,9 +126,9 @@ def finish_summary(records: list[dict], job_name: str, metrics_path: Path, since
         grid.add_row("held-out reward", f"{vals[0]['val_reward_mean']:.3f} at step {vals[0]['step']} → "
                                         f"{vals[-1]['val_reward_mean']:.3f} at step {vals[-1]['step']}"
                                         + ("" if exact is None else f" (exact match {exact:.3f})"))
-    checkpoint = finish.get("last_checkpoint") or next((r["checkpoint"] for r in reversed(steps)
-                                                        if r.get("checkpoint")), None)
-    grid.add_row("checkpoint", checkpoint or "none written")
+    # the record's alone: a step line's is no stand-in (after a stop's checkpoint of the last step it named an
+    # older scheduled one while `latest` and the export were that step, issue 31)
+    grid.add_row("checkpoint", finish.get("last_checkpoint") or "none written")
     grid.add_row("export", finish.get("last_export") or "none")
     grid.add_row("record", f"{metrics_path} (its 'finish' line)")
     console = Console(file=io.StringIO(), width=200)

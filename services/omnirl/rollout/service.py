@@ -1,6 +1,7 @@
 """The rollout role: requests in, samples out, weights in between.
 
-Loop: reclaim/read generate requests → expand each into its G samples → feed the engine one
+Loop: reclaim/read generate requests → expand each into its samples (a prompt's G, or a held-out
+cohort's, `HeldOutCohort`) → feed the engine one
 denoising step at a time → publish every finished sample at once (out of order) with its
 trajectory and image (two keys) → acknowledge a request when all its samples are published. Between engine
 steps it checks for an announced weight sync: it stops admitting, drains what is in flight (so
@@ -29,7 +30,7 @@ import torch
 
 from omnirl.api.errors import config_errors
 from omnirl.api.ledger import Ledger
-from omnirl.api.messages import GenerateRequest, SampleMeta
+from omnirl.api.messages import SampleMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.attention import select_attention
@@ -37,7 +38,7 @@ from omnirl.models.compile import compile_adapter_module, while_compiling
 from omnirl.models.lora import prepare_rollout_module
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.rollout.engine import RolloutEngine
-from omnirl.rollout.requests import sample_requests
+from omnirl.rollout.requests import entry_requests
 from omnirl.rollout.types import SampleResult
 from omnirl.transfer import TransferQueue
 from omnirl.transfer.client import RedisError
@@ -122,7 +123,7 @@ class RolloutService:
                 if not self._bound:  # a predecessor's requests (same worker id) come back first
                     self._bound = True
                     for msg in self.queue.recover(streams.requests, GROUP, self.env.worker_id):
-                        self._submit(msg.id, GenerateRequest.model_validate(msg.meta))
+                        self._submit(msg.id, msg.meta)
                 continue
             if not self._bound:
                 time.sleep(0.05)
@@ -130,7 +131,7 @@ class RolloutService:
             if len(self.engine.waiting) < self.engine.max_batch_size:
                 block = 0 if self.engine.has_work() else 200
                 for msg in self.queue.consume(streams.requests, GROUP, self.env.worker_id, count=4, block_ms=block):
-                    self._submit(msg.id, GenerateRequest.model_validate(msg.meta))
+                    self._submit(msg.id, msg.meta)
             if self.engine.has_work():
                 self._step()
             self._renew_leases()
@@ -168,10 +169,11 @@ class RolloutService:
             self._renew_leases()
             self.heartbeat.beat()
 
-    def _submit(self, entry_id: str, req: GenerateRequest) -> None:
+    def _submit(self, entry_id: str, entry: dict) -> None:
+        """Hand a requests-stream entry's samples (a prompt group, or a held-out cohort) to the engine."""
         if entry_id in self.pending:  # redelivered to us while we still work on it
             return
-        todo = sample_requests(req, {"entry": entry_id}, skip=self._published_before)
+        todo = entry_requests(entry, {"entry": entry_id}, skip=self._published_before)
         if not todo:
             self.queue.ack(self.queue.streams.requests, GROUP, [entry_id])
             return

@@ -26,6 +26,8 @@ class SampleRequest:
             default. Sets the latent shape, so samples of different sizes share a forward only
             under packed batching.
         meta: passed through to the result (step, group id, kind, attempt...).
+        cohort: the `HeldOutCohort` id of a held-out sample: the engine denoises a cohort's samples together
+            and with nothing else; None for every other sample.
     """
 
     sample_id: str
@@ -40,6 +42,7 @@ class SampleRequest:
     guidance_scale: float = 1.0
     resolution: tuple[int, int] | None = None
     meta: dict = field(default_factory=dict)
+    cohort: str | None = None
 
 
 @dataclass

@@ -118,7 +118,8 @@ class StreamNames:
 
     @property
     def requests(self) -> str:
-        """controller → rollout: one entry per prompt group (`GenerateRequest`: G sample ids and seeds)."""
+        """controller → rollout: one entry per prompt group (`GenerateRequest`: G sample ids and seeds), or per
+        held-out cohort of a validation round (`HeldOutCohort`)."""
         return f"{job_prefix(self.job)}requests"
 
     @property
