@@ -201,10 +201,15 @@ def test_lora_joint_forward_backward_ratio_one_and_loads_in_ltx2_pipeline(ltx2, 
 
 
 def test_unguided_audio_is_the_conditional_stream_and_bad_settings_are_refused(ltx2):
-    path, _, adapter = ltx2
-    plain = LTX2Adapter.load(path, "cpu", torch.float32, video=VIDEO, max_sequence_length=MAX_SEQUENCE_LENGTH,
-                             modalities={"video": {"guidance_scale": 4.0}, "audio": {"guidance_scale": 1.0}})
-    unguided = LTX2Adapter.load(path, "cpu", torch.float32, video=VIDEO, max_sequence_length=MAX_SEQUENCE_LENGTH)
+    _, _, a = ltx2
+
+    def build(video=VIDEO, **kwargs):
+        return LTX2Adapter(a.module, a.vae, a.audio_vae, a.vocoder, a.scheduler_config, a.text_encoder, a.tokenizers[0],
+                           a.connectors, video=video, max_sequence_length=MAX_SEQUENCE_LENGTH, **kwargs)
+
+    adapter = a
+    plain = build(modalities={"video": {"guidance_scale": 4.0}, "audio": {"guidance_scale": 1.0}})
+    unguided = build()
     assert not unguided.cfg_enabled and plain.cfg_enabled
     x, sigma = _noise(adapter, 1, seed=9), torch.tensor([0.5])
     ids = [adapter.tokenize(PROMPT)]
@@ -214,6 +219,6 @@ def test_unguided_audio_is_the_conditional_stream_and_bad_settings_are_refused(l
     torch.testing.assert_close(plain.split(v_plain)["audio"], unguided.split(v_cond)["audio"], atol=1e-6, rtol=0)
     assert (plain.split(v_plain)["video"] - unguided.split(v_cond)["video"]).abs().max() > 1e-3
     with pytest.raises(ValueError, match="makes video, audio; spec.model.modalities names image"):
-        LTX2Adapter.load(path, "cpu", torch.float32, video=VIDEO, modalities={"image": {}})
+        build(modalities={"image": {}})
     with pytest.raises(ValueError, match=r"spec.model.video.frames: 8 .*nearest valid: 7 or 9"):
-        LTX2Adapter.load(path, "cpu", torch.float32, video=VideoGeometry(8, 32, 32, 25.0))
+        build(VideoGeometry(8, 32, 32, 25.0))
