@@ -101,7 +101,7 @@ BAD = [
     (
         "spec.reward.0.kind",
         "clip",
-        'spec.reward[0].kind: "clip" is invalid: must be one of: avdigits-beeps, avdigits-ocr, avdigits-pitch, avdigits-sync, grpc, http, jpeg, ocr, pairwise-contrast, python, vlm',
+        'spec.reward[0].kind: "clip" is invalid: must be one of: audio-signal, avdigits-beeps, avdigits-ocr, avdigits-pitch, avdigits-sync, clap, frames, grpc, http, jpeg, ocr, pairwise-contrast, python, temporal-consistency, video-ocr, vlm',
     ),
     (
         "spec.reward.0.params.alphabet",

@@ -51,13 +51,15 @@ for name in {HEAVY!r}:
     sys.modules[name] = None  # `import numpy` now raises ImportError
 from omnirl.api.extensions import FAMILIES, REWARD_KINDS, params_model
 from omnirl.api.spec import RLJob
+REQUIRED = {{"vlm": {{"model": "m", "template": "rate"}}, "python": {{"function": "m:f"}},
+            "frames": {{"kind": "jpeg", "frameStride": 4}}, "clap": {{"path": "clap"}},
+            "audio-signal": {{"measure": "clipping"}}}}  # the kinds' required params
 for family, info in FAMILIES.items():  # each kind on a built-in family that makes what it scores
     if not info.builtin:
         continue
     reward = [{{"name": k.replace("-", "_"), "kind": k, **({{"url": "http://x:1/v1"}} if i.endpoint in ("http", "openai")
               else {{"url": "x:1"}} if i.endpoint == "grpc" else {{}}),
-              "params": {{"model": "m", "template": "rate"}} if k == "vlm"
-              else {{"function": "m:f"}} if k == "python" else {{}}}}
+              "params": REQUIRED.get(k, {{}})}}
               for k, i in REWARD_KINDS.items() if set(i.modalities) & set(info.modalities)]
     RLJob.model_validate({{"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {{"name": "j"}},
                           "spec": {{"model": {{"family": family}}, "data": {{"trainPrompts": "p.txt"}}, "reward": reward}}}})

@@ -20,14 +20,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     def grid(job) -> list[str]:  # after the spec checks: only a valid job pays for torch
         from omnirl.controller.ttl import budget_line
         from omnirl.launch.preflight import missing_local_paths
-        from omnirl.models.registry import describe_sigma_grid
+        from omnirl.models.registry import check_media, describe_sigma_grid
         from omnirl.reward.registry import environment_lines
 
         # valid for a cluster, where the files live in the pods; said, because `omnirl run` here refuses them
         missing = [f"{field}: {path} is not on this machine: omnirl run here refuses it; on Kubernetes it must "
                    "exist inside the pods (the image, or a volume from spec.storage or the role's template)"
                    for field, path, _ in missing_local_paths(job)]
-        return [describe_sigma_grid(job.spec), budget_line(job.spec), *missing, *environment_lines(job.spec.reward)[0]]
+        media = [line for line in [check_media(job.spec)] if line]
+        return [describe_sigma_grid(job.spec), *media, budget_line(job.spec), *missing,
+                *environment_lines(job.spec.reward)[0]]
 
     def check(job) -> list[str]:
         # `omnirl run`'s pre-flight LoRA check (a weightless skeleton of the model), where the model is on this
@@ -35,9 +37,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         # and each reward kind's check of this machine (a python reward's function imports and is callable)
         from omnirl.api.errors import ConfigError
         from omnirl.launch.preflight import check_lora, missing_local_paths
+        from omnirl.models.registry import check_media
         from omnirl.reward.registry import environment_lines
 
         problems = environment_lines(job.spec.reward)[1]
+        try:  # a video family's frames and size against its VAE (the released checkpoints' when not here)
+            check_media(job.spec)
+        except ValueError as err:
+            problems = [*problems, str(err)]
         if any(field == "spec.model.path" for field, _, _ in missing_local_paths(job)):
             return problems  # the model's: said under `ok` (a cluster's pods hold it)
         try:
