@@ -88,3 +88,22 @@ def test_video_job_trains_through_the_roles_and_writes_mp4s(tmp_path, redis_url,
     out = tmp_path / "out"
     proc = run(video_job(tmp_path, family, redis_url, algorithm=algorithm), out, timeout=900)
     check_video_run(out, proc, 2, family)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("algorithm", ["flow-grpo", "diffusion-nft"])
+@pytest.mark.parametrize("family", ["wan", "ltx2"])
+def test_video_job_on_one_shared_gpu(tmp_path, redis_url, family, algorithm):
+    """Tiny `wan` / `ltx2` jobs in bfloat16 with rollout and actor on one GPU (`--share-gpus`: the weight broadcast
+    over CUDA IPC), the media rewards on the CPU: every sample scored and trained once, MP4s written."""
+    path = video_job(tmp_path, family, redis_url, algorithm=algorithm,
+                     accelerator={"type": "nvidia", "count": 1})
+    doc = yaml.safe_load(path.read_text())
+    doc["spec"]["model"]["dtype"] = "bfloat16"
+    path.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out"
+    proc = run(path, out, "--share-gpus", timeout=900)
+    check_video_run(out, proc, 2, family)
+    assert "weight sync over cuda-ipc" in (out / "logs" / "actor-0.log").read_text()
+    assert "rollout on cuda:0" in (out / "logs" / "rollout-0.log").read_text()
