@@ -81,8 +81,8 @@ def check_video_run(out: Path, proc, steps: int, family: str) -> None:
         assert "Audio:" in probe.stderr and "Video:" in probe.stderr, probe.stderr[-2000:]
 
 
-@pytest.mark.parametrize("algorithm", ["flow-grpo", "diffusion-nft"])
-@pytest.mark.parametrize("family", ["wan", "ltx2", "minimax-h3"])
+@pytest.mark.parametrize("family, algorithm", [(f, a) for f in ("wan", "ltx2", "minimax-h3")
+                                                for a in ("flow-grpo", "diffusion-nft")] + [("wan", "awm")])
 def test_video_job_trains_through_the_roles_and_writes_mp4s(tmp_path, redis_url, family, algorithm):
     torch.set_num_threads(1)
     out = tmp_path / "out"
