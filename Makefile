@@ -58,7 +58,9 @@ demo-flowgrpo: install
 demo-omni: install
 	$(BIN)/omnirl run examples/avdigits-awm.yaml --out $(DEMO_OMNI_OUT)
 
+# the spec's table of model families and reward kinds first (omnirl/api/extensions_generated.py), then the CRD
 crd: install
+	$(BIN)/python -m omnirl.extensions --write
 	$(BIN)/omnirl crd > crds/rljob.yaml
 	cp crds/rljob.yaml charts/omnirl/files/rljob-crd.yaml
 

@@ -182,6 +182,8 @@ REFUSED = [
     ("resolution and resolutions", {"model": {**SD3, "resolution": [512, 512], "resolutions": [[512, 512]]}},
      "spec.model.resolutions"),
     ("ocr resolution", {"model": {"resolution": [32, 64]}}, "spec.model.resolution"),
+    ("av-digits resolution", {"model": {"family": "av-digits", "resolution": [32, 64]},
+                              "reward": [{"name": "sync", "kind": "avdigits-sync"}]}, "spec.model.resolution"),
     ("ocr guidance", {"algorithm": {"sampling": {"guidanceScale": 2.0}}}, "spec.algorithm.sampling.guidanceScale"),
     ("sd3 builtin", {"model": {"family": "sd3"}}, "spec.model.path"),
     ("packed ocr", {"roles": {"rollout": {"batching": "packed"}}}, "spec.roles.rollout.batching"),
