@@ -10,7 +10,7 @@ cores in minutes; docs/omni.md says why):
 
 - **video** `[520]` = the sign `[16, 32]` (half resolution, pixels in [−1, 1], white paper = +1, black
   ink = −1, as the digits model's) then the ink of each of the 8 frames `[8]` in [−1, 1] (−1 blank, +1
-  the sign). Frame f is the sign blended onto white by ink_f = clamp((i_f + 1)/2, 0, 1), in the latent's
+  the sign). Frame f is the sign blended onto white by ink_f = clamp(i_f, 0, 1), in the latent's
   pixels 1 − ink_f·(1 − sign), decoded by 2× bilinear upsampling to 32×64, grey in RGB. A sign shown on
   several frames is the same drawing (a static sign), so the latent holds it once: the extreme of the
   temporal compression a video VAE does (Wan's packs 4 frames into one latent frame), which leaves the
@@ -19,8 +19,8 @@ cores in minutes; docs/omni.md says why):
   (tests/test_avdigits.py).
 - **audio** `[16, 16]`: a magnitude grid of 16 time cells (two per frame, 62.5 ms each) × 16 pure-tone
   bins at 200, 300, …, 1700 Hz, values in [−1, 1] (silence = −1, full tone = +1). Decoded by additive
-  synthesis: amplitude a = clamp((x + 0.8)/1.8, 0, 1) per cell and bin (the dead zone keeps a silent
-  cell's sampling noise silent), held over the cell with 4 ms linear ramps, times sin(2π·f·t) with a
+  synthesis: amplitude a = clamp(x, 0, 1) per cell and bin (the lower half of the range is silence, so a
+  silent cell's sampling noise stays silent; the same rule for the ink), held over the cell with 4 ms linear ramps, times sin(2π·f·t) with a
   phase continuous over the second, summed, × 0.5, clipped to [−1, 1]. A beep is one full bin in the
   first cell of its frame; the second cell is the gap that makes consecutive beeps two onsets. A pitch
   is one bin, so the model picks a pitch by picking a row (an STFT or mel latent would spread it over
@@ -54,7 +54,6 @@ AUDIO_SAMPLES = CELL_SAMPLES * AUDIO_CELLS
 RAMP_SAMPLES = 32
 """4 ms at 8 kHz: the linear ramp between cells (no clicks at a beep's edges)."""
 TONE_GAIN = 0.5
-SILENCE_DEAD_ZONE = 0.8
 SIGN_NUMEL = LATENT_HEIGHT * LATENT_WIDTH
 VIDEO_SHAPE = (SIGN_NUMEL + FRAMES,)
 """The video latent: the sign `[16, 32]` flattened, then the ink of each frame `[8]`."""
@@ -145,9 +144,10 @@ def sign_latents(sign: Sign, glyph: np.ndarray) -> tuple[np.ndarray, np.ndarray]
 
 
 def frames_of(video: torch.Tensor) -> torch.Tensor:
-    """Video latents `[B, 520]` → the frames in latent pixels `[B, 8, 16, 32]`: 1 − ink_f·(1 − sign)."""
+    """Video latents `[B, 520]` → the frames in latent pixels `[B, 8, 16, 32]`: 1 − ink_f·(1 − sign), ink_f =
+    clamp(i_f, 0, 1)."""
     sign = video[:, :SIGN_NUMEL].float().reshape(-1, 1, LATENT_HEIGHT, LATENT_WIDTH)
-    ink = ((video[:, SIGN_NUMEL:].float() + 1.0) / 2.0).clamp(0.0, 1.0)[:, :, None, None]
+    ink = video[:, SIGN_NUMEL:].float().clamp(0.0, 1.0)[:, :, None, None]
     return 1.0 - ink * (1.0 - sign.clamp(-1.0, 1.0))
 
 
@@ -161,8 +161,9 @@ def decode_video(video: torch.Tensor) -> torch.Tensor:
 
 
 def amplitudes(audio: torch.Tensor) -> torch.Tensor:
-    """Audio latents `[B, 16, 16]` → tone amplitudes in [0, 1]: clamp((x + 0.8)/1.8, 0, 1)."""
-    return ((audio.float() + SILENCE_DEAD_ZONE) / (1.0 + SILENCE_DEAD_ZONE)).clamp(0.0, 1.0)
+    """Audio latents `[B, 16, 16]` → tone amplitudes in [0, 1]: clamp(x, 0, 1) (silence −1; a value of the lower half
+    is silent too)."""
+    return audio.float().clamp(0.0, 1.0)
 
 
 def decode_audio(audio: torch.Tensor) -> torch.Tensor:
