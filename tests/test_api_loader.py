@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from omnirl.api.errors import ManifestError
+from omnirl.api.extensions import REWARD_KINDS
 from omnirl.api.loader import dump_rljob, job_from_dict, load_rljob, load_rljobs, resolve_paths, validate_files
 from omnirl.api.spec_algorithm import ALGORITHMS
 
@@ -101,7 +102,7 @@ BAD = [
     (
         "spec.reward.0.kind",
         "clip",
-        'spec.reward[0].kind: "clip" is invalid: must be one of: audio-signal, avdigits-beeps, avdigits-ocr, avdigits-pitch, avdigits-sync, clap, frames, grpc, http, jpeg, ocr, pairwise-contrast, python, temporal-consistency, video-ocr, vlm',
+        f'spec.reward[0].kind: "clip" is invalid: must be one of: {", ".join(REWARD_KINDS)}',  # the registered kinds
     ),
     (
         "spec.reward.0.params.alphabet",

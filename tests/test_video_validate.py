@@ -77,3 +77,26 @@ def test_a_local_model_is_checked_with_its_own_configs(tmp_path, capsys):
     assert code == 2 and "spec.model.video.frames: 10 does not fit the VAE (frames = 2k+1); nearest valid: 9 or 11" in out
     code, out = _validate(capsys, audio)
     assert code == 2 and "spec.model.audio.sampleRate: 24000 Hz, but the model in" in out and "write 16000" in out, out
+
+
+def test_a_remote_scorer_or_judge_of_a_video_job_is_sent_what_its_params_say(tmp_path, capsys):
+    """http/grpc/vlm score images unless their params send video frames or sound (`reads()`): on a video family an
+    entry without them is refused (it would score nothing the model makes), one with them validates."""
+    doc = yaml.safe_load(WAN.read_text())
+    doc["spec"]["data"] = {k: str(WAN.parent / v) for k, v in doc["spec"]["data"].items()}
+    cases = {"vlm-frames": ({"name": "judge", "kind": "vlm", "url": "http://judge:8000/v1",
+                             "params": {"model": "m", "template": "rate", "frames": 4}}, 0),
+             "grpc-frames": ({"name": "s", "kind": "grpc", "url": "scorer:50051", "params": {"frameStride": 1}}, 0),
+             "vlm-image": ({"name": "judge", "kind": "vlm", "url": "http://judge:8000/v1",
+                            "params": {"model": "m", "template": "rate"}}, 2),
+             "http-audio": ({"name": "s", "kind": "http", "url": "http://s:8000/v1/score", "params": {"audio": True}},
+                            2)}
+    for name, (reward, expected) in cases.items():
+        doc["spec"]["reward"] = [reward]
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        code, out = _validate(capsys, path)
+        assert code == expected, (name, out)
+        if expected:
+            assert "and model.family wan produces video: choose a reward kind that scores what the model produces" \
+                in out, out

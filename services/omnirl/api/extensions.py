@@ -52,8 +52,6 @@ class FamilyInfo:
         sized: it takes `model.resolution` / `model.resolutions`.
         guidance: it has classifier-free guidance (`algorithm.sampling.guidanceScale` other than 1).
         notes: why a capability is missing, said in the refusal (keys: `sized`, `guidance`, an attention backend).
-        media: for a family whose video/audio sizes are the model's own, `{"video": {frames, height, width, fps},
-            "audio": {seconds, sampleRate}}` (`spec.model.video` / `audio` must equal them); None: the manifest says.
     """
 
     name: str
@@ -65,13 +63,12 @@ class FamilyInfo:
     sized: bool = True
     guidance: bool = True
     notes: dict[str, str] = field(default_factory=dict)
-    media: dict[str, dict[str, float]] | None = None
 
     def as_row(self) -> dict:
         """The table row (`extensions_generated.FAMILIES[name]`): every field but the name, as plain data."""
         return {"module": self.module, "modalities": list(self.modalities), "packed": self.packed,
                 "attention": list(self.attention), "builtin": self.builtin, "sized": self.sized,
-                "guidance": self.guidance, "notes": dict(sorted(self.notes.items())), "media": self.media}
+                "guidance": self.guidance, "notes": dict(sorted(self.notes.items()))}
 
 
 @dataclass(frozen=True)
@@ -105,7 +102,7 @@ class RewardKindInfo:
 def _family(name: str, row: dict) -> FamilyInfo:
     return FamilyInfo(name=name, module=row["module"], modalities=tuple(row["modalities"]), packed=row["packed"],
                       attention=tuple(row["attention"]), builtin=row["builtin"], sized=row["sized"],
-                      guidance=row["guidance"], notes=dict(row["notes"]), media=row.get("media"))
+                      guidance=row["guidance"], notes=dict(row["notes"]))
 
 
 def _kind(name: str, row: dict) -> RewardKindInfo:

@@ -68,3 +68,10 @@ def read_metrics(run_dir: Path) -> list[dict]:
     text = (Path(run_dir) / METRICS_FILE).read_text()
     whole = text[: text.rfind("\n") + 1]
     return [json.loads(line) for line in whole.splitlines() if line.strip()]
+
+
+def term_means(summary: dict) -> dict[str, float]:
+    """Each per-sample reward's held-out mean of a `validation` record (`val_reward_<name>`), by name, in the
+    record's order; the sum (`val_reward_mean`) and absent means are left out."""
+    return {k.removeprefix("val_reward_"): v for k, v in summary.items()
+            if k.startswith("val_reward_") and k != "val_reward_mean" and v is not None}

@@ -328,21 +328,17 @@ class ModelSpec(SpecModel):
         return out
 
     def check_media(self) -> None:
-        """`video`, `audio` and `modalities` against the family (its registered `modalities` and fixed `media`).
+        """`video`, `audio` and `modalities` against the family's modalities (`api.extensions.FamilyInfo`); a family
+        whose sizes are fixed checks them when its adapter options are made (av-digits).
 
         Raises:
-            FieldProblem: a modality the family does not make, no trained modality, a trained one of weight 0, or
-                a size a fixed-size family cannot make (naming its size).
+            FieldProblem: a modality the family does not make, no trained modality, or a trained one of weight 0.
         """
         mods = FAMILIES[self.family].modalities
         for key in ("video", "audio"):
             if getattr(self, key) is not None and key not in mods:
                 raise FieldProblem(key, getattr(self, key).model_dump(), f"family {self.family} makes no {key} "
                                    f"(its samples: {', '.join(mods)}); remove {key}")
-            fixed = (FAMILIES[self.family].media or {}).get(key)
-            if fixed is not None and getattr(self, key) is not None and getattr(self, key).model_dump() != fixed:
-                raise FieldProblem(key, getattr(self, key).model_dump(), f"family {self.family} makes {key} of "
-                                   f"{fixed} only; write that or remove {key}")
         if self.modalities is None:
             return
         written = self.modalities.written()
@@ -475,7 +471,7 @@ class RewardSpec(SpecModel):
         return self
 
     def typed_params(self) -> SpecModel:
-        """`params` as the kind's model (its kind module's params class, `omnirl.api.extensions.params_model`), defaults filled in."""
+        """`params` as the kind's model (`omnirl.api.spec_reward.PARAMS_BY_KIND`), defaults filled in."""
         return parse_params(self.kind, self.params)
 
 
@@ -997,8 +993,9 @@ class RLJobSpec(SpecModel):
                 f"{', '.join(BUILTIN_FAMILIES)} only)",
             )
         for i, r in enumerate(self.reward):
-            scored = REWARD_KINDS[r.kind].modalities
-            if not set(scored) & set(family.modalities):
+            reads = getattr(r.typed_params(), "reads", None)  # a remote scorer or judge: what its params send it
+            scored = tuple(reads()) if reads is not None else REWARD_KINDS[r.kind].modalities
+            if set(scored) - set(family.modalities):  # a kind reading video and audio needs both (docs/omni.md)
                 raise FieldProblem(f"reward[{i}].kind", r.kind, f"scores {' and '.join(scored)}, and model.family "
                                    f"{family.name} produces {' and '.join(family.modalities)}: choose a reward kind "
                                    "that scores what the model produces")

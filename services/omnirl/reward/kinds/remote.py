@@ -23,6 +23,12 @@ class RemoteParams(SpecModel):
     audio: bool = Field(False, description="An audio job: send each sample's soundtrack (mono float32 PCM and its "
                         "sample rate).")
 
+    def reads(self) -> tuple[str, ...]:
+        """What the scorer is sent, as the spec checks it against the family: video and/or audio, else images."""
+        media = (("video",) if self.frameStride is not None or self.frameCount is not None else ()) + (
+            ("audio",) if self.audio else ())
+        return media or ("image",)
+
     @model_validator(mode="after")
     def _check(self) -> RemoteParams:
         if self.frameStride is not None and self.frameCount is not None:
@@ -61,8 +67,8 @@ def check_endpoint(spec, params: RemoteParams, field: str, strict: bool) -> None
     check_remote(field, spec.kind, spec.url, spec.timeoutSeconds, strict=strict)
 
 
-ANY = ("image", "video", "audio")  # images as before; videos and sounds with frameStride/frameCount/audio
+# images by default; videos and sounds when the params say (RemoteParams.reads, which the spec checks)
 HTTP = register_kind(RewardKind(name="http", params=RemoteParams, build=build_http, runs="remote", endpoint="http",
-                                check_endpoint=check_endpoint, modalities=ANY))
+                                check_endpoint=check_endpoint))
 GRPC = register_kind(RewardKind(name="grpc", params=RemoteParams, build=build_grpc, runs="remote", endpoint="grpc",
-                                check_endpoint=check_endpoint, modalities=ANY))
+                                check_endpoint=check_endpoint))

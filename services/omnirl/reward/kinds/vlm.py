@@ -47,6 +47,10 @@ class VLMParams(SpecModel):
     audio: bool = Field(False, description="An audio job: send each sample's soundtrack as an `input_audio` part "
                         "(16-bit PCM WAV, base64), for judges that hear (e.g. Qwen2.5-Omni behind vLLM).")
 
+    def reads(self) -> tuple[str, ...]:
+        """What the judge is sent, as the spec checks it against the family: video frames and/or sound, else images."""
+        return (("video",) if self.frames else ()) + (("audio",) if self.audio else ()) or ("image",)
+
     @model_validator(mode="after")
     def _check(self) -> VLMParams:
         if "scale" in self.model_fields_set and self.template != "rate":
@@ -92,5 +96,5 @@ def check_endpoint(spec, params: VLMParams, field: str, strict: bool) -> None:
 
 KIND = register_kind(RewardKind(name="vlm", params=VLMParams, build=build, runs="remote", endpoint="openai",
                                 reads_text=lambda params: params.template == "read-text",
-                                check_environment=check_environment, check_endpoint=check_endpoint,
-                                modalities=("image", "video", "audio")))  # video and sound: params.frames/audio
+                                check_environment=check_environment, check_endpoint=check_endpoint))
+# images by default; a video's frames and its sound when params.frames/audio say (VLMParams.reads)
