@@ -5,8 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= runs/demo
+DEMO_OMNI_OUT ?= runs/demo-omni
 
-.PHONY: install test test-slow lint docs reference demo demo-nft demo-flowgrpo bench chart e2e chaos crd clean k8s-tools mutation
+.PHONY: install test test-slow lint docs reference demo demo-nft demo-flowgrpo demo-omni bench chart e2e chaos crd clean k8s-tools mutation
 
 install: $(STAMP) k8s-tools
 
@@ -63,6 +64,11 @@ demo-nft: install
 
 demo-flowgrpo: install
 	$(BIN)/omnirl run examples/ocr-flowgrpo.yaml --out runs/demo-flowgrpo
+
+# The built-in audio+video task (docs/omni.md): the held-out reward of each term and their sum by step, and a
+# contact sheet plus MP4s with sound of the base model (step 0) and the trained one in $(DEMO_OMNI_OUT)/samples/.
+demo-omni: install
+	$(BIN)/omnirl run examples/avdigits-awm.yaml --out $(DEMO_OMNI_OUT)
 
 # the spec's table of model families and reward kinds first (omnirl/api/extensions_generated.py), then the CRD
 crd: install

@@ -49,14 +49,20 @@ def test_the_spec_and_every_kind_module_import_without_numpy_or_torch() -> None:
 import sys
 for name in {HEAVY!r}:
     sys.modules[name] = None  # `import numpy` now raises ImportError
-from omnirl.api.extensions import REWARD_KINDS, params_model
+from omnirl.api.extensions import FAMILIES, REWARD_KINDS, params_model
 from omnirl.api.spec import RLJob
+REQUIRED = {{"vlm": {{"model": "m", "template": "rate"}}, "python": {{"function": "m:f"}},
+            "frames": {{"kind": "jpeg", "frameStride": 4}}, "clap": {{"path": "clap"}},
+            "audio-signal": {{"measure": "clipping"}}}}  # the kinds' required params
 reward = [{{"name": k.replace("-", "_"), "kind": k, **({{"url": "http://x:1/v1"}} if i.endpoint in ("http", "openai")
           else {{"url": "x:1"}} if i.endpoint == "grpc" else {{}}),
-          "params": {{"model": "m", "template": "rate"}} if k == "vlm"
-          else {{"function": "m:f"}} if k == "python" else {{}}}} for k, i in REWARD_KINDS.items()]
-RLJob.model_validate({{"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {{"name": "j"}},
-                      "spec": {{"data": {{"trainPrompts": "p.txt"}}, "reward": reward}}}})
+          "params": REQUIRED.get(k, {{}})}} for k, i in REWARD_KINDS.items()]
+media = {{"video", "audio"}}  # kinds of video/audio are validated on the built-in audio+video family
+for family, rewards in (("ocr-digits", [r for r in reward if not media & set(REWARD_KINDS[r["kind"]].modalities)]),
+                        ("av-digits", [r for r in reward if media & set(REWARD_KINDS[r["kind"]].modalities)])):
+    RLJob.model_validate({{"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {{"name": "j"}},
+                          "spec": {{"model": {{"family": family}}, "data": {{"trainPrompts": "p.txt"}},
+                                   "reward": rewards}}}})
 print(sorted(REWARD_KINDS))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

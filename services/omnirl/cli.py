@@ -22,14 +22,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     def grid(job) -> list[str]:  # after the spec checks: only a valid job pays for torch
         from omnirl.controller.ttl import budget_line
         from omnirl.launch.preflight import missing_local_paths
-        from omnirl.models.registry import describe_sigma_grid
+        from omnirl.models.registry import check_media, describe_sigma_grid
         from omnirl.reward.registry import environment_lines
 
         # valid for a cluster, where the files live in the pods; said, because `omnirl run` here refuses them
         missing = [f"{field}: {path} is not on this machine: omnirl run here refuses it; on Kubernetes it must "
                    "exist inside the pods (the image, or a volume from spec.storage or the role's template)"
                    for field, path, _ in missing_local_paths(job)]
-        return [describe_sigma_grid(job.spec), budget_line(job.spec), *missing, *environment_lines(job.spec.reward)[0]]
+        media = [line for line in [check_media(job.spec)] if line]
+        return [describe_sigma_grid(job.spec), *media, budget_line(job.spec), *missing,
+                *environment_lines(job.spec.reward)[0]]
 
     def check(job) -> list[str]:
         # `omnirl run`'s pre-flight LoRA check (a weightless skeleton of the model), where the model is on this
@@ -37,9 +39,14 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         # and each reward kind's check of this machine (a python reward's function imports and is callable)
         from omnirl.api.errors import ConfigError
         from omnirl.launch.preflight import check_lora, missing_local_paths
+        from omnirl.models.registry import check_media
         from omnirl.reward.registry import environment_lines
 
         problems = environment_lines(job.spec.reward)[1]
+        try:  # a video family's frames and size against its VAE (the released checkpoints' when not here)
+            check_media(job.spec)
+        except ValueError as err:
+            problems = [*problems, str(err)]
         if any(field == "spec.model.path" for field, _, _ in missing_local_paths(job)):
             return problems  # the model's: said under `ok` (a cluster's pods hold it)
         try:
@@ -59,7 +66,10 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from omnirl.models.digits.pretrain import main as pretrain_main
+    if args.family == "av-digits":
+        from omnirl.models.avdigits.pretrain import main as pretrain_main
+    else:
+        from omnirl.models.digits.pretrain import main as pretrain_main
 
     return pretrain_main(args)
 
@@ -131,13 +141,18 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("crd", help="print the RLJob CustomResourceDefinition generated from the spec")
     s.set_defaults(fn=_cmd_crd)
 
-    s = sub.add_parser("pretrain", help="pretrain the built-in OCR digits model by flow matching")
+    s = sub.add_parser("pretrain", help="pretrain a built-in model by flow matching: the OCR digits model, or "
+                       "the audio+video one (--family av-digits)")
+    s.add_argument("--family", choices=["ocr-digits", "av-digits"], default="ocr-digits",
+                   help="which built-in model (default ocr-digits; av-digits: the audio+video task, docs/omni.md)")
     s.add_argument("--out", required=True, help="output directory (safetensors weights + config.json)")
     s.add_argument("--steps", type=int, default=3000, help="training (optimiser) steps (default 3000; the shipped model: 550)")
     s.add_argument("--seed", type=int, default=0, help="seed of the weights, images and noise (default 0)")
     s.add_argument("--batch-size", type=int, default=64, help="rendered images per step (default 64)")
     s.add_argument("--lr", type=float, default=None, help="peak AdamW lr (default: the shipped checkpoint's, 1.5e-3)")
     s.add_argument("--device", default="cpu", help="cpu | cuda")
+    s.add_argument("--snapshot-every", type=int, default=None, metavar="K",
+                   help="av-digits: also save the EMA weights to OUT/step-K, OUT/step-2K, … (to choose a step count)")
     s.set_defaults(fn=_cmd_pretrain)
 
     s = sub.add_parser("eval", help="sample prompts as validation does (rollout engine, job's σ grid), score them "

@@ -3,18 +3,31 @@
 tests/test_extensions.py fails when this file is stale."""
 
 FAMILIES = {
+    'av-digits': {'module': 'omnirl.models.avdigits.adapter', 'modalities': ['video', 'audio'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': True, 'sized': False, 'guidance': True, 'notes': {'sized': "its sizes are the model's: 8 frames of 32x64 at 8 fps and 1 s of 8 kHz audio, spec.model.video / spec.model.audio"}},
     'ocr-digits': {'module': 'omnirl.models.digits.adapter', 'modalities': ['image'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': True, 'sized': False, 'guidance': False, 'notes': {'guidance': 'the model has no unconditional branch', 'sized': 'its image width follows the text'}},
     'flux': {'module': 'omnirl.models.diffusers.flux', 'modalities': ['image'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': False, 'sized': True, 'guidance': True, 'notes': {'cudnn': "FLUX's gradients through cuDNN were wrong on the H200"}},
+    'ltx2': {'module': 'omnirl.models.diffusers.ltx2', 'modalities': ['video', 'audio'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': False, 'sized': False, 'guidance': True, 'notes': {'sized': 'its clip is spec.model.video (frames, height, width, fps); the audio lasts as long'}},
+    'minimax-h3': {'module': 'omnirl.models.diffusers.minimax_h3', 'modalities': ['video', 'audio'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': False, 'sized': False, 'guidance': False, 'notes': {'guidance': 'the checkpoint is guidance-distilled: one forward per step, no negative prompt', 'sized': 'its clip is spec.model.video (17n + 5 frames at 24 fps, 5–15 s)'}},
     'qwen-image': {'module': 'omnirl.models.diffusers.qwen_image', 'modalities': ['image'], 'packed': False, 'attention': ['auto', 'torch', 'math', 'cudnn'], 'builtin': False, 'sized': True, 'guidance': True, 'notes': {}},
     'sd3': {'module': 'omnirl.models.diffusers.sd3', 'modalities': ['image'], 'packed': True, 'attention': ['auto', 'torch', 'math', 'cudnn'], 'builtin': False, 'sized': True, 'guidance': True, 'notes': {}},
+    'wan': {'module': 'omnirl.models.diffusers.wan', 'modalities': ['video'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': False, 'sized': False, 'guidance': True, 'notes': {'sized': 'its clip is spec.model.video (frames, height, width, fps)'}},
 }
 
 REWARD_KINDS = {
-    'grpc': {'module': 'omnirl.reward.kinds.remote', 'params': 'RemoteParams', 'params_keys': ['maxRetries'], 'runs': 'remote', 'endpoint': 'grpc', 'modalities': ['image']},
-    'http': {'module': 'omnirl.reward.kinds.remote', 'params': 'RemoteParams', 'params_keys': ['maxRetries'], 'runs': 'remote', 'endpoint': 'http', 'modalities': ['image']},
+    'audio-signal': {'module': 'omnirl.reward.kinds.media', 'params': 'AudioSignalParams', 'params_keys': ['measure', 'lowDb', 'highDb', 'toleranceDb', 'clipLevel', 'frameMs', 'silenceDb'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['audio']},
+    'avdigits-beeps': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'AVDigitsParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['audio']},
+    'avdigits-ocr': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'AVDigitsOCRParams', 'params_keys': ['threads', 'batchSize'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video']},
+    'avdigits-pitch': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'AVDigitsParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['audio']},
+    'avdigits-sync': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'AVDigitsParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video', 'audio']},
+    'clap': {'module': 'omnirl.reward.kinds.media', 'params': 'ClapParams', 'params_keys': ['path', 'device', 'template', 'batchSize'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['audio']},
+    'frames': {'module': 'omnirl.reward.kinds.media', 'params': 'FramesParams', 'params_keys': ['kind', 'innerParams', 'frameStride', 'frameCount'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video']},
+    'grpc': {'module': 'omnirl.reward.kinds.remote', 'params': 'RemoteParams', 'params_keys': ['maxRetries', 'frameStride', 'frameCount', 'audio'], 'runs': 'remote', 'endpoint': 'grpc', 'modalities': ['image']},
+    'http': {'module': 'omnirl.reward.kinds.remote', 'params': 'RemoteParams', 'params_keys': ['maxRetries', 'frameStride', 'frameCount', 'audio'], 'runs': 'remote', 'endpoint': 'http', 'modalities': ['image']},
     'jpeg': {'module': 'omnirl.reward.kinds.jpeg', 'params': 'JPEGParams', 'params_keys': ['quality'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['image']},
     'ocr': {'module': 'omnirl.reward.kinds.ocr', 'params': 'OCRParams', 'params_keys': ['alphabet', 'threads', 'batchSize'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['image']},
     'pairwise-contrast': {'module': 'omnirl.reward.kinds.pairwise', 'params': 'PairwiseContrastParams', 'params_keys': [], 'runs': 'group', 'endpoint': None, 'modalities': ['image']},
     'python': {'module': 'omnirl.reward.kinds.python', 'params': 'PythonParams', 'params_keys': ['function', 'call'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['image']},
-    'vlm': {'module': 'omnirl.reward.kinds.vlm', 'params': 'VLMParams', 'params_keys': ['model', 'template', 'instruction', 'scale', 'maxTokens', 'topLogprobs', 'concurrency', 'batchSize', 'maxRetries', 'apiKeyEnv'], 'runs': 'remote', 'endpoint': 'openai', 'modalities': ['image']},
+    'temporal-consistency': {'module': 'omnirl.reward.kinds.media', 'params': 'NoParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video']},
+    'video-ocr': {'module': 'omnirl.reward.kinds.media', 'params': 'VideoOCRParams', 'params_keys': ['alphabet', 'frameStride', 'threads', 'batchSize'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video']},
+    'vlm': {'module': 'omnirl.reward.kinds.vlm', 'params': 'VLMParams', 'params_keys': ['model', 'template', 'instruction', 'scale', 'maxTokens', 'topLogprobs', 'concurrency', 'batchSize', 'maxRetries', 'apiKeyEnv', 'frames', 'audio'], 'runs': 'remote', 'endpoint': 'openai', 'modalities': ['image']},
 }

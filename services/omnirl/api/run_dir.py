@@ -101,3 +101,10 @@ def finish_covers(record: dict | None, total: int) -> bool:
     resumed for more steps than it finished is not done. False for None. The progress bar, `omnirl role` at
     start-up and the operator ask it."""
     return record is not None and int(record.get("total_steps") or 0) >= total
+
+
+def term_means(summary: dict) -> dict[str, float]:
+    """Each per-sample reward's held-out mean of a `validation` record (`val_reward_<name>`), by name, in the
+    record's order; the sum (`val_reward_mean`) and absent means are left out."""
+    return {k.removeprefix("val_reward_"): v for k, v in summary.items()
+            if k.startswith("val_reward_") and k != "val_reward_mean" and v is not None}

@@ -98,6 +98,10 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "FailureAction",
     "SpecModel",
     "LoRASpec",
+    "VideoSpec",
+    "AudioSpec",
+    "ModalitySpec",
+    "ModalitiesSpec",
     "ModelSpec",
     "DataSpec",
     "RewardSpec",
@@ -181,17 +185,60 @@ def check_paths(*fields: tuple[str, str | None]) -> None:
             raise FieldProblem(field, printable(value), problem)
 
 
+class VideoSpec(SpecModel):
+    """The video a multi-modal family generates (docs/omni.md, "Manifest fields")."""
+
+    frames: PositiveInt = Field(..., description="Frames per video.")
+    height: PositiveInt = Field(..., description="Frame height in pixels.")
+    width: PositiveInt = Field(..., description="Frame width in pixels.")
+    fps: float = Field(..., gt=0, le=240, description="Frames per second (the MP4s' rate and the audio's clock).")
+
+
+class AudioSpec(SpecModel):
+    """The audio a multi-modal family generates beside its video."""
+
+    seconds: float = Field(..., gt=0, le=600, description="Length of the audio in seconds.")
+    sampleRate: int = Field(..., ge=1000, le=192000, description="Sample rate in Hz.")
+
+
+class ModalitySpec(SpecModel):
+    """How the policy treats one modality of a multi-modal sample (docs/omni.md, "Joint training")."""
+
+    train: bool = Field(True, description="Part of the policy. false: the modality is still generated (the ODE "
+                        "update inside FlowGRPO's SDE window) but left out of the log-probability and every loss, as "
+                        "two anchors leave the audio out.")
+    weight: float = Field(1.0, ge=0, le=1000, description="Loss weight of this modality in DiffusionNFT, AWM and "
+                          "DGPO: loss = Σ_m w_m · (the per-element term averaged over modality m), the weights "
+                          "normalised to sum 1 over the trained modalities. FlowGRPO's log-probability is one "
+                          "Gaussian over every trained element and takes no weight.")
+    guidanceScale: float | None = Field(None, ge=1, le=100, description="Classifier-free guidance of this "
+                                        "modality's velocity (1 = off); null = algorithm.sampling.guidanceScale.")
+
+
+class ModalitiesSpec(SpecModel):
+    """`spec.model.modalities`: per modality of a multi-modal family; an unlisted one is trained with weight 1."""
+
+    video: ModalitySpec | None = Field(None, description="The video's train, weight and guidanceScale.")
+    audio: ModalitySpec | None = Field(None, description="The audio's train, weight and guidanceScale.")
+
+    def written(self) -> dict[str, ModalitySpec]:
+        """The modalities set, by name."""
+        return {name: getattr(self, name) for name in ("video", "audio") if getattr(self, name) is not None}
+
+
 class ModelSpec(SpecModel):
     """The model to post-train."""
 
     family: Literal[FAMILY_NAMES] = Field(  # type: ignore[valid-type]  # the registered families
-        "ocr-digits", description="Model adapter family. `ocr-digits` is the built-in CPU demo model."
+        "ocr-digits", description="Model adapter family. `ocr-digits` is the built-in CPU demo model; `av-digits` "
+        "the built-in audio+video one (docs/omni.md)."
     )
     path: str = Field(
         "builtin",
         min_length=1,
         description="Local directory (or mounted volume) holding the model; `builtin` means the weights "
-        "shipped with omnirl (ocr-digits only). Relative paths resolve against the manifest's directory.",
+        "shipped with omnirl (ocr-digits and av-digits only). Relative paths resolve against the manifest's "
+        "directory.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weight dtype. Latents, SDE math and log-probs always stay float32. float16 is "
@@ -225,6 +272,13 @@ class ModelSpec(SpecModel):
     gradientCheckpointing: bool = Field(
         False, description="Actor: recompute each transformer block's activations in the backward pass "
         "(less activation memory for about one extra forward).")
+    video: VideoSpec | None = Field(None, description="A video family's frames, size and fps; null = the family's "
+                                    "default (av-digits: 8 frames of 32x64 at 8 fps, its only size).")
+    audio: AudioSpec | None = Field(None, description="An audio family's length and sample rate; null = the family's "
+                                    "default (av-digits: 1 s at 8000 Hz, its only one).")
+    modalities: ModalitiesSpec | None = Field(
+        None, description="Per modality of a multi-modal family (video, audio): train (in the policy or not), "
+        "weight (its loss weight) and guidanceScale. Unlisted modalities are trained with weight 1; null = all.")
     cel_rules = (CelRule("{dtype} != 'float16'", "spec.model.dtype: float16 cannot be trained: the actor runs AdamW "
                          "on the float16 weights, whose eps and small second moments underflow to 0, so its first "
                          "step makes the weights inf or NaN; use bfloat16", ".dtype"),)
@@ -268,7 +322,45 @@ class ModelSpec(SpecModel):
                 raise FieldProblem(f"resolutions[{i}]", list(size), f"repeats resolutions[{seen[size]}]: each size "
                                    "is listed once (groups take the sizes in turn); remove it or list another size")
             seen[size] = i
+        self.check_media()
         return self
+
+    def modality_settings(self, guidance: float) -> dict[str, dict]:
+        """Each modality of the family with its `train`, `weight` and `guidance_scale` (null `guidanceScale`:
+        `guidance`, the job's `algorithm.sampling.guidanceScale`): the multi-modal adapters' `modalities` option."""
+        written = self.modalities.written() if self.modalities else {}
+        out = {}
+        for name in FAMILIES[self.family].modalities:
+            m = written.get(name, ModalitySpec())
+            out[name] = {"train": m.train, "weight": m.weight,
+                         "guidance_scale": guidance if m.guidanceScale is None else m.guidanceScale}
+        return out
+
+    def check_media(self) -> None:
+        """`video`, `audio` and `modalities` against the family's modalities (`api.extensions.FamilyInfo`); a family
+        whose sizes are fixed checks them when its adapter options are made (av-digits).
+
+        Raises:
+            FieldProblem: a modality the family does not make, no trained modality, or a trained one of weight 0.
+        """
+        mods = FAMILIES[self.family].modalities
+        for key in ("video", "audio"):
+            if getattr(self, key) is not None and key not in mods:
+                raise FieldProblem(key, getattr(self, key).model_dump(), f"family {self.family} makes no {key} "
+                                   f"(its samples: {', '.join(mods)}); remove {key}")
+        if self.modalities is None:
+            return
+        written = self.modalities.written()
+        for name, m in written.items():
+            if name not in mods:
+                raise FieldProblem(f"modalities.{name}", m.model_dump(), f"family {self.family} makes "
+                                   f"{', '.join(mods)}; remove {name}")
+            if m.train and m.weight == 0:
+                raise FieldProblem(f"modalities.{name}.weight", 0.0, "a trained modality needs a weight > 0; set "
+                                   "a weight, or train: false to leave it out of the policy")
+        if not any(written.get(name, ModalitySpec()).train for name in mods):
+            raise FieldProblem("modalities", {k: v.model_dump() for k, v in written.items()},
+                               "no modality is trained: keep train: true on at least one")
 
 
 # ---------------------------------------------------------------- data
@@ -313,7 +405,8 @@ class RewardSpec(SpecModel):
     )
     kind: Literal[REWARD_KIND_NAMES] = Field(  # type: ignore[valid-type]  # the registered reward kinds
         ..., description="Scorer implementation. `pairwise-contrast` is a group-level scorer (it sees a whole "
-        "group at once; a toy for testing and demonstration).")
+        "group at once; a toy for testing and demonstration). `avdigits-*`: the four terms of the built-in "
+        "audio+video task (model.family av-digits; docs/omni.md).")
     weight: float = Field(1.0, description="Weight in the summed reward.")
     required: bool = Field(
         True, description="A failure of a required scorer fails the sample (its group is refilled or dropped)."
@@ -937,8 +1030,9 @@ class RLJobSpec(SpecModel):
                 f"{', '.join(BUILTIN_FAMILIES)} only)",
             )
         for i, r in enumerate(self.reward):
-            scored = REWARD_KINDS[r.kind].modalities
-            if not set(scored) & set(family.modalities):
+            reads = getattr(r.typed_params(), "reads", None)  # a remote scorer or judge: what its params send it
+            scored = tuple(reads()) if reads is not None else REWARD_KINDS[r.kind].modalities
+            if set(scored) - set(family.modalities):  # a kind reading video and audio needs both (docs/omni.md)
                 raise FieldProblem(f"reward[{i}].kind", r.kind, f"scores {' and '.join(scored)}, and model.family "
                                    f"{family.name} produces {' and '.join(family.modalities)}: choose a reward kind "
                                    "that scores what the model produces")

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from omnirl.api.messages import TrainDone
-from omnirl.api.run_dir import METRICS_FILE, read_metrics, train_reward, train_reward_std, trained_steps
+from omnirl.api.run_dir import METRICS_FILE, read_metrics, term_means, train_reward, train_reward_std, trained_steps
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.system.disk import append_lines
@@ -136,8 +136,10 @@ class Reporter:
             self.tensorboard.record("validation", record)
         exact, mean = summary["val_exact_match"], summary["val_reward_mean"]  # exact None: no OCR-rule reward
         missing = summary.get("missing", 0)  # samples whose tensors were gone: not in the means
-        log.info("validation after %d training steps (v%d): reward %s%s (n=%d%s, %.1f s) grid %s",
+        terms = term_means(summary)  # several rewards (the audio+video task's four): each term's mean too
+        log.info("validation after %d training steps (v%d): reward %s%s%s (n=%d%s, %.1f s) grid %s",
                  summary["step"], summary["policy_version"], "—" if mean is None else f"{mean:.3f}",
+                 "" if len(terms) < 2 else " = " + " ".join(f"{k} {v:.3f}" for k, v in terms.items()),
                  "" if exact is None else f" exact {exact:.3f}", summary["n"],
                  f", {missing} missing" if missing else "", summary["val_seconds"], summary["grid"])
 

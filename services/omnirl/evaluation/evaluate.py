@@ -25,6 +25,7 @@ from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.requests import entry_requests
 from omnirl.rollout.types import SampleResult
 from omnirl.scorers.text import exact_match, text_rewards
+from omnirl.transfer.media import to_numpy
 
 
 @dataclass
@@ -38,8 +39,10 @@ class EvalResult:
             (validation's `val_exact_match`).
         n: number of samples (= prompts).
         rewards: `[n]` float32 weighted sums of the job's rewards, in prompt order.
-        images: n `[H, W, 3]` uint8 arrays in prompt order (widths may differ).
+        images: n `[H, W, 3]` uint8 arrays in prompt order (widths may differ; a video's poster).
         prompts: the prompts, in order.
+        components: per sample, each reward's raw score by name.
+        media: a multi-modal family's n media dicts (`omnirl.transfer.media`) in prompt order; None for images.
     """
 
     mean_reward: float
@@ -48,6 +51,8 @@ class EvalResult:
     rewards: np.ndarray
     images: list[np.ndarray] = field(repr=False)
     prompts: list[str] = field(repr=False)
+    components: list[dict[str, float]] = field(default_factory=list, repr=False)
+    media: list[dict] | None = field(default=None, repr=False)
 
 
 class SampleUnscored(RuntimeError):
@@ -90,7 +95,9 @@ def evaluate(
                              batch_size=batch_size, device=device)
     images = [r.image.numpy() for r in results]
     ids = [r.request.sample_id for r in results]
-    scored = rewards.score(images, list(prompts), ids)
+    media = [r.media if r.media is not None else {} for r in results]
+    has_media = any(media)
+    scored = rewards.score(images, list(prompts), ids, [to_numpy(m) for m in media] if has_media else None)
     for i, (reward, _, reason) in enumerate(scored):
         if reward is None:
             raise SampleUnscored(f"eval sample {i} ({prompts[i]!r}) could not be scored: {reason}")
@@ -102,6 +109,8 @@ def evaluate(
         rewards=np.array(totals, dtype=np.float32),
         images=images,
         prompts=list(prompts),
+        components=[s[1] for s in scored],
+        media=media if has_media else None,
     )
 
 

@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from omnirl.api.run_dir import finish_covers, train_reward
+from omnirl.api.run_dir import finish_covers, term_means, train_reward
 
 
 class Progress:
@@ -70,12 +70,16 @@ def validation_table(records: list[dict]) -> str:
         return ""
     steps = {r["step"]: r for r in records if r.get("event") == "step"}
     table = Table(title="held-out reward (ODE) by training step")
-    for col in ("step", "policy_version", "held-out reward", "exact match", "background", "train reward", "grid"):
+    # several per-sample rewards (the audio+video task's four terms): a column each, the sum first
+    terms = list(term_means(vals[0])) if len(term_means(vals[0])) > 1 else []
+    for col in ("step", "policy_version", "held-out reward", *terms, "exact match", "background", "train reward",
+                "grid"):
         table.add_column(col)
     base = vals[0]["val_reward_mean"]
     for v in vals:
         train = train_reward(steps[v["step"] - 1]) if v["step"] - 1 in steps else None
-        table.add_row(str(v["step"]), str(v["policy_version"]), f"{v['val_reward_mean']:.3f}",
+        parts = [f"{v[f'val_reward_{t}']:.3f}" if v.get(f"val_reward_{t}") is not None else "—" for t in terms]
+        table.add_row(str(v["step"]), str(v["policy_version"]), f"{v['val_reward_mean']:.3f}", *parts,
                       "—" if v.get("val_exact_match") is None else f"{v['val_exact_match']:.3f}", f"{v.get('val_background_darkness', float('nan')):.3f}",
                       "" if train is None else f"{train:.3f}", v["grid"])
     console = Console(file=io.StringIO(), width=160)

@@ -6,7 +6,7 @@ What an export directory holds (safetensors and JSON only):
 | --- | --- | --- |
 | diffusers family, LoRA | `pytorch_lora_weights.safetensors` (LoRA config in its metadata) | `pipe.load_lora_weights(DIR)` |
 | diffusers family, full weights | `transformer/config.json` + `transformer/diffusion_pytorch_model.safetensors` (`save_pretrained` layout) | `<Transformer>.from_pretrained(DIR/transformer)` |
-| ocr-digits (LoRA merged into the weights; `DigitsFamily.export_weights`) | `config.json` + `model.safetensors` (the built-in layout) | `load_digits_adapter(DIR)`, `model.path: DIR` |
+| ocr-digits, av-digits (LoRA merged into the weights; `DigitsFamily` / `AVDigitsFamily.export_weights`) | `config.json` + `model.safetensors` (the built-in layout) | `load_digits_adapter(DIR)` / `load_avdigits_adapter(DIR)`, `model.path: DIR` |
 
 and always `export.json` (what was exported, from which checkpoint), `job.yaml` (the run's
 manifest as written: in a run, the controller's `written_manifest`, judges as `reward[].server`) and `validation.json` (this policy's validation, when the run validated it, and every

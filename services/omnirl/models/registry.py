@@ -154,3 +154,15 @@ def default_lora_targets(family: str) -> list[str]:
     """
     return list(get_family(family).default_lora_targets)
 
+
+
+def check_media(spec: RLJobSpec) -> str | None:
+    """The clip of a video family's job checked against its VAE and patch (the family's `check_media` hook: the
+    configs of `model.path` when they are here, else the released checkpoints' factors), for `omnirl validate` and
+    `omnirl run`'s pre-flight. Returns the line saying what was checked; None for a family without the hook.
+
+    Raises:
+        ValueError: naming `spec.model.video.<key>` (or `spec.model.audio.<key>`) and the nearest valid values.
+    """
+    hook = getattr(get_family(spec.model.family), "check_media", None)
+    return None if hook is None else hook(spec)

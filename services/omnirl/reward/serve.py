@@ -147,10 +147,17 @@ class DelayedScorer(Scorer):
             raise ValueError(f"--delay-ms must be >= 0, got {delay_s * 1000:g}")
         self.inner, self.delay_s, self.name = scorer, delay_s, scorer.name
 
+        self.modalities = getattr(scorer, "modalities", frozenset())  # a media scorer stays one
+
     def score(self, images, prompts, sample_ids):
         """As the inner scorer's `score`, `len(images) × delay_s` seconds later."""
         time.sleep(self.delay_s * len(images))
         return self.inner.score(images, prompts, sample_ids)
+
+    def score_media(self, media, prompts, sample_ids):
+        """As the inner scorer's `score_media`, `len(media) × delay_s` seconds later."""
+        time.sleep(self.delay_s * len(media))
+        return self.inner.score_media(media, prompts, sample_ids)
 
 
 def check_address(host: str, port: int) -> None:
