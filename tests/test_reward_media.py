@@ -11,11 +11,11 @@ import pytest
 
 from omnirl.models.digits.render import render_text, slots_for
 from omnirl.reward.audio_signal import AudioSignalScorer, rms_dbfs
-from omnirl.scorers.base import ScorerError
 from omnirl.reward.frames import FrameSampledScorer, frame_indices
 from omnirl.reward.jpeg import JPEGCompressibilityScorer
 from omnirl.reward.temporal import TemporalConsistencyScorer
 from omnirl.reward.video_ocr import VideoOCRScorer, frame_reward, video_reward
+from omnirl.scorers.base import ScorerError
 
 RATE = 8000
 

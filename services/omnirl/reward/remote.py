@@ -28,7 +28,6 @@ from typing import Any
 import grpc
 import numpy as np
 
-from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch, raise_first
 from omnirl.reward.protocol.codec import (
     build_media_request,
     build_request,
@@ -39,7 +38,7 @@ from omnirl.reward.protocol.codec import (
     to_json,
 )
 from omnirl.reward.slow import longest_call_s, measure_timeout, probe_timeout, slow_reason
-from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch
+from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch, raise_first
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """gRPC message size limit both ways (a batch of 64 PNGs at 1024² fits)."""

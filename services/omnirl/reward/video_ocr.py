@@ -15,8 +15,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from omnirl.scorers.base import ScorerError, check_rewards
 from omnirl.reward.frames import Media, frame_indices, media_of
+from omnirl.scorers.base import ScorerError, check_rewards
 from omnirl.scorers.text import levenshtein, target_text
 
 FRAME_STRIDE = 4

@@ -44,12 +44,11 @@ import openai
 
 from omnirl.api.prompts import target_text
 from omnirl.api.seeds import derive
-from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch, raise_first
 from omnirl.reward.frames import frame_indices
 from omnirl.reward.kinds.vlm import VLMParams
 from omnirl.reward.protocol.codec import encode_png
 from omnirl.reward.slow import longest_call_s, measure_timeout, probe_timeout, slow_reason
-from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch
+from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch, raise_first
 from omnirl.scorers.text import ocr_reward
 
 INSTRUCTIONS = {

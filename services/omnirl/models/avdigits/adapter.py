@@ -18,7 +18,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from omnirl.algorithms.sigmas import sigma_schedule
-from omnirl.system.disk import readable, readable_as_umask_allows
 from omnirl.api.prompts import target_text
 from omnirl.models.avdigits.media import (
     AUDIO_SECONDS,
@@ -38,6 +37,7 @@ from omnirl.models.avdigits.prompts import parse_beeps
 from omnirl.models.families import register_family
 from omnirl.models.layout import LatentLayout, ModalitySlot, guided
 from omnirl.models.protocol import Conditioning
+from omnirl.system.disk import readable, readable_as_umask_allows
 
 FAMILY = "av-digits"
 CHECKPOINT_FORMAT = "omnirl-avdigits-v1"

@@ -21,8 +21,8 @@ from pydantic import Field, model_validator
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
 from omnirl.api.extensions import REWARD_KINDS, params_model
-from omnirl.scorers.kinds import NotOnThisMachine, RewardKind, register_kind
 from omnirl.reward.kinds.ocr import check_prompts as ocr_check_prompts
+from omnirl.scorers.kinds import NotOnThisMachine, RewardKind, register_kind
 
 
 class VideoOCRParams(SpecModel):

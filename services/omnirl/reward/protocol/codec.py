@@ -18,10 +18,9 @@ import numpy as np
 from google.protobuf import json_format
 from PIL import Image
 
-from omnirl.scorers.base import Outcome, Scorer, ScorerError, reads_media, score_each, score_media_each
 from omnirl.reward.frames import frame_indices
 from omnirl.reward.protocol.stubs import load
-from omnirl.scorers.base import Outcome, Scorer, ScorerError, score_each
+from omnirl.scorers.base import Outcome, Scorer, ScorerError, reads_media, score_each, score_media_each
 
 pb2, pb2_grpc = load()
 
