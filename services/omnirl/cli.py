@@ -33,14 +33,16 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         # machine: validate said ok to targetModules [qkv_proj] on the built-in model, which omnirl run refused
         from omnirl.api.errors import ConfigError
         from omnirl.launch.preflight import check_lora, missing_local_paths
+        from omnirl.models.parallel.layout import check_layout
 
         if any(field == "spec.model.path" for field, _, _ in missing_local_paths(job)):
             return []  # said under `ok` (a cluster's pods hold it)
+        problems = check_layout(job.spec)  # the parallel degrees against the model's heads (its config files)
         try:
             check_lora(job)
         except ConfigError as err:
-            return [str(err)]
-        return []
+            return [*problems, str(err)]
+        return problems
 
     return validate_files(args.files, out=sys.stdout, describe=grid, check=check)
 
