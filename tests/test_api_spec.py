@@ -96,7 +96,7 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
         ),
         (
             {"model": {"family": "flux"}},
-            'spec.model.path: "builtin" is invalid: must name a model directory for family flux (builtin, the default, is ocr-digits only)',
+            'spec.model.path: "builtin" is invalid: must name a model directory for family flux (builtin, the default, is ocr-digits and av-digits only)',
         ),
         ({"reward": []}, "spec.reward: [] is invalid: must have at least 1 item(s)"),
         # names the API server refuses in the pods' secretKeyRef / the claim: validate said ok

@@ -55,7 +55,10 @@ def _cmd_crd(args: argparse.Namespace) -> int:
 
 
 def _cmd_pretrain(args: argparse.Namespace) -> int:
-    from omnirl.models.digits.pretrain import main as pretrain_main
+    if args.family == "av-digits":
+        from omnirl.models.avdigits.pretrain import main as pretrain_main
+    else:
+        from omnirl.models.digits.pretrain import main as pretrain_main
 
     return pretrain_main(args)
 
@@ -124,13 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("crd", help="print the RLJob CustomResourceDefinition generated from the spec")
     s.set_defaults(fn=_cmd_crd)
 
-    s = sub.add_parser("pretrain", help="pretrain the built-in OCR digits model by flow matching")
+    s = sub.add_parser("pretrain", help="pretrain a built-in model by flow matching: the OCR digits model, or "
+                       "the audio+video one (--family av-digits)")
+    s.add_argument("--family", choices=["ocr-digits", "av-digits"], default="ocr-digits",
+                   help="which built-in model (default ocr-digits; av-digits: the audio+video task, docs/omni.md)")
     s.add_argument("--out", required=True, help="output directory (safetensors weights + config.json)")
     s.add_argument("--steps", type=int, default=3000, help="training (optimiser) steps (default 3000; the shipped model: 550)")
     s.add_argument("--seed", type=int, default=0, help="seed of the weights, images and noise (default 0)")
     s.add_argument("--batch-size", type=int, default=64, help="rendered images per step (default 64)")
     s.add_argument("--lr", type=float, default=None, help="peak AdamW lr (default: the shipped checkpoint's, 1.5e-3)")
     s.add_argument("--device", default="cpu", help="cpu | cuda")
+    s.add_argument("--snapshot-every", type=int, default=None, metavar="K",
+                   help="av-digits: also save the EMA weights to OUT/step-K, OUT/step-2K, … (to choose a step count)")
     s.set_defaults(fn=_cmd_pretrain)
 
     s = sub.add_parser("eval", help="sample prompts as validation does (rollout engine, job's σ grid), score them "

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds
-from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, group_shapes, micro_batches
+from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, group_shapes, micro_batches, modalities_of
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, check_loss, clip_grad_norm
 from omnirl.algorithms import (
@@ -27,7 +27,9 @@ from omnirl.algorithms import (
     matching_error,
     stratified_sigmas,
     weighted_matching,
+    weighted_mean,
 )
+from omnirl.algorithms.modalities import Modalities
 from omnirl.api.ids import parse_group_id, parse_sample_id
 from omnirl.api.seeds import derive
 from omnirl.api.spec import AlgorithmSpec, AWMSpec, OptimizerSpec
@@ -132,9 +134,11 @@ def _forward(adapter, mb: list[TrainSample], spec: AWMSpec, sigmas: dict, seed: 
     return x_t, x0, eps, sigma, cond
 
 
-def _log_prob(v: torch.Tensor, x0, eps, sigma, spec: AWMSpec, b: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(log p = −w(ℓ, σ) `[b, K]`, ℓ `[b, K]`) from draw-major velocities `[K·b, ...]`."""
-    err = matching_error(v, x0, eps)
+def _log_prob(v: torch.Tensor, x0, eps, sigma, spec: AWMSpec, b: int, mods: Modalities | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(log p = −w(ℓ, σ) `[b, K]`, ℓ `[b, K]`) from draw-major velocities `[K·b, ...]` (ℓ summed over the
+    modalities with their weights, `matching_error`)."""
+    err = matching_error(v, x0, eps, mods)
     lp = -weighted_matching(err, sigma, spec.weighting, spec.ghuberPower)
     return lp.view(-1, b).t(), err.view(-1, b).t()
 
@@ -148,7 +152,8 @@ def _old_log_probs(policies: PolicySet, plans: list[list[list[TrainSample]]], sp
         for mbs in plans:
             for mb, share in ranks.share(mbs):
                 x_t, x0, eps, sigma, cond = _forward(policies.adapter, mb, spec, sigmas, seed, device)
-                lp, _ = _log_prob(policies.adapter.velocity(x_t, sigma, cond).float(), x0, eps, sigma, spec, len(mb))
+                lp, _ = _log_prob(policies.adapter.velocity(x_t, sigma, cond).float(), x0, eps, sigma, spec, len(mb),
+                                  modalities_of(policies.adapter, mb))
                 if share:
                     out.update({s.sample_id: lp[i].cpu() for i, s in enumerate(mb)})
     return ranks.merge(out, ids)
@@ -159,7 +164,8 @@ def _micro(policies: PolicySet, mb: list[TrainSample], spec: AWMSpec, sigmas: di
     adapter = policies.adapter
     x_t, x0, eps, sigma, cond = _forward(adapter, mb, spec, sigmas, seed, device)
     v = adapter.velocity(x_t, sigma, cond).float()
-    lp, err = _log_prob(v, x0, eps, sigma, spec, len(mb))
+    mods = modalities_of(adapter, mb)
+    lp, err = _log_prob(v, x0, eps, sigma, spec, len(mb), mods)
     old_lp = lp.detach() if old is None else torch.stack([old[s.sample_id] for s in mb]).to(device)
     adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
     adv = awm_advantages(adv, advantage_clip, spec.advantageMax)
@@ -169,19 +175,22 @@ def _micro(policies: PolicySet, mb: list[TrainSample], spec: AWMSpec, sigmas: di
     if spec.klCoef > 0:
         with policies.reference() as ref:
             v_ref = ref.velocity(x_t, sigma, cond).float()
-        kl = _velocity_gap(v, v_ref, len(mb))
+        kl = _velocity_gap(v, v_ref, len(mb), mods)
     if spec.emaKlCoef > 0:
         with policies.old() as anchor:
             v_ema = anchor.velocity(x_t, sigma, cond).float()
-        ema_kl = _velocity_gap(v, v_ema, len(mb))
+        ema_kl = _velocity_gap(v, v_ema, len(mb), mods)
     out = awm_loss(lp, old_lp, adv, spec.clipRange, kl=kl, kl_coef=spec.klCoef, ema_kl=ema_kl,
                    ema_kl_coef=spec.emaKlCoef)
     return {**out._asdict(), "matching_error": err.detach().mean()}
 
 
-def _velocity_gap(v: torch.Tensor, v_other: torch.Tensor, b: int) -> torch.Tensor:
-    """mean_i (v − v_other)² per (sample, draw) `[b, K]`, v_other detached."""
-    return (v - v_other.detach()).pow(2).flatten(1).mean(dim=1).view(-1, b).t()
+def _velocity_gap(v: torch.Tensor, v_other: torch.Tensor, b: int, mods: Modalities | None = None) -> torch.Tensor:
+    """mean_i (v − v_other)² per (sample, draw) `[b, K]`, v_other detached (Σ_m w_m · mean over modality m for a
+    flat multi-modal latent)."""
+    gap = (v - v_other.detach()).pow(2)
+    per_row = gap.flatten(1).mean(dim=1) if mods is None else weighted_mean(gap, mods)
+    return per_row.view(-1, b).t()
 
 
 AWM = AdvantageWeightedMatching()

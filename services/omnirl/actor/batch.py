@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 
+from omnirl.algorithms.modalities import Modalities
+
 GridOf = Callable[[tuple[int, ...]], torch.Tensor]
 """Latent shape `(C, H, W)` → the rollout σ grid `[N+1]` fp32 of samples of that shape."""
 
@@ -39,6 +41,24 @@ class TrainSample:
     sigmas: torch.Tensor
     noise_level: float
     sde_type: str
+
+
+def modalities_of(adapter, samples: list[TrainSample]) -> Modalities | None:
+    """The modalities and loss weights of a micro-batch's flat latent (`adapter.latent_layout`, docs/omni.md,
+    "Joint training"); None for an image family (one modality: the element mean, today's losses). A
+    micro-batch holds one latent shape, so its first sample's layout is every sample's."""
+    layout_of = getattr(adapter, "latent_layout", None)
+    return None if layout_of is None else layout_of(list(samples[0].prompt_ids)).modalities()
+
+
+def trained_mask_of(adapter, samples: list[TrainSample]) -> torch.Tensor | None:
+    """`[D]` bool, the trained elements of a micro-batch's flat latent, for FlowGRPO's log-prob and KL; None when
+    every element is trained (an image family, or every modality in the policy): the plain element mean."""
+    layout_of = getattr(adapter, "latent_layout", None)
+    if layout_of is None:
+        return None
+    layout = layout_of(list(samples[0].prompt_ids))
+    return None if layout.all_trained else layout.trained_mask()
 
 
 def micro_batches(samples: list[TrainSample], size: int, *, keep_groups: bool = False) -> list[list[TrainSample]]:

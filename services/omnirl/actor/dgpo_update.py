@@ -16,7 +16,7 @@ import torch
 
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds
 from omnirl.actor.awm_update import _forward, _velocity_gap, draw_sigmas
-from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, group_shapes, micro_batches
+from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, group_shapes, micro_batches, modalities_of
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, check_loss, clip_grad_norm
 from omnirl.algorithms import dgpo_loss, matching_error
@@ -98,12 +98,13 @@ def _micro(policies: PolicySet, mb: list[TrainSample], spec: DGPOSpec, sigmas: d
             v_ref = anchor.velocity(x_t, sigma, cond).float()
     else:
         v_ref = v_base
-    err = matching_error(v, x0, eps).view(-1, b).t()  # [b, K]
-    err_ref = matching_error(v_ref, x0, eps).view(-1, b).t()
+    mods = modalities_of(policies.adapter, mb)  # a flat multi-modal latent: Σ_m w_m · ℓ_m
+    err = matching_error(v, x0, eps, mods).view(-1, b).t()  # [b, K]
+    err_ref = matching_error(v_ref, x0, eps, mods).view(-1, b).t()
     adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
     ids = {g: i for i, g in enumerate(dict.fromkeys(s.group_id for s in mb))}
     groups = torch.tensor([ids[s.group_id] for s in mb], dtype=torch.int64, device=device)
-    kl = _velocity_gap(v, v_base, b) if spec.klCoef > 0 else None
+    kl = _velocity_gap(v, v_base, b, mods) if spec.klCoef > 0 else None
     out = dgpo_loss(err, err_ref, adv, groups, spec.betaDpo, kl=kl, kl_coef=spec.klCoef)
     return {**out._asdict(), "group_weight": out.group_weight.mean(), "matching_error": err.detach().mean()}
 

@@ -14,7 +14,7 @@ import random
 import torch
 
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds, RolloutPlan
-from omnirl.actor.batch import GridOf, TrainSample, micro_batches, stack_window
+from omnirl.actor.batch import GridOf, TrainSample, micro_batches, stack_window, trained_mask_of
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, check_loss, clip_grad_norm
 from omnirl.algorithms import (
@@ -38,17 +38,19 @@ def window_log_probs(adapter: ModelAdapter, samples: list[TrainSample], device: 
     """Log-probs `[B, W]` of the recorded window transitions under `adapter`'s velocity.
 
     Returns (log_prob [B, W], means list of W tensors [B, C, H, W], stds list of W [B]) when
-    `with_mean`, else log_prob only. Differentiable when called with grad enabled.
+    `with_mean`, else log_prob only. Differentiable when called with grad enabled. A multi-modal latent's
+    log-prob is one Gaussian over its trained elements (`trained_mask_of`, docs/omni.md).
     """
     latents, _, sigmas = stack_window(samples)
     latents, sigmas = latents.to(device), sigmas.to(device)
     cond = adapter.encode([s.prompt_ids for s in samples], device=device)
     noise_level, sde_type = samples[0].noise_level, samples[0].sde_type
+    mask = trained_mask_of(adapter, samples)
     logps, means, stds = [], [], []
     for j in range(latents.shape[1] - 1):
         v = adapter.velocity(latents[:, j], sigmas[:, j], cond)
         mean, std = sde_mean_std(latents[:, j], v, sigmas[:, j], sigmas[:, j + 1], noise_level, sde_type)
-        logps.append(gaussian_log_prob(latents[:, j + 1], mean, std))
+        logps.append(gaussian_log_prob(latents[:, j + 1], mean, std, mask))
         means.append(mean)
         stds.append(std)
     log_prob = torch.stack(logps, dim=1)
@@ -199,7 +201,8 @@ def _micro_loss(policies: PolicySet, mb: list[TrainSample], old_lp: dict, keep_b
     if spec.klCoef > 0:
         with policies.reference() as ref:
             _, ref_means, _ = window_log_probs(ref, mb, device, with_mean=True)
-        kl = torch.stack([gaussian_kl(m, r, s) for m, r, s in zip(means, ref_means, stds, strict=True)], dim=1)
+        mask = trained_mask_of(policies.adapter, mb)
+        kl = torch.stack([gaussian_kl(m, r, s, mask) for m, r, s in zip(means, ref_means, stds, strict=True)], dim=1)
     old = torch.stack([old_lp[s.sample_id] for s in mb]).to(device)
     adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
     weight = torch.tensor([keep_by_id[s.sample_id] for s in mb], dtype=torch.float32, device=device)

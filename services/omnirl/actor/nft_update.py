@@ -15,10 +15,10 @@ from __future__ import annotations
 import torch
 
 from omnirl.actor.algorithm import Algorithm, PolicyNeeds
-from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, micro_batches
+from omnirl.actor.batch import GridOf, TrainSample, group_minibatches, micro_batches, modalities_of
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, check_loss, clip_grad_norm
-from omnirl.algorithms import nft_loss, optimality_probability
+from omnirl.algorithms import nft_loss, optimality_probability, weighted_mean
 from omnirl.api.ids import parse_group_id
 from omnirl.api.seeds import derive
 from omnirl.api.spec import AlgorithmSpec, NFTSpec, OptimizerSpec
@@ -99,20 +99,23 @@ def _draw_loss(policies: PolicySet, mb: list[TrainSample], draw: int, spec: NFTS
                  for g in dict.fromkeys(s.group_id for s in mb)}
     sigma = torch.tensor([per_group[s.group_id][0] for s in mb], dtype=torch.float32, device=device)
     eps = torch.stack([per_group[s.group_id][1] for s in mb]).to(device)
-    x_t = (1.0 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * eps
+    s = sigma.view(-1, *([1] * (x0.dim() - 1)))  # [b, 1, 1, 1] for images, [b, 1] for a flat multi-modal latent
+    x_t = (1.0 - s) * x0 + s * eps
     adapter = policies.adapter
+    mods = modalities_of(adapter, mb)
     cond = adapter.encode([s.prompt_ids for s in mb], device=device)
     adv = torch.tensor([s.advantage for s in mb], dtype=torch.float32, device=device)
     r = optimality_probability(adv, spec.advantageMax)
     with policies.old() as old:
         v_old = old.velocity(x_t, sigma, cond).float()
     v_theta = adapter.velocity(x_t, sigma, cond).float()
-    out = nft_loss(x0, x_t, sigma, v_theta, v_old, r, spec.beta)
+    out = nft_loss(x0, x_t, sigma, v_theta, v_old, r, spec.beta, mods)
     loss, kl = out.loss, torch.zeros((), device=device)
     if spec.klCoef > 0:
         with policies.reference() as ref:
             v_ref = ref.velocity(x_t, sigma, cond).float()
-        kl = (v_theta - v_ref).pow(2).mean()
+        gap = (v_theta - v_ref).pow(2)
+        kl = gap.mean() if mods is None else weighted_mean(gap, mods).mean()
         loss = loss + spec.klCoef * kl
     return {"loss": loss, "positive_loss": out.positive_loss, "negative_loss": out.negative_loss,
             "kl": kl.detach()}

@@ -4,7 +4,8 @@ Modules: `sigmas` (σ grid), `sde` (ODE / Flow-GRPO SDE / CPS step and log-prob)
 (stochastic step window), `advantages` (group-relative advantages), `flow_grpo` (PPO-clip loss),
 `kl` (closed-form Gaussian KL), `rollout_correction` (IS diagnostics, RS mask), `nft`
 (DiffusionNFT loss and old-policy EMA), `awm` (Advantage Weighted Matching loss and σ draws), `dgpo`
-(Direct Group Preference Optimization group weights and loss).
+(Direct Group Preference Optimization group weights and loss), `modalities` (per-modality
+reductions of a flat multi-modal latent: the joint log-prob's trained mean, the losses' weighted sum).
 """
 
 from omnirl.algorithms.advantages import AdvantageResult, group_advantages
@@ -20,6 +21,7 @@ from omnirl.algorithms.awm import (
 from omnirl.algorithms.dgpo import DGPOLoss, dgpo_loss, group_preference
 from omnirl.algorithms.flow_grpo import GRPOLoss, flow_grpo_loss
 from omnirl.algorithms.kl import gaussian_kl
+from omnirl.algorithms.modalities import Modalities, modality_means, trained_mean, weighted_mean
 from omnirl.algorithms.nft import (
     NFTLoss,
     ema_update_,
@@ -45,6 +47,7 @@ __all__ = [
     "DGPOLoss",
     "GRPOLoss",
     "ISDiagnostics",
+    "Modalities",
     "NFTLoss",
     "SDEStep",
     "auto_band",
@@ -61,6 +64,7 @@ __all__ = [
     "implicit_velocities",
     "is_diagnostics",
     "matching_error",
+    "modality_means",
     "nft_loss",
     "ode_step",
     "old_policy_decay",
@@ -72,5 +76,7 @@ __all__ = [
     "select_window",
     "sigma_schedule",
     "stratified_sigmas",
+    "trained_mean",
+    "weighted_mean",
     "weighted_matching",
 ]

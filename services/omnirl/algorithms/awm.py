@@ -33,6 +33,7 @@ from torch import Tensor
 
 from omnirl.algorithms._tensors import batch_tensor, f32, per_sample, require, same_shape
 from omnirl.algorithms.flow_grpo import flow_grpo_loss
+from omnirl.algorithms.modalities import Modalities, weighted_mean
 
 WEIGHTINGS = ("uniform", "t", "t2", "huber", "ghuber")
 HUBER_DELTA = 1e-10
@@ -78,12 +79,14 @@ def awm_advantages(advantages: Tensor, clip: float = 5.0, advantage_max: float =
     return advantages.clamp(-clip, clip) * (advantage_max / clip)
 
 
-def matching_error(v_theta: Tensor, x0: Tensor, eps: Tensor) -> Tensor:
-    """ℓ_b = mean_i (v_θ − (ε − x0))²: the flow-matching error of each sample (x_σ = (1−σ)x0 + σε).
+def matching_error(v_theta: Tensor, x0: Tensor, eps: Tensor, modalities: Modalities | None = None) -> Tensor:
+    """ℓ_b = mean_i (v_θ − (ε − x0))²: the flow-matching error of each sample (x_σ = (1−σ)x0 + σε); with
+    `modalities` (a flat multi-modal latent) Σ_m w_m · mean_{i∈m} (…)² (docs/omni.md, "Joint training").
 
     Args:
         v_theta: `[B, ...]` predicted velocity at x_σ (differentiable).
         x0: `[B, ...]` clean latents; eps: `[B, ...]` the noise x_σ was made with.
+        modalities: the modalities and their weights (`algorithms.modalities`); None = one modality.
     Returns:
         `[B]` float32 ≥ 0.
     Raises:
@@ -94,7 +97,9 @@ def matching_error(v_theta: Tensor, x0: Tensor, eps: Tensor) -> Tensor:
     same_shape(v_theta, x0, "v_theta", "x0")
     same_shape(eps, x0, "eps", "x0")
     diff = v_theta - (eps - x0).detach()
-    return diff.pow(2).flatten(1).mean(dim=1)
+    if modalities is None:
+        return diff.pow(2).flatten(1).mean(dim=1)
+    return weighted_mean(diff.pow(2), modalities)
 
 
 def weighted_matching(error: Tensor, sigma: Tensor, weighting: str = "ghuber", power: float = 0.25) -> Tensor:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from omnirl.algorithms._tensors import batch_tensor, element_mean, positive_std, same_shape
+from omnirl.algorithms._tensors import batch_tensor, positive_std, same_shape
+from omnirl.algorithms.modalities import trained_mean
 
 
-def gaussian_kl(mean: Tensor, mean_ref: Tensor, std: Tensor) -> Tensor:
+def gaussian_kl(mean: Tensor, mean_ref: Tensor, std: Tensor, mask: Tensor | None = None) -> Tensor:
     """KL of two Gaussians with equal isotropic std, averaged over elements.
 
     kl_b = mean_i (mean_bi − mean_ref_bi)² / (2·std_b²)   (Flow-GRPO, arXiv 2505.05470).
@@ -24,6 +25,8 @@ def gaussian_kl(mean: Tensor, mean_ref: Tensor, std: Tensor) -> Tensor:
         mean: `[B, ...]` current-policy transition mean (cast to float32).
         mean_ref: same shape, reference-policy transition mean.
         std: `[B]` (or a scalar) shared std, every entry > 0.
+        mask: optional bool of one sample's latent shape: average over the trained elements only (as
+            `sde.gaussian_log_prob`).
     Returns:
         `[B]` float32, ≥ 0, exactly 0 where the means are equal.
     Raises:
@@ -33,4 +36,4 @@ def gaussian_kl(mean: Tensor, mean_ref: Tensor, std: Tensor) -> Tensor:
     mean_ref = batch_tensor(mean_ref, "mean_ref")
     same_shape(mean, mean_ref, "mean", "mean_ref")
     std = positive_std(std, mean.shape[0], mean, "the Gaussian KL")
-    return element_mean((mean - mean_ref) ** 2) / (2.0 * std**2)
+    return trained_mean((mean - mean_ref) ** 2, mask) / (2.0 * std**2)

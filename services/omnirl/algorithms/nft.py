@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from omnirl.algorithms._tensors import batch_tensor, bcast, element_mean, f32, per_sample, same_shape
+from omnirl.algorithms.modalities import Modalities, modality_means
 
 ADAPTIVE_WEIGHT_MIN = 1e-5
 DECAY_SCHEDULES = ("copy", "ema")
@@ -86,20 +87,28 @@ def implicit_velocities(v_theta: Tensor, v_old: Tensor, beta: float) -> tuple[Te
     return beta * v_theta + (1.0 - beta) * v_old, (1.0 + beta) * v_old - beta * v_theta
 
 
-def _weighted_error(x0_hat: Tensor, x0: Tensor) -> Tensor:
-    """Per-sample mean squared error divided by stop-grad(mean |x̂0 − x0|) clamped ≥ 1e-5."""
+def _weighted_error(x0_hat: Tensor, x0: Tensor, modalities: Modalities | None = None) -> Tensor:
+    """Per-sample mean squared error divided by stop-grad(mean |x̂0 − x0|) clamped ≥ 1e-5; with `modalities`,
+    Σ_m w_m · (the same over modality m's elements), each modality its own adaptive weight."""
     diff = x0_hat - x0
+    if modalities is None:
+        with torch.no_grad():
+            weight = element_mean(diff.abs()).clamp_min(ADAPTIVE_WEIGHT_MIN)
+        return element_mean(diff**2) / weight
     with torch.no_grad():
-        weight = element_mean(diff.abs()).clamp_min(ADAPTIVE_WEIGHT_MIN)
-    return element_mean(diff**2) / weight
+        weight = modality_means(diff.abs(), modalities).clamp_min(ADAPTIVE_WEIGHT_MIN)  # [B, M]
+    w = torch.tensor(modalities.weights, dtype=diff.dtype, device=diff.device)
+    return (modality_means(diff**2, modalities) / weight * w).sum(dim=1)
 
 
 def nft_loss(x0: Tensor, x_t: Tensor, sigma: Tensor, v_theta: Tensor, v_old: Tensor, r: Tensor,
-             beta: float) -> NFTLoss:
+             beta: float, modalities: Modalities | None = None) -> NFTLoss:
     """DiffusionNFT loss (arXiv 2509.16117), with adaptive weights.
 
     x̂0(v) = x_t − σ·v;  err(v) = mean_i (x̂0(v) − x0)²;  w(v) = stop-grad(max(mean_i |x̂0(v) − x0|, 1e-5));
     loss = mean_B [ r·err(v⁺)/w(v⁺) + (1−r)·err(v⁻)/w(v⁻) ].
+    A multi-modal latent (`modalities`): err/w is taken per modality and summed with the modality weights,
+    Σ_m w_m·err_m/w_m (docs/omni.md, "Joint training"); a modality of weight 0 is in no term.
 
     Args:
         x0: `[B, ...]` clean rollout latents (cast to float32).
@@ -109,6 +118,7 @@ def nft_loss(x0: Tensor, x_t: Tensor, sigma: Tensor, v_theta: Tensor, v_old: Ten
         v_old: `[B, ...]` old-policy velocity at (x_t, σ) (detached inside).
         r: `[B]` optimality probability in [0, 1] (`optimality_probability`).
         beta: β > 0.
+        modalities: the flat latent's modalities and weights (`algorithms.modalities`); None = one modality.
     Returns:
         NFTLoss(loss differentiable 0-dim, positive_loss and negative_loss detached 0-dim).
     Raises:
@@ -124,8 +134,8 @@ def nft_loss(x0: Tensor, x_t: Tensor, sigma: Tensor, v_theta: Tensor, v_old: Ten
             raise ValueError(f"{name} must lie in [0, 1], got {value.tolist()}")
     v_plus, v_minus = implicit_velocities(v_theta, v_old, beta)
     same_shape(v_plus, x0, "v_theta", "x0")
-    positive = r * _weighted_error(x_t - bcast(sigma, x_t) * v_plus, x0)
-    negative = (1.0 - r) * _weighted_error(x_t - bcast(sigma, x_t) * v_minus, x0)
+    positive = r * _weighted_error(x_t - bcast(sigma, x_t) * v_plus, x0, modalities)
+    negative = (1.0 - r) * _weighted_error(x_t - bcast(sigma, x_t) * v_minus, x0, modalities)
     loss = (positive + negative).mean()
     return NFTLoss(loss=loss, positive_loss=positive.detach().mean(), negative_loss=negative.detach().mean())
 

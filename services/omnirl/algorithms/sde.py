@@ -33,7 +33,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from omnirl.algorithms._tensors import batch_tensor, bcast, element_mean, per_sample, positive_std, require, same_shape
+from omnirl.algorithms._tensors import batch_tensor, bcast, per_sample, positive_std, require, same_shape
+from omnirl.algorithms.modalities import trained_mean
 
 SDE_TYPES = ("sde", "cps")
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -138,17 +139,22 @@ def sde_mean_std(x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor, noise_
     return mean, std
 
 
-def gaussian_log_prob(x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:
+def gaussian_log_prob(x_next: Tensor, mean: Tensor, std: Tensor, mask: Tensor | None = None) -> Tensor:
     """Per-sample Gaussian log-density, averaged (not summed) over elements.
 
     log_prob_b = mean_i [ −(x_next − mean)²/(2·std_b²) − log std_b − ½·log 2π ]
     (Flow-GRPO, arXiv 2505.05470: log-probs are per-element means, hence tiny clip ranges).
     Differentiable w.r.t. `mean` (the training recompute); pass a stored/detached `x_next`.
 
+    With `mask` (a multi-modal latent with a modality left out of the policy) the mean runs over the
+    masked (trained) elements only: (Σ_m D_m · log_prob_m) / Σ_m D_m over the trained modalities m
+    (`modalities.trained_mean`; docs/omni.md, "Joint training").
+
     Args:
         x_next: `[B, ...]`, cast to float32.
         mean: same shape as x_next.
         std: `[B]` (or a scalar), every entry > 0.
+        mask: optional bool of one sample's latent shape (`[D]` for a flat latent): the trained elements.
     Returns:
         `[B]` float32.
     Raises:
@@ -159,13 +165,13 @@ def gaussian_log_prob(x_next: Tensor, mean: Tensor, std: Tensor) -> Tensor:
     mean = batch_tensor(mean, "mean")
     same_shape(x_next, mean, "x_next", "mean")
     std = positive_std(std, x_next.shape[0], x_next, "a log-density")
-    z2 = element_mean((x_next - mean) ** 2)
+    z2 = trained_mean((x_next - mean) ** 2, mask)
     return -z2 / (2.0 * std**2) - torch.log(std) - _HALF_LOG_2PI
 
 
 def sde_step(x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor, noise_level: float,
              sde_type: str = "sde", noise: Tensor | None = None,
-             generator: torch.Generator | None = None) -> SDEStep:
+             generator: torch.Generator | None = None, mask: Tensor | None = None) -> SDEStep:
     """Sample x_next ~ π(x_next | x) = N(mean, std²) and return its log-prob (see `sde_mean_std`).
 
     x_next = mean + std·ε. When `noise` is None, ε ~ N(0, I) is drawn with `generator` on x's
@@ -174,11 +180,16 @@ def sde_step(x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor, noise_leve
     deterministic: x_next = mean exactly and log_prob is undefined, so it is returned as 0 —
     such a step must not be trained.
 
+    With `mask` (bool of one sample's latent shape: the trained elements of a multi-modal latent) the
+    elements outside it take the deterministic ODE update x + v·(σ_next − σ) (a modality sampled but not
+    trained, docs/omni.md) and the log-prob averages over the masked elements only (`gaussian_log_prob`).
+
     Args:
         x, v: `[B, ...]` (cast to float32); sigma, sigma_next: `[B]` (or scalars).
         noise_level: a ≥ 0; sde_type: "sde" or "cps".
         noise: optional `[B, ...]` standard-normal noise (cast to float32).
         generator: torch.Generator for drawing noise (its device must match x).
+        mask: optional bool `[...]` of one sample's shape; None = every element stochastic and in the log-prob.
     Returns:
         SDEStep(x_next [B, ...], mean [B, ...], std [B], log_prob [B]), all float32; log_prob
         uses x_next detached.
@@ -192,8 +203,10 @@ def sde_step(x: Tensor, v: Tensor, sigma: Tensor, sigma_next: Tensor, noise_leve
         noise = batch_tensor(noise, "noise")
         same_shape(noise, mean, "noise", "x")
     x_next = mean + bcast(std, mean) * noise
+    if mask is not None:  # the untrained modality's elements take the ODE update
+        x_next = torch.where(mask.to(x_next.device), x_next, ode_step(x, v, sigma, sigma_next))
     stochastic = std > 0
     safe_std = torch.where(stochastic, std, torch.ones_like(std))
-    log_prob = gaussian_log_prob(x_next.detach(), mean, safe_std)
+    log_prob = gaussian_log_prob(x_next.detach(), mean, safe_std, mask)
     log_prob = torch.where(stochastic, log_prob, torch.zeros_like(log_prob))
     return SDEStep(x_next=x_next, mean=mean, std=std, log_prob=log_prob)

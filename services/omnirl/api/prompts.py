@@ -6,6 +6,8 @@ quoted-text rule from here instead of keeping two copies that could drift apart.
 
 from __future__ import annotations
 
+import re
+
 
 def target_text(prompt_line: str) -> str:
     """The text an image for this prompt should show.
@@ -33,3 +35,24 @@ def target_text(prompt_line: str) -> str:
             'e.g. A sign that says "2048"'
         )
     return prompt_line.split('"')[1]
+
+
+MAX_BEEPS = 4
+"""The audio+video digits task's largest beep count (`with <k> beeps`, k in 1..4)."""
+_BEEPS = re.compile(r"\bwith (\d+) beeps?\b")
+
+
+def beep_count(prompt_line: str) -> int:
+    """k of a prompt of the audio+video digits task, `A sign that says "<number>" with <k> beeps` (`with 1 beep`).
+
+    Raises:
+        ValueError: no `with <k> beep(s)` in the line, or k outside 1..4 (the message names the fix).
+    """
+    found = _BEEPS.search(prompt_line)
+    if found is None:
+        raise ValueError(f"prompt {prompt_line!r} does not say how many beeps; end it with 'with <k> beeps', k in "
+                         f"1..{MAX_BEEPS}, e.g. 'A sign that says \"42\" with 2 beeps'")
+    beeps = int(found.group(1))
+    if not 1 <= beeps <= MAX_BEEPS:
+        raise ValueError(f"prompt {prompt_line!r} asks for {beeps} beeps; the task has 1..{MAX_BEEPS}")
+    return beeps

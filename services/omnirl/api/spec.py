@@ -71,6 +71,23 @@ collected, which `transferQueue.maxStreamLength` must hold."""
 JUDGE_STARTUP_S = 900
 """`reward[].server.startupSeconds` by default: 15 minutes, for a judge that loads a large model (a VLM's weights
 from a network volume); the operator's judge startup probe allowed this long before the field existed."""
+BUILTIN_FAMILIES: tuple[str, ...] = ("ocr-digits", "av-digits")
+"""Families whose weights ship with omnirl (`model.path: builtin`)."""
+FAMILY_MODALITIES: dict[str, tuple[str, ...]] = {
+    "ocr-digits": ("image",), "sd3": ("image",), "qwen-image": ("image",), "flux": ("image",),
+    "av-digits": ("video", "audio"),
+}
+"""The modalities each family's samples carry (docs/omni.md): what `model.modalities` may name."""
+FAMILY_MEDIA: dict[str, dict[str, dict[str, float]]] = {
+    "av-digits": {"video": {"frames": 8, "height": 32, "width": 64, "fps": 8.0},
+                  "audio": {"seconds": 1.0, "sampleRate": 8000}},
+}
+"""Families whose video and audio sizes are fixed by the model: `model.video` / `model.audio` must equal these."""
+MEDIA_REWARD_KINDS: dict[str, frozenset[str]] = {
+    "avdigits-ocr": frozenset({"video"}), "avdigits-beeps": frozenset({"audio"}),
+    "avdigits-pitch": frozenset({"audio"}), "avdigits-sync": frozenset({"video", "audio"}),
+}
+"""Reward kinds that score media, and the modalities each reads (the family must make them)."""
 # Families whose adapter has `velocity_packed` (mixed shapes in one forward); tests keep this in sync.
 PACKED_FAMILIES: tuple[str, ...] = ("sd3",)
 # Families whose velocity and gradients with cuDNN attention matched torch's own kernel choice on the
@@ -101,6 +118,10 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "FailureAction",
     "SpecModel",
     "LoRASpec",
+    "VideoSpec",
+    "AudioSpec",
+    "ModalitySpec",
+    "ModalitiesSpec",
     "ModelSpec",
     "DataSpec",
     "RewardSpec",
@@ -177,17 +198,60 @@ AttentionBackend = Literal["auto", "torch", "cudnn", "math"]
 """`spec.model.attention`: what each value means is owned by `omnirl.models.attention`."""
 
 
+class VideoSpec(SpecModel):
+    """The video a multi-modal family generates (docs/omni.md, "Manifest fields")."""
+
+    frames: PositiveInt = Field(..., description="Frames per video.")
+    height: PositiveInt = Field(..., description="Frame height in pixels.")
+    width: PositiveInt = Field(..., description="Frame width in pixels.")
+    fps: float = Field(..., gt=0, le=240, description="Frames per second (the MP4s' rate and the audio's clock).")
+
+
+class AudioSpec(SpecModel):
+    """The audio a multi-modal family generates beside its video."""
+
+    seconds: float = Field(..., gt=0, le=600, description="Length of the audio in seconds.")
+    sampleRate: int = Field(..., ge=1000, le=192000, description="Sample rate in Hz.")
+
+
+class ModalitySpec(SpecModel):
+    """How the policy treats one modality of a multi-modal sample (docs/omni.md, "Joint training")."""
+
+    train: bool = Field(True, description="Part of the policy. false: the modality is still generated (the ODE "
+                        "update inside FlowGRPO's SDE window) but left out of the log-probability and every loss, as "
+                        "two anchors leave the audio out.")
+    weight: float = Field(1.0, ge=0, le=1000, description="Loss weight of this modality in DiffusionNFT, AWM and "
+                          "DGPO: loss = Σ_m w_m · (the per-element term averaged over modality m), the weights "
+                          "normalised to sum 1 over the trained modalities. FlowGRPO's log-probability is one "
+                          "Gaussian over every trained element and takes no weight.")
+    guidanceScale: float | None = Field(None, ge=1, le=100, description="Classifier-free guidance of this "
+                                        "modality's velocity (1 = off); null = algorithm.sampling.guidanceScale.")
+
+
+class ModalitiesSpec(SpecModel):
+    """`spec.model.modalities`: per modality of a multi-modal family; an unlisted one is trained with weight 1."""
+
+    video: ModalitySpec | None = Field(None, description="The video's train, weight and guidanceScale.")
+    audio: ModalitySpec | None = Field(None, description="The audio's train, weight and guidanceScale.")
+
+    def written(self) -> dict[str, ModalitySpec]:
+        """The modalities set, by name."""
+        return {name: getattr(self, name) for name in ("video", "audio") if getattr(self, name) is not None}
+
+
 class ModelSpec(SpecModel):
     """The model to post-train."""
 
-    family: Literal["ocr-digits", "sd3", "qwen-image", "flux"] = Field(
-        "ocr-digits", description="Model adapter family. `ocr-digits` is the built-in CPU demo model."
+    family: Literal["ocr-digits", "sd3", "qwen-image", "flux", "av-digits"] = Field(
+        "ocr-digits", description="Model adapter family. `ocr-digits` is the built-in CPU demo model; `av-digits` "
+        "the built-in audio+video one (docs/omni.md)."
     )
     path: str = Field(
         "builtin",
         min_length=1,
         description="Local directory (or mounted volume) holding the model; `builtin` means the weights "
-        "shipped with omnirl (ocr-digits only). Relative paths resolve against the manifest's directory.",
+        "shipped with omnirl (ocr-digits and av-digits only). Relative paths resolve against the manifest's "
+        "directory.",
     )
     dtype: Literal["float32", "bfloat16", "float16"] = Field(
         "float32", description="Weight dtype. Latents, SDE math and log-probs always stay float32. float16 is "
@@ -221,6 +285,13 @@ class ModelSpec(SpecModel):
     gradientCheckpointing: bool = Field(
         False, description="Actor: recompute each transformer block's activations in the backward pass "
         "(less activation memory for about one extra forward).")
+    video: VideoSpec | None = Field(None, description="A video family's frames, size and fps; null = the family's "
+                                    "default (av-digits: 8 frames of 32x64 at 8 fps, its only size).")
+    audio: AudioSpec | None = Field(None, description="An audio family's length and sample rate; null = the family's "
+                                    "default (av-digits: 1 s at 8000 Hz, its only one).")
+    modalities: ModalitiesSpec | None = Field(
+        None, description="Per modality of a multi-modal family (video, audio): train (in the policy or not), "
+        "weight (its loss weight) and guidanceScale. Unlisted modalities are trained with weight 1; null = all.")
     cel_rules = (CelRule("{dtype} != 'float16'", "spec.model.dtype: float16 cannot be trained: the actor runs AdamW "
                          "on the float16 weights, whose eps and small second moments underflow to 0, so its first "
                          "step makes the weights inf or NaN; use bfloat16", ".dtype"),)
@@ -263,7 +334,49 @@ class ModelSpec(SpecModel):
                 raise FieldProblem(f"resolutions[{i}]", list(size), f"repeats resolutions[{seen[size]}]: each size "
                                    "is listed once (groups take the sizes in turn); remove it or list another size")
             seen[size] = i
+        self.check_media()
         return self
+
+    def modality_settings(self, guidance: float) -> dict[str, dict]:
+        """Each modality of the family with its `train`, `weight` and `guidance_scale` (null `guidanceScale`:
+        `guidance`, the job's `algorithm.sampling.guidanceScale`): the multi-modal adapters' `modalities` option."""
+        written = self.modalities.written() if self.modalities else {}
+        out = {}
+        for name in FAMILY_MODALITIES[self.family]:
+            m = written.get(name, ModalitySpec())
+            out[name] = {"train": m.train, "weight": m.weight,
+                         "guidance_scale": guidance if m.guidanceScale is None else m.guidanceScale}
+        return out
+
+    def check_media(self) -> None:
+        """`video`, `audio` and `modalities` against the family (`FAMILY_MODALITIES`, `FAMILY_MEDIA`).
+
+        Raises:
+            FieldProblem: a modality the family does not make, no trained modality, a trained one of weight 0, or
+                a size a fixed-size family cannot make (naming its size).
+        """
+        mods = FAMILY_MODALITIES[self.family]
+        for key in ("video", "audio"):
+            if getattr(self, key) is not None and key not in mods:
+                raise FieldProblem(key, getattr(self, key).model_dump(), f"family {self.family} makes no {key} "
+                                   f"(its samples: {', '.join(mods)}); remove {key}")
+            fixed = FAMILY_MEDIA.get(self.family, {}).get(key)
+            if fixed is not None and getattr(self, key) is not None and getattr(self, key).model_dump() != fixed:
+                raise FieldProblem(key, getattr(self, key).model_dump(), f"family {self.family} makes {key} of "
+                                   f"{fixed} only; write that or remove {key}")
+        if self.modalities is None:
+            return
+        written = self.modalities.written()
+        for name, m in written.items():
+            if name not in mods:
+                raise FieldProblem(f"modalities.{name}", m.model_dump(), f"family {self.family} makes "
+                                   f"{', '.join(mods)}; remove {name}")
+            if m.train and m.weight == 0:
+                raise FieldProblem(f"modalities.{name}.weight", 0.0, "a trained modality needs a weight > 0; set "
+                                   "a weight, or train: false to leave it out of the policy")
+        if not any(written.get(name, ModalitySpec()).train for name in mods):
+            raise FieldProblem("modalities", {k: v.model_dump() for k, v in written.items()},
+                               "no modality is trained: keep train: true on at least one")
 
 
 # ---------------------------------------------------------------- data
@@ -301,9 +414,11 @@ class RewardSpec(SpecModel):
     name: str = Field(
         ..., pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=63, description="Unique reward name (metric label)."
     )
-    kind: Literal["ocr", "jpeg", "http", "grpc", "vlm", "pairwise-contrast"] = Field(
+    kind: Literal["ocr", "jpeg", "http", "grpc", "vlm", "pairwise-contrast", "avdigits-ocr", "avdigits-beeps",
+                  "avdigits-pitch", "avdigits-sync"] = Field(
         ..., description="Scorer implementation. `pairwise-contrast` is a group-level scorer (it sees a whole "
-        "group at once; a toy for testing and demonstration).")
+        "group at once; a toy for testing and demonstration). `avdigits-*`: the four terms of the built-in "
+        "audio+video task (model.family av-digits; docs/omni.md).")
     weight: float = Field(1.0, description="Weight in the summed reward.")
     required: bool = Field(
         True, description="A failure of a required scorer fails the sample (its group is refilled or dropped)."
@@ -897,15 +1012,16 @@ class RLJobSpec(SpecModel):
         CelRule("!has(self.model) || !has(self.model.resolution) || !has(self.model.resolutions)",
                 "spec.model.resolutions: cannot be set together with model.resolution; keep one",
                 ".model.resolutions"),
-        CelRule("{model.family} != 'ocr-digits' || !has(self.model) || "
+        CelRule(f"!({{model.family}} in {cel_literal(BUILTIN_FAMILIES)}) || !has(self.model) || "
                 "(!has(self.model.resolution) && !has(self.model.resolutions))", "spec.model.resolution, "
-                "spec.model.resolutions: must be null for ocr-digits (its image width follows the text); remove them",
-                ".model"),
+                "spec.model.resolutions: must be null for ocr-digits and av-digits (their sizes are the model's); "
+                "remove them", ".model"),
         CelRule("{model.family} != 'ocr-digits' || {algorithm.sampling.guidanceScale} == 1.0",
                 "spec.algorithm.sampling.guidanceScale: must be 1 for ocr-digits (the model has no unconditional "
                 "branch)", ".algorithm.sampling.guidanceScale"),
-        CelRule("{model.family} == 'ocr-digits' || {model.path} != 'builtin'", "spec.model.path: must name a model "
-                "directory for this family (builtin, the default, is ocr-digits only)", ".model.path"),
+        CelRule(f"{{model.family}} in {cel_literal(BUILTIN_FAMILIES)} || {{model.path}} != 'builtin'",
+                "spec.model.path: must name a model directory for this family (builtin, the default, is ocr-digits "
+                "and av-digits only)", ".model.path"),
         CelRule(f"{{roles.rollout.batching}} != 'packed' || {{model.family}} in {cel_literal(PACKED_FAMILIES)}",
                 f"spec.roles.rollout.batching: packed needs a family that packs mixed shapes into one forward "
                 f"({', '.join(PACKED_FAMILIES)}); use batching stepwise", ".roles.rollout.batching"),
@@ -960,21 +1076,29 @@ class RLJobSpec(SpecModel):
             raise FieldProblem("model.resolutions", [list(r) for r in self.model.resolutions],
                                "cannot be set together with model.resolution: keep one (a list of one size is "
                                "model.resolution)")
-        if self.model.family == "ocr-digits":
+        if self.model.family in BUILTIN_FAMILIES:
             for field, value in (("resolution", self.model.resolution), ("resolutions", self.model.resolutions)):
                 if value is not None:
-                    raise FieldProblem(f"model.{field}", _as_lists(value),
-                                       "must be null for ocr-digits (its image width follows the text); remove it")
+                    raise FieldProblem(f"model.{field}", _as_lists(value), "must be null for ocr-digits and "
+                                       "av-digits (their sizes are the model's); remove it")
+        if self.model.family == "ocr-digits":
             if self.algorithm.sampling.guidanceScale != 1.0:
                 raise FieldProblem("algorithm.sampling.guidanceScale", self.algorithm.sampling.guidanceScale,
                                    "must be 1 for ocr-digits (the model has no unconditional branch)")
-        if self.model.family != "ocr-digits" and self.model.path == "builtin":
+        if self.model.family not in BUILTIN_FAMILIES and self.model.path == "builtin":
             raise FieldProblem(
                 "model.path",
                 "builtin",
                 f"must name a model directory for family {self.model.family} (builtin, the default, is ocr-digits "
-                "only)",
+                "and av-digits only)",
             )
+        made = set(FAMILY_MODALITIES[self.model.family])
+        for i, r in enumerate(self.reward):
+            reads = MEDIA_REWARD_KINDS.get(r.kind, frozenset())
+            if reads - made:
+                raise FieldProblem(f"reward[{i}].kind", r.kind, f"scores {', '.join(sorted(reads))}, which model.family "
+                                   f"{self.model.family} does not make ({', '.join(sorted(made))}); use it with "
+                                   "model.family av-digits")
         if self.roles.rollout.batching == "packed" and self.model.family not in PACKED_FAMILIES:
             raise FieldProblem("roles.rollout.batching", "packed", f"needs a family that packs mixed shapes into one "
                                f"forward ({', '.join(PACKED_FAMILIES)}); model.family is {self.model.family}: use "

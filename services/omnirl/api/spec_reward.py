@@ -97,9 +97,22 @@ class PairwiseContrastParams(SpecModel):
     """`kind: pairwise-contrast`: the built-in group-level test scorer; no parameters."""
 
 
+class AVDigitsOCRParams(SpecModel):
+    """`kind: avdigits-ocr`: the OCR of the built-in audio+video task's inked frames (`omnirl.reward.avdigits`)."""
+
+    threads: int | None = Field(None, ge=1, le=64, description="onnxruntime intra-op threads (default: the reward "
+                                "process's threads).")
+    batchSize: int = Field(64, ge=1, le=4096, description="Frames per recogniser call.")
+
+
+class NoParams(SpecModel):
+    """A kind without parameters (`avdigits-beeps`, `avdigits-pitch`, `avdigits-sync`)."""
+
+
 PARAMS_BY_KIND: dict[str, type[SpecModel]] = {
     "ocr": OCRParams, "jpeg": JPEGParams, "http": RemoteParams, "grpc": RemoteParams, "vlm": VLMParams,
-    "pairwise-contrast": PairwiseContrastParams,
+    "pairwise-contrast": PairwiseContrastParams, "avdigits-ocr": AVDigitsOCRParams, "avdigits-beeps": NoParams,
+    "avdigits-pitch": NoParams, "avdigits-sync": NoParams,
 }
 """The params model of each scorer kind."""
 
@@ -144,7 +157,7 @@ def check_url(kind: str, url: str | None) -> None:
     Raises:
         FieldProblem: naming `url` and the expected form.
     """
-    if kind in ("ocr", "jpeg", "pairwise-contrast"):
+    if kind not in ("http", "grpc", "vlm"):  # in-process kinds
         if url is not None:
             raise FieldProblem("url", url, f"must not be set for kind {kind} (it scores in-process)")
         return

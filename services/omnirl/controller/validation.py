@@ -4,7 +4,9 @@ Each validation publishes one ODE request per held-out prompt (`omnirl.rollout.r
 `kind="val"`, no SDE window, `validation.numSteps` steps), the very requests `omnirl eval` runs
 through its in-process engine and scores with the same weighted rewards, so the number in
 `metrics.jsonl` and the one `omnirl eval --checkpoint` prints agree. It writes an image grid
-`OUT/samples/step-XXXXX.png` of the first 32 prompts with their rewards.
+`OUT/samples/step-XXXXX.png` of the first 32 prompts with their rewards; for an audio+video family a contact
+sheet there instead (frames and loudness) and MP4s with sound, `OUT/samples/step-XXXXX/NN.mp4`
+(`controller/media_files.py`).
 
 A sample whose tensors are gone before the round is summarised (expired after
 `spec.transferQueue.tensorTtlSeconds`, or deleted: the reward role's `lost` score, or an image gone when
@@ -22,9 +24,10 @@ from pathlib import Path
 import numpy as np
 
 from omnirl.api.messages import ScoreMeta
-from omnirl.api.spec import GROUP_KINDS, RLJobSpec
+from omnirl.api.spec import FAMILY_MODALITIES, GROUP_KINDS, RLJobSpec
 from omnirl.controller.data import read_prompts
 from omnirl.controller.grid import save_image_grid
+from omnirl.controller.media_files import SHEET_SAMPLES, write_media
 from omnirl.reward.text import exact_match, text_rewards
 from omnirl.rollout.requests import heldout_request
 from omnirl.transfer import MissingTensors, TransferQueue
@@ -80,6 +83,13 @@ class Validator:
         self.scores: dict[int, ScoreMeta] = {}
         self.keys: dict[int, str] = {}
         self.t0 = 0.0
+        self.media = bool({"video", "audio"} & set(FAMILY_MODALITIES[spec.model.family]))
+
+    def _caption(self, i: int) -> str:
+        """A contact-sheet caption: the sum and each per-sample reward of held-out prompt i, and its prompt."""
+        score = self.scores[i]
+        parts = " ".join(f"{name} {value:.2f}" for name, value in score.rewards.items())
+        return f"{score.reward:.2f} ({parts})  {self.prompts[i]}"
 
     def publish(self, at_step: int, version: int, attempt: int = 0) -> None:
         """Send one ODE request per held-out prompt, tagged with the training step it follows.
@@ -145,7 +155,13 @@ class Validator:
         rewards = [self.scores[i].reward for i in have]
         first = have[:GRID_SIZE]
         grid = self.out / "samples" / f"step-{self.round:05d}.png"
-        if first:
+        videos: list[str] = []
+        if first and self.media:  # a contact sheet with the audio's loudness, and MP4s with sound
+            sheet = [i for i in have[:SHEET_SAMPLES] if i not in missing]
+            media = {i: self.queue.load_media(self.keys[i]) for i in sheet}
+            videos = write_media([media[i] for i in sheet], grid, grid.with_suffix(""),
+                                 [self._caption(i) for i in sheet])["videos"]
+        elif first:
             save_image_grid([images[i] for i in first], grid, ncols=8,
                             captions=[f"{self.scores[i].reward:.2f}" for i in first])
         # how near the round came to tensorTtlSeconds (Redis's clock; `TtlWatch` warns): its oldest tensor still there
@@ -164,6 +180,7 @@ class Validator:
             "val_exact_match": exact_match([self.scores[i].rewards for i in have], text_rewards(self.spec.reward)),
             "val_background_darkness": background_darkness([images[i] for i in have]) if have else None,
             "val_seconds": time.monotonic() - self.t0, "grid": str(grid) if first else None,
+            **({"videos": videos} if self.media else {}),
             "val_tensor_age_seconds": max(ages) if ages else None,
         }
         for spec in self.spec.reward:  # each per-sample component's raw mean, e.g. val_reward_ocr

@@ -3,7 +3,8 @@
 
 Samples every prompt as in-run validation does (its requests, the rollout engine, the job's σ
 grid; defaults: the job's held-out prompts, `validation.numSteps` and `validation.seed`), scores
-it with the weighted sum of the job's rewards, writes `OUT/grid.png` and `OUT/rewards.json`, and
+it with the weighted sum of the job's rewards, writes `OUT/grid.png` and `OUT/rewards.json` (an audio+video
+job: `grid.png` is a contact sheet and `OUT/videos/NN.mp4` are MP4s with sound, `controller/media_files.py`), and
 ends with one line `mean_reward=0.412 exact_match=0.180 n=256` (`exact_match`: the share of samples
 whose text every OCR-rule reward read exactly; absent when the job has none). An OUT that already holds
 an evaluation's `rewards.json` or `grid.png` is refused before the model loads unless `--overwrite`.
@@ -31,6 +32,7 @@ from omnirl.api.runtime import CONFIG_ERROR_EXIT
 from omnirl.api.spec import GROUP_KINDS, RLJob
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid
+from omnirl.controller.media_files import write_media
 from omnirl.evaluation.evaluate import SampleUnscored, evaluate
 from omnirl.models.policy_io import check_owner, exported_from, load_policy, resolve_checkpoint
 from omnirl.models.registry import adapter_options, check_model_path, load_adapter, load_tokenizer
@@ -95,7 +97,13 @@ def main(args: argparse.Namespace) -> int:
         return CONFIG_ERROR_EXIT  # as `omnirl run` for the same judge: a setting it cannot start with
 
 
-OUTPUTS = ("rewards.json", "grid.png")  # what an evaluation writes into --out
+OUTPUTS = ("rewards.json", "grid.png")  # what an evaluation writes into --out (an audio+video job: videos/ too)
+
+
+def _means(components: list[dict[str, float]]) -> dict[str, float]:
+    """Each reward's mean over the samples that have it."""
+    names = dict.fromkeys(k for c in components for k in c)
+    return {k: float(sum(c[k] for c in components if k in c) / sum(1 for c in components if k in c)) for k in names}
 
 
 def _check_not_overwriting(out: Path, overwrite: bool) -> None:
@@ -155,14 +163,24 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     n_grid = min(64, result.n)
-    save_image_grid(result.images[:n_grid], out / "grid.png", ncols=8,
-                    captions=[f"{r:.2f}" for r in result.rewards[:n_grid]])
+    videos: list[str] = []
+    if result.media is not None:  # a contact sheet (frames, loudness) as grid.png, and MP4s with sound
+        captions = [f"{r:.2f} (" + " ".join(f"{k} {v:.2f}" for k, v in c.items()) + f")  {p}"
+                    for r, c, p in zip(result.rewards, result.components, result.prompts, strict=True)]
+        videos = write_media(result.media, out / "grid.png", out / "videos", captions)["videos"]
+    else:
+        save_image_grid(result.images[:n_grid], out / "grid.png", ncols=8,
+                        captions=[f"{r:.2f}" for r in result.rewards[:n_grid]])
     (out / "rewards.json").write_text(json.dumps({
         "mean_reward": result.mean_reward, "exact_match": result.exact_match, "n": result.n,
         # `denoising_steps`, not `steps`: beside a checkpoint's step it read as training steps (nothing read `steps`)
         "sampler": args.sampler, "denoising_steps": steps, "seconds": seconds, **scored,
+        **({"videos": videos, "components": _means(result.components)} if result.media is not None else {}),
         "rewards": [float(r) for r in result.rewards], "prompts": result.prompts}, indent=1))
     print(f"grid {out / 'grid.png'}  ({seconds:.1f} s)")
+    if result.media is not None:
+        print(f"videos {out / 'videos'} ({len(videos)} MP4s with sound); per reward: "
+              + " ".join(f"{k}={v:.3f}" for k, v in _means(result.components).items()))
     exact = "" if result.exact_match is None else f" exact_match={result.exact_match:.3f}"  # None: no text to match
     print(f"mean_reward={result.mean_reward:.3f}{exact} n={result.n}")
     return 0

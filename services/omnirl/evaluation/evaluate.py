@@ -20,6 +20,7 @@ from omnirl.reward.scoring import RewardSet
 from omnirl.reward.text import exact_match, text_rewards
 from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.requests import heldout_request, sample_requests
+from omnirl.transfer.media import to_numpy
 
 
 @dataclass
@@ -33,8 +34,10 @@ class EvalResult:
             (validation's `val_exact_match`).
         n: number of samples (= prompts).
         rewards: `[n]` float32 weighted sums of the job's rewards, in prompt order.
-        images: n `[H, W, 3]` uint8 arrays in prompt order (widths may differ).
+        images: n `[H, W, 3]` uint8 arrays in prompt order (widths may differ; a video's poster).
         prompts: the prompts, in order.
+        components: per sample, each reward's raw score by name.
+        media: a multi-modal family's n media dicts (`omnirl.transfer.media`) in prompt order; None for images.
     """
 
     mean_reward: float
@@ -43,6 +46,8 @@ class EvalResult:
     rewards: np.ndarray
     images: list[np.ndarray] = field(repr=False)
     prompts: list[str] = field(repr=False)
+    components: list[dict[str, float]] = field(default_factory=list, repr=False)
+    media: list[dict] | None = field(default=None, repr=False)
 
 
 class SampleUnscored(RuntimeError):
@@ -90,9 +95,13 @@ def evaluate(
         for sample in sample_requests(req, {"index": i}):
             engine.submit(sample)
     images: list[np.ndarray] = [np.zeros(0)] * len(prompts)
+    media: list[dict] = [{}] * len(prompts)
     for result in engine.run_until_idle():
         images[result.request.meta["index"]] = result.image.numpy()
-    scored = rewards.score(images, list(prompts), ids)
+        if result.media is not None:
+            media[result.request.meta["index"]] = result.media
+    has_media = any(media)
+    scored = rewards.score(images, list(prompts), ids, [to_numpy(m) for m in media] if has_media else None)
     for i, (reward, _, reason) in enumerate(scored):
         if reward is None:
             raise SampleUnscored(f"eval sample {i} ({prompts[i]!r}) could not be scored: {reason}")
@@ -104,4 +113,6 @@ def evaluate(
         rewards=np.array(totals, dtype=np.float32),
         images=images,
         prompts=list(prompts),
+        components=[s[1] for s in scored],
+        media=media if has_media else None,
     )

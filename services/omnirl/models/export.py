@@ -6,7 +6,7 @@ What an export directory holds (safetensors and JSON only):
 | --- | --- | --- |
 | diffusers family, LoRA | `pytorch_lora_weights.safetensors` (LoRA config in its metadata) | `pipe.load_lora_weights(DIR)` |
 | diffusers family, full weights | `transformer/config.json` + `transformer/diffusion_pytorch_model.safetensors` (`save_pretrained` layout) | `<Transformer>.from_pretrained(DIR/transformer)` |
-| ocr-digits (LoRA merged into the weights) | `config.json` + `model.safetensors` (the built-in layout) | `load_digits_adapter(DIR)`, `model.path: DIR` |
+| ocr-digits, av-digits (LoRA merged into the weights) | `config.json` + `model.safetensors` (the built-in layout) | `load_digits_adapter(DIR)` / `load_avdigits_adapter(DIR)`, `model.path: DIR` |
 
 and always `export.json` (what was exported, from which checkpoint), `job.yaml` (the run's
 manifest as written: in a run, the controller's `written_manifest`, judges as `reward[].server`) and `validation.json` (this policy's validation, when the run validated it, and every
@@ -37,7 +37,7 @@ from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import dump_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
-from omnirl.api.spec import RLJob
+from omnirl.api.spec import BUILTIN_FAMILIES, RLJob
 from omnirl.models.diffusers._common import DIFFUSERS_WEIGHTS
 from omnirl.models.policy_io import check_owner, publish, resolve_checkpoint
 
@@ -113,7 +113,7 @@ def _write(job: RLJob, ckpt: Path, out: Path, run_dir: Path | None) -> None:
     check_owner(job, ckpt, state, manifest="--job")
     lora = bool(state.get("lora"))  # the manifest agrees (`check_owner`)
     policy = ckpt / "policy.safetensors"
-    if spec.model.family == "ocr-digits":
+    if spec.model.family in ("ocr-digits", "av-digits"):
         files = _digits(job, policy, lora, out, state)
     elif lora:
         files = _diffusers_lora(job, policy, out)
@@ -128,9 +128,9 @@ def _write(job: RLJob, ckpt: Path, out: Path, run_dir: Path | None) -> None:
     manifest = {
         "format": EXPORT_FORMAT, "job": job.metadata.name, "family": spec.model.family, "base_model": spec.model.path,
         "algorithm": spec.algorithm.name, "step": int(state["step"]), "policy_version": version,
-        "checkpoint": str(ckpt), "weights": "lora" if lora and spec.model.family != "ocr-digits" else "full",
+        "checkpoint": str(ckpt), "weights": "lora" if lora and spec.model.family not in BUILTIN_FAMILIES else "full",
         "lora": {"rank": spec.model.lora.rank, "alpha": spec.model.lora.alpha,
-                 "merged": spec.model.family == "ocr-digits"} if lora else None,
+                 "merged": spec.model.family in BUILTIN_FAMILIES} if lora else None,
         "files": sorted(files + ["job.yaml", "validation.json"]),
     }
     (out / "export.json").write_text(json.dumps(manifest, indent=1) + "\n")
@@ -160,11 +160,17 @@ def _same_keys(got: set[str], want: set[str], what: str) -> None:
 
 
 def _digits(job: RLJob, policy: Path, lora: bool, out: Path, state: dict) -> list[str]:
-    """The built-in layout: config.json (the base's model config) + model.safetensors; LoRA merged in."""
-    from omnirl.models.digits.adapter import BUILTIN_DIR, CONFIG_FILE, WEIGHTS_FILE, read_digits_config
+    """The built-in layout (ocr-digits, av-digits): config.json (the base's model config) + model.safetensors;
+    LoRA merged in."""
+    if job.spec.model.family == "av-digits":
+        from omnirl.models.avdigits.adapter import BUILTIN_DIR, CONFIG_FILE, WEIGHTS_FILE
+        from omnirl.models.avdigits.adapter import read_avdigits_config as read_config
+    else:
+        from omnirl.models.digits.adapter import BUILTIN_DIR, CONFIG_FILE, WEIGHTS_FILE
+        from omnirl.models.digits.adapter import read_digits_config as read_config
 
     base = BUILTIN_DIR if job.spec.model.path == "builtin" else Path(job.spec.model.path)
-    meta = read_digits_config(base)
+    meta = read_config(base)
     base_weights = base / WEIGHTS_FILE
     if lora:
         merged = _merge_lora(load_file(str(readable(base_weights))), load_file(str(readable(policy))), job.spec.model.lora.alpha)

@@ -5,6 +5,8 @@ Families (`RLJob.spec.model.family`):
 - ``"sd3"``: SD3 / SD3.5 from a local diffusers directory (`SD3Adapter.load`).
 - ``"qwen-image"``: Qwen-Image from a local diffusers directory (`QwenImageAdapter.load`).
 - ``"flux"``: FLUX.1 dev/schnell from a local diffusers directory (`FluxAdapter.load`).
+- ``"av-digits"``: the built-in audio+video demo model (`omnirl.models.avdigits.adapter.load_avdigits_adapter`):
+  a flat multi-modal latent (`models/layout.py`), media decoded by `decode_media` (docs/omni.md).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import torch
 from omnirl.api.spec import LoRASpec, RLJobSpec
 from omnirl.models.protocol import ModelAdapter
 
-FAMILIES = ("ocr-digits", "sd3", "qwen-image", "flux")
+FAMILIES = ("ocr-digits", "sd3", "qwen-image", "flux", "av-digits")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -58,6 +60,13 @@ def load_adapter(family: str, path: str, device: torch.device | str = "cpu",
         if kwargs:
             raise ValueError(f"family 'ocr-digits' takes no options; got {sorted(kwargs)}")
         return load_digits_adapter(path, device=device, dtype=dtype)
+    if family == "av-digits":
+        from omnirl.models.avdigits.adapter import load_avdigits_adapter
+
+        unknown = sorted(set(kwargs) - {"modalities"})
+        if unknown:
+            raise ValueError(f"family 'av-digits' takes only the option modalities; got {unknown}")
+        return load_avdigits_adapter(path, device=device, dtype=dtype, **kwargs)
     return _diffusers_class(family).load(path, device=device, dtype=dtype, **kwargs)
 
 
@@ -71,6 +80,8 @@ def adapter_options(spec: RLJobSpec) -> dict:
     if spec.model.family == "ocr-digits":
         return {}
     guidance = spec.algorithm.sampling.guidanceScale
+    if spec.model.family == "av-digits":  # per-modality training, weights and guidance (`models/layout.py`)
+        return {"modalities": spec.model.modality_settings(guidance)}
     if spec.model.family == "flux" and guidance == 1.0:
         options: dict = {}  # FLUX-dev's embedded guidance keeps its default (3.5); schnell has none
     else:
@@ -91,7 +102,7 @@ def describe_sigma_grid(spec: RLJobSpec) -> str:
     from omnirl.algorithms.sigmas import sigma_schedule
 
     n, shift, family = spec.algorithm.sampling.numSteps, spec.algorithm.sampling.shift, spec.model.family
-    if shift is None and family != "ocr-digits":
+    if shift is None and family not in ("ocr-digits", "av-digits"):
         config = Path(spec.model.path) / "scheduler" / "scheduler_config.json"
         try:
             cfg = json.loads(config.read_text())
@@ -102,7 +113,7 @@ def describe_sigma_grid(spec: RLJobSpec) -> str:
     if shift is None:
         from omnirl.models.digits.adapter import FAMILY_SHIFT, digits_sigma_grid
 
-        source, shift, grid = "family default (ocr-digits)", FAMILY_SHIFT, digits_sigma_grid(n)
+        source, shift, grid = f"family default ({family})", FAMILY_SHIFT, digits_sigma_grid(n)
     else:
         source, grid = "override (algorithm.sampling.shift)", sigma_schedule(n, shift)
     g = [f"{x:.4f}" for x in grid.tolist()]
@@ -122,6 +133,10 @@ def load_tokenizer(family: str, path: str):
         from omnirl.models.digits.adapter import load_digits_tokenizer
 
         return load_digits_tokenizer(path)
+    if family == "av-digits":
+        from omnirl.models.avdigits.adapter import load_avdigits_tokenizer
+
+        return load_avdigits_tokenizer(path)
     return _diffusers_class(family).load_tokenizer(path)
 
 
@@ -137,6 +152,11 @@ def check_weight_files(family: str, path: str) -> None:
         from omnirl.models.digits.adapter import check_digits_weights
 
         check_digits_weights(path)
+        return
+    if family == "av-digits":
+        from omnirl.models.avdigits.adapter import check_avdigits_weights
+
+        check_avdigits_weights(path)
         return
     _diffusers_class(family).check_weights(path)
 
@@ -186,6 +206,13 @@ def check_lora_targets(family: str, path: str, lora: LoRASpec) -> None:
 
             config = read_digits_config(_digits_directory(path))["model"]
             module, defaults = DigitsDiT(DigitsConfig.from_dict(config)), LORA_TARGET_MODULES
+        elif family == "av-digits":
+            from omnirl.models.avdigits.adapter import avdigits_directory, read_avdigits_config
+            from omnirl.models.avdigits.model import LORA_TARGET_MODULES as AV_TARGETS
+            from omnirl.models.avdigits.model import AVDigitsConfig, AVDigitsDiT
+
+            config = read_avdigits_config(avdigits_directory(path))["model"]
+            module, defaults = AVDigitsDiT(AVDigitsConfig.from_dict(config)), AV_TARGETS
         else:
             adapter_cls = _diffusers_class(family)
             transformer_cls = adapter_cls.transformer_class()
@@ -205,6 +232,10 @@ def default_lora_targets(family: str) -> list[str]:
         from omnirl.models.digits.model import LORA_TARGET_MODULES
 
         return list(LORA_TARGET_MODULES)
+    if family == "av-digits":
+        from omnirl.models.avdigits.model import LORA_TARGET_MODULES as AV_TARGETS
+
+        return list(AV_TARGETS)
     return list(_diffusers_class(family).default_lora_targets)
 
 

@@ -111,6 +111,57 @@ def score_each(scorer: Scorer, images: np.ndarray, prompts: list[str], sample_id
     return outcome
 
 
+@runtime_checkable
+class MediaScorer(Protocol):
+    """A scorer of decoded video and/or audio (docs/omni.md, "Rewards of media"; OMNI-CONTRACT §4).
+
+    Attributes:
+        name: short name used in metrics and configs.
+        modalities: the media keys it reads (e.g. ``frozenset({"video", "audio"})``); the reward role hands it
+            each sample's media (`omnirl.transfer.media`) instead of an image.
+    """
+
+    name: str
+    modalities: frozenset[str]
+
+    def score_media(self, media: list[dict[str, np.ndarray]], prompts: list[str], sample_ids: list[str]) -> np.ndarray:
+        """Rewards of B samples.
+
+        Args:
+            media: B dicts of numpy arrays (`video` uint8 `[T, H, W, 3]`, `audio` float32 `[L]`,
+                `audio_sample_rate` int64 0-d, `fps` float32 0-d, `image` uint8 `[H, W, 3]`).
+            prompts: B prompt lines. sample_ids: B sample ids (used in errors).
+        Returns:
+            `[B]` float32, every value finite.
+        Raises:
+            ScorerError: a malformed input or a sample that cannot be scored.
+        """
+        ...
+
+
+def reads_media(scorer: Scorer) -> bool:
+    """Whether `scorer` scores media (declares non-empty `modalities` and has `score_media`)."""
+    return bool(getattr(scorer, "modalities", None)) and hasattr(scorer, "score_media")
+
+
+def score_media_each(scorer: MediaScorer, media: list[dict[str, np.ndarray]], prompts: list[str],
+                     sample_ids: list[str]) -> Outcome:
+    """One score or one error per sample from a media scorer (as `score_each`: when the batch raises for one
+    sample, the samples are scored one at a time so a bad sample fails alone)."""
+    try:
+        return Outcome(scorer.score_media(media, prompts, sample_ids))
+    except ScorerError as err:
+        if len(sample_ids) == 1 or not err.sample_id:
+            return Outcome(np.zeros(len(sample_ids), np.float32), dict.fromkeys(range(len(sample_ids)), err))
+    outcome = Outcome(np.zeros(len(sample_ids), dtype=np.float32))
+    for i in range(len(sample_ids)):
+        try:
+            outcome.values[i] = scorer.score_media(media[i : i + 1], prompts[i : i + 1], sample_ids[i : i + 1])[0]
+        except ScorerError as err:
+            outcome.errors[i] = err
+    return outcome
+
+
 def raise_first(outcome: Outcome) -> np.ndarray:
     """`outcome.values`, or the ScorerError of its first failed sample (`Scorer.score` from `score_each`)."""
     if outcome.errors:

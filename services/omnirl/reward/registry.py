@@ -31,6 +31,12 @@ def build_scorer(spec: RewardSpec, threads: int = 1, field: str | None = None) -
         from omnirl.reward.jpeg import JPEGCompressibilityScorer
 
         return JPEGCompressibilityScorer(quality=params.quality)
+    if spec.kind.startswith("avdigits-"):
+        from omnirl.reward.avdigits import SCORERS, FrameOCRScorer
+
+        if spec.kind == "avdigits-ocr":
+            return FrameOCRScorer(threads=params.threads or threads, batch_size=params.batchSize)
+        return SCORERS[spec.kind]()
     if spec.kind == "http":
         from omnirl.reward.remote import HTTPScorer
 
@@ -70,7 +76,7 @@ def check_in_process(specs: list[RewardSpec]) -> None:
         ValueError: naming `spec.reward[i].params.…` (e.g. an alphabet the recogniser cannot read).
     """
     for i, spec in enumerate(specs):
-        if spec.kind in ("ocr", "jpeg"):
+        if spec.kind in ("ocr", "jpeg", "avdigits-ocr"):
             build_scorer(spec, field=f"spec.reward[{i}]")
 
 

@@ -13,7 +13,7 @@ from collections import Counter
 import numpy as np
 
 from omnirl.api.spec import GROUP_KINDS, RewardSpec
-from omnirl.reward.base import Outcome, Scorer, score_each
+from omnirl.reward.base import Outcome, Scorer, reads_media, score_each, score_media_each
 from omnirl.reward.registry import build_scorer, check_api_keys
 
 
@@ -54,18 +54,32 @@ class RewardSet:
         self.scorers: dict[str, Scorer] = {r.name: build_scorer(r, threads=threads, field=f"spec.reward[{i}]")
                                            for i, r in enumerate(specs) if r.kind not in GROUP_KINDS}
 
-    def score(self, images: list[np.ndarray], prompts: list[str],
-              sample_ids: list[str]) -> list[tuple[float | None, dict[str, float], str]]:
-        """`combine`d rewards of n images `[H, W, 3]` uint8 (sizes may differ; a scorer call takes one
-        size): per sample (weighted sum or None when a required scorer failed, each reward, reasons)."""
-        return self.score_or_hold(images, prompts, sample_ids)[0]
+    @property
+    def needs_media(self) -> bool:
+        """Whether a scorer reads media (video, audio), not just each sample's picture (`base.reads_media`)."""
+        return any(reads_media(scorer) for scorer in self.scorers.values())
 
-    def score_or_hold(self, images: list[np.ndarray], prompts: list[str], sample_ids: list[str]
+    def score(self, images: list[np.ndarray], prompts: list[str], sample_ids: list[str],
+              media: list[dict[str, np.ndarray]] | None = None) -> list[tuple[float | None, dict[str, float], str]]:
+        """`combine`d rewards of n images `[H, W, 3]` uint8 (sizes may differ; a scorer call takes one
+        size): per sample (weighted sum or None when a required scorer failed, each reward, reasons).
+        `media`: each sample's media as numpy (`transfer.media.to_numpy`), for the scorers that read media
+        (`needs_media`); an image sample's picture is `images[i]` all the same (a video's poster)."""
+        return self.score_or_hold(images, prompts, sample_ids, media)[0]
+
+    def score_or_hold(self, images: list[np.ndarray], prompts: list[str], sample_ids: list[str],
+                      media: list[dict[str, np.ndarray]] | None = None
                       ) -> tuple[list[tuple[float | None, dict[str, float], str]], list[bool]]:
         """`score`, and per sample whether it failed only because a scorer did not answer
         (`ScorerError.unavailable`: every error of a required scorer, or of every scorer when none is
-        required, is one): worth scoring again once the scorer is back."""
-        outcomes = {name: self._by_shape(scorer, images, prompts, sample_ids) for name, scorer in self.scorers.items()}
+        required, is one): worth scoring again once the scorer is back.
+
+        Raises:
+            ValueError: a media scorer without `media` (the caller did not load them: `needs_media`)."""
+        if self.needs_media and media is None:
+            raise ValueError("these rewards read media (video, audio): pass each sample's media")
+        outcomes = {name: score_media_each(scorer, media, prompts, sample_ids) if reads_media(scorer)
+                    else self._by_shape(scorer, images, prompts, sample_ids) for name, scorer in self.scorers.items()}
         results = [combine(self.specs, outcomes, i) for i in range(len(images))]
         hold = []
         for i, (reward, _, _) in enumerate(results):

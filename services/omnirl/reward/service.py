@@ -39,6 +39,7 @@ from omnirl.reward.scoring import RewardSet
 from omnirl.transfer import Message, MissingTensors, TransferQueue, kv_key
 from omnirl.transfer.heartbeat import Heartbeat
 from omnirl.transfer.lease import holding
+from omnirl.transfer.media import poster, to_numpy
 
 log = logging.getLogger("omnirl.reward")
 GROUP = "reward"
@@ -125,10 +126,11 @@ class RewardService:
         if self.sync_mode:
             for step in sorted({m.step for m in metas if m.kind == "train"}):
                 self._wait_all_rollouts(step)
-        images, lost = self._load_images(msgs, metas)
+        images, media, lost = self._load_images(msgs, metas)
         keep = sorted(images)
         scored = self._score_holding([images[i] for i in keep], [metas[i].prompt for i in keep],
-                                     [metas[i].sample_id for i in keep]) if keep else []
+                                     [metas[i].sample_id for i in keep],
+                                     [media[i] for i in keep] if media else None) if keep else []
         if scored is None:
             return False
         results = {**dict(zip(keep, scored, strict=True)), **{i: (None, {}, why) for i, why in lost.items()}}
@@ -148,9 +150,10 @@ class RewardService:
         return True
 
     def _load_images(self, msgs: list[Message], metas: list[SampleMeta]
-                     ) -> tuple[dict[int, np.ndarray], dict[int, str]]:
-        """Each sample's image (`[H, W, C]` uint8), by position in `msgs`, and the reason of each whose
-        tensors are gone, by position.
+                     ) -> tuple[dict[int, np.ndarray], dict[int, dict[str, np.ndarray]], dict[int, str]]:
+        """Each sample's image (`[H, W, C]` uint8), by position in `msgs`; when a scorer reads media
+        (`RewardSet.needs_media`), each sample's media too (`TransferQueue.load_media`, the same one GET: the
+        image is then its poster), else {}; and the reason of each whose tensors are gone, by position.
 
         A sample whose image key expired (`spec.transferQueue.tensorTtlSeconds` passed before it was
         scored: a reward role stopped or backed up) or was deleted can never be scored. It is reported
@@ -162,11 +165,16 @@ class RewardService:
         Raises:
             ValueError: a message that names no tensor key (not a sample of `TransferQueue.publish`)."""
         images: dict[int, np.ndarray] = {}
+        media: dict[int, dict[str, np.ndarray]] = {}
         lost: dict[int, str] = {}
         ttl_s = self.queue.tensor_ttl_s
         for i, (msg, meta) in enumerate(zip(msgs, metas, strict=True)):
             try:
-                images[i] = self.queue.load_image(msg).numpy()
+                if self.rewards.needs_media:
+                    sample = self.queue.load_media(msg)
+                    media[i], images[i] = to_numpy(sample), poster(sample).numpy()
+                else:
+                    images[i] = self.queue.load_image(msg).numpy()
             except MissingTensors as err:
                 age_s = time.time() - meta.generated_at  # the rollout's clock: a guess at why, not a check
                 lost[i] = (f"{err.key} expired before it was read, {age_s:.0f} s after the sample was generated "
@@ -181,7 +189,7 @@ class RewardService:
                                                      ("val", "a validation sample is counted missing")) if kind in kinds)
             log.warning("reward: %d sample(s) lost, reported failed (%s): %s%s: %s", len(ids), then,
                         ", ".join(ids[:4]), " …" if len(ids) > 4 else "", next(iter(lost.values())))
-        return images, lost
+        return images, media, lost
 
     def _log_first_failure(self, per_name: dict[str, float], reason: str, failed: bool) -> None:
         """Log the first failure of each reward: a non-required one is left out of the sample's sum
@@ -202,14 +210,14 @@ class RewardService:
                             "failures are counted in metrics.jsonl as component_missing_%s", spec.name, reason,
                             spec.name)
 
-    def _score_holding(self, images: list, prompts: list[str], ids: list[str]
+    def _score_holding(self, images: list, prompts: list[str], ids: list[str], media: list | None = None
                        ) -> list[tuple[float | None, dict[str, float], str]] | None:
         """`RewardSet.score`, except that a sample failed only by a scorer that did not answer
         (unreachable, timing out, 5xx after its own retries: a judge restarting) is held and scored
         again, every 1, 2, 4 … 30 s, for up to `failurePolicy.scorerOutageSeconds`; past that it
         fails with the reason as any other. None when the job stops (or SIGTERM) meanwhile."""
         with self.heartbeat.covering(self.rewards.longest_s(images)):  # a slow judge's minutes are not a hang
-            results, hold = self.rewards.score_or_hold(images, prompts, ids)
+            results, hold = self.rewards.score_or_hold(images, prompts, ids, media)
         deadline, delay = time.monotonic() + self.hold_s, 1.0
         while any(hold) and time.monotonic() < deadline:
             idx = [i for i, h in enumerate(hold) if h]
@@ -224,7 +232,8 @@ class RewardService:
                 time.sleep(0.2)
             with self.heartbeat.covering(self.rewards.longest_s([images[i] for i in idx])):
                 again, still = self.rewards.score_or_hold([images[i] for i in idx], [prompts[i] for i in idx],
-                                                          [ids[i] for i in idx])
+                                                          [ids[i] for i in idx],
+                                                          [media[i] for i in idx] if media else None)
             for k, i in enumerate(idx):
                 results[i], hold[i] = again[k], still[k]
             delay = min(2 * delay, 30.0)

@@ -43,6 +43,7 @@ import torch
 from omnirl.algorithms import ode_step, sde_step
 from omnirl.models.protocol import ModelAdapter
 from omnirl.rollout.types import SampleRequest, SampleResult
+from omnirl.transfer.media import poster, unbatch
 
 _Handover = Callable[[], list["SampleResult"]]
 """A finished group: calling it waits for its host copies and returns its results."""
@@ -60,6 +61,7 @@ class _InFlight:
     waited: int = 0
     latents: list[torch.Tensor] = field(default_factory=list)
     log_probs: list[torch.Tensor] = field(default_factory=list)
+    mask: torch.Tensor | None = None  # [D] bool: the trained elements of a flat multi-modal latent (None: all)
 
 
 @dataclass
@@ -118,6 +120,7 @@ class RolloutEngine:
         # accelerators hand finished samples over one step later (module docstring: Handover)
         self._defer = self.device.type not in ("cpu", "meta")
         self._handover: list[_Handover] = []
+        self._masks: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ queue
     def submit(self, request: SampleRequest) -> None:
@@ -192,7 +195,22 @@ class RolloutEngine:
         x = torch.randn(shape, generator=gen, dtype=torch.float32, device=self.device)
         cond = self.adapter.encode([list(req.prompt_ids)], device=self.device)
         sig = self.adapter.sigma_grid(req.num_steps, shape, req.shift).to(self.device, non_blocking=True)
-        return _InFlight(req, (shape, req.guidance_scale), x, sig, cond, gen)
+        return _InFlight(req, (shape, req.guidance_scale), x, sig, cond, gen, mask=self._trained_mask(req))
+
+    def _trained_mask(self, req: SampleRequest) -> torch.Tensor | None:
+        """A multi-modal sample's trained elements `[D]` on the device when a modality is left out of the policy
+        (`adapter.latent_layout`); None otherwise (every element stochastic in the SDE window). One tensor per
+        layout, shared by its samples."""
+        layout_of = getattr(self.adapter, "latent_layout", None)
+        if layout_of is None:
+            return None
+        layout = layout_of(list(req.prompt_ids))
+        if layout.all_trained:
+            return None
+        key = repr(layout)
+        if key not in self._masks:
+            self._masks[key] = layout.trained_mask().to(self.device)
+        return self._masks[key]
 
     def _pick_batch(self) -> list[_InFlight]:
         if self.batching == "static":
@@ -248,16 +266,18 @@ class RolloutEngine:
     def _sde_rows(self, batch: list[_InFlight], x: torch.Tensor, v: torch.Tensor, sigma: torch.Tensor,
                   sigma_next: torch.Tensor, x_next: torch.Tensor) -> None:
         """Replace the ODE step by an SDE step for the rows inside their window, one vectorised
-        `sde_step` per (noise level, SDE type); record their latents and log-probs."""
-        kinds: dict[tuple[float, str], list[int]] = {}
+        `sde_step` per (noise level, SDE type, trained mask); record their latents and log-probs. A multi-modal
+        sample's untrained modality keeps the ODE update and stays out of the log-prob (`sde_step(mask=)`)."""
+        kinds: dict[tuple[float, str, int], list[int]] = {}
         for i, s in enumerate(batch):
             if s.step in s.request.window:
-                kinds.setdefault((s.request.noise_level, s.request.sde_type), []).append(i)
-        for (noise_level, sde_type), rows in kinds.items():
+                kinds.setdefault((s.request.noise_level, s.request.sde_type, id(s.mask)), []).append(i)
+        for (noise_level, sde_type, _), rows in kinds.items():
             idx = self._rows(rows)
             noise = torch.stack([torch.randn(batch[i].x.shape, generator=batch[i].generator, dtype=torch.float32,
                                              device=self.device) for i in rows])
-            out = sde_step(x[idx], v[idx], sigma[idx], sigma_next[idx], noise_level, sde_type=sde_type, noise=noise)
+            out = sde_step(x[idx], v[idx], sigma[idx], sigma_next[idx], noise_level, sde_type=sde_type, noise=noise,
+                           mask=batch[rows[0]].mask)
             x_next[idx] = out.x_next
             for j, i in enumerate(rows):
                 s = batch[i]
@@ -285,19 +305,27 @@ class RolloutEngine:
         """Decode `finished` (one latent shape) and launch its tensors' copies to the host; the
         returned function waits for them and builds the results."""
         x0 = torch.stack([s.x for s in finished])
-        images = self.adapter.decode(x0)
+        decode_media = getattr(self.adapter, "decode_media", None)
+        if decode_media is None:
+            images, media, names = self.adapter.decode(x0), [], []
+        else:  # a multi-modal family: its media travel, the poster stands for the sample as a picture
+            batched = decode_media(x0)
+            names = sorted(batched)
+            media = [batched[k] for k in names]
+            images = torch.stack([poster(m) for m in unbatch(batched, x0.shape[0])])
         latents = [torch.stack(s.latents) if s.latents else None for s in finished]
         log_probs = [torch.stack(s.log_probs) if s.log_probs else None for s in finished]
         sigmas = [s.sigmas[s.request.window[0] : s.request.window[-1] + 2] if s.request.window else None
                   for s in finished]
-        copy = _HostCopy([images, x0, *latents, *log_probs, *sigmas])
+        copy = _HostCopy([images, x0, *latents, *log_probs, *sigmas, *media])
         requests, version = [s.request for s in finished], self.policy_version  # stamped now, not at handover
 
         def build() -> list[SampleResult]:
             host = copy.wait()
             images, x0 = host[0], host[1]
             n = len(requests)
-            latents, log_probs, sigmas = host[2 : 2 + n], host[2 + n : 2 + 2 * n], host[2 + 2 * n :]
+            latents, log_probs = host[2 : 2 + n], host[2 + n : 2 + 2 * n]
+            sigmas, media = host[2 + 2 * n : 2 + 3 * n], dict(zip(names, host[2 + 3 * n :], strict=True))
             results = []
             for i, req in enumerate(requests):
                 shape = tuple(x0[i].shape)
@@ -306,7 +334,8 @@ class RolloutEngine:
                                  latents[i] if latents[i] is not None else torch.zeros((0, *shape)),
                                  log_probs[i] if log_probs[i] is not None else torch.zeros(0),
                                  sigmas[i] if sigmas[i] is not None else torch.zeros(0),
-                                 version, req.num_steps)
+                                 version, req.num_steps,
+                                 {k: v[i].clone() for k, v in media.items()} if media else None)
                 )
             return results
 

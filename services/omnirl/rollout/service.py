@@ -2,7 +2,7 @@
 
 Loop: reclaim/read generate requests → expand each into its G samples → feed the engine one
 denoising step at a time → publish every finished sample at once (out of order) with its
-trajectory and image (two keys) → acknowledge a request when all its samples are published. Between engine
+trajectory and image, or a multi-modal sample's media (two keys) → acknowledge a request when all its samples are published. Between engine
 steps it checks for an announced weight sync: it stops admitting, drains what is in flight (so
 no sample mixes two weight versions), binds the new weights, verifies them, and goes on.
 
@@ -200,7 +200,8 @@ class RolloutService:
             tensors = {"x0": r.x0, "latents": r.latents, "log_probs": r.log_probs, "sigmas": r.sigmas}
             # the sync-mode count is part of the atomic publish: a kill between two calls lost it for good
             count = kv_key(self.env.job_name, f"generated:{m['step']}") if m["kind"] == "train" else None
-            published = self.queue.publish(self.queue.streams.samples, meta, tensors, image=r.image,
+            picture = {"image": r.image} if r.media is None else {"media": r.media}  # media: one blob, raw bytes
+            published = self.queue.publish(self.queue.streams.samples, meta, tensors, **picture,
                                            done_kind="rollout", count_key=count)
             self.heartbeat.beat(progressed=True)
             if published is None:  # not a predecessor's (`_submit` skips those): two live workers generated it

@@ -58,6 +58,8 @@ class SampleResult:
         sigmas: `[W+1]` σ at `latents[j]`.
         policy_version: weights version that produced the sample.
         steps_run: number of denoiser forwards this sample took part in.
+        media: a multi-modal family's decoded sample (`omnirl.transfer.media`: `video`, `audio`, …); None for an
+            image family. `image` is then its poster (the frames side by side).
     """
 
     request: SampleRequest
@@ -68,3 +70,4 @@ class SampleResult:
     sigmas: torch.Tensor
     policy_version: int
     steps_run: int
+    media: dict[str, torch.Tensor] | None = None

@@ -34,6 +34,7 @@ from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, enco
 from omnirl.transfer.errors import BackpressureTimeout, MissingTensors
 from omnirl.transfer.keys import StreamNames, done_key, image_key, job_prefix, kv_key
 from omnirl.transfer.keys import tensor_key as make_tensor_key
+from omnirl.transfer.media import check_media, poster
 from omnirl.transfer.message import Message
 
 
@@ -154,6 +155,7 @@ class TransferQueue:
         tensors: dict[str, torch.Tensor] | None = None,
         *,
         image: torch.Tensor | None = None,
+        media: dict[str, torch.Tensor] | None = None,
         tensor_key: str | None = None,
         done_kind: str | None = None,
         count_key: str | None = None,
@@ -170,6 +172,9 @@ class TransferQueue:
             image: the sample's image (any shape/dtype, e.g. uint8 ``[H, W, 3]``), stored alone
                 under :func:`~omnirl.transfer.keys.image_key` of the tensor key with the same TTL,
                 so that a scorer reads it (:meth:`load_image`) without the trajectory. Needs ``tensors``.
+            media: instead of ``image``, the sample's media (:mod:`omnirl.transfer.media`: ``video`` uint8
+                ``[T, H, W, 3]``, ``audio`` float32 ``[L]``, …), stored as ONE safetensors blob under the same
+                image key (raw bytes, bit-exact); read back with :meth:`load_media`. Needs ``tensors``.
             tensor_key: where to store them (``omnirl:{job}:tensors:…``); with ``tensors=None`` the
                 entry just names this existing key (e.g. a score entry pointing at its sample).
             done_kind: when given, set the marker ``done:{done_kind}:{sample_id}`` atomically with
@@ -183,19 +188,25 @@ class TransferQueue:
 
         Raises:
             TypeError: metadata or tensors that cannot be encoded (names the key).
-            ValueError: a key outside this job, a tensor key not under ``tensors:``, an image
-                without tensors, or a missing ``meta["sample_id"]``.
+            ValueError: a key outside this job, a tensor key not under ``tensors:``, an image or media
+                without tensors, both an image and media, media that break the media contract
+                (:func:`~omnirl.transfer.media.check_media`), or a missing ``meta["sample_id"]``.
             BackpressureTimeout: the stream stayed full for ``backpressure_timeout_s`` seconds.
 
         Back-pressure waits while XLEN >= ``max_stream_length``; the check and the append are two
         steps, so P concurrent producers may overshoot the bound by at most P - 1 entries.
         """
         self._check_key("stream", stream)
-        if image is not None and tensors is None:
-            raise ValueError("publish(image=...) needs the sample's tensors too (the image key is named after them)")
+        if image is not None and media is not None:
+            raise ValueError("publish: pass the sample's image or its media, not both (media may hold an image)")
+        if (image is not None or media is not None) and tensors is None:
+            raise ValueError("publish(image=/media=...) needs the sample's tensors too (the image key is named after them)")
         meta_bytes = encode_meta(meta)
         tensor_bytes = encode_tensors(tensors) if tensors is not None else None
-        image_bytes = encode_tensors({"image": image}) if image is not None else None
+        if media is not None:
+            image_bytes = encode_tensors(check_media(media, "publish(media=)"))
+        else:
+            image_bytes = encode_tensors({"image": image}) if image is not None else None
         if tensor_key is None and tensors is not None:
             tensor_key = make_tensor_key(self.job, self._sample_id(meta, "tensors without tensor_key"))
         keys, flags = [stream], ["0", "0"]
@@ -347,13 +358,24 @@ class TransferQueue:
         return self._get(self._tensor_key_of(msg_or_key))
 
     def load_image(self, msg_or_key: Message | str) -> torch.Tensor:
-        """The image published with a message's tensors (one GET of the image key alone).
+        """The image published with a message's tensors (one GET of the image key alone); for a sample published
+        with media, its poster (:func:`~omnirl.transfer.media.poster`: a video's frames side by side).
 
         Raises:
             MissingTensors: the image key expired, was deleted, or was never written.
             ValueError: the message carries no tensor key, or the key is not a tensor key.
         """
-        return self._get(image_key(self._tensor_key_of(msg_or_key)))["image"]
+        return poster(self.load_media(msg_or_key))
+
+    def load_media(self, msg_or_key: Message | str) -> dict[str, torch.Tensor]:
+        """The media published with a message's tensors (:mod:`omnirl.transfer.media`; an image sample's is
+        ``{"image": …}``), one GET of the image key alone.
+
+        Raises:
+            MissingTensors: the image key expired, was deleted, or was never written.
+            ValueError: the message carries no tensor key, or the key is not a tensor key.
+        """
+        return self._get(image_key(self._tensor_key_of(msg_or_key)))
 
     def absent(self, keys: list[str]) -> list[str]:
         """The tensor keys of `keys` that no longer exist (expired after `tensor_ttl_s`, or deleted), in

@@ -1,0 +1,1 @@
+"""The built-in audio+video digits model (family `av-digits`): docs/omni.md, "The built-in audio+video task"."""
