@@ -176,6 +176,8 @@ REFUSED = [
      "spec.roles.actor.parallel.ulysses"),
     ("dit tensor without a plan", {"model": SD3, "roles": {"rollout": {"parallel": {"tensor": 2}}}},
      "spec.roles.rollout.parallel.tensor"),
+    ("dit tensor with lora", {"model": {**SD3, "family": "flux", "lora": {"enabled": True}},
+                              "roles": {"rollout": {"parallel": {"tensor": 2}}}}, "spec.roles.rollout.parallel.tensor"),
     ("compile with ulysses", {"model": {**SD3, "family": "flux", "compile": True},
                               "roles": {"rollout": {"parallel": {"ulysses": 2}}}}, "spec.model.compile"),
     ("ulysses actor on ReadWriteOnce", {"model": {**SD3, "family": "flux"}, "storage": {"size": "1Gi"},

@@ -1005,6 +1005,9 @@ class RLJobSpec(SpecModel):
                 f"spec.roles.rollout.parallel.tensor: needs a family with a tensor-parallel plan "
                 f"({', '.join(TENSOR_PARALLEL_FAMILIES)}); set tensor: 1 (or use ulysses)",
                 ".roles.rollout.parallel.tensor"),
+        CelRule("{roles.rollout.parallel.tensor} == 1 || !{model.lora.enabled}", "spec.roles.rollout.parallel.tensor: "
+                "cannot be combined with model.lora.enabled (diffusers refuses to split a transformer wrapped by LoRA "
+                "adapters); use parallel.ulysses, or train all weights", ".roles.rollout.parallel.tensor"),
         CelRule("!{model.compile} || ({roles.rollout.parallel.ulysses} * {roles.rollout.parallel.tensor} * "
                 "{roles.actor.parallel.ulysses} == 1)", "spec.model.compile: not with parallel.ulysses or "
                 "parallel.tensor > 1 (compiled blocks under diffusers' parallel hooks are not checked yet); set "
@@ -1141,6 +1144,11 @@ class RLJobSpec(SpecModel):
                 if degree > 1 and family not in families:
                     raise FieldProblem(f"roles.{role}.parallel.{field}", degree, f"needs a family with {what} "
                                        f"({', '.join(families)}); model.family is {family}: set {field}: 1")
+        if self.roles.rollout.parallel.tensor > 1 and self.model.lora.enabled:
+            raise FieldProblem("roles.rollout.parallel.tensor", self.roles.rollout.parallel.tensor, "cannot be combined "
+                               "with model.lora.enabled: diffusers refuses to split a transformer wrapped by LoRA "
+                               "adapters; use parallel.ulysses (every rank holds the adapters whole) or train all "
+                               "weights")
         degrees = (self.roles.rollout.parallel.ranks, self.roles.actor.parallel.ulysses)
         if self.model.compile and max(degrees) > 1:
             raise FieldProblem("model.compile", True, "not with parallel.ulysses or parallel.tensor > 1 (compiled "

@@ -36,12 +36,11 @@ every rank (FSDP2's reduce-scatter) must scale its loss by U instead (`loss_scal
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
-
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from omnirl.models.parallel._shims import an_accelerator_count
 
 ULYSSES_DIMS = ("ring", "ulysses")
 """The mesh dimension names diffusers' `ContextParallelConfig` indexes (ring 1 here: Ring attention needs a
@@ -74,20 +73,6 @@ def _plan_overrides() -> dict[str, dict]:
             "audio_proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
         },
     }
-
-
-@contextlib.contextmanager
-def _an_accelerator_count() -> Iterator[None]:
-    """`torch.accelerator.device_count()` answers at least 1 inside (diffusers divides by it; CPU answers 0)."""
-    if torch.accelerator.device_count() > 0:
-        yield
-        return
-    original = torch.accelerator.device_count
-    torch.accelerator.device_count = lambda: 1
-    try:
-        yield
-    finally:
-        torch.accelerator.device_count = original
 
 
 def ulysses_mesh(degree: int, device_type: str, *, data_parallel: int = 1):
@@ -131,7 +116,7 @@ def enable_ulysses(transformer: nn.Module, mesh) -> None:
                          "split its tokens")
     # the anything path is taken for every length: its shards are the even ones when the length divides
     config = ContextParallelConfig(ulysses_degree=degree, ulysses_anything=True, mesh=mesh)
-    with _an_accelerator_count():
+    with an_accelerator_count():
         transformer.enable_parallelism(config=config, cp_plan=plan)
 
 
