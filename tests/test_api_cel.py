@@ -29,7 +29,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 BASE = {"data": {"trainPrompts": "t.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]}
 SD3 = {"family": "sd3", "path": "/models/sd3", "dtype": "bfloat16"}
-NVIDIA = {"accelerator": {"type": "nvidia", "count": 1}}
+NVIDIA = {"accelerator": {"type": "nvidia", "count": 1, "product": "h200"}}
 JUDGE = {"command": ["serve", "--port", "{port}"]}
 
 
@@ -150,6 +150,9 @@ REFUSED = [
     ("judge gpu count 0", {"reward": [{"name": "v", "kind": "vlm", "server": {
         **JUDGE, "accelerator": {"type": "nvidia"}}}]}, "spec.reward[0].server.accelerator.count"),
     ("cpu count 1", {"roles": {"rollout": {"accelerator": {"count": 1}}}}, "spec.roles.rollout.accelerator.count"),
+    ("product of another type", {"roles": {"actor": {"accelerator": {"type": "nvidia", "count": 1,
+                                                                     "product": "ascend-910b"}}}},
+     "spec.roles.actor.accelerator.product"),
     ("autoscale max < min", {"roles": {"reward": {"replicas": 3, "autoscale": {"minReplicas": 3, "maxReplicas": 2}}}},
      "spec.roles.reward.autoscale.maxReplicas"),
     ("replicas outside autoscale", {"roles": {"reward": {"replicas": 5, "autoscale": {"maxReplicas": 4}}}},

@@ -39,6 +39,7 @@ from omnirl.api.spec_algorithm import (
 )
 from omnirl.api.spec_parallel import (
     CONTEXT_PARALLEL_FAMILIES,
+    GPU_MEMORY_GIB,
     TENSOR_PARALLEL_FAMILIES,
     ActorLayoutSpec,
     RolloutLayoutSpec,
@@ -532,6 +533,10 @@ class AcceleratorSpec(SpecModel):
     """Accelerator sugar, expanded by the operator into resource limits, nodeSelector and tolerations."""
 
     type: AcceleratorType = Field("cpu", description="nvidia (nvidia.com/gpu), ascend (huawei.com/Ascend910) or cpu.")
+    product: Literal[tuple(GPU_MEMORY_GIB)] | None = Field(  # type: ignore[valid-type]
+        None, description="The device model, for its memory (`omnirl plan` and `omnirl validate` fit each role's "
+        "per-device memory into it): " + ", ".join(f"{k} ({v:g} GiB)" for k, v in GPU_MEMORY_GIB.items()) + ". Null: "
+        "the type's common one (nvidia h100-80gb, ascend ascend-910b).")
     count: int = Field(0, ge=0, le=16, description="Accelerators per pod (must be 0 for cpu, >= 1 otherwise): 1 "
                        "for reward and controller pods; for rollout and actor pods what their `parallel` layout "
                        "puts in one pod (a rank per device); a judge server's may use more.")
@@ -540,10 +545,18 @@ class AcceleratorSpec(SpecModel):
                 ".count"),
         CelRule("{type} != 'cpu' || {count} == 0", "accelerator.count: must be 0 for type cpu (set type nvidia or "
                 "ascend)", ".count"),
+        CelRule("!has(self.product) || (self.product == 'ascend-910b' ? {type} == 'ascend' : {type} == 'nvidia')",
+                "accelerator.product: must be a device of accelerator.type (ascend-910b for ascend, the others for "
+                "nvidia, none for cpu)", ".product"),
     )
 
     @model_validator(mode="after")
     def _check(self) -> AcceleratorSpec:
+        if self.product is not None and (self.type == "ascend") != (self.product == "ascend-910b"):
+            kind = "ascend" if self.product == "ascend-910b" else "nvidia"
+            raise FieldProblem("product", self.product, f"is a {kind} device, and type is {self.type}: set type "
+                               f"{kind}, or a product of type {self.type} (ascend-910b for ascend, "
+                               f"{', '.join(k for k in GPU_MEMORY_GIB if k != 'ascend-910b')} for nvidia, none for cpu)")
         if self.type != "cpu" and self.count < 1:
             raise FieldProblem("count", self.count, f"must be >= 1 for type {self.type}")
         if self.type == "cpu" and self.count != 0:

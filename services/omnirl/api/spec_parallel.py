@@ -30,6 +30,15 @@ TENSOR_PARALLEL_FAMILIES: tuple[str, ...] = ("flux", "qwen-image")
 `roles.rollout.parallel.tensor > 1`; Wan, LTX-2 and MiniMax-H3 have none there (vLLM-Omni's TP2 of H3 is
 its own)."""
 MAX_DEGREE = 64
+GPU_MEMORY_GIB: dict[str, float] = {
+    "h100-80gb": 79.6, "h200": 140.4, "b200": 179.1, "a100-80gb": 80.0, "a100-40gb": 40.0, "l40s": 45.0,
+    "ascend-910b": 64.0,
+}
+"""Memory of one device by product, GiB (nvidia-smi's total memory, which `torch.cuda.get_device_properties`
+reports: H100 SXM 81559 MiB, H200 143771 MiB, B200 183359 MiB, A100 81920 / 40960 MiB, L40S 46068 MiB; Ascend
+910B 64 GB HBM): what `omnirl plan` fits a replica into (`accelerator.product`)."""
+DEFAULT_PRODUCT: dict[str, str] = {"nvidia": "h100-80gb", "ascend": "ascend-910b"}
+"""The product a plan assumes when `accelerator.product` is not written."""
 
 
 class ReplicaLayoutSpec(SpecModel):
