@@ -52,7 +52,9 @@ demo-nft: install
 demo-flowgrpo: install
 	$(BIN)/omnirl run examples/ocr-flowgrpo.yaml --out runs/demo-flowgrpo
 
+# the spec's table of model families and reward kinds first (omnirl/api/extensions_generated.py), then the CRD
 crd: install
+	$(BIN)/python -m omnirl.extensions --write
 	$(BIN)/omnirl crd > crds/rljob.yaml
 	cp crds/rljob.yaml charts/omnirl/files/rljob-crd.yaml
 

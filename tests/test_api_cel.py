@@ -219,6 +219,11 @@ REFUSED = [
     ("resolution and resolutions", {"model": {**SD3, "resolution": [512, 512], "resolutions": [[512, 512]]}},
      "spec.model.resolutions"),
     ("ocr resolution", {"model": {"resolution": [32, 64]}}, "spec.model.resolution"),
+    ("av-digits resolution", {"model": {"family": "av-digits", "resolution": [32, 64]}}, "spec.model.resolution"),
+    *((f"{f} resolution", {"model": {"family": f, "path": "/m", "resolution": [32, 64]}}, "spec.model.resolution")
+      for f in ("wan", "ltx2", "minimax-h3")),
+    ("minimax-h3 guidance", {"model": {"family": "minimax-h3", "path": "/m"},
+                             "algorithm": {"sampling": {"guidanceScale": 2.0}}}, "spec.algorithm.sampling.guidanceScale"),
     ("ocr guidance", {"algorithm": {"sampling": {"guidanceScale": 2.0}}}, "spec.algorithm.sampling.guidanceScale"),
     ("sd3 builtin", {"model": {"family": "sd3"}}, "spec.model.path"),
     ("packed ocr", {"roles": {"rollout": {"batching": "packed"}}}, "spec.roles.rollout.batching"),

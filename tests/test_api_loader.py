@@ -101,7 +101,7 @@ BAD = [
     (
         "spec.reward.0.kind",
         "clip",
-        'spec.reward[0].kind: "clip" is invalid: must be one of: ocr, jpeg, http, grpc, vlm, pairwise-contrast, avdigits-ocr, avdigits-beeps, avdigits-pitch, avdigits-sync',
+        'spec.reward[0].kind: "clip" is invalid: must be one of: audio-signal, avdigits-beeps, avdigits-ocr, avdigits-pitch, avdigits-sync, clap, frames, grpc, http, jpeg, ocr, pairwise-contrast, python, temporal-consistency, video-ocr, vlm',
     ),
     (
         "spec.reward.0.params.alphabet",

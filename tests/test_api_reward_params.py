@@ -10,7 +10,9 @@ import pytest
 import yaml
 
 from omnirl.api.loader import load_rljob, validate_files
-from omnirl.api.spec_reward import JPEGParams, OCRParams, VLMParams
+from omnirl.reward.kinds.jpeg import JPEGParams
+from omnirl.reward.kinds.ocr import OCRParams
+from omnirl.reward.kinds.vlm import VLMParams
 
 ROOT = Path(__file__).resolve().parents[1]
 OCR = {"name": "ocr", "kind": "ocr"}

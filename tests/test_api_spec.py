@@ -96,7 +96,7 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
         ),
         (
             {"model": {"family": "flux"}},
-            'spec.model.path: "builtin" is invalid: must name a model directory for family flux (builtin, the default, is ocr-digits and av-digits only)',
+            'spec.model.path: "builtin" is invalid: must name a model directory for family flux (builtin, the default, is av-digits, ocr-digits only)',
         ),
         ({"reward": []}, "spec.reward: [] is invalid: must have at least 1 item(s)"),
         # names the API server refuses in the pods' secretKeyRef / the claim: validate said ok
@@ -238,25 +238,13 @@ def test_cudnn_attention_needs_nvidia_roles_and_half_precision() -> None:
                                                     "roles": {"rollout": gpu, "actor": gpu}}})
     assert job.spec.model.attention == "cudnn"
     assert _lines({"model": {**half, "family": "flux"}, "roles": {"rollout": gpu, "actor": gpu}, "reward": reward}) == [
-        'spec.model.attention: "cudnn" is invalid: is checked for families sd3, qwen-image only (model.family is '
+        'spec.model.attention: "cudnn" is invalid: is checked for families qwen-image, sd3 only (model.family is '
         "flux; FLUX's gradients through cuDNN were wrong on the H200): set auto or torch"]
     # the built-in model: the family is the reason, FLUX's story is not (nor its CPU roles, checked after)
     assert _lines({"model": {"attention": "cudnn"}}) == [
-        'spec.model.attention: "cudnn" is invalid: is checked for families sd3, qwen-image only (model.family is '
+        'spec.model.attention: "cudnn" is invalid: is checked for families qwen-image, sd3 only (model.family is '
         "ocr-digits): set auto or torch"]
     assert RLJob.model_validate(MINIMAL).spec.model.attention == "auto"  # CPU roles, float32: auto is torch's choice
-
-
-def test_packed_families_are_the_adapters_with_a_packed_forward() -> None:
-    pytest.importorskip("diffusers")
-    from omnirl.api.spec import PACKED_FAMILIES
-    from omnirl.models.diffusers.flux import FluxAdapter
-    from omnirl.models.diffusers.qwen_image import QwenImageAdapter
-    from omnirl.models.diffusers.sd3 import SD3Adapter
-    from omnirl.models.digits.adapter import DigitsAdapter
-
-    classes = {"ocr-digits": DigitsAdapter, "sd3": SD3Adapter, "qwen-image": QwenImageAdapter, "flux": FluxAdapter}
-    assert PACKED_FAMILIES == tuple(f for f, c in classes.items() if hasattr(c, "velocity_packed"))
 
 
 def test_config_errors_name_the_field_once_and_keep_other_errors() -> None:

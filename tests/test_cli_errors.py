@@ -484,6 +484,20 @@ def test_validate_says_which_named_files_are_not_on_this_machine_and_run_refuses
     assert main(["validate", NFT]) == 0 and "not on this machine" not in capsys.readouterr().out
 
 
+def test_validate_notes_a_judge_key_this_machine_lacks(tmp_path, capsys):
+    """The reward kinds' `check_environment` in validate: an API key variable unset here is a note under `ok` (the
+    cluster's reward pods may have it), the line `omnirl run` refuses with (`run-unset-api-key` above)."""
+    path = judge_with_unset_key(tmp_path)
+    assert main(["validate", path]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"{path}: ok" and [line for line in lines if UNSET_KEY in line] == [
+        f"  ocr-nft: spec.reward[1].params.apiKeyEnv: the environment variable {UNSET_KEY} is not set (or empty); "
+        f"export {UNSET_KEY}=<the judge's API key> before omnirl run or omnirl eval; on Kubernetes give the reward "
+        f"container {UNSET_KEY} from a Secret in spec.roles.reward.template (spec: {{containers: [{{name: reward, env: "
+        f"[{{name: {UNSET_KEY}, valueFrom: {{secretKeyRef: {{name: SECRET, key: KEY}}}}}}]}}]}}); or drop apiKeyEnv "
+        "if the judge needs no key (omnirl run here refuses it)"]
+
+
 def test_validate_refuses_lora_targets_of_no_layer_as_omnirl_run_does(tmp_path, capsys):
     # validate said ok (exit 0) to targetModules [qkv_proj] on the built-in model, which omnirl run refuses (exit 2)
     path = lora_target_of_no_layer(tmp_path)

@@ -35,7 +35,7 @@ import yaml
 
 from omnirl.api.loader import dump_rljob, resolve_paths
 from omnirl.api.runtime import PERMANENT_EXITS
-from omnirl.api.spec import API_GROUP, RLJob
+from omnirl.api.spec import API_GROUP, ROLE_NAMES, RLJob
 from omnirl_operator.judges import build_judges, wired
 from omnirl_operator.meta import (
     LABEL_METRICS,
@@ -97,7 +97,7 @@ def template_digest(job: RLJob) -> str:
     the controller Job) while scaling, suspending or a claim setting the pods never see does not."""
     roles = job.spec.roles
     unscaled = roles.model_copy(update={r: getattr(roles, r).model_copy(update={"replicas": 1})
-                                        for r in ("rollout", "reward", "actor", "controller")})
+                                        for r in ROLE_NAMES})
     storage = job.spec.storage
     if storage is not None:
         storage = storage.model_copy(update={"size": None, "whenDeleted": "Retain"})
@@ -308,8 +308,8 @@ def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | No
 def desired_replicas(job: RLJob, *, running: bool) -> dict[str, int]:
     """Pods per role the children ask for (what ``status.roles[*].desired`` reports)."""
     if not running:
-        return {role: 0 for role in ("rollout", "reward", "actor", "controller")}
-    return {role: role_spec(job, role).replicas for role in ("rollout", "reward", "actor", "controller")}
+        return {role: 0 for role in ROLE_NAMES}
+    return {role: role_spec(job, role).replicas for role in ROLE_NAMES}
 
 
 def label_of(child: dict[str, Any]) -> str:

@@ -13,7 +13,6 @@ from typing import Any
 
 from omnirl.api.spec import API_GROUP, API_VERSION, KIND
 
-ROLES = ("rollout", "reward", "actor", "controller")
 LABEL_JOB = f"{API_GROUP}/job"
 LABEL_ROLE = f"{API_GROUP}/role"
 LABEL_METRICS = f"{API_GROUP}/metrics"

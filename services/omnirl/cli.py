@@ -20,24 +20,35 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     def grid(job) -> list[str]:  # after the spec checks: only a valid job pays for torch
         from omnirl.controller.ttl import budget_line
         from omnirl.launch.preflight import missing_local_paths
-        from omnirl.models.registry import describe_sigma_grid
+        from omnirl.models.registry import check_media, describe_sigma_grid
+        from omnirl.reward.registry import environment_lines
 
         # valid for a cluster, where the files live in the pods; said, because `omnirl run` here refuses them
         missing = [f"{field}: {path} is not on this machine: omnirl run here refuses it; on Kubernetes it must "
                    "exist inside the pods (the image, or a volume from spec.storage or the role's template)"
                    for field, path, _ in missing_local_paths(job)]
-        return [describe_sigma_grid(job.spec), budget_line(job.spec), *missing]
+        media = [line for line in [check_media(job.spec)] if line]
+        return [describe_sigma_grid(job.spec), *media, budget_line(job.spec), *missing,
+                *environment_lines(job.spec.reward)[0]]
 
     def check(job) -> list[str]:
         # `omnirl run`'s pre-flight LoRA check (a weightless skeleton of the model), where the model is on this
         # machine: validate said ok to targetModules [qkv_proj] on the built-in model, which omnirl run refused
+        # and each reward kind's check of this machine (a python reward's function imports and is callable)
         from omnirl.api.errors import ConfigError
         from omnirl.launch.preflight import check_lora, missing_local_paths
         from omnirl.models.parallel.layout import check_layout
+        from omnirl.models.registry import check_media
+        from omnirl.reward.registry import environment_lines
 
+        problems = environment_lines(job.spec.reward)[1]
+        try:  # a video family's frames and size against its VAE (the released checkpoints' when not here)
+            check_media(job.spec)
+        except ValueError as err:
+            problems = [*problems, str(err)]
         if any(field == "spec.model.path" for field, _, _ in missing_local_paths(job)):
-            return []  # said under `ok` (a cluster's pods hold it)
-        problems = check_layout(job.spec)  # the parallel degrees against the model's heads (its config files)
+            return problems  # the model's: said under `ok` (a cluster's pods hold it)
+        problems = [*problems, *check_layout(job.spec)]  # the parallel degrees against the model's heads (configs)
         try:
             check_lora(job)
         except ConfigError as err:
@@ -117,6 +128,9 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
+    from omnirl.api.extensions import REWARD_KINDS
+    from omnirl.api.spec import ROLE_NAMES  # torch-free; pydantic's models are built once here for every command
+
     p = argparse.ArgumentParser(prog="omnirl", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -178,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_cmd_run)
 
     s = sub.add_parser("role", help="run one role of a job (the container entrypoint)")
-    s.add_argument("role", choices=["rollout", "reward", "actor", "controller"], help="the role to run")
+    s.add_argument("role", choices=ROLE_NAMES, help="the role to run")
     s.add_argument("--job", required=True, help="RLJob manifest (YAML or JSON)")
     s.add_argument("--out", default=None, help="run output directory")
     s.add_argument("--index", type=int, default=0, help="replica index of this role")
@@ -208,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("scorer", help="scorer servers (the scorer protocol, see services/omnirl/reward/protocol)")
     scorer_sub = s.add_subparsers(dest="scorer_command", required=True)
     s = scorer_sub.add_parser("serve", help="serve a built-in scorer over gRPC (with gRPC health) or HTTP/JSON")
-    s.add_argument("--reward", required=True, choices=["ocr", "jpeg"], help="the built-in scorer to serve")
+    s.add_argument("--reward", required=True, choices=[k for k, info in REWARD_KINDS.items() if info.runs == "in-process"],
+                   help="the in-process reward kind to serve")
     s.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
                    help="grpc (default; omnirl.scorer.v1.Scorer + gRPC health) or http (POST /v1/score)")
     s.add_argument("--host", default="0.0.0.0", help="address to listen on (default all interfaces)")

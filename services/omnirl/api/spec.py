@@ -21,6 +21,7 @@ from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_vali
 
 from omnirl.api._base import CelRule, SpecModel, cel_literal
 from omnirl.api.errors import FieldProblem, FieldProblems
+from omnirl.api.extensions import FAMILIES, FAMILY_NAMES, REWARD_KIND_NAMES, REWARD_KINDS, families_with, kinds_with
 from omnirl.api.podtemplate import check_pod_template
 from omnirl.api.seeds import Seed
 from omnirl.api.spec_algorithm import (
@@ -56,10 +57,13 @@ KIND = "RLJob"
 AcceleratorType = Literal["nvidia", "ascend", "cpu"]
 FailureAction = Literal["restart-role", "restart-job", "fail-job"]
 NormalizeMode = Literal["none", "group", "batch", "minmax"]
-# Scorer kinds that see a whole group at once (run by the controller once a group is complete).
-GROUP_KINDS: tuple[str, ...] = ("pairwise-contrast",)
-REMOTE_KINDS: tuple[str, ...] = ("http", "grpc", "vlm")
+# Reward kinds (each registered by its module, `omnirl.api.extensions`) that see a whole group at once (run by the
+# controller once a group is complete), and those scored through an endpoint.
+GROUP_KINDS: tuple[str, ...] = kinds_with("runs", "group")
+REMOTE_KINDS: tuple[str, ...] = kinds_with("runs", "remote")
+GRPC_KINDS: tuple[str, ...] = kinds_with("endpoint", "grpc")
 ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
+"""The four roles of a job, in the launcher's order: the one list every role loop, CLI choice and builder reads."""
 # The roles that hold the model (on their accelerator): attention kernel, /dev/shm for NCCL/HCCL.
 MODEL_ROLES: tuple[str, ...] = ("rollout", "actor")
 MAX_REWARDS = 64
@@ -72,28 +76,13 @@ collected, which `transferQueue.maxStreamLength` must hold."""
 JUDGE_STARTUP_S = 900
 """`reward[].server.startupSeconds` by default: 15 minutes, for a judge that loads a large model (a VLM's weights
 from a network volume); the operator's judge startup probe allowed this long before the field existed."""
-BUILTIN_FAMILIES: tuple[str, ...] = ("ocr-digits", "av-digits")
-"""Families whose weights ship with omnirl (`model.path: builtin`)."""
-FAMILY_MODALITIES: dict[str, tuple[str, ...]] = {
-    "ocr-digits": ("image",), "sd3": ("image",), "qwen-image": ("image",), "flux": ("image",),
-    "av-digits": ("video", "audio"),
-}
-"""The modalities each family's samples carry (docs/omni.md): what `model.modalities` may name."""
-FAMILY_MEDIA: dict[str, dict[str, dict[str, float]]] = {
-    "av-digits": {"video": {"frames": 8, "height": 32, "width": 64, "fps": 8.0},
-                  "audio": {"seconds": 1.0, "sampleRate": 8000}},
-}
-"""Families whose video and audio sizes are fixed by the model: `model.video` / `model.audio` must equal these."""
-MEDIA_REWARD_KINDS: dict[str, frozenset[str]] = {
-    "avdigits-ocr": frozenset({"video"}), "avdigits-beeps": frozenset({"audio"}),
-    "avdigits-pitch": frozenset({"audio"}), "avdigits-sync": frozenset({"video", "audio"}),
-}
-"""Reward kinds that score media, and the modalities each reads (the family must make them)."""
-# Families whose adapter has `velocity_packed` (mixed shapes in one forward); tests keep this in sync.
-PACKED_FAMILIES: tuple[str, ...] = ("sd3",)
-# Families whose velocity and gradients with cuDNN attention matched torch's own kernel choice on the
-# H200 (bf16; GPU tests in tests/test_models_*.py). FLUX's input gradients came out wrong (~1e30).
-CUDNN_FAMILIES: tuple[str, ...] = ("sd3", "qwen-image")
+# Families (each registered by its adapter module, `omnirl.api.extensions`) whose adapter has `velocity_packed`
+# (mixed shapes in one forward), and those checked with cuDNN attention (their registration says why).
+PACKED_FAMILIES: tuple[str, ...] = families_with("packed")
+CUDNN_FAMILIES: tuple[str, ...] = families_with("attention", "cudnn")
+UNSIZED_FAMILIES: tuple[str, ...] = families_with("sized", False)
+UNGUIDED_FAMILIES: tuple[str, ...] = families_with("guidance", False)
+BUILTIN_FAMILIES: tuple[str, ...] = families_with("builtin")
 
 __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and are re-exported here
     "AdvantageSpec",
@@ -243,7 +232,7 @@ class ModalitiesSpec(SpecModel):
 class ModelSpec(SpecModel):
     """The model to post-train."""
 
-    family: Literal["ocr-digits", "sd3", "qwen-image", "flux", "av-digits"] = Field(
+    family: Literal[FAMILY_NAMES] = Field(  # type: ignore[valid-type]  # the registered families
         "ocr-digits", description="Model adapter family. `ocr-digits` is the built-in CPU demo model; `av-digits` "
         "the built-in audio+video one (docs/omni.md)."
     )
@@ -279,9 +268,9 @@ class ModelSpec(SpecModel):
         False, description="Compile each transformer block with torch.compile (dynamic shapes; GPU recommended).")
     attention: AttentionBackend = Field(
         "auto", description="The attention kernel of the transformer blocks in rollout and actor. auto: cuDNN for "
-        "families sd3 and qwen-image on an NVIDIA Hopper GPU (compute capability 9.x: H100, H200) with bf16 "
-        "weights and a head dimension that is a multiple of 8 up to 128 (1.45-1.55x FlashAttention-2 at SD3.5's "
-        "head dim 64), else torch's choice. torch: torch chooses per call. cudnn: cuDNN only (sd3 or qwen-image, "
+        f"families {' and '.join(CUDNN_FAMILIES)} on an NVIDIA Hopper GPU (compute capability 9.x: H100, H200) with "
+        "bf16 weights and a head dimension that is a multiple of 8 up to 128 (1.45-1.55x FlashAttention-2 at SD3.5's "
+        f"head dim 64), else torch's choice. torch: torch chooses per call. cudnn: cuDNN only ({' or '.join(CUDNN_FAMILIES)}, "
         "rollout and actor on nvidia, bf16 weights). math: the reference kernel (slow; for debugging).")
     gradientCheckpointing: bool = Field(
         False, description="Actor: recompute each transformer block's activations in the backward pass "
@@ -343,25 +332,25 @@ class ModelSpec(SpecModel):
         `guidance`, the job's `algorithm.sampling.guidanceScale`): the multi-modal adapters' `modalities` option."""
         written = self.modalities.written() if self.modalities else {}
         out = {}
-        for name in FAMILY_MODALITIES[self.family]:
+        for name in FAMILIES[self.family].modalities:
             m = written.get(name, ModalitySpec())
             out[name] = {"train": m.train, "weight": m.weight,
                          "guidance_scale": guidance if m.guidanceScale is None else m.guidanceScale}
         return out
 
     def check_media(self) -> None:
-        """`video`, `audio` and `modalities` against the family (`FAMILY_MODALITIES`, `FAMILY_MEDIA`).
+        """`video`, `audio` and `modalities` against the family (its registered `modalities` and fixed `media`).
 
         Raises:
             FieldProblem: a modality the family does not make, no trained modality, a trained one of weight 0, or
                 a size a fixed-size family cannot make (naming its size).
         """
-        mods = FAMILY_MODALITIES[self.family]
+        mods = FAMILIES[self.family].modalities
         for key in ("video", "audio"):
             if getattr(self, key) is not None and key not in mods:
                 raise FieldProblem(key, getattr(self, key).model_dump(), f"family {self.family} makes no {key} "
                                    f"(its samples: {', '.join(mods)}); remove {key}")
-            fixed = FAMILY_MEDIA.get(self.family, {}).get(key)
+            fixed = (FAMILIES[self.family].media or {}).get(key)
             if fixed is not None and getattr(self, key) is not None and getattr(self, key).model_dump() != fixed:
                 raise FieldProblem(key, getattr(self, key).model_dump(), f"family {self.family} makes {key} of "
                                    f"{fixed} only; write that or remove {key}")
@@ -415,8 +404,7 @@ class RewardSpec(SpecModel):
     name: str = Field(
         ..., pattern=r"^[a-z0-9][a-z0-9_-]*$", max_length=63, description="Unique reward name (metric label)."
     )
-    kind: Literal["ocr", "jpeg", "http", "grpc", "vlm", "pairwise-contrast", "avdigits-ocr", "avdigits-beeps",
-                  "avdigits-pitch", "avdigits-sync"] = Field(
+    kind: Literal[REWARD_KIND_NAMES] = Field(  # type: ignore[valid-type]  # the registered reward kinds
         ..., description="Scorer implementation. `pairwise-contrast` is a group-level scorer (it sees a whole "
         "group at once; a toy for testing and demonstration). `avdigits-*`: the four terms of the built-in "
         "audio+video task (model.family av-digits; docs/omni.md).")
@@ -431,9 +419,9 @@ class RewardSpec(SpecModel):
     )
     params: dict[str, str | int | float | bool] = Field(
         default_factory=dict,
-        description="Scorer-specific parameters, checked per kind: ocr {alphabet, threads, batchSize}, "
-        "jpeg {quality}, http/grpc {maxRetries}, vlm {model, template, instruction, scale, maxTokens, "
-        "topLogprobs, concurrency, batchSize, maxRetries, apiKeyEnv}.",
+        description="Scorer-specific parameters, checked per kind: " + ", ".join(
+            f"{name} {{{', '.join(info.params_keys)}}}" for name, info in REWARD_KINDS.items() if info.params_keys)
+        + ".",
     )
     timeoutSeconds: float = Field(
         30.0, gt=0, le=86400, description="Per-request scorer timeout, seconds (at most a day: from about 1e10 s "
@@ -456,18 +444,18 @@ class RewardSpec(SpecModel):
                 "change kind", ".server"),
         CelRule("!has(self.server) || !has(self.url)", "spec.reward[].url: must be unset when server is given (the "
                 "URL of the server the job runs is wired in); remove url or server", ".url"),
-        CelRule("!has(self.server) || self.kind != 'grpc' || !has(self.server.healthPath)", "spec.reward[].server."
+        CelRule(f"!has(self.server) || !(self.kind in {cel_literal(GRPC_KINDS)}) || !has(self.server.healthPath)", "spec.reward[].server."
                 "healthPath: must be unset for kind grpc (a gRPC server does not answer an HTTP GET: the judge would "
                 "never be ready); remove it", ".server.healthPath"),
-        CelRule("!has(self.server) || self.kind != 'grpc' || {server.urlPath} == '/'", "spec.reward[].server.urlPath: "
+        CelRule(f"!has(self.server) || !(self.kind in {cel_literal(GRPC_KINDS)}) || {{server.urlPath}} == '/'", "spec.reward[].server.urlPath: "
                 "must be unset for kind grpc (the reward workers reach a gRPC server at host:port); remove it, or use "
                 "kind http", ".server.urlPath"),
         CelRule(f"self.kind in {cel_literal(REMOTE_KINDS)} || !has(self.url)", "spec.reward[].url: must not be set "
-                "for an in-process kind (ocr, jpeg, pairwise-contrast score in the reward workers); remove url",
-                ".url"),
+                f"for an in-process kind ({', '.join(k for k in REWARD_KINDS if k not in REMOTE_KINDS)} score in the "
+                "reward workers); remove url", ".url"),
         CelRule(f"!(self.kind in {cel_literal(REMOTE_KINDS)}) || has(self.url) || has(self.server)",
-                "spec.reward[].url: required for kinds http, grpc and vlm (the scorer's endpoint), or give server "
-                "for a judge the job runs", ".url"),
+                f"spec.reward[].url: required for kinds {', '.join(REMOTE_KINDS[:-1])} and {REMOTE_KINDS[-1]} (the "
+                "scorer's endpoint), or give server for a judge the job runs", ".url"),
     )
 
     @model_validator(mode="after")
@@ -484,11 +472,11 @@ class RewardSpec(SpecModel):
             if self.url:
                 raise FieldProblem("url", self.url, "must be unset when server is given (the URL of the server "
                                    "the job runs is wired in); remove url or server")
-            if self.kind == "grpc" and self.server.healthPath is not None:  # an HTTP GET a gRPC server never passes
+            if self.kind in GRPC_KINDS and self.server.healthPath is not None:  # an HTTP GET a gRPC server never passes
                 raise FieldProblem("server.healthPath", self.server.healthPath, "must be unset for kind grpc (a gRPC "
                                    "server does not answer an HTTP GET: the judge would never be ready); remove it, "
                                    "the judge is then ready once its port accepts connections")
-            if self.kind == "grpc" and self.server.urlPath != "/":  # a gRPC target is host:port, nothing after it
+            if self.kind in GRPC_KINDS and self.server.urlPath != "/":  # a gRPC target is host:port, nothing after it
                 raise FieldProblem("server.urlPath", self.server.urlPath, "must be unset for kind grpc (the reward "
                                    "workers reach a gRPC server at host:port, so a path would be ignored); remove "
                                    "it, or use kind http for a server of the HTTP scorer protocol at that path")
@@ -498,7 +486,7 @@ class RewardSpec(SpecModel):
         return self
 
     def typed_params(self) -> SpecModel:
-        """`params` as the kind's model (`omnirl.api.spec_reward.PARAMS_BY_KIND`), defaults filled in."""
+        """`params` as the kind's model (its kind module's params class, `omnirl.api.extensions.params_model`), defaults filled in."""
         return parse_params(self.kind, self.params)
 
 
@@ -701,7 +689,7 @@ class RolloutRoleSpec(RoleSpec):
 
     batching: Literal["stepwise", "packed", "static"] = Field(
         "stepwise", description="`stepwise`: continuous batching, one denoiser forward per latent-shape bucket; "
-        "`packed` (sd3 only): samples of different shapes share one forward (concatenated image tokens, attention "
+        f"`packed` ({', '.join(PACKED_FAMILIES)} only): samples of different shapes share one forward (concatenated image tokens, attention "
         "per sample); it helps when a worker holds many shapes with few samples each (model.resolutions below "
         "512x512 measured 1.4x static batching on an H200; at 512x512 and above about 1.0x), and runs like "
         "`stepwise` when every sample has one shape (model.resolution); `static`: request "
@@ -757,7 +745,7 @@ class RolesSpec(SpecModel):
                 ".controller.replicas"),
         *(CelRule(f"{{{role}.accelerator.count}} <= 1", f"spec.roles.{role}.accelerator.count: must be at most 1: "
                   f"each {role} pod runs one process on one device; use replicas: N with count: 1",
-                  f".{role}.accelerator.count") for role in ("reward", "controller")),
+                  f".{role}.accelerator.count") for role in ROLE_NAMES if role not in MODEL_ROLES),
         CelRule("{rollout.accelerator.type} == 'cpu' || {rollout.accelerator.count} * {rollout.parallel.podsPerReplica}"
                 " == {rollout.parallel.ulysses} * {rollout.parallel.tensor}", "spec.roles.rollout.accelerator.count: "
                 "must be the devices of one pod of a replica, parallel.ulysses × parallel.tensor / "
@@ -777,7 +765,9 @@ class RolesSpec(SpecModel):
         if self.controller.replicas != 1:
             problems.append(FieldProblem("controller.replicas", self.controller.replicas,
                                          "must be 1 (one controller per job)"))
-        for role in ("reward", "controller"):
+        for role in ROLE_NAMES:
+            if role in MODEL_ROLES:  # their devices follow their `parallel` layout: _layout_problems
+                continue
             # a reward or controller pod (or local process) is one process on one device (`cuda:0`/`npu:0`):
             # more would be allocated to the pod and sit idle
             count = getattr(self, role).accelerator.count
@@ -1028,16 +1018,17 @@ class RLJobSpec(SpecModel):
         CelRule("!has(self.model) || !has(self.model.resolution) || !has(self.model.resolutions)",
                 "spec.model.resolutions: cannot be set together with model.resolution; keep one",
                 ".model.resolutions"),
-        CelRule(f"!({{model.family}} in {cel_literal(BUILTIN_FAMILIES)}) || !has(self.model) || "
-                "(!has(self.model.resolution) && !has(self.model.resolutions))", "spec.model.resolution, "
-                "spec.model.resolutions: must be null for ocr-digits and av-digits (their sizes are the model's); "
-                "remove them", ".model"),
-        CelRule("{model.family} != 'ocr-digits' || {algorithm.sampling.guidanceScale} == 1.0",
-                "spec.algorithm.sampling.guidanceScale: must be 1 for ocr-digits (the model has no unconditional "
-                "branch)", ".algorithm.sampling.guidanceScale"),
+        *(CelRule(f"{{model.family}} != '{f}' || !has(self.model) || "
+                  "(!has(self.model.resolution) && !has(self.model.resolutions))", "spec.model.resolution, "
+                  f"spec.model.resolutions: must be null for {f} ({FAMILIES[f].notes.get('sized', 'it has no size')}); "
+                  "remove them", ".model") for f in UNSIZED_FAMILIES),
+        *(CelRule(f"{{model.family}} != '{f}' || {{algorithm.sampling.guidanceScale}} == 1.0",
+                  f"spec.algorithm.sampling.guidanceScale: must be 1 for {f} "
+                  f"({FAMILIES[f].notes.get('guidance', 'it has no guidance')})", ".algorithm.sampling.guidanceScale")
+          for f in UNGUIDED_FAMILIES),
         CelRule(f"{{model.family}} in {cel_literal(BUILTIN_FAMILIES)} || {{model.path}} != 'builtin'",
-                "spec.model.path: must name a model directory for this family (builtin, the default, is ocr-digits "
-                "and av-digits only)", ".model.path"),
+                "spec.model.path: must name a model directory for this family (builtin, the default, is "
+                f"{', '.join(BUILTIN_FAMILIES)} only)", ".model.path"),
         CelRule(f"{{roles.rollout.batching}} != 'packed' || {{model.family}} in {cel_literal(PACKED_FAMILIES)}",
                 f"spec.roles.rollout.batching: packed needs a family that packs mixed shapes into one forward "
                 f"({', '.join(PACKED_FAMILIES)}); use batching stepwise", ".roles.rollout.batching"),
@@ -1092,38 +1083,38 @@ class RLJobSpec(SpecModel):
             raise FieldProblem("model.resolutions", [list(r) for r in self.model.resolutions],
                                "cannot be set together with model.resolution: keep one (a list of one size is "
                                "model.resolution)")
-        if self.model.family in BUILTIN_FAMILIES:
+        family = FAMILIES[self.model.family]
+        if not family.sized:
             for field, value in (("resolution", self.model.resolution), ("resolutions", self.model.resolutions)):
                 if value is not None:
-                    raise FieldProblem(f"model.{field}", _as_lists(value), "must be null for ocr-digits and "
-                                       "av-digits (their sizes are the model's); remove it")
-        if self.model.family == "ocr-digits":
-            if self.algorithm.sampling.guidanceScale != 1.0:
-                raise FieldProblem("algorithm.sampling.guidanceScale", self.algorithm.sampling.guidanceScale,
-                                   "must be 1 for ocr-digits (the model has no unconditional branch)")
-        if self.model.family not in BUILTIN_FAMILIES and self.model.path == "builtin":
+                    raise FieldProblem(f"model.{field}", _as_lists(value), f"must be null for {family.name} "
+                                       f"({family.notes.get('sized', 'it has no size')}); remove it")
+        if not family.guidance and self.algorithm.sampling.guidanceScale != 1.0:
+            raise FieldProblem("algorithm.sampling.guidanceScale", self.algorithm.sampling.guidanceScale,
+                               f"must be 1 for {family.name} ({family.notes.get('guidance', 'it has no guidance')})")
+        if not family.builtin and self.model.path == "builtin":
             raise FieldProblem(
                 "model.path",
                 "builtin",
-                f"must name a model directory for family {self.model.family} (builtin, the default, is ocr-digits "
-                "and av-digits only)",
+                f"must name a model directory for family {self.model.family} (builtin, the default, is "
+                f"{', '.join(BUILTIN_FAMILIES)} only)",
             )
-        made = set(FAMILY_MODALITIES[self.model.family])
         for i, r in enumerate(self.reward):
-            reads = MEDIA_REWARD_KINDS.get(r.kind, frozenset())
-            if reads - made:
-                raise FieldProblem(f"reward[{i}].kind", r.kind, f"scores {', '.join(sorted(reads))}, which model.family "
-                                   f"{self.model.family} does not make ({', '.join(sorted(made))}); use it with "
-                                   "model.family av-digits")
+            scored = REWARD_KINDS[r.kind].modalities
+            if not set(scored) & set(family.modalities):
+                raise FieldProblem(f"reward[{i}].kind", r.kind, f"scores {' and '.join(scored)}, and model.family "
+                                   f"{family.name} produces {' and '.join(family.modalities)}: choose a reward kind "
+                                   "that scores what the model produces")
         if self.roles.rollout.batching == "packed" and self.model.family not in PACKED_FAMILIES:
             raise FieldProblem("roles.rollout.batching", "packed", f"needs a family that packs mixed shapes into one "
                                f"forward ({', '.join(PACKED_FAMILIES)}); model.family is {self.model.family}: use "
                                "batching stepwise")
+        if self.model.attention not in family.attention:
+            why = f"; {family.notes[self.model.attention]}" if self.model.attention in family.notes else ""
+            checked = families_with("attention", self.model.attention)
+            raise FieldProblem("model.attention", self.model.attention, f"is checked for families {', '.join(checked)} "
+                               f"only (model.family is {self.model.family}{why}): set auto or torch")
         if self.model.attention == "cudnn":
-            if self.model.family not in CUDNN_FAMILIES:
-                why = "; FLUX's gradients through cuDNN were wrong on the H200" if self.model.family == "flux" else ""
-                raise FieldProblem("model.attention", "cudnn", f"is checked for families {', '.join(CUDNN_FAMILIES)} "
-                                   f"only (model.family is {self.model.family}{why}): set auto or torch")
             for role in MODEL_ROLES:
                 kind = getattr(self.roles, role).accelerator.type
                 if kind != "nvidia":

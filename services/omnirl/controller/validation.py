@@ -23,8 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
+from omnirl.api.extensions import FAMILIES
 from omnirl.api.messages import ScoreMeta
-from omnirl.api.spec import FAMILY_MODALITIES, GROUP_KINDS, RLJobSpec
+from omnirl.api.spec import GROUP_KINDS, RLJobSpec
 from omnirl.controller.data import read_prompts
 from omnirl.controller.grid import save_image_grid
 from omnirl.controller.media_files import SHEET_SAMPLES, write_media
@@ -83,7 +84,7 @@ class Validator:
         self.scores: dict[int, ScoreMeta] = {}
         self.keys: dict[int, str] = {}
         self.t0 = 0.0
-        self.media = bool({"video", "audio"} & set(FAMILY_MODALITIES[spec.model.family]))
+        self.media = bool({"video", "audio"} & set(FAMILIES[spec.model.family].modalities))
 
     def _caption(self, i: int) -> str:
         """A contact-sheet caption: the sum and each per-sample reward of held-out prompt i, and its prompt."""

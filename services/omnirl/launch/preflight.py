@@ -54,6 +54,7 @@ def check_local_paths(job: RLJob) -> None:
                                 f"{kind} (relative paths resolve against the manifest's folder)")
     check_model_weights(job)  # before the prompts: tokenizing them reads the model's config
     check_lora(job)
+    check_clip(job)
     check_prompts(job)
     check_api_keys(job.spec.reward)  # the roles inherit this environment
     check_in_process(job.spec.reward)
@@ -84,6 +85,22 @@ def check_lora(job: RLJob) -> None:
     from omnirl.models.registry import check_lora_targets
 
     check_lora_targets(job.spec.model.family, job.spec.model.path, job.spec.model.lora)
+
+
+def check_clip(job: RLJob) -> None:
+    """A video family's `spec.model.video` (and `audio`) fits the VAE in `spec.model.path` (`models.registry.check_media`):
+    left to the roles, every role loaded the model before the first one refused the frame count.
+
+    Raises:
+        ConfigError (a ValueError): naming `spec.model.video.<key>` and the nearest valid values.
+    """
+    from omnirl.api.errors import ConfigError
+    from omnirl.models.registry import check_media
+
+    try:
+        check_media(job.spec)
+    except ValueError as err:
+        raise ConfigError(str(err)) from err
 
 
 def check_attention(job: RLJob, placements: list[Placement]) -> None:

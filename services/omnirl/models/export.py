@@ -6,7 +6,7 @@ What an export directory holds (safetensors and JSON only):
 | --- | --- | --- |
 | diffusers family, LoRA | `pytorch_lora_weights.safetensors` (LoRA config in its metadata) | `pipe.load_lora_weights(DIR)` |
 | diffusers family, full weights | `transformer/config.json` + `transformer/diffusion_pytorch_model.safetensors` (`save_pretrained` layout) | `<Transformer>.from_pretrained(DIR/transformer)` |
-| ocr-digits, av-digits (LoRA merged into the weights) | `config.json` + `model.safetensors` (the built-in layout) | `load_digits_adapter(DIR)` / `load_avdigits_adapter(DIR)`, `model.path: DIR` |
+| ocr-digits, av-digits (LoRA merged into the weights; `DigitsFamily` / `AVDigitsFamily.export_weights`) | `config.json` + `model.safetensors` (the built-in layout) | `load_digits_adapter(DIR)` / `load_avdigits_adapter(DIR)`, `model.path: DIR` |
 
 and always `export.json` (what was exported, from which checkpoint), `job.yaml` (the run's
 manifest as written: in a run, the controller's `written_manifest`, judges as `reward[].server`) and `validation.json` (this policy's validation, when the run validated it, and every
@@ -31,14 +31,15 @@ from pathlib import Path
 import torch
 import yaml
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import dump_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
-from omnirl.api.spec import BUILTIN_FAMILIES, RLJob
+from omnirl.api.spec import RLJob
 from omnirl.models.diffusers._common import DIFFUSERS_WEIGHTS
+from omnirl.models.families import get_family
 from omnirl.models.policy_io import check_owner, publish, resolve_checkpoint
 
 EXPORT_FORMAT = "omnirl-export-v1"
@@ -113,12 +114,8 @@ def _write(job: RLJob, ckpt: Path, out: Path, run_dir: Path | None) -> None:
     check_owner(job, ckpt, state, manifest="--job")
     lora = bool(state.get("lora"))  # the manifest agrees (`check_owner`)
     policy = ckpt / "policy.safetensors"
-    if spec.model.family in ("ocr-digits", "av-digits"):
-        files = _digits(job, policy, lora, out, state)
-    elif lora:
-        files = _diffusers_lora(job, policy, out)
-    else:
-        files = _diffusers_full(job, policy, out)
+    family = get_family(spec.model.family)
+    files = family.export_weights(job, policy, lora, out, state)
     (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
     version = int(state["policy_version"])
     history = [v for v in validations(run_dir) if int(v["policy_version"]) <= version] if run_dir else []
@@ -128,15 +125,15 @@ def _write(job: RLJob, ckpt: Path, out: Path, run_dir: Path | None) -> None:
     manifest = {
         "format": EXPORT_FORMAT, "job": job.metadata.name, "family": spec.model.family, "base_model": spec.model.path,
         "algorithm": spec.algorithm.name, "step": int(state["step"]), "policy_version": version,
-        "checkpoint": str(ckpt), "weights": "lora" if lora and spec.model.family not in BUILTIN_FAMILIES else "full",
+        "checkpoint": str(ckpt), "weights": "lora" if lora and not family.merges_lora else "full",
         "lora": {"rank": spec.model.lora.rank, "alpha": spec.model.lora.alpha,
-                 "merged": spec.model.family in BUILTIN_FAMILIES} if lora else None,
+                 "merged": family.merges_lora} if lora else None,
         "files": sorted(files + ["job.yaml", "validation.json"]),
     }
     (out / "export.json").write_text(json.dumps(manifest, indent=1) + "\n")
 
 
-def _link_or_copy(src: Path, dst: Path) -> None:
+def link_or_copy(src: Path, dst: Path) -> None:
     """Hard-link `src` to `dst` (checkpoint files are never rewritten in place), else copy it."""
     try:
         os.link(src, dst)
@@ -144,7 +141,8 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def _keys(files: list[Path]) -> set[str]:
+def tensor_keys(files: list[Path]) -> set[str]:
+    """The tensor names of the safetensors `files` (headers only)."""
     keys: set[str] = set()
     for f in files:
         with safe_open(str(readable(f)), framework="pt") as handle:
@@ -152,42 +150,16 @@ def _keys(files: list[Path]) -> set[str]:
     return keys
 
 
-def _same_keys(got: set[str], want: set[str], what: str) -> None:
+def same_keys(got: set[str], want: set[str], what: str) -> None:
+    """Raise ValueError naming the first missing and unexpected names when a policy's tensors are not `what`'s."""
     missing, unexpected = sorted(want - got), sorted(got - want)
     if missing or unexpected:
         raise ValueError(f"the checkpoint's policy does not fit {what}: missing {missing[:3]}, unexpected "
                          f"{unexpected[:3]} (wrong model.family or model.path?)")
 
 
-def _digits(job: RLJob, policy: Path, lora: bool, out: Path, state: dict) -> list[str]:
-    """The built-in layout (ocr-digits, av-digits): config.json (the base's model config) + model.safetensors;
-    LoRA merged in."""
-    if job.spec.model.family == "av-digits":
-        from omnirl.models.avdigits.adapter import BUILTIN_DIR, CONFIG_FILE, WEIGHTS_FILE
-        from omnirl.models.avdigits.adapter import read_avdigits_config as read_config
-    else:
-        from omnirl.models.digits.adapter import BUILTIN_DIR, CONFIG_FILE, WEIGHTS_FILE
-        from omnirl.models.digits.adapter import read_digits_config as read_config
-
-    base = BUILTIN_DIR if job.spec.model.path == "builtin" else Path(job.spec.model.path)
-    meta = read_config(base)
-    base_weights = base / WEIGHTS_FILE
-    if lora:
-        merged = _merge_lora(load_file(str(readable(base_weights))), load_file(str(readable(policy))), job.spec.model.lora.alpha)
-        save_file(merged, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-    else:
-        _same_keys(_keys([policy]), _keys([base_weights]), f"the digits model in {base}")
-        _link_or_copy(policy, out / WEIGHTS_FILE)
-    provenance = {"base": str(job.spec.model.path), "base_provenance": meta.get("provenance", {}),
-                  "post_trained_by": f"omnirl {job.spec.algorithm.name}, job {job.metadata.name}",
-                  "step": int(state["step"]), "policy_version": int(state["policy_version"]), "lora_merged": lora}
-    config = {"format": meta["format"], "model": meta["model"], "provenance": provenance}
-    (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    return [CONFIG_FILE, WEIGHTS_FILE]
-
-
-def _merge_lora(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], alpha: float
-                ) -> dict[str, torch.Tensor]:
+def merge_lora(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor], alpha: float
+               ) -> dict[str, torch.Tensor]:
     """W ← W + (alpha / r)·B·A for every peft LoRA pair `X.lora_A.default.weight` [r, in],
     `X.lora_B.default.weight` [out, r] over base weight `X.weight` [out, in] (float32 math).
 
@@ -207,16 +179,18 @@ def _merge_lora(base: dict[str, torch.Tensor], adapters: dict[str, torch.Tensor]
     return {k: v.contiguous() for k, v in merged.items()}
 
 
-def _diffusers_lora(job: RLJob, policy: Path, out: Path) -> list[str]:
-    from omnirl.models.diffusers.lora_io import FAMILY_PIPELINES, WEIGHT_NAME, diffusers_lora_state, save_lora_state
+def diffusers_lora(pipeline: str, job: RLJob, policy: Path, out: Path) -> list[str]:
+    """A LoRA checkpoint's adapters as `out/pytorch_lora_weights.safetensors` through `<pipeline>.save_lora_weights`
+    (a diffusers family's `export_weights`)."""
+    from omnirl.models.diffusers.lora_io import WEIGHT_NAME, diffusers_lora_state, save_lora_state
 
     lora = job.spec.model.lora
     state = diffusers_lora_state(load_file(str(readable(policy))).items())
-    save_lora_state(FAMILY_PIPELINES[job.spec.model.family], state, lora.rank, lora.alpha, out)
+    save_lora_state(pipeline, state, lora.rank, lora.alpha, out)
     return [WEIGHT_NAME]
 
 
-def _diffusers_full(job: RLJob, policy: Path, out: Path) -> list[str]:
+def diffusers_full(job: RLJob, policy: Path, out: Path) -> list[str]:
     """The transformer's `save_pretrained` layout: the base's config.json + the policy's weights."""
     base = Path(job.spec.model.path) / "transformer"
     config = base / "config.json"
@@ -224,8 +198,8 @@ def _diffusers_full(job: RLJob, policy: Path, out: Path) -> list[str]:
         raise FileNotFoundError(f"{config} not found: model.path must be the run's diffusers model directory "
                                 "(with transformer/config.json)")
     shards = sorted(base.glob("diffusion_pytorch_model*.safetensors"))
-    _same_keys(_keys([policy]), _keys(shards), f"the transformer in {base}")
+    same_keys(tensor_keys([policy]), tensor_keys(shards), f"the transformer in {base}")
     (out / "transformer").mkdir()
     shutil.copyfile(config, out / "transformer" / "config.json")
-    _link_or_copy(policy, out / "transformer" / DIFFUSERS_WEIGHTS)
+    link_or_copy(policy, out / "transformer" / DIFFUSERS_WEIGHTS)
     return ["transformer/config.json", f"transformer/{DIFFUSERS_WEIGHTS}"]

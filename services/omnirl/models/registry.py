@@ -1,25 +1,20 @@
-"""`load_adapter`: model family name → a loaded `ModelAdapter` (the one place that dispatches).
+"""A model family's name → what the roles, pre-flight and eval need of it, through its registration.
 
-Families (`RLJob.spec.model.family`):
-- ``"ocr-digits"``: the built-in CPU demo model (`omnirl.models.digits.adapter.load_digits_adapter`).
-- ``"sd3"``: SD3 / SD3.5 from a local diffusers directory (`SD3Adapter.load`).
-- ``"qwen-image"``: Qwen-Image from a local diffusers directory (`QwenImageAdapter.load`).
-- ``"flux"``: FLUX.1 dev/schnell from a local diffusers directory (`FluxAdapter.load`).
-- ``"av-digits"``: the built-in audio+video demo model (`omnirl.models.avdigits.adapter.load_avdigits_adapter`):
-  a flat multi-modal latent (`models/layout.py`), media decoded by `decode_media` (docs/omni.md).
+Each family is one adapter module that registers itself (`omnirl.models.families.register_family`): the
+built-in `ocr-digits` (`omnirl.models.digits.adapter.DigitsFamily`) and the diffusers families
+(`omnirl.models.diffusers.*`); `omnirl.api.extensions.FAMILIES` lists them. The functions here are the ones
+callers use; each asks `get_family(family)`, which imports only that family's module.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from omnirl.api.spec import LoRASpec, RLJobSpec
+from omnirl.models.families import get_family
 from omnirl.models.protocol import ModelAdapter
-
-FAMILIES = ("ocr-digits", "sd3", "qwen-image", "flux", "av-digits")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -42,102 +37,57 @@ def load_adapter(family: str, path: str, device: torch.device | str = "cpu",
     """Load the adapter of `family` from `path` onto `device` with weights in `dtype`.
 
     Args:
-        family: one of `FAMILIES`.
+        family: one of `omnirl.api.extensions.FAMILIES`.
         path: local directory ("builtin" for ocr-digits' shipped weights). Nothing is downloaded.
         device: where the modules live.
         dtype: weight dtype (latents and SDE math stay float32 whatever it is).
         kwargs: family-specific constructor options (diffusers families: resolution,
             guidance_scale, negative_prompt, max_sequence_length, cache_size; Qwen-Image also
-            text_bucket).
+            text_bucket; ocr-digits none).
     Raises:
-        ValueError: an unknown family (the message lists the supported ones) or dtype.
+        ValueError: an unknown family (the message lists the supported ones) or dtype, or options the family
+            does not take.
         FileNotFoundError / OSError: the path or its layout is wrong (see each loader).
     """
     dtype = resolve_dtype(dtype)
-    if family == "ocr-digits":
-        from omnirl.models.digits.adapter import load_digits_adapter
-
-        if kwargs:
-            raise ValueError(f"family 'ocr-digits' takes no options; got {sorted(kwargs)}")
-        return load_digits_adapter(path, device=device, dtype=dtype)
-    if family == "av-digits":
-        from omnirl.models.avdigits.adapter import load_avdigits_adapter
-
-        unknown = sorted(set(kwargs) - {"modalities"})
-        if unknown:
-            raise ValueError(f"family 'av-digits' takes only the option modalities; got {unknown}")
-        return load_avdigits_adapter(path, device=device, dtype=dtype, **kwargs)
-    return _diffusers_class(family).load(path, device=device, dtype=dtype, **kwargs)
+    return get_family(family).load(path, device=device, dtype=dtype, **kwargs)
 
 
 def adapter_options(spec: RLJobSpec) -> dict:
-    """The constructor options an RLJob sets on its adapter (`load_adapter(..., **options)`).
+    """The constructor options an RLJob sets on its adapter (`load_adapter(..., **options)`): its family's
+    `adapter_options`.
 
     Rollout, actor and eval all load with these, so the guided velocity (CFG weight
-    `algorithm.sampling.guidanceScale`) and the resolution are the same everywhere. ocr-digits
-    takes none (the spec rejects a resolution or CFG for it).
+    `algorithm.sampling.guidanceScale`) and the resolution are the same everywhere.
     """
-    if spec.model.family == "ocr-digits":
-        return {}
-    guidance = spec.algorithm.sampling.guidanceScale
-    if spec.model.family == "av-digits":  # per-modality training, weights and guidance (`models/layout.py`)
-        return {"modalities": spec.model.modality_settings(guidance)}
-    if spec.model.family == "flux" and guidance == 1.0:
-        options: dict = {}  # FLUX-dev's embedded guidance keeps its default (3.5); schnell has none
-    else:
-        options = {"guidance_scale": guidance}
-    default = spec.model.resolution_for(0)  # with model.resolutions, requests carry their own sizes
-    if default is not None:
-        options["resolution"] = default
-    return options
+    return get_family(spec.model.family).adapter_options(spec)
 
 
 def describe_sigma_grid(spec: RLJobSpec) -> str:
     """One line naming the σ grid a job's rollouts, validation and `omnirl eval` use (`omnirl validate`).
 
-    The manifest's override `algorithm.sampling.shift` and the built-in model's grid are computed
-    here (first and last steps); a diffusers family's own grid depends on each sample's resolution,
-    so the line names its scheduler config (and its shift, when that file is readable here).
+    The manifest's override `algorithm.sampling.shift` is computed here (first and last steps); without it the
+    family describes its own grid (`describe_default_grid`: the built-in model's steps, or a diffusers
+    family's scheduler config, whose grid depends on each sample's resolution).
     """
     from omnirl.algorithms.sigmas import sigma_schedule
 
-    n, shift, family = spec.algorithm.sampling.numSteps, spec.algorithm.sampling.shift, spec.model.family
-    if shift is None and family not in ("ocr-digits", "av-digits"):
-        config = Path(spec.model.path) / "scheduler" / "scheduler_config.json"
-        try:
-            cfg = json.loads(config.read_text())
-        except (OSError, ValueError):
-            return f"σ grid: family default ({family}: its scheduler's grid, {n} steps; {config} not readable here)"
-        kind = "dynamic, by image size" if cfg.get("use_dynamic_shifting") else f"shift {cfg.get('shift', 1.0)}"
-        return f"σ grid: family default ({family}: its scheduler's grid, {kind}, {n} steps, from {config})"
+    n, shift = spec.algorithm.sampling.numSteps, spec.algorithm.sampling.shift
     if shift is None:
-        from omnirl.models.digits.adapter import FAMILY_SHIFT, digits_sigma_grid
-
-        source, shift, grid = f"family default ({family})", FAMILY_SHIFT, digits_sigma_grid(n)
-    else:
-        source, grid = "override (algorithm.sampling.shift)", sigma_schedule(n, shift)
-    g = [f"{x:.4f}" for x in grid.tolist()]
-    return f"σ grid: {source}, shift {shift:g}, {n} steps: {g[0]}, {g[1]} … {g[-2]}, {g[-1]}"
+        return get_family(spec.model.family).describe_default_grid(spec)
+    g = [f"{x:.4f}" for x in sigma_schedule(n, shift).tolist()]
+    return f"σ grid: override (algorithm.sampling.shift), shift {shift:g}, {n} steps: {g[0]}, {g[1]} … {g[-2]}, {g[-1]}"
 
 
 def load_tokenizer(family: str, path: str):
     """Text → token ids for `family`, for the controller (which tokenizes each prompt once), from the
-    tokenizers alone: ocr-digits reads its config.json, diffusers families their tokenizer folders
-    (no weights are loaded). Returns a callable `str -> list[int]`, equal to the adapter's `tokenize`
-    with default options.
+    tokenizers alone (no weights are loaded). Returns a callable `str -> list[int]`, equal to the adapter's
+    `tokenize` with default options.
 
     Raises:
         ValueError: an unknown family. FileNotFoundError / OSError: the path or its layout is wrong.
     """
-    if family == "ocr-digits":
-        from omnirl.models.digits.adapter import load_digits_tokenizer
-
-        return load_digits_tokenizer(path)
-    if family == "av-digits":
-        from omnirl.models.avdigits.adapter import load_avdigits_tokenizer
-
-        return load_avdigits_tokenizer(path)
-    return _diffusers_class(family).load_tokenizer(path)
+    return get_family(family).load_tokenizer(path)
 
 
 def check_weight_files(family: str, path: str) -> None:
@@ -148,17 +98,7 @@ def check_weight_files(family: str, path: str) -> None:
         ValueError: an unknown family. FileNotFoundError: the directory, a subfolder or a weights
             file is missing (the message names the file and the layout).
     """
-    if family == "ocr-digits":
-        from omnirl.models.digits.adapter import check_digits_weights
-
-        check_digits_weights(path)
-        return
-    if family == "av-digits":
-        from omnirl.models.avdigits.adapter import check_avdigits_weights
-
-        check_avdigits_weights(path)
-        return
-    _diffusers_class(family).check_weights(path)
+    get_family(family).check_weights(path)
 
 
 def check_model_path(family: str, path: str, field: str = "spec.model.path") -> None:
@@ -186,9 +126,9 @@ def check_model_path(family: str, path: str, field: str = "spec.model.path") -> 
 def check_lora_targets(family: str, path: str, lora: LoRASpec) -> None:
     """`spec.model.lora.targetModules` (empty: the family's defaults) checked against the model's layers the
     way the roles check them when they inject LoRA (`models.lora.check_targets`), on a skeleton of the model
-    built from its config on the meta device: no weights are read and no memory is taken (`omnirl run`'s
-    pre-flight; a no-op with LoRA off). Left to the roles, a target that names no layer stopped the job with
-    exit 4 only after Redis, Ray and every role had started and loaded the model.
+    built from its config on the meta device (the family's `lora_skeleton`): no weights are read and no memory
+    is taken (`omnirl run`'s pre-flight; a no-op with LoRA off). Left to the roles, a target that names no layer
+    stopped the job with exit 4 only after Redis, Ray and every role had started and loaded the model.
 
     Raises:
         ConfigError (a ValueError): naming `spec.model.lora.targetModules`, the target and the model's linear layers.
@@ -199,26 +139,10 @@ def check_lora_targets(family: str, path: str, lora: LoRASpec) -> None:
         return
     from omnirl.models.lora import check_targets
 
+    loader = get_family(family)
     with torch.device("meta"):  # the layers' names and types only: parameters without storage
-        if family == "ocr-digits":
-            from omnirl.models.digits.adapter import _digits_directory, read_digits_config
-            from omnirl.models.digits.model import LORA_TARGET_MODULES, DigitsConfig, DigitsDiT
-
-            config = read_digits_config(_digits_directory(path))["model"]
-            module, defaults = DigitsDiT(DigitsConfig.from_dict(config)), LORA_TARGET_MODULES
-        elif family == "av-digits":
-            from omnirl.models.avdigits.adapter import avdigits_directory, read_avdigits_config
-            from omnirl.models.avdigits.model import LORA_TARGET_MODULES as AV_TARGETS
-            from omnirl.models.avdigits.model import AVDigitsConfig, AVDigitsDiT
-
-            config = read_avdigits_config(avdigits_directory(path))["model"]
-            module, defaults = AVDigitsDiT(AVDigitsConfig.from_dict(config)), AV_TARGETS
-        else:
-            adapter_cls = _diffusers_class(family)
-            transformer_cls = adapter_cls.transformer_class()
-            config = transformer_cls.load_config(str(Path(path) / "transformer"), local_files_only=True)
-            module, defaults = transformer_cls.from_config(config), adapter_cls.default_lora_targets
-    check_targets(module, list(lora.targetModules or defaults))
+        module = loader.lora_skeleton(path)
+    check_targets(module, list(lora.targetModules or loader.default_lora_targets))
 
 
 def default_lora_targets(family: str) -> list[str]:
@@ -228,28 +152,17 @@ def default_lora_targets(family: str) -> list[str]:
     Raises:
         ValueError: an unknown family.
     """
-    if family == "ocr-digits":
-        from omnirl.models.digits.model import LORA_TARGET_MODULES
-
-        return list(LORA_TARGET_MODULES)
-    if family == "av-digits":
-        from omnirl.models.avdigits.model import LORA_TARGET_MODULES as AV_TARGETS
-
-        return list(AV_TARGETS)
-    return list(_diffusers_class(family).default_lora_targets)
+    return list(get_family(family).default_lora_targets)
 
 
-def _diffusers_class(family: str):
-    if family == "sd3":
-        from omnirl.models.diffusers.sd3 import SD3Adapter
 
-        return SD3Adapter
-    if family == "qwen-image":
-        from omnirl.models.diffusers.qwen_image import QwenImageAdapter
+def check_media(spec: RLJobSpec) -> str | None:
+    """The clip of a video family's job checked against its VAE and patch (the family's `check_media` hook: the
+    configs of `model.path` when they are here, else the released checkpoints' factors), for `omnirl validate` and
+    `omnirl run`'s pre-flight. Returns the line saying what was checked; None for a family without the hook.
 
-        return QwenImageAdapter
-    if family == "flux":
-        from omnirl.models.diffusers.flux import FluxAdapter
-
-        return FluxAdapter
-    raise ValueError(f"unknown model.family {family!r}; supported: {', '.join(FAMILIES)}")
+    Raises:
+        ValueError: naming `spec.model.video.<key>` (or `spec.model.audio.<key>`) and the nearest valid values.
+    """
+    hook = getattr(get_family(spec.model.family), "check_media", None)
+    return None if hook is None else hook(spec)

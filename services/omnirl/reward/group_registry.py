@@ -5,16 +5,16 @@ from __future__ import annotations
 
 from omnirl.api.spec import RewardSpec
 from omnirl.reward.base import GroupScorer
+from omnirl.reward.kinds import get_kind
 
 
 def build_group_scorer(spec: RewardSpec) -> GroupScorer:
-    """Construct the group-level scorer a `RewardSpec` of a group kind names.
+    """Construct the group-level scorer a `RewardSpec` of a group kind names (its kind's `build`).
 
     Raises:
         ValueError: a kind that is not group-level.
     """
-    if spec.kind == "pairwise-contrast":
-        from omnirl.reward.pairwise import PairwiseContrastScorer
-
-        return PairwiseContrastScorer()
-    raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is not a group-level scorer")
+    kind = get_kind(spec.kind)
+    if kind.runs != "group":
+        raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is not a group-level scorer")
+    return kind.build(spec, spec.typed_params(), threads=1, field=f"spec.reward[{spec.name}]")

@@ -1,70 +1,64 @@
-"""RewardSpec → scorer. The params were checked when the spec was validated (`omnirl.api.spec_reward`)."""
+"""RewardSpec → scorer, and the pre-flight checks of `spec.reward`, through each kind's registration
+(`omnirl.reward.kinds`). The params were checked when the spec was validated (`omnirl.api.spec_reward`)."""
 
 from __future__ import annotations
 
 from omnirl.api.spec import RewardSpec
 from omnirl.reward.base import Scorer
+from omnirl.reward.kinds import NotOnThisMachine, get_kind
 
 
 def build_scorer(spec: RewardSpec, threads: int = 1, field: str | None = None) -> Scorer:
-    """Construct the scorer a `RewardSpec` names, from its typed params.
+    """Construct the scorer a `RewardSpec` names, from its typed params (its kind's `build`).
 
     Args:
         spec: the reward entry.
         threads: CPU threads of the reward process (`OMNIRL_THREADS`): the default of CPU scorers'
             own `threads` parameter, so a scorer on a GPU machine uses the cores it was given.
-        field: the entry's path (`spec.reward[1]`), named by remote scorers' messages about its
+        field: the entry's path (`spec.reward[1]`), named by scorers' messages about its
             settings (default `spec.reward[NAME]`).
 
     Raises:
-        ValueError: a scorer cannot be built (e.g. an OCR alphabet the recogniser does not know).
+        ValueError: a scorer cannot be built (e.g. an OCR alphabet the recogniser does not know), or the kind
+            is group-level (`omnirl.reward.group_registry`).
     """
-    params = spec.typed_params()
-    if spec.kind == "ocr":
-        from omnirl.reward.ocr import OCRScorer
-
-        try:
-            return OCRScorer(alphabet=params.alphabet, threads=params.threads or threads, batch_size=params.batchSize)
-        except ValueError as err:  # the only one it raises on a checked spec: an alphabet the model cannot read
-            raise ValueError(f"{field or f'spec.reward[{spec.name}]'}.params.{err}") from err
-    if spec.kind == "jpeg":
-        from omnirl.reward.jpeg import JPEGCompressibilityScorer
-
-        return JPEGCompressibilityScorer(quality=params.quality)
-    if spec.kind.startswith("avdigits-"):
-        from omnirl.reward.avdigits import SCORERS, FrameOCRScorer
-
-        if spec.kind == "avdigits-ocr":
-            return FrameOCRScorer(threads=params.threads or threads, batch_size=params.batchSize)
-        return SCORERS[spec.kind]()
-    if spec.kind == "http":
-        from omnirl.reward.remote import HTTPScorer
-
-        return HTTPScorer(spec.name, spec.url, timeout_s=spec.timeoutSeconds, max_retries=params.maxRetries, field=field)
-    if spec.kind == "grpc":
-        from omnirl.reward.remote import GRPCScorer
-
-        return GRPCScorer(spec.name, spec.url, timeout_s=spec.timeoutSeconds, max_retries=params.maxRetries, field=field)
-    if spec.kind == "vlm":
-        from omnirl.reward.vlm import VLMScorer
-
-        return VLMScorer(spec.name, spec.url, params, timeout_s=spec.timeoutSeconds, field=field)
-    raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is a group-level scorer (omnirl.reward.group_registry)")
+    kind = get_kind(spec.kind)
+    if kind.runs == "group":
+        raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is a group-level scorer "
+                         "(omnirl.reward.group_registry)")
+    return kind.build(spec, spec.typed_params(), threads=threads, field=field or f"spec.reward[{spec.name}]")
 
 
 def check_api_keys(specs: list[RewardSpec]) -> None:
-    """Every `kind: vlm` entry of `spec.reward` whose `params.apiKeyEnv` names a variable finds it
-    set in this process's environment: before `omnirl run` starts anything, before `omnirl eval`
+    """Each entry's kind checks this process's environment (`RewardKind.check_environment`: a `vlm` entry's
+    `params.apiKeyEnv` names a variable that is set): before `omnirl run` starts anything, before `omnirl eval`
     loads a model, and when the reward role builds its scorers.
 
     Raises:
-        ValueError: naming `spec.reward[i].params.apiKeyEnv`, the variable and the fix (`vlm.api_key`).
+        ValueError: naming `spec.reward[i].params.…`, the variable and the fix.
     """
     for i, spec in enumerate(specs):
-        if spec.kind == "vlm":
-            from omnirl.reward.vlm import api_key  # the openai client only for jobs with a VLM judge
+        check = get_kind(spec.kind).check_environment
+        if check is not None:
+            check(spec.typed_params(), f"spec.reward[{i}]")
 
-            api_key(spec.typed_params().apiKeyEnv, f"spec.reward[{i}].params.apiKeyEnv")
+
+def environment_lines(specs: list[RewardSpec]) -> tuple[list[str], list[str]]:
+    """`omnirl validate`'s reading of each entry's `RewardKind.check_environment` on this machine: (notes of what
+    this machine lacks, `NotOnThisMachine`, which a cluster's pods may have; problems, every other refusal).
+    Each line names `spec.reward[i]`."""
+    notes, problems = [], []
+    for i, spec in enumerate(specs):
+        check = get_kind(spec.kind).check_environment
+        if check is None:
+            continue
+        try:
+            check(spec.typed_params(), f"spec.reward[{i}]")
+        except NotOnThisMachine as err:
+            notes.append(f"{err} (omnirl run here refuses it)")
+        except ValueError as err:
+            problems.append(str(err))
+    return notes, problems
 
 
 def check_in_process(specs: list[RewardSpec]) -> None:
@@ -76,47 +70,33 @@ def check_in_process(specs: list[RewardSpec]) -> None:
         ValueError: naming `spec.reward[i].params.…` (e.g. an alphabet the recogniser cannot read).
     """
     for i, spec in enumerate(specs):
-        if spec.kind in ("ocr", "jpeg", "avdigits-ocr"):
+        if get_kind(spec.kind).runs == "in-process":
             build_scorer(spec, field=f"spec.reward[{i}]")
 
 
 def check_readable(specs: list[RewardSpec], prompts: list[tuple[int, str]], where: str) -> None:
-    """Every `ocr` reward's `params.alphabet` can spell the text each prompt asks for: the reading is
-    restricted to the alphabet, so a character outside it is never read and no sample of that prompt
-    reaches 1 (alphabet "αβ" with the digit prompts trained a whole run on rewards of 0.000).
+    """Each entry's kind checks the prompts it will score (`RewardKind.check_prompts`): an `ocr` reward's
+    `params.alphabet` can spell the text each prompt asks for.
 
     Args:
         specs: the job's whole `spec.reward` (the message indexes it).
         prompts: (line number, prompt) pairs, as `controller.data.numbered_prompts` returns them.
         where: the field or flag and the file, e.g. `spec.data.trainPrompts: p.txt`.
     Raises:
-        ValueError: naming `spec.reward[i].params.alphabet`, the characters it lacks, the file and line,
-            and the fix.
+        ValueError: naming `spec.reward[i].params.…`, the file and line, and the fix.
     """
-    from omnirl.api.prompts import target_text
-
     for i, spec in enumerate(specs):
-        if spec.kind != "ocr":
-            continue
-        alphabet = spec.typed_params().alphabet
-        for n, text in prompts:
-            try:
-                target = target_text(text)
-            except (TypeError, ValueError):
-                continue  # an unbalanced quote: the tokenizer's check names the line
-            missing = "".join(sorted({ch for ch in target if ch != " " and ch not in alphabet}))
-            if missing:
-                raise ValueError(f"spec.reward[{i}].params.alphabet: {alphabet!r} lacks {missing!r}, which {where} "
-                                 f"line {n} asks for ({text!r}): no sample of it could score 1; add the characters "
-                                 "to the alphabet, or fix or remove that line")
+        check = get_kind(spec.kind).check_prompts
+        if check is not None:
+            check(spec.typed_params(), prompts, f"spec.reward[{i}]", where)
 
 
 def check_judges(specs: list[RewardSpec], only: set[str] | None = None, *, strict: bool = True) -> None:
-    """Every remote entry with a `url` answers as its kind should (entries whose `server` the job has
-    not started yet have no url and are skipped): a `vlm` judge answers, takes its key and serves its
-    `params.model` (`vlm.check_judge`); an `http`/`grpc` scorer answers an empty request of the
-    scorer protocol at that url (`remote.check_remote`). Run before `omnirl run` starts the roles,
-    before `omnirl eval` loads a model, and (strict=False) when a reward worker starts.
+    """Every remote entry with a `url` answers as its kind should (`RewardKind.check_endpoint`; entries whose
+    `server` the job has not started yet have no url and are skipped): a `vlm` judge answers, takes its key and
+    serves its `params.model` (`vlm.check_judge`); an `http`/`grpc` scorer answers an empty request of the
+    scorer protocol at that url (`remote.check_remote`). Run before `omnirl run` starts the roles, before
+    `omnirl eval` loads a model, and (strict=False) when a reward worker starts.
 
     Args:
         specs: the job's whole `spec.reward` (the messages index it).
@@ -129,11 +109,6 @@ def check_judges(specs: list[RewardSpec], only: set[str] | None = None, *, stric
     for i, spec in enumerate(specs):
         if not spec.url or (only is not None and spec.name not in only):
             continue
-        if spec.kind == "vlm":
-            from omnirl.reward.vlm import check_judge
-
-            check_judge(f"spec.reward[{i}]", spec.url, spec.typed_params(), spec.timeoutSeconds, strict=strict)
-        elif spec.kind in ("http", "grpc"):
-            from omnirl.reward.remote import check_remote
-
-            check_remote(f"spec.reward[{i}]", spec.kind, spec.url, spec.timeoutSeconds, strict=strict)
+        check = get_kind(spec.kind).check_endpoint
+        if check is not None:
+            check(spec, spec.typed_params(), f"spec.reward[{i}]", strict)

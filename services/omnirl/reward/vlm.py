@@ -39,8 +39,8 @@ import openai
 
 from omnirl.api.prompts import target_text
 from omnirl.api.seeds import derive
-from omnirl.api.spec_reward import VLMParams
 from omnirl.reward.base import Outcome, PerSampleScorer, ScorerError, check_batch
+from omnirl.reward.kinds.vlm import VLMParams
 from omnirl.reward.protocol.codec import encode_png
 from omnirl.reward.slow import longest_call_s, measure_timeout, probe_timeout, slow_reason
 from omnirl.reward.text import ocr_reward

@@ -21,17 +21,21 @@ from omnirl.algorithms.sigmas import sigma_schedule
 from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.api.prompts import target_text
 from omnirl.models.avdigits.media import (
+    AUDIO_SECONDS,
     AUDIO_SHAPE,
+    FPS,
     FRAME_HEIGHT,
     FRAME_WIDTH,
     FRAMES,
     MAX_DIGITS,
     MIN_DIGITS,
+    SAMPLE_RATE,
     VIDEO_SHAPE,
     decode_media,
 )
 from omnirl.models.avdigits.model import LORA_TARGET_MODULES, TEXT_ROWS, AVDigitsConfig, AVDigitsDiT
 from omnirl.models.avdigits.prompts import parse_beeps
+from omnirl.models.families import register_family
 from omnirl.models.layout import LatentLayout, ModalitySlot, guided
 from omnirl.models.protocol import Conditioning
 
@@ -236,3 +240,67 @@ def load_avdigits_tokenizer(path: str | Path = "builtin"):
     """The tokenizer (`tokenize_prompt`) after checking `path` is an av-digits checkpoint (its config.json)."""
     read_avdigits_config(avdigits_directory(path))
     return tokenize_prompt
+
+
+@register_family(FAMILY, modalities=MODALITIES, builtin=True, sized=False,
+                 notes={"sized": "its video and audio sizes are the model's own"},
+                 media={"video": {"frames": FRAMES, "height": FRAME_HEIGHT, "width": FRAME_WIDTH, "fps": float(FPS)},
+                        "audio": {"seconds": float(AUDIO_SECONDS), "sampleRate": SAMPLE_RATE}})
+class AVDigitsFamily:
+    """The built-in audio+video digits model as a registered family (`omnirl.models.families.Family`): the loader
+    functions above, its LoRA defaults, per-modality training options, and its export (the built-in layout, LoRA
+    merged into the weights, as `DigitsFamily`)."""
+
+    default_lora_targets = tuple(LORA_TARGET_MODULES)
+    merges_lora = True
+
+    @staticmethod
+    def load(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+             **options) -> AVDigitsAdapter:
+        """`load_avdigits_adapter`. Raises ValueError for an option other than `modalities`."""
+        unknown = sorted(set(options) - {"modalities"})
+        if unknown:
+            raise ValueError(f"family {FAMILY!r} takes only the option modalities; got {unknown}")
+        return load_avdigits_adapter(path, device=device, dtype=dtype, **options)
+
+    load_tokenizer = staticmethod(load_avdigits_tokenizer)
+    check_weights = staticmethod(check_avdigits_weights)
+
+    @staticmethod
+    def lora_skeleton(path: str | Path) -> torch.nn.Module:
+        """The `AVDigitsDiT` of the checkpoint's config.json (under `torch.device("meta")`: no weights)."""
+        return AVDigitsDiT(AVDigitsConfig.from_dict(read_avdigits_config(avdigits_directory(path))["model"]))
+
+    @staticmethod
+    def adapter_options(spec) -> dict:
+        """Per-modality training, loss weights and guidance (`models/layout.py`)."""
+        return {"modalities": spec.model.modality_settings(spec.algorithm.sampling.guidanceScale)}
+
+    @staticmethod
+    def describe_default_grid(spec) -> str:
+        """The model's grid, uniform in σ (`FAMILY_SHIFT`), first and last steps."""
+        n = spec.algorithm.sampling.numSteps
+        g = [f"{x:.4f}" for x in sigma_schedule(n, FAMILY_SHIFT).tolist()]
+        return f"σ grid: family default ({FAMILY}), shift {FAMILY_SHIFT:g}, {n} steps: {g[0]}, {g[1]} … {g[-2]}, {g[-1]}"
+
+    @staticmethod
+    def export_weights(job, policy: Path, lora: bool, out: Path, state: dict) -> list[str]:
+        """The built-in layout: config.json (the base's model config) + model.safetensors; LoRA merged in."""
+        from omnirl.models.export import link_or_copy, merge_lora, same_keys, tensor_keys
+
+        base = BUILTIN_DIR if job.spec.model.path == "builtin" else Path(job.spec.model.path)
+        meta = read_avdigits_config(base)
+        base_weights = base / WEIGHTS_FILE
+        if lora:
+            merged = merge_lora(load_file(str(readable(base_weights))), load_file(str(readable(policy))),
+                                job.spec.model.lora.alpha)
+            save_file(merged, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+        else:
+            same_keys(tensor_keys([policy]), tensor_keys([base_weights]), f"the {FAMILY} model in {base}")
+            link_or_copy(policy, out / WEIGHTS_FILE)
+        provenance = {"base": str(job.spec.model.path), "base_provenance": meta.get("provenance", {}),
+                      "post_trained_by": f"omnirl {job.spec.algorithm.name}, job {job.metadata.name}",
+                      "step": int(state["step"]), "policy_version": int(state["policy_version"]), "lora_merged": lora}
+        config = {"format": meta["format"], "model": meta["model"], "provenance": provenance}
+        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        return [CONFIG_FILE, WEIGHTS_FILE]

@@ -11,6 +11,7 @@ several resolutions (requests of different latent shapes are simply not batched 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -225,8 +226,52 @@ class DiffusersAdapterBase:
         n = cls.MAX_SEQUENCE_LENGTH if max_sequence_length is None else max_sequence_length
         return partial(cls.tokenize_with, tokenizers, n)
 
+    # ----------------------------------------------------------------- the family's registry hooks
+    merges_lora = False  # a LoRA run exports the adapters alone, in diffusers' format (`pipeline`)
+
+    @classmethod
+    def lora_skeleton(cls, path: str | Path) -> nn.Module:
+        """The transformer built from `path/transformer/config.json` alone; called under `torch.device("meta")`
+        (`registry.check_lora_targets`: layer names and types, no weights read)."""
+        transformer_cls = cls.transformer_class()
+        config = transformer_cls.load_config(str(Path(path) / "transformer"), local_files_only=True)
+        return transformer_cls.from_config(config)
+
+    @classmethod
+    def adapter_options(cls, spec) -> dict:
+        """`load` options of an RLJob (rollout, actor and eval alike): its CFG weight
+        `algorithm.sampling.guidanceScale`, and `model.resolution` (with `model.resolutions` each request
+        carries its own size)."""
+        options: dict = {"guidance_scale": spec.algorithm.sampling.guidanceScale}
+        default = spec.model.resolution_for(0)
+        if default is not None:
+            options["resolution"] = default
+        return options
+
+    @classmethod
+    def describe_default_grid(cls, spec) -> str:
+        """The family's own σ grid depends on each sample's resolution: the line names the scheduler config
+        (and its shift, when that file is readable here)."""
+        n, config = spec.algorithm.sampling.numSteps, Path(spec.model.path) / "scheduler" / "scheduler_config.json"
+        try:
+            cfg = json.loads(config.read_text())
+        except (OSError, ValueError):
+            return f"σ grid: family default ({cls.family}: its scheduler's grid, {n} steps; {config} not readable here)"
+        kind = "dynamic, by image size" if cfg.get("use_dynamic_shifting") else f"shift {cfg.get('shift', 1.0)}"
+        return f"σ grid: family default ({cls.family}: its scheduler's grid, {kind}, {n} steps, from {config})"
+
+    @classmethod
+    def export_weights(cls, job, policy: Path, lora: bool, out: Path, state: dict) -> list[str]:
+        """LoRA: `pytorch_lora_weights.safetensors` through `<pipeline>.save_lora_weights`; full weights: the
+        transformer's `save_pretrained` layout (`omnirl.models.export`)."""
+        from omnirl.models.export import diffusers_full, diffusers_lora
+
+        return diffusers_lora(cls.pipeline, job, policy, out) if lora else diffusers_full(job, policy, out)
+
     # ----------------------------------------------------------------- subclass hooks
-    family: str
+    family: str  # set by `register_family`
+    pipeline: str  # the diffusers pipeline class name (`save_lora_weights`, `load_lora_weights`)
+    default_lora_targets: tuple[str, ...]
     subfolders: list[str]
     MAX_SEQUENCE_LENGTH: int
     tokenizers: list

@@ -37,6 +37,7 @@ from omnirl.models.diffusers._common import (
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
 from omnirl.models.diffusers.qwen_image import pack_latents, unpack_latents
+from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
 
 FLUX_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
@@ -81,6 +82,7 @@ def flux_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> 
     return [len(clip), len(t5), *clip, *t5]
 
 
+@register_family("flux", notes={"cudnn": "FLUX's gradients through cuDNN were wrong on the H200"})
 class FluxAdapter(DiffusersAdapterBase):
     """FLUX.1 behind `ModelAdapter`; built from in-memory components (or via `load`).
 
@@ -101,7 +103,7 @@ class FluxAdapter(DiffusersAdapterBase):
             encoders/tokenizers not given as a pair.
     """
 
-    family = "flux"
+    pipeline = "FluxPipeline"
     subfolders = FLUX_SUBFOLDERS
     default_lora_targets = tuple(FLUX_LORA_TARGETS)
 
@@ -114,6 +116,15 @@ class FluxAdapter(DiffusersAdapterBase):
         return FluxTransformer2DModel
 
     MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
+
+    @classmethod
+    def adapter_options(cls, spec) -> dict:
+        """As the base's, without `guidance_scale` at guidanceScale 1: FLUX-dev's embedded guidance keeps its
+        default (3.5); schnell has none."""
+        options = super().adapter_options(spec)
+        if spec.algorithm.sampling.guidanceScale == 1.0:
+            del options["guidance_scale"]
+        return options
 
     time_convention = "sigma"
     linear_sigmas = True

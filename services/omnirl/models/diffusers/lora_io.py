@@ -17,8 +17,6 @@ from torch import Tensor
 
 from omnirl.models.protocol import ModelAdapter
 
-PIPELINES = {"SD3Adapter": "StableDiffusion3Pipeline", "QwenImageAdapter": "QwenImagePipeline", "FluxAdapter": "FluxPipeline"}
-FAMILY_PIPELINES = {"sd3": "StableDiffusion3Pipeline", "qwen-image": "QwenImagePipeline", "flux": "FluxPipeline"}
 WEIGHT_NAME = "pytorch_lora_weights.safetensors"
 
 
@@ -49,7 +47,7 @@ def save_lora(adapter: ModelAdapter, out_dir: str | Path, *, adapter_name: str =
     """Write `adapter.module`'s LoRA as `out_dir/pytorch_lora_weights.safetensors` (diffusers format).
 
     Args:
-        adapter: an `SD3Adapter` or `QwenImageAdapter` whose module carries a peft LoRA.
+        adapter: a diffusers family's adapter (its class names its `pipeline`) whose module carries a peft LoRA.
         out_dir: directory to write (created).
         adapter_name: the peft adapter to save.
         tensors: full (unsharded) `(name, tensor)` pairs to save instead of the module's own
@@ -61,8 +59,9 @@ def save_lora(adapter: ModelAdapter, out_dir: str | Path, *, adapter_name: str =
             rank/alpha (diffusers' metadata holds one pair here).
     """
     kind = type(adapter).__name__
-    if kind not in PIPELINES:
-        raise ValueError(f"save_lora supports {sorted(PIPELINES)}; got {kind}")
+    pipeline = getattr(type(adapter), "pipeline", None)
+    if not isinstance(pipeline, str):
+        raise ValueError(f"save_lora supports the diffusers families' adapters (a `pipeline` class name); got {kind}")
     layers = _lora_layers(adapter.module, adapter_name)
     if not layers:
         raise ValueError(f"{kind}.module has no LoRA adapter named {adapter_name!r}; nothing to save")
@@ -74,7 +73,7 @@ def save_lora(adapter: ModelAdapter, out_dir: str | Path, *, adapter_name: str =
     expected = 2 * len(layers)
     if len(state) != expected:
         raise ValueError(f"found {len(state)} LoRA tensors for {len(layers)} LoRA layers (expected {expected})")
-    return save_lora_state(PIPELINES[kind], state, rank, alpha, out_dir)
+    return save_lora_state(pipeline, state, rank, alpha, out_dir)
 
 
 def save_lora_state(pipeline: str, state: dict[str, Tensor], rank: int, alpha: float, out_dir: str | Path) -> Path:

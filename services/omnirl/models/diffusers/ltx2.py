@@ -22,6 +22,7 @@ Mirrors diffusers' `LTX2Pipeline` (0.42), plain classifier-free guidance only:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from omnirl.models.diffusers._common import guided, load_component, require_diff
 from omnirl.models.diffusers.base import NEGATIVE_PREFIX
 from omnirl.models.diffusers.video import FrameRule, VideoGeometry, check_flat, to_uint8_video
 from omnirl.models.diffusers.video_base import VideoAdapterBase
+from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
 
 LTX2_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
@@ -76,6 +78,8 @@ def ltx2_sigmas(config: dict, num_steps: int, video_seq_len: int) -> Tensor:
     return scheduler.sigmas.detach().to("cpu", torch.float32).clone()
 
 
+@register_family("ltx2", modalities=("video", "audio"), sized=False,
+                 notes={"sized": "its clip is spec.model.video (frames, height, width, fps); the audio lasts as long"})
 class LTX2Adapter(VideoAdapterBase):
     """LTX-2 text→audio+video behind `ModelAdapter`; built from in-memory components (or via `load`).
 
@@ -96,13 +100,47 @@ class LTX2Adapter(VideoAdapterBase):
             a guidance scale < 1.
     """
 
-    family = "ltx2"
     pipeline = "LTX2Pipeline"
     subfolders = LTX2_SUBFOLDERS
     default_lora_targets = tuple(LTX2_LORA_TARGETS)
     MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
     time_convention = "sigma"
     modality_names = ("video", "audio")
+    DEFAULT_VIDEO = VideoGeometry(121, 512, 768, 24.0)  # LTX2Pipeline.__call__'s defaults
+    DEFAULT_RULES = (FrameRule(8, 1), 32)  # LTX-2's video VAE: temporal 8, spatial 32; patch 1
+
+    @classmethod
+    def _configs(cls, root: Path) -> tuple:
+        """The video VAE built from its config on the meta device (its compression ratios are derived, not stored)
+        and the transformer's config."""
+        from diffusers import AutoencoderKLLTX2Video
+
+        with torch.device("meta"):
+            vae = AutoencoderKLLTX2Video.from_config(AutoencoderKLLTX2Video.load_config(str(root / "vae")))
+        return vae, json.loads((root / "transformer" / "config.json").read_text())
+
+    @classmethod
+    def geometry_rules(cls, root: Path) -> tuple[FrameRule, int]:
+        """The video VAE's temporal and spatial compression ratios and the transformer's patch sizes."""
+        vae, tr = cls._configs(root)
+        return (FrameRule(int(vae.temporal_compression_ratio) * int(tr.get("patch_size_t", 1)), 1),
+                int(vae.spatial_compression_ratio) * int(tr.get("patch_size", 1)))
+
+    @classmethod
+    def config_grid(cls, root: Path, video: VideoGeometry, num_steps: int) -> Tensor:
+        """`ltx2_sigmas` for the clip's video tokens."""
+        vae, tr = cls._configs(root)
+        t = (video.frames - 1) // int(vae.temporal_compression_ratio) + 1
+        tokens = (t // int(tr.get("patch_size_t", 1))) * (video.height // int(vae.spatial_compression_ratio)
+                                                            // int(tr.get("patch_size", 1))) * (
+            video.width // int(vae.spatial_compression_ratio) // int(tr.get("patch_size", 1)))
+        config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
+        return ltx2_sigmas(config, num_steps, tokens)
+
+    @classmethod
+    def audio_rate(cls, root: Path) -> int | None:
+        """The vocoder's `output_sampling_rate`."""
+        return int(json.loads((root / "vocoder" / "config.json").read_text())["output_sampling_rate"])
 
     @staticmethod
     def transformer_class():
@@ -294,8 +332,6 @@ def _guide(out: Tensor, scale: float, detach_uncond: bool) -> Tensor:
 
 def vocoder_class(root: Path):
     """`LTX2Vocoder`, or `LTX2VocoderWithBWE` when vocoder/config.json names it (LTX-2.3's 48 kHz vocoder)."""
-    import json
-
     from diffusers.pipelines.ltx2 import vocoder as vocoders
 
     name = json.loads((root / "vocoder" / "config.json").read_text()).get("_class_name", "LTX2Vocoder")
@@ -307,8 +343,6 @@ def vocoder_class(root: Path):
 
 def _text_encoder_class(root: Path):
     """The transformers class text_encoder/config.json names (`architectures`): Gemma 3 for LTX-2."""
-    import json
-
     import transformers
 
     names = json.loads((root / "text_encoder" / "config.json").read_text()).get("architectures") or []

@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from omnirl.models.diffusers._common import load_component, require_diffusers
 from omnirl.models.diffusers.video import FrameRule, VideoGeometry, check_flat, to_uint8_video
 from omnirl.models.diffusers.video_base import VideoAdapterBase
+from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
 
 H3_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
@@ -66,6 +67,9 @@ def h3_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> li
     return list(tokenizers[0](text, add_special_tokens=False).input_ids)[:max_sequence_length]
 
 
+@register_family("minimax-h3", modalities=("video", "audio"), sized=False, guidance=False,
+                 notes={"sized": "its clip is spec.model.video (17n + 5 frames at 24 fps, 5–15 s)",
+                        "guidance": "the checkpoint is guidance-distilled: one forward per step, no negative prompt"})
 class MiniMaxH3Adapter(VideoAdapterBase):
     """MiniMax-H3 text→audio+video behind `ModelAdapter`; built from in-memory components (or via `load`).
 
@@ -83,13 +87,38 @@ class MiniMaxH3Adapter(VideoAdapterBase):
             a guidance scale > 1 (the checkpoint is guidance-distilled), a text encoder of ≤ 50 layers.
     """
 
-    family = "minimax-h3"
     pipeline = "MiniMaxH3ModularPipeline"
     subfolders = H3_SUBFOLDERS
     default_lora_targets = tuple(H3_LORA_TARGETS)
     MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
     time_convention = "data_progress"
     modality_names = ("video", "audio")
+    DEFAULT_VIDEO = VideoGeometry(124, 768, 1344, H3_FPS)  # the t2va blocks' defaults: 124 frames, 16:9 canvas
+    DEFAULT_RULES = (FrameRule(17, 5, 5, 2), 32)  # 17-frame chunks of 5 latents (3 dropped); spatial 16, patch 2
+
+    @classmethod
+    def geometry_rules(cls, root: Path) -> tuple[FrameRule, int]:
+        """The video VAE's chunking (`clip_length`, `tokens_chunk_size`, `token_drop`) and spatial ratio (built from
+        its config on the meta device) and the transformer's patch."""
+        from diffusers import AutoencoderKLMiniMaxH3
+
+        with torch.device("meta"):
+            vae = AutoencoderKLMiniMaxH3.from_config(AutoencoderKLMiniMaxH3.load_config(str(root / "vae")))
+        patch = json.loads((root / "transformer" / "config.json").read_text()).get("patch_size", [1, 2, 2])
+        chunk = int(vae.tokens_chunk_size)
+        return (FrameRule(int(vae.config.clip_length), chunk, chunk, chunk - int(vae.config.token_drop)),
+                int(vae.spatial_compression_ratio) * int(patch[2]))
+
+    @classmethod
+    def config_grid(cls, root: Path, video: VideoGeometry, num_steps: int) -> Tensor:
+        """The video scheduler's grid (`_h3_grid`)."""
+        config = json.loads((root / "scheduler" / "scheduler_config.json").read_text())
+        return _h3_grid(float(config.get("shift", 12.0)), num_steps)
+
+    @classmethod
+    def audio_rate(cls, root: Path) -> int | None:
+        """The audio VAE's `sampling_rate`."""
+        return int(json.loads((root / "audio_vae" / "config.json").read_text())["sampling_rate"])
 
     @staticmethod
     def transformer_class():

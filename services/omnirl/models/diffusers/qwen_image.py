@@ -30,6 +30,7 @@ from omnirl.models.diffusers._common import (
     to_uint8_images,
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
+from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
 
 PROMPT_TEMPLATE = (
@@ -89,6 +90,8 @@ def qwen_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> 
                           truncation=True).input_ids)
 
 
+@register_family("qwen-image", attention=("cudnn",))  # cuDNN: velocity and gradients matched torch's own
+# kernel choice on the H200 (bf16; GPU tests in tests/test_models_*.py)
 class QwenImageAdapter(DiffusersAdapterBase):
     """Qwen-Image behind `ModelAdapter`; built from in-memory components (or via `load`).
 
@@ -109,7 +112,7 @@ class QwenImageAdapter(DiffusersAdapterBase):
         ValueError: a guidance-distilled transformer, mismatched channels, bad lengths.
     """
 
-    family = "qwen-image"
+    pipeline = "QwenImagePipeline"
     subfolders = QWEN_SUBFOLDERS
     default_lora_targets = tuple(QWEN_LORA_TARGETS)
 

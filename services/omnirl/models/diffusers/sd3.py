@@ -31,6 +31,7 @@ from omnirl.models.diffusers._common import (
 )
 from omnirl.models.diffusers.base import DiffusersAdapterBase
 from omnirl.models.diffusers.sd3_packed import EAGER_BLOCK, PackedBlock, sd3_packed_forward
+from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
 
 SD3_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out"]
@@ -69,6 +70,8 @@ def sd3_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> l
     return [len(clip_l), len(clip_g), len(t5), *clip_l, *clip_g, *t5]
 
 
+@register_family("sd3", packed=True, attention=("cudnn",))  # cuDNN: velocity and gradients matched torch's
+# own kernel choice on the H200 (bf16; GPU tests in tests/test_models_*.py)
 class SD3Adapter(DiffusersAdapterBase):
     """SD3/SD3.5 behind `ModelAdapter`; built from in-memory components (or via `load`).
 
@@ -85,7 +88,7 @@ class SD3Adapter(DiffusersAdapterBase):
         cache_size: prompts kept in the conditioning cache.
     """
 
-    family = "sd3"
+    pipeline = "StableDiffusion3Pipeline"
     subfolders = SD3_SUBFOLDERS
     default_lora_targets = tuple(SD3_LORA_TARGETS)
 

@@ -11,6 +11,7 @@ the one geometry.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import torch
 from torch import Tensor, nn
@@ -51,6 +52,95 @@ class VideoAdapterBase(DiffusersAdapterBase):
     def cfg_enabled(self) -> bool:
         """True when some modality is guided: `encode` adds the negative prompt and `velocity` runs 2B rows."""
         return any(m["guidance_scale"] > 1.0 for m in self.modality_settings.values())
+
+    # ----------------------------------------------------------------- the family's registry hooks
+    DEFAULT_VIDEO: VideoGeometry
+    """The clip a job generates when `spec.model.video` is null (the family pipeline's own defaults)."""
+    DEFAULT_RULES: tuple[FrameRule, int]
+    """(frame rule, spatial multiple) of the released checkpoints' VAE and patch, for a `model.path` not here."""
+
+    @classmethod
+    def geometry_rules(cls, root: Path) -> tuple[FrameRule, int]:
+        """(frame rule, what height and width must be multiples of) from the configs in `root` (no weights read)."""
+        raise NotImplementedError
+
+    @classmethod
+    def job_video(cls, spec) -> VideoGeometry:
+        """The clip of a job: `spec.model.video`, else `DEFAULT_VIDEO`."""
+        video = spec.model.video
+        if video is None:
+            return cls.DEFAULT_VIDEO
+        return VideoGeometry(int(video.frames), int(video.height), int(video.width), float(video.fps))
+
+    @classmethod
+    def adapter_options(cls, spec) -> dict:
+        """`load` options of an RLJob (rollout, actor and eval alike): the clip, the CFG weight and each modality's
+        training, loss weight and guidance (`ModelSpec.modality_settings`)."""
+        guidance = spec.algorithm.sampling.guidanceScale
+        return {"video": cls.job_video(spec), "guidance_scale": guidance,
+                "modalities": spec.model.modality_settings(guidance)}
+
+    @classmethod
+    def check_media(cls, spec) -> str:
+        """`omnirl validate` and `omnirl run`'s check of the clip against the VAE's temporal and spatial factors
+        and the transformer's patch: read from `model.path`'s configs when they are here, else the released
+        checkpoints' (`DEFAULT_RULES`). Returns the line saying which factors were used.
+
+        Raises:
+            ValueError: naming `spec.model.video.<key>` and the nearest valid values (`check_geometry`), or
+                `spec.model.audio` when it disagrees with the clip (`check_audio`).
+        """
+        root = Path(spec.model.path)
+        here = (root / "vae" / "config.json").is_file() and (root / "transformer" / "config.json").is_file()
+        rule, multiple = cls.geometry_rules(root) if here else cls.DEFAULT_RULES
+        video = check_geometry(cls.job_video(spec), rule, multiple)
+        cls.check_audio(spec, video, root if here else None)
+        source = f"from {root}" if here else "the released checkpoints' (model.path is not here)"
+        return (f"{cls.family} clip: {video.frames} frames of {video.height}x{video.width} at {video.fps:g} fps "
+                f"({rule.describe()}, sizes multiples of {multiple}: {source})")
+
+    @classmethod
+    def check_audio(cls, spec, video: VideoGeometry, root: Path | None) -> None:
+        """`spec.model.audio` of an audio family against the clip: its length is the clip's (frames / fps), its rate
+        the model's (`audio_rate(root)`, when the configs are here).
+
+        Raises:
+            ValueError: naming `spec.model.audio.seconds` or `.sampleRate` and the value to write.
+        """
+        audio = spec.model.audio
+        if audio is None or "audio" not in cls.modality_names:
+            return
+        if abs(float(audio.seconds) - video.seconds) > 1e-6:
+            raise ValueError(f"spec.model.audio.seconds: {audio.seconds:g} s, but the clip is {video.frames} frames at "
+                             f"{video.fps:g} fps = {video.seconds:g} s and {cls.family}'s audio lasts as long as its "
+                             f"video; write {video.seconds:g} or remove audio")
+        rate = cls.audio_rate(root) if root is not None else None
+        if rate is not None and int(audio.sampleRate) != rate:
+            raise ValueError(f"spec.model.audio.sampleRate: {audio.sampleRate} Hz, but the model in {root} makes "
+                             f"{rate} Hz; write {rate} or remove it")
+
+    @classmethod
+    def audio_rate(cls, root: Path) -> int | None:
+        """The sample rate of the waveform `decode_media` returns, from the configs in `root` (None: no audio)."""
+        return None
+
+    @classmethod
+    def describe_default_grid(cls, spec) -> str:
+        """The family's own grid for the job's clip when `model.path`'s configs are here (first and last steps),
+        else the scheduler config it will read."""
+        n, root = spec.algorithm.sampling.numSteps, Path(spec.model.path)
+        config = root / "scheduler" / "scheduler_config.json"
+        try:
+            grid = cls.config_grid(root, cls.job_video(spec), n)
+        except (OSError, ValueError, KeyError):
+            return f"σ grid: family default ({cls.family}: its scheduler's grid, {n} steps; {config} not readable here)"
+        g = [f"{x:.4f}" for x in grid.tolist()]
+        return f"σ grid: family default ({cls.family}, from {config}), {n} steps: {g[0]}, {g[1]} … {g[-2]}, {g[-1]}"
+
+    @classmethod
+    def config_grid(cls, root: Path, video: VideoGeometry, num_steps: int) -> Tensor:
+        """The family's σ grid for `video` from the configs in `root` (no weights read)."""
+        raise NotImplementedError
 
     # ----------------------------------------------------------------- the joint latent
     def slots(self) -> list[tuple[str, tuple[int, ...]]]:

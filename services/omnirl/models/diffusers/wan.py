@@ -30,6 +30,7 @@ from torch import Tensor, nn
 from omnirl.models.diffusers._common import guided, load_component, require_diffusers
 from omnirl.models.diffusers.video import FrameRule, VideoGeometry, check_flat, to_uint8_video
 from omnirl.models.diffusers.video_base import VideoAdapterBase
+from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
 
 WAN_LORA_TARGETS = ["to_q", "to_k", "to_v", "to_out.0"]
@@ -69,6 +70,8 @@ def check_single_expert(root: Path) -> None:
                          "trains one transformer: use Wan2.1-T2V (1.3B, 14B) or Wan2.2-TI2V-5B")
 
 
+@register_family("wan", modalities=("video",), sized=False,
+                 notes={"sized": "its clip is spec.model.video (frames, height, width, fps)"})
 class WanAdapter(VideoAdapterBase):
     """Wan text→video behind `ModelAdapter`; built from in-memory components (or via `load`).
 
@@ -91,12 +94,26 @@ class WanAdapter(VideoAdapterBase):
             guidance_scale < 1, max_sequence_length outside [1, 512].
     """
 
-    family = "wan"
     pipeline = "WanPipeline"
     subfolders = WAN_SUBFOLDERS
     default_lora_targets = tuple(WAN_LORA_TARGETS)
     MAX_SEQUENCE_LENGTH = MAX_SEQUENCE_LENGTH
     time_convention = "sigma"
+    DEFAULT_VIDEO = VideoGeometry(81, 480, 832, 16.0)  # WanPipeline.__call__'s defaults (Wan 2.1 at 16 fps)
+    DEFAULT_RULES = (FrameRule(4, 1), 16)  # Wan 2.1's VAE: temporal 4, spatial 8; patch (1, 2, 2)
+
+    @classmethod
+    def geometry_rules(cls, root: Path) -> tuple[FrameRule, int]:
+        """`vae/config.json`'s `scale_factor_temporal` / `scale_factor_spatial` and the transformer's patch."""
+        vae = json.loads((root / "vae" / "config.json").read_text())
+        patch = json.loads((root / "transformer" / "config.json").read_text()).get("patch_size", [1, 2, 2])
+        return (FrameRule(int(vae.get("scale_factor_temporal") or 4), 1),
+                int(vae.get("scale_factor_spatial") or 8) * int(patch[1]))
+
+    @classmethod
+    def config_grid(cls, root: Path, video: VideoGeometry, num_steps: int) -> Tensor:
+        """The scheduler's σ (`scheduler_grid`): Wan's does not depend on the clip."""
+        return scheduler_grid(read_scheduler_config(root), num_steps)
 
     @staticmethod
     def transformer_class():

@@ -18,6 +18,7 @@ from omnirl.algorithms.sigmas import sigma_schedule
 from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.models.digits.model import LORA_TARGET_MODULES, DigitsConfig, DigitsDiT
 from omnirl.models.digits.render import SLOT_WIDTH, slots_for
+from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
 from omnirl.models.tokenizer import PAD_ID, CharTokenizer, target_text
 
@@ -209,3 +210,64 @@ def load_digits_adapter(
 def count_parameters(module: nn.Module) -> int:
     """Number of parameters of `module`."""
     return sum(p.numel() for p in module.parameters())
+
+
+@register_family("ocr-digits", builtin=True, sized=False, guidance=False,
+                 notes={"sized": "its image width follows the text", "guidance": "the model has no unconditional branch"})
+class DigitsFamily:
+    """The built-in digits model as a registered family (`omnirl.models.families.Family`): the loader
+    functions above, its LoRA defaults, and its export (the built-in layout, LoRA merged into the weights)."""
+
+    default_lora_targets = tuple(LORA_TARGET_MODULES)
+    merges_lora = True
+
+    @staticmethod
+    def load(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+             **options) -> DigitsAdapter:
+        """`load_digits_adapter`. Raises ValueError for any option (the family takes none)."""
+        if options:
+            raise ValueError(f"family 'ocr-digits' takes no options; got {sorted(options)}")
+        return load_digits_adapter(path, device=device, dtype=dtype)
+
+    load_tokenizer = staticmethod(load_digits_tokenizer)
+    check_weights = staticmethod(check_digits_weights)
+
+    @staticmethod
+    def lora_skeleton(path: str | Path) -> nn.Module:
+        """The `DigitsDiT` of the checkpoint's config.json (under `torch.device("meta")`: no weights)."""
+        return DigitsDiT(DigitsConfig.from_dict(read_digits_config(_digits_directory(path))["model"]))
+
+    @staticmethod
+    def adapter_options(spec) -> dict:
+        """None: the spec refuses a resolution or CFG for this family."""
+        return {}
+
+    @staticmethod
+    def describe_default_grid(spec) -> str:
+        """The built-in model's grid, `FAMILY_SHIFT`, first and last steps."""
+        n = spec.algorithm.sampling.numSteps
+        g = [f"{x:.4f}" for x in digits_sigma_grid(n).tolist()]
+        return (f"σ grid: family default (ocr-digits), shift {FAMILY_SHIFT:g}, {n} steps: {g[0]}, {g[1]} … "
+                f"{g[-2]}, {g[-1]}")
+
+    @staticmethod
+    def export_weights(job, policy: Path, lora: bool, out: Path, state: dict) -> list[str]:
+        """The built-in layout: config.json (the base's model config) + model.safetensors; LoRA merged in."""
+        from omnirl.models.export import link_or_copy, merge_lora, same_keys, tensor_keys
+
+        base = BUILTIN_DIR if job.spec.model.path == "builtin" else Path(job.spec.model.path)
+        meta = read_digits_config(base)
+        base_weights = base / WEIGHTS_FILE
+        if lora:
+            merged = merge_lora(load_file(str(readable(base_weights))), load_file(str(readable(policy))),
+                                job.spec.model.lora.alpha)
+            save_file(merged, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
+        else:
+            same_keys(tensor_keys([policy]), tensor_keys([base_weights]), f"the digits model in {base}")
+            link_or_copy(policy, out / WEIGHTS_FILE)
+        provenance = {"base": str(job.spec.model.path), "base_provenance": meta.get("provenance", {}),
+                      "post_trained_by": f"omnirl {job.spec.algorithm.name}, job {job.metadata.name}",
+                      "step": int(state["step"]), "policy_version": int(state["policy_version"]), "lora_merged": lora}
+        config = {"format": meta["format"], "model": meta["model"], "provenance": provenance}
+        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        return [CONFIG_FILE, WEIGHTS_FILE]
