@@ -56,7 +56,7 @@ def test_gpus_per_replica_follow_from_the_degrees():
      "3 × 1 = 3 (each pod holds as many ranks as devices); valid: [1, 3]"),
     ({**FLUX, "family": "sd3"}, {"rollout": {"parallel": {"ulysses": 2}}},
      "spec.roles.rollout.parallel.ulysses: 2 is invalid: needs a family with a context-parallel plan (flux, "
-     "qwen-image, wan, ltx2, minimax-h3); model.family is sd3: set ulysses: 1"),
+     "ltx2, minimax-h3, qwen-image, wan); model.family is sd3: set ulysses: 1"),
     (FLUX, {"rollout": {"parallel": {"ulysses": 2, "encoderTensor": 4}}},
      "spec.roles.rollout.parallel.encoderTensor: 4 is invalid: must divide the rollout replica's ranks, ulysses × "
      "tensor = 2 × 1 = 2 (the text encoder is split over the replica's own devices); valid: [1, 2]"),

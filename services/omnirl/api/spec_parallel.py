@@ -21,14 +21,16 @@ from pydantic import Field, model_validator
 
 from omnirl.api._base import CelRule, SpecModel
 from omnirl.api.errors import FieldProblem
+from omnirl.api.extensions import families_with
 
-CONTEXT_PARALLEL_FAMILIES: tuple[str, ...] = ("flux", "qwen-image", "wan", "ltx2", "minimax-h3")
-"""Families whose diffusers transformer has a context-parallel plan (`_cp_plan`, diffusers 0.42.1), so
-`parallel.ulysses > 1` can split their tokens; SD3 and the built-in model have none."""
-TENSOR_PARALLEL_FAMILIES: tuple[str, ...] = ("flux", "qwen-image")
-"""Families whose diffusers transformer has a tensor-parallel plan (`_tp_plan`, diffusers 0.42.1) for
-`roles.rollout.parallel.tensor > 1`; Wan, LTX-2 and MiniMax-H3 have none there (vLLM-Omni's TP2 of H3 is
-its own)."""
+CONTEXT_PARALLEL_FAMILIES: tuple[str, ...] = families_with("parallel", "ulysses")
+"""Families that declare `parallel=("ulysses", ...)` (`register_family`): their diffusers transformer has a
+context-parallel plan (`_cp_plan`, diffusers 0.42.1), so `parallel.ulysses > 1` can split their tokens; SD3 and
+the built-in models have none."""
+TENSOR_PARALLEL_FAMILIES: tuple[str, ...] = families_with("parallel", "tensor")
+"""Families that declare `parallel=(..., "tensor")`: their diffusers transformer has a tensor-parallel plan
+(`_tp_plan`, diffusers 0.42.1) for `roles.rollout.parallel.tensor > 1`; Wan, LTX-2 and MiniMax-H3 have none there
+(vLLM-Omni's TP2 of H3 is its own)."""
 MAX_DEGREE = 64
 GPU_MEMORY_GIB: dict[str, float] = {
     "h100-80gb": 79.6, "h200": 140.4, "b200": 179.1, "a100-80gb": 80.0, "a100-40gb": 40.0, "l40s": 45.0,
