@@ -10,7 +10,7 @@ key, value, output and one fp32 log-sum-exp per head and query), not as the math
 GPUs run the fused ones. `tests/test_plan.py` checks the count against the bytes a real CPU forward saves on tiny
 models (the same count on real tensors).
 
-Inputs per family (`_inputs`): `wan`, `ltx2`, `minimax-h3` (the video families `omnirl plan` is for); the image
+Inputs per family (`forward_inputs`): `wan`, `ltx2`, `minimax-h3` (the video families `omnirl plan` is for); the image
 families fall back to Korthikanti's 34·h bytes in 16-bit (`fallback_bytes`).
 
 Not counted: the tensors a layer's forward holds only while it runs (the peak of an inference forward, the
@@ -20,6 +20,8 @@ rollout's; `memory.py` counts one layer's saves for it) and the allocator's frag
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 from collections.abc import Iterator
 
 import torch
@@ -66,8 +68,9 @@ def saved_bytes(run, module: torch.nn.Module | None = None) -> int:
     def pack(t: torch.Tensor) -> torch.Tensor:
         if id(t) in params or (t._base is not None and id(t._base) in params):
             return t
-        if t.device.type == "meta":
-            seen[("meta", id(t))] = t.numel() * t.element_size()
+        if t.device.type == "meta":  # no storage to tell views apart: a view counts as its base, once
+            base = t._base if t._base is not None else t
+            seen[("meta", id(base))] = base.numel() * base.element_size()
         else:
             storage = t.untyped_storage()
             seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
@@ -78,37 +81,41 @@ def saved_bytes(run, module: torch.nn.Module | None = None) -> int:
     return sum(seen.values())
 
 
-def _inputs(family: str, config: dict, device: str, dtype: torch.dtype, frames: int, audio: int) -> dict:
-    """Forward kwargs of one sample for `family`: `frames` latent frames of 8×8 tokens of video (MiniMax-H3:
-    `frames`·64 packed video rows beside 16 text rows) and `audio` audio rows."""
+def forward_inputs(family: str, config: dict, device: str, dtype: torch.dtype, frames: int, audio: int,
+                   side: int = 8, *, grid: tuple[int, int] | None = None, batch: int = 1, text: int = 16) -> dict:
+    """Forward kwargs of `batch` samples for `family`: `frames` latent frames of video tokens, each `grid`
+    (height, width) tokens (default side×side; MiniMax-H3: packed video rows beside `text` text rows), `audio`
+    audio rows, `text` text tokens. Random values (what is measured is memory)."""
     def randn(*shape):
         return torch.randn(*shape, device=device, dtype=dtype)
 
-    video = frames * 64
+    gh, gw = grid or (side, side)
+    video = frames * gh * gw
+    steps = torch.full((batch,), 500.0, device=device)
     if family == "wan":
         p = config.get("patch_size", (1, 2, 2))
-        return {"hidden_states": randn(1, config.get("in_channels", 16), frames, 8 * p[1], 8 * p[2]),
-                "timestep": torch.tensor([500.0], device=device),
-                "encoder_hidden_states": randn(1, 16, config.get("text_dim", 4096)), "return_dict": False}
+        return {"hidden_states": randn(batch, config.get("in_channels", 16), frames * p[0], gh * p[1], gw * p[2]),
+                "timestep": steps,
+                "encoder_hidden_states": randn(batch, text, config.get("text_dim", 4096)), "return_dict": False}
     if family == "ltx2":
         prompts = config.get("use_prompt_embeddings", True)  # LTX-2.3 projects the text in its connectors instead
-        return {"hidden_states": randn(1, video, config.get("in_channels", 128)),
-                "audio_hidden_states": randn(1, audio, config.get("audio_in_channels", 128)),
-                "encoder_hidden_states": randn(1, 16, config.get("caption_channels", 3840) if prompts
+        return {"hidden_states": randn(batch, video, config.get("in_channels", 128)),
+                "audio_hidden_states": randn(batch, audio, config.get("audio_in_channels", 128)),
+                "encoder_hidden_states": randn(batch, text, config.get("caption_channels", 3840) if prompts
                                                else config.get("cross_attention_dim", 4096)),
-                "audio_encoder_hidden_states": randn(1, 16, config.get("caption_channels", 3840) if prompts
+                "audio_encoder_hidden_states": randn(batch, text, config.get("caption_channels", 3840) if prompts
                                                      else config.get("audio_cross_attention_dim", 2048)),
-                "timestep": torch.tensor([500.0], device=device), "sigma": torch.tensor([0.5], device=device),
-                "num_frames": frames, "height": 8, "width": 8, "audio_num_frames": audio, "return_dict": False}
+                "timestep": steps, "sigma": steps / 1000,
+                "num_frames": frames, "height": gh, "width": gw, "audio_num_frames": audio, "return_dict": False}
     if family == "minimax-h3":
-        n_text = 16
+        n_text = text
         seq = video + n_text + audio
         tags = torch.zeros(seq, dtype=torch.long, device=device)
         tags[:n_text], tags[n_text:n_text + audio] = 1, 2
         p = config.get("patch_size", (1, 2, 2))
-        return {"hidden_states": randn(1, video, config.get("in_channels", 24) * p[0] * p[1] * p[2]),
-                "audio_hidden_states": randn(1, audio, config.get("audio_in_channels", 32)),
-                "encoder_hidden_states": randn(1, n_text, config.get("text_dim", 5120)),
+        return {"hidden_states": randn(batch, video, config.get("in_channels", 24) * p[0] * p[1] * p[2]),
+                "audio_hidden_states": randn(batch, audio, config.get("audio_in_channels", 32)),
+                "encoder_hidden_states": randn(batch, n_text, config.get("text_dim", 5120)),
                 "timestep": torch.tensor([0.7, 0.0], device=device), "timestep_indices": (tags == 1).long(),
                 "token_tags": tags, "position_ids": torch.zeros(seq, 3, dtype=torch.long, device=device),
                 "video_indices": torch.arange(n_text + audio, seq, device=device),
@@ -129,7 +136,19 @@ def transformer_class(family: str):
             "minimax-h3": diffusers.MiniMaxH3Transformer3DModel}[family]
 
 
-def bytes_per_token_layer(family: str, config: dict, dtype: torch.dtype, *, device: str = "meta") -> dict[str, float]:
+def bytes_per_token_layer(family: str, config: dict, dtype: torch.dtype, *, device: str = "meta",
+                          side: int = 8) -> dict[str, float]:
+    """`_bytes_per_token_layer`, cached per config (a plan measures a model once however often it is asked)."""
+    return dict(_cached(family, json.dumps(config, sort_keys=True), dtype, device, side))
+
+
+@functools.lru_cache(maxsize=16)
+def _cached(family: str, config: str, dtype: torch.dtype, device: str, side: int) -> tuple:
+    return tuple(_bytes_per_token_layer(family, json.loads(config), dtype, device=device, side=side).items())
+
+
+def _bytes_per_token_layer(family: str, config: dict, dtype: torch.dtype, *, device: str = "meta",
+                           side: int = 8) -> dict[str, float]:
     """Activation bytes one transformer layer keeps per token until its backward (module docstring), per stream.
 
     Measured as differences: (2 layers − 1 layer) at two video lengths gives the bytes per video token (and, for
@@ -141,6 +160,7 @@ def bytes_per_token_layer(family: str, config: dict, dtype: torch.dtype, *, devi
         config: the transformer's config (`transformer/config.json`), real width.
         dtype: the weights' dtype (activations follow it; fp32-kept modules stay fp32).
         device: `meta` (no memory: the planner) or `cpu` (real tensors: the check on tiny models).
+        side: video tokens per latent frame side of the measuring forward (side² per frame).
     Returns:
         `{"video": bytes, "audio": bytes}` (audio only for ltx2).
     Raises:
@@ -164,12 +184,12 @@ def bytes_per_token_layer(family: str, config: dict, dtype: torch.dtype, *, devi
                     for sub_name, sub in model.named_modules():
                         if sub_name.split(".")[0] == name:
                             sub.float()
-            inputs = _inputs(family, config, device, dtype, frames, audio)
+            inputs = forward_inputs(family, config, device, dtype, frames, audio, side)
             totals.append(saved_bytes(lambda m=model, i=inputs: m(**i), model))
         return totals[1] - totals[0]
 
     base = layer_bytes(4, 32)
-    out = {"video": (layer_bytes(8, 32) - base) / (4 * 64)}
+    out = {"video": (layer_bytes(8, 32) - base) / (4 * side * side)}
     if family == "ltx2":
         out["audio"] = (layer_bytes(4, 64) - base) / 32
     return out

@@ -8,6 +8,7 @@ Roles: the `transformer/` (the DiT, sharded or split by the layout), the `text_e
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,8 @@ class Component:
         largest_block_bytes: bytes of its largest repeated block (an FSDP2 unit gathered whole), 0 if none.
         layers: its repeated blocks (transformer layers), 0 if none.
         config: its config.
+        split_bytes: of `bytes`, those encoder tensor parallelism splits (`encoder_tp.encoder_plan`'s layers; the
+            embeddings, norms and a vision tower stay whole); 0 for a component that is not a text encoder.
     """
 
     name: str
@@ -36,6 +39,7 @@ class Component:
     largest_block_bytes: int
     layers: int
     config: dict
+    split_bytes: int = 0
 
 
 def _class_of(config: dict):
@@ -45,6 +49,11 @@ def _class_of(config: dict):
     name = config.get("_class_name")
     if name and hasattr(diffusers, name):
         return getattr(diffusers, name), "diffusers"
+    if name and name.startswith("LTX2"):  # LTX-2's connectors and vocoder live with its pipeline
+        from diffusers.pipelines import ltx2
+
+        if hasattr(ltx2, name):
+            return getattr(ltx2, name), "diffusers"
     for arch in config.get("architectures") or ():
         if hasattr(transformers, arch):
             return getattr(transformers, arch), "transformers"
@@ -65,8 +74,10 @@ def build_on_meta(config: dict) -> torch.nn.Module | None:
         return cls._from_config(conf)
 
 
-def _bytes(module: torch.nn.Module, dtype_bytes: int) -> int:
-    keep = tuple(getattr(module, "_keep_in_fp32_modules", None) or ())
+def _bytes(module: torch.nn.Module, dtype_bytes: int, keep: tuple[str, ...] | None = None) -> int:
+    """Parameter bytes of `module` with those of the `keep` modules (default: its `_keep_in_fp32_modules`; a
+    block takes its model's) at 4."""
+    keep = tuple(getattr(module, "_keep_in_fp32_modules", None) or ()) if keep is None else keep
     total = 0
     for name, p in module.named_parameters():
         total += p.numel() * (4 if any(k in name.split(".") or k in name for k in keep) else dtype_bytes)
@@ -79,7 +90,8 @@ def _blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def read_components(root: str | Path, dtype_bytes: int) -> dict[str, Component]:
-    """Every component of the pipeline directory `root` that has a `config.json` naming a known class.
+    """Every component of the pipeline directory `root` that has a `config.json` naming a known class (cached per
+    directory, its configs' contents and `dtype_bytes`: `omnirl validate` and `plan` read the same ones again).
 
     Args:
         root: the model directory (its subfolders' config files are read; weights never).
@@ -91,18 +103,35 @@ def read_components(root: str | Path, dtype_bytes: int) -> dict[str, Component]:
     if not (root / "transformer" / "config.json").is_file():
         raise FileNotFoundError(f"{root / 'transformer' / 'config.json'} not found: the plan reads the model's "
                                 "configs (spec.model.path, or omnirl plan --configs DIR)")
+    texts = tuple((p.parent.name, p.read_text()) for p in sorted(root.glob("*/config.json")))
+    return dict(_read_components(texts, dtype_bytes))
+
+
+@functools.lru_cache(maxsize=8)
+def _read_components(texts: tuple[tuple[str, str], ...], dtype_bytes: int) -> tuple[tuple[str, Component], ...]:
+    return tuple(_components(texts, dtype_bytes).items())
+
+
+def _components(texts: tuple[tuple[str, str], ...], dtype_bytes: int) -> dict[str, Component]:
     out: dict[str, Component] = {}
-    for path in sorted(root.glob("*/config.json")):
-        config = json.loads(path.read_text())
+    for name, text in texts:
+        config = json.loads(text)
         module = build_on_meta(config)
         if module is None:
             continue
         blocks = _blocks(module)
-        out[path.parent.name] = Component(
-            name=path.parent.name, cls=type(module).__name__, params=sum(p.numel() for p in module.parameters()),
+        split = 0
+        if name.startswith("text_encoder"):
+            from omnirl.models.parallel.encoder_tp import encoder_plan
+
+            split = sum(_bytes(module.get_submodule(n), dtype_bytes) for n in encoder_plan(module))
+        out[name] = Component(
+            name=name, cls=type(module).__name__, params=sum(p.numel() for p in module.parameters()),
             bytes=_bytes(module, dtype_bytes),
-            largest_block_bytes=max((_bytes(b, dtype_bytes) for b in blocks), default=0), layers=len(blocks),
-            config=config)
+            largest_block_bytes=max((_bytes(b, dtype_bytes, tuple(getattr(module, "_keep_in_fp32_modules", None)
+                                                                  or ())) for b in blocks), default=0),
+            layers=len(blocks),
+            config=config, split_bytes=split)
     return out
 
 

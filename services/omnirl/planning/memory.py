@@ -6,13 +6,14 @@ and encoderTensor; F the actor's FSDP degree, replicas × ulysses / replicate; S
 `tokens.sample_tokens`; a(S) the activation bytes per token per layer, `activations.bytes_per_token_layer`):
 
 rollout rank
-    weights P·b/T (+ LoRA adapters whole) · text encoders P_e·b/E · other components P_o·b
+    weights P·b/T (+ LoRA adapters whole) · text encoders P_e·b/E (their split layers; embeddings, norms
+    and vision towers whole) · other components P_o·b
     activations: one layer's saves over the forward's rows, rows·(S/U)·a, rows = maxBatchSize (×2 with CFG)
     latents in flight: maxBatchSize · (window + 2) · latent elements · 4 (fp32 trajectories)
     weight-sync receive bucket: 64 MiB (`WeightSender`'s bucket)
 actor rank
     weights P·b/F · FSDP2's gathered units 2 · (largest block) (this one and the prefetched next)
-    reference / old copies: each P·b/F (full fine-tuning), or LoRA adapters
+    reference / old copies: each P·b/F (full fine-tuning), or LoRA adapters (θ's and the old policy's, /F)
     gradients and AdamW's two moments: 3 · trainable·b/F (AdamW keeps its state in the parameters' dtype)
     text encoders P_e·b/E · other components P_o·b
     activations: rows·(S/U)·(L·a) for a micro-batch (rows = microBatchSize, ×2 with CFG); with
@@ -70,7 +71,9 @@ class Model:
 
     Attributes:
         family: `spec.model.family`.
-        transformer, encoders, others: bytes of the transformer, the text encoders, the rest.
+        transformer, others: bytes of the transformer, of the components that are not text encoders.
+        encoders, encoders_split: bytes of the text encoders that stay whole (embeddings, norms, a vision tower)
+            and that encoder tensor parallelism splits (`encoder_tp.encoder_plan`'s layers).
         largest_block: bytes of the transformer's largest block. layers: its blocks.
         hidden: bytes per token of one block's input (its residual streams, b·width, summed over streams
             weighted like `act`).
@@ -82,6 +85,7 @@ class Model:
     family: str
     transformer: float
     encoders: float
+    encoders_split: float
     others: float
     largest_block: float
     layers: int
@@ -111,7 +115,7 @@ def rollout_plan(spec, model: Model, capacity: float, *, cfg: bool, window: int)
         ("transformer weights" + (f" (1/{lay.tensor})" if lay.tensor > 1 else ""), model.transformer / lay.tensor),
         ("LoRA adapters", model.lora),
         ("text encoders" + (f" (1/{lay.encoderTensor})" if lay.encoderTensor > 1 else ""),
-         model.encoders / lay.encoderTensor),
+         model.encoders + model.encoders_split / lay.encoderTensor),
         ("VAEs and other components", model.others),
         (f"activations: one layer over {rows_per_forward} rows", rows_per_forward * _act(
             model, lay.ulysses, lambda s: model.act.get(s, 0.0) + 2 * model.hidden.get(s, 0.0))),
@@ -146,11 +150,12 @@ def actor_plan(spec, model: Model, capacity: float, *, cfg: bool, copies: int, o
     plan.rows += [
         ("transformer weights" + (f" (1/{fsdp})" if fsdp > 1 else ""), model.transformer / fsdp),
         ("FSDP gathered blocks (2)", 2 * model.largest_block if fsdp > 1 else 0.0),
-        ("LoRA adapters (θ" + (", old)" if old_lora else ")"), model.lora * (2 if old_lora else 1) if lora else 0.0),
+        ("LoRA adapters (θ" + (", old)" if old_lora else ")"),
+         model.lora * (2 if old_lora else 1) / fsdp if lora else 0.0),
         ("reference / old copies", copies * model.transformer / fsdp if not lora else 0.0),
         ("gradients + AdamW moments", 3 * trainable / fsdp),
         ("text encoders" + (f" (1/{lay.encoderTensor})" if lay.encoderTensor > 1 else ""),
-         model.encoders / lay.encoderTensor),
+         model.encoders + model.encoders_split / lay.encoderTensor),
         ("VAEs and other components", model.others),
         (what, act),
         ("weight-sync buckets (rank 0)", GATHER_BUCKET + SYNC_BUCKET),
@@ -161,7 +166,7 @@ def actor_plan(spec, model: Model, capacity: float, *, cfg: bool, copies: int, o
 def describe(plan: RolePlan, product: str) -> list[str]:
     """The table of one role, GiB, for `omnirl plan`."""
     lines = [f"{plan.role}: {plan.layout}, per device of {product} ({plan.capacity / GIB:.1f} GiB)"]
-    width = max(len(what) for what, _ in plan.rows)
+    width = max(len(what) for what, _ in [*plan.rows, ("allocated (torch.cuda.max_memory_allocated)", 0)])
     lines += [f"  {what:<{width}}  {value / GIB:9.2f} GiB" for what, value in plan.rows]
     lines.append(f"  {'allocated (torch.cuda.max_memory_allocated)':<{width}}  {plan.allocated / GIB:9.2f} GiB")
     lines.append(f"  {'reserve (CUDA context, NCCL, fragmentation)':<{width}}  {RESERVE / GIB:9.2f} GiB")

@@ -3,7 +3,10 @@ and search the layouts that would fit (`omnirl plan`, `omnirl validate`)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,6 +16,8 @@ from omnirl.planning.memory import GIB, Model, RolePlan, actor_plan, rollout_pla
 FAMILIES = ("wan", "ltx2", "minimax-h3")
 """Families the plan knows (token rules and activation inputs)."""
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+NO_FIT = ("no layout up to ulysses 16 and no larger device of the table fits: lower the frames or size, the batch, "
+          "or train with model.gradientCheckpointing")
 
 
 @dataclass
@@ -43,22 +48,27 @@ def read_model(spec, root: str | Path) -> Model:
         ValueError: a family the plan does not know, a video size its VAE cannot take, no `spec.model.video`.
         FileNotFoundError: no `transformer/config.json` under `root`.
     """
-    import torch
-
-    from omnirl.planning.activations import bytes_per_token_layer
-    from omnirl.planning.components import lora_params, read_components
-    from omnirl.planning.tokens import sample_tokens
-
     family = spec.model.family
     if family not in FAMILIES:
         raise ValueError(f"spec.model.family: the memory plan knows {', '.join(FAMILIES)}, not {family}")
     if spec.model.video is None:
         raise ValueError("spec.model.video: the memory plan needs the job's frames, height and width")
     b = DTYPE_BYTES[spec.model.dtype]
+    with _quiet():
+        return _read_model(spec, root, family, b)
+
+
+def _read_model(spec, root, family: str, b: int) -> Model:
+    import torch
+
+    from omnirl.planning.activations import bytes_per_token_layer
+    from omnirl.planning.components import lora_params, read_components
+    from omnirl.planning.tokens import sample_tokens
+
     parts = read_components(root, b)
     transformer = parts["transformer"]
     v = spec.model.video
-    tokens = sample_tokens(family, parts, v.frames, v.height, v.width, v.fps)
+    tokens = sample_tokens(family, {n: p.config for n, p in parts.items()}, v.frames, v.height, v.width, v.fps)
     act = bytes_per_token_layer(family, transformer.config, getattr(torch, spec.model.dtype))
     c = transformer.config
     if family == "ltx2":
@@ -70,11 +80,31 @@ def read_model(spec, root: str | Path) -> Model:
         hidden = {"video": c.get("num_attention_heads", 40) * c.get("attention_head_dim", 128) * b}
     lora = spec.model.lora
     targets = list(lora.targetModules) or ["to_q", "to_k", "to_v", "to_out.0"]
-    encoders = sum(p.bytes for n, p in parts.items() if n.startswith("text_encoder"))
+    encoders = [p for n, p in parts.items() if n.startswith("text_encoder")]
     others = sum(p.bytes for n, p in parts.items() if n != "transformer" and not n.startswith("text_encoder"))
-    return Model(family=family, transformer=transformer.bytes, encoders=encoders, others=others,
+    return Model(family=family, transformer=transformer.bytes, encoders=sum(p.bytes - p.split_bytes for p in encoders),
+                 encoders_split=sum(p.split_bytes for p in encoders), others=others,
                  largest_block=transformer.largest_block_bytes, layers=transformer.layers, hidden=hidden, act=act,
                  lora=lora_params(transformer, lora.rank, targets) * b if lora.enabled else 0.0, tokens=tokens)
+
+
+@contextlib.contextmanager
+def _quiet() -> Iterator[None]:
+    """diffusers' and transformers' warnings off while models are built on meta (casting fp32-kept modules,
+    weight norms): they speak of loading weights, which the plan never does."""
+    import diffusers
+    import transformers
+
+    levels = diffusers.utils.logging.get_verbosity(), transformers.logging.get_verbosity()
+    diffusers.utils.logging.set_verbosity_error()
+    transformers.logging.set_verbosity_error()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
+    finally:
+        diffusers.utils.logging.set_verbosity(levels[0])
+        transformers.logging.set_verbosity(levels[1])
 
 
 def _role_plans(spec, model: Model, products: dict) -> list[RolePlan]:
@@ -143,6 +173,19 @@ def _fixes(spec, model: Model, products: dict, root: Path, role: str) -> list[st
     return [line for _, line in found[:3]]
 
 
+def _larger_devices(spec, model: Model, products: dict, role: str) -> list[str]:
+    """The larger devices of the table on which `role`'s layout as written fits (when no layout fits its own)."""
+    own = GPU_MEMORY_GIB[products[role]]
+    out = []
+    for name, gib in sorted(GPU_MEMORY_GIB.items(), key=lambda kv: kv[1]):
+        if gib <= own or (name == "ascend-910b") != (products[role] == "ascend-910b"):
+            continue
+        plan = next(p for p in _role_plans(spec, model, {**products, role: name}) if p.role == role)
+        if plan.fits:
+            out.append(f"accelerator.product: {name} ({plan.allocated / GIB:.1f} GiB allocated of {gib:g})")
+    return out[:2]
+
+
 def plan_job(job, root: str | Path | None = None, product: str | None = None) -> JobPlan:
     """The plan of `job` (its model's configs under `root`, default `spec.model.path`) on `product` (default: each
     role's `accelerator.product`, else its type's common device).
@@ -155,7 +198,8 @@ def plan_job(job, root: str | Path | None = None, product: str | None = None) ->
     model = read_model(spec, root)
     products = {role: product_of(spec, role, product) for role in ("rollout", "actor")}
     roles = _role_plans(spec, model, products)
-    fixes = {p.role: _fixes(spec, model, products, root, p.role) for p in roles if not p.fits}
+    fixes = {p.role: _fixes(spec, model, products, root, p.role) or _larger_devices(spec, model, products, p.role)
+             for p in roles if not p.fits}
     return JobPlan(products, roles, fixes)
 
 
@@ -170,7 +214,7 @@ def fit_problems(job, root: str | Path | None = None) -> list[str]:
     for p in plan.roles:
         if getattr(spec.roles, p.role).accelerator.type == "cpu" or p.fits:
             continue
-        fix = plan.fixes.get(p.role) or ["no layout up to ulysses 16 fits: add devices (replicas) or lower the frames"]
+        fix = plan.fixes.get(p.role) or [NO_FIT]
         out.append(f"spec.roles.{p.role}.parallel: needs {(p.allocated / GIB) + 2:.1f} GiB per device, the "
                    f"{plan.product[p.role]} has {p.capacity / GIB:.1f} GiB (omnirl plan shows the table); fits: "
                    + "; ".join(fix))

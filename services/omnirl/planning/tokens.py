@@ -25,31 +25,42 @@ class SampleTokens:
         text: text tokens the layers attend to as keys (not rows of the stream, MiniMax-H3 excepted: counted in
             `video` there).
         latent_elements: elements of the sample's flat latent (its trajectory's size per step, float32).
+        grid: (latent frames, token rows, token columns) of the video (`activations.forward_inputs`'s grid).
+        audio_rows: the audio rows alone (MiniMax-H3's are inside `video`; LTX-2's are `audio`).
     """
 
     video: int
     audio: int
     text: int
     latent_elements: int
+    grid: tuple[int, int, int] = (0, 0, 0)
+    audio_rows: int = 0
 
 
 H3_FPS = 24.0
 H3_AUDIO_LATENTS_PER_SECOND = 40  # diffusers.modular_pipelines.minimax_h3.MINIMAX_H3_AUDIO_LATENTS_PER_SECOND
 
 
-def sample_tokens(family: str, components: dict, frames: int, height: int, width: int, fps: float) -> SampleTokens:
+def read_configs(root) -> dict[str, dict]:
+    """Subfolder → its `config.json` of the model directory `root` (JSON only)."""
+    import json
+    from pathlib import Path
+
+    return {p.parent.name: json.loads(p.read_text()) for p in sorted(Path(root).glob("*/config.json"))}
+
+
+def sample_tokens(family: str, configs: dict, frames: int, height: int, width: int, fps: float) -> SampleTokens:
     """The tokens of one sample of `frames` × `height` × `width` at `fps` (module docstring).
 
     Args:
-        components: `components.read_components`'s (their configs: VAE factors, patch sizes, channels).
+        configs: subfolder → config of the model directory (`read_configs`): VAE factors, patch sizes, channels.
     Raises:
         ValueError: a family this plan has no token rule for, or frames/size the family's VAE cannot take.
     """
-    t = components["transformer"].config
+    t = configs["transformer"]
 
     def vae(key: str, default):
-        c = components.get("vae")
-        return (c.config.get(key, default) if c is not None else default)
+        return configs.get("vae", {}).get(key, default)
 
     if family == "wan":
         ft, fs = int(vae("scale_factor_temporal", 4)), int(vae("scale_factor_spatial", 8))
@@ -58,20 +69,20 @@ def sample_tokens(family: str, components: dict, frames: int, height: int, width
             raise ValueError(f"wan takes frames = {ft}k+1 and sizes that are multiples of {fs * p[1]}; got {frames} × "
                              f"{height}x{width}")
         lt, lh, lw = (frames - 1) // ft + 1, height // fs, width // fs
-        return SampleTokens(lt // p[0] * (lh // p[1]) * (lw // p[2]), 0, 512, t.get("in_channels", 16) * lt * lh * lw)
+        return SampleTokens(lt // p[0] * (lh // p[1]) * (lw // p[2]), 0, 512, t.get("in_channels", 16) * lt * lh * lw,
+                            (lt // p[0], lh // p[1], lw // p[2]))
     if family == "ltx2":
         ft, fh, fw = t.get("vae_scale_factors", (8, 32, 32))
         if (frames - 1) % ft or height % fh or width % fw:
             raise ValueError(f"ltx2 takes frames = {ft}k+1 and sizes that are multiples of {fh}; got {frames} × "
                              f"{height}x{width}")
         lt, lh, lw = (frames - 1) // ft + 1, height // fh, width // fw
-        audio_vae = components.get("audio_vae")
-        a = audio_vae.config if audio_vae is not None else {}
+        a = configs.get("audio_vae", {})
         rate, hop = a.get("sample_rate", 16000), a.get("mel_hop_length", 160)
         audio = round(frames / fps * rate / hop / 4)
         mel = a.get("mel_bins", 64) // 4
         return SampleTokens(lt * lh * lw, audio, 1024, t.get("in_channels", 128) * lt * lh * lw
-                            + a.get("latent_channels", 8) * audio * mel)
+                            + a.get("latent_channels", 8) * audio * mel, (lt, lh, lw), audio)
     if family == "minimax-h3":
         clip, chunk, drop = int(vae("clip_length", 17)), int(vae("tokens_chunk_size", 5)), int(vae("token_drop", 3))
         spatial = 16
@@ -84,5 +95,6 @@ def sample_tokens(family: str, components: dict, frames: int, height: int, width
         audio = round(frames / H3_FPS * H3_AUDIO_LATENTS_PER_SECOND)
         channels = t.get("in_channels", 24)
         return SampleTokens(512 + audio + video, 0, 0, channels * lt * (height // spatial) * (width // spatial)
-                            + t.get("audio_in_channels", 32) * audio)
+                            + t.get("audio_in_channels", 32) * audio,
+                            (lt, height // spatial // p[1], width // spatial // p[2]), audio)
     raise ValueError(f"no token rule for family {family!r} (the plan knows wan, ltx2, minimax-h3)")
