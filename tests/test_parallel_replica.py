@@ -8,16 +8,15 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import socket
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from tests.video_models import save_tiny
 
 from omnirl.api.loader import job_from_dict
-from tests.video_models import save_tiny
 
 LEADER = "rollout-0"
 

@@ -217,6 +217,10 @@ def _beat_while_starting(job, env: RoleEnv, role: str) -> Callable[[], None]:
 
 def _build(role: str, job, env: RoleEnv, *, resume: bool, steps: int | None):
     if role == "rollout":
+        if env.rank > 0:  # a rank of a replica of several (docs/parallel.md): it follows its leader, rank 0
+            from omnirl.rollout.follower import RolloutFollower
+
+            return RolloutFollower(job, env)
         from omnirl.rollout.service import RolloutService
 
         return RolloutService(job, env)
