@@ -42,7 +42,7 @@ class Trainer:
         if spec.model.gradientCheckpointing:
             enable_activation_checkpointing(adapter.module, blocks)
         if ranks.world > 1:
-            self.policies.shard(ranks, blocks)
+            self.policies.shard(ranks, blocks, replicate=spec.roles.actor.parallel.replicate)
         if spec.model.compile:
             self.policies.compile()
         o = algo.optimizer
