@@ -27,8 +27,10 @@ substituted, and only this (each is a single function below):
    expanded from the container's env, as the kubelet does.
 5. **Service DNS and kube-proxy** (:meth:`Kubelet.route`) → ``<svc>[.<ns>[.svc[.cluster.local]]]:<port>``
    in an env value becomes ``127.0.0.1:<loopback port of the Service's targetPort on the first pod
-   its selector matches>``; a pod waits (as its connections would) until that pod exists. Per-pod
-   names of headless Services (``<pod>.<svc>``, multi-rank actors) are not routed.
+   its selector matches>``; a pod waits (as its connections would) until that pod exists. A headless
+   Service's per-pod names ``<pod>.<svc>:<port>`` (a rollout replica's rendezvous, `OMNIRL_REPLICA_HOSTS`)
+   become ``127.0.0.1:<that pod's loopback port>``; the multi-rank actor's ``MASTER_ADDR`` (a name without
+   a port) is not routed.
 6. **service-account token** → a pod with ``automountServiceAccountToken`` and a
    ``serviceAccountName`` gets ``KUBECONFIG`` pointing at the emulator (in a cluster the kubernetes
    client reads the mounted token; without ``KUBERNETES_SERVICE_HOST`` it falls back to KUBECONFIG).
@@ -371,6 +373,8 @@ class Kubelet:
         for svc in services:
             name = svc["metadata"]["name"]
             domain = rf"(?:\.{re.escape(self.namespace)}(?:\.svc(?:\.cluster\.local)?)?)?"
+            if svc["spec"].get("clusterIP") == "None":  # a headless Service's per-pod names: that pod's port
+                value = self._route_pods(value, svc, domain)
             pattern = rf"(?<![\w.-]){re.escape(name)}{domain}:(\d+)\b"
             match = re.search(pattern, value)
             if not match:
@@ -388,6 +392,25 @@ class Kubelet:
                 target = next(p["containerPort"] for p in backends[0].container["ports"] if p.get("name") == target)
             value = value[:match.start()] + f"127.0.0.1:{backends[0].ports[target]}" + value[match.end():]
         return value
+
+    def _route_pods(self, value: str, svc: dict[str, Any], domain: str) -> str:
+        """Every ``<pod>.<headless svc>[domain]:<port>`` in ``value`` → ``127.0.0.1:<that pod's port>`` (a rollout
+        replica's rendezvous at its first pod; cluster DNS resolves these names to the pod's own address).
+
+        Raises:
+            NotRoutable: a named pod does not exist yet.
+        """
+        name = svc["metadata"]["name"]
+
+        def one(match: re.Match[str]) -> str:
+            pod = self.pods.get(match[1])
+            if pod is None:
+                raise NotRoutable(f"{match[1]}.{name}")
+            port = next((p for p in svc["spec"].get("ports", []) if p["port"] == int(match[2])), None)
+            target = port.get("targetPort", port["port"]) if port else int(match[2])
+            return f"127.0.0.1:{pod.ports[target]}"
+
+        return re.sub(rf"(?<![\w.-])([a-z0-9][a-z0-9-]*)\.{re.escape(name)}{domain}:(\d+)\b", one, value)
 
     def _kubeconfig(self, pod: Pod) -> Path:
         path = pod.root / "kubeconfig"

@@ -29,7 +29,7 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 SCHEMA = build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 BASE = {"data": {"trainPrompts": "t.txt"}, "reward": [{"name": "ocr", "kind": "ocr"}]}
 SD3 = {"family": "sd3", "path": "/models/sd3", "dtype": "bfloat16"}
-NVIDIA = {"accelerator": {"type": "nvidia", "count": 1}}
+NVIDIA = {"accelerator": {"type": "nvidia", "count": 1, "product": "h200"}}
 JUDGE = {"command": ["serve", "--port", "{port}"]}
 
 
@@ -112,6 +112,15 @@ ACCEPTED = {
     "ranks on one node": manifest(roles={"actor": {"replicas": 2}}, storage={"size": "1Gi", "singleNode": True}),
     "validation": manifest(data={"trainPrompts": "t.txt", "validationPrompts": "v.txt"},
                            reward=[{"name": "ocr", "kind": "ocr"}, {"name": "pc", "kind": "pairwise-contrast"}]),
+    "ulysses rollout, gang of pods, hsdp actor": manifest(
+        model={**SD3, "family": "flux"}, storage={"size": "1Gi", "accessModes": ["ReadWriteMany"]},
+        roles={"rollout": {"accelerator": {"type": "nvidia", "count": 2},
+                           "parallel": {"ulysses": 4, "encoderTensor": 2, "podsPerReplica": 2}},
+               "actor": {"replicas": 4, "accelerator": {"type": "nvidia", "count": 4},
+                         "parallel": {"ulysses": 2, "replicate": 2}}}),
+    "dit tensor parallel": manifest(model={**SD3, "family": "qwen-image"},
+                                    roles={"rollout": {"accelerator": {"type": "nvidia", "count": 2},
+                                                       "parallel": {"tensor": 2}}}),
     "nulls": manifest(model={"resolution": None, "resolutions": None}, storage=None,
                       reward=[{"name": "ocr", "kind": "ocr", "url": None, "server": None}]),
 }
@@ -142,6 +151,9 @@ REFUSED = [
     ("judge gpu count 0", {"reward": [{"name": "v", "kind": "vlm", "server": {
         **JUDGE, "accelerator": {"type": "nvidia"}}}]}, "spec.reward[0].server.accelerator.count"),
     ("cpu count 1", {"roles": {"rollout": {"accelerator": {"count": 1}}}}, "spec.roles.rollout.accelerator.count"),
+    ("product of another type", {"roles": {"actor": {"accelerator": {"type": "nvidia", "count": 1,
+                                                                     "product": "ascend-910b"}}}},
+     "spec.roles.actor.accelerator.product"),
     ("autoscale max < min", {"roles": {"reward": {"replicas": 3, "autoscale": {"minReplicas": 3, "maxReplicas": 2}}}},
      "spec.roles.reward.autoscale.maxReplicas"),
     ("replicas outside autoscale", {"roles": {"reward": {"replicas": 5, "autoscale": {"maxReplicas": 4}}}},
@@ -149,6 +161,31 @@ REFUSED = [
     ("two controllers", {"roles": {"controller": {"replicas": 2}}}, "spec.roles.controller.replicas"),
     *((f"two gpus, {role}", {"roles": {role: {"accelerator": {"type": "nvidia", "count": 2}}}},
        f"spec.roles.{role}.accelerator.count") for role in ("rollout", "reward", "actor", "controller")),
+    ("rollout devices vs layout", {"model": {**SD3, "family": "flux"}, "roles": {"rollout": {
+        "accelerator": {"type": "nvidia", "count": 1}, "parallel": {"ulysses": 2}}}}, "spec.roles.rollout.accelerator.count"),
+    ("ulysses with tensor", {"model": {**SD3, "family": "flux"}, "roles": {"rollout": {
+        "parallel": {"ulysses": 2, "tensor": 2}}}}, "spec.roles.rollout.parallel.tensor"),
+    ("encoder tp does not divide", {"model": {**SD3, "family": "flux"}, "roles": {"rollout": {
+        "parallel": {"ulysses": 2, "encoderTensor": 4}}}}, "spec.roles.rollout.parallel.encoderTensor"),
+    ("pods do not divide", {"model": {**SD3, "family": "flux"}, "roles": {"rollout": {
+        "parallel": {"ulysses": 2, "podsPerReplica": 3}}}}, "spec.roles.rollout.parallel.podsPerReplica"),
+    ("actor tensor", {"roles": {"actor": {"parallel": {"tensor": 2}}}}, "spec.roles.actor.parallel.tensor"),
+    ("actor encoder tp", {"roles": {"actor": {"parallel": {"encoderTensor": 2}}}},
+     "spec.roles.actor.parallel.encoderTensor"),
+    ("replicate does not divide", {"roles": {"actor": {"replicas": 3, "parallel": {"replicate": 2}}}},
+     "spec.roles.actor.parallel.replicate"),
+    ("ulysses without a plan, rollout", {"roles": {"rollout": {"parallel": {"ulysses": 2}}}},
+     "spec.roles.rollout.parallel.ulysses"),
+    ("ulysses without a plan, actor", {"model": SD3, "roles": {"actor": {"parallel": {"ulysses": 2}}}},
+     "spec.roles.actor.parallel.ulysses"),
+    ("dit tensor without a plan", {"model": SD3, "roles": {"rollout": {"parallel": {"tensor": 2}}}},
+     "spec.roles.rollout.parallel.tensor"),
+    ("dit tensor with lora", {"model": {**SD3, "family": "flux", "lora": {"enabled": True}},
+                              "roles": {"rollout": {"parallel": {"tensor": 2}}}}, "spec.roles.rollout.parallel.tensor"),
+    ("compile with ulysses", {"model": {**SD3, "family": "flux", "compile": True},
+                              "roles": {"rollout": {"parallel": {"ulysses": 2}}}}, "spec.model.compile"),
+    ("ulysses actor on ReadWriteOnce", {"model": {**SD3, "family": "flux"}, "storage": {"size": "1Gi"},
+                                        "roles": {"actor": {"parallel": {"ulysses": 2}}}}, "spec.storage.accessModes"),
     ("ttl <= claim", {"transferQueue": {"tensorTtlSeconds": 100, "claimIdleSeconds": 100}},
      "spec.transferQueue.tensorTtlSeconds"),
     ("window lo = hi", {"algorithm": {"flowGrpo": {"window": {"range": [3, 3]}}}},

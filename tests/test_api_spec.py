@@ -77,14 +77,14 @@ def test_defaults_are_valid_and_match_the_recipes() -> None:
         ),
         (
             {"roles": {"actor": {"accelerator": {"type": "ascend", "count": 4}}}},
-            "spec.roles.actor.accelerator.count: 4 is invalid: must be at most 1: each actor pod runs one process "
-            "on one device, the others would sit idle; use replicas: N with count: 1 (actor ranks shard the model "
-            "with FSDP2)",
+            "spec.roles.actor.accelerator.count: 4 is invalid: must divide the actor's ranks, replicas × "
+            "parallel.ulysses = 1 × 1 = 1 (each pod holds as many ranks as devices); valid: [1]",
         ),
         (
             {"roles": {"rollout": {"accelerator": {"type": "nvidia", "count": 2}}}},
-            "spec.roles.rollout.accelerator.count: 2 is invalid: must be at most 1: each rollout pod runs one "
-            "process on one device, the others would sit idle; use replicas: N with count: 1 (one worker per device)",
+            "spec.roles.rollout.accelerator.count: 2 is invalid: must be 1: a rollout replica is parallel.ulysses × "
+            "parallel.tensor = 1 × 1 = 1 device(s) (a rank per device) in parallel.podsPerReplica = 1 pod(s); set "
+            "count: 1, or raise parallel.ulysses/tensor to use more devices per replica",
         ),
         (
             {"reward": [{"name": "a", "kind": "ocr"}, {"name": "a", "kind": "jpeg"}]},

@@ -421,8 +421,10 @@ def test_render_examples_pass_strict_kubernetes_validation(example, monkeypatch)
     docs = list(yaml.safe_load_all(out.getvalue()))
     name = load_rljob(example).metadata.name
     kinds = sorted(d["kind"] for d in docs if d["kind"] != "PersistentVolumeClaim")
-    assert kinds == ["ConfigMap", "Deployment", "Deployment", "Job", "Role", "RoleBinding", "Service", "Service",
-                     "Service", "ServiceAccount", "StatefulSet"]
+    layout = load_rljob(example).spec.roles.rollout.parallel  # several ranks a replica: a StatefulSet (a gang: + Service)
+    rollout = ["Deployment"] if layout.ranks == 1 else ["StatefulSet"] + ["Service"] * (layout.podsPerReplica > 1)
+    assert kinds == sorted(["ConfigMap", "Deployment", "Job", "Role", "RoleBinding", "Service", "Service", "Service",
+                            "ServiceAccount", "StatefulSet", *rollout])
     claims = [d for d in docs if d["kind"] == "PersistentVolumeClaim"]  # spec.storage with a size
     assert len(claims) == int(bool(load_rljob(example).spec.storage))
     for doc in docs:

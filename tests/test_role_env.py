@@ -21,7 +21,8 @@ FULL = RoleEnv(job_name="j", redis_url="redis://r:6379/1", weight_sync_host="j-a
                worker_id="actor-2", out_dir="/runs/j", metrics_port=9090, health_port=8081,
                report_status="kubernetes", namespace="team", device="cuda:1", weight_sync_backend="gloo",
                threads=3, rank=2, world_size=4, master_addr="j-actor-0.j-ranks", master_port=29401, export=False,
-               resume="auto", steps=7, manifest="/etc/omnirl/manifest.yaml")
+               resume="auto", steps=7, manifest="/etc/omnirl/manifest.yaml", ranks_per_pod=2,
+               replica_hosts="j-rollout-0.j-rollout-ranks:29400,j-rollout-2.j-rollout-ranks:29400")
 
 
 def test_every_field_round_trips():
@@ -37,11 +38,11 @@ def test_every_field_round_trips():
 
 def test_defaults_and_empty_values_are_left_out():
     one = dataclasses.replace(FULL, rank=0, world_size=1, steps=None, report_status="", weight_sync_backend="",
-                              resume="0", export=True)
+                              resume="0", export=True, ranks_per_pod=1, replica_hosts="")
     env = one.to_environ()
     assert RoleEnv.from_environ(env) == dataclasses.replace(one, master_addr="127.0.0.1", master_port=29400)
     assert not {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMNIRL_STEPS", "OMNIRL_REPORT_STATUS",
-                "OMNIRL_WEIGHT_SYNC_BACKEND"} & set(env)
+                "OMNIRL_WEIGHT_SYNC_BACKEND", "OMNIRL_RANKS_PER_POD", "OMNIRL_REPLICA_HOSTS"} & set(env)
 
 
 @pytest.mark.parametrize(("var", "value", "match"), [
@@ -124,7 +125,8 @@ def test_every_variable_the_operator_sets_for_a_role_is_refused_in_its_template(
     """A role template's env entry replaced the operator's value (rendered: the rollout's
     OMNIRL_WEIGHT_SYNC_ADDR became 10.0.0.9:29500, OMNIRL_RESUME 0): every variable the builders
     write, but `runtime.USER_SETTABLE`'s, is refused by the check that reads the same list."""
-    kids = children(job(roles={"actor": {"replicas": 2}}, transferQueue={"passwordSecret": "team-redis"}))
+    kids = children(job(roles={"actor": {"replicas": 2}, "rollout": {"parallel": {"ulysses": 2}}},
+                        model={"family": "flux", "path": "/models/flux"}, transferQueue={"passwordSecret": "team-redis"}))
     written = {e["name"] for name, obj in kids.items() if name.split("/")[0] in ("StatefulSet", "Deployment", "Job")
                for e in container(obj).get("env", [])}
     user = {VARIABLES[f] for f in USER_SETTABLE} | {"PYTHONUNBUFFERED"}

@@ -59,9 +59,9 @@ def problems(storage: dict, actor: int = 1) -> list[str]:
     ({"size": "1Gi", "accessModes": ["ReadOnlyMany"]}, 1, "spec.storage.accessModes: [\"ReadOnlyMany\"] is invalid: "
      "must hold ReadWriteOnce or ReadWriteMany"),
     ({"size": "1Gi"}, 2, "spec.storage.accessModes: [\"ReadWriteOnce\"] is invalid: must hold ReadWriteMany for "
-     "roles.actor.replicas=2"),
+     "an actor of 2 pods"),
     ({"claimName": "runs", "accessModes": ["ReadWriteOnce"]}, 4, "spec.storage.accessModes: [\"ReadWriteOnce\"] is "
-     "invalid: must hold ReadWriteMany for roles.actor.replicas=4"),
+     "invalid: must hold ReadWriteMany for an actor of 4 pods"),
 ])
 def test_impossible_storage_is_rejected_naming_the_field(storage, actor, expected):
     lines = problems(storage, actor)

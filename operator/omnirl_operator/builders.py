@@ -36,6 +36,7 @@ import yaml
 from omnirl.api.loader import dump_rljob, resolve_paths
 from omnirl.api.runtime import PERMANENT_EXITS
 from omnirl.api.spec import API_GROUP, ROLE_NAMES, RLJob
+from omnirl.api.spec_parallel import actor_world
 from omnirl_operator.judges import build_judges, wired
 from omnirl_operator.meta import (
     LABEL_METRICS,
@@ -140,15 +141,61 @@ def build_deployment(job: RLJob, role: str, settings: OperatorSettings, digest: 
     }
 
 
+def rollout_kind(job: RLJob) -> str:
+    """The rollout's workload: a Deployment of replicas of one device, else a StatefulSet (pods of several ranks
+    need their index, a gang its pods' stable names: docs/parallel.md, "On Kubernetes")."""
+    return "Deployment" if job.spec.roles.rollout.parallel.ranks == 1 else "StatefulSet"
+
+
+def workloads(job: RLJob) -> tuple[tuple[str, str, str], ...]:
+    """(apiVersion, kind, role) of each role workload the reconcile writes and observes."""
+    return (("apps/v1", rollout_kind(job), "rollout"), ("apps/v1", "Deployment", "reward"),
+            ("apps/v1", "StatefulSet", "actor"))
+
+
+def workload_pods(job: RLJob, role: str) -> int:
+    """Pods of a role's workload: rollout replicas × podsPerReplica; the actor's ranks over accelerator.count per
+    pod; the other roles' replicas."""
+    roles = job.spec.roles
+    if role == "rollout":
+        return roles.rollout.replicas * roles.rollout.parallel.podsPerReplica
+    if role == "actor":
+        return actor_world(roles.actor.replicas, roles.actor.parallel) // max(roles.actor.accelerator.count, 1)
+    return role_spec(job, role).replicas
+
+
+def build_rollout_ranks(job: RLJob, settings: OperatorSettings, digest: str, *, running: bool = True
+                        ) -> dict[str, Any]:
+    """StatefulSet ``<job>-rollout`` of rollout replicas of several ranks: replica r is pods r·P … r·P + P − 1
+    (P = podsPerReplica), each holding ranks_per_pod ranks (`omnirl.launch.pod_ranks`), meeting at pod r·P
+    through the headless Service ``<job>-rollout-ranks``; all start together (Parallel)."""
+    name = job.metadata.name
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": object_meta(name, child_name(name, "rollout"), "rollout"),
+        "spec": {
+            "replicas": workload_pods(job, "rollout") if running else 0,
+            "serviceName": child_name(name, suffix="rollout-ranks"),
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": selector_labels(name, "rollout")},
+            "updateStrategy": {"type": "RollingUpdate"},
+            "revisionHistoryLimit": 3,
+            "template": pod_template(job, "rollout", settings, digest),
+        },
+    }
+
+
 def build_actor(job: RLJob, settings: OperatorSettings, digest: str, *, running: bool = True) -> dict[str, Any]:
-    """StatefulSet ``<job>-actor``: ranks start together (Parallel) and are replaced in place."""
+    """StatefulSet ``<job>-actor``: ranks start together (Parallel) and are replaced in place; a pod of several
+    devices holds as many ranks."""
     name = job.metadata.name
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
         "metadata": object_meta(name, child_name(name, "actor"), "actor"),
         "spec": {
-            "replicas": job.spec.roles.actor.replicas if running else 0,
+            "replicas": workload_pods(job, "actor") if running else 0,
             "serviceName": child_name(name, suffix="ranks"),
             "podManagementPolicy": "Parallel",
             "selector": {"matchLabels": selector_labels(name, "actor")},
@@ -201,11 +248,20 @@ def build_services(job: RLJob) -> list[dict[str, Any]]:
     rank0 = {**selector_labels(name, "actor"), "statefulset.kubernetes.io/pod-name": f"{actor}-0"}
     ranks_ports = [{"name": "weight-sync", "port": WEIGHT_SYNC_PORT, "targetPort": WEIGHT_SYNC_PORT,
                     "protocol": "TCP"}]
-    if job.spec.roles.actor.replicas > 1:
+    if actor_world(job.spec.roles.actor.replicas, job.spec.roles.actor.parallel) > 1:
         ranks_ports.append({"name": "dist", "port": DIST_PORT, "targetPort": DIST_PORT, "protocol": "TCP"})
     metrics_meta = object_meta(name, child_name(name, suffix="metrics"))
     metrics_meta["labels"][LABEL_METRICS] = "true"
-    return [
+    gang = []
+    if job.spec.roles.rollout.parallel.podsPerReplica > 1:  # a rollout replica's pods resolve each other by name
+        gang.append({
+            "apiVersion": "v1", "kind": "Service",
+            "metadata": object_meta(name, child_name(name, suffix="rollout-ranks"), "rollout"),
+            "spec": {"clusterIP": "None", "publishNotReadyAddresses": True,
+                     "selector": selector_labels(name, "rollout"),
+                     "ports": [{"name": "dist", "port": DIST_PORT, "targetPort": DIST_PORT, "protocol": "TCP"}]},
+        })
+    return gang + [
         {
             "apiVersion": "v1",
             "kind": "Service",
@@ -298,7 +354,9 @@ def build_children(job: RLJob, settings: OperatorSettings, *, running: bool | No
     claim = build_claim(job)  # kept when suspended or finished: it holds the results
     if claim is not None:
         children.append(claim)
-    children += [build_deployment(job, role, settings, digest, running=running) for role in WORKER_ROLES]
+    children += [build_rollout_ranks(job, settings, digest, running=running)
+                 if role == "rollout" and rollout_kind(job) == "StatefulSet"
+                 else build_deployment(job, role, settings, digest, running=running) for role in WORKER_ROLES]
     children.append(build_actor(job, settings, digest, running=running))
     if running:
         children.append(build_controller_job(job, settings, digest))
@@ -309,7 +367,7 @@ def desired_replicas(job: RLJob, *, running: bool) -> dict[str, int]:
     """Pods per role the children ask for (what ``status.roles[*].desired`` reports)."""
     if not running:
         return {role: 0 for role in ROLE_NAMES}
-    return {role: role_spec(job, role).replicas for role in ROLE_NAMES}
+    return {role: workload_pods(job, role) for role in ROLE_NAMES}
 
 
 def label_of(child: dict[str, Any]) -> str:
@@ -319,6 +377,10 @@ def label_of(child: dict[str, Any]) -> str:
 
 __all__ = [
     "build_actor",
+    "build_rollout_ranks",
+    "rollout_kind",
+    "workload_pods",
+    "workloads",
     "build_children",
     "build_configmap",
     "build_controller_job",

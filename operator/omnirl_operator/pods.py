@@ -16,6 +16,7 @@ from typing import Any
 
 from omnirl.api.runtime import COMPILE_CACHE, INDUCTOR_CACHE_VARIABLE, REDIS_PASSWORD, VARIABLES, RoleEnv, sync_backend
 from omnirl.api.spec import MODEL_ROLES, RLJob, RoleSpec
+from omnirl.api.spec_parallel import actor_world
 from omnirl_operator.meta import (
     ANNOTATION_SPEC_HASH,
     child_labels,
@@ -149,7 +150,7 @@ def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str
     (``omnirl.api.runtime.COMPILE_CACHE``; a template's own ``TORCHINDUCTOR_CACHE_DIR`` wins)."""
     name = job.metadata.name
     roles = job.spec.roles
-    ranks = roles.actor.replicas if role == "actor" else 1
+    ranks, per_pod, hosts = model_ranks(job, role)
     contract = RoleEnv(
         job_name=name, redis_url=redis_url(job, settings), weight_sync_host=child_name(name, "actor"),
         weight_sync_port=WEIGHT_SYNC_PORT, worker_id=FROM_POD, namespace=FROM_POD, out_dir=RUN_DIR, metrics_port=METRICS_PORT,
@@ -165,6 +166,9 @@ def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str
         # a restarted pod continues from the job's latest complete checkpoint, if there is one
         resume="auto",
         manifest=MANIFEST_FILE,
+        # a pod holding several ranks of a model role (RANK is then the pod's index), and each rollout replica's
+        # rendezvous (docs/parallel.md, "On Kubernetes")
+        ranks_per_pod=per_pod, replica_hosts=hosts,
     )
     plain = contract.to_environ()
     env: list[dict[str, Any]] = []
@@ -182,6 +186,27 @@ def role_env(job: RLJob, role: str, settings: OperatorSettings) -> list[dict[str
     return env
 
 
+def model_ranks(job: RLJob, role: str) -> tuple[int, int, str]:
+    """(WORLD_SIZE, ranks per pod, OMNIRL_REPLICA_HOSTS) of a role's pods (docs/parallel.md, "On Kubernetes").
+
+    The actor: replicas × parallel.ulysses ranks, `accelerator.count` of them per pod (rank 0 in pod 0 hosts the
+    rendezvous, as before). A rollout replica of R = ulysses × tensor ranks: R, R / podsPerReplica per pod, and
+    each replica's rendezvous: its first pod `<job>-rollout-<r·P>` through the headless Service
+    `<job>-rollout-ranks` (a gang of P > 1 pods), or the pod itself (127.0.0.1, one pod per replica). Other
+    roles: one rank."""
+    roles = job.spec.roles
+    if role == "actor":
+        return actor_world(roles.actor.replicas, roles.actor.parallel), max(roles.actor.accelerator.count, 1), ""
+    layout = roles.rollout.parallel
+    if role != "rollout" or layout.ranks == 1:
+        return 1, 1, ""
+    pods = layout.podsPerReplica
+    name = job.metadata.name
+    hosts = [f"{child_name(name, 'rollout')}-{r * pods}.{child_name(name, suffix='rollout-ranks')}:{DIST_PORT}"
+             if pods > 1 else f"127.0.0.1:{DIST_PORT}" for r in range(roles.rollout.replicas)]
+    return layout.ranks, layout.ranks_per_pod, ",".join(hosts)
+
+
 def role_ports(job: RLJob, role: str) -> list[dict[str, Any]]:
     """Container ports: metrics and gRPC health everywhere; weight-sync (and rendezvous) on the actor."""
     ports = [
@@ -190,8 +215,10 @@ def role_ports(job: RLJob, role: str) -> list[dict[str, Any]]:
     ]
     if role == "actor":
         ports.append({"name": "weight-sync", "containerPort": WEIGHT_SYNC_PORT, "protocol": "TCP"})
-        if job.spec.roles.actor.replicas > 1:
+        if model_ranks(job, "actor")[0] > 1:
             ports.append({"name": "dist", "containerPort": DIST_PORT, "protocol": "TCP"})
+    elif role == "rollout" and job.spec.roles.rollout.parallel.podsPerReplica > 1:  # a gang's rendezvous
+        ports.append({"name": "dist", "containerPort": DIST_PORT, "protocol": "TCP"})
     return ports
 
 
@@ -255,6 +282,27 @@ def role_volumes(job: RLJob, role: str) -> list[dict[str, Any]]:
     return volumes
 
 
+KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+KUEUE_GROUP = "kueue.x-k8s.io/pod-group-name"
+KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+
+
+def gang_metadata(job: RLJob, role: str) -> dict[str, dict[str, str]]:
+    """Pod labels and annotations that make a multi-pod rollout role one Kueue pod group: admitted whole or not at
+    all (Kueue's plain-pod groups: `pod-group-name` label, `pod-group-total-count` annotation, the RLJob's
+    `queue-name` label), so no replica's gang holds devices half-placed (docs/parallel.md). Empty for the other
+    roles and for replicas of one pod (a pod is placed whole)."""
+    layout = job.spec.roles.rollout.parallel
+    if role != "rollout" or layout.podsPerReplica == 1:
+        return {"labels": {}, "annotations": {}}
+    labels = {KUEUE_GROUP: child_name(job.metadata.name, "rollout")}
+    queue = ((job.metadata.model_extra or {}).get("labels") or {}).get(KUEUE_QUEUE)
+    if queue:
+        labels[KUEUE_QUEUE] = queue
+    total = job.spec.roles.rollout.replicas * layout.podsPerReplica
+    return {"labels": labels, "annotations": {KUEUE_GROUP_COUNT: str(total)}}
+
+
 def pod_template(
     job: RLJob,
     role: str,
@@ -300,6 +348,9 @@ def pod_template(
         "metadata": {"labels": child_labels(name, role), "annotations": {ANNOTATION_SPEC_HASH: spec_hash}},
         "spec": spec,
     }
+    gang = gang_metadata(job, role)
+    template["metadata"]["labels"].update(gang["labels"])
+    template["metadata"]["annotations"].update(gang["annotations"])
     user = role_spec(job, role).template
     if user:
         template = deep_merge(template, user)

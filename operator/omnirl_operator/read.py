@@ -25,12 +25,15 @@ LISTED_KINDS = frozenset({
 })
 
 
-async def read_children(kube: KubeApi, job: str, ns: str, children: list[dict[str, Any]]
+async def read_children(kube: KubeApi, job: str, ns: str, children: list[dict[str, Any]],
+                        also: tuple[tuple[str, str, str], ...] = ()
                         ) -> tuple[dict[str, dict[str, Any] | None], list[str]]:
     """Every child as stored, by ``Kind/name`` (None: absent), and one line per name taken by an
     object that is not this job's (:func:`omnirl_operator.meta.foreign_owner`), naming the fix.
 
     The controller Job's name is always read (a suspended or finished job's reconcile may delete it).
+    ``also``: (apiVersion, kind, name) of objects of listed kinds that may be left over (the rollout workload of
+    the other kind), looked up in the listings only (no request of their own); this job's alone are returned.
 
     Raises:
         KubeError: a LIST or GET failed (other than 404).
@@ -43,6 +46,7 @@ async def read_children(kube: KubeApi, job: str, ns: str, children: list[dict[st
     for api_version, kind in sorted({(a, k) for a, k, _ in names if (a, k) in LISTED_KINDS}):
         for obj in await asyncio.to_thread(kube.list_by_labels, api_version, kind, ns, selector_labels(job)):
             listed[f"{kind}/{obj['metadata']['name']}"] = obj
+    extra = {f"{kind}/{name}": listed.get(f"{kind}/{name}") for _, kind, name in also}
     stored, taken = {}, []
     for api_version, kind, name in names:
         key = f"{kind}/{name}"
@@ -52,4 +56,5 @@ async def read_children(kube: KubeApi, job: str, ns: str, children: list[dict[st
         if who is not None:
             hint = " (or mount it with spec.storage.claimName)" if kind == "PersistentVolumeClaim" else ""
             taken.append(f"{kind}/{name} exists and is not this job's: {who}; rename the RLJob{hint}")
+    stored.update({k: v for k, v in extra.items() if v is not None and foreign_owner(v, job) is None})
     return stored, taken

@@ -34,7 +34,7 @@ from omnirl.api.runtime import STORAGE_ERROR_EXIT
 from omnirl.api.spec import ROLE_NAMES, RLJob
 from omnirl.api.status import TERMINAL_PHASES
 from omnirl_operator.autoscale import autoscale_reward
-from omnirl_operator.builders import build_children, desired_replicas, label_of
+from omnirl_operator.builders import build_children, desired_replicas, label_of, rollout_kind, workloads
 from omnirl_operator.finished import finish_record, finished_message
 from omnirl_operator.judges import LABEL_JUDGE_OF, judge_roles, judges_ready, wired
 from omnirl_operator.kube import KubeApi, KubeError
@@ -74,9 +74,6 @@ from omnirl_operator.status import (
 )
 from omnirl_operator.stop import stop_owned
 from omnirl_operator.storage import claim_conflict, ensure_claim, full_volume_fix, names_full_volume
-
-WORKLOADS = (("apps/v1", "Deployment", "rollout"), ("apps/v1", "Deployment", "reward"),
-             ("apps/v1", "StatefulSet", "actor"))
 
 
 @dataclass(frozen=True)
@@ -254,7 +251,7 @@ def observe_roles(job: RLJob, stored: dict[str, dict[str, Any]], controller: dic
     desired = desired_replicas(job, running=running)
     roles: dict[str, tuple[int, int]] = {}
     failures: dict[str, str] = {}
-    for _, kind, role in WORKLOADS:
+    for _, kind, role in workloads(job):
         status = (stored.get(f"{kind}/{child_name(job.metadata.name, role)}") or {}).get("status") or {}
         roles[role] = (desired[role], int(status.get("readyReplicas") or 0))
         for cond in status.get("conditions") or []:
@@ -269,7 +266,7 @@ def observe_roles(job: RLJob, stored: dict[str, dict[str, Any]], controller: dic
 def _templates(job: RLJob, stored: dict[str, dict[str, Any]]) -> dict[str, dict[str, str]]:
     """Per workload role, the annotations of its stored pod template."""
     out = {}
-    for _, kind, role in WORKLOADS:
+    for _, kind, role in workloads(job):
         obj = stored.get(f"{kind}/{child_name(job.metadata.name, role)}") or {}
         out[role] = ((obj.get("spec") or {}).get("template") or {}).get("metadata", {}).get("annotations") or {}
     return out
@@ -282,7 +279,7 @@ async def _restart(kube: KubeApi, job: RLJob, ns: str, now: datetime, role: str 
     if role is None:
         await asyncio.to_thread(kube.delete, "batch/v1", "Job", ns, child_name(name, "controller"))
     stamp = {"spec": {"template": {"metadata": {"annotations": {ANNOTATION_RESTARTED_AT: now.isoformat()}}}}}
-    for api_version, kind, workload_role in WORKLOADS:
+    for api_version, kind, workload_role in workloads(job):
         if role is not None and workload_role != role:
             continue
         try:
@@ -368,7 +365,12 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     suspended = job.spec.suspend and not terminal
     running = not suspended and not terminal
     children = adopt(build_children(job, settings, running=running), job.metadata.name, ns, uid)
-    before, taken = await read_children(kube, job.metadata.name, ns, children)
+    # the rollout workload of the other kind (a layout edit switched Deployment ↔ StatefulSet): read with the
+    # listings the reconcile makes anyway, deleted below
+    stale = {"apiVersion": "apps/v1", "kind": "Deployment" if rollout_kind(job) == "StatefulSet" else "StatefulSet",
+             "metadata": {"name": child_name(job.metadata.name, "rollout")}}
+    before, taken = await read_children(kube, job.metadata.name, ns, children,
+                                        also=(("apps/v1", stale["kind"], stale["metadata"]["name"]),))
     claim = next((c for c in children if c["kind"] == "PersistentVolumeClaim"), None)
     if claim is not None and not terminal:  # an edit the claim cannot follow: an invalid spec, nothing applied
         conflict = claim_conflict(before[label_of(claim)], claim)
@@ -404,6 +406,9 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
     scaled, actions = await autoscale_reward(kube, job, ns, children, reward, settings, now)
     more, stored = await _apply_all(kube, children, before, log)
     actions += more
+    if before.get(label_of(stale)) is not None and await asyncio.to_thread(
+            kube.delete, "apps/v1", stale["kind"], ns, stale["metadata"]["name"]):
+        actions.append(f"deleted {label_of(stale)} (roles.rollout.parallel changed the rollout's workload)")
     judges = judge_roles(job, stored, running)
     wanted_job = next((c for c in children if c["kind"] == "Job"), None)
     if not judges_ready(judges):  # the controller starts scoring only once every judge answers

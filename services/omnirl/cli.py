@@ -39,6 +39,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         # and each reward kind's check of this machine (a python reward's function imports and is callable)
         from omnirl.api.errors import ConfigError
         from omnirl.launch.preflight import check_lora, missing_local_paths
+        from omnirl.models.parallel.layout import check_layout
         from omnirl.models.registry import check_media
         from omnirl.reward.registry import environment_lines
 
@@ -49,6 +50,11 @@ def _cmd_validate(args: argparse.Namespace) -> int:
             problems = [*problems, str(err)]
         if any(field == "spec.model.path" for field, _, _ in missing_local_paths(job)):
             return problems  # the model's: said under `ok` (a cluster's pods hold it)
+        problems = [*problems, *check_layout(job.spec)]  # the parallel degrees against the model's heads (configs)
+        if not problems:  # each model role's memory under its layout against its device (omnirl plan's table)
+            from omnirl.planning.plan import fit_problems
+
+            problems = fit_problems(job)
         try:
             check_lora(job)
         except ConfigError as err:
@@ -56,6 +62,12 @@ def _cmd_validate(args: argparse.Namespace) -> int:
         return problems
 
     return validate_files(args.files, out=sys.stdout, describe=grid, check=check)
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from omnirl.planning.cli import main as plan_main
+
+    return plan_main(args)
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -137,6 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("validate", help="check RLJob manifests; exit 2 with one line per problem")
     s.add_argument("files", nargs="+", help="RLJob manifests (YAML or JSON; a file may hold several documents)")
     s.set_defaults(fn=_cmd_validate)
+
+    s = sub.add_parser("plan", help="per-GPU memory of each role under its parallel layout, and the layouts that "
+                       "fit; exit 1 when a role does not fit")
+    s.add_argument("file", help="RLJob manifest (YAML or JSON)")
+    s.add_argument("--configs", default=None, help="the model directory whose config files are read (default: "
+                   "spec.model.path; only config.json files are read, never weights)")
+    s.add_argument("--gpu", default=None, help="the device to fit into, e.g. h200 (default: each role's "
+                   "accelerator.product, else its type's common one)")
+    s.set_defaults(fn=_cmd_plan)
 
     s = sub.add_parser("crd", help="print the RLJob CustomResourceDefinition generated from the spec")
     s.set_defaults(fn=_cmd_crd)

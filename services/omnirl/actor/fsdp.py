@@ -89,6 +89,16 @@ def _mesh(mesh_or_world_size, module: nn.Module):
     return init_device_mesh(device.type, (world_size,))
 
 
+def hsdp_mesh(ranks, replicate: int):
+    """The 2-D `(replicate, shard)` DeviceMesh of HSDP over every actor rank (`roles.actor.parallel.replicate`):
+    `replicate` groups of world / replicate consecutive ranks, each holding one sharded copy; FSDP2 all-reduces
+    gradients between the groups and reduce-scatters within each (a collective: every rank calls it)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(torch.device(ranks.device).type, (replicate, ranks.world // replicate),
+                            mesh_dim_names=("replicate", "shard"))
+
+
 def shard_model(module: nn.Module, mesh_or_world_size, *, block_types: Iterable[type | str] | None = None,
                 reshard_after_forward: bool = True, mixed_precision: bool = False) -> nn.Module:
     """Shard `module` with FSDP2: `fully_shard` on each transformer block, then on the root.

@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, contextmanager
 import torch
 from torch import nn
 
-from omnirl.actor.fsdp import shard_model
+from omnirl.actor.fsdp import hsdp_mesh, shard_model
 from omnirl.actor.ranks import SINGLE, Ranks
 from omnirl.algorithms import ema_update_
 from omnirl.api.spec import LoRASpec, is_lora_tensor
@@ -163,14 +163,24 @@ class PolicySet:
         with torch.no_grad(), self._weights.old() as adapter:
             yield adapter
 
-    def shard(self, ranks: Ranks, block_types: list[str] | None) -> None:
-        """FSDP2-shard θ's module and the frozen copies over the actor ranks (`omnirl.actor.fsdp`).
+    def shard(self, ranks: Ranks, block_types: list[str] | None, *, replicate: int = 1) -> None:
+        """FSDP2-shard θ's module and the frozen copies over the actor ranks (`omnirl.actor.fsdp`; HSDP over
+        `replicate` groups), after splitting their tokens over `ranks.ulysses` ranks (diffusers' context-parallel
+        hooks, `omnirl.models.parallel.ulysses`; docs/parallel.md).
 
         Call before building the optimizer. Afterwards the tensor views below gather full tensors
         (collectives: every rank calls them in the same order).
         """
-        for a in [self.adapter, *self._weights.copies]:
-            shard_model(a.module, ranks.world, block_types=block_types)
+        modules = [a.module for a in [self.adapter, *self._weights.copies]]
+        if ranks.ulysses > 1:
+            from omnirl.models.parallel.ulysses import enable_ulysses, ulysses_mesh
+
+            mesh = ulysses_mesh(ranks.ulysses, torch.device(ranks.device).type, data_parallel=ranks.dp_world)
+            for module in modules:
+                enable_ulysses(module, mesh)
+        fsdp_mesh = ranks.world if replicate == 1 else hsdp_mesh(ranks, replicate)
+        for module in modules:
+            shard_model(module, fsdp_mesh, block_types=block_types)
         self.ranks = ranks
 
     def compile(self) -> int:

@@ -25,11 +25,29 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Ranks:
-    """rank in [0, world); `device` is where reduction tensors live (cpu for gloo, cuda for nccl)."""
+    """rank in [0, world); `device` is where reduction tensors live (cpu for gloo, cuda for nccl).
+
+    `ulysses` consecutive ranks share their micro-batches as one data-parallel rank, each holding a slice of every
+    sample's tokens (`roles.actor.parallel.ulysses`, docs/parallel.md): `share` deals micro-batches to the
+    data-parallel ranks, and the reductions count each data-parallel rank once. The gradient stays right with the
+    same `grad_scale`: FSDP2 averages over all `world` ranks, and a data-parallel rank's gradient is the sum of its
+    Ulysses ranks' (each back-propagates its own tokens: `omnirl.models.parallel.ulysses`).
+    """
 
     rank: int = 0
     world: int = 1
     device: str = "cpu"
+    ulysses: int = 1
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel rank (its Ulysses group's index)."""
+        return self.rank // self.ulysses
+
+    @property
+    def dp_world(self) -> int:
+        """Data-parallel ranks: `world / ulysses`."""
+        return self.world // self.ulysses
 
     @property
     def leader(self) -> bool:
@@ -42,7 +60,7 @@ class Ranks:
         return float(self.world)
 
     @classmethod
-    def init(cls, rank: int, world: int, master_addr: str, master_port: int, device: str) -> Ranks:
+    def init(cls, rank: int, world: int, master_addr: str, master_port: int, device: str, ulysses: int = 1) -> Ranks:
         """Join the actor ranks' process group (gloo on cpu, nccl on cuda); world 1 joins nothing.
 
         Raises:
@@ -51,6 +69,8 @@ class Ranks:
         """
         if not 0 <= rank < world:
             raise ValueError(f"actor rank {rank} is outside [0, {world}) (RANK / WORLD_SIZE)")
+        if world % ulysses:
+            raise ValueError(f"{world} actor ranks (WORLD_SIZE) do not divide into Ulysses groups of {ulysses}")
         if world > 1 and not dist.is_initialized():
             kind = torch.device(device).type
             backend = {"cuda": "nccl", "npu": "hccl"}.get(kind, "gloo")
@@ -62,29 +82,30 @@ class Ranks:
             # this long means a rank is gone (NCCL would otherwise wait for it indefinitely)
             dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
                                     world_size=world, timeout=datetime.timedelta(minutes=15))
-        return cls(rank, world, device)
+        return cls(rank, world, device, ulysses)
 
     def share(self, micro_batches: Sequence[T]) -> list[tuple[T, float]]:
         """This rank's micro-batches with a weight: 1, or 0 for padding.
 
-        Every rank gets ⌈n/W⌉ of them (round robin), so all ranks run the same number of forward
-        and backward passes and FSDP's collectives stay in step; the slots past n repeat the last
-        micro-batch with weight 0 (computed, contributes nothing).
+        Every data-parallel rank gets ⌈n/W⌉ of them (round robin; a Ulysses group's ranks the same ones), so
+        all ranks run the same number of forward and backward passes and FSDP's collectives stay in step; the
+        slots past n repeat the last micro-batch with weight 0 (computed, contributes nothing).
         """
         n = len(micro_batches)
-        if self.world == 1 or n == 0:
+        if self.dp_world == 1 or n == 0:
             return [(mb, 1.0) for mb in micro_batches]
-        total = math.ceil(n / self.world) * self.world
-        return [(micro_batches[min(i, n - 1)], 1.0 if i < n else 0.0) for i in range(self.rank, total, self.world)]
+        total = math.ceil(n / self.dp_world) * self.dp_world
+        return [(micro_batches[min(i, n - 1)], 1.0 if i < n else 0.0)
+                for i in range(self.dp_rank, total, self.dp_world)]
 
     def sum(self, values: dict[str, float]) -> dict[str, float]:
-        """Sum each value over the ranks (float64)."""
+        """Sum each value over the data-parallel ranks (float64; a Ulysses group's ranks hold the same values)."""
         if self.world == 1:
             return dict(values)
         keys = sorted(values)
         t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
-        return dict(zip(keys, t.tolist(), strict=True))
+        return dict(zip(keys, (t / self.ulysses).tolist(), strict=True))
 
     def max(self, value: float) -> float:
         """The largest value over the ranks."""
@@ -107,7 +128,7 @@ class Ranks:
         buf = torch.zeros((len(ids), *like), dtype=torch.float32, device=self.device)
         count = torch.zeros(len(ids), dtype=torch.float32, device=self.device)
         for i, sid in enumerate(ids):
-            if sid in per_sample:
+            if sid in per_sample and self.rank % self.ulysses == 0:  # a Ulysses group's first rank speaks for it
                 buf[i] = per_sample[sid].to(self.device, torch.float32)
                 count[i] = 1
         dist.all_reduce(buf)

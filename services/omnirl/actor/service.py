@@ -93,7 +93,9 @@ class ActorService:
         self.spec, self.env = spec, env
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
-        self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device))
+        layout = spec.roles.actor.parallel
+        self.ranks = Ranks.init(env.rank, env.world_size, env.master_addr, env.master_port, str(self.device),
+                                ulysses=layout.ulysses)
         self.ckpt_root = Path(env.out_dir) / spec.checkpoint.dir
         # the leader's view decides (a follower without the checkpoint volume then fails loudly, not hangs)
         resuming = resume and self.ranks.max(float(self.ranks.leader and (self.ckpt_root / LATEST).exists())) > 0
@@ -103,6 +105,11 @@ class ActorService:
             adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
                                    **adapter_options(spec))
         select_attention(adapter, spec.model, self.device)
+        if layout.encoderTensor > 1:  # each Ulysses group encodes its own micro-batches: split inside it
+            from omnirl.models.parallel.encoder_tp import shard_adapter_encoders
+
+            with config_errors("spec.roles.actor.parallel.encoderTensor"):
+                shard_adapter_encoders(adapter, layout.encoderTensor, self.device.type)
         self.trainer = Trainer(adapter, spec, self.device, ranks=self.ranks)
         self.version = 0
         self.trained_step = -1  # the last step whose update is in the weights

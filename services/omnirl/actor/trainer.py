@@ -13,6 +13,7 @@ from omnirl.actor.fsdp import enable_activation_checkpointing
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks
 from omnirl.algorithms import old_policy_decay
+from omnirl.api.seeds import derive
 from omnirl.api.spec import RLJobSpec
 from omnirl.models.protocol import ModelAdapter
 
@@ -36,13 +37,18 @@ class Trainer:
         self.algorithm = algorithm_for(algo.name)
         needs = self.algorithm.needs(algo)
         self.old_policy = needs.old_policy  # its refresh schedule; None: no old policy
-        self.policies = PolicySet(adapter, spec.model.lora, need_ref=needs.reference,
-                                  need_old=needs.old_policy is not None, rollout_old=needs.rollout_old)
+        # LoRA's A is drawn from torch's global generator: from the job's seed, so every actor rank starts from the
+        # same adapters (FSDP2 shards each rank's own copy) and a run of the same seed from the same ones (was: a
+        # random start per process, so a 2-rank actor trained a mixture of two inits, docs/parallel.md)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(derive(spec.seed, "lora-init"))
+            self.policies = PolicySet(adapter, spec.model.lora, need_ref=needs.reference,
+                                      need_old=needs.old_policy is not None, rollout_old=needs.rollout_old)
         blocks = getattr(adapter, "compile_block_types", None)
         if spec.model.gradientCheckpointing:
             enable_activation_checkpointing(adapter.module, blocks)
         if ranks.world > 1:
-            self.policies.shard(ranks, blocks)
+            self.policies.shard(ranks, blocks, replicate=spec.roles.actor.parallel.replicate)
         if spec.model.compile:
             self.policies.compile()
         o = algo.optimizer

@@ -52,6 +52,11 @@ class FamilyInfo:
         sized: it takes `model.resolution` / `model.resolutions`.
         guidance: it has classifier-free guidance (`algorithm.sampling.guidanceScale` other than 1).
         notes: why a capability is missing, said in the refusal (keys: `sized`, `guidance`, an attention backend).
+        media: for a family whose video/audio sizes are the model's own, `{"video": {frames, height, width, fps},
+            "audio": {seconds, sampleRate}}` (`spec.model.video` / `audio` must equal them); None: the manifest says.
+        parallel: how its transformer splits over a replica's devices (docs/parallel.md): `"ulysses"` (a
+            context-parallel plan: `roles.*.parallel.ulysses`), `"tensor"` (a tensor-parallel plan:
+            `roles.rollout.parallel.tensor`).
     """
 
     name: str
@@ -63,12 +68,15 @@ class FamilyInfo:
     sized: bool = True
     guidance: bool = True
     notes: dict[str, str] = field(default_factory=dict)
+    media: dict[str, dict[str, float]] | None = None
+    parallel: tuple[str, ...] = ()
 
     def as_row(self) -> dict:
         """The table row (`extensions_generated.FAMILIES[name]`): every field but the name, as plain data."""
         return {"module": self.module, "modalities": list(self.modalities), "packed": self.packed,
                 "attention": list(self.attention), "builtin": self.builtin, "sized": self.sized,
-                "guidance": self.guidance, "notes": dict(sorted(self.notes.items()))}
+                "guidance": self.guidance, "notes": dict(sorted(self.notes.items())), "media": self.media,
+                "parallel": list(self.parallel)}
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,8 @@ class RewardKindInfo:
 def _family(name: str, row: dict) -> FamilyInfo:
     return FamilyInfo(name=name, module=row["module"], modalities=tuple(row["modalities"]), packed=row["packed"],
                       attention=tuple(row["attention"]), builtin=row["builtin"], sized=row["sized"],
-                      guidance=row["guidance"], notes=dict(row["notes"]))
+                      guidance=row["guidance"], notes=dict(row["notes"]), media=row.get("media"),
+                      parallel=tuple(row.get("parallel", ())))
 
 
 def _kind(name: str, row: dict) -> RewardKindInfo:

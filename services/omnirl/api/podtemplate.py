@@ -44,6 +44,10 @@ _OWNED_WHY = {
                 "controller writes into exports; nothing to set",
     "resume": "auto: a restarted pod continues from the job's latest complete checkpoint (0 would start it over "
               "and overwrite the run); to start over, create a new RLJob",
+    "ranks_per_pod": "the ranks a pod of a model role holds, one per device: its accelerator.count; set "
+                     "roles.<role>.parallel",
+    "replica_hosts": "each rollout replica's rendezvous, its first pod (<job>-rollout-N.<job>-rollout-ranks:29400); "
+                     "set roles.rollout.parallel",
 }
 OPERATOR_OWNED = {
     **{VARIABLES[f]: why for f, why in _OWNED_WHY.items()},

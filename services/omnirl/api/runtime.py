@@ -27,6 +27,7 @@ VARIABLES = {
     "device": "OMNIRL_DEVICE", "weight_sync_backend": "OMNIRL_WEIGHT_SYNC_BACKEND", "threads": "OMNIRL_THREADS",
     "rank": "RANK", "world_size": "WORLD_SIZE", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT",
     "export": "OMNIRL_EXPORT", "resume": "OMNIRL_RESUME", "steps": "OMNIRL_STEPS", "manifest": "OMNIRL_MANIFEST",
+    "ranks_per_pod": "OMNIRL_RANKS_PER_POD", "replica_hosts": "OMNIRL_REPLICA_HOSTS",
 }
 RANK_FIELDS = ("rank", "world_size", "master_addr", "master_port")
 # the RoleEnv fields a user may set in a pod's role container `env` (`roles.<role>.template`) over the
@@ -106,6 +107,12 @@ class RoleEnv:
         resume: OMNIRL_RESUME: "0" start fresh, "1" resume from the latest checkpoint (an error
             without one), "auto" resume when a complete checkpoint exists (pods, local restarts).
         steps: OMNIRL_STEPS: total training steps (overrides `spec.algorithm.steps`; None = the spec's).
+        ranks_per_pod: OMNIRL_RANKS_PER_POD: ranks of a model role this pod holds, one per device (the operator's,
+            for a pod of several devices): `RANK` is then the pod's index and the role starts one process per rank
+            (`omnirl.launch.pod_ranks`); 1 = this process is one rank, `RANK` its own.
+        replica_hosts: OMNIRL_REPLICA_HOSTS: `host:port` of each rollout replica's rendezvous (its first pod's,
+            comma-separated, replica order; the operator's for a rollout replica of several ranks): where a pod's
+            ranks meet the rest of their replica's. "" = `MASTER_ADDR:MASTER_PORT` as given.
         manifest: OMNIRL_MANIFEST: the job's manifest as the user wrote it, each judge the job runs a
             `reward[].server` (the `--job` file has the URL the launcher or operator wired in instead,
             `scorers/judges.py::wire`, which dies with the run): what the controller writes into exports
@@ -133,6 +140,8 @@ class RoleEnv:
     resume: str = "0"
     steps: int | None = None
     manifest: str = ""
+    ranks_per_pod: int = 1
+    replica_hosts: str = ""
 
     def __post_init__(self) -> None:
         if self.resume not in RESUME_MODES:
@@ -153,6 +162,8 @@ class RoleEnv:
         if self.world_size == 1:
             for name in RANK_FIELDS:
                 values.pop(name)
+        if self.ranks_per_pod == 1:
+            values.pop("ranks_per_pod")
         return {VARIABLES[k]: str(v) for k, v in values.items() if v is not None and v != ""}
 
     @classmethod
@@ -210,6 +221,8 @@ class RoleEnv:
             resume=(env.get(v["resume"]) or "0").strip().lower(),
             steps=integer("steps", 0) if steps else None,
             manifest=env.get(v["manifest"], ""),
+            ranks_per_pod=integer("ranks_per_pod", 1),
+            replica_hosts=env.get(v["replica_hosts"], ""),
         )
 
 

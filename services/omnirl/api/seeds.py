@@ -20,6 +20,7 @@ Purposes (`PURPOSES`) and the arguments each uses:
 | `prompts` | draw (epoch) | the training prompt order (`controller/data.py`) |
 | `validation` | sample (prompt index) | validation and `omnirl eval` noise, seeded by `validation.seed` |
 | `minibatch` | step | the actor's minibatch order |
+| `lora-init` | — | the LoRA adapters' initial A (the actor; every rank the same, every run of the seed the same) |
 | `nft` | step, group, attempt, draw | DiffusionNFT's (σ, ε) of a group's draw |
 | `awm-sigma` | step, group, attempt | AWM's σ draws of a group |
 | `awm-eps` | step, group, sample, attempt | AWM's ε draws (sample = -1: the group's shared ε) |
@@ -38,7 +39,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator
 
-PURPOSES = ("sample", "window", "prompts", "validation", "minibatch", "nft", "awm-sigma", "awm-eps", "judge")
+PURPOSES = ("sample", "window", "prompts", "validation", "minibatch", "nft", "awm-sigma", "awm-eps", "judge", "lora-init")
 PERSON = b"omnirl-seed-v1"
 MASK = (1 << 63) - 1
 _PACK = struct.Struct("<16s6q16s")

@@ -40,6 +40,14 @@ from omnirl.api.spec_algorithm import (
     SamplingSpec,
     WindowSpec,
 )
+from omnirl.api.spec_parallel import (
+    CONTEXT_PARALLEL_FAMILIES,
+    GPU_MEMORY_GIB,
+    TENSOR_PARALLEL_FAMILIES,
+    ActorLayoutSpec,
+    RolloutLayoutSpec,
+    actor_world,
+)
 from omnirl.api.spec_queue import check_redis_url
 from omnirl.api.spec_reward import check_url, parse_params
 from omnirl.api.spec_storage import StorageSpec, check_object_name, check_storage
@@ -113,6 +121,9 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "AcceleratorSpec",
     "RoleSpec",
     "RolloutRoleSpec",
+    "ActorRoleSpec",
+    "RolloutLayoutSpec",
+    "ActorLayoutSpec",
     "RewardRoleSpec",
     "RolesSpec",
     "TransferQueueSpec",
@@ -520,17 +531,30 @@ class AcceleratorSpec(SpecModel):
     """Accelerator sugar, expanded by the operator into resource limits, nodeSelector and tolerations."""
 
     type: AcceleratorType = Field("cpu", description="nvidia (nvidia.com/gpu), ascend (huawei.com/Ascend910) or cpu.")
-    count: int = Field(0, ge=0, le=16, description="Accelerators per pod (must be 0 for cpu, >= 1 otherwise; a "
-                       "role's pod uses exactly 1, a judge server's may use more).")
+    product: Literal[tuple(GPU_MEMORY_GIB)] | None = Field(  # type: ignore[valid-type]
+        None, description="The device model, for its memory (`omnirl plan` and `omnirl validate` fit each role's "
+        "per-device memory into it): " + ", ".join(f"{k} ({v:g} GiB)" for k, v in GPU_MEMORY_GIB.items()) + ". Null: "
+        "the type's common one (nvidia h100-80gb, ascend ascend-910b).")
+    count: int = Field(0, ge=0, le=16, description="Accelerators per pod (must be 0 for cpu, >= 1 otherwise): 1 "
+                       "for reward and controller pods; for rollout and actor pods what their `parallel` layout "
+                       "puts in one pod (a rank per device); a judge server's may use more.")
     cel_rules = (
         CelRule("{type} == 'cpu' || {count} >= 1", "accelerator.count: must be >= 1 for type nvidia or ascend",
                 ".count"),
         CelRule("{type} != 'cpu' || {count} == 0", "accelerator.count: must be 0 for type cpu (set type nvidia or "
                 "ascend)", ".count"),
+        CelRule("!has(self.product) || (self.product == 'ascend-910b' ? {type} == 'ascend' : {type} == 'nvidia')",
+                "accelerator.product: must be a device of accelerator.type (ascend-910b for ascend, the others for "
+                "nvidia, none for cpu)", ".product"),
     )
 
     @model_validator(mode="after")
     def _check(self) -> AcceleratorSpec:
+        if self.product is not None and (self.type == "ascend") != (self.product == "ascend-910b"):
+            kind = "ascend" if self.product == "ascend-910b" else "nvidia"
+            raise FieldProblem("product", self.product, f"is a {kind} device, and type is {self.type}: set type "
+                               f"{kind}, or a product of type {self.type} (ascend-910b for ascend, "
+                               f"{', '.join(k for k in GPU_MEMORY_GIB if k != 'ascend-910b')} for nvidia, none for cpu)")
         if self.type != "cpu" and self.count < 1:
             raise FieldProblem("count", self.count, f"must be >= 1 for type {self.type}")
         if self.type == "cpu" and self.count != 0:
@@ -694,6 +718,19 @@ class RolloutRoleSpec(RoleSpec):
         "batching from first step to last (baseline)."
     )
     maxBatchSize: int = Field(64, ge=1, description="Max samples in one denoiser forward.")
+    parallel: RolloutLayoutSpec = Field(default_factory=RolloutLayoutSpec, description="How one replica is laid "
+                                        "out over its devices: Ulysses and tensor-parallel degrees of the DiT, "
+                                        "the text encoder's tensor-parallel degree, pods per replica "
+                                        "(docs/parallel.md). Default: one device per replica.")
+
+
+class ActorRoleSpec(RoleSpec):
+    """The actor's ranks: `replicas` data-parallel ranks, each `parallel.ulysses` devices."""
+
+    parallel: ActorLayoutSpec = Field(default_factory=ActorLayoutSpec, description="How the actor's ranks are laid "
+                                      "out: Ulysses degree of each data-parallel rank, HSDP replicate groups, the "
+                                      "text encoder's tensor-parallel degree (docs/parallel.md). Default: FSDP2 over "
+                                      "replicas ranks of one device each.")
 
 
 class RewardRoleSpec(RoleSpec):
@@ -721,15 +758,27 @@ class RolesSpec(SpecModel):
 
     rollout: RolloutRoleSpec = Field(default_factory=RolloutRoleSpec, description="Rollout workers.")
     reward: RewardRoleSpec = Field(default_factory=RewardRoleSpec, description="Reward workers.")
-    actor: RoleSpec = Field(default_factory=RoleSpec, description="Actor ranks: > 1 shards the model with FSDP2 "
-                            "and splits each batch's micro-batches over them (one GPU each).")
+    actor: ActorRoleSpec = Field(default_factory=ActorRoleSpec, description="Actor ranks: > 1 shards the model "
+                                 "with FSDP2 and splits each batch's micro-batches over them (each rank "
+                                 "parallel.ulysses devices).")
     controller: RoleSpec = Field(default_factory=RoleSpec, description="The single controller (replicas 1).")
     cel_rules = (
         CelRule("{controller.replicas} == 1", "spec.roles.controller.replicas: must be 1 (one controller per job)",
                 ".controller.replicas"),
         *(CelRule(f"{{{role}.accelerator.count}} <= 1", f"spec.roles.{role}.accelerator.count: must be at most 1: "
                   f"each {role} pod runs one process on one device; use replicas: N with count: 1",
-                  f".{role}.accelerator.count") for role in ROLE_NAMES),
+                  f".{role}.accelerator.count") for role in ROLE_NAMES if role not in MODEL_ROLES),
+        CelRule("{rollout.accelerator.type} == 'cpu' || {rollout.accelerator.count} * {rollout.parallel.podsPerReplica}"
+                " == {rollout.parallel.ulysses} * {rollout.parallel.tensor}", "spec.roles.rollout.accelerator.count: "
+                "must be the devices of one pod of a replica, parallel.ulysses × parallel.tensor / "
+                "parallel.podsPerReplica (a rank per device)", ".rollout.accelerator.count"),
+        CelRule("{actor.accelerator.type} == 'cpu' || ({actor.replicas} * {actor.parallel.ulysses}) % "
+                "{actor.accelerator.count} == 0", "spec.roles.actor.accelerator.count: must divide the actor's "
+                "ranks, replicas × parallel.ulysses (each pod holds as many ranks as devices)",
+                ".actor.accelerator.count"),
+        CelRule("{actor.replicas} % {actor.parallel.replicate} == 0", "spec.roles.actor.parallel.replicate: must "
+                "divide roles.actor.replicas (each HSDP group holds as many data-parallel ranks)",
+                ".actor.parallel.replicate"),
     )
 
     @model_validator(mode="after")
@@ -739,14 +788,17 @@ class RolesSpec(SpecModel):
             problems.append(FieldProblem("controller.replicas", self.controller.replicas,
                                          "must be 1 (one controller per job)"))
         for role in ROLE_NAMES:
-            # a role pod (or local process) is one process on one device (`cuda:0`/`npu:0`): more
-            # would be allocated to the pod and sit idle
+            if role in MODEL_ROLES:  # their devices follow their `parallel` layout: _layout_problems
+                continue
+            # a reward or controller pod (or local process) is one process on one device (`cuda:0`/`npu:0`):
+            # more would be allocated to the pod and sit idle
             count = getattr(self, role).accelerator.count
             if count > 1:
-                fix = ("use replicas: N with count: 1 (actor ranks shard the model with FSDP2)" if role == "actor"
-                       else "use replicas: N with count: 1 (one worker per device)")
                 problems.append(FieldProblem(f"{role}.accelerator.count", count, f"must be at most 1: each {role} "
-                                             f"pod runs one process on one device, the others would sit idle; {fix}"))
+                                             f"pod runs one process on one device, the others would sit idle; use "
+                                             "replicas: N with count: 1 (one worker per device)"))
+        problems += self._layout_problems()
+        for role in ("rollout", "reward", "actor", "controller"):
             template = getattr(self, role).template
             if template is not None:
                 try:
@@ -755,6 +807,38 @@ class RolesSpec(SpecModel):
                     problems.append(problem)
         FieldProblems.raise_any(problems)
         return self
+
+    def _layout_problems(self) -> list[FieldProblem]:
+        """The model roles' device counts against their `parallel` layouts: a rank per device, so a pod's
+        `accelerator.count` is the ranks it holds (docs/parallel.md)."""
+        problems: list[FieldProblem] = []
+        rollout, actor = self.rollout, self.actor
+        layout = rollout.parallel
+        acc = rollout.accelerator
+        if acc.type != "cpu" and acc.count * layout.podsPerReplica != layout.ranks:
+            per_pod = layout.ranks_per_pod
+            gangs = [f"podsPerReplica: {p} with count: {layout.ranks // p}" for p in range(2, layout.ranks + 1)
+                     if layout.ranks % p == 0 and layout.ranks // p <= 16][:3]
+            problems.append(FieldProblem("rollout.accelerator.count", acc.count, f"must be {per_pod}: a rollout "
+                                         f"replica is parallel.ulysses × parallel.tensor = {layout.ulysses} × "
+                                         f"{layout.tensor} = {layout.ranks} device(s) (a rank per device) in "
+                                         f"parallel.podsPerReplica = {layout.podsPerReplica} pod(s); set count: "
+                                         f"{per_pod}" + (f", or {' or '.join(gangs)}" if gangs and per_pod > 1 else "")
+                                         + (", or raise parallel.ulysses/tensor to use more devices per replica"
+                                            if acc.count > per_pod else "")))
+        world = actor_world(actor.replicas, actor.parallel)
+        acc = actor.accelerator
+        if acc.type != "cpu" and world % acc.count:
+            valid = [d for d in range(1, min(world, 16) + 1) if world % d == 0]
+            problems.append(FieldProblem("actor.accelerator.count", acc.count, f"must divide the actor's ranks, "
+                                         f"replicas × parallel.ulysses = {actor.replicas} × {actor.parallel.ulysses} "
+                                         f"= {world} (each pod holds as many ranks as devices); valid: {valid}"))
+        if actor.replicas % actor.parallel.replicate:
+            valid = [d for d in range(1, actor.replicas + 1) if actor.replicas % d == 0]
+            problems.append(FieldProblem("actor.parallel.replicate", actor.parallel.replicate, f"must divide "
+                                         f"roles.actor.replicas ({actor.replicas}): each HSDP group holds as many "
+                                         f"data-parallel ranks; valid: {valid}"))
+        return problems
 
 
 # the queue's times go to Redis in ms (a tensor key's PX, XAUTOCLAIM's min-idle-time): from about 9.2e15 s
@@ -943,10 +1027,27 @@ class RLJobSpec(SpecModel):
         CelRule(f"!has(self.data.validationPrompts) || self.reward.exists(r, !(r.kind in {cel_literal(GROUP_KINDS)}))",
                 "spec.data.validationPrompts: needs a per-sample reward (validation scores single samples and every "
                 "reward is group-level); add one (e.g. kind ocr) or remove validationPrompts", ".data.validationPrompts"),
-        CelRule("!has(self.storage) || {roles.actor.replicas} <= 1 || 'ReadWriteMany' in {storage.accessModes} || "
-                "{storage.singleNode}", "spec.storage.accessModes: must hold ReadWriteMany for roles.actor.replicas > 1 "
-                "(every rank mounts the run volume, and a ReadWriteOnce volume attaches to one node); or set "
-                "storage.singleNode: true if all ranks fit one node", ".storage.accessModes"),
+        CelRule("!has(self.storage) || {roles.actor.replicas} * {roles.actor.parallel.ulysses} <= "
+                "({roles.actor.accelerator.count} > 1 ? {roles.actor.accelerator.count} : 1) || "
+                "'ReadWriteMany' in {storage.accessModes} || {storage.singleNode}", "spec.storage.accessModes: must "
+                "hold ReadWriteMany when the actor has more than one pod (roles.actor.replicas × parallel.ulysses "
+                "ranks over accelerator.count per pod): every pod mounts the run volume, and a ReadWriteOnce volume "
+                "attaches to one node; or set storage.singleNode: true if all pods fit one node", ".storage.accessModes"),
+        *(CelRule(f"{{roles.{role}.parallel.ulysses}} == 1 || {{model.family}} in "
+                  f"{cel_literal(CONTEXT_PARALLEL_FAMILIES)}", f"spec.roles.{role}.parallel.ulysses: needs a family "
+                  f"with a context-parallel plan ({', '.join(CONTEXT_PARALLEL_FAMILIES)}); set ulysses: 1",
+                  f".roles.{role}.parallel.ulysses") for role in MODEL_ROLES),
+        CelRule(f"{{roles.rollout.parallel.tensor}} == 1 || {{model.family}} in {cel_literal(TENSOR_PARALLEL_FAMILIES)}",
+                f"spec.roles.rollout.parallel.tensor: needs a family with a tensor-parallel plan "
+                f"({', '.join(TENSOR_PARALLEL_FAMILIES)}); set tensor: 1 (or use ulysses)",
+                ".roles.rollout.parallel.tensor"),
+        CelRule("{roles.rollout.parallel.tensor} == 1 || !{model.lora.enabled}", "spec.roles.rollout.parallel.tensor: "
+                "cannot be combined with model.lora.enabled (diffusers refuses to split a transformer wrapped by LoRA "
+                "adapters); use parallel.ulysses, or train all weights", ".roles.rollout.parallel.tensor"),
+        CelRule("!{model.compile} || ({roles.rollout.parallel.ulysses} * {roles.rollout.parallel.tensor} * "
+                "{roles.actor.parallel.ulysses} == 1)", "spec.model.compile: not with parallel.ulysses or "
+                "parallel.tensor > 1 (compiled blocks under diffusers' parallel hooks are not checked yet); set "
+                "compile: false", ".model.compile"),
         CelRule("!has(self.model) || !has(self.model.resolution) || !has(self.model.resolutions)",
                 "spec.model.resolutions: cannot be set together with model.resolution; keep one",
                 ".model.resolutions"),
@@ -999,7 +1100,9 @@ class RLJobSpec(SpecModel):
                                f"validation scores single samples and every reward is group-level "
                                f"({', '.join(r.kind for r in self.reward)}); add one (e.g. kind ocr) or remove "
                                "validationPrompts")
-        check_storage(self.storage, self.roles.actor.replicas)
+        actor = self.roles.actor
+        check_storage(self.storage, -(-actor_world(actor.replicas, actor.parallel) // max(actor.accelerator.count, 1)))
+        self._check_layouts()
         judges: dict[str, int] = {}
         for i, r in enumerate(self.reward):
             if r.server is None:
@@ -1063,6 +1166,31 @@ class RLJobSpec(SpecModel):
                                    f"e.g. [{res[0] // 16 * 16 or 16}, {res[1] // 16 * 16 or 16}]")
         return self
 
+
+    def _check_layouts(self) -> None:
+        """The model roles' `parallel` degrees against what the family can take (docs/parallel.md): a
+        context-parallel plan for Ulysses, a tensor-parallel plan for DiT TP, encoder TP plans. The heads'
+        divisibility needs the model's config: `omnirl.models.parallel.check_layout`."""
+        family = self.model.family
+        for role in MODEL_ROLES:
+            layout = getattr(self.roles, role).parallel
+            # encoderTensor divides ulysses × tensor, so a family that takes those has text encoders to split;
+            # whether its encoder's architecture has a plan is read from its config (`check_layout`)
+            for field, degree, families, what in (
+                    ("ulysses", layout.ulysses, CONTEXT_PARALLEL_FAMILIES, "a context-parallel plan"),
+                    ("tensor", layout.tensor, TENSOR_PARALLEL_FAMILIES, "a tensor-parallel plan")):
+                if degree > 1 and family not in families:
+                    raise FieldProblem(f"roles.{role}.parallel.{field}", degree, f"needs a family with {what} "
+                                       f"({', '.join(families)}); model.family is {family}: set {field}: 1")
+        if self.roles.rollout.parallel.tensor > 1 and self.model.lora.enabled:
+            raise FieldProblem("roles.rollout.parallel.tensor", self.roles.rollout.parallel.tensor, "cannot be combined "
+                               "with model.lora.enabled: diffusers refuses to split a transformer wrapped by LoRA "
+                               "adapters; use parallel.ulysses (every rank holds the adapters whole) or train all "
+                               "weights")
+        degrees = (self.roles.rollout.parallel.ranks, self.roles.actor.parallel.ulysses)
+        if self.model.compile and max(degrees) > 1:
+            raise FieldProblem("model.compile", True, "not with parallel.ulysses or parallel.tensor > 1 (compiled "
+                               "blocks under diffusers' parallel hooks are not checked yet): set compile: false")
 
     def _check_stream_length(self) -> None:
         """`transferQueue.maxStreamLength` must hold what the controller keeps in a stream at once: a

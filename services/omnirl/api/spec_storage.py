@@ -125,16 +125,17 @@ class StorageSpec(SpecModel):
         return self.singleNode or "ReadWriteMany" not in self.accessModes
 
 
-def check_storage(storage: StorageSpec | None, actor_replicas: int) -> None:
-    """Cross-check `spec.storage` against `spec.roles.actor.replicas` (paths relative to `spec`).
+def check_storage(storage: StorageSpec | None, actor_pods: int) -> None:
+    """Cross-check `spec.storage` against the actor's pods (`spec.roles.actor`: replicas × parallel.ulysses
+    ranks, accelerator.count per pod; paths relative to `spec`).
 
     Raises:
-        FieldProblem: several actor ranks on a ReadWriteOnce-only claim without `singleNode`.
+        FieldProblem: several actor pods on a ReadWriteOnce-only claim without `singleNode`.
     """
-    if storage is None or actor_replicas <= 1 or "ReadWriteMany" in storage.accessModes or storage.singleNode:
+    if storage is None or actor_pods <= 1 or "ReadWriteMany" in storage.accessModes or storage.singleNode:
         return
     raise FieldProblem(
         "storage.accessModes", storage.accessModes,
-        f"must hold ReadWriteMany for roles.actor.replicas={actor_replicas}: every rank mounts the run volume "
-        "(each reads the checkpoint on resume) and a ReadWriteOnce volume attaches to one node; or set "
-        "storage.singleNode: true if all ranks fit one node")
+        f"must hold ReadWriteMany for an actor of {actor_pods} pods (roles.actor.replicas × parallel.ulysses ranks "
+        "over accelerator.count per pod): every pod mounts the run volume (each rank reads the checkpoint on resume) "
+        "and a ReadWriteOnce volume attaches to one node; or set storage.singleNode: true if all pods fit one node")

@@ -33,6 +33,7 @@ from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.run_dir import METRICS_FILE, finished, read_metrics, trained_steps
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv, port_number
 from omnirl.api.spec import RLJob
+from omnirl.api.spec_parallel import actor_world
 from omnirl.launch import preflight
 from omnirl.launch.placement import Placement, describe, place, role_plan, weight_sync_backend
 from omnirl.launch.procs import start_role
@@ -49,7 +50,8 @@ ROLES_MANIFEST = "job-roles.yaml"  # OUT/job.yaml with this run's judge URLs wir
 
 
 def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, out: Path, resume: str,
-             steps: int | None, dist_port: int = 0, sync_backend: str = "") -> dict[str, str]:
+             steps: int | None, dist_port: int = 0, sync_backend: str = "",
+             replica_ports: list[int] | tuple[int, ...] = ()) -> dict[str, str]:
     """The environment of one local role process: `RoleEnv.to_environ()` (the contract pods get
     too), with `place`'s device, threads and visible accelerators; `resume` is an OMNIRL_RESUME
     mode ("0", "1", "auto"). The controller serves `/metrics` on `OMNIRL_METRICS_PORT` when
@@ -59,10 +61,17 @@ def role_env(job: RLJob, place: Placement, *, redis_url: str, sync_port: int, ou
         ConfigError: OMNIRL_METRICS_PORT is no port number (`shell_metrics_port`).
     """
     port = shell_metrics_port() if place.role == "controller" else 0
-    world = job.spec.roles.actor.replicas
+    roles = job.spec.roles
+    world = actor_world(roles.actor.replicas, roles.actor.parallel)
+    worker = place.name
     ranks = {"rank": place.index, "world_size": world, "master_port": dist_port} if place.role == "actor" and world > 1 else {}
+    per_replica = roles.rollout.parallel.ranks
+    if place.role == "rollout" and per_replica > 1:  # rank index % R of replica index // R, meeting at its own port
+        replica = place.index // per_replica
+        worker = f"rollout-{replica}"
+        ranks = {"rank": place.index % per_replica, "world_size": per_replica, "master_port": replica_ports[replica]}
     contract = RoleEnv(job_name=job.metadata.name, redis_url=redis_url, weight_sync_host="127.0.0.1",
-                       weight_sync_port=sync_port, worker_id=place.name, out_dir=str(out), metrics_port=port,
+                       weight_sync_port=sync_port, worker_id=worker, out_dir=str(out), metrics_port=port,
                        device=place.device,
                        threads=place.threads, weight_sync_backend=sync_backend, resume=resume, steps=steps,
                        manifest=str(out / "job.yaml"), **ranks)  # as written, beside ROLES_MANIFEST: exports carry it
@@ -141,6 +150,7 @@ class _Launch:
     queue: TransferQueue | None = None
     claim: object = None  # this run's claim of the job's name on the manifest's Redis (`preflight.RunClaim`)
     ports: tuple[int, int] = (0, 0)  # the weight-sync store's and the actor ranks' rendezvous
+    replica_ports: list[int] = field(default_factory=list)  # each rollout replica's ranks' rendezvous
     ray_ctx: object = None
     judges: list = field(default_factory=list)
     supervisor: Supervisor | None = None
@@ -284,6 +294,7 @@ def _open_queue(launch: _Launch) -> None:
 def _start_ray(launch: _Launch) -> None:
     """The Ray phase: this run's two ports (weight-sync store, actor ranks' rendezvous), then Ray unless `--no-ray`."""
     launch.ports = (free_port(), free_port())
+    launch.replica_ports = [free_port() for _ in range(launch.job.spec.roles.rollout.replicas)]
     if not launch.args.no_ray:
         from omnirl.launch.procs import init_ray
 
@@ -320,7 +331,8 @@ def _supervise(launch: _Launch) -> int:
 
     def start(role: str, index: int, resume: str):
         env = role_env(job, where[role, index], redis_url=launch.redis_url, sync_port=sync_port, out=out,
-                       resume=resume, steps=args.steps, dist_port=dist_port, sync_backend=launch.backend)
+                       resume=resume, steps=args.steps, dist_port=dist_port, sync_backend=launch.backend,
+                       replica_ports=launch.replica_ports)
         return start_role(role, index, out / ROLES_MANIFEST, env, out / "logs", use_ray=launch.ray_ctx is not None)
 
     launch.supervisor = Supervisor(job, role_plan(job), start, launch.queue, out, launch.total,

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from omnirl.api.runtime import cpu_role_threads, fixed_local_threads, sync_backend
 from omnirl.api.spec import RLJob
+from omnirl.api.spec_parallel import actor_world
 
 VISIBLE_ENV = {"nvidia": "CUDA_VISIBLE_DEVICES", "ascend": "ASCEND_RT_VISIBLE_DEVICES"}
 """The variable that restricts a process to some devices, per accelerator type."""
@@ -64,11 +65,13 @@ class Placement:
 
 
 def role_plan(job: RLJob) -> list[tuple[str, int]]:
-    """(role, replica index) for every process of the job, controller last."""
+    """(role, process index) for every process of the job, controller last. A rollout replica of R ranks
+    (`roles.rollout.parallel`, docs/parallel.md) is R processes: process p is rank p % R of replica p // R; the
+    actor's processes are its ranks, replicas × parallel.ulysses."""
     r = job.spec.roles
-    plan = [("rollout", i) for i in range(r.rollout.replicas)]
+    plan = [("rollout", i) for i in range(r.rollout.replicas * r.rollout.parallel.ranks)]
     plan += [("reward", i) for i in range(r.reward.replicas)]
-    return plan + [("actor", i) for i in range(r.actor.replicas)] + [("controller", 0)]
+    return plan + [("actor", i) for i in range(actor_world(r.actor.replicas, r.actor.parallel))] + [("controller", 0)]
 
 
 def visible_devices(kind: str) -> list[str]:
@@ -151,7 +154,8 @@ def place(job: RLJob, *, device: str = "auto", share: bool = False, cores: int |
 def _assign(kind: str, procs: list[tuple[str, int]], ids: list[str], roles, share: bool
             ) -> dict[tuple[str, int], tuple[str, ...]]:
     """Device ids per process of one accelerator type (actor ranks first, then the others)."""
-    count = {p: getattr(roles, p[0]).accelerator.count for p in procs}
+    # a model role's process is one rank on one device (its pod's accelerator.count is its ranks per pod)
+    count = {p: 1 if p[0] in ("rollout", "actor") else getattr(roles, p[0]).accelerator.count for p in procs}
     need = sum(count.values())
     what = ", ".join(f"{r} {sum(1 for q in procs if q[0] == r)}×{getattr(roles, r).accelerator.count}"
                      for r in dict.fromkeys(r for r, _ in procs))

@@ -215,6 +215,10 @@ def _beat_while_starting(job, env: RoleEnv, role: str) -> Callable[[], None]:
 
 def _build(role: str, job, env: RoleEnv, *, resume: bool, steps: int | None):
     if role == "rollout":
+        if env.rank > 0:  # a rank of a replica of several (docs/parallel.md): it follows its leader, rank 0
+            from omnirl.rollout.follower import RolloutFollower
+
+            return RolloutFollower(job, env)
         from omnirl.rollout.service import RolloutService
 
         return RolloutService(job, env)
@@ -253,6 +257,13 @@ def main(args: argparse.Namespace) -> int:
         env = RoleEnv.from_environ()
         if args.out:
             env = dataclasses.replace(env, out_dir=args.out)
+        if env.ranks_per_pod > 1 or env.replica_hosts:  # a pod holding ranks of a model role (docs/parallel.md)
+            from omnirl.launch.pod_ranks import pod_rank_envs, run_pod_ranks
+
+            envs = pod_rank_envs(args.role, load_rljob(args.job).spec, env)
+            if envs is not None and len(envs) > 1:
+                return run_pod_ranks(args.role, args.job, envs)
+            env = envs[0] if envs else env
         return run_role(args.role, args.job, env)
     except KeyboardInterrupt:
         return 130

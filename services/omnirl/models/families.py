@@ -67,12 +67,13 @@ _REGISTERED: dict[str, type] = {}
 
 def register_family(name: str, *, modalities: Sequence[str] = ("image",), packed: bool = False,
                     attention: Sequence[str] = (), builtin: bool = False, sized: bool = True, guidance: bool = True,
-                    notes: dict[str, str] | None = None) -> Callable[[type], type]:
+                    notes: dict[str, str] | None = None, media: dict[str, dict[str, float]] | None = None,
+                    parallel: Sequence[str] = ()) -> Callable[[type], type]:
     """Class decorator: register the class as model family `name` with its capabilities (`FamilyInfo`).
 
     Args:
         name: `spec.model.family` (lowercase, `-` between words).
-        modalities, packed, builtin, sized, guidance, notes: as `FamilyInfo`.
+        modalities, packed, builtin, sized, guidance, notes, media, parallel: as `FamilyInfo`.
         attention: attention backends checked for it beyond `ATTENTION_BACKENDS` (e.g. `("cudnn",)`).
     Raises:
         ValueError: `name` already registered by another class.
@@ -84,7 +85,8 @@ def register_family(name: str, *, modalities: Sequence[str] = ("image",), packed
         cls.family = name
         cls.info = FamilyInfo(name=name, module=cls.__module__, modalities=tuple(modalities), packed=packed,
                               attention=ATTENTION_BACKENDS + tuple(a for a in attention if a not in ATTENTION_BACKENDS),
-                              builtin=builtin, sized=sized, guidance=guidance, notes=dict(notes or {}))
+                              builtin=builtin, sized=sized, guidance=guidance, notes=dict(notes or {}), media=media,
+                              parallel=tuple(parallel))
         _REGISTERED[name] = cls
         return cls
     return wrap

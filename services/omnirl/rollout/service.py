@@ -38,6 +38,7 @@ from omnirl.models.compile import compile_adapter_module, while_compiling
 from omnirl.models.lora import prepare_rollout_module
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.rollout.engine import RolloutEngine
+from omnirl.rollout.replica import STOP, SYNC, ReplicaChannel
 from omnirl.rollout.requests import entry_requests
 from omnirl.rollout.types import SampleResult
 from omnirl.transfer import TransferQueue
@@ -50,8 +51,42 @@ log = logging.getLogger("omnirl.rollout")
 GROUP = "rollout"
 
 
+def load_rollout_adapter(spec, device: torch.device):
+    """The rollout's adapter as every rank of a replica builds it: loaded, its attention kernel chosen, LoRA
+    adapters injected (to bind the actor's), compiled when asked."""
+    with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
+        adapter = load_adapter(spec.model.family, spec.model.path, device=device, dtype=spec.model.dtype,
+                               **adapter_options(spec))
+    select_attention(adapter, spec.model, device)
+    prepare_rollout_module(adapter, spec.model.lora)
+    if spec.model.compile:
+        compile_adapter_module(adapter)
+    return adapter
+
+
+def join_replica_ranks(spec, env: RoleEnv, adapter, device: torch.device) -> ReplicaChannel:
+    """Join this replica's ranks (`RANK`/`WORLD_SIZE`/`MASTER_ADDR`/`MASTER_PORT` are the replica's) and split the
+    adapter's models over them per `roles.rollout.parallel` (collectives: every rank, the same order)."""
+    from omnirl.models.parallel.replica import join_replica, parallelize
+
+    join_replica(env.rank, env.world_size, env.master_addr, env.master_port, device)
+    with config_errors("spec.roles.rollout.parallel"):  # a degree the model cannot take: the same every restart
+        parallelize(adapter, spec.roles.rollout.parallel, device)
+    return ReplicaChannel(device)
+
+
+def join_as_leader(spec, env: RoleEnv, adapter, device: torch.device):
+    """(the leader's adapter, the replica's channel): rank 0 of a replica of several ranks."""
+    from omnirl.rollout.replica import LeaderAdapter
+
+    channel = join_replica_ranks(spec, env, adapter, device)
+    log.info("replica leader: %d ranks (%s)", env.world_size, spec.roles.rollout.parallel)
+    return LeaderAdapter(adapter, channel), channel
+
+
 class RolloutService:
-    """One rollout worker. `run()` returns when the controller sets the `stop` flag."""
+    """One rollout worker (a replica's leader when the replica has several ranks). `run()` returns when the
+    controller sets the `stop` flag."""
 
     def __init__(self, job: RLJob, env: RoleEnv) -> None:
         spec = job.spec
@@ -59,13 +94,10 @@ class RolloutService:
         self.queue = TransferQueue.for_job(env.job_name, spec.transferQueue, env.redis_url)
         self.device = torch.device(env.device)
         policy = job.spec.failurePolicy
-        with config_errors("spec.model.path"):  # the model's own files: wrong on every restart
-            adapter = load_adapter(spec.model.family, spec.model.path, device=self.device, dtype=spec.model.dtype,
-                                   **adapter_options(spec))
-        select_attention(adapter, spec.model, self.device)
-        prepare_rollout_module(adapter, spec.model.lora)
-        if spec.model.compile:
-            compile_adapter_module(adapter)
+        adapter = load_rollout_adapter(spec, self.device)
+        self.replica: ReplicaChannel | None = None  # a replica of several ranks: this is its leader (rank 0)
+        if env.world_size > 1:
+            adapter, self.replica = join_as_leader(spec, env, adapter, self.device)
         role = spec.roles.rollout
         self.engine = RolloutEngine(adapter, max_batch_size=role.maxBatchSize, batching=role.batching,
                                     device=self.device)
@@ -116,6 +148,8 @@ class RolloutService:
             self.heartbeat.beat()
             if self.receiver.pending_version() is not None:
                 self._drain()
+                if self.replica is not None:  # every rank receives what it holds (rollout/replica.py)
+                    self.replica.send(SYNC)
                 report = self.receiver.receive(self.engine.adapter.module)
                 self.engine.set_policy_version(report.version)
                 log.info("bound weights v%d: %d modules, %d tensors", report.version, report.modules_updated,
@@ -221,6 +255,8 @@ class RolloutService:
         """Release the weight-sync connection and the Redis client (deregistering only when the job
         goes on without this worker: after the job's `stop` the actor's store is gone or going)."""
         self._uncompiling()
+        if self.replica is not None:
+            self.replica.send(STOP)
         if self.receiver is not None:
             self.receiver.close(leave=not self.job_ended)
         self.ledger.close()

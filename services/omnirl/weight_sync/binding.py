@@ -40,6 +40,8 @@ class BindReport:
         unexpected: received names with no matching slot (``"name -> mapped"`` when renamed by the
             name map; ``"name (shape ...)"`` on a shape mismatch; ``"name (duplicate target)"``).
         mismatched: names whose checksum did not match.
+        shards: of the tensors updated, those this rank holds a shard of (a tensor-parallel replica's split
+            weights: it kept and verified its part, `held_part`); 0 for a replica that holds whole weights.
     """
 
     version: int
@@ -49,6 +51,7 @@ class BindReport:
     missing: list[str]
     unexpected: list[str]
     mismatched: list[str] = field(default_factory=list)
+    shards: int = 0
 
     @property
     def ok(self) -> bool:
@@ -156,17 +159,40 @@ def plan_binding(module: nn.Module, shapes: dict[str, list[int]], scope: str,
 def copy_verified(plan: BindingPlan, name: str, received: torch.Tensor, checksum: str | None) -> bool:
     """Copy one received tensor into its slot, checking its checksum before and its content after.
 
+    A slot split over a tensor-parallel replica's ranks (a `DTensor`) takes the part it holds (`held_part`).
+
     Returns:
         False (and nothing copied) when the arrived bytes do not match `checksum`; False when the
-        slot after the copy does not hold the received tensor's bytes (cast to the slot's dtype
-        and device); True otherwise. `checksum` None skips the arrival check.
+        slot after the copy does not hold the received tensor's bytes (the part it holds, cast to the
+        slot's dtype and device); True otherwise. `checksum` None skips the arrival check.
     """
     if checksum is not None and tensor_checksum(received) != checksum:
         return False
-    dst = plan.targets[name]
+    dst, part = held_part(plan.targets[name], received)
     with torch.no_grad():
-        dst.copy_(received)
-    return _bit_equal(dst, received.to(device=dst.device, dtype=dst.dtype))
+        dst.copy_(part)
+    return _bit_equal(dst, part.to(device=dst.device, dtype=dst.dtype))
+
+
+def held_part(slot: torch.Tensor, full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the tensor this rank holds of `slot`, the part of the received `full` tensor it holds).
+
+    A plain slot holds all of it. A `DTensor` slot (a tensor-parallel rollout replica's split weight) holds its
+    local shard: the slice of `full` at the shard's offsets (`compute_local_shape_and_global_offset`, torch's
+    own rule for which rows a rank holds), copied into the shard's local tensor. Each rank of a sharded replica
+    thereby keeps what it holds and verifies that part (docs/parallel.md)."""
+    from torch.distributed.tensor import DTensor
+
+    if not isinstance(slot, DTensor):
+        return slot, full
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    shape, offset = compute_local_shape_and_global_offset(slot.shape, slot.device_mesh, slot.placements)
+    part = full
+    for dim, (size, start) in enumerate(zip(shape, offset, strict=True)):
+        if size != full.shape[dim]:
+            part = part.narrow(dim, start, size)
+    return slot.to_local(), part
 
 
 def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
@@ -177,10 +203,12 @@ def _bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def finish_report(version: int, plan: BindingPlan, bound: list[str], mismatched: list[str]) -> BindReport:
     """The `BindReport` of a bind: counts from the names actually copied."""
+    from torch.distributed.tensor import DTensor
+
     mapped = [plan.target_names[n] for n in bound]
     return BindReport(version=version, modules_updated=len(owner_modules(mapped)), tensors_updated=len(bound),
                       checksum_ok=not mismatched, missing=plan.missing, unexpected=plan.unexpected,
-                      mismatched=sorted(mismatched))
+                      mismatched=sorted(mismatched), shards=sum(isinstance(plan.targets[n], DTensor) for n in bound))
 
 
 def apply_to_module(module: nn.Module, named_tensors: dict[str, torch.Tensor], *,

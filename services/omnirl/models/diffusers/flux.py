@@ -82,7 +82,7 @@ def flux_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> 
     return [len(clip), len(t5), *clip, *t5]
 
 
-@register_family("flux", notes={"cudnn": "FLUX's gradients through cuDNN were wrong on the H200"})
+@register_family("flux", parallel=("ulysses", "tensor"), notes={"cudnn": "FLUX's gradients through cuDNN were wrong on the H200"})
 class FluxAdapter(DiffusersAdapterBase):
     """FLUX.1 behind `ModelAdapter`; built from in-memory components (or via `load`).
 

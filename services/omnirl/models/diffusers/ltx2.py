@@ -78,7 +78,7 @@ def ltx2_sigmas(config: dict, num_steps: int, video_seq_len: int) -> Tensor:
     return scheduler.sigmas.detach().to("cpu", torch.float32).clone()
 
 
-@register_family("ltx2", modalities=("video", "audio"), sized=False,
+@register_family("ltx2", parallel=("ulysses",), modalities=("video", "audio"), sized=False,
                  notes={"sized": "its clip is spec.model.video (frames, height, width, fps); the audio lasts as long"})
 class LTX2Adapter(VideoAdapterBase):
     """LTX-2 text→audio+video behind `ModelAdapter`; built from in-memory components (or via `load`).

@@ -67,7 +67,7 @@ def h3_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> li
     return list(tokenizers[0](text, add_special_tokens=False).input_ids)[:max_sequence_length]
 
 
-@register_family("minimax-h3", modalities=("video", "audio"), sized=False, guidance=False,
+@register_family("minimax-h3", parallel=("ulysses",), modalities=("video", "audio"), sized=False, guidance=False,
                  notes={"sized": "its clip is spec.model.video (17n + 5 frames at 24 fps, 5–15 s)",
                         "guidance": "the checkpoint is guidance-distilled: one forward per step, no negative prompt"})
 class MiniMaxH3Adapter(VideoAdapterBase):

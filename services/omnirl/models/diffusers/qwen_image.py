@@ -90,7 +90,7 @@ def qwen_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> 
                           truncation=True).input_ids)
 
 
-@register_family("qwen-image", attention=("cudnn",))  # cuDNN: velocity and gradients matched torch's own
+@register_family("qwen-image", parallel=("ulysses", "tensor"), attention=("cudnn",))  # cuDNN: velocity and gradients matched torch's own
 # kernel choice on the H200 (bf16; GPU tests in tests/test_models_*.py)
 class QwenImageAdapter(DiffusersAdapterBase):
     """Qwen-Image behind `ModelAdapter`; built from in-memory components (or via `load`).

@@ -70,7 +70,7 @@ def check_single_expert(root: Path) -> None:
                          "trains one transformer: use Wan2.1-T2V (1.3B, 14B) or Wan2.2-TI2V-5B")
 
 
-@register_family("wan", modalities=("video",), sized=False,
+@register_family("wan", parallel=("ulysses",), modalities=("video",), sized=False,
                  notes={"sized": "its clip is spec.model.video (frames, height, width, fps)"})
 class WanAdapter(VideoAdapterBase):
     """Wan text→video behind `ModelAdapter`; built from in-memory components (or via `load`).
