@@ -24,6 +24,7 @@ import torch
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.trainer import Trainer
 from omnirl.algorithms import group_advantages
+from omnirl.algorithms.plan import planner_for
 from omnirl.api.loader import job_from_dict
 from omnirl.api.seeds import derive
 from omnirl.models.registry import adapter_options, load_adapter
@@ -60,7 +61,7 @@ def run_curve(name: str) -> list[dict]:
     rollout = load_adapter("av-digits", "builtin", **adapter_options(spec))
     trainer = Trainer(load_adapter("av-digits", "builtin", **adapter_options(spec)), spec)
     rewards = RewardSet(spec.reward)
-    plan_of = trainer.algorithm.rollout
+    plan_of = planner_for(algo.name).rollout
     curve = []
     for step in range(algo.steps):
         plan = plan_of(algo, window_seed=derive(spec.seed, "window", step=step))
