@@ -1,6 +1,6 @@
 """`kind: python`: a user's function as the reward, in-process (`RewardSet`, as the reward role scores), through
 `omnirl scorer serve` (gRPC and HTTP, as `kind: grpc`/`http` reach it), and its checks in `omnirl validate` and
-`omnirl run`'s pre-flight (docs/rewards-python.md). A whole job: e2e/test_reward_python.py."""
+`omnirl run`'s pre-flight (docs/rewards-python.md). A whole job: e2e/test_python_reward_job.py."""
 
 from __future__ import annotations
 

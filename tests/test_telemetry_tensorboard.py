@@ -1,6 +1,6 @@
 """`spec.telemetry.tensorboard`: the controller's reporter writes every number of each `metrics.jsonl` step and
 validation line into `OUT/tensorboard/` (`telemetry/tensorboard.py`); read back with TensorBoard's own reader,
-the values are those of `metrics.jsonl`. A whole run's: e2e/test_reward_python.py."""
+the values are those of `metrics.jsonl`. A whole run's: e2e/test_python_reward_job.py."""
 
 from __future__ import annotations
 
