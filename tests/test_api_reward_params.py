@@ -52,7 +52,7 @@ def test_valid_params_of_every_kind_pass_and_are_typed(tmp_path):
      "spec.reward[1].params.maxTokens: 0 is invalid: must be >= 1"),
     ({**JUDGE, "params": {"model": "m", "template": "rate", "temprature": 0}},
      "spec.reward[1].params.temprature: 0 is invalid: unknown key for kind vlm; allowed: model, template, instruction, "
-     "scale, maxTokens, topLogprobs, concurrency, batchSize, maxRetries, apiKeyEnv"),
+     "scale, maxTokens, topLogprobs, concurrency, batchSize, maxRetries, apiKeyEnv, frames, audio"),
     ({**JUDGE, "params": {"template": "rate"}}, "spec.reward[1].params.model: null is invalid: required for kind vlm"),
     ({**JUDGE, "params": {"model": "m", "template": "score"}},
      'spec.reward[1].params.template: "score" is invalid: must be one of: read-text, rate, yes-no'),
