@@ -5,8 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_OUT ?= runs/demo
+DEMO_OMNI_OUT ?= runs/demo-omni
 
-.PHONY: install test test-slow lint demo demo-nft demo-flowgrpo bench chart e2e chaos crd clean k8s-tools mutation
+.PHONY: install test test-slow lint docs reference demo demo-nft demo-flowgrpo demo-omni bench chart e2e chaos crd clean k8s-tools mutation
 
 install: $(STAMP) k8s-tools
 
@@ -28,13 +29,25 @@ $(STAMP): pyproject.toml Makefile
 	@touch $(STAMP)
 
 lint: install
-	$(BIN)/ruff check services operator tests e2e benchmarks
+	$(BIN)/ruff check services operator tests e2e benchmarks tools
 	$(BIN)/lint-imports
 
+# The pages under docs/reference/ are generated from the code (the spec, the CLI parser, RoleEnv, the metric
+# names, the exit codes, the test modules' docstrings): regenerate them after changing any of those.
+reference: install
+	$(BIN)/python -m tools.gen_docs
+
+# The documentation site (mkdocs.yml) into build/site; --strict: a broken link or anchor, a page left out of the nav
+# or a stale generated reference fails it (not --quiet: it hides the warnings --strict counts). Offline: nothing is
+# fetched at build time (mkdocs.yml: font: false, no privacy or social plugin).
+docs: install
+	$(BIN)/python -m tools.gen_docs --check
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
 # pytest exits 5 when it collected nothing: that is a failure here, never a pass.
-# `make test` (CI, ~20 min on 2 cores, as README.md says) runs every test but those marked slow; `make test-slow` runs those:
-# whole jobs under faults, resumes, chaos, golden curves (~30 min on 2 cores).
-test: install lint
+# `make test` (CI, ~20 min on 2 cores) runs every test but those marked slow, after lint and the docs build; `make
+# test-slow` runs those: whole jobs under faults, resumes, chaos, golden curves (~30 min on 2 cores).
+test: install lint docs
 	$(BIN)/pytest -q -m "not gpu and not slow" --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected"; exit 1; fi; exit $$rc
 
@@ -51,6 +64,11 @@ demo-nft: install
 
 demo-flowgrpo: install
 	$(BIN)/omnirl run examples/ocr-flowgrpo.yaml --out runs/demo-flowgrpo
+
+# The built-in audio+video task (docs/omni.md): the held-out reward of each term and their sum by step, and a
+# contact sheet plus MP4s with sound of the base model (step 0) and the trained one in $(DEMO_OMNI_OUT)/samples/.
+demo-omni: install
+	$(BIN)/omnirl run examples/avdigits-awm.yaml --out $(DEMO_OMNI_OUT)
 
 # the spec's table of model families and reward kinds first (omnirl/api/extensions_generated.py), then the CRD
 crd: install

@@ -6,7 +6,8 @@ hyperparameters can be swept quickly and the distributed run's overhead measured
     python -m benchmarks.learning_curve examples/ocr-nft.yaml --minutes 10 --set algorithm.optimizer.learningRate=2e-4
 
 Prints one JSON line per validation: {"it", "minutes", "val_reward", "exact", "darkness", "train_reward"}
-(darkness: `omnirl.controller.validation.background_darkness` of the held-out images, as in-run validation).
+(darkness: `omnirl.controller.validation.background_darkness` of the held-out images, as in-run validation),
+and with several rewards (the audio+video task's four terms) each one's held-out mean, "val_<name>".
 """
 
 from __future__ import annotations
@@ -18,21 +19,22 @@ import time
 import torch
 import yaml
 
-from omnirl.actor.algorithm import algorithm_for
 from omnirl.actor.batch import TrainSample
 from omnirl.actor.trainer import Trainer
 from omnirl.algorithms import group_advantages
+from omnirl.algorithms.plan import planner_for
 from omnirl.api.loader import _Loader as YAML12Loader
 from omnirl.api.loader import job_from_dict, load_rljob, resolve_paths
 from omnirl.api.seeds import derive
 from omnirl.controller.data import PromptSource, read_prompts
-from omnirl.controller.grid import save_image_grid
+from omnirl.controller.grid import save_image_grid, tile_caption
 from omnirl.controller.validation import background_darkness
 from omnirl.evaluation.evaluate import evaluate
-from omnirl.models.registry import load_adapter
+from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.reward.scoring import RewardSet
 from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.types import SampleRequest
+from omnirl.transfer.media import to_numpy
 
 
 def _override(doc: dict, assignment: str) -> None:
@@ -64,7 +66,7 @@ def main() -> None:
     job = resolve_paths(job_from_dict(doc), ".")
     spec = job.spec
     algo = spec.algorithm
-    adapter = load_adapter(spec.model.family, spec.model.path)
+    adapter = load_adapter(spec.model.family, spec.model.path, **adapter_options(spec))
     adapter.module.to(args.device)
     trainer = Trainer(adapter, spec, device=args.device)
     reward_set = RewardSet(spec.reward)  # the weighted rewards, as the reward role scores
@@ -79,16 +81,20 @@ def main() -> None:
             r = evaluate(adapter, spec, held, rewards=reward_set, device=args.device)
         adapter.module.train()
         if args.grid:
-            save_image_grid(r.images[:32], f"{args.grid}/it-{it:05d}.png", captions=[f"{x:.2f}" for x in r.rewards[:32]])
+            captions = [tile_caption(p, x) for p, x in zip(r.prompts[:32], r.rewards[:32], strict=True)]
+            save_image_grid(r.images[:32], f"{args.grid}/it-{it:05d}.png", captions=captions)
+        terms = {f"val_{k}": round(sum(c[k] for c in r.components if k in c) / len(r.components), 4)
+                 for k in dict.fromkeys(k for c in r.components for k in c)} if len(spec.reward) > 1 else {}
         print(json.dumps({"it": it, "minutes": round((time.time() - t0) / 60, 2), "val_reward": round(r.mean_reward, 4),
-                          "exact": round(r.exact_match, 4), "darkness": round(background_darkness(r.images), 4),
+                          "exact": None if r.exact_match is None else round(r.exact_match, 4),
+                          "darkness": round(background_darkness(r.images), 4), **terms,
                           "train_reward": train_reward}), flush=True)
 
     validate(0, None)
     it = 0
     while time.time() - t0 < args.minutes * 60 and (args.max_its is None or it < args.max_its):
         prompts = data.draw(algo.promptsPerStep)
-        plan = algorithm_for(algo.name).rollout(algo, window_seed=derive(spec.seed, "window", step=it))
+        plan = planner_for(algo.name).rollout(algo, window_seed=derive(spec.seed, "window", step=it))
         window, noise, sde_type = plan.window, plan.noise_level, plan.sde_type
         for p_ in prompts:
             for i in range(algo.groupSize):
@@ -98,8 +104,9 @@ def main() -> None:
         adapter.module.eval()
         results = engine.run_until_idle()
         adapter.module.train()
+        media = [to_numpy(r.media) for r in results] if results[0].media is not None else None
         scored = reward_set.score([r.image.numpy() for r in results], [r.request.prompt for r in results],
-                                  [r.request.sample_id for r in results])
+                                  [r.request.sample_id for r in results], media)
         rewards = torch.tensor([s[0] for s in scored], dtype=torch.float32)
         groups = {g: k for k, g in enumerate(dict.fromkeys(r.request.meta["group"] for r in results))}
         adv = group_advantages(rewards, torch.tensor([groups[r.request.meta["group"]] for r in results]),

@@ -17,6 +17,7 @@ BENCHES = [
     ["benchmarks.weight_sync_cpu"],
     ["benchmarks.pipeline_modes", "--steps", "6"],
     ["benchmarks.transfer_overhead"],
+    ["benchmarks.transfer_load"],
 ]
 
 

@@ -6,7 +6,7 @@ process ids from `OUT/roles.json`: SIGKILL of the rollout, reward, actor or cont
 SIGKILL of redis-server (restarted with its AOF by the launcher), and SIGSTOP of a worker (it
 stops beating; the supervisor kills and replaces it after `progressDeadlineSeconds`, longer than
 `claimIdleSeconds`). After each run the ledger check (`omnirl ledger`'s
-`omnirl.api.ledger_check.check_ledger`) proves: the job
+`omnirl.evaluation.ledger.check_ledger`) proves: the job
 finished; every sample trained into the final weights was generated once, scored once and trained
 once; every step is in the final weights with whole groups. The suite ends with one line:
 
@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from omnirl.api.ledger_check import LedgerCounts, check_ledger
+from omnirl.evaluation.ledger import LedgerCounts, check_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 # fault → weight in the schedule
@@ -58,7 +58,7 @@ def chaos_job(tmp: Path, name: str, steps: int) -> Path:
 
 @dataclass
 class Counts(LedgerCounts):
-    """The suite's numbers: a run's ledger counts (`omnirl ledger`'s, `api/ledger_check.py`) and its faults."""
+    """The suite's numbers: a run's ledger counts (`omnirl ledger`'s, `evaluation/ledger.py`) and its faults."""
 
     kills: int = 0
 

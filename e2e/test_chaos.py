@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from e2e.chaos import suite
 
-from omnirl.api.ledger_check import check_ledger
+from omnirl.evaluation.ledger import check_ledger
 
 
 @pytest.mark.slow

@@ -37,7 +37,7 @@ from e2e.test_kubernetes_job import (
 )
 from tests.test_crash_points import KILL_AT
 
-from omnirl.api.ledger_check import account
+from omnirl.evaluation.ledger import account
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.testing import BackgroundCluster

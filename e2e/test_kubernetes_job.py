@@ -30,8 +30,8 @@ import yaml
 from e2e.kubelet import Kubelet, NotClaimed, field_value, mount_volumes, remap_path
 from e2e.test_local_job import tiny_job
 
-from omnirl.api.ledger_check import account, check_ledger
 from omnirl.api.runtime import with_redis_password
+from omnirl.evaluation.ledger import account, check_ledger
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.testing import BackgroundCluster

@@ -57,7 +57,7 @@ def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path,
         assert abs(r["reward_contrast"] - 0.5) < 1e-6
         assert r["component_missing_ocr"] == r["component_missing_judge"] == 0.0
 
-    # eval of the finished run, as the README says: the judge is served again (this run's URL is dead)
+    # eval of the finished run, as docs/rewards.md says: the judge is served again (this run's URL is dead)
     ev = subprocess.run([sys.executable, "-m", "omnirl.cli", "eval", str(out / "job.yaml"), "--checkpoint",
                          str(out / "checkpoints" / "latest"), "--out", str(tmp_path / "eval")],
                         capture_output=True, text=True, timeout=300, cwd=ROOT)
@@ -68,5 +68,7 @@ def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path,
     (val,) = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines())
               if r["event"] == "validation" and r["policy_version"] == version]
     got = json.loads((tmp_path / "eval" / "rewards.json").read_text())
-    assert got["n"] == val["n"] and abs(got["mean_reward"] - val["val_reward_mean"]) < 1e-6, (got, val)
+    # equal, not close: the same batches (validation's cohorts) and threads give bitwise the same images, and a
+    # JPEG size moves by bytes when one pixel rounds the other way (issue 36: −1.2355000 against −1.2346250)
+    assert got["n"] == val["n"] and got["mean_reward"] == val["val_reward_mean"], (got, val)
     assert abs(val["val_reward_judge"]) > 0.05  # the judge's component counts in that sum

@@ -5,9 +5,10 @@ It serves `POST /v1/chat/completions` and `GET /v1/models` in the OpenAI wire fo
 `GET /stats` (every request it received and the most requests in flight at once per model, for
 the tests' assertions).
 
-Its "model" reads the answer from the image it is sent (a base64 PNG data URL), so a test
+Its "model" reads the answer from the first image it is sent (a base64 PNG data URL), so a test
 controls the reply through pixels alone: the text is the ASCII codes in the red channel of the
-first row, up to the first 0. With `logprobs` requested, the text is a probability p and the
+first row, up to the first 0. A request with sound and no image is answered with the WAV's peak
+amplitude (`heard_text`). `GET /stats` also counts each request's images and sound parts. With `logprobs` requested, the text is a probability p and the
 reply is one token `yes` with top log-probabilities {yes: log p, no: log(1 − p), maybe: log 1e-3}.
 
 The request's `model` selects a behaviour, to exercise a client's failure handling:
@@ -30,6 +31,7 @@ import math
 import sys
 import threading
 import time
+import wave
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -57,6 +59,20 @@ def encoded_text(data_url: str) -> str:
         row = np.asarray(im.convert("RGB"))[0, :, 0]
     end = int(np.argmax(row == 0)) if (row == 0).any() else len(row)
     return bytes(row[:end].tolist()).decode("ascii")
+
+
+def heard_text(sound: dict) -> str:
+    """A request without an image is answered from its sound (an `input_audio` part, base64 WAV): the peak |x| p
+    as "p" (a probability, for logprobs) — or, for a rating, round(10·p) clipped to 1..10 — so a test controls the
+    reply through the waveform's amplitude. Raises ValueError for a part that is not a 16-bit mono WAV."""
+    if sound.get("format") != "wav":
+        raise ValueError(f"input_audio format {sound.get('format')!r}, expected wav")
+    with wave.open(io.BytesIO(base64.b64decode(sound["data"]))) as wav:
+        if wav.getsampwidth() != 2 or wav.getnchannels() != 1:
+            raise ValueError("input_audio is not 16-bit mono PCM")
+        pcm = np.frombuffer(wav.readframes(wav.getnframes()), dtype="<i2")
+    peak = float(np.abs(pcm).max()) / 32767.0
+    return f"{peak:.4f}"
 
 
 def completion(model: str, content: str, logprobs: dict | None) -> dict:
@@ -124,12 +140,15 @@ class Handler(BaseHTTPRequestHandler):
     def _complete(self, body: dict, model: str, attempt: int) -> None:
         """Record the request and answer it as its model's behaviour says."""
         parts = body["messages"][0]["content"]
-        image_url = next(p["image_url"]["url"] for p in parts if p["type"] == "image_url")
-        question = next(p["text"] for p in parts if p["type"] == "text")
+        images = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
+        sounds = [p["input_audio"] for p in parts if p["type"] == "input_audio"]
+        texts = [p["text"] for p in parts if p["type"] == "text"]
+        question = texts[-1]
         with _lock:
             _requests.append({"model": model, "seed": body.get("seed"), "temperature": body.get("temperature"),
                               "max_tokens": body.get("max_tokens"), "logprobs": body.get("logprobs"),
-                              "top_logprobs": body.get("top_logprobs"), "question": question,
+                              "top_logprobs": body.get("top_logprobs"), "question": question, "texts": texts,
+                              "images": len(images), "audio_formats": [a.get("format") for a in sounds],
                               "attempt": attempt, "retry_header": self.headers.get("x-stainless-retry-count"),
                               "authorization": self.headers.get("Authorization")})
         time.sleep(_delay_s)
@@ -145,8 +164,8 @@ class Handler(BaseHTTPRequestHandler):
             self._json(200, {"id": "chatcmpl-test", "object": "chat.completion"})
         else:
             try:
-                text = encoded_text(image_url)
-            except ValueError as err:
+                text = encoded_text(images[0]) if images else heard_text(sounds[0])
+            except (ValueError, IndexError, KeyError) as err:
                 self._json(400, {"error": {"message": str(err)}})
                 return
             logprobs = None

@@ -10,12 +10,13 @@ import torch
 import yaml
 from tests.helpers import PROMPTS, requests, tiny_adapter
 
-from omnirl.actor.algorithm import Algorithm, PolicyNeeds, RolloutPlan, algorithm_for
+from omnirl.actor.algorithm import Algorithm, PolicyNeeds, algorithm_for
 from omnirl.actor.batch import GridOf, TrainSample
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks
 from omnirl.actor.trainer import Trainer
 from omnirl.algorithms import select_window
+from omnirl.algorithms.plan import Planner, RolloutPlan, planner_for
 from omnirl.api.crd import build_crd
 from omnirl.api.spec import RLJobSpec
 from omnirl.api.spec_algorithm import ALGORITHMS, AlgorithmEntry, AlgorithmSettings, AlgorithmSpec, OldPolicySpec
@@ -31,7 +32,7 @@ def test_every_registered_name_resolves_to_its_algorithm_and_settings():
     assert list(ALGORITHMS) == ["flow-grpo", "diffusion-nft", "awm", "dgpo"]
     for name, entry in ALGORITHMS.items():
         algo = algorithm_for(name)
-        assert isinstance(algo, Algorithm) and algo.name == name
+        assert isinstance(algo, Algorithm) and algo.name == name and isinstance(planner_for(name), Planner)
         spec = _spec(name=name).algorithm
         assert spec.settings() is getattr(spec, entry.settings)
     # every settings block of the spec belongs to exactly one registered algorithm
@@ -59,22 +60,28 @@ def test_a_registry_entry_that_is_not_its_algorithm_is_refused(monkeypatch):
         algorithm_for("awm-twin")
     with pytest.raises(KeyError, match="'nope' is not registered"):
         algorithm_for("nope")
+    monkeypatch.setitem(ALGORITHMS, "awm-planless", AlgorithmEntry("awm", "omnirl.actor.awm_update:AWM",
+                                                                   "omnirl.actor.awm_update:AWM"))
+    with pytest.raises(TypeError, match="is not a Planner"):
+        planner_for("awm-planless")
+    with pytest.raises(KeyError, match="'nope' is not registered"):
+        planner_for("nope")
 
 
 def test_rollout_plans_and_policy_needs_of_the_builtin_algorithms():
     grpo = _spec(name="flow-grpo", sampling={"numSteps": 10}, flowGrpo={"window": {"size": 2, "range": [0, 5]}})
-    plan = algorithm_for("flow-grpo").rollout(grpo.algorithm, window_seed=42)
+    plan = planner_for("flow-grpo").rollout(grpo.algorithm, window_seed=42)
     assert plan == RolloutPlan(tuple(select_window(42, 10, 2, (0, 5))), 0.7, "sde") and len(plan.window) == 2
     assert algorithm_for("flow-grpo").needs(grpo.algorithm) == PolicyNeeds(reference=True)
     nft = _spec(name="diffusion-nft").algorithm
-    assert algorithm_for("diffusion-nft").rollout(nft, 42) == RolloutPlan((), 0.0, "sde")
+    assert planner_for("diffusion-nft").rollout(nft, 42) == RolloutPlan((), 0.0, "sde")
     assert algorithm_for("diffusion-nft").needs(nft) == PolicyNeeds(True, nft.nft.oldPolicy, rollout_old=True)
     awm = _spec(name="awm").algorithm
     assert algorithm_for("awm").needs(awm) == PolicyNeeds(True, awm.awm.anchor, rollout_old=False)
     no_anchor = _spec(name="awm", awm={"emaKlCoef": 0}).algorithm
     assert algorithm_for("awm").needs(no_anchor).old_policy is None
     dgpo = _spec(name="dgpo").algorithm
-    assert algorithm_for("dgpo").rollout(dgpo, 42) == RolloutPlan()
+    assert planner_for("dgpo").rollout(dgpo, 42) == RolloutPlan()
     assert algorithm_for("dgpo").needs(dgpo) == PolicyNeeds(reference=True)
     ema = _spec(name="dgpo", dgpo={"reference": "ema", "klCoef": 0}).algorithm
     assert algorithm_for("dgpo").needs(ema) == PolicyNeeds(reference=False, old_policy=ema.dgpo.anchor)
@@ -130,7 +137,7 @@ def test_a_toy_algorithm_registered_in_a_test_trains_through_the_trainer(monkeyp
     monkeypatch.setitem(ALGORITHMS, "toy", AlgorithmEntry(None, f"{__name__}:TOY"))
     adapter = tiny_adapter(seed=2)
     engine = RolloutEngine(adapter, max_batch_size=16)
-    plan = algorithm_for("toy").rollout(_spec(name="toy").algorithm, window_seed=0)  # the default: ODE
+    plan = planner_for("toy").rollout(_spec(name="toy").algorithm, window_seed=0)  # the default: ODE
     for r in requests(adapter, 4, num_steps=4, window=plan.window, prompts=PROMPTS[:1]):
         engine.submit(r)
     results = sorted(engine.run_until_idle(), key=lambda r: r.request.sample_id)

@@ -16,7 +16,7 @@ DESIGN_GROUPS = torch.tensor([0, 0, 1, 1])
 
 
 def test_design_example_is_the_global_std_mode():
-    # DESIGN.md §3: [0.3, 0.9, 0.5, 0.7] → ≈ [-1.34, +1.34, -0.45, +0.45]. Group means are both 0.6;
+    # docs/algorithms/index.md, "Group advantages": [0.3, 0.9, 0.5, 0.7] → ≈ [-1.34, +1.34, -0.45, +0.45]. Group means are both 0.6;
     # the batch population std is sqrt((0.09 + 0.09 + 0.01 + 0.01)/4) = sqrt(0.05) = 0.2236068.
     result = group_advantages(DESIGN_REWARDS, DESIGN_GROUPS, std_mode="global")
     std = math.sqrt(0.05) + 1e-4

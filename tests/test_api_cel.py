@@ -126,6 +126,7 @@ ACCEPTED = {
 }
 
 # (case, spec, the field pydantic names first)
+SMOOTH = [{"name": "smooth", "kind": "temporal-consistency"}]  # a reward of video, for the video families
 REFUSED = [
     ("lora rank", {"model": {"lora": {"rank": 8}}}, "spec.model.lora"),
     ("lora alpha", {"model": {"lora": {"alpha": 32}}}, "spec.model.lora"),
@@ -219,10 +220,11 @@ REFUSED = [
     ("resolution and resolutions", {"model": {**SD3, "resolution": [512, 512], "resolutions": [[512, 512]]}},
      "spec.model.resolutions"),
     ("ocr resolution", {"model": {"resolution": [32, 64]}}, "spec.model.resolution"),
-    ("av-digits resolution", {"model": {"family": "av-digits", "resolution": [32, 64]}}, "spec.model.resolution"),
-    *((f"{f} resolution", {"model": {"family": f, "path": "/m", "resolution": [32, 64]}}, "spec.model.resolution")
-      for f in ("wan", "ltx2", "minimax-h3")),
-    ("minimax-h3 guidance", {"model": {"family": "minimax-h3", "path": "/m"},
+    ("av-digits resolution", {"model": {"family": "av-digits", "resolution": [32, 64]},
+                              "reward": [{"name": "sync", "kind": "avdigits-sync"}]}, "spec.model.resolution"),
+    *((f"{f} resolution", {"model": {"family": f, "path": "/m", "resolution": [32, 64]}, "reward": SMOOTH},
+       "spec.model.resolution") for f in ("wan", "ltx2", "minimax-h3")),
+    ("minimax-h3 guidance", {"model": {"family": "minimax-h3", "path": "/m"}, "reward": SMOOTH,
                              "algorithm": {"sampling": {"guidanceScale": 2.0}}}, "spec.algorithm.sampling.guidanceScale"),
     ("ocr guidance", {"algorithm": {"sampling": {"guidanceScale": 2.0}}}, "spec.algorithm.sampling.guidanceScale"),
     ("sd3 builtin", {"model": {"family": "sd3"}}, "spec.model.path"),

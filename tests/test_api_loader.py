@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from omnirl.api.errors import ManifestError
+from omnirl.api.extensions import REWARD_KINDS
 from omnirl.api.loader import dump_rljob, job_from_dict, load_rljob, load_rljobs, resolve_paths, validate_files
 from omnirl.api.spec_algorithm import ALGORITHMS
 
@@ -43,7 +44,9 @@ def _problems(path: str) -> list[str]:
 
 def test_examples_exist_and_validate() -> None:
     names = {p.name for p in EXAMPLES}
-    assert {"ocr-flowgrpo.yaml", "ocr-nft.yaml", "gpu-sd3-flowgrpo.yaml", "ascend-qwen-image-nft.yaml"} <= names
+    # the GPU recipes docs/gpu.md names (one GPU: SD3, FLUX; one 8-GPU node) among them
+    assert {"ocr-flowgrpo.yaml", "ocr-nft.yaml", "gpu-sd3-flowgrpo.yaml", "ascend-qwen-image-nft.yaml",
+            "gpu-sd3-1gpu.yaml", "gpu-flux-1gpu.yaml", "gpu-sd3-8gpu.yaml"} <= names
     out = io.StringIO()
     assert validate_files([str(p) for p in EXAMPLES], out) == 0
     assert out.getvalue().splitlines() == [f"{p}: ok" for p in EXAMPLES]
@@ -101,7 +104,7 @@ BAD = [
     (
         "spec.reward.0.kind",
         "clip",
-        'spec.reward[0].kind: "clip" is invalid: must be one of: audio-signal, avdigits-beeps, avdigits-ocr, avdigits-pitch, avdigits-sync, clap, frames, grpc, http, jpeg, ocr, pairwise-contrast, python, temporal-consistency, video-ocr, vlm',
+        f'spec.reward[0].kind: "clip" is invalid: must be one of: {", ".join(REWARD_KINDS)}',  # the registered kinds
     ),
     (
         "spec.reward.0.params.alphabet",

@@ -327,7 +327,7 @@ def test_a_grpc_judge_with_an_http_health_path_is_refused() -> None:
 
 
 def test_a_grpc_judge_with_an_url_path_is_refused() -> None:
-    # the wired target of a gRPC judge is host:port (omnirl.api.judges.judge_url): the path was dropped silently
+    # the wired target of a gRPC judge is host:port (omnirl.scorers.judges.judge_url): the path was dropped silently
     judge = {"name": "judge", "kind": "grpc", "server": {"command": ["serve"], "urlPath": "/v1/score"}}
     assert _lines({"reward": [MINIMAL["spec"]["reward"][0], judge]}) == [
         'spec.reward[1].server.urlPath: "/v1/score" is invalid: must be unset for kind grpc (the reward workers reach '
@@ -335,7 +335,7 @@ def test_a_grpc_judge_with_an_url_path_is_refused() -> None:
         "HTTP scorer protocol at that path"]
     judge["server"]["urlPath"] = "/"  # the default, written out: nothing is dropped
     job = RLJob.model_validate({**MINIMAL, "spec": {**MINIMAL["spec"], "reward": [MINIMAL["spec"]["reward"][0], judge]}})
-    from omnirl.api.judges import url
+    from omnirl.scorers.judges import url
 
     assert url(job.spec.reward[1], "127.0.0.1", 50051) == "127.0.0.1:50051"
 

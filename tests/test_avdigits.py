@@ -119,7 +119,7 @@ def test_each_term_on_hand_made_media_with_a_known_answer(ocr: FrameOCRScorer) -
 
 
 def test_the_scorers_name_what_they_lack() -> None:
-    from omnirl.reward.base import ScorerError
+    from omnirl.scorers.base import ScorerError
 
     with pytest.raises(ScorerError, match="lacks"):
         SyncScorer().score_media([{"image": np.zeros((4, 4, 3), np.uint8)}], [make_prompt("12", 1)], ["s"])

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from omnirl.api.child import guarded
 from omnirl.api.spec import DNS1123_LABEL_RULE, JOB_NAME_RULE
 from omnirl.cli import main
+from omnirl.system.child import guarded
 
 ROOT = Path(__file__).resolve().parents[1]
 NFT = str(ROOT / "examples" / "ocr-nft.yaml")

@@ -173,21 +173,21 @@ def test_the_trained_steps_of_a_run_are_its_step_lines_for_the_controller_and_th
     """One reader of `metrics.jsonl`'s trained steps: the controller's `has_step` (before it writes a
     line again) and `omnirl run --resume`'s count (before it starts anything) agree with it."""
     from omnirl.api.loader import load_rljob
-    from omnirl.api.run_dir import read_metrics
+    from omnirl.api.run_dir import finish_covers, finished, read_metrics, trained_steps
     from omnirl.api.runtime import RoleEnv
-    from omnirl.controller.report import Reporter, trained_steps
-    from omnirl.launch import preflight
+    from omnirl.controller.report import Reporter
 
     lines = [{"event": "start", "total_steps": 4, "start_step": 0}, {"event": "step", "step": 0},
              {"event": "validation", "step": 1}, {"event": "step", "step": 2}, {"event": "finish"}]
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n\n")
     assert read_metrics(tmp_path) == lines  # in order, the blank line skipped
-    assert trained_steps(tmp_path) == {0, 2}
-    assert preflight.trained_steps(tmp_path) == 3  # the highest step + 1, as the resume message counts
-    assert preflight.finished(tmp_path)
+    assert trained_steps(tmp_path) == {0, 2}  # one return type for every reader (it was an int for the launcher)
+    assert finished(tmp_path)
     with (tmp_path / "metrics.jsonl").open("a") as f:  # a restarted controller that has not finished yet
         f.write(json.dumps({"event": "start", "total_steps": 4, "start_step": 3}) + "\n")
-    assert not preflight.finished(tmp_path)
+    assert not finished(tmp_path) and finished(tmp_path, since=0) is False
+    assert [finish_covers(r, 4) for r in ({"total_steps": 4}, {"total_steps": 3}, {}, None)] == [True, False, False,
+                                                                                                  False]
     job = load_rljob(str(Path(__file__).resolve().parents[1] / "examples" / "ocr-nft.yaml"))
     reporter = Reporter(tmp_path, RoleEnv(job_name="j", redis_url="redis://127.0.0.1:1/0", weight_sync_host="127.0.0.1",
                                              weight_sync_port=1, worker_id="controller-0", out_dir=str(tmp_path)), job)
@@ -197,15 +197,16 @@ def test_the_trained_steps_of_a_run_are_its_step_lines_for_the_controller_and_th
     finally:
         reporter.close()
     (tmp_path / "metrics.jsonl").write_text("")
-    assert trained_steps(tmp_path) == set() and preflight.trained_steps(tmp_path) == 0
+    assert trained_steps(tmp_path) == set()
 
 
 def test_held_out_prompts_and_refills_keep_their_resolution():
     """`model.resolutions`: held-out prompt i is sampled at resolutions[i mod n] (validation and
     `omnirl eval` build the same request), a refilled group keeps its size, and the engine request
     carries it as a (height, width) tuple."""
+    from omnirl.api.heldout import heldout_request
     from omnirl.api.spec import RLJobSpec
-    from omnirl.rollout.requests import heldout_request, sample_requests
+    from omnirl.rollout.requests import sample_requests
 
     spec = RLJobSpec.model_validate({"model": {"family": "sd3", "path": "/m", "resolutions": [[32, 48], [48, 32]]},
                                      "data": {"trainPrompts": "p.txt"}, "reward": [{"name": "j", "kind": "jpeg"}]})

@@ -20,12 +20,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tests.helpers import crash_everywhere
 from tests.test_controller_units import request, score
 
-from omnirl.actor.checkpoint import COMPLETE, has_checkpoint, load_checkpoint, resolve_checkpoint, save_checkpoint
+from omnirl.actor.checkpoint import COMPLETE, load_checkpoint, resolve_checkpoint, save_checkpoint
 from omnirl.api.runtime import RoleEnv
 from omnirl.controller.groups import StepBook, attempt_of, refill_request
 from omnirl.launch.roles import should_resume
 from omnirl.launch.supervise import clear_start_flags
-from omnirl.models.policy_io import make_latest
+from omnirl.models.policy_io import has_checkpoint, make_latest
 from omnirl.telemetry.health import HealthServer
 from omnirl.transfer import TransferQueue, start_redis_server
 from omnirl.transfer.heartbeat import Heartbeat, last_beats, read_heartbeats, stale_roles, stalled_text
@@ -265,18 +265,19 @@ def test_an_actor_starts_when_the_stored_batches_reach_the_trained_step_and_name
     from omnirl.actor.service import ActorService
     from omnirl.api.errors import ConfigError
     from omnirl.transfer import kv_key
+    from omnirl.transfer.records import HANDED, ActorState
 
     root = tmp_path / "checkpoints"
     for step in (2, 3):
         _save(root, step)
     queue = TransferQueue(redis_client, f"reach-{os.getpid()}")
-    me = types.SimpleNamespace(queue=queue, trained_step=3, ckpt_root=root, _trainreqs=kv_key(queue.job, "trainreqs"))
+    me = types.SimpleNamespace(queue=queue, records=queue.records, trained_step=3, ckpt_root=root)
     try:
         for step in (4, 5):
-            redis_client.hset(me._trainreqs, str(step), "{}")
-        queue.set_json("actor_state", {"step": 5})
+            redis_client.hset(kv_key(queue.job, HANDED), str(step), "{}")
+        queue.records.set_actor_state(ActorState(5, 6, [0, 0]))
         ActorService._check_reach(me)  # replayable: no error
-        queue.set_json("actor_state", {"step": 7})
+        queue.records.set_actor_state(ActorState(7, 8, [0, 0]))
         with pytest.raises(ConfigError) as err:
             ActorService._check_reach(me)
         assert str(err.value).startswith(
@@ -298,6 +299,7 @@ def test_a_replay_line_says_no_checkpoint_yet_not_checkpoint_step_minus_1(tmp_pa
     from omnirl.actor.service import ActorService
     from omnirl.api.messages import TrainRequest
     from omnirl.transfer import kv_key
+    from omnirl.transfer.records import HANDED
 
     queue = TransferQueue(redis_client, f"replay-line-{os.getpid()}-{checkpointed + 1}")
     trained = []
@@ -306,12 +308,12 @@ def test_a_replay_line_says_no_checkpoint_yet_not_checkpoint_step_minus_1(tmp_pa
         trained.append((req.step, replay))
         me.trained_step = req.step
 
-    me = types.SimpleNamespace(queue=queue, trained_step=checkpointed, checkpointed_step=checkpointed,
-                               ckpt_root=tmp_path, _trainreqs=kv_key(queue.job, "trainreqs"), _train=train,
+    me = types.SimpleNamespace(queue=queue, records=queue.records, trained_step=checkpointed,
+                               checkpointed_step=checkpointed, ckpt_root=tmp_path, _train=train,
                                ranks=types.SimpleNamespace(max=lambda value: value))
     step = checkpointed + 1
     try:
-        redis_client.hset(me._trainreqs, str(step), json.dumps(
+        redis_client.hset(kv_key(queue.job, HANDED), str(step), json.dumps(
             {"request": TrainRequest(step=step, policy_version=step, items=[]).model_dump()}))
         with caplog.at_level(logging.INFO, logger="omnirl.actor"):
             ActorService._replay(me)
@@ -394,7 +396,7 @@ def test_the_stalled_status_names_the_startup_deadline_after_a_startup_beat(redi
 
 def test_a_sigkilled_redis_comes_back_with_its_aof_and_a_client_rides_it_out(tmp_path):
     """Restarted from a thread, as the launcher's watchdog does (with a `preexec_fn` the start hung in
-    the forked child after the suite's gloo tests: see `omnirl.api.child`)."""
+    the forked child after the suite's gloo tests: see `omnirl.system.child`)."""
     server = start_redis_server(dir=str(tmp_path), aof=True)
     port = server.port
     client = redis_client(server.url, reconnect_s=60)

@@ -24,19 +24,19 @@ from safetensors.torch import load_file
 from omnirl.actor.checkpoint import save_checkpoint
 from omnirl.algorithms import sigma_schedule
 from omnirl.api.loader import load_rljob
-from omnirl.api.messages import GenerateRequest, SampleMeta, ScoreMeta
+from omnirl.api.messages import GenerateRequest, SampleMeta, SampleSeed, ScoreMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.cli import main as cli_main
 from omnirl.controller.data import read_prompts
-from omnirl.controller.grid import save_image_grid
+from omnirl.controller.grid import save_image_grid, tile_caption
 from omnirl.controller.validation import Validator
-from omnirl.evaluation.evaluate import evaluate
+from omnirl.evaluation.evaluate import evaluate, sample_heldout
 from omnirl.models.digits.adapter import BUILTIN_DIR
 from omnirl.models.policy_io import load_policy
 from omnirl.models.registry import adapter_options, load_adapter, load_tokenizer
 from omnirl.reward.service import RewardService
 from omnirl.rollout.engine import RolloutEngine
-from omnirl.rollout.requests import sample_requests
+from omnirl.rollout.requests import entry_requests, sample_requests
 from omnirl.transfer import TransferQueue
 
 torch.set_num_threads(1)
@@ -90,7 +90,7 @@ def _validation_round(job_path: Path, ckpt: Path, redis_url: str, out: Path) -> 
         queue.ensure_group(streams.requests, "rollout")
         engine = RolloutEngine(adapter, max_batch_size=spec.roles.rollout.maxBatchSize)
         for msg in queue.consume(streams.requests, "rollout", "rollout-0", count=100, block_ms=100):
-            for sample in sample_requests(GenerateRequest.model_validate(msg.meta)):
+            for sample in entry_requests(msg.meta):  # as the rollout role reads an entry
                 engine.submit(sample)
         for r in engine.run_until_idle():  # publish as the rollout role does
             m = r.request.meta
@@ -124,6 +124,16 @@ def _assert_same(val: dict, ev: dict) -> None:
     assert abs(val["val_reward_jpeg"]) > 0.05  # the second reward counts
 
 
+def _captions_read(grid: Path, n: int, cell_w: int) -> list[str]:
+    """What the OCR recogniser reads in the caption strip of each of the first `n` tiles of a one-row grid of
+    32-px-high images `cell_w` wide (`save_image_grid`'s layout: 2-px padding, a 12-px caption under each)."""
+    from omnirl.reward.ocr import OCRScorer
+
+    pixels = np.asarray(Image.open(grid).convert("RGB"))
+    strips = [pixels[2 + 32 : 2 + 44, 2 + k * (cell_w + 2) : 2 + k * (cell_w + 2) + cell_w] for k in range(n)]
+    return OCRScorer(alphabet="0123456789.").read(np.stack(strips))
+
+
 def test_eval_equals_validation_builtin(tmp_path, redis_url):
     job = _job(tmp_path, "evalval-digits", {"family": "ocr-digits", "path": "builtin", "dtype": "float32"})
     ckpt = _checkpoint(load_adapter("ocr-digits", "builtin"), tmp_path / "ckpt")
@@ -131,11 +141,56 @@ def test_eval_equals_validation_builtin(tmp_path, redis_url):
     ev = _eval(job, ckpt, tmp_path / "eval")
     _assert_same(val, ev)
     assert ev["prompts"] == read_prompts(HELDOUT)[:4]
+    # each tile's caption: its score, then the text its prompt asked for (it was the score alone, issue 31)
+    targets = [p.split('"')[1] for p in ev["prompts"]]
+    for grid in (Path(val["grid"]), tmp_path / "eval" / "grid.png"):
+        assert _captions_read(grid, 4, 128) == [f"{r:.2f}".lstrip("-") + t for r, t in zip(ev["rewards"], targets,
+                                                                                           strict=True)], grid
     # the denoising steps per sample under a name that does not read as the checkpoint's training steps
     assert (ev["denoising_steps"], ev["sampler"]) == (4, "ode") and "steps" not in ev
     # the record names the step directory scored, not `latest` as given (which moves while a run goes on)
     assert (ev["checkpoint"], ev["checkpoint_step"], ev["policy_version"]) == (
         str((tmp_path / "ckpt" / "step-000003").resolve()), 3, 3)
+
+
+def test_a_held_out_sample_is_denoised_as_eval_denoises_it_however_its_request_arrives(tmp_path, redis_url):
+    """Issue 36: a validation round's requests reached the rollout worker one or a few at a time and joined
+    whatever it was denoising (the first sample's first step alone, the next three joining it, a training
+    group beside them); the σ conditioning's fp32 GEMMs round differently at another batch size, so the
+    latents moved by up to 5e-7 from `omnirl eval`'s, and a pixel that rounded the other way moved a JPEG-size
+    reward by 7e-3. Now the round travels in cohorts the engine denoises together and alone, and eval runs the
+    same cohorts: bitwise the same latents, with a training group in flight and one entry read per step."""
+    job = load_rljob(_job(tmp_path, "cohorts", {"family": "ocr-digits", "path": "builtin", "dtype": "float32"}))
+    spec = job.spec.model_copy(deep=True)
+    spec.validation.maxPrompts = 6  # two cohorts of maxBatchSize 4: prompts 0-3 (5 digits) and 4-5 (3, 4)
+    spec.roles.rollout.maxBatchSize = 4
+    adapter = load_adapter("ocr-digits", "builtin")
+    adapter.module.eval()
+    queue = TransferQueue.from_url(redis_url, "cohorts")
+    streams = queue.streams
+    try:
+        Validator(queue, spec, adapter.tokenize, tmp_path, nonce=0).publish(at_step=2, version=2)
+        assert queue.stream_length(streams.requests) == 2  # one entry per cohort
+        engine = RolloutEngine(adapter, max_batch_size=spec.roles.rollout.maxBatchSize)
+        train = GenerateRequest(kind="train", step=2, group_id="2:0", prompt='"24680"', prompt_ids=adapter.tokenize(
+            '"24680"'), samples=[SampleSeed(sample_id=f"2:0:{k}", seed=k) for k in range(3)], num_steps=4)
+        for sample in sample_requests(train):
+            engine.submit(sample)
+        in_run = {r.request.sample_id: r.x0 for r in engine.step()}  # the training group is under way
+        queue.ensure_group(streams.requests, "rollout")
+        while engine.has_work() or queue.lag(streams.requests, "rollout"):  # one entry per step, as it trickles in
+            for msg in queue.consume(streams.requests, "rollout", "rollout-0", count=1, block_ms=0):
+                for sample in entry_requests(msg.meta):
+                    engine.submit(sample)
+            in_run.update({r.request.sample_id: r.x0 for r in engine.step()})
+    finally:
+        queue.cleanup()
+        queue.close()
+    prompts = read_prompts(HELDOUT)[:6]
+    offline = sample_heldout(adapter, spec, prompts)
+    assert [r.x0.shape[-1] for r in offline] == [128, 128, 128, 128, 64, 64]
+    for i, r in enumerate(offline):
+        assert torch.equal(in_run[f"val2:{i}:0"], r.x0), i
 
 
 @pytest.fixture(scope="module")
@@ -254,6 +309,18 @@ def test_save_image_grid_pads_mixed_widths(tmp_path):
         save_image_grid([np.zeros((4, 4, 3), np.float32)], tmp_path / "x.png")
 
 
+def test_a_tile_caption_is_the_score_and_the_prompts_text_cut_to_its_tile(tmp_path):
+    assert tile_caption('A sign that says "36882"', -1.2346) == '-1.23 "36882"'
+    assert tile_caption("  a red cube on a table ", 0.5) == '0.50 "a red cube on a table"'  # no quotes: the line
+    assert tile_caption('a sign that says "4', None) == '— "a sign that says "4"'  # one quote: the line as it is
+    # a caption wider than its tile is cut there ("…"): it ran over the padding into the next tile
+    images = [np.zeros((32, 64, 3), np.uint8)] * 2
+    captions = [tile_caption("a photograph of a very long prompt that no tile can hold", 0.25)] * 2
+    grid = np.asarray(Image.open(save_image_grid(images, tmp_path / "g.png", captions=captions)).convert("RGB"))
+    assert (grid[34:46, 66:68] == 128).all()  # the padding between the two tiles' captions stays grey
+    assert grid[34:46, 2:66].max() > 250  # the caption is drawn (white, anti-aliased)
+
+
 def _two_ocr_job(tmp: Path, name: str, prompts: int) -> Path:
     """`_job` on the built-in model whose second reward is the same OCR at weight 0.5 (an OCR scorer
     served remotely, say): a sample read 2 of 3 digits right totals 0.67 + 0.33 = 1.0."""
@@ -284,7 +351,7 @@ def test_exact_match_counts_exact_readings_not_a_weighted_sum_that_reaches_1(tmp
 def test_exact_match_is_absent_for_a_job_that_matches_no_text(tmp_path):
     """A JPEG-only job reads no text: no exact match in rewards.json, the eval line or the run's table."""
     from omnirl.launch.progress import validation_table
-    from omnirl.reward.text import exact_match
+    from omnirl.scorers.text import exact_match
 
     assert exact_match([{"ocr": 1.0, "jpeg": -2.0}, {"ocr": 0.99}, {}], ["ocr"]) == pytest.approx(1 / 3)
     assert exact_match([{"jpeg": 5.0}], []) is None

@@ -230,7 +230,7 @@ def test_omnirl_run_regenerates_the_group_whose_tensors_the_actor_found_gone(tmp
     naming the TTL field and its fix, the controller regenerates that one group and hands the step again: step 0
     trains 6 samples in whole groups, `refills` 1; the ledger: 9 generated and scored, 6 trained, nothing lost or
     duplicated. The first validation round reports 1 sample and 1 missing, the last one 2 and none."""
-    from omnirl.api.ledger_check import check_ledger, group_of
+    from omnirl.evaluation.ledger import check_ledger, group_of
 
     hook = tmp_path / "hook"
     hook.mkdir()

@@ -30,7 +30,7 @@ import yaml
 from tests.helpers import refill_shapes, trained_sample_ids
 
 from omnirl.api.loader import job_from_dict
-from omnirl.api.messages import GenerateRequest, ScoreMeta, TrainDone, TrainItem, TrainLost, TrainRequest
+from omnirl.api.messages import GenerateRequest, HeldOutCohort, ScoreMeta, TrainDone, TrainItem, TrainLost, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.transfer import TransferQueue
 
@@ -135,19 +135,19 @@ def test_an_all_missing_validation_round_runs_once_more_for_the_same_policy_vers
         with TransferQueue.from_url(redis_url, name) as rq:
             while not stop.is_set():
                 for m in rq.consume(rq.streams.requests, "roles", "r", count=10, block_ms=50):
-                    req = GenerateRequest.model_validate(m.meta)
-                    seen.append(req)
-                    index = int(req.group_id.split(":")[1])
-                    lost = sum(r.step == req.step and r.group_id == req.group_id for r in seen) <= lose["rounds"]
-                    score = ScoreMeta(sample_id=req.samples[0].sample_id, kind="val", step=req.step,
-                                      group_id=req.group_id, policy_version=3, generated_at=1.0, scored_at=2.0,
-                                      **(dict(failed=True, lost=True, reason="gone") if lost else
-                                         dict(reward=0.25 * (index + 1), rewards={"ocr": 0.25 * (index + 1)})))
-                    if lost and req.step == 5:  # the first attempt takes LOST_DELAY_S before its scores come
-                        time.sleep(LOST_DELAY_S / 2)
-                    tensors = None if lost else {"x0": torch.zeros(1)}
-                    image = None if lost else torch.full((8, 16, 3), 255, dtype=torch.uint8)
-                    rq.publish(rq.streams.scores, score.model_dump(), tensors, image=image)
+                    for req in HeldOutCohort.model_validate(m.meta).requests:  # a round travels in cohorts
+                        seen.append(req)
+                        index = int(req.group_id.split(":")[1])
+                        lost = sum(r.step == req.step and r.group_id == req.group_id for r in seen) <= lose["rounds"]
+                        score = ScoreMeta(sample_id=req.samples[0].sample_id, kind="val", step=req.step,
+                                          group_id=req.group_id, policy_version=3, generated_at=1.0, scored_at=2.0,
+                                          **(dict(failed=True, lost=True, reason="gone") if lost else
+                                             dict(reward=0.25 * (index + 1), rewards={"ocr": 0.25 * (index + 1)})))
+                        if lost and req.step == 5:  # the first attempt takes LOST_DELAY_S before its scores come
+                            time.sleep(LOST_DELAY_S / 2)
+                        tensors = None if lost else {"x0": torch.zeros(1)}
+                        image = None if lost else torch.full((8, 16, 3), 255, dtype=torch.uint8)
+                        rq.publish(rq.streams.scores, score.model_dump(), tensors, image=image)
                     rq.ack(rq.streams.requests, "roles", [m.id])
 
     thread = threading.Thread(target=roles, daemon=True)
@@ -272,7 +272,7 @@ def test_omnirl_run_through_a_train_lost_naming_no_sample_and_an_empty_validatio
     hands the same batch again (one warning). Nothing regenerated: 2 × 6 samples trained, no refills. The key left
     20 s of 60 makes the batch (40 s) and the replay warnings, once each. Validation at step 0: every sample gone in
     the first round, run again: n=2, attempts 2 (before: n=0, null mean, no rerun)."""
-    from omnirl.api.ledger_check import check_ledger
+    from omnirl.evaluation.ledger import check_ledger
 
     hook = tmp_path / "hook"
     hook.mkdir()

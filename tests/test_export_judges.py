@@ -24,10 +24,10 @@ import pytest
 import yaml
 
 from omnirl.api.errors import ConfigError
-from omnirl.api.judges import wire
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import RoleEnv
 from omnirl.controller.loop import written_manifest
+from omnirl.scorers.judges import wire
 
 ROOT = Path(__file__).resolve().parents[1]
 JUDGE = {"command": [sys.executable, "-m", "omnirl.cli", "scorer", "serve", "--reward", "ocr", "--protocol", "http",

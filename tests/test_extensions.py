@@ -33,7 +33,7 @@ def test_the_table_is_what_the_registering_modules_say() -> None:
 
 def test_every_family_and_kind_module_registers_what_the_table_names() -> None:
     from omnirl.models.families import get_family
-    from omnirl.reward.kinds import get_kind
+    from omnirl.scorers.kinds import get_kind
 
     modules = set(registering_modules())
     for name, info in extensions.FAMILIES.items():
@@ -54,15 +54,15 @@ from omnirl.api.spec import RLJob
 REQUIRED = {{"vlm": {{"model": "m", "template": "rate"}}, "python": {{"function": "m:f"}},
             "frames": {{"kind": "jpeg", "frameStride": 4}}, "clap": {{"path": "clap"}},
             "audio-signal": {{"measure": "clipping"}}}}  # the kinds' required params
-for family, info in FAMILIES.items():  # each kind on a built-in family that makes what it scores
-    if not info.builtin:
-        continue
-    reward = [{{"name": k.replace("-", "_"), "kind": k, **({{"url": "http://x:1/v1"}} if i.endpoint in ("http", "openai")
-              else {{"url": "x:1"}} if i.endpoint == "grpc" else {{}}),
-              "params": REQUIRED.get(k, {{}})}}
-              for k, i in REWARD_KINDS.items() if set(i.modalities) & set(info.modalities)]
+reward = [{{"name": k.replace("-", "_"), "kind": k, **({{"url": "http://x:1/v1"}} if i.endpoint in ("http", "openai")
+          else {{"url": "x:1"}} if i.endpoint == "grpc" else {{}}),
+          "params": REQUIRED.get(k, {{}})}} for k, i in REWARD_KINDS.items()]
+media = {{"video", "audio"}}  # kinds of video/audio are validated on the built-in audio+video family
+for family, rewards in (("ocr-digits", [r for r in reward if not media & set(REWARD_KINDS[r["kind"]].modalities)]),
+                        ("av-digits", [r for r in reward if media & set(REWARD_KINDS[r["kind"]].modalities)])):
     RLJob.model_validate({{"apiVersion": "omnirl.dev/v1alpha1", "kind": "RLJob", "metadata": {{"name": "j"}},
-                          "spec": {{"model": {{"family": family}}, "data": {{"trainPrompts": "p.txt"}}, "reward": reward}}}})
+                          "spec": {{"model": {{"family": family}}, "data": {{"trainPrompts": "p.txt"}},
+                                   "reward": rewards}}}})
 print(sorted(REWARD_KINDS))
 """
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

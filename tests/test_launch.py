@@ -677,7 +677,7 @@ def test_roles_json_names_the_judge_servers_the_launcher_started(tmp_path):
 
 @pytest.mark.slow  # a whole run for one printed line (~15 s)
 def test_a_local_run_says_at_start_that_it_keeps_replicas_instead_of_autoscaling(tmp_path):
-    """`omnirl run` of a job with `roles.reward.autoscale` ignored it without a word (the README says local
+    """`omnirl run` of a job with `roles.reward.autoscale` ignored it without a word (docs/local.md says local
     runs keep `replicas`): a user saw 2 reward workers from start to end and no reason. One line now."""
     proc, lines, _, out = _launch_stand_ins(
         tmp_path, reward_role={"replicas": 2, "autoscale": {"minReplicas": 1, "maxReplicas": 6}})
@@ -695,9 +695,9 @@ def test_a_local_run_says_at_start_that_it_keeps_replicas_instead_of_autoscaling
 
 
 def test_a_redis_the_watchdog_restarted_dies_with_a_sigkilled_launcher(tmp_path):
-    """`kill -9` of the embedded Redis (README: "kill -9 one of them to try the failure policy"), restarted by
+    """`kill -9` of the embedded Redis (docs/local.md: "`kill -9` one to try the failure policy"), restarted by
     the watchdog, then `kill -9` of `omnirl run`: the restarted server goes too, as the first one would
-    (README, "What survives what"). It was restarted without a parent-death signal and outlived the
+    (docs/reliability.md). It was restarted without a parent-death signal and outlived the
     launcher (parent 1, the job's data in memory), found by hand on the tiny example."""
     import os
     import signal
@@ -1114,8 +1114,9 @@ def test_a_resume_from_another_out_keeps_a_stopped_runs_work_and_place(tmp_path,
     import socket
 
     from omnirl.launch.preflight import check_not_running_elsewhere, claim_run, mark_stopped
-    from omnirl.transfer.keys import STOPPED_RUN, kv_key
+    from omnirl.transfer.keys import kv_key
     from omnirl.transfer.owner import RUN_OWNER
+    from omnirl.transfer.records import STOPPED_RUN
 
     job = load_rljob("examples/ocr-awm.yaml")
     job.spec.transferQueue.redisUrl = redis_url

@@ -62,7 +62,7 @@ time.sleep(120)
 
 def test_a_judge_dies_with_a_sigkilled_launcher(tmp_path):
     """`kill -9` of `omnirl run` (or an OOM kill) takes its judge servers with it, as its Redis and role
-    processes (README, "What survives what"): a judge holds a GPU and a port. Found by hand: the tiny job
+    processes (docs/reliability.md): a judge holds a GPU and a port. Found by hand: the tiny job
     with `omnirl scorer serve` as its judge, the launcher SIGKILLed after step 1, and the judge ran on with
     parent 1. Here the launcher's own `start_judges` in a process that is SIGKILLed."""
     import os
@@ -336,7 +336,7 @@ JUDGE_HARD_PORT = [sys.executable, "-c", "import http.server; print('loading'); 
                            r"\(a port written into its command\)")], ids=["exits", "never-listens", "hard-coded-port"])
 def test_omnirl_run_with_a_judge_that_fails_to_start_prints_its_log_and_exits_4(tmp_path, command, startup, what):
     """A judge of `reward[].server` that exits at once or never listens is a setting the job cannot start with:
-    exit 4 (`CONFIG_ERROR_EXIT`, README's exit codes of `omnirl run`), as a role's configuration error and as
+    exit 4 (`CONFIG_ERROR_EXIT`, docs/reference/exit-codes.md, `omnirl run`), as a role's configuration error and as
     the operator's `JudgeFailed`, not restarted. It was exit 1, the code of a crash."""
     job_with(tmp_path, {"command": command, "startupSeconds": startup})
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}

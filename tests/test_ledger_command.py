@@ -16,8 +16,8 @@ import pytest
 from e2e.chaos import chaos_job
 
 from omnirl.api.ledger import Ledger
-from omnirl.api.ledger_check import LEDGER_PROBLEMS_EXIT, account, check_ledger
 from omnirl.cli import main
+from omnirl.evaluation.ledger import LEDGER_PROBLEMS_EXIT, account, check_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 G, P = 3, 2  # chaos_job's groupSize, promptsPerStep

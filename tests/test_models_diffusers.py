@@ -159,8 +159,8 @@ def test_bad_path_names_path_and_layout(tmp_path):
     (tmp_path / "transformer").mkdir()
     with pytest.raises(FileNotFoundError, match="lacks subfolder.*vae"):
         load_adapter("qwen-image", str(tmp_path))
-    with pytest.raises(ValueError, match="unknown model.family 'wan'"):
-        load_adapter("wan", str(tmp_path))
+    with pytest.raises(ValueError, match="unknown model.family 'hunyuan-video'"):
+        load_adapter("hunyuan-video", str(tmp_path))
 
 
 def test_registry_dispatches_digits():

@@ -222,3 +222,25 @@ def test_unguided_audio_is_the_conditional_stream_and_bad_settings_are_refused(l
         build(modalities={"image": {}})
     with pytest.raises(ValueError, match=r"spec.model.video.frames: 8 .*nearest valid: 7 or 9"):
         build(VideoGeometry(8, 32, 32, 25.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_on_cuda_keeps_the_fp32_boundary_and_ratio_one(ltx2):
+    """bfloat16 weights on a GPU: latents and velocities stay float32 at the adapter's boundary, an SDE step's
+    log-prob recomputed gives ratio 1, and the media decode."""
+    path, _, _ = ltx2
+    adapter = LTX2Adapter.load(path, "cuda", torch.bfloat16, video=VIDEO, modalities=GUIDANCE, max_sequence_length=MAX_SEQUENCE_LENGTH)
+    ids = [adapter.tokenize(PROMPT)] * 2
+    x = torch.randn(2, adapter.numel, generator=torch.Generator().manual_seed(0)).cuda()
+    sigma, sigma_next = torch.tensor([0.9, 0.5], device="cuda"), torch.tensor([0.7, 0.3], device="cuda")
+    with torch.no_grad():
+        v = adapter.velocity(x, sigma, adapter.encode(ids, "cuda"))
+        step = sde_step(x, v, sigma, sigma_next, 0.7)
+        v2 = adapter.velocity(x, sigma, adapter.encode(ids, "cuda"))
+    assert v.dtype == torch.float32 and adapter.compute_dtype() == torch.bfloat16
+    mean, std = sde_mean_std(x, v2, sigma, sigma_next, 0.7)
+    ratio = torch.exp(gaussian_log_prob(step.x_next, mean, std) - step.log_prob)
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0)
+    media = adapter.decode_media(step.x_next)
+    assert media["video"].shape[:2] == (2, VIDEO.frames) and media["video"].dtype == torch.uint8

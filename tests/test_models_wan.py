@@ -228,3 +228,25 @@ def test_two_expert_wan22_and_bad_geometry_are_refused(wan, tmp_path):
         WanAdapter.load(path, "cpu", torch.float32, video=VideoGeometry(10, 16, 16, 8.0))
     with pytest.raises(ValueError, match="spec.model.video.width: 24 is not a multiple of 16.*nearest valid: 16 or 32"):
         WanAdapter.load(path, "cpu", torch.float32, video=VideoGeometry(9, 16, 24, 8.0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_bf16_on_cuda_keeps_the_fp32_boundary_and_ratio_one(wan):
+    """bfloat16 weights on a GPU: latents and velocities stay float32 at the adapter's boundary, an SDE step's
+    log-prob recomputed gives ratio 1, and the media decode."""
+    path, _, _ = wan
+    adapter = WanAdapter.load(path, "cuda", torch.bfloat16, video=VIDEO, guidance_scale=4.0, max_sequence_length=MAX_SEQUENCE_LENGTH)
+    ids = [adapter.tokenize(PROMPT)] * 2
+    x = torch.randn(2, adapter.numel, generator=torch.Generator().manual_seed(0)).cuda()
+    sigma, sigma_next = torch.tensor([0.9, 0.5], device="cuda"), torch.tensor([0.7, 0.3], device="cuda")
+    with torch.no_grad():
+        v = adapter.velocity(x, sigma, adapter.encode(ids, "cuda"))
+        step = sde_step(x, v, sigma, sigma_next, 0.7)
+        v2 = adapter.velocity(x, sigma, adapter.encode(ids, "cuda"))
+    assert v.dtype == torch.float32 and adapter.compute_dtype() == torch.bfloat16
+    mean, std = sde_mean_std(x, v2, sigma, sigma_next, 0.7)
+    ratio = torch.exp(gaussian_log_prob(step.x_next, mean, std) - step.log_prob)
+    assert torch.allclose(ratio, torch.ones_like(ratio), atol=1e-6, rtol=0)
+    media = adapter.decode_media(step.x_next)
+    assert media["video"].shape[:2] == (2, VIDEO.frames) and media["video"].dtype == torch.uint8

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from omnirl.api.spec import RewardAutoscaleSpec
-from omnirl_operator.autoscale import decide_replicas, read_backlog
+from omnirl.transfer.pending import reward_backlog
+from omnirl_operator.autoscale import decide_replicas
 
 POLICY = RewardAutoscaleSpec(minReplicas=1, maxReplicas=4, targetBacklogPerReplica=10, scaleUpCooldownSeconds=30,
                              scaleDownCooldownSeconds=300, scaleDownRatio=0.5)
@@ -57,14 +58,14 @@ def test_bad_input_is_refused():
 
 def test_backlog_is_undelivered_plus_unacknowledged(redis_client):
     stream = "omnirl:bk:samples"
-    assert read_backlog(redis_client, "bk") == 0  # no stream yet
+    assert reward_backlog(redis_client, "bk") == 0  # no stream yet
     for i in range(7):
         redis_client.xadd(stream, {"i": i})
-    assert read_backlog(redis_client, "bk") == 7  # no reward worker has joined: everything waits
+    assert reward_backlog(redis_client, "bk") == 7  # no reward worker has joined: everything waits
     redis_client.xgroup_create(stream, "reward", id="0")
-    assert read_backlog(redis_client, "bk") == 7
+    assert reward_backlog(redis_client, "bk") == 7
     got = redis_client.xreadgroup("reward", "w0", {stream: ">"}, count=3)
     ids = [entry_id for entry_id, _ in got[0][1]]
-    assert read_backlog(redis_client, "bk") == 7  # 4 undelivered + 3 pending
+    assert reward_backlog(redis_client, "bk") == 7  # 4 undelivered + 3 pending
     redis_client.xack(stream, "reward", *ids[:2])
-    assert read_backlog(redis_client, "bk") == 5
+    assert reward_backlog(redis_client, "bk") == 5

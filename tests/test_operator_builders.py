@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from omnirl.api.loader import job_from_dict, load_rljob
+from omnirl.api.spec import FailurePolicySpec
 from omnirl_operator import render
 from omnirl_operator.builders import build_children
 from omnirl_operator.meta import adopt, deep_merge
@@ -367,15 +368,17 @@ def test_invalid_spec_status_and_recovery():
 
 
 @pytest.mark.parametrize("policy, restarts, role, action, reason", [
-    ({"maxRestarts": 2, "controller": "restart-job"}, 0, "controller", "restart-job", "ControllerFailed"),
-    ({"maxRestarts": 2, "controller": "restart-job"}, 2, "controller", "fail", "RestartsExhausted"),
-    ({"maxRestarts": 2, "actor": "fail-job"}, 0, "actor", "fail", "ActorFailed"),
-    ({"maxRestarts": 2, "rollout": "restart-role"}, 1, "rollout", "restart-role", "RolloutFailed"),
-    ({"maxRestarts": 2, "controller": "restart-role"}, 0, "controller", "fail", "RestartsExhausted"),
-    ({"maxRestarts": 2}, 0, None, "none", ""),
+    ({"maxRestarts": 2, "controller": "restart-job"}, {}, "controller", "restart-job", "ControllerFailed"),
+    ({"maxRestarts": 2, "controller": "restart-job"}, {"job": 2}, "controller", "fail", "RestartsExhausted"),
+    ({"maxRestarts": 2, "actor": "fail-job"}, {}, "actor", "fail", "ActorFailed"),
+    ({"maxRestarts": 2, "rollout": "restart-role"}, {"rollout": 1, "job": 2}, "rollout", "restart-role",
+     "RolloutFailed"),  # each scope its own count: the job's restarts are not the rollout role's
+    ({"maxRestarts": 2, "rollout": "restart-role"}, {"rollout": 2}, "rollout", "fail", "RestartsExhausted"),
+    ({"maxRestarts": 2, "controller": "restart-role"}, {}, "controller", "fail", "RestartsExhausted"),
+    ({"maxRestarts": 2}, {}, None, "none", ""),
 ])
 def test_decide_failure(policy, restarts, role, action, reason):
-    decision = decide_failure(policy, restarts, role, "boom")
+    decision = decide_failure(FailurePolicySpec.model_validate(policy), restarts, role, "boom")
     assert (decision.action, decision.reason) == (action, reason)
 
 

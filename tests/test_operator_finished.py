@@ -17,7 +17,8 @@ import json
 import logging
 from datetime import datetime, timedelta, timezone
 
-from omnirl.transfer.keys import FINISHED, kv_key
+from omnirl.transfer.keys import kv_key
+from omnirl.transfer.records import FINISHED
 from omnirl_operator.reconcile import reconcile
 from omnirl_operator.settings import OperatorSettings
 from omnirl_operator.testing import EmulatedCluster, rljob_body

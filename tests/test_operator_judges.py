@@ -11,10 +11,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from omnirl.api.judges import argv, wire
 from omnirl.api.loader import job_from_dict
 from omnirl.api.problems import problem_lines
 from omnirl.api.spec import RLJob
+from omnirl.scorers.judges import argv, wire
 from omnirl_operator import render
 from omnirl_operator.builders import build_children
 from omnirl_operator.judges import judge_roles, judges_ready

@@ -362,8 +362,9 @@ def test_a_resume_with_nothing_to_do_clears_its_finished_runs_leftover_keys_but_
     import socket
 
     from omnirl.launch.preflight import check_not_running_elsewhere
-    from omnirl.transfer.keys import STOPPED_RUN, job_pattern, kv_key
+    from omnirl.transfer.keys import job_pattern, kv_key
     from omnirl.transfer.owner import RUN_OWNER, local_owner, rljob_owner, write_owner
+    from omnirl.transfer.records import STOPPED_RUN
 
     job = _job(tmp_path, {"transferQueue": {"redisUrl": redis_url}}, steps=2)
     out = tmp_path / "run"
@@ -410,7 +411,8 @@ def test_an_actor_that_meets_a_stopped_local_runs_work_names_that_run(tmp_path, 
     "… the checkpoint directory was lost or belongs to another run; restore it (on Kubernetes: spec.storage, …), or
     start a fresh run in another --out" (measured after a Ctrl-C of a run on redis-server :46379). Deleting that work
     would lose the stopped run's resume (the launcher refuses a fresh run there too), so the actor names the run."""
-    from omnirl.transfer.keys import STOPPED_RUN, kv_key
+    from omnirl.transfer.keys import kv_key
+    from omnirl.transfer.records import STOPPED_RUN
 
     redis_client.set(kv_key("reshape", "actor_state"), b'{"step": 1, "policy_version": 2, "data_position": [0, 4]}')
     redis_client.set(kv_key("reshape", STOPPED_RUN), b'{"host": "laptop", "out": "/runs/a", "time": 0}')

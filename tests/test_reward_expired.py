@@ -122,7 +122,7 @@ def test_omnirl_run_refills_the_group_of_a_sample_whose_tensors_are_gone(tmp_pat
     reward line marked `lost`."""
     from e2e.chaos import chaos_job
 
-    from omnirl.api.ledger_check import check_ledger, group_of
+    from omnirl.evaluation.ledger import check_ledger, group_of
 
     hook = tmp_path / "hook"
     hook.mkdir()

@@ -11,11 +11,11 @@ import pytest
 
 from omnirl.models.digits.render import render_text, slots_for
 from omnirl.reward.audio_signal import AudioSignalScorer, rms_dbfs
-from omnirl.reward.base import ScorerError
 from omnirl.reward.frames import FrameSampledScorer, frame_indices
 from omnirl.reward.jpeg import JPEGCompressibilityScorer
 from omnirl.reward.temporal import TemporalConsistencyScorer
 from omnirl.reward.video_ocr import VideoOCRScorer, frame_reward, video_reward
+from omnirl.scorers.base import ScorerError
 
 RATE = 8000
 
@@ -189,3 +189,13 @@ def test_clap_needs_a_local_directory(tmp_path):
 
     with pytest.raises(FileNotFoundError, match="needs a local directory holding ClapModel"):
         ClapScorer(tmp_path / "nowhere")
+
+
+def test_the_contact_sheet_strip_of_a_clip_shorter_than_one_hop_is_one_bar():
+    """A tiny model's 132 samples at 16 kHz (less than one 10-ms hop) draw one bar of its RMS, not a crash."""
+    from omnirl.controller.media_files import STRIP_HEIGHT, loudness_strip
+
+    strip = loudness_strip(np.full(132, 0.25, np.float32), 16000, 20)
+    # RMS over the padded hop = 0.25·sqrt(132/160); full height is RMS 0.5
+    height = round(STRIP_HEIGHT * 0.25 * math.sqrt(132 / 160) / 0.5)
+    assert strip.shape == (STRIP_HEIGHT, 20, 3) and (strip[:, :, 0] == 40).sum(axis=0).tolist() == [height] * 20

@@ -7,8 +7,8 @@ import pytest
 
 from omnirl.api.spec import RewardSpec
 from omnirl.controller.normalize import combine_step, component_stats, normalize
-from omnirl.reward.base import GroupScorer, ScorerError
-from omnirl.reward.pairwise import PairwiseContrastScorer, win_rates
+from omnirl.scorers.base import GroupScorer, ScorerError
+from omnirl.scorers.pairwise import PairwiseContrastScorer, win_rates
 
 X = np.array([1.0, 3.0, 2.0, 6.0])
 G = np.array([0, 0, 1, 1])

@@ -19,12 +19,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from omnirl.models.digits.render import render_text
 from omnirl.reward import ScorerError
-from omnirl.reward.base import score_each
 from omnirl.reward.jpeg import JPEGCompressibilityScorer
 from omnirl.reward.ocr import OCRScorer
 from omnirl.reward.protocol.codec import answer, build_request, from_json, pb2, to_json
 from omnirl.reward.remote import GRPCScorer, HTTPScorer
 from omnirl.reward.serve import serve_grpc
+from omnirl.scorers.base import score_each
 
 PROMPTS = ['A sign that says "2048"', 'A sign that says "731"', 'A sign that says "96054"', 'A sign that says "2047"']
 

@@ -128,11 +128,12 @@ def test_a_module_not_on_this_machine_is_a_note_in_validate_and_refused_by_run(t
     assert capsys.readouterr().err.splitlines() == [f"omnirl run: {problem}"]
 
 
-@pytest.mark.parametrize("protocol", ["grpc", "http"])
-def test_scorer_serve_serves_the_function_to_a_remote_reward(user_module: str, protocol: str) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "scorer", "serve", "--reward", "python", "--param",
-                             f"function={user_module}:score", "--protocol", protocol, "--host", "127.0.0.1",
-                             "--port", "0"], stdout=subprocess.PIPE, text=True)
+@pytest.mark.parametrize("protocol,flags", [("grpc", ["--function", "{m}:score"]),
+                                            ("http", ["--reward", "python", "--param", "function={m}:score"])])
+def test_scorer_serve_serves_the_function_to_a_remote_reward(user_module: str, protocol: str, flags: list[str]) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "omnirl.cli", "scorer", "serve", *(f.format(m=user_module)
+                             for f in flags), "--protocol", protocol, "--host", "127.0.0.1", "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith(f"serving {user_module}:score over {protocol} on 127.0.0.1:"), line
@@ -148,3 +149,13 @@ def test_scorer_serve_serves_the_function_to_a_remote_reward(user_module: str, p
     finally:
         proc.terminate()
         assert proc.wait(timeout=60) == 0
+
+
+def test_scorer_serve_names_the_function_flag_when_it_is_not_a_function(user_module: str, capsys) -> None:
+    assert main(["scorer", "serve", "--function", "nocolon", "--port", "0"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        'omnirl scorer: --function: "nocolon" is invalid: must be MODULE:FUNCTION, a dotted module path, a colon and '
+        "the function's name, e.g. my_pkg.rewards:score"]
+    assert main(["scorer", "serve", "--function", f"{user_module}:NOT_A_FUNCTION", "--port", "0"]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"omnirl scorer: --function: {user_module}:NOT_A_FUNCTION is a int, not a function; name the reward function"]

@@ -13,8 +13,8 @@ import yaml
 from tests.test_reward_protocol import serve
 
 from omnirl.api.spec import RewardSpec
-from omnirl.reward.base import score_each
 from omnirl.reward.registry import build_scorer, check_judges
+from omnirl.scorers.base import score_each
 
 ROOT = Path(__file__).resolve().parents[1]
 DELAY_S = 1.2

@@ -7,10 +7,10 @@ import pytest
 
 from omnirl.models.digits.render import render_text, slots_for
 from omnirl.reward import Scorer, ScorerError
-from omnirl.reward.base import score_each
 from omnirl.reward.jpeg import JPEGCompressibilityScorer
 from omnirl.reward.ocr import OCRScorer, ctc_greedy_decode, preprocess
-from omnirl.reward.text import levenshtein, ocr_reward
+from omnirl.scorers.base import score_each
+from omnirl.scorers.text import levenshtein, ocr_reward
 
 
 @pytest.fixture(scope="module")

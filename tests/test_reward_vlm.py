@@ -16,9 +16,9 @@ import yaml
 
 from omnirl.api.spec import RewardSpec
 from omnirl.reward import ScorerError
-from omnirl.reward.base import score_each
 from omnirl.reward.registry import build_scorer
 from omnirl.reward.vlm import VLMScorer, parse_rating, request_seed
+from omnirl.scorers.base import score_each
 
 SERVER = Path(__file__).with_name("judge_server.py")
 SERVED_MODELS = ["judge", "judge-no-logprobs", "malformed", "no-choices", "reject"]  # its GET /v1/models

@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from omnirl.transfer.keys import FINISHED, kv_key
+from omnirl.transfer.keys import kv_key
+from omnirl.transfer.records import FINISHED
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = "finished-job"

@@ -21,7 +21,7 @@ import pytest
 import yaml
 from tests.helpers import supervise_scripts, without_file_permission_override
 
-from omnirl.api import disk
+from omnirl.system import disk
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,7 +67,7 @@ def small_fs(tmp_path):
 
 def _file_size_limited(cmd: list[str], limit: int) -> list[str]:
     """``cmd`` under RLIMIT_FSIZE ``limit`` bytes, set after exec (a `preexec_fn` runs Python between fork
-    and exec, which can deadlock the child of a multi-threaded process: see `omnirl.api.child`)."""
+    and exec, which can deadlock the child of a multi-threaded process: see `omnirl.system.child`)."""
     script = ("import os, resource, signal, sys; n = int(sys.argv[1]); resource.setrlimit(resource.RLIMIT_FSIZE, (n, n)); "
               "signal.signal(signal.SIGXFSZ, signal.SIG_DFL); os.execv(sys.argv[2], sys.argv[2:])")
     return [sys.executable, "-c", script, str(limit), *cmd]
@@ -388,8 +388,8 @@ def test_a_write_the_run_directory_refuses_stops_the_job_and_resume_finishes_it_
 
     from e2e.chaos import chaos_job
 
-    from omnirl.api.ledger_check import check_ledger
     from omnirl.api.runtime import STORAGE_ERROR_EXIT
+    from omnirl.evaluation.ledger import check_ledger
 
     job, out, steps = chaos_job(tmp_path, "full-disk", steps=4), tmp_path / "out", 4
     doc = yaml.safe_load(job.read_text())
@@ -421,9 +421,9 @@ def test_a_line_a_full_disk_cut_short_is_dropped_before_the_next_append_and_skip
     """A write that failed for want of space can leave part of a JSON line: `omnirl run --resume`
     read it as a corrupt record (JSONDecodeError), and a resumed role appending after it made one
     corrupt line in the middle. The reader skips an unterminated last line; the appender drops it."""
-    from omnirl.api.disk import append_lines
     from omnirl.api.ledger import Ledger
     from omnirl.api.run_dir import METRICS_FILE, read_metrics
+    from omnirl.system.disk import append_lines
 
     metrics = tmp_path / METRICS_FILE
     metrics.write_text('{"event": "start"}\n{"event": "step", "step": 0}\n{"event": "st')
@@ -450,7 +450,7 @@ _CHECKPOINT_SCRIPT = """
 import json, sys
 import torch
 from omnirl.actor.checkpoint import load_checkpoint, save_checkpoint
-from omnirl.api import disk
+from omnirl.system import disk
 
 root, big = sys.argv[1], int(sys.argv[2])
 

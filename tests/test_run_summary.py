@@ -47,3 +47,56 @@ def test_an_earlier_launchs_finish_is_not_this_launchs_summary(tmp_path, capsys)
     _summary(tmp_path, "ocr-awm", since=len(RUN))
     out = capsys.readouterr().out
     assert "held-out reward: 0.426 → 0.491 (+0.065)" in out and "finished" not in out
+
+
+def test_after_a_stop_in_the_last_step_and_a_resume_the_summary_names_the_stop_checkpoint(tmp_path, redis_url):
+    """Issue 31: Ctrl-C at step 5 of 6 (the actor trains the step in hand and checkpoints it, `step-000005`, in no
+    step line), then `--resume`: the controller, with nothing left to train, exports `latest` and finishes. Its
+    `finish` record named no checkpoint, and the summary fell back to the last step line with one, the scheduled
+    `step-000003`, while `latest` and the export were step 5. The controller runs here in-process on a real Redis,
+    over the run directory the stopped run left."""
+    import yaml
+    from tests.test_expiry_waits import _doc
+
+    from omnirl.actor.checkpoint import save_checkpoint
+    from omnirl.api.loader import job_from_dict
+    from omnirl.api.runtime import RoleEnv
+    from omnirl.controller.loop import Controller
+    from omnirl.launch.progress import finish_summary
+    from omnirl.models.registry import load_adapter
+    from omnirl.transfer import TransferQueue
+
+    name, out = "stopped-last", tmp_path / "out"
+    doc = _doc(name, steps=6)
+    doc["spec"]["checkpoint"] = {"everySteps": 2, "keep": 3}
+    doc["spec"]["transferQueue"]["redisUrl"] = redis_url
+    job = job_from_dict(doc)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(doc))
+    policy = load_adapter("ocr-digits", "builtin").module.state_dict()
+    root = out / "checkpoints"
+    for step in (1, 3, 5):  # scheduled after steps 1 and 3; the stop's after step 5
+        save_checkpoint(root, step, policy=policy, trained={}, old=None, optimizer=({}, {"param_groups": [],
+                        "scalars": {}}), state={"step": step, "policy_version": step + 1, "job": name,
+                                                "family": "ocr-digits", "lora": False}, keep=3)
+    lines = [{"event": "start", "time": 1.0, "total_steps": 6, "start_step": 0}]
+    lines += [{"event": "step", "step": s, "policy_version": s + 1, "time": 2.0 + s, "reward_mean": 0.5,
+               **({"checkpoint": str(root / f"step-{s:06d}")} if s in (1, 3) else {})} for s in range(6)]
+    (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    queue = TransferQueue.from_url(redis_url, name)
+    queue.set_json("actor_ready", {"policy_version": 6, "step": 5})
+    queue.set_json("actor_state", {"step": 5, "policy_version": 6, "data_position": [0, 12]})
+    env = RoleEnv(job_name=name, redis_url=redis_url, weight_sync_host="127.0.0.1", weight_sync_port=1,
+                  worker_id="controller-0", out_dir=str(out), manifest=str(tmp_path / "job.yaml"))
+    controller = Controller(job, env, resume=True)
+    try:
+        record = controller.run()
+    finally:
+        controller.close()
+        queue.cleanup()
+        queue.close()
+    assert record["last_checkpoint"] == str(root / "step-000005") == str(root / (root / "latest").resolve().name)
+    assert record["last_export"] == str(out / "exports" / "step-000005")
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    summary = finish_summary(records, name, out / "metrics.jsonl", since=len(lines))
+    rows = {line.split()[0]: line.split()[-1] for line in summary.splitlines()[1:]}
+    assert (rows["checkpoint"], rows["export"]) == (str(root / "step-000005"), str(out / "exports" / "step-000005"))

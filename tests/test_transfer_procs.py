@@ -203,7 +203,7 @@ def test_a_guarded_child_gets_its_signal_when_its_parent_is_killed(tmp_path):
 
     parent = subprocess.Popen(
         [sys.executable, "-c", "import subprocess, sys, time\n"
-         "from omnirl.api.child import guarded\n"
+         "from omnirl.system.child import guarded\n"
          "p = subprocess.Popen(guarded(['sleep', '120'], 15))\n"
          "print(p.pid, flush=True)\ntime.sleep(120)\n"],
         stdout=subprocess.PIPE, text=True)

@@ -63,7 +63,7 @@ def wan_pipeline(*, expand_timesteps: bool = False):
         rope_max_seq_len=32)
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0,
                                         num_train_timesteps=1000)
-    return WanPipeline(tokenizer=T5TokenizerFast(vocab=vocab, extra_ids=0), text_encoder=text_encoder, vae=vae,
+    return WanPipeline(tokenizer=T5TokenizerFast(vocab=vocab, extra_ids=0, model_max_length=MAX_SEQUENCE_LENGTH), text_encoder=text_encoder, vae=vae,
                        scheduler=scheduler, transformer=transformer, expand_timesteps=expand_timesteps)
 
 

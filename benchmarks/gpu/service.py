@@ -227,4 +227,9 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     res = main()
-    Path("service-results.json").write_text(json.dumps(res, indent=2))
+    # under build/ (git-ignored), not the working directory: a smoke run's numbers are no record; a GPU run's go into
+    # the day's benchmarks/results/<date>-<gpu>.json by hand (its `service_multires`, read by benchmarks.gpu.run)
+    out = Path(__file__).resolve().parents[2] / "build" / "service-results.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(res, indent=2))
+    print(f"wrote {out}")

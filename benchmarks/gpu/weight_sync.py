@@ -2,7 +2,7 @@
 
 Run: ``python -m benchmarks.gpu.weight_sync [--tiny] [--device cuda|cpu] [--repeats 3] [--lora-rank 32]``
 
-What is timed is the real path of DESIGN.md §2 step 5: `WeightSender.broadcast` in this process
+What is timed is the real path of docs/architecture.md §2 step 5: `WeightSender.broadcast` in this process
 (the actor, module from `build_transformer(config, device, bfloat16)`) to ONE `WeightReceiver` in a
 spawned child process (the rollout worker, its own copy of the module). One sync = announce the
 manifest (with its per-tensor checksums) → group → buckets → the receiver binds by name, verifies

@@ -10,31 +10,29 @@ remembers it), the count goes to ``status.roles.reward.desired``, and to the job
 ``omnirl_reward_replicas`` in Prometheus. When Redis cannot be read the count is held (and the
 reconcile says so in its log); it is never guessed.
 
-Plain redis-py, not ``omnirl.transfer.TransferQueue``: that module imports torch, and the
-operator must not (import-linter contract).
+Through the torch-free parts of ``omnirl.transfer`` (``pending.reward_backlog``, ``records.JobRecords``), not
+``TransferQueue``: that module imports torch, and the operator must not (import-linter contract).
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
-import json
 import math
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import redis
-
 from omnirl.api.spec import RewardAutoscaleSpec, RLJob
-from omnirl.transfer.keys import StreamNames, kv_key
+from omnirl.transfer.client import RedisClient, RedisError, plain_client
+from omnirl.transfer.pending import reward_backlog
+from omnirl.transfer.records import JobRecords
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.meta import child_name
 from omnirl_operator.pods import redis_url
 from omnirl_operator.settings import OperatorSettings
 
 ANNOTATION_SCALED_AT = "omnirl.dev/scaled-at"
-REWARD_GROUP = "reward"  # the reward workers' consumer group (omnirl.reward.service.GROUP)
 
 
 @dataclass(frozen=True)
@@ -93,32 +91,6 @@ def decide_replicas(current: int, backlog: int, policy: RewardAutoscaleSpec, now
     return ScaleDecision(current, "steady")
 
 
-def read_backlog(client: redis.Redis, job: str) -> int:
-    """Samples not yet scored: the ``reward`` group's lag plus its pending entries (0 before the
-    stream or the group exists).
-
-    Raises:
-        redis.RedisError: Redis unreachable or refusing.
-    """
-    stream = StreamNames(job).samples
-    try:
-        groups = client.xinfo_groups(stream)
-    except redis.ResponseError:  # no such key: nothing produced yet
-        return 0
-    for info in groups:
-        name = info["name"].decode() if isinstance(info["name"], bytes) else info["name"]
-        if name == REWARD_GROUP:
-            lag = info.get("lag")
-            if lag is None:  # Redis < 7, or a lag Redis cannot compute after trimming
-                lag = len(client.xrange(stream, min="(" + _text(info["last-delivered-id"]), max="+"))
-            return int(lag) + int(info["pending"])
-    return client.xlen(stream)  # the workers have not joined yet: every entry waits
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 async def _password(kube: KubeApi, job: RLJob, ns: str, settings: OperatorSettings) -> str | None:
     secret_name = job.spec.transferQueue.passwordSecret
     if not secret_name:
@@ -130,8 +102,8 @@ async def _password(kube: KubeApi, job: RLJob, ns: str, settings: OperatorSettin
     return base64.b64decode(data["password"]).decode()
 
 
-def _client(url: str, password: str | None) -> redis.Redis:
-    return redis.Redis.from_url(url, password=password, socket_timeout=5, socket_connect_timeout=5)
+def _client(url: str, password: str | None) -> RedisClient:
+    return plain_client(url, password=password, socket_timeout=5, socket_connect_timeout=5)
 
 
 async def autoscale_reward(kube: KubeApi, job: RLJob, ns: str, children: list[dict[str, Any]],
@@ -159,13 +131,12 @@ async def autoscale_reward(kube: KubeApi, job: RLJob, ns: str, children: list[di
     try:
         client = _client(redis_url(job, settings), await _password(kube, job, ns, settings))
         try:
-            backlog = await asyncio.to_thread(read_backlog, client, job.metadata.name)
+            backlog = await asyncio.to_thread(reward_backlog, client, job.metadata.name)
             decision = decide_replicas(current, backlog, policy, now.timestamp(), last)
-            await asyncio.to_thread(client.set, kv_key(job.metadata.name, "reward_replicas"),
-                                    json.dumps(decision.replicas))
+            await asyncio.to_thread(JobRecords(client, job.metadata.name).set_reward_replicas, decision.replicas)
         finally:
             client.close()
-    except (redis.RedisError, ValueError) as exc:
+    except (RedisError, ValueError) as exc:
         return current, [f"autoscale: holding {name} at {current} replicas: cannot read the backlog: {exc}"]
     child["spec"]["replicas"] = decision.replicas
     if not decision.changed(current):

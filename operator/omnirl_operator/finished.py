@@ -1,5 +1,5 @@
 """Whether an RLJob's controller finished the job before its Job failed: its `finish` record on the job's
-Redis (`kv:finished`, `omnirl.transfer.keys.FINISHED`, written by the controller right after the `finish` line
+Redis (`kv:finished`, `omnirl.transfer.records.FINISHED`, written by the controller right after the `finish` line
 of `metrics.jsonl`, before it sets `stop` and exits 0).
 
 A controller pod that dies after that record (SIGKILLed, evicted, its node gone) fails its Job (`backoffLimit`
@@ -13,15 +13,14 @@ The reconcile reads the record only when the controller Job failed.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from typing import Any
 
-import redis
-
+from omnirl.api.run_dir import finish_covers
 from omnirl.api.spec import RLJob
-from omnirl.transfer.keys import FINISHED, kv_key
+from omnirl.transfer.client import RedisError
+from omnirl.transfer.records import JobRecords
 from omnirl_operator.autoscale import _client, _password
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.runowner import _where
@@ -44,15 +43,14 @@ async def finish_record(kube: KubeApi, job: RLJob, ns: str, settings: OperatorSe
     try:
         client = _client(url, await _password(kube, job, ns, settings))
         try:
-            raw = await asyncio.to_thread(client.get, kv_key(name, FINISHED))
+            record = await asyncio.to_thread(JobRecords(client, name).finish_record)
         finally:
             client.close()
-        record = None if raw is None else json.loads(raw)
-    except (redis.RedisError, ValueError) as exc:
+    except (RedisError, ValueError) as exc:
         log.warning("job %s: its controller Job failed, and whether it had finished the job first was not read from "
                     "the Redis %s (%s): %s: %s", name, where, field, type(exc).__name__, exc)
         return None
-    if not isinstance(record, dict) or int(record.get("total_steps") or 0) < job.spec.algorithm.steps:
+    if not isinstance(record, dict) or not finish_covers(record, job.spec.algorithm.steps):
         return None
     return record
 

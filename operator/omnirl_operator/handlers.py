@@ -35,12 +35,12 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import kopf
-import redis
 
 from omnirl.api.errors import FieldProblem, format_value
 from omnirl.api.spec import API_GROUP, API_VERSION
 from omnirl.api.spec_queue import check_redis_url
 from omnirl.api.status import TERMINAL_PHASES, utc_now
+from omnirl.transfer.client import RedisError
 from omnirl_operator.kube import KubeApi
 from omnirl_operator.reconcile import reconcile
 from omnirl_operator.redis_cleanup import cleanup_job, redacted
@@ -179,7 +179,7 @@ async def on_delete(body: kopf.Body, memo: kopf.Memo, logger: logging.Logger, re
         waiting = ready.get("reason") == REASON_REDIS_NAME_IN_USE  # it never ran there: the keys are another run's
         removed = await asyncio.to_thread(cleanup_job, url, name, password, uid=body["metadata"]["uid"],
                                           waiting=waiting)
-    except (redis.RedisError, ValueError) as exc:
+    except (RedisError, ValueError) as exc:
         raise kopf.TemporaryError(f"cannot clean Redis {redacted(url)} (attempt {retry + 1}): {exc}",
                                   delay=10) from exc
     if isinstance(removed, str):  # the job never ran there (RedisNameInUse): the keys are the other run's

@@ -4,7 +4,7 @@ For reward ``R`` of job ``J``: Deployment and Service ``J-judge-R`` (``_`` → `
 ``server.port`` named ``http``. The pods carry ``omnirl.dev/judge-of: J`` and
 ``omnirl.dev/reward: R`` instead of ``omnirl.dev/job`` so the job's metrics Service (which
 selects every pod of the job on 9090) does not list them. The reward workers read the URL
-``http://J-judge-R:<port><urlPath>`` from the wired manifest (:func:`omnirl.api.judges.wire`).
+``http://J-judge-R:<port><urlPath>`` from the wired manifest (:func:`omnirl.scorers.judges.wire`).
 
 Start order: the controller Job is created only once every judge Deployment has a Ready pod
 (:func:`judges_ready`), so no sample is scored against a judge that is still loading its model;
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnirl.api.judges import VOLUME_MOUNT, argv, dns_name, judge_rewards, url, wire
 from omnirl.api.spec import RewardSpec, RLJob, judge_service_name
+from omnirl.scorers.judges import VOLUME_MOUNT, argv, dns_name, judge_rewards, url, wire
 from omnirl_operator.meta import child_labels, deep_merge, object_meta, pod_labels
 from omnirl_operator.pods import accelerator_resources, accelerator_scheduling, pull_secrets
 from omnirl_operator.settings import OperatorSettings

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnirl.api.judges import dns_name
 from omnirl.api.spec import RLJob
+from omnirl.scorers.judges import dns_name
 from omnirl_operator.judges import LABEL_JUDGE_OF, LABEL_REWARD, judge_name
 from omnirl_operator.status import FailureDecision
 

@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from omnirl.api.failure_policy import count
 from omnirl.api.loader import dump_rljob, job_from_dict
 from omnirl.api.podtemplate import role_env_from_problems
 from omnirl.api.problems import problem_lines
@@ -426,6 +427,7 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         roles["reward"] = (scaled, roles["reward"][1])
     observed = Observed(roles=roles, controller=state, controller_message=message, suspended=suspended,
                         restarts=int((body.get("status") or {}).get("restarts") or 0))
+    restart_counts = dict((body.get("status") or {}).get("restartsPerScope") or {})  # api/failure_policy.py
     events: list[tuple[str, str, str]] = []
     if spec_changed:
         text = spec_changed_message(job, body["metadata"].get("generation"), progress.get("step"), note)
@@ -466,12 +468,12 @@ async def reconcile(body: dict[str, Any], kube: KubeApi, settings: OperatorSetti
         decision = permanent
     elif checked and failed_role is not None:
         detail = message if failed_role == "controller" else failures[failed_role]
-        decision = decide_failure(job.spec.failurePolicy.model_dump(mode="json"), observed.restarts,
-                                  failed_role, detail)
+        decision = decide_failure(job.spec.failurePolicy, restart_counts, failed_role, detail)
     if decision.action in ("restart-job", "restart-role"):
         whole = decision.action == "restart-job"
         actions += await _restart(kube, job, ns, now, None if whole else failed_role)
         observed = replace(observed, restarts=observed.restarts + 1, controller="absent" if whole else state,
+                           restart_counts=count(restart_counts, decision.decided),
                            restarted=(decision.reason, decision.message))
     elif decision.action == "fail":
         observed = replace(observed, failed=(decision.reason, decision.message))

@@ -2,7 +2,7 @@
 
 The deletion is ``omnirl.transfer.cleanup.delete_job_keys``'s, the one ``TransferQueue.cleanup()``
 calls too (for a deleted RLJob, its keys' UNLINK runs in MULTI/EXEC under a WATCH of the job's run-owner
-record, `cleanup_job`); that module is torch-free (the ``omnirl.transfer`` package loads its torch-dependent
+record, ``omnirl.transfer.owner.delete_for_rljob``); those modules are torch-free (the ``omnirl.transfer`` package loads its torch-dependent
 parts lazily), and the operator must not import torch (import-linter contract; its image has none).
 This module adds the operator's connection: a Secret's password, timeouts, redacted URLs in logs.
 """
@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit, urlunsplit
 
-import redis
-
 from omnirl.transfer.cleanup import delete_job_keys
-from omnirl.transfer.keys import job_pattern, kv_key
-from omnirl.transfer.owner import CLAIM_ATTEMPTS, NO_RECORD, RUN_OWNER, describe, is_rljob, parse_owner
+from omnirl.transfer.client import plain_client
+from omnirl.transfer.owner import delete_for_rljob
 
 
 def redacted(url: str) -> str:
@@ -46,34 +44,14 @@ def cleanup_job(url: str, job: str, password: str | None = None, timeout_s: floa
         The count of keys deleted (its own record with them), or a phrase naming the run whose keys they
         are (nothing deleted).
     Raises:
-        redis.RedisError: connection or command failure.
+        RedisError (``omnirl.transfer.client``): connection or command failure.
         ValueError: the run-owner key holds something else than a record.
     """
     kwargs = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s, "decode_responses": False}
     if password:
         kwargs["password"] = password
-    client = redis.Redis.from_url(url, **kwargs)
+    client = plain_client(url, **kwargs)
     try:
-        if uid is None:
-            return delete_job_keys(client, job)
-        key = kv_key(job, RUN_OWNER)
-        with client.pipeline() as pipe:
-            for _ in range(CLAIM_ATTEMPTS):
-                try:
-                    pipe.watch(key)
-                    owner = parse_owner(job, pipe.get(key))
-                    if owner is not None and not is_rljob(uid)(owner):
-                        return describe(owner)
-                    if owner is None and waiting:
-                        return NO_RECORD
-                    keys = list(client.scan_iter(match=job_pattern(job), count=1000))
-                    pipe.multi()
-                    if keys:
-                        pipe.unlink(*keys)
-                    pipe.execute()
-                    return len(keys)
-                except redis.WatchError:
-                    continue  # a run claimed the name between the read and the deletion: decide again
-        raise redis.RedisError(f"{key} changed on every one of {CLAIM_ATTEMPTS} attempts to delete the job's keys")
+        return delete_job_keys(client, job) if uid is None else delete_for_rljob(client, job, uid, waiting)
     finally:
         client.close()

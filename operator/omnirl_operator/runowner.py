@@ -19,12 +19,12 @@ import logging
 from typing import Any
 from urllib.parse import urlsplit
 
-import redis
 import yaml
 from pydantic import ValidationError
 
 from omnirl.api.loader import job_from_dict
 from omnirl.api.spec import RLJob
+from omnirl.transfer.client import RedisError
 from omnirl.transfer.owner import claim_for_rljob, is_rljob, release
 from omnirl_operator.autoscale import _client, _password
 from omnirl_operator.kube import KubeApi
@@ -69,7 +69,7 @@ async def redis_name_conflict(kube: KubeApi, job: RLJob, ns: str, uid: str, stor
                                             bool(job.spec.suspend) if suspended is None else suspended)
         finally:
             client.close()
-    except (redis.RedisError, ValueError) as exc:
+    except (RedisError, ValueError) as exc:
         log.warning("job %s: its name on the Redis %s (%s) was not checked for another run: %s: %s",
                     name, where, field, type(exc).__name__, exc)
         return None
@@ -132,7 +132,7 @@ async def release_redis_name(kube: KubeApi, job: RLJob, ns: str, uid: str, setti
             await asyncio.to_thread(release, client, job.metadata.name, is_rljob(uid))
         finally:
             client.close()
-    except (redis.RedisError, ValueError) as exc:
+    except (RedisError, ValueError) as exc:
         log.warning("job %s finished, but its claim of its name on the Redis %s (%s) was not released: %s: %s; it "
                     "lapses %g s after the last reconcile", job.metadata.name, where, field, type(exc).__name__, exc,
                     settings.run_owner_ttl_seconds)

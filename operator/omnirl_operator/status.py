@@ -5,7 +5,8 @@
 so leaving them out keeps them exactly as the controller last wrote them, even when its patch
 lands between our read and our write.
 
-:func:`decide_failure` is the failure policy (``spec.failurePolicy``) as a pure decision; the
+:func:`decide_failure` is the failure policy (``spec.failurePolicy``) as a pure decision, the one
+``omnirl run``'s supervisor makes too (``omnirl.api.failure_policy``: restarts counted per scope); the
 handler carries it out (restart the job, or fail it) and reports it back via ``Observed``.
 :func:`permanent_failure` comes first: a role pod that exited with a permanent code (a
 configuration error, or the controller failing the job) fails the job whatever the policy says.
@@ -13,11 +14,14 @@ configuration error, or the controller failing the job) fails the job whatever t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from omnirl.api.failure_policy import FailureAction, decide
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT
+from omnirl.api.spec import FailurePolicySpec
 from omnirl.api.status import (
     FAILED,
     READY,
@@ -55,6 +59,8 @@ class Observed:
         failed: ``(reason, message)`` when the failure policy failed the job in this reconcile.
         restarted: ``(reason, message)`` when the job was restarted in this reconcile.
         restarts: restarts so far, including one made in this reconcile.
+        restart_counts: restarts per scope (``omnirl.api.failure_policy``: ``job``, or the role restarted alone),
+            including one made in this reconcile; merged into ``status.restartsPerScope``.
         waiting: ``(reason, text)`` of pods that wait for something (unschedulable, an image that
             does not pull, ...; :func:`omnirl_operator.podcheck.waiting_summary`), or None.
         blocked: ``(reason, text)`` when nothing was created because something outside the cluster must
@@ -69,6 +75,7 @@ class Observed:
     failed: tuple[str, str] | None = None
     restarted: tuple[str, str] | None = None
     restarts: int = 0
+    restart_counts: dict[str, int] = field(default_factory=dict)
     waiting: tuple[str, str] | None = None
     blocked: tuple[str, str] | None = None
 
@@ -77,46 +84,49 @@ class Observed:
 class FailureDecision:
     """What to do about a failed child: ``none``, ``restart-role`` (roll that role's pods),
     ``restart-job`` (new controller Job, every role rolled) or ``fail``; ``role``: the role whose pod
-    decided it, where one did (:func:`permanent_failure`)."""
+    decided it, where one did (:func:`permanent_failure`); ``decided``: the failure policy's decision it
+    carries out (:func:`decide_failure`), whose restart ``omnirl.api.failure_policy.count`` counts."""
 
     action: Literal["none", "restart-role", "restart-job", "fail"]
     reason: str = ""
     message: str = ""
     role: str = ""
+    decided: FailureAction | None = None
 
 
 def decide_failure(
-    failure_policy: dict[str, Any], restarts: int, failed_role: str | None, detail: str = ""
+    failure_policy: FailurePolicySpec, restarts: Mapping[str, int], failed_role: str | None, detail: str = ""
 ) -> FailureDecision:
-    """The failure policy (``spec.failurePolicy``) applied to one failed role.
+    """The failure policy (``spec.failurePolicy``) applied to one failed role: ``omnirl.api.failure_policy.decide``
+    with the role as the unit ``restart-role`` restarts (its pods roll together).
 
     Args:
-        failure_policy: ``spec.failurePolicy`` as a dict (``maxRestarts`` and one action per role).
-        restarts: ``status.restarts`` so far.
+        failure_policy: ``spec.failurePolicy``.
+        restarts: ``status.restartsPerScope`` so far (``job``, and each role restarted alone).
         failed_role: the role whose workload failed (``None``: nothing failed).
         detail: the failure's own message (the Job's or Deployment's condition message).
 
     Returns:
-        ``fail`` for ``fail-job``, once ``restarts >= maxRestarts``, and for a failed controller
-        Job under ``restart-role`` (its in-place restarts, ``backoffLimit: maxRestarts``, are
-        then used up); otherwise the role's action; ``none`` when ``failed_role`` is ``None``.
+        ``fail`` for ``fail-job``, once the scope's restarts reached ``maxRestarts``, and for a failed controller
+        Job under ``restart-role`` (its in-place restarts, ``backoffLimit: maxRestarts``, are then used up);
+        otherwise the role's action; ``none`` when ``failed_role`` is ``None``.
     """
     if failed_role is None:
         return FailureDecision("none")
-    action = failure_policy.get(failed_role, "restart-job")
-    max_restarts = int(failure_policy.get("maxRestarts", 0))
+    max_restarts = failure_policy.maxRestarts
+    decided = decide(failure_policy, failed_role, failed_role, restarts,
+                     used_up_in_place=failed_role == "controller" and failure_policy.controller == "restart-role")
     what = f"{failed_role} failed" + (f": {detail}" if detail else "")
-    if action == "fail-job":
+    if decided.cause == "fail-job":
         return FailureDecision("fail", f"{failed_role.capitalize()}Failed",
-                               f"{what} (failurePolicy.{failed_role}: fail-job)")
-    in_place_used_up = failed_role == "controller" and action == "restart-role"
-    if restarts >= max_restarts or in_place_used_up:
+                               f"{what} (failurePolicy.{failed_role}: fail-job)", decided=decided)
+    if decided.cause == "exhausted":
         return FailureDecision(
-            "fail", "RestartsExhausted", f"{what}; failurePolicy.maxRestarts={max_restarts} restarts used"
-        )
-    scope = "the job" if action == "restart-job" else f"role {failed_role}"
-    return FailureDecision(action, f"{failed_role.capitalize()}Failed",
-                           f"{what}; restarting {scope} ({restarts + 1}/{max_restarts})")
+            "fail", "RestartsExhausted", f"{what}; failurePolicy.maxRestarts={max_restarts} restarts used",
+            decided=decided)
+    scope = "the job" if decided.action == "restart-job" else f"role {failed_role}"
+    return FailureDecision(decided.action, f"{failed_role.capitalize()}Failed",
+                           f"{what}; restarting {scope} ({decided.used + 1}/{max_restarts})", decided=decided)
 
 
 def permanent_failure(pods: list[dict[str, Any]], role_label: str) -> FailureDecision | None:
@@ -335,6 +345,8 @@ def compute_status(job_obj: dict[str, Any], observed: Observed, progress: dict[s
         roles=roles,
         readyRoles=ready_roles_text(roles),
         restarts=max(previous.restarts, observed.restarts),
+        restartsPerScope={scope: max(previous.restartsPerScope.get(scope, 0), observed.restart_counts.get(scope, 0))
+                          for scope in sorted({*previous.restartsPerScope, *observed.restart_counts})},
         message=message + note,
         startTime=start,
         completionTime=previous.completionTime or (now if terminal else None),

@@ -10,6 +10,8 @@ import logging
 import os
 import sys
 
+from omnirl.api.exits import FAILED, INTERRUPTED_EXIT, STORAGE_ERROR_EXIT, USAGE_EXIT
+
 DESCRIPTION = ("Reinforcement-learning post-training of flow-matching (diffusion) models from one RLJob manifest: "
                "on this machine (omnirl run) or on Kubernetes (the operator).")
 
@@ -119,7 +121,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     return export_main(args)
 def _cmd_ledger(args: argparse.Namespace) -> int:
-    from omnirl.api.ledger_check import main as ledger_main
+    from omnirl.evaluation.ledger import main as ledger_main
 
     return ledger_main(args)
 
@@ -139,7 +141,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of every subcommand."""
     from omnirl.api.extensions import REWARD_KINDS
-    from omnirl.api.spec import ROLE_NAMES  # torch-free; pydantic's models are built once here for every command
+    from omnirl.api.roles import ROLE_NAMES
 
     p = argparse.ArgumentParser(prog="omnirl", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
@@ -240,9 +242,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("scorer", help="scorer servers (the scorer protocol, see services/omnirl/reward/protocol)")
     scorer_sub = s.add_subparsers(dest="scorer_command", required=True)
-    s = scorer_sub.add_parser("serve", help="serve a built-in scorer over gRPC (with gRPC health) or HTTP/JSON")
-    s.add_argument("--reward", required=True, choices=[k for k, info in REWARD_KINDS.items() if info.runs == "in-process"],
-                   help="the in-process reward kind to serve")
+    s = scorer_sub.add_parser("serve", help="serve a built-in scorer or a Python function over gRPC (with gRPC health) "
+                              "or HTTP/JSON")
+    what = s.add_mutually_exclusive_group(required=True)
+    what.add_argument("--reward", choices=[k for k, info in REWARD_KINDS.items() if info.runs == "in-process"],
+                      help="the in-process reward kind to serve")
+    what.add_argument("--function", metavar="MODULE:FUNCTION",
+                      help="serve a Python function as the reward (--reward python --param function=MODULE:FUNCTION; "
+                           "docs/rewards-python.md)")
     s.add_argument("--protocol", choices=["grpc", "http"], default="grpc",
                    help="grpc (default; omnirl.scorer.v1.Scorer + gRPC health) or http (POST /v1/score)")
     s.add_argument("--host", default="0.0.0.0", help="address to listen on (default all interfaces)")
@@ -275,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the `omnirl` console script; returns the process exit code.
 
     A user error (bad manifest, missing file, bad value) prints one line per problem and exits 2; a
-    file or directory that cannot be read or written (no permission, no space: `omnirl.api.disk`)
+    file or directory that cannot be read or written (no permission, no space: `omnirl.system.disk`)
     one line saying which, the path and the fix, exit 5 (`STORAGE_ERROR_EXIT`, as a role's);
     Ctrl-C prints `omnirl COMMAND: interrupted` and exits 130 (`omnirl run` stops its job first and
     says how to continue); OMNIRL_DEBUG=1 shows the traceback instead. `omnirl role` reports its own failures.
@@ -293,20 +300,19 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.fn(args) or 0)
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 130, not a traceback from wherever it landed
         print(f"omnirl {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return INTERRUPTED_EXIT
     except BrokenPipeError:  # `omnirl validate … | head`: the reader left; no traceback, as other CLIs
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit-time flush must not raise too
-        return 1
+        return FAILED
     except (FileNotFoundError, ValueError, KeyError) as err:
         from omnirl.api.errors import error_text
 
         lines = getattr(err, "problems", None) or [error_text(err)]  # as raised: a quoted value keeps its quotes
         for line in lines:
             print(f"omnirl {args.command}: {line}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     except OSError as err:
-        from omnirl.api import disk
-        from omnirl.api.runtime import STORAGE_ERROR_EXIT
+        from omnirl.system import disk
 
         full = disk.storage_error(err)
         if full is None:

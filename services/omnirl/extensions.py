@@ -47,7 +47,7 @@ def render_table() -> str:
     for module in registering_modules():
         importlib.import_module(module)
     from omnirl.models.families import registered_families
-    from omnirl.reward.kinds import registered_kinds
+    from omnirl.scorers.kinds import registered_kinds
 
     families = sorted(registered_families().values(), key=lambda cls: (not cls.info.builtin, cls.family))
     kinds = sorted(registered_kinds().values(), key=lambda kind: kind.name)

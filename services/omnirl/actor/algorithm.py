@@ -1,21 +1,20 @@
-"""The algorithm protocol: what one RL algorithm decides, so core classes never branch on its name.
+"""The actor's half of the algorithm protocol: what one RL algorithm decides, so core classes never branch on its name.
 
-An algorithm answers three questions, one method each:
+An algorithm answers two questions here, one method each:
 
-- `rollout(algo, window_seed)` — what the controller sends and rollout records: a `RolloutPlan`.
-  Steps in its window are stochastic and recorded (latents `[W+1, C, H, W]`, log-probs `[W]`);
-  an empty window is a deterministic (ODE) rollout that records only the final x0. The default
-  is the ODE rollout; FlowGRPO draws an SDE window.
 - `needs(algo)` — which policies the actor keeps (`PolicyNeeds`: reference for a KL, old policy
   and its refresh schedule, which of θ / old the rollout workers sample from).
 - `update(...)` — the actor's training step on one complete batch; returns its metrics.
+
+The other half, how its steps are rolled out (`RolloutPlan`), is the controller's and needs no model:
+`algorithms/plan.py` (`planner_for(name)`), below the roles.
 
 What every algorithm gets alike (not part of the protocol): the controller's group-relative
 advantages (`spec.algorithm.advantage`), one per sample, groups kept whole; validation and
 `omnirl eval` sample with the ODE.
 
 The registry is `omnirl.api.spec_algorithm.ALGORITHMS` (name → settings field and
-`"module:attribute"` of the algorithm object); `algorithm_for(name)` resolves it. Adding an
+`"module:attribute"` of the algorithm object and of its planner); `algorithm_for(name)` resolves it. Adding an
 algorithm touches its settings class, its implementation module and one registry line.
 """
 
@@ -31,21 +30,6 @@ from omnirl.actor.batch import GridOf, TrainSample
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks
 from omnirl.api.spec_algorithm import ALGORITHMS, AlgorithmSpec, OldPolicySpec
-
-
-@dataclass(frozen=True)
-class RolloutPlan:
-    """How the rollout engine samples one training step's groups (sent in every `GenerateRequest`).
-
-    Attributes:
-        window: 0-based indices of the stochastic, recorded denoising steps (contiguous); () = ODE.
-        noise_level: SDE noise level a inside the window (dimensionless; unused without a window).
-        sde_type: "sde" (Flow-GRPO SDE) or "cps".
-    """
-
-    window: tuple[int, ...] = ()
-    noise_level: float = 0.0
-    sde_type: str = "sde"
 
 
 @dataclass(frozen=True)
@@ -68,16 +52,6 @@ class Algorithm(ABC):
     """One RL algorithm (see the module docstring). Subclasses set `name` to their registry key."""
 
     name: str
-
-    def rollout(self, algo: AlgorithmSpec, window_seed: int) -> RolloutPlan:
-        """The step's rollout plan; default: ODE (the update trains on the clean x0 alone).
-
-        Args:
-            algo: the job's `spec.algorithm`.
-            window_seed: the step's seed for random plan choices (FlowGRPO's window start); the
-                same for every group of the step.
-        """
-        return RolloutPlan()
 
     @abstractmethod
     def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:

@@ -31,13 +31,12 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.models.policy_io import (  # the one "where is the checkpoint"
     COMPLETE,
-    LATEST,
     publish,
     resolve_checkpoint,
 )
+from omnirl.system.disk import readable, readable_as_umask_allows
 
 
 def _contiguous(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -84,7 +83,7 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
 
     Raises:
         OSError (or safetensors' `SafetensorError` carrying the system's text, see
-        `omnirl.api.disk.storage_error`): a write failed, e.g. no space left; the partly written
+        `omnirl.system.disk.storage_error`): a write failed, e.g. no space left; the partly written
         temporary directory is removed and `latest` is unchanged.
     """
     root = Path(root)
@@ -112,12 +111,6 @@ def save_checkpoint(root: str | Path, step: int, *, policy: dict[str, torch.Tens
         raise
     # fsynced, renamed, `latest` switched; the step written again never loses its old copy first
     return publish(root, tmp, final, keep)
-
-
-def has_checkpoint(root: str | Path) -> bool:
-    """True when `root/latest` is a complete checkpoint (what `OMNIRL_RESUME=auto` resumes from)."""
-    latest = Path(root) / LATEST
-    return (latest / COMPLETE).is_file() and (latest / "policy.safetensors").is_file()
 
 
 def load_checkpoint(path: str | Path) -> dict:

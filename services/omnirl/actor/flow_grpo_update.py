@@ -13,7 +13,7 @@ import random
 
 import torch
 
-from omnirl.actor.algorithm import Algorithm, PolicyNeeds, RolloutPlan
+from omnirl.actor.algorithm import Algorithm, PolicyNeeds
 from omnirl.actor.batch import GridOf, TrainSample, micro_batches, stack_window, trained_mask_of
 from omnirl.actor.policy import PolicySet
 from omnirl.actor.ranks import SINGLE, Ranks, check_loss, clip_grad_norm
@@ -26,7 +26,6 @@ from omnirl.algorithms import (
     per_step_abs_log_ratio,
     rs_mask,
     sde_mean_std,
-    select_window,
 )
 from omnirl.api.seeds import derive
 from omnirl.api.spec import AlgorithmSpec, FlowGRPOSpec, OptimizerSpec
@@ -58,15 +57,10 @@ def window_log_probs(adapter: ModelAdapter, samples: list[TrainSample], device: 
 
 
 class FlowGRPO(Algorithm):
-    """FlowGRPO through the algorithm protocol: SDE-window rollouts of θ, PPO-clip on their log-probs."""
+    """FlowGRPO through the algorithm protocol: SDE-window rollouts of θ (its plan: `algorithms/plan.py::FLOW_GRPO`),
+    PPO-clip on their log-probs."""
 
     name = "flow-grpo"
-
-    def rollout(self, algo: AlgorithmSpec, window_seed: int) -> RolloutPlan:
-        """A seeded window of `flowGrpo.window.size` SDE steps (`select_window`), shared by the step."""
-        g = algo.flowGrpo
-        window = select_window(window_seed, algo.sampling.numSteps, g.window.size, tuple(g.window.range))
-        return RolloutPlan(tuple(window), g.noiseLevel, g.sdeType)
 
     def needs(self, algo: AlgorithmSpec) -> PolicyNeeds:
         """A reference when `flowGrpo.klCoef` > 0; no old policy (old log-probs are recomputed)."""

@@ -7,7 +7,7 @@
   (`omnirl.algorithms.old_policy_decay`).
 
 Rollout workers build the same structure with `omnirl.models.lora.prepare_rollout_module`, so
-the tensor names the actor broadcasts are the names the workers bind (DESIGN.md §7).
+the tensor names the actor broadcasts are the names the workers bind (docs/architecture.md §3 "Weight sync").
 """
 
 from __future__ import annotations

@@ -47,22 +47,21 @@ import torch
 from safetensors import SafetensorError
 
 from omnirl.actor.batch import TrainSample
-from omnirl.actor.checkpoint import LATEST
 from omnirl.actor.ranks import Ranks
 from omnirl.actor.trainer import Trainer
-from omnirl.api.disk import append_lines
 from omnirl.api.errors import ConfigError, config_errors
 from omnirl.api.messages import RoleFailure, TrainDone, TrainItem, TrainLost, TrainRequest
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.attention import select_attention
 from omnirl.models.compile import while_compiling
-from omnirl.models.policy_io import step_order
+from omnirl.models.policy_io import LATEST, step_order
 from omnirl.models.registry import adapter_options, load_adapter
+from omnirl.system.disk import append_lines
 from omnirl.telemetry.cpu import cpu_wait_seconds
-from omnirl.transfer import MissingTensors, TransferQueue, kv_key
+from omnirl.transfer import MissingTensors, TransferQueue
 from omnirl.transfer.heartbeat import Heartbeat
-from omnirl.transfer.keys import STOPPED_RUN
+from omnirl.transfer.records import ActorReady, ActorState
 from omnirl.weight_sync import SyncAborted, WeightSender
 
 log = logging.getLogger("omnirl.actor")
@@ -126,7 +125,7 @@ class ActorService:
             self.data_position = list(state.get("data_position", [0, 0]))
             log.info("resumed from %s at step %d, policy_version %d", self.ckpt_root / LATEST, self.trained_step,
                      self.version)
-        self._trainreqs, self._trained = kv_key(env.job_name, "trainreqs"), kv_key(env.job_name, "trained")
+        self.records = self.queue.records  # kv:actor_state, kv:trainreqs, kv:trained … (transfer/records.py)
         self._check_reach()
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "actor", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
@@ -147,7 +146,7 @@ class ActorService:
         if leader:
             path = Path(env.out_dir) / "ledger" / f"actor-{env.worker_id}.jsonl"
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._ledger = append_lines(path)  # a line a full disk cut is dropped (api/disk.py)
+            self._ledger = append_lines(path)  # a line a full disk cut is dropped (system/disk.py)
             self._ckpt_ledger = append_lines(path.parent / f"checkpoints-{env.worker_id}.jsonl")
         # model.compile compiles at the first step (train, no-grad and reference graphs) and on a new shape
         bound = spec.failurePolicy.startupDeadlineSeconds
@@ -161,14 +160,14 @@ class ActorService:
         """Serve until the `stop` flag is set. Errors are published as `RoleFailure`, then raised."""
         try:
             if self.ranks.leader:  # until this actor is ready, a new controller must not read the old one's state
-                self.queue.redis.delete(kv_key(self.env.job_name, "actor_ready"))
+                self.records.clear_actor_ready()
             self._replay()
             self._start()
             self._announce()
             control = self.queue.streams.control
             group = GROUP if self.ranks.leader else f"{GROUP}-rank{self.ranks.rank}"  # followers see every request
             self.queue.ensure_group(control, group)
-            while not self.queue.get_json("stop"):
+            while not self.records.stop_requested():
                 if self.ranks.max(float(self.terminated)) > 0:
                     self._checkpoint_on_terminate()
                     return
@@ -215,11 +214,11 @@ class ActorService:
                 the job until `maxRestarts`). An older `step-*` checkpoint cannot stand in: the
                 batches after it were deleted when the newer one was written (`_save`).
         """
-        before = self.queue.get_json("actor_state")
-        if before is None or int(before["step"]) <= self.trained_step:
+        before = self.records.actor_state()
+        if before is None or before.step <= self.trained_step:
             return
-        r, wanted = self.queue.redis, range(self.trained_step + 1, int(before["step"]) + 1)
-        reach = next((step - 1 for step in wanted if not r.hexists(self._trainreqs, str(step))), wanted[-1])
+        wanted = range(self.trained_step + 1, before.step + 1)
+        reach = next((step - 1 for step in wanted if not self.records.has_batch(step)), wanted[-1])
         if reach == wanted[-1]:
             return
         latest = self.ckpt_root / LATEST
@@ -236,16 +235,16 @@ class ActorService:
         older = sorted((p.name for p in self.ckpt_root.glob("step-*") if p.resolve() != latest.resolve()),
                        key=lambda name: step_order(name) or (-1, 0))
         older = f" (the older {', '.join(older)} cannot stand in: the batches after it were deleted)" if older else ""
-        stopped = self.queue.get_json(STOPPED_RUN)
+        stopped = self.records.stopped_run()
         if stopped is not None:  # e.g. an RLJob started on the Redis where an omnirl run of its name was stopped
             raise ConfigError(
-                f"checkpoint {latest}: the job's actor had trained step {before['step']}, but {start}: the keys of "
+                f"checkpoint {latest}: the job's actor had trained step {before.step}, but {start}: the keys of "
                 f"job {self.env.job_name!r} on this Redis hold the pending work of an omnirl run that was stopped "
                 f"before it finished ({stopped.get('host')}:{stopped.get('out')}); continue that run with omnirl run "
                 f"JOB --out {stopped.get('out')} --resume, or give this job another metadata.name (restarting cannot "
                 "help)")
         raise ConfigError(
-            f"checkpoint {latest}: the job's actor had trained step {before['step']}, but {start}, and {batches}"
+            f"checkpoint {latest}: the job's actor had trained step {before.step}, but {start}, and {batches}"
             f"{older}: the checkpoint directory was lost or belongs to another run; restore it (on Kubernetes: "
             "spec.storage, a persistent volume), or start a fresh run in another --out (restarting cannot help)")
 
@@ -257,26 +256,26 @@ class ActorService:
                 batches reach (`_check_reach` refuses that at start-up already: a guard).
         """
         while True:
-            raw = self.queue.redis.hget(self._trainreqs, str(self.trained_step + 1))
-            if self.ranks.max(float(raw is not None)) == 0:  # the ranks share one Redis: they agree
-                before = self.queue.get_json("actor_state")
-                if before is not None and int(before["step"]) > self.trained_step:
+            batch = self.records.handed_batch(self.trained_step + 1)
+            if self.ranks.max(float(batch is not None)) == 0:  # the ranks share one Redis: they agree
+                before = self.records.actor_state()
+                if before is not None and before.step > self.trained_step:
                     raise RuntimeError(
-                        f"the job's actor had trained step {before['step']}, but {self.ckpt_root} and the stored "
+                        f"the job's actor had trained step {before.step}, but {self.ckpt_root} and the stored "
                         f"batches reach step {self.trained_step} only: the checkpoint directory was lost "
                         "(mount it from a persistent volume) or belongs to another run")
                 return
-            req = TrainRequest.model_validate(json.loads(raw)["request"])
+            req = batch.request
             # -1: no checkpoint saved yet (the step replays from the model's weights), not a step
             after = "no checkpoint yet" if self.checkpointed_step < 0 else f"after checkpoint step {self.checkpointed_step}"
             log.info("replaying step %d from its stored request (%s)", req.step, after)
             try:
                 self._train(req, replay=True)
             except BatchLost as lost:
-                before = self.queue.get_json("actor_state")
-                if before is not None and int(before["step"]) >= req.step:  # its update cannot be rebuilt
+                before = self.records.actor_state()
+                if before is not None and before.step >= req.step:  # its update cannot be rebuilt
                     raise ConfigError(
-                        f"spec.transferQueue.tensorTtlSeconds: the job's actor had trained step {before['step']}, "
+                        f"spec.transferQueue.tensorTtlSeconds: the job's actor had trained step {before.step}, "
                         f"but step {req.step}'s batch, which checkpoint {self.ckpt_root / LATEST} does not cover, "
                         f"cannot be replayed: {lost.lost.reason}; raise tensorTtlSeconds above the time between two "
                         "checkpoints (spec.checkpoint.everySteps) and start a fresh run in another --out "
@@ -289,8 +288,8 @@ class ActorService:
         replayed steps, a step trained after SIGTERM), once the rollout workers hold these weights:
         a controller that outlived the old actor may be waiting for one (a new one skips them)."""
         if self.ranks.leader:
-            for step in sorted(self.queue.redis.hkeys(self._trained), key=int):
-                self._publish_kept(int(step))
+            for step in self.records.kept_result_steps():
+                self._publish_kept(step)
 
     def _republish(self, req: TrainRequest) -> None:
         """Publish a trained step's `TrainDone` again: from `kv:trained` while the controller has not
@@ -301,10 +300,10 @@ class ActorService:
     def _publish_kept(self, step: int) -> bool:
         """Publish `step`'s `TrainDone` as kept in `kv:trained`; False when it is gone (the controller
         has written the step's metrics line and dropped it)."""
-        raw = self.queue.redis.hget(self._trained, str(step))
-        if raw is not None:
-            self._publish_done(TrainDone.model_validate(json.loads(raw)))
-        return raw is not None
+        done = self.records.kept_result(step)
+        if done is not None:
+            self._publish_done(done)
+        return done is not None
 
     def _publish_done(self, done: TrainDone) -> None:
         self.queue.publish(self.queue.streams.control, done.model_dump())
@@ -322,7 +321,7 @@ class ActorService:
         limit = self.spec.failurePolicy.startup_limit_s  # a worker registers once it has loaded its model
         deadline = time.monotonic() + limit
         while len(self.sender.members()) < want:
-            if self.queue.get_json("stop") or self.terminated:
+            if self.records.stop_requested() or self.terminated:
                 return
             self.heartbeat.beat()
             if time.monotonic() > deadline:
@@ -332,11 +331,10 @@ class ActorService:
         report = self.sender.broadcast(self._rollout, self.version)
         log.info("initial weights v%d to %s in %.3f s", self.version, report.receivers, report.seconds)
         self._publish_state()
-        self.queue.set_json("actor_ready", {"policy_version": self.version, "step": self.trained_step})
+        self.records.set_actor_ready(ActorReady(self.version, self.trained_step))
 
     def _publish_state(self) -> None:
-        self.queue.set_json("actor_state", {"step": self.trained_step, "policy_version": self.version,
-                                            "data_position": self.data_position})
+        self.records.set_actor_state(ActorState(self.trained_step, self.version, self.data_position))
 
     def _train(self, req: TrainRequest, replay: bool = False) -> None:
         done = req.step <= self.trained_step
@@ -413,7 +411,7 @@ class ActorService:
         """`kv:trained` keeps each step's result until the controller has written its metrics line. Noted as
         soon as the step is trained (again with the sync's numbers after the broadcast): an actor killed after
         the step's checkpoint resumes past the step and can only republish what is kept here."""
-        self.queue.redis.hset(self._trained, str(done.step), json.dumps(done.model_dump()))
+        self.records.note_result(done)
 
     def _save(self, step: int, data_position: list, gathered: bool = False) -> Path | None:
         """Checkpoint `step` (a collective with several ranks); then the batches it covers are
@@ -433,14 +431,13 @@ class ActorService:
         """Delete the stored batches (requests and tensors) of the steps through `step`, which a checkpoint
         covers now; `_replay_age` = the oldest of their tensors' age (`tensorTtlSeconds` when one had expired):
         how long a replay needed them to live."""
-        r, ages = self.queue.redis, []
-        for field, raw in r.hgetall(self._trainreqs).items():
-            if int(field) <= step:
-                req = TrainRequest.model_validate(json.loads(raw)["request"])
-                keys = [item.tensor_key for item in req.items]
+        ages = []
+        for stored, batch in self.records.handed_batches().items():
+            if stored <= step:
+                keys = [item.tensor_key for item in batch.request.items]
                 ages += [self.queue.tensor_ttl_s if a is None else a for a in self.queue.ages(keys)]
                 self.queue.delete_tensors(keys)
-                r.hdel(self._trainreqs, field)
+                self.records.drop_batch(stored)
         self._replay_age = max(ages, default=None)
 
     def _gather_rollout(self) -> None:

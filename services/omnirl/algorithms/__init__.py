@@ -1,4 +1,4 @@
-"""Pure float32 tensor math of diffusion RL (DESIGN.md §3): no config objects, no I/O, no state.
+"""Pure float32 tensor math of diffusion RL (docs/algorithms/): no config objects, no I/O, no state.
 
 Modules: `sigmas` (σ grid), `sde` (ODE / Flow-GRPO SDE / CPS step and log-prob), `window`
 (stochastic step window), `advantages` (group-relative advantages), `flow_grpo` (PPO-clip loss),

@@ -1,7 +1,7 @@
 """Shared input checks and casts for the algorithm functions (private).
 
 Every public function in `omnirl.algorithms` computes in float32: inputs in bf16/fp16 are cast
-in here, so rollout (bf16 model outputs) and training see the same arithmetic (DESIGN.md §7:
+in here, so rollout (bf16 model outputs) and training see the same arithmetic (docs/architecture.md §4:
 keep the SDE step, latents and log-probs in fp32).
 """
 

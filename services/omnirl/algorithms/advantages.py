@@ -10,7 +10,7 @@ Implementation details:
 - A group whose rewards are all equal (reward std 0, including a group of one) carries no
   signal: its advantages are set to exactly 0 and it is counted in `zero_std_groups`, in both
   std modes (in "global" mode r − group mean would be 0 anyway, up to rounding).
-- DESIGN.md §3's example, rewards [0.3, 0.9, 0.5, 0.7] in groups [0, 0, 1, 1] →
+- The example of docs/algorithms/index.md ("Group advantages"), rewards [0.3, 0.9, 0.5, 0.7] in groups [0, 0, 1, 1] →
   [−1.34, +1.34, −0.45, +0.45], is produced by std_mode="global" (batch std 0.2236); per-group
   std (0.3 and 0.1) gives [−1.0, +1.0, −1.0, +1.0].
 """
@@ -73,7 +73,7 @@ def group_advantages(rewards: Tensor, group_ids: Tensor, std_mode: str = "group"
     the group (std_mode="group") or over the whole batch (std_mode="global", Flow-GRPO's and
     VeRL-Omni's default). DeepSeekMath (arXiv 2402.03300) §4.1.2; Flow-GRPO (arXiv 2505.05470).
 
-    Example (DESIGN.md §3): rewards [0.3, 0.9, 0.5, 0.7], group_ids [0, 0, 1, 1]:
+    Example (docs/algorithms/index.md, "Group advantages"): rewards [0.3, 0.9, 0.5, 0.7], group_ids [0, 0, 1, 1]:
     "global" → batch std 0.2236 → [−1.341, 1.341, −0.447, 0.447];
     "group" → group stds 0.3, 0.1 → [−1.000, 1.000, −0.999, 0.999] (eps shrinks them slightly).
 

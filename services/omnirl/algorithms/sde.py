@@ -9,7 +9,7 @@ References:
   (arXiv 2509.05952): a DDIM-like step whose x_next keeps the signal/noise coefficients
   (1 − σ_next, σ_next) of the flow; reference code in github.com/yifan123/flow_grpo (sde_type "cps").
 
-Convention (DESIGN.md §3): σ from 1 (noise) to 0 (data), x_σ = (1−σ)x0 + σε, v = ε − x0,
+Convention (docs/architecture.md §4): σ from 1 (noise) to 0 (data), x_σ = (1−σ)x0 + σε, v = ε − x0,
 dt = σ_next − σ < 0. Every function computes in float32: bf16/fp16 inputs are cast in (the SDE
 step, latents and log-probs must stay fp32 or the on-policy ratio drifts from 1).
 

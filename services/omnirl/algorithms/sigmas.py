@@ -5,7 +5,7 @@ Synthesis" (SD3, arXiv 2403.03206), §5.3.2 "resolution-dependent shifting of ti
 schedules": σ' = shift·σ / (1 + (shift − 1)·σ). diffusers' `FlowMatchEulerDiscreteScheduler`
 applies the same rule.
 
-Convention (DESIGN.md §3): σ runs from 1 (pure noise) to 0 (data); the grid is stored as σ
+Convention (docs/architecture.md §4): σ runs from 1 (pure noise) to 0 (data); the grid is stored as σ
 values, never as rounded integer timesteps.
 """
 

@@ -1,7 +1,7 @@
 """The extension axes as the spec sees them: model families and reward kinds, by name, with their capabilities.
 
 A model family is one adapter module that registers itself (`omnirl.models.families.register_family`); a reward
-kind is one module that registers itself with its params class (`omnirl.reward.kinds.register_kind`). The spec
+kind is one module that registers itself with its params class (`omnirl.scorers.kinds.register_kind`). The spec
 is torch-free and the lowest import layer, so it cannot import those modules to learn their names: it reads
 `extensions_generated.py`, the table `python -m omnirl.extensions --write` (`make crd`) writes from the
 registrations, which `tests/test_extensions.py` regenerates and compares (it fails when the table is stale).

@@ -3,7 +3,7 @@
 tests/test_extensions.py fails when this file is stale."""
 
 FAMILIES = {
-    'av-digits': {'module': 'omnirl.models.avdigits.adapter', 'modalities': ['video', 'audio'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': True, 'sized': False, 'guidance': True, 'notes': {'sized': "its video and audio sizes are the model's own"}, 'media': {'video': {'frames': 8, 'height': 32, 'width': 64, 'fps': 8.0}, 'audio': {'seconds': 1.0, 'sampleRate': 8000}}, 'parallel': []},
+    'av-digits': {'module': 'omnirl.models.avdigits.adapter', 'modalities': ['video', 'audio'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': True, 'sized': False, 'guidance': True, 'notes': {'sized': "its sizes are the model's: 8 frames of 32x64 at 8 fps and 1 s of 8 kHz audio, spec.model.video / spec.model.audio"}, 'media': None, 'parallel': []},
     'ocr-digits': {'module': 'omnirl.models.digits.adapter', 'modalities': ['image'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': True, 'sized': False, 'guidance': False, 'notes': {'guidance': 'the model has no unconditional branch', 'sized': 'its image width follows the text'}, 'media': None, 'parallel': []},
     'flux': {'module': 'omnirl.models.diffusers.flux', 'modalities': ['image'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': False, 'sized': True, 'guidance': True, 'notes': {'cudnn': "FLUX's gradients through cuDNN were wrong on the H200"}, 'media': None, 'parallel': ['ulysses', 'tensor']},
     'ltx2': {'module': 'omnirl.models.diffusers.ltx2', 'modalities': ['video', 'audio'], 'packed': False, 'attention': ['auto', 'torch', 'math'], 'builtin': False, 'sized': False, 'guidance': True, 'notes': {'sized': 'its clip is spec.model.video (frames, height, width, fps); the audio lasts as long'}, 'media': None, 'parallel': ['ulysses']},
@@ -15,19 +15,19 @@ FAMILIES = {
 
 REWARD_KINDS = {
     'audio-signal': {'module': 'omnirl.reward.kinds.media', 'params': 'AudioSignalParams', 'params_keys': ['measure', 'lowDb', 'highDb', 'toleranceDb', 'clipLevel', 'frameMs', 'silenceDb'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['audio']},
-    'avdigits-beeps': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'NoParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['audio']},
+    'avdigits-beeps': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'AVDigitsParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['audio']},
     'avdigits-ocr': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'AVDigitsOCRParams', 'params_keys': ['threads', 'batchSize'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video']},
-    'avdigits-pitch': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'NoParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['audio']},
-    'avdigits-sync': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'NoParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video', 'audio']},
+    'avdigits-pitch': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'AVDigitsParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['audio']},
+    'avdigits-sync': {'module': 'omnirl.reward.kinds.avdigits', 'params': 'AVDigitsParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video', 'audio']},
     'clap': {'module': 'omnirl.reward.kinds.media', 'params': 'ClapParams', 'params_keys': ['path', 'device', 'template', 'batchSize'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['audio']},
-    'frames': {'module': 'omnirl.reward.kinds.media', 'params': 'FramesParams', 'params_keys': ['kind', 'params', 'frameStride', 'frameCount'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video']},
-    'grpc': {'module': 'omnirl.reward.kinds.remote', 'params': 'RemoteParams', 'params_keys': ['maxRetries'], 'runs': 'remote', 'endpoint': 'grpc', 'modalities': ['image']},
-    'http': {'module': 'omnirl.reward.kinds.remote', 'params': 'RemoteParams', 'params_keys': ['maxRetries'], 'runs': 'remote', 'endpoint': 'http', 'modalities': ['image']},
+    'frames': {'module': 'omnirl.reward.kinds.media', 'params': 'FramesParams', 'params_keys': ['kind', 'innerParams', 'frameStride', 'frameCount'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video']},
+    'grpc': {'module': 'omnirl.reward.kinds.remote', 'params': 'RemoteParams', 'params_keys': ['maxRetries', 'frameStride', 'frameCount', 'audio'], 'runs': 'remote', 'endpoint': 'grpc', 'modalities': ['image']},
+    'http': {'module': 'omnirl.reward.kinds.remote', 'params': 'RemoteParams', 'params_keys': ['maxRetries', 'frameStride', 'frameCount', 'audio'], 'runs': 'remote', 'endpoint': 'http', 'modalities': ['image']},
     'jpeg': {'module': 'omnirl.reward.kinds.jpeg', 'params': 'JPEGParams', 'params_keys': ['quality'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['image']},
     'ocr': {'module': 'omnirl.reward.kinds.ocr', 'params': 'OCRParams', 'params_keys': ['alphabet', 'threads', 'batchSize'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['image']},
     'pairwise-contrast': {'module': 'omnirl.reward.kinds.pairwise', 'params': 'PairwiseContrastParams', 'params_keys': [], 'runs': 'group', 'endpoint': None, 'modalities': ['image']},
     'python': {'module': 'omnirl.reward.kinds.python', 'params': 'PythonParams', 'params_keys': ['function', 'call'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['image']},
     'temporal-consistency': {'module': 'omnirl.reward.kinds.media', 'params': 'NoParams', 'params_keys': [], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video']},
     'video-ocr': {'module': 'omnirl.reward.kinds.media', 'params': 'VideoOCRParams', 'params_keys': ['alphabet', 'frameStride', 'threads', 'batchSize'], 'runs': 'in-process', 'endpoint': None, 'modalities': ['video']},
-    'vlm': {'module': 'omnirl.reward.kinds.vlm', 'params': 'VLMParams', 'params_keys': ['model', 'template', 'instruction', 'scale', 'maxTokens', 'topLogprobs', 'concurrency', 'batchSize', 'maxRetries', 'apiKeyEnv'], 'runs': 'remote', 'endpoint': 'openai', 'modalities': ['image']},
+    'vlm': {'module': 'omnirl.reward.kinds.vlm', 'params': 'VLMParams', 'params_keys': ['model', 'template', 'instruction', 'scale', 'maxTokens', 'topLogprobs', 'concurrency', 'batchSize', 'maxRetries', 'apiKeyEnv', 'frames', 'audio'], 'runs': 'remote', 'endpoint': 'openai', 'modalities': ['image']},
 }

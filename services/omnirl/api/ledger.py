@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from omnirl.api.disk import append_lines
+from omnirl.system.disk import append_lines
 
 LEDGER_DIR = "ledger"
 

@@ -27,6 +27,7 @@ import yaml
 from pydantic import ValidationError
 
 from omnirl.api.errors import ManifestError, format_value
+from omnirl.api.paths import path_problem, printable, utf8_problem
 from omnirl.api.problems import dotted, problem_lines
 from omnirl.api.spec import API_GROUP, API_VERSION, KIND, RLJob
 
@@ -103,9 +104,13 @@ def resolve_paths(job: RLJob, base_dir: str | os.PathLike[str]) -> RLJob:
 def _read_documents(path: str) -> list[tuple[Any, yaml.Node | None]]:
     """(data, YAML node or None) per non-empty document of the file; raises ManifestError."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+        raw = Path(path).read_bytes()
+    except OSError as e:
         raise ManifestError([f"{path}: cannot read: {e}"]) from e
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:  # the field that holds the byte, not only the byte's position
+        raise ManifestError([_not_utf8(path, raw, e.start)]) from e
     if path.endswith(".json"):
         try:
             return [(json.loads(text), None)]
@@ -126,6 +131,42 @@ def _read_documents(path: str) -> list[tuple[Any, yaml.Node | None]]:
     finally:
         loader.dispose()
     return [(d, n) for d, n in docs if d is not None]
+
+
+def _not_utf8(path: str, raw: bytes, at: int) -> str:
+    """The problem line of a manifest whose byte `at` is not UTF-8: the field whose value (or key) holds it when
+    the file, read with that byte replaced, is YAML (JSON is too), with the byte's line and column."""
+    before = raw[:at].decode("utf-8")  # the bytes before the first bad one are UTF-8
+    line, column = before.count("\n") + 1, len(before) - (before.rfind("\n") + 1) + 1
+    where = f"byte 0x{raw[at]:02x} at line {line}, column {column}"
+    try:
+        nodes = list(yaml.compose_all(raw.decode("utf-8", "replace"), Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        nodes = []
+    field = next((f for n in nodes if (f := _field_at(n, len(before), [])) is not None), None)
+    if field is None:
+        return f"{path}: is not UTF-8 text ({where}); save the manifest as UTF-8"
+    return f"{path}: {dotted(field)}: is not valid UTF-8 ({where}); write the value in UTF-8"
+
+
+def _field_at(node: yaml.Node, index: int, path: list[str | int]) -> list[str | int] | None:
+    """The path of the scalar (a value, or a mapping's key) under `node` whose text spans character `index`."""
+    if isinstance(node, yaml.ScalarNode):
+        return path if node.start_mark.index <= index < node.end_mark.index else None
+    if isinstance(node, yaml.MappingNode):
+        for key, value in node.value:
+            here = [*path, key.value if isinstance(key, yaml.ScalarNode) else "?"]
+            if isinstance(key, yaml.ScalarNode) and key.start_mark.index <= index < key.end_mark.index:
+                return here
+            found = _field_at(value, index, here)
+            if found is not None:
+                return found
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            found = _field_at(item, index, [*path, i])
+            if found is not None:
+                return found
+    return None
 
 
 def _line_of(node: yaml.Node | None, path: list[str | int]) -> int | None:
@@ -163,6 +204,22 @@ def _duplicate_keys(node: yaml.Node | None, path: list[str | int]) -> list[tuple
     return found
 
 
+def _not_utf8_strings(data: Any, path: list[str | int]) -> list[tuple[list[str | int], str]]:
+    """(path, text) of every key or string value under `data` that is not UTF-8 text (a lone surrogate: YAML's
+    `"\\udcff"` escape makes one)."""
+    if isinstance(data, str):
+        return [(path, data)] if utf8_problem(data) else []
+    found: list[tuple[list[str | int], str]] = []
+    if isinstance(data, dict):
+        for key, value in data.items():
+            here = [*path, printable(key) if isinstance(key, str) else str(key)]
+            found += [(here, key)] if isinstance(key, str) and utf8_problem(key) else _not_utf8_strings(value, here)
+    elif isinstance(data, list):
+        for i, item in enumerate(data):
+            found += _not_utf8_strings(item, [*path, i])
+    return found
+
+
 def _check_document(path: str, data: Any, node: yaml.Node | None, index: int) -> tuple[RLJob | None, list[str]]:
     """Validate one document: (job, []) or (None, problem lines)."""
     where = f" (document {index + 1})" if index else ""
@@ -182,6 +239,12 @@ def _check_document(path: str, data: Any, node: yaml.Node | None, index: int) ->
         f"{path}: {dotted(loc)}: duplicate key; it is also set at line {first} (line {again})"
         for loc, first, again in _duplicate_keys(node, [])
     ]
+    for loc, text in _not_utf8_strings(data, []):  # job_from_dict's JSON refused the whole document for one
+        line = _line_of(node, loc)
+        lines.append(f"{path}: {dotted(loc)}: {format_value(printable(text))} is invalid: {utf8_problem(text)}"
+                     + (f" (line {line})" if line else where))
+    if lines:
+        return None, lines
     try:
         job = job_from_dict(data)
     except ValidationError as e:
@@ -213,7 +276,22 @@ def load_rljobs(path: str | os.PathLike[str]) -> list[RLJob]:
     if problems:
         raise ManifestError(problems)
     base = Path(path).absolute().parent
-    return [resolve_paths(j, base) for j in jobs]
+    resolved = [resolve_paths(j, base) for j in jobs]
+    # a relative path valid as written can outgrow PATH_MAX once joined to the manifest's folder
+    problems = [f"{path}: {field}: {format_value(value)} is invalid: {problem} (resolved against the manifest's "
+                "folder)" for job in resolved for field, value, problem in _resolved_path_problems(job)]
+    if problems:
+        raise ManifestError(problems)
+    return resolved
+
+
+def _resolved_path_problems(job: RLJob) -> list[tuple[str, str, str]]:
+    """(field, value, problem) of each path `resolve_paths` made absolute that no longer names a possible file."""
+    data, model = job.spec.data, job.spec.model
+    fields = [("spec.data.trainPrompts", data.trainPrompts), ("spec.data.validationPrompts", data.validationPrompts),
+              ("spec.model.path", model.path)]
+    return [(field, value, problem) for field, value in fields
+            if value is not None and (problem := path_problem(value)) is not None]
 
 
 def load_rljob(path: str | os.PathLike[str]) -> RLJob:

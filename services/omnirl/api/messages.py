@@ -1,10 +1,10 @@
-"""Typed metadata of the TransferQueue's stream entries (msgpack on the wire, DESIGN.md §4).
+"""Typed metadata of the TransferQueue's stream entries (msgpack on the wire, docs/architecture.md §3 "Messages").
 
 Streams and who reads them:
 
 | stream | producer → consumer group | entry |
 | --- | --- | --- |
-| `requests` | controller → `rollout` | `GenerateRequest` (one prompt, G samples) |
+| `requests` | controller → `rollout` | `GenerateRequest` (one prompt, G samples), or `HeldOutCohort` (validation) |
 | `samples` | rollout → `reward` | `SampleMeta` + trajectory tensors under a key |
 | `scores` | reward → `controller` | `ScoreMeta` (points at the sample's tensor key) |
 | `control` | controller → `actor`; actor → `controller` | `TrainRequest`; `TrainDone` / `TrainLost` / `RoleFailure` |
@@ -50,6 +50,19 @@ class GenerateRequest(_Msg):
     resolution: list[int] | None = Field(
         None, description="Image (height, width) in pixels of this group (`model.resolutions`); None = the "
         "adapter's default size (`model.resolution`).")
+
+
+class HeldOutCohort(_Msg):
+    """Held-out requests (one sample each) that the rollout engine denoises together and only together: each
+    forward holding one of their samples holds exactly the cohort's samples of its latent shape, in this order,
+    at the same denoising step. A validation round is published as cohorts of consecutive prompts, and `omnirl
+    eval` runs the same cohorts (`omnirl.rollout.requests.heldout_cohorts`), so a sample's latents do not depend
+    on when its request reached a worker or what else the worker was denoising (the fp32 GEMMs of a forward
+    round differently at another batch size)."""
+
+    type: Literal["cohort"] = "cohort"
+    cohort_id: str = Field(..., description="Unique per round and attempt: the first request's sample id.")
+    requests: list[GenerateRequest] = Field(..., min_length=1)
 
 
 class SampleMeta(_Msg):

@@ -1,6 +1,6 @@
 """Prompt-text rules shared by the model adapters and the reward scorers.
 
-`api` is the bottom layer (DESIGN.md §1), so both `omnirl.models` and `omnirl.reward` import the
+`api` is the bottom layer (docs/architecture.md §1), so both `omnirl.models` and `omnirl.reward` import the
 quoted-text rule from here instead of keeping two copies that could drift apart.
 """
 

@@ -1,10 +1,11 @@
-"""The run directory's `metrics.jsonl`: its name and its one reader.
+"""The run directory's `metrics.jsonl`: its name, its one reader and what it says of the run.
 
 The controller writes it (`controller/report.py::Reporter`); the launcher (`omnirl run --resume`,
 the held-out table), the controller on restart, `omnirl export` (validations into the export's
 manifest) and `omnirl ledger` (the planned steps) read it here, so the file's name and line format have
-one owner below every layer that uses them. Also where a run directory keeps its manifest (`run_manifest`:
-`omnirl export`, `omnirl ledger`).
+one owner below every layer that uses them. Which steps a run trained (`trained_steps`) and whether it
+finished (`finished`; of a `finish` record: `finish_covers`) are answered here once, for every reader.
+Also where a run directory keeps its manifest (`run_manifest`: `omnirl export`, `omnirl ledger`).
 """
 
 from __future__ import annotations
@@ -68,3 +69,42 @@ def read_metrics(run_dir: Path) -> list[dict]:
     text = (Path(run_dir) / METRICS_FILE).read_text()
     whole = text[: text.rfind("\n") + 1]
     return [json.loads(line) for line in whole.splitlines() if line.strip()]
+
+
+def trained_steps(run_dir: Path) -> set[int]:
+    """The training steps (0-based) with a line in `run_dir/metrics.jsonl`: the steps whose result a controller has
+    recorded. The one reader of that fact: the controller (`Reporter.has_step`, before it writes a line again) and
+    `omnirl run` (how far a run got: its highest step + 1, before a `--resume` starts anything).
+
+    Raises:
+        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
+    """
+    return {int(rec["step"]) for rec in read_metrics(run_dir) if rec.get("event") == "step"}
+
+
+def finished(run_dir: Path, since: int = 0) -> bool:
+    """True when the last controller to start in `run_dir` also finished (its final validation and
+    export written): a run stopped after training its last step, before that, is not finished.
+    `since`: only the records after the first `since` count (a launcher asks about the controllers it
+    started: a resumed run whose earlier part finished has not finished while no new record says so).
+
+    Raises:
+        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
+    """
+    ends = [rec["event"] for rec in read_metrics(run_dir)[since:] if rec.get("event") in ("start", "finish")]
+    return bool(ends) and ends[-1] == "finish"
+
+
+def finish_covers(record: dict | None, total: int) -> bool:
+    """Whether `record`, a `finish` record (the line of `metrics.jsonl`, or the copy in Redis,
+    `transfer/records.py::FINISHED`), says the job's `total` steps are done: its `total_steps` ≥ `total`. A run
+    resumed for more steps than it finished is not done. False for None. The progress bar, `omnirl role` at
+    start-up and the operator ask it."""
+    return record is not None and int(record.get("total_steps") or 0) >= total
+
+
+def term_means(summary: dict) -> dict[str, float]:
+    """Each per-sample reward's held-out mean of a `validation` record (`val_reward_<name>`), by name, in the
+    record's order; the sum (`val_reward_mean`) and absent means are left out."""
+    return {k.removeprefix("val_reward_"): v for k, v in summary.items()
+            if k.startswith("val_reward_") and k != "val_reward_mean" and v is not None}

@@ -15,18 +15,10 @@ from dataclasses import dataclass, fields
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from omnirl.api.errors import ConfigError, config_errors
+from omnirl.api.exits import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT  # noqa: F401
 
-# Exit codes of `omnirl role` (besides 0 = done, 1 = crashed, 130 = Ctrl-C, 143 = SIGTERM; a crash is
-# restarted per `spec.failurePolicy`). These three are permanent: the local supervisor stops the job at
-# once and the operator marks the RLJob Failed (the controller Job's podFailurePolicy fails it too).
-JOB_FAILED_EXIT = 3  # the controller failed the job itself (every group of a step failed, a scorer is down)
-CONFIG_ERROR_EXIT = 4  # a role found a setting it cannot run with at start-up (`omnirl.api.errors.ConfigError`)
-# a role's write to the run directory failed for want of space or a writable mount (ENOSPC, EDQUOT,
-# EFBIG, EROFS) or permission (EACCES, EPERM): every restart would fail the same way until someone
-# frees space or fixes the directory; a resume continues
-STORAGE_ERROR_EXIT = 5
-PERMANENT_EXITS = (JOB_FAILED_EXIT, CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT)
-
+# the role exit codes imported above are owned by `omnirl.api.exits` (with 0, 1, 130, 143); re-exported here for the
+# roles' readers
 # RoleEnv field → environment variable (`weight_sync_addr` = host:port of two fields)
 VARIABLES = {
     "job_name": "OMNIRL_JOB_NAME", "redis_url": "OMNIRL_REDIS_URL", "weight_sync_addr": "OMNIRL_WEIGHT_SYNC_ADDR",
@@ -123,7 +115,7 @@ class RoleEnv:
             ranks meet the rest of their replica's. "" = `MASTER_ADDR:MASTER_PORT` as given.
         manifest: OMNIRL_MANIFEST: the job's manifest as the user wrote it, each judge the job runs a
             `reward[].server` (the `--job` file has the URL the launcher or operator wired in instead,
-            `api/judges.py::wire`, which dies with the run): what the controller writes into exports
+            `scorers/judges.py::wire`, which dies with the run): what the controller writes into exports
             (`controller/loop.py::written_manifest`). "" = the `--job` file.
     """
 
@@ -232,6 +224,27 @@ class RoleEnv:
             ranks_per_pod=integer("ranks_per_pod", 1),
             replica_hosts=env.get(v["replica_hosts"], ""),
         )
+
+
+def cpu_role_threads(role: str, mode: str, cores: int) -> int:
+    """torch threads of a role of an all-CPU job (`omnirl run`'s placement; `omnirl eval` samples with the
+    rollout's, so its forwards round as the run's validation did). In `sync`/`async-reward` the rollout and the
+    actor take turns, so each may use every core; in `fully-async` they run at once and split the cores
+    (threads beyond the cores spin against each other: 4× slower steps measured on 2 cores)."""
+    if role in ("reward", "controller"):
+        return 1
+    return max(1, cores // 2) if mode == "fully-async" else max(1, cores)
+
+
+def fixed_local_threads() -> int | None:
+    """`OMNIRL_LOCAL_THREADS`: one torch thread count for every local role (benchmarks on shared machines), and
+    for `omnirl eval`; None when unset. Raises ValueError naming the variable when it is not a positive integer."""
+    fixed = os.environ.get("OMNIRL_LOCAL_THREADS")
+    if not fixed:
+        return None
+    if not fixed.isdigit() or int(fixed) < 1:
+        raise ValueError(f"OMNIRL_LOCAL_THREADS={fixed!r} must be a positive integer")
+    return int(fixed)
 
 
 def with_redis_password(url: str, password: str | None) -> str:

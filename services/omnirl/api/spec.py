@@ -22,7 +22,9 @@ from pydantic import ConfigDict, Field, PositiveInt, field_validator, model_vali
 from omnirl.api._base import CelRule, SpecModel, cel_literal
 from omnirl.api.errors import FieldProblem, FieldProblems
 from omnirl.api.extensions import FAMILIES, FAMILY_NAMES, REWARD_KIND_NAMES, REWARD_KINDS, families_with, kinds_with
+from omnirl.api.paths import path_problem, printable, url_path_problem, utf8_problem
 from omnirl.api.podtemplate import check_pod_template
+from omnirl.api.roles import MODEL_ROLES, ROLE_NAMES
 from omnirl.api.seeds import Seed
 from omnirl.api.spec_algorithm import (
     AdvantageSpec,
@@ -62,10 +64,6 @@ NormalizeMode = Literal["none", "group", "batch", "minmax"]
 GROUP_KINDS: tuple[str, ...] = kinds_with("runs", "group")
 REMOTE_KINDS: tuple[str, ...] = kinds_with("runs", "remote")
 GRPC_KINDS: tuple[str, ...] = kinds_with("endpoint", "grpc")
-ROLE_NAMES: tuple[str, ...] = ("rollout", "reward", "actor", "controller")
-"""The four roles of a job, in the launcher's order: the one list every role loop, CLI choice and builder reads."""
-# The roles that hold the model (on their accelerator): attention kernel, /dev/shm for NCCL/HCCL.
-MODEL_ROLES: tuple[str, ...] = ("rollout", "actor")
 MAX_REWARDS = 64
 """Rewards of one job: a bound the CRD's rules over `spec.reward` need (the API server refuses a CRD whose rules'
 estimated cost, which grows with the list's largest size, is over its budget); no job comes near it."""
@@ -132,6 +130,7 @@ __all__ = [  # the algorithm sub-models live in omnirl.api.spec_algorithm and ar
     "CheckpointSpec",
     "FailurePolicySpec",
     "StorageSpec",
+    "TelemetrySpec",
     "RLJobSpec",
     "ObjectMeta",
     "RLJob",
@@ -186,6 +185,15 @@ def is_lora_tensor(name: str) -> bool:
 
 AttentionBackend = Literal["auto", "torch", "cudnn", "math"]
 """`spec.model.attention`: what each value means is owned by `omnirl.models.attention`."""
+
+
+def check_paths(*fields: tuple[str, str | None]) -> None:
+    """Each (field, value) of a model's path-like fields names a possible file (`api/paths.py::path_problem`);
+    None values are skipped. Raises FieldProblem naming the first field that does not (its value printable)."""
+    for field, value in fields:
+        problem = None if value is None else path_problem(value)
+        if problem:
+            raise FieldProblem(field, printable(value), problem)
 
 
 class VideoSpec(SpecModel):
@@ -308,6 +316,7 @@ class ModelSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> ModelSpec:
+        check_paths(("path", self.path))
         if self.dtype == "float16":  # no float32 master copy: AdamW's update is computed in float16
             raise FieldProblem("dtype", "float16", "cannot be trained: the actor runs AdamW on the float16 weights "
                                "(LoRA adapters too), whose eps (1e-8) and small second moments underflow to 0, so "
@@ -339,21 +348,17 @@ class ModelSpec(SpecModel):
         return out
 
     def check_media(self) -> None:
-        """`video`, `audio` and `modalities` against the family (its registered `modalities` and fixed `media`).
+        """`video`, `audio` and `modalities` against the family's modalities (`api.extensions.FamilyInfo`); a family
+        whose sizes are fixed checks them when its adapter options are made (av-digits).
 
         Raises:
-            FieldProblem: a modality the family does not make, no trained modality, a trained one of weight 0, or
-                a size a fixed-size family cannot make (naming its size).
+            FieldProblem: a modality the family does not make, no trained modality, or a trained one of weight 0.
         """
         mods = FAMILIES[self.family].modalities
         for key in ("video", "audio"):
             if getattr(self, key) is not None and key not in mods:
                 raise FieldProblem(key, getattr(self, key).model_dump(), f"family {self.family} makes no {key} "
                                    f"(its samples: {', '.join(mods)}); remove {key}")
-            fixed = (FAMILIES[self.family].media or {}).get(key)
-            if fixed is not None and getattr(self, key) is not None and getattr(self, key).model_dump() != fixed:
-                raise FieldProblem(key, getattr(self, key).model_dump(), f"family {self.family} makes {key} of "
-                                   f"{fixed} only; write that or remove {key}")
         if self.modalities is None:
             return
         written = self.modalities.written()
@@ -388,6 +393,11 @@ class DataSpec(SpecModel):
         "null disables validation.",
     )
     shuffle: bool = Field(True, description="Shuffle training prompts each epoch (seeded by spec.seed).")
+
+    @model_validator(mode="after")
+    def _check(self) -> DataSpec:
+        check_paths(("trainPrompts", self.trainPrompts), ("validationPrompts", self.validationPrompts))
+        return self
 
 
 # ---------------------------------------------------------------- reward
@@ -486,7 +496,7 @@ class RewardSpec(SpecModel):
         return self
 
     def typed_params(self) -> SpecModel:
-        """`params` as the kind's model (its kind module's params class, `omnirl.api.extensions.params_model`), defaults filled in."""
+        """`params` as the kind's params class (`omnirl.api.extensions.params_model`), defaults filled in."""
         return parse_params(self.kind, self.params)
 
 
@@ -494,7 +504,7 @@ class RewardSpec(SpecModel):
 
 
 class PipelineSpec(SpecModel):
-    """How rollout, reward and training overlap (DESIGN.md §2)."""
+    """How rollout, reward and training overlap (docs/concepts.md, Pipelining)."""
 
     mode: Literal["sync", "async-reward", "fully-async"] = Field(
         "async-reward",
@@ -552,7 +562,7 @@ class AcceleratorSpec(SpecModel):
         return self
 
 
-SERVER_PLACEHOLDERS = ("port", "modelPath")  # substituted in reward[].server.command/args (api/judges.py::argv)
+SERVER_PLACEHOLDERS = ("port", "modelPath")  # substituted in reward[].server.command/args (scorers/judges.py::argv)
 
 
 def misspelt_placeholder(arg: str) -> tuple[str, str] | None:
@@ -618,6 +628,18 @@ class RewardServerSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> RewardServerSpec:
+        check_paths(("modelPath", self.modelPath), ("command[0]", self.command[0]))
+        for field in ("urlPath", "healthPath"):
+            value = getattr(self, field)
+            problem = None if value is None else url_path_problem(value)
+            if problem:
+                raise FieldProblem(field, printable(value), problem)
+        for field in ("command", "args"):  # each is one argv string of the server's exec: no NUL, UTF-8
+            for i, arg in enumerate(getattr(self, field)):
+                problem = "must not contain a NUL character (\\x00): no argument holds one" if "\x00" in arg \
+                    else utf8_problem(arg)
+                if problem:
+                    raise FieldProblem(f"{field}[{i}]", printable(arg), problem)
         if self.modelPath is not None and self.volume is not None:
             raise FieldProblem("volume", self.volume, "give modelPath (a directory on the node) or volume (a volume "
                                "source mounted at /models), not both")
@@ -893,6 +915,7 @@ class CheckpointSpec(SpecModel):
 
     @model_validator(mode="after")
     def _check(self) -> CheckpointSpec:
+        check_paths(("dir", self.dir))
         # the actor writes OUT/dir, the controller and `omnirl export` read it there: outside OUT a pod's
         # checkpoints would miss the volume (lost on restart, not seen by the controller's pod)
         if self.dir.startswith("/") or ".." in self.dir.split("/"):
@@ -966,6 +989,15 @@ class FailurePolicySpec(SpecModel):
         return self.startupDeadlineSeconds + self.progressDeadlineSeconds
 
 
+class TelemetrySpec(SpecModel):
+    """Where a run's numbers go besides `metrics.jsonl` and the Prometheus meters (always on)."""
+
+    tensorboard: bool = Field(
+        False, description="Write TensorBoard event files of every metrics.jsonl step and validation line to "
+        "OUT/tensorboard/ (the run directory: spec.storage's claim on Kubernetes); needs the tensorboard package "
+        "(pip install 'omnirl[tensorboard]') where the controller runs. View with tensorboard --logdir OUT/tensorboard.")
+
+
 class RLJobSpec(SpecModel):
     """`spec` of an RLJob."""
 
@@ -986,6 +1018,7 @@ class RLJobSpec(SpecModel):
     seed: Seed = Field(0, description="Global seed (data order, SDE windows, sampling noise). A signed 64-bit "
                        "integer (`omnirl.api.seeds.derive` hashes it).")
     suspend: bool = Field(False, description="Suspended jobs have no running pods (Kueue admission).")
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec, description="Extra metrics outputs (TensorBoard).")
     cel_rules = (
         CelRule("self.reward.all(r, self.reward.exists_one(s, s.name == r.name))", "spec.reward[].name: must be "
                 "unique; rename one of the rewards that share a name", ".reward"),
@@ -1100,8 +1133,9 @@ class RLJobSpec(SpecModel):
                 f"{', '.join(BUILTIN_FAMILIES)} only)",
             )
         for i, r in enumerate(self.reward):
-            scored = REWARD_KINDS[r.kind].modalities
-            if not set(scored) & set(family.modalities):
+            reads = getattr(r.typed_params(), "reads", None)  # a remote scorer or judge: what its params send it
+            scored = tuple(reads()) if reads is not None else REWARD_KINDS[r.kind].modalities
+            if set(scored) - set(family.modalities):  # a kind reading video and audio needs both (docs/omni.md)
                 raise FieldProblem(f"reward[{i}].kind", r.kind, f"scores {' and '.join(scored)}, and model.family "
                                    f"{family.name} produces {' and '.join(family.modalities)}: choose a reward kind "
                                    "that scores what the model produces")

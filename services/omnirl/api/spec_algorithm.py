@@ -1,7 +1,8 @@
 """The `spec.algorithm` part of an RLJob: sampler, advantages, optimiser, FlowGRPO, DiffusionNFT, AWM, DGPO.
 
 `ALGORITHMS` is the algorithm registry, the one owner of the names `algorithm.name` accepts: each
-name → the `AlgorithmSpec` field holding its settings and where its implementation lives (an
+name → the `AlgorithmSpec` field holding its settings and where its two halves live: its rollout plan (an
+`omnirl.algorithms.plan.Planner`, imported by `planner_for`: the controller's) and its update (an
 `omnirl.actor.algorithm.Algorithm`, imported by `omnirl.actor.algorithm.algorithm_for`). Adding an
 algorithm = its settings class here, its implementation module, one registry line.
 
@@ -36,14 +37,17 @@ class AlgorithmEntry:
             None for an algorithm without parameters.
         implementation: `"module:attribute"` of its `omnirl.actor.algorithm.Algorithm` object (a
             string: the spec stays torch-free and below the runtime in the import layers).
+        plan: `"module:attribute"` of its `omnirl.algorithms.plan.Planner` (what the controller sends
+            rollout each step); default: the ODE rollout.
     """
 
     settings: str | None
     implementation: str
+    plan: str = "omnirl.algorithms.plan:ODE"
 
 
 ALGORITHMS: dict[str, AlgorithmEntry] = {
-    "flow-grpo": AlgorithmEntry("flowGrpo", "omnirl.actor.flow_grpo_update:FLOW_GRPO"),
+    "flow-grpo": AlgorithmEntry("flowGrpo", "omnirl.actor.flow_grpo_update:FLOW_GRPO", "omnirl.algorithms.plan:FLOW_GRPO"),
     "diffusion-nft": AlgorithmEntry("nft", "omnirl.actor.nft_update:DIFFUSION_NFT"),
     "awm": AlgorithmEntry("awm", "omnirl.actor.awm_update:AWM"),
     "dgpo": AlgorithmEntry("dgpo", "omnirl.actor.dgpo_update:DGPO"),

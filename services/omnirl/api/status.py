@@ -88,7 +88,11 @@ class RLJobStatus(_Status):
     lastCheckpoint: str | None = Field(None, description="Path of the last saved checkpoint.")
     startTime: AwareDatetime | None = Field(None, description="When the job first ran (RFC 3339, UTC).")
     completionTime: AwareDatetime | None = Field(None, description="When the job finished (RFC 3339, UTC).")
-    restarts: int = Field(0, ge=0, description="Job or role restarts so far (bounded by failurePolicy.maxRestarts).")
+    restarts: int = Field(0, ge=0, description="Job and role restarts so far, in all (each scope's own count, which "
+                          "failurePolicy.maxRestarts bounds, is in restartsPerScope).")
+    restartsPerScope: dict[str, int] = Field(
+        default_factory=dict, description="Restarts per scope, each bounded by failurePolicy.maxRestarts on its own: "
+        "`job` (restart-job: every role from the latest checkpoint) and each role restarted alone (restart-role).")
     message: str = Field("", description="Human-readable summary of the current phase.")
     stalled: str = Field(
         "", description="Roles whose heartbeat is older than failurePolicy.progressDeadlineSeconds, with its age, as "

@@ -13,8 +13,8 @@ import numpy as np
 
 from omnirl.api.spec import GROUP_KINDS, RewardSpec
 from omnirl.controller.groups import Group
-from omnirl.reward.base import ScorerError, check_rewards
-from omnirl.reward.group_registry import build_group_scorer
+from omnirl.scorers.base import ScorerError, check_rewards
+from omnirl.scorers.group_registry import build_group_scorer
 from omnirl.transfer import TransferQueue
 
 

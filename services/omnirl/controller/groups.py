@@ -2,7 +2,7 @@
 
 A group is one prompt's G samples. It is complete when every member is scored. A group with a
 failed member (scorer error, lost sample) or a member staler than allowed is never trained
-partially (DESIGN.md §7): it is refilled whole — a new request with new sample ids
+partially (docs/concepts.md, "One job, four roles"): it is refilled whole — a new request with new sample ids
 `{step}:{prompt}:{index}r{attempt}` — up to `max_attempts`, then dropped.
 """
 

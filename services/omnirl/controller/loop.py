@@ -1,5 +1,5 @@
 """The single controller: draws prompts, dispatches, groups, computes advantages, hands batches
-to the actor, bumps the policy version, validates and reports (DESIGN.md §2).
+to the actor, bumps the policy version, validates and reports (docs/architecture.md §2).
 
 Pipelining (`spec.pipeline.mode`):
 - `sync`: reward workers start a step's scoring only after all its rollouts exist (baseline).
@@ -8,7 +8,7 @@ Pipelining (`spec.pipeline.mode`):
   so rollout overlaps training; every sample carries its policy_version and a group staler than
   `maxStaleness` is refilled (`drop`), or requests are never published ahead (`wait`).
 
-Restarts (DESIGN.md §7, README "What survives what"): the controller keeps no state of its own
+Restarts (docs/reliability.md): the controller keeps no state of its own
 that Redis (AOF) and the actor do not hold. It starts at the step after the actor's last trained
 one (`kv:actor_state`: step, policy version, data position — the checkpoint's after an actor
 restart); it redraws that step's prompts from the same data position, so group and sample ids and
@@ -21,18 +21,16 @@ in `kv:trainreqs`; the actor drops it once a checkpoint covers the step.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
 
 import torch
 
-from omnirl.actor.algorithm import algorithm_for
 from omnirl.algorithms import group_advantages
+from omnirl.algorithms.plan import planner_for
 from omnirl.api.errors import config_errors
 from omnirl.api.ids import parse_group_id
-from omnirl.api.judges import check_written
 from omnirl.api.loader import load_rljob
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainDone, TrainItem, TrainLost, TrainRequest
 from omnirl.api.runtime import VARIABLES, RoleEnv
@@ -47,9 +45,10 @@ from omnirl.controller.stall import ScoreWait
 from omnirl.controller.ttl import TtlWatch
 from omnirl.controller.validation import SampleUnscored, Validator
 from omnirl.models.registry import load_tokenizer
-from omnirl.transfer import Message, TransferQueue, kv_key
+from omnirl.scorers.judges import check_written
+from omnirl.transfer import Message, TransferQueue
 from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats, stalled_text
-from omnirl.transfer.keys import FINISHED
+from omnirl.transfer.records import NO_PROGRESS, HandedBatch
 
 log = logging.getLogger("omnirl.controller")
 GROUP = "controller"
@@ -74,7 +73,7 @@ class Terminated(Exception):
 def written_manifest(job: RLJob, env: RoleEnv) -> RLJob:
     """The manifest the exports carry: `OMNIRL_MANIFEST`'s, the job as the user wrote it (each judge the
     job runs a `reward[].server`), else `job`. `job` (the `--job` file) has the URL the launcher or the
-    operator wired in instead (`api/judges.py::wire`): it dies with the run, and `omnirl eval` of an
+    operator wired in instead (`scorers/judges.py::wire`): it dies with the run, and `omnirl eval` of an
     export's job.yaml failed on it (exit 2, "the scorer at http://127.0.0.1:PORT/v1/score does not answer").
 
     Raises:
@@ -108,7 +107,8 @@ class Controller:
         with config_errors("spec.data"):  # a missing prompt file or an untokenizable prompt: permanent
             self.data = PromptSource(read_prompts(spec.data.trainPrompts, "spec.data.trainPrompts"), tokenize,
                                      seed=spec.seed, shuffle=spec.data.shuffle)
-        self.incarnation = int(self.queue.redis.incr(kv_key(env.job_name, "controller_runs"))) - 1
+        self.records = self.queue.records  # kv:actor_state, kv:trainreqs, kv:trained … (transfer/records.py)
+        self.incarnation = self.records.next_controller_run()
         with config_errors("spec.data"):
             self.validator = Validator(self.queue, spec, tokenize, self.out, nonce=self.incarnation) \
                 if spec.data.validationPrompts else None
@@ -127,8 +127,6 @@ class Controller:
         self.heartbeat = Heartbeat(self.queue.redis, env.job_name, "controller", env.worker_id,
                                    ttl_s=2 * job.spec.failurePolicy.progressDeadlineSeconds)
         self.terminated = False
-        self._trainreqs = kv_key(env.job_name, "trainreqs")
-        self._stepstats, self._trained_hash = kv_key(env.job_name, "stepstats"), kv_key(env.job_name, "trained")
         self._stalled, self._beats_read = "", 0.0
 
     def terminate(self) -> None:
@@ -189,9 +187,11 @@ class Controller:
             self._validate(self.total_steps)
         if self.start_step >= self.total_steps and self.env.export:
             self._export_latest()
+        if self.env.export:  # the checkpoints are on our mount: the record names the run's last one
+            self._note_latest_checkpoint()
         record = self.reporter.finished()
         # after the line: a role (this one included) starting from now on finds it and exits 0 at once
-        self.queue.set_json(FINISHED, record)
+        self.records.set_finish_record(record)
         return record
 
     def _hand_over(self, step: int) -> tuple[TrainRequest, dict, float]:
@@ -199,10 +199,9 @@ class Controller:
         has not trained, else one collected now (its book — groups, scores, tensor keys — stored with it, for
         `_regenerate`). Returns the request, the step's numbers and when its requests were published."""
         streams = self.queue.streams
-        stored = None if step in self.books else self.queue.redis.hget(self._trainreqs, str(step))
+        stored = None if step in self.books else self.records.handed_batch(step)
         if stored is not None:  # handed over by the predecessor, not yet trained: hand it again
-            doc = json.loads(stored)
-            req, stats, t0 = TrainRequest.model_validate(doc["request"]), doc["stats"], time.time()
+            req, stats, t0 = stored.request, stored.stats, time.time()
             self.data.seek(tuple(req.controller_state["data_position"]))
             self.next_unpublished = step + 1
             self.queue.publish(streams.control, req.model_dump())
@@ -215,9 +214,8 @@ class Controller:
         checkpoint = self._checkpoint_due(step)
         req = TrainRequest(step=step, policy_version=self.version, items=items, checkpoint=checkpoint,
                            controller_state={"data_position": list(self.data.position)})
-        self.queue.redis.hset(self._trainreqs, str(step),
-                              json.dumps({"request": req.model_dump(), "stats": stats, "book": book.to_json()}))
-        self.queue.redis.hset(self._stepstats, str(step), json.dumps(stats))
+        self.records.store_batch(step, HandedBatch(req, stats, book.to_json()))
+        self.records.store_step_stats(step, stats)
         self.queue.publish(streams.control, req.model_dump())
         self.queue.ack(streams.scores, GROUP, entry_ids)  # the batch is durable in kv:trainreqs now
         return req, stats, t0
@@ -234,13 +232,12 @@ class Controller:
             JobFailed: the stored batch holds no book (stored by an omnirl before this one).
         """
         step = lost.step
-        stored = self.queue.redis.hget(self._trainreqs, str(step))
-        doc = json.loads(stored) if stored is not None else {}
-        if "book" not in doc:
+        stored = self.records.handed_batch(step)
+        if stored is None or stored.book is None:
             raise JobFailed(f"step {step}: the actor found the tensors of {len(lost.samples)} sample(s) gone "
                             f"({lost.reason}) and the stored batch names no groups to regenerate; raise spec."
                             "transferQueue.tensorTtlSeconds and start the run again")
-        book = StepBook.from_json(doc["book"])
+        book = StepBook.from_json(stored.book)
         self.books[step] = book
         self.next_unpublished = max(self.next_unpublished, step + 1)
         for m in self.inbox.pop(step, []):  # a predecessor's scores of refills it published already
@@ -262,9 +259,8 @@ class Controller:
         Raises:
             JobFailed: the actor answered so `REASK_LIMIT` times for this step (it cannot read its batch).
         """
-        state = self.queue.get_json("actor_state")
-        if (state is not None and int(state["step"]) >= lost.step) or \
-                not self.queue.redis.hexists(self._trainreqs, str(lost.step)):
+        state = self.records.actor_state()
+        if (state is not None and state.step >= lost.step) or not self.records.has_batch(lost.step):
             return None  # its TrainDone follows
         by_key = {item.tensor_key: item.sample_id for item in req.items}
         gone = self.queue.absent(list(by_key))
@@ -288,28 +284,25 @@ class Controller:
         actor rebuilt (no metrics: `kv:trained` was gone) means a predecessor wrote the line."""
         if done.metrics or not self.reporter.has_step(step):
             self.reporter.step(step, done.policy_version, stats, done)
-        self.queue.redis.hdel(self._stepstats, str(step))
-        self.queue.redis.hdel(self._trained_hash, str(step))
+        self.records.forget_step(step)
 
     def _report_missing(self) -> None:
         """Lines for steps trained before this controller started that its predecessor did not
         write (it died between the actor's result and the line); their wall-clock numbers are
         the predecessor's, measured up to its hand-off, and a step it never timed has none (not 0 s:
         that made 6.4e10 img/s on the console and the images-per-second gauge)."""
-        r = self.queue.redis
-        for raw_step, raw in sorted(r.hgetall(self._trained_hash).items(), key=lambda kv: int(kv[0])):
-            step, stats = int(raw_step), r.hget(self._stepstats, raw_step)
+        for step, done in self.records.kept_results().items():
+            stats = self.records.step_stats(step)
             if step >= self.start_step or self.reporter.has_step(step) or stats is None:
                 continue
-            stats = json.loads(stats)
-            self._report(step, stats, TrainDone.model_validate(json.loads(raw)))
+            self._report(step, stats, done)
 
     def _continue_from_actor(self) -> None:
         """Start at the step after the actor's last trained one, from its data position and version."""
-        state = self.queue.get_json("actor_state") or {"step": -1, "policy_version": 0, "data_position": [0, 0]}
-        self.start_step = self.next_unpublished = int(state["step"]) + 1
-        self.version = int(state["policy_version"])
-        self.data.seek(tuple(state["data_position"]))
+        state = self.records.actor_state() or NO_PROGRESS
+        self.start_step = self.next_unpublished = state.step + 1
+        self.version = state.policy_version
+        self.data.seek(tuple(state.data_position))
         if self.start_step:
             log.info("continuing at step %d (policy_version %d) from the actor's state", self.start_step,
                      self.version)
@@ -331,10 +324,10 @@ class Controller:
         (`expected:{step}` exists): then only the book is rebuilt (same ids, same seeds)."""
         algo = self.spec.algorithm
         prompts = self.data.draw(algo.promptsPerStep)
-        published = self.queue.get_json(f"expected:{step}") is not None
+        published = self.records.expected(step) is not None
         book = StepBook(step, t_published=time.time())
         self.next_unpublished = step + 1
-        plan = algorithm_for(algo.name).rollout(algo, window_seed=derive(self.spec.seed, "window", step=step))
+        plan = planner_for(algo.name).rollout(algo, window_seed=derive(self.spec.seed, "window", step=step))
         expected = 0
         sizes = self.spec.model.resolutions
         for p in prompts:
@@ -356,7 +349,7 @@ class Controller:
         if not published:
             for group in book.groups.values():
                 self.queue.publish(self.queue.streams.requests, group.request.model_dump())
-            self.queue.set_json(f"expected:{step}", expected)  # last: the requests are all out
+            self.records.set_expected(step, expected)  # last: the requests are all out
         for m in self.inbox.pop(step, []):
             self._file_score(m)
 
@@ -499,8 +492,8 @@ class Controller:
             raw = raw_totals(self.spec.reward, [s.rewards for _, s in scores])
             # and its spread: the trained rewards' (reward_std) is about 1 by construction for z-scores
             stats["raw_reward_mean"], stats["raw_reward_std"] = float(raw.mean()), float(raw.std())
-        replicas = self.queue.get_json("reward_replicas")  # written by the operator's autoscaler
-        stats["scorer_replicas"] = int(replicas) if replicas is not None else self.spec.roles.reward.replicas
+        replicas = self.records.reward_replicas()  # written by the operator's autoscaler
+        stats["scorer_replicas"] = replicas if replicas is not None else self.spec.roles.reward.replicas
         del self.books[book.step]
         return items, stats
 
@@ -510,7 +503,7 @@ class Controller:
         the actor's own start-up, then its wait for the rollout workers (`startup_limit_s` each)."""
         timeout_s = 2 * self.spec.failurePolicy.startup_limit_s
         start = time.monotonic()
-        while self.queue.get_json("actor_ready") is None:
+        while self.records.actor_ready() is None:
             self._check_terminated()
             self.heartbeat.beat()
             ctl = self.queue.consume(self.queue.streams.control, GROUP, self.env.worker_id, count=16, block_ms=100)
@@ -612,10 +605,9 @@ class Controller:
         (after the line, during the validation round). Before, that export was never written (`exports/latest`
         lagged `checkpoints/latest` until the next checkpoint; with `checkpoint.keep` ≥ 2 the finished run
         lacked it). A checkpoint the actor wrote only because it was stopped (SIGTERM) is not scheduled and
-        keeps having no export (README, "The trained model")."""
-        from omnirl.actor.checkpoint import COMPLETE
+        keeps having no export (docs/local.md, "The trained model")."""
         from omnirl.models.export import EXPORTS
-        from omnirl.models.policy_io import step_order
+        from omnirl.models.policy_io import COMPLETE, step_order
 
         ckpt = self.out / self.spec.checkpoint.dir / f"step-{step:06d}"
         exports = self.out / EXPORTS
@@ -628,7 +620,7 @@ class Controller:
     def _export_latest(self) -> None:
         """Every step was trained before this controller started (a stop after the last step, before
         its predecessor exported): export the checkpoint the actor wrote when it was stopped."""
-        from omnirl.actor.checkpoint import LATEST, has_checkpoint
+        from omnirl.models.policy_io import LATEST, has_checkpoint
 
         root = self.out / self.spec.checkpoint.dir
         if not has_checkpoint(root):
@@ -636,9 +628,20 @@ class Controller:
                             "export; run omnirl export on an earlier checkpoint")
         self._export(str((root / LATEST).resolve()))
 
+    def _note_latest_checkpoint(self) -> None:
+        """The finish record's `last_checkpoint` is what `latest` names at the end, under our mount of the run
+        directory, not only the last one this controller saw in a step's result: after a Ctrl-C during the last
+        step and `--resume`, the actor's stop checkpoint (`step-000005`) is in no step line, and the summary
+        named the scheduled `step-000003` while `latest` and the export were step 5 (issue 31)."""
+        from omnirl.models.policy_io import LATEST, has_checkpoint
+
+        root = self.out / self.spec.checkpoint.dir
+        if has_checkpoint(root):
+            self.reporter.last_checkpoint = str(root / (root / LATEST).resolve().name)
+
     def stop(self) -> None:
         """Tell every role to finish (sets the job's `stop` flag)."""
-        self.queue.set_json("stop", True)
+        self.records.request_stop()
 
     def close(self) -> None:
         """Close the reporter and the Redis client."""

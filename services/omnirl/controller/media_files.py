@@ -96,6 +96,8 @@ def loudness_strip(audio: np.ndarray, sample_rate: int, width: int) -> np.ndarra
     """`[STRIP_HEIGHT, width, 3]` uint8: the RMS of each 10 ms hop as a dark bar (full height = RMS 0.5) on white,
     the hops spread over `width` pixels."""
     hop = max(1, round(sample_rate * HOP_S))
+    if len(audio) < hop:  # a clip shorter than one hop (a tiny model's) is one bar
+        audio = np.pad(audio, (0, hop - len(audio)))
     n = max(1, len(audio) // hop)
     rms = np.sqrt((audio[: n * hop].astype(np.float64).reshape(n, hop) ** 2).mean(axis=1))
     heights = np.clip(rms / 0.5, 0.0, 1.0)[np.minimum((np.arange(width) * n) // width, n - 1)]

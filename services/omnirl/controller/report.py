@@ -1,5 +1,6 @@
 """Where a step's numbers go: `OUT/metrics.jsonl` (one line per step and per validation), a log
-line, the OpenTelemetry meters, and — in a pod — the RLJob's status (`kubectl get rlj`)."""
+line, the OpenTelemetry meters, TensorBoard event files when `spec.telemetry.tensorboard` asks, and — in a pod —
+the RLJob's status (`kubectl get rlj`)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ import math
 import time
 from pathlib import Path
 
-from omnirl.api.disk import append_lines
 from omnirl.api.messages import TrainDone
-from omnirl.api.run_dir import METRICS_FILE, read_metrics, train_reward, train_reward_std
+from omnirl.api.run_dir import METRICS_FILE, read_metrics, term_means, train_reward, train_reward_std, trained_steps
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
+from omnirl.system.disk import append_lines
 from omnirl.telemetry.meters import Meters
 
 log = logging.getLogger("omnirl.controller")
@@ -58,34 +59,6 @@ def contention_note(record: dict) -> str:
     return f"  actor threads waited {wait:.1f} s for a CPU (the cores were busy with other work)"
 
 
-def trained_steps(run_dir: Path) -> set[int]:
-    """The training steps (0-based) with a line in `run_dir/metrics.jsonl`: the steps whose result
-    a controller has recorded. The one reader of that fact (the controller, before it writes a line
-    again; `omnirl run --resume`, before it starts a run with nothing left to train).
-
-    Raises:
-        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
-    """
-    return _steps_with(run_dir, "step")
-
-
-def finished(run_dir: Path, since: int = 0) -> bool:
-    """True when the last controller to start in `run_dir` also finished (its final validation and
-    export written): a run stopped after training its last step, before that, is not finished.
-    `since`: only the records after the first `since` count (a launcher asks about the controllers it
-    started: a resumed run whose earlier part finished has not finished while no new record says so).
-
-    Raises:
-        FileNotFoundError: `run_dir` holds no `metrics.jsonl`.
-    """
-    ends = [rec["event"] for rec in read_metrics(run_dir)[since:] if rec.get("event") in ("start", "finish")]
-    return bool(ends) and ends[-1] == "finish"
-
-
-def _steps_with(run_dir: Path, event: str) -> set[int]:
-    return {int(rec["step"]) for rec in read_metrics(run_dir) if rec.get("event") == event}
-
-
 class Reporter:
     """Writes the job's progress.
 
@@ -98,8 +71,13 @@ class Reporter:
     def __init__(self, out: Path, env: RoleEnv, job: RLJob) -> None:
         out.mkdir(parents=True, exist_ok=True)
         self.path = out / METRICS_FILE
-        self._f = append_lines(self.path)  # a line a full disk cut is dropped (api/disk.py)
+        self._f = append_lines(self.path)  # a line a full disk cut is dropped (system/disk.py)
         self.meters = Meters(env.job_name, env.metrics_port)
+        self.tensorboard = None  # the same records as the meters', as event files (spec.telemetry.tensorboard)
+        if job.spec.telemetry.tensorboard:
+            from omnirl.telemetry.tensorboard import TensorBoardLog
+
+            self.tensorboard = TensorBoardLog(out)
         self.status = None
         if env.report_status == "kubernetes":
             from omnirl.telemetry.k8s_status import StatusReporter
@@ -113,7 +91,7 @@ class Reporter:
 
     def has_validation(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds a validation round at `step` (a predecessor's)."""
-        return step in _steps_with(self.path.parent, "validation")
+        return step in {int(rec["step"]) for rec in read_metrics(self.path.parent) if rec.get("event") == "validation"}
 
     def has_step(self, step: int) -> bool:
         """Whether `metrics.jsonl` already holds the line of training step `step`."""
@@ -140,6 +118,8 @@ class Reporter:
             record["checkpoint"] = done.checkpoint
         self._write(record)
         self.meters.record_step(record, reward_latencies=latencies)
+        if self.tensorboard is not None:
+            self.tensorboard.record("train", record)
         log.info("%s", step_line(step, self.total, version, record))
         if self.status is not None:
             # the raw weighted sum in a normalised job: its trained mean is the same every step (REWARD column 0.050)
@@ -149,12 +129,17 @@ class Reporter:
     def validation(self, summary: dict) -> None:
         """Record a validation round."""
         self.validations.append(summary)
-        self._write({"event": "validation", "time": time.time(), **summary})
+        record = {"event": "validation", "time": time.time(), **summary}
+        self._write(record)
         self.meters.record_validation(summary)
+        if self.tensorboard is not None:
+            self.tensorboard.record("validation", record)
         exact, mean = summary["val_exact_match"], summary["val_reward_mean"]  # exact None: no OCR-rule reward
         missing = summary.get("missing", 0)  # samples whose tensors were gone: not in the means
-        log.info("validation after %d training steps (v%d): reward %s%s (n=%d%s, %.1f s) grid %s",
+        terms = term_means(summary)  # several rewards (the audio+video task's four): each term's mean too
+        log.info("validation after %d training steps (v%d): reward %s%s%s (n=%d%s, %.1f s) grid %s",
                  summary["step"], summary["policy_version"], "—" if mean is None else f"{mean:.3f}",
+                 "" if len(terms) < 2 else " = " + " ".join(f"{k} {v:.3f}" for k, v in terms.items()),
                  "" if exact is None else f" exact {exact:.3f}", summary["n"],
                  f", {missing} missing" if missing else "", summary["val_seconds"], summary["grid"])
 
@@ -175,8 +160,9 @@ class Reporter:
         one line saying the same; returns the record.
 
         The record: `event` "finish", `time` (s since the epoch), `total_steps`, `start_step` (this
-        controller's first step: > 0 after a resume), `last_checkpoint` and `last_export` (paths; None when
-        this controller wrote none), `validation` (the last round's `step`, `val_reward_mean`,
+        controller's first step: > 0 after a resume), `last_checkpoint` (path; the run's `latest` when the
+        controller sees the checkpoints, `Controller._note_latest_checkpoint`, else the last in this controller's
+        step results; None when there is none) and `last_export` (path; None when this controller wrote none), `validation` (the last round's `step`, `val_reward_mean`,
         `val_exact_match`; None without validation).
         """
         last = self.validations[-1] if self.validations else None
@@ -192,6 +178,8 @@ class Reporter:
         return record
 
     def close(self) -> None:
-        """Close the metrics file and the meters."""
+        """Close the metrics file, the meters and the TensorBoard log."""
         self._f.close()
         self.meters.shutdown()
+        if self.tensorboard is not None:
+            self.tensorboard.close()

@@ -16,37 +16,12 @@ from __future__ import annotations
 import logging
 import time
 
-import redis
-
 from omnirl.api.spec import REMOTE_KINDS, RLJobSpec
 from omnirl.transfer import TransferQueue
+from omnirl.transfer.client import RedisError
 from omnirl.transfer.heartbeat import read_heartbeats
 
 log = logging.getLogger("omnirl.controller")
-
-
-def holders(queue: TransferQueue, stream: str, group: str) -> tuple[list[str], str]:
-    """Who holds `stream`'s entries in consumer group `group`: the consumers with a pending entry (XPENDING),
-    and the text ``reward-0 holds 6, 2 not delivered yet`` (per consumer, and the entries not delivered yet:
-    XINFO GROUPS' lag, Redis 7), ``none pending`` when nothing is. Never raises for a stream or group not there
-    yet. (XPENDING's idle time is not given: a worker renews its claim while it works, so it says nothing.)"""
-    try:
-        pending = queue.redis.xpending_range(stream, group, min="-", max="+", count=1000)
-        info = next((g for g in queue.redis.xinfo_groups(stream) if _s(g["name"]) == group), None)
-    except redis.ResponseError:  # no such stream or group (yet)
-        return [], "none pending"
-    per: dict[str, int] = {}
-    for entry in pending:
-        per[_s(entry["consumer"])] = per.get(_s(entry["consumer"]), 0) + 1
-    parts = [f"{who} holds {n}" for who, n in sorted(per.items())]
-    lag = info.get("lag") if info else None
-    if lag:
-        parts.append(f"{lag} not delivered yet")
-    return sorted(per), ", ".join(parts) or "none pending"
-
-
-def _s(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class ScoreWait:
@@ -83,8 +58,8 @@ class ScoreWait:
         self.next_at = now + self.after_s
         self.said += 1
         streams = self.queue.streams
-        scorers, samples = holders(self.queue, streams.samples, "reward")
-        makers, requests = holders(self.queue, streams.requests, "rollout")
+        scorers, samples = self.queue.holders(streams.samples, "reward")
+        makers, requests = self.queue.holders(streams.requests, "rollout")
         remote = [f"{r.name} {r.timeoutSeconds:g} s" for r in self.spec.reward if r.kind in REMOTE_KINDS]
         who = scorers or makers
         starting = self._starting()
@@ -110,6 +85,6 @@ class ScoreWait:
         `progressDeadlineSeconds`, and the line should not read as a hang. [] when Redis does not answer."""
         try:
             beats = read_heartbeats(self.queue.redis, self.queue.job)
-        except redis.RedisError:
+        except RedisError:
             return []
         return sorted(w for w, b in beats.items() if b.get("startup") and b.get("role") in ("rollout", "reward"))

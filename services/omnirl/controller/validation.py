@@ -1,12 +1,13 @@
 """In-run validation: held-out prompts through the real rollout and reward workers.
 
-Each validation publishes one ODE request per held-out prompt (`omnirl.rollout.requests.heldout_request`:
-`kind="val"`, no SDE window, `validation.numSteps` steps), the very requests `omnirl eval` runs
-through its in-process engine and scores with the same weighted rewards, so the number in
+Each validation publishes one ODE request per held-out prompt (`omnirl.api.heldout.heldout_request`:
+`kind="val"`, no SDE window, `validation.numSteps` steps) in cohorts of `roles.rollout.maxBatchSize`
+consecutive prompts, one stream entry each (`api/heldout.py::heldout_cohorts`), the very requests and batches `omnirl
+eval` runs through its in-process engine and scores with the same weighted rewards, so the number in
 `metrics.jsonl` and the one `omnirl eval --checkpoint` prints agree. It writes an image grid
-`OUT/samples/step-XXXXX.png` of the first 32 prompts with their rewards; for an audio+video family a contact
-sheet there instead (frames and loudness) and MP4s with sound, `OUT/samples/step-XXXXX/NN.mp4`
-(`controller/media_files.py`).
+`OUT/samples/step-XXXXX.png` of the first 32 prompts with their rewards and texts (`tile_caption`); for an
+audio+video family a contact sheet there instead (frames and loudness) and MP4s with sound,
+`OUT/samples/step-XXXXX/NN.mp4` (`controller/media_files.py`).
 
 A sample whose tensors are gone before the round is summarised (expired after
 `spec.transferQueue.tensorTtlSeconds`, or deleted: the reward role's `lost` score, or an image gone when
@@ -24,13 +25,13 @@ from pathlib import Path
 import numpy as np
 
 from omnirl.api.extensions import FAMILIES
+from omnirl.api.heldout import heldout_cohorts, heldout_request
 from omnirl.api.messages import ScoreMeta
 from omnirl.api.spec import GROUP_KINDS, RLJobSpec
 from omnirl.controller.data import read_prompts
-from omnirl.controller.grid import save_image_grid
+from omnirl.controller.grid import save_image_grid, tile_caption
 from omnirl.controller.media_files import SHEET_SAMPLES, write_media
-from omnirl.reward.text import exact_match, text_rewards
-from omnirl.rollout.requests import heldout_request
+from omnirl.scorers.text import exact_match, text_rewards
 from omnirl.transfer import MissingTensors, TransferQueue
 
 GRID_SIZE = 32
@@ -93,7 +94,8 @@ class Validator:
         return f"{score.reward:.2f} ({parts})  {self.prompts[i]}"
 
     def publish(self, at_step: int, version: int, attempt: int = 0) -> None:
-        """Send one ODE request per held-out prompt, tagged with the training step it follows.
+        """Send one ODE request per held-out prompt, tagged with the training step it follows, in cohorts
+        (`heldout_cohorts`: one stream entry per `roles.rollout.maxBatchSize` consecutive prompts).
 
         `attempt` ≥ 1 runs the round again (every sample of the previous attempt was missing): the same
         prompts and noise seeds under new sample ids (`val{step}:{i}:{nonce}a{attempt}`), which the rollout's
@@ -108,9 +110,10 @@ class Validator:
         log.info("validation after %d training steps (v%d): sampling %d held-out prompts, %d ODE steps each%s",
                  at_step, version, len(self.prompts), self.spec.validation.numSteps,
                  f" (attempt {attempt + 1}: every sample of the last one was missing)" if attempt else "")
-        for i, (prompt, ids) in enumerate(zip(self.prompts, self.ids, strict=True)):
-            req = heldout_request(self.spec, i, prompt, ids, step=at_step, sample_id=f"val{at_step}:{i}:{self.tag}")
-            self.queue.publish(self.queue.streams.requests, req.model_dump())
+        requests = [heldout_request(self.spec, i, prompt, ids, step=at_step, sample_id=f"val{at_step}:{i}:{self.tag}")
+                    for i, (prompt, ids) in enumerate(zip(self.prompts, self.ids, strict=True))]
+        for cohort in heldout_cohorts(requests, self.spec.roles.rollout.maxBatchSize):
+            self.queue.publish(self.queue.streams.requests, cohort.model_dump())
 
     def record(self, score: ScoreMeta, tensor_key: str | None) -> None:
         """File a validation score (ignores leftovers of an earlier round)."""
@@ -164,7 +167,7 @@ class Validator:
                                  [self._caption(i) for i in sheet])["videos"]
         elif first:
             save_image_grid([images[i] for i in first], grid, ncols=8,
-                            captions=[f"{self.scores[i].reward:.2f}" for i in first])
+                            captions=[tile_caption(self.prompts[i], self.scores[i].reward) for i in first])
         # how near the round came to tensorTtlSeconds (Redis's clock; `TtlWatch` warns): its oldest tensor still there
         ages = [a for a in self.queue.ages(list(self.keys.values())) if a is not None]
         self.queue.delete_tensors(list(self.keys.values()))

@@ -12,12 +12,19 @@ an evaluation's `rewards.json` or `grid.png` is refused before the model loads u
 A judge the job runs (`reward[].server`) is served here as `omnirl run` serves it (same command, a
 free port, log `OUT/logs/judge-R.log`; `reward/servers.py::serving`) and stopped at the end, so
 `omnirl eval RUN/job.yaml` scores with the run's judge, not the run's URL of it (dead once it ended).
+
+It samples on the CPU with the torch threads `omnirl run` gives the job's rollout worker there
+(`api/runtime.py::cpu_role_threads`, or `OMNIRL_LOCAL_THREADS`) and in validation's batches
+(`evaluate.sample_heldout`): on the machine a CPU run sampled on, its images are bitwise the run's
+validation images and `mean_reward` is that step's `val_reward_mean` (another thread count may round
+the fp32 GEMMs differently: measured on 2 cores, 3 threads moved the latents, 1 and 2 did not).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,19 +32,19 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError
 
-from omnirl.api import disk
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import load_rljob
-from omnirl.api.runtime import CONFIG_ERROR_EXIT
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, cpu_role_threads, fixed_local_threads
 from omnirl.api.spec import GROUP_KINDS, RLJob
 from omnirl.controller.data import check_prompts
-from omnirl.controller.grid import save_image_grid
+from omnirl.controller.grid import save_image_grid, tile_caption
 from omnirl.controller.media_files import write_media
 from omnirl.evaluation.evaluate import SampleUnscored, evaluate
 from omnirl.models.policy_io import check_owner, exported_from, load_policy, resolve_checkpoint
 from omnirl.models.registry import adapter_options, check_model_path, load_adapter, load_tokenizer
 from omnirl.reward.registry import check_api_keys, check_judges
 from omnirl.reward.servers import JudgeFailed, check_local, serving
+from omnirl.system import disk
 
 
 def main(args: argparse.Namespace) -> int:
@@ -151,6 +158,8 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
                   f"spec.model.path {spec.model.path} (the model the run started from), not the exported weights; "
                   f"to score those {_export_fix(export)}", file=sys.stderr, flush=True)
     adapter.module.eval()
+    # the rollout worker's threads: another count may round the forwards differently (module docstring)
+    torch.set_num_threads(fixed_local_threads() or cpu_role_threads("rollout", spec.pipeline.mode, os.cpu_count() or 1))
     steps = spec.validation.numSteps if args.sampling_steps is None else args.sampling_steps
     t0 = time.perf_counter()
     try:
@@ -169,8 +178,8 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
                     for r, c, p in zip(result.rewards, result.components, result.prompts, strict=True)]
         videos = write_media(result.media, out / "grid.png", out / "videos", captions)["videos"]
     else:
-        save_image_grid(result.images[:n_grid], out / "grid.png", ncols=8,
-                        captions=[f"{r:.2f}" for r in result.rewards[:n_grid]])
+        captions = [tile_caption(p, r) for p, r in zip(result.prompts[:n_grid], result.rewards[:n_grid], strict=True)]
+        save_image_grid(result.images[:n_grid], out / "grid.png", ncols=8, captions=captions)
     (out / "rewards.json").write_text(json.dumps({
         "mean_reward": result.mean_reward, "exact_match": result.exact_match, "n": result.n,
         # `denoising_steps`, not `steps`: beside a checkpoint's step it read as training steps (nothing read `steps`)

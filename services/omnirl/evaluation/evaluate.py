@@ -4,7 +4,10 @@ job's weighted rewards.
 Prompt i's sample is the one in-run validation draws for prompt i (`heldout_request`: same σ grid,
 noise seed `eval_seed(seed, i)`, guidance), so two evaluations of different weights on the same
 prompt list are directly comparable, and an eval of a run's checkpoint reproduces that step's
-`val_reward_mean` (demo-task.md: the same model moves ±0.03 across noise seeds).
+`val_reward_mean` (demo-task.md: the same model moves ±0.03 across noise seeds): exactly, on the
+machine the run sampled on with the rollout's torch threads, because the samples are denoised in
+validation's batches too (`heldout_cohorts` of `roles.rollout.maxBatchSize` prompts, the job's
+`roles.rollout.batching`; `omnirl.rollout.requests`).
 """
 
 from __future__ import annotations
@@ -14,12 +17,14 @@ from typing import Literal
 
 import numpy as np
 
+from omnirl.api.heldout import heldout_cohorts, heldout_request
 from omnirl.api.spec import RLJobSpec
 from omnirl.models.protocol import ModelAdapter
 from omnirl.reward.scoring import RewardSet
-from omnirl.reward.text import exact_match, text_rewards
 from omnirl.rollout.engine import RolloutEngine
-from omnirl.rollout.requests import heldout_request, sample_requests
+from omnirl.rollout.requests import entry_requests
+from omnirl.rollout.types import SampleResult
+from omnirl.scorers.text import exact_match, text_rewards
 from omnirl.transfer.media import to_numpy
 
 
@@ -30,7 +35,7 @@ class EvalResult:
     Attributes:
         mean_reward: mean of `rewards` (validation's `val_reward_mean`).
         exact_match: fraction of samples whose text every OCR-rule reward read exactly (each one's raw
-            score ≥ 1 − 1e-6; `omnirl.reward.text.exact_match`), None when the job has no such reward
+            score ≥ 1 − 1e-6; `omnirl.scorers.text.exact_match`), None when the job has no such reward
             (validation's `val_exact_match`).
         n: number of samples (= prompts).
         rewards: `[n]` float32 weighted sums of the job's rewards, in prompt order.
@@ -63,7 +68,7 @@ def evaluate(
     num_steps: int | None = None,
     seed: int | None = None,
     sampler: Literal["ode", "sde"] = "ode",
-    batch_size: int = 64,
+    batch_size: int | None = None,
     device: str = "cpu",
 ) -> EvalResult:
     """Mean weighted reward of `prompts`' held-out samples.
@@ -76,7 +81,8 @@ def evaluate(
         num_steps: denoising steps (default `spec.validation.numSteps`).
         seed: noise seed (default `spec.validation.seed`).
         sampler: "ode" (validation's) or "sde" (every step but the last stochastic, see `heldout_request`).
-        batch_size: samples per denoiser forward.
+        batch_size: prompts per cohort and the engine's `max_batch_size` (default `roles.rollout.maxBatchSize`,
+            validation's).
         device: torch device of the engine.
     Raises:
         ValueError: empty prompts, batch_size < 1, num_steps < 2, unknown sampler.
@@ -84,22 +90,12 @@ def evaluate(
     """
     if not prompts:
         raise ValueError("prompts is empty; pass at least one prompt to evaluate")
-    if batch_size < 1:
-        raise ValueError(f"batch_size ({batch_size}) must be >= 1")
     rewards = RewardSet(spec.reward) if rewards is None else rewards
-    engine = RolloutEngine(adapter, max_batch_size=batch_size, device=device)
-    ids = [f"eval:{i}" for i in range(len(prompts))]
-    for i, prompt in enumerate(prompts):
-        req = heldout_request(spec, i, prompt, adapter.tokenize(prompt), step=0, sample_id=ids[i], seed=seed,
-                              num_steps=num_steps, sampler=sampler)
-        for sample in sample_requests(req, {"index": i}):
-            engine.submit(sample)
-    images: list[np.ndarray] = [np.zeros(0)] * len(prompts)
-    media: list[dict] = [{}] * len(prompts)
-    for result in engine.run_until_idle():
-        images[result.request.meta["index"]] = result.image.numpy()
-        if result.media is not None:
-            media[result.request.meta["index"]] = result.media
+    results = sample_heldout(adapter, spec, prompts, num_steps=num_steps, seed=seed, sampler=sampler,
+                             batch_size=batch_size, device=device)
+    images = [r.image.numpy() for r in results]
+    ids = [r.request.sample_id for r in results]
+    media = [r.media if r.media is not None else {} for r in results]
     has_media = any(media)
     scored = rewards.score(images, list(prompts), ids, [to_numpy(m) for m in media] if has_media else None)
     for i, (reward, _, reason) in enumerate(scored):
@@ -116,3 +112,37 @@ def evaluate(
         components=[s[1] for s in scored],
         media=media if has_media else None,
     )
+
+
+def sample_heldout(
+    adapter: ModelAdapter,
+    spec: RLJobSpec,
+    prompts: list[str],
+    *,
+    num_steps: int | None = None,
+    seed: int | None = None,
+    sampler: Literal["ode", "sde"] = "ode",
+    batch_size: int | None = None,
+    device: str = "cpu",
+) -> list[SampleResult]:
+    """The held-out samples of `prompts` (sample ids `eval:{i}`) in prompt order, denoised as a validation
+    round is: the same requests, in the same cohorts, through a `RolloutEngine` with the rollout role's
+    `maxBatchSize` and `batching` (arguments as `evaluate`'s).
+
+    Raises:
+        ValueError: batch_size < 1, num_steps < 2, an unknown sampler.
+    """
+    size = spec.roles.rollout.maxBatchSize if batch_size is None else batch_size
+    if size < 1:
+        raise ValueError(f"batch_size ({size}) must be >= 1")
+    requests = [heldout_request(spec, i, prompt, adapter.tokenize(prompt), step=0, sample_id=f"eval:{i}", seed=seed,
+                                num_steps=num_steps, sampler=sampler) for i, prompt in enumerate(prompts)]
+    engine = RolloutEngine(adapter, max_batch_size=size, batching=spec.roles.rollout.batching, device=device)
+    for cohort in heldout_cohorts(requests, size):  # through the wire form, as a rollout worker reads it
+        for sample in entry_requests(cohort.model_dump()):
+            engine.submit(sample)
+    index = {req.samples[0].sample_id: i for i, req in enumerate(requests)}
+    results: list[SampleResult | None] = [None] * len(prompts)
+    for result in engine.run_until_idle():
+        results[index[result.request.sample_id]] = result
+    return results  # every one is set: the engine returns each sample it was given

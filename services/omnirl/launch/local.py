@@ -24,13 +24,13 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
-from omnirl.api import disk
 from omnirl.api.loader import dump_rljob, load_rljob
-from omnirl.api.run_dir import METRICS_FILE, read_metrics
+from omnirl.api.run_dir import METRICS_FILE, finished, read_metrics, trained_steps
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv, port_number
 from omnirl.api.spec import RLJob
 from omnirl.api.spec_parallel import actor_world
@@ -41,6 +41,7 @@ from omnirl.launch.progress import finish_summary, validation_table
 from omnirl.launch.supervise import STATELESS_GRACE_S, Supervisor, clear_start_flags
 from omnirl.reward.registry import check_judges
 from omnirl.reward.servers import JudgeFailed, check_local, check_served_judges, start_judges, stop_judges
+from omnirl.system import disk
 from omnirl.transfer import RedisServerError, TransferQueue, start_redis_server
 from omnirl.transfer.owner import LIVE_BEAT_S, RUN_OWNER
 from omnirl.transfer.redis_server import free_port
@@ -132,7 +133,80 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, old)
 
 
+@dataclass
+class _Launch:
+    """One `omnirl run` as its phases build it: the checked job and run directory, then what was started (the
+    cleanup phase stops exactly what is set here, whichever phase failed)."""
+
+    args: argparse.Namespace
+    job: RLJob
+    out: Path
+    placements: list[Placement]
+    backend: str
+    lock: object  # the run directory's lock (`preflight.lock_run_dir`), held until the launcher exits
+    since: int = 0  # records `out/metrics.jsonl` held before the roles started
+    redis: object = None  # the embedded RedisServer, or None for the manifest's Redis
+    redis_url: str = ""
+    queue: TransferQueue | None = None
+    claim: object = None  # this run's claim of the job's name on the manifest's Redis (`preflight.RunClaim`)
+    ports: tuple[int, int] = (0, 0)  # the weight-sync store's and the actor ranks' rendezvous
+    replica_ports: list[int] = field(default_factory=list)  # each rollout replica's ranks' rendezvous
+    ray_ctx: object = None
+    judges: list = field(default_factory=list)
+    supervisor: Supervisor | None = None
+
+    @property
+    def total(self) -> int:
+        """The run's total training steps (`--steps`, else `spec.algorithm.steps`)."""
+        return self.args.steps or self.job.spec.algorithm.steps
+
+
 def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
+    """`omnirl run`'s phases, in order: the pre-flight checks (nothing started yet), the run directory, Redis and
+    the job's queue, Ray, the judge servers, the supervised roles; then, whatever happened, the stop and clean-up
+    and the closing report."""
+    launch = _check_before_starting(args, started)
+    if isinstance(launch, int):
+        return launch  # a finished run's --resume: nothing to do
+    _write_run_dir(launch)
+    failure, code = "", 1
+    try:
+        _open_queue(launch)
+        _start_ray(launch)
+        _say_what_runs(launch)
+        _start_judges(launch)
+        code = _supervise(launch)
+    except KeyboardInterrupt:
+        print(interrupt_line(launch.out, launch.since, started=launch.supervisor is not None, resume=args.resume,
+                             total=launch.total), flush=True)
+        code = 130
+    except JudgeFailed as err:  # its log's tail, then the verdict names the field, what happened and the fix
+        if err.tail:
+            print(f"omnirl: judge {err.reward}: the last lines of {err.log}:", flush=True)
+            print("\n".join(f"  {line}" for line in err.tail), flush=True)
+        # a setting the job cannot start with (spec.reward[i].server), as a role's at start-up: exit 4, not
+        # restarted; the operator fails the RLJob for it too (JudgeFailed), so a script reads one code for both
+        failure, code = str(err), CONFIG_ERROR_EXIT
+    except RedisServerError as err:  # the embedded server exited at start (its log's tail follows the first line)
+        first, _, tail = str(err).partition("\n")
+        if tail.strip():
+            print(tail.rstrip(), flush=True)
+        failure, code = f"the embedded Redis did not start: {first}", 1
+    finally:
+        failure = _stop_and_clean_up(launch, code, failure)
+    _report(launch, code, failure)
+    return code
+
+
+def _check_before_starting(args: argparse.Namespace, started: dict[str, Path | int]) -> _Launch | int:
+    """The pre-flight phase: every check that can fail before anything is started (the manifest, placement, local
+    paths, judges, the run directory and its lock, `--resume`'s run, the manifest's Redis). Returns the launch, or
+    0 for a `--resume` of a finished run with nothing to do (said, the keys it left on the manifest's Redis
+    cleared). Sets `started["out"]` and `started["records"]` for `main`'s last line.
+
+    Raises:
+        ValueError, ConfigError: a setting the run cannot start with (one line; `omnirl run` exits 2).
+    """
     shell_metrics_port()  # refused here, not after Redis and the placement table (the controller's env reads it)
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps {args.steps}: must be >= 1 (the total number of training steps)")
@@ -163,10 +237,11 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         note = preflight.check_same_job(job, out)
         if note:
             print(f"omnirl: --resume: {note}", flush=True)
-        total, trained = args.steps or job.spec.algorithm.steps, preflight.trained_steps(out)
+        # how far it got: its highest step with a line, + 1
+        total, trained = args.steps or job.spec.algorithm.steps, max(trained_steps(out), default=-1) + 1
         # nothing would run: say so instead of starting every role for nothing; a run stopped after its
         # last step but before its final validation and export still starts, for those
-        if trained >= total and preflight.finished(out):
+        if trained >= total and finished(out):
             print(f"omnirl: {out} has trained {trained} steps, the job asks for {total} "
                   f"({'--steps' if args.steps else 'spec.algorithm.steps'}): nothing to do; pass --steps N "
                   f"(N > {trained}) to train further", flush=True)
@@ -185,115 +260,144 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
         # read only, to fail before anything starts; the claim below decides again, atomically
         preflight.check_not_running_elsewhere(job.spec.transferQueue.redisUrl, job, None if args.resume else out, out)
     check_local(job)  # judge servers this machine cannot run (reward/servers.py)
-    out.mkdir(parents=True, exist_ok=True)
-    lock = lock or preflight.lock_run_dir(out)  # held until this process exits (the kernel drops it even on SIGKILL)
-    (out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(job), sort_keys=False))
-    redis, judges, queue, supervisor, ray_ctx, claim = None, [], None, None, None, None
-    failure, code = "", 1
-    try:
-        redis_url = job.spec.transferQueue.redisUrl
-        if not redis_url:  # AOF on: the supervisor restarts it on the same port and directory if it dies
-            redis = start_redis_server(dir=str(out / "redis"), aof=True)
-            redis_url = redis.url
-        queue = TransferQueue.for_job(job.metadata.name, job.spec.transferQueue, redis_url)
-        if job.spec.transferQueue.redisUrl:  # a shared Redis: claim the name before touching its keys (atomic:
-            # another launcher or an operator claiming in the same instant is refused), renewed until the end
-            claim = preflight.claim_run(job.spec.transferQueue.redisUrl, job, out, resume=bool(args.resume))
-        if not args.resume:
-            queue.cleanup(keep=(RUN_OWNER,))  # a fresh run starts from empty streams, its claim kept
-        else:
-            clear_start_flags(queue)
-        sync_port, dist_port = free_port(), free_port()
-        replica_ports = [free_port() for _ in range(job.spec.roles.rollout.replicas)]
-        if not args.no_ray:
-            from omnirl.launch.procs import init_ray
+    return _Launch(args, job, out, placements, backend, lock, since=int(started["records"]))
 
-            ray_ctx = init_ray(args.ray_address)
-        print(f"omnirl: job {job.metadata.name} → {out} (redis {redis_url}, {'ray' if ray_ctx else 'subprocesses'})",
-              flush=True)
-        print(describe(placements, backend), flush=True)
-        note = autoscale_note(job)
-        if note:
-            print(note, flush=True)
-        where = {(p.role, p.index): p for p in placements}
 
-        def start(role: str, index: int, resume: str):
-            env = role_env(job, where[role, index], redis_url=redis_url, sync_port=sync_port, out=out,
-                           resume=resume, steps=args.steps, dist_port=dist_port, sync_backend=backend,
-                           replica_ports=replica_ports)
-            return start_role(role, index, out / ROLES_MANIFEST, env, out / "logs", use_ray=ray_ctx is not None)
+def _write_run_dir(launch: _Launch) -> None:
+    """The run directory phase: create it, hold its lock, write the manifest as written (`OUT/job.yaml`)."""
+    launch.out.mkdir(parents=True, exist_ok=True)
+    # held until this process exits (the kernel drops it even on SIGKILL)
+    launch.lock = launch.lock or preflight.lock_run_dir(launch.out)
+    (launch.out / "job.yaml").write_text(yaml.safe_dump(dump_rljob(launch.job), sort_keys=False))
 
-        judges, wired = start_judges(job, out / "logs")  # reward[].server: local processes, URLs wired in
-        check_served_judges(wired, judges)
-        # not over job.yaml: these URLs die with the run, and `omnirl eval OUT/job.yaml` then failed on one
-        # (exit 2, "does not answer"); job.yaml keeps `server`, which eval serves itself
-        (out / ROLES_MANIFEST).write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
-        supervisor = Supervisor(job, role_plan(job), start, queue, out, args.steps or job.spec.algorithm.steps,
-                                resume="auto" if args.resume else "0", redis=redis, judges=judges)
-        code = supervisor.run()
-        redis = supervisor.redis  # it may have restarted the server
-        if code == 0:
-            queue.set_json("stop", True)  # the controller set it already; every role exits 0
-            supervisor.stop_all(grace_s=20.0)
-    except KeyboardInterrupt:
-        print(interrupt_line(out, int(started["records"]), started=supervisor is not None, resume=args.resume,
-                             total=args.steps or job.spec.algorithm.steps), flush=True)
-        code = 130
-    except JudgeFailed as err:  # its log's tail, then the verdict names the field, what happened and the fix
-        if err.tail:
-            print(f"omnirl: judge {err.reward}: the last lines of {err.log}:", flush=True)
-            print("\n".join(f"  {line}" for line in err.tail), flush=True)
-        # a setting the job cannot start with (spec.reward[i].server), as a role's at start-up: exit 4, not
-        # restarted; the operator fails the RLJob for it too (JudgeFailed), so a script reads one code for both
-        failure, code = str(err), CONFIG_ERROR_EXIT
-    except RedisServerError as err:  # the embedded server exited at start (its log's tail follows the first line)
-        first, _, tail = str(err).partition("\n")
-        if tail.strip():
-            print(tail.rstrip(), flush=True)
-        failure, code = f"the embedded Redis did not start: {first}", 1
-    finally:
-        with _interrupts_hurry(supervisor):  # a second Ctrl-C cuts the stop short; it cannot skip the cleanup
-            silent, forced = "", []  # why the manifest's Redis does not answer; the roles SIGKILLed after their grace
-            try:
-                if supervisor is not None:
-                    failure = supervisor.failure
-                    if job.spec.transferQueue.redisUrl:
-                        silent = preflight.redis_silent(job.spec.transferQueue.redisUrl)
-                    # a full or read-only run directory: the actor's SIGTERM checkpoint cannot be written (nor, when
-                    # its Redis died of it, handed over); the last complete one stands, so no grace period is waited
-                    # out. Nor for a Redis gone away: the roles sit in its clients' retries, deaf to SIGTERM
-                    quick = code == STORAGE_ERROR_EXIT or bool(silent)
-                    forced = supervisor.stop_all(grace_s=STATELESS_GRACE_S if quick else None)
-            finally:
-                if claim is not None:
-                    claim.close()  # stop renewing: mark_stopped below marks the record stopped or deletes it
-                if supervisor is not None:
-                    supervisor.close()
-                    redis = supervisor.redis  # read after close: its watchdog may restart the server until then
-                # nothing to continue when its controller never started, or finished the job (its `finish` record):
-                # a Ctrl-C after the finish left its keys, stop flag and place, and a fresh run of the name was then
-                # refused, told to --resume this one, whose --resume said "nothing to do" and left them
-                finished = code == 0 or not holds_run(out) or _finished_now(out, int(started["records"]))
-                if silent:  # the marks below would wait 5 s for nothing: say what is left instead
-                    print(left_behind(silent, job.metadata.name, forced, finished=finished), flush=True)
-                elif claim is not None:  # its roles are stopped: the resume we print must not be refused as
-                    # "running" by their last beats (an embedded Redis is this --out's, not shared); nothing to
-                    # continue when its controller never started (or no role did): no place to keep, claim released
-                    why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job, out, finished=finished)
-                    if why:
-                        print(f"omnirl: {why}", flush=True)
-                stop_judges(judges)
-                if queue is not None:
-                    queue.close()
-                if redis is not None:
-                    redis.stop()
-                if ray_ctx is None and "ray" in sys.modules:  # interrupted in ray.init: stop what it started
-                    sys.modules["ray"].shutdown()
-    _summary(out, job.metadata.name, since=int(started["records"]))
-    if code:  # the table above reads like a finished run: the last line says it is not
-        print(verdict(code, failure, args, out, since=int(started["records"])), flush=True)
-    lock.close()
+
+def _open_queue(launch: _Launch) -> None:
+    """The Redis phase: the embedded `redis-server` (AOF on: the supervisor restarts it on the same port and
+    directory if it dies) or the manifest's, the job's queue, this run's claim of the name on a shared Redis, and
+    the job's keys made ready (a fresh run's emptied, a `--resume`'s start flags cleared)."""
+    job = launch.job
+    launch.redis_url = job.spec.transferQueue.redisUrl
+    if not launch.redis_url:
+        launch.redis = start_redis_server(dir=str(launch.out / "redis"), aof=True)
+        launch.redis_url = launch.redis.url
+    launch.queue = TransferQueue.for_job(job.metadata.name, job.spec.transferQueue, launch.redis_url)
+    if job.spec.transferQueue.redisUrl:  # a shared Redis: claim the name before touching its keys (atomic:
+        # another launcher or an operator claiming in the same instant is refused), renewed until the end
+        launch.claim = preflight.claim_run(job.spec.transferQueue.redisUrl, job, launch.out,
+                                           resume=bool(launch.args.resume))
+    if not launch.args.resume:
+        launch.queue.cleanup(keep=(RUN_OWNER,))  # a fresh run starts from empty streams, its claim kept
+    else:
+        clear_start_flags(launch.queue)
+
+
+def _start_ray(launch: _Launch) -> None:
+    """The Ray phase: this run's two ports (weight-sync store, actor ranks' rendezvous), then Ray unless `--no-ray`."""
+    launch.ports = (free_port(), free_port())
+    launch.replica_ports = [free_port() for _ in range(launch.job.spec.roles.rollout.replicas)]
+    if not launch.args.no_ray:
+        from omnirl.launch.procs import init_ray
+
+        launch.ray_ctx = init_ray(launch.args.ray_address)
+
+
+def _say_what_runs(launch: _Launch) -> None:
+    """The lines that say where the job runs: the run directory and Redis, the placement table, a local run's
+    note on `roles.reward.autoscale`."""
+    print(f"omnirl: job {launch.job.metadata.name} → {launch.out} (redis {launch.redis_url}, "
+          f"{'ray' if launch.ray_ctx else 'subprocesses'})", flush=True)
+    print(describe(launch.placements, launch.backend), flush=True)
+    note = autoscale_note(launch.job)
+    if note:
+        print(note, flush=True)
+
+
+def _start_judges(launch: _Launch) -> None:
+    """The judges phase: `reward[].server` as local processes, checked to answer, their URLs wired into the
+    manifest the roles read (`OUT/job-roles.yaml`)."""
+    launch.judges, wired = start_judges(launch.job, launch.out / "logs")
+    check_served_judges(wired, launch.judges)
+    # not over job.yaml: these URLs die with the run, and `omnirl eval OUT/job.yaml` then failed on one
+    # (exit 2, "does not answer"); job.yaml keeps `server`, which eval serves itself
+    (launch.out / ROLES_MANIFEST).write_text(yaml.safe_dump(dump_rljob(wired), sort_keys=False))
+
+
+def _supervise(launch: _Launch) -> int:
+    """The roles phase: start every role process and supervise them per `failurePolicy` until the job ends;
+    returns the exit code. A finished job's roles are told to stop and given 20 s."""
+    args, job, out = launch.args, launch.job, launch.out
+    where = {(p.role, p.index): p for p in launch.placements}
+    sync_port, dist_port = launch.ports
+
+    def start(role: str, index: int, resume: str):
+        env = role_env(job, where[role, index], redis_url=launch.redis_url, sync_port=sync_port, out=out,
+                       resume=resume, steps=args.steps, dist_port=dist_port, sync_backend=launch.backend,
+                       replica_ports=launch.replica_ports)
+        return start_role(role, index, out / ROLES_MANIFEST, env, out / "logs", use_ray=launch.ray_ctx is not None)
+
+    launch.supervisor = Supervisor(job, role_plan(job), start, launch.queue, out, launch.total,
+                                   resume="auto" if args.resume else "0", redis=launch.redis, judges=launch.judges)
+    code = launch.supervisor.run()
+    launch.redis = launch.supervisor.redis  # it may have restarted the server
+    if code == 0:
+        launch.queue.records.request_stop()  # the controller set it already; every role exits 0
+        launch.supervisor.stop_all(grace_s=20.0)
     return code
+
+
+def _stop_and_clean_up(launch: _Launch, code: int, failure: str) -> str:
+    """The stop phase, whatever ended the run: the roles stopped (their grace cut short when the run directory or
+    the manifest's Redis cannot be used), the claim, the job's keys on a shared Redis marked stopped or deleted,
+    the judges, the queue, the embedded Redis and Ray. A second Ctrl-C cuts the stop short; it cannot skip the
+    cleanup. Returns the run's failure: the supervisor's once it ran, else `failure`."""
+    job, out, supervisor = launch.job, launch.out, launch.supervisor
+    with _interrupts_hurry(supervisor):
+        silent, forced = "", []  # why the manifest's Redis does not answer; the roles SIGKILLed after their grace
+        try:
+            if supervisor is not None:
+                failure = supervisor.failure
+                if job.spec.transferQueue.redisUrl:
+                    silent = preflight.redis_silent(job.spec.transferQueue.redisUrl)
+                # a full or read-only run directory: the actor's SIGTERM checkpoint cannot be written (nor, when
+                # its Redis died of it, handed over); the last complete one stands, so no grace period is waited
+                # out. Nor for a Redis gone away: the roles sit in its clients' retries, deaf to SIGTERM
+                quick = code == STORAGE_ERROR_EXIT or bool(silent)
+                forced = supervisor.stop_all(grace_s=STATELESS_GRACE_S if quick else None)
+        finally:
+            if launch.claim is not None:
+                launch.claim.close()  # stop renewing: mark_stopped below marks the record stopped or deletes it
+            if supervisor is not None:
+                supervisor.close()
+                launch.redis = supervisor.redis  # read after close: its watchdog may restart the server until then
+            # nothing to continue when its controller never started, or finished the job (its `finish` record):
+            # a Ctrl-C after the finish left its keys, stop flag and place, and a fresh run of the name was then
+            # refused, told to --resume this one, whose --resume said "nothing to do" and left them
+            done = code == 0 or not holds_run(out) or _finished_now(out, launch.since)
+            if silent:  # the marks below would wait 5 s for nothing: say what is left instead
+                print(left_behind(silent, job.metadata.name, forced, finished=done), flush=True)
+            elif launch.claim is not None:  # its roles are stopped: the resume we print must not be refused as
+                # "running" by their last beats (an embedded Redis is this --out's, not shared); nothing to
+                # continue when its controller never started (or no role did): no place to keep, claim released
+                why = preflight.mark_stopped(job.spec.transferQueue.redisUrl, job, out, finished=done)
+                if why:
+                    print(f"omnirl: {why}", flush=True)
+            stop_judges(launch.judges)
+            if launch.queue is not None:
+                launch.queue.close()
+            if launch.redis is not None:
+                launch.redis.stop()
+            if launch.ray_ctx is None and "ray" in sys.modules:  # interrupted in ray.init: stop what it started
+                sys.modules["ray"].shutdown()
+    return failure
+
+
+def _report(launch: _Launch, code: int, failure: str) -> None:
+    """The closing phase: the held-out table and a finished run's summary; for a run that did not finish, the last
+    line says why and how to continue (`verdict`). Then the run directory's lock is released."""
+    _summary(launch.out, launch.job.metadata.name, since=launch.since)
+    if code:  # the table above reads like a finished run: the last line says it is not
+        print(verdict(code, failure, launch.args, launch.out, since=launch.since), flush=True)
+    launch.lock.close()
 
 
 def _raise_interrupt(signum: int, frame: object) -> None:
@@ -350,7 +454,7 @@ def interrupt_line(out: Path, since: int, *, started: bool, resume: bool, total:
     if "start" not in events:
         return ("omnirl: interrupted while the roles were loading — stopping them (nothing trained "
                 + ("since --resume: the run's last checkpoint stands)" if resume else "yet: nothing to checkpoint)"))
-    done = preflight.trained_steps(out)
+    done = max(trained_steps(out), default=-1) + 1  # its highest step with a line, + 1
     return (f"omnirl: interrupted after {done} of {total} training steps — stopping every role (the actor "
             "checkpoints the steps it trained since its last checkpoint, if any; --resume continues)")
 
@@ -374,7 +478,7 @@ def _finished_now(out: Path, since: int) -> bool:
     """Whether a controller this launcher started finished the job (a `finish` record after the first
     `since` of `out/metrics.jsonl`); False for a file that cannot be read (its run is kept, as `holds_run`)."""
     try:
-        return preflight.finished(out, since)
+        return finished(out, since)
     except (OSError, ValueError):
         return False
 
@@ -435,7 +539,7 @@ def verdict(code: int, failure: str, args: argparse.Namespace, out: Path, since:
     it started none). A finished earlier part of a resumed run is not this run finishing: a Ctrl-C
     while its roles were restarted said "after the job had finished: nothing to continue"."""
     if code == 130:
-        if since is not None and (out / METRICS_FILE).exists() and preflight.finished(out, since):
+        if since is not None and (out / METRICS_FILE).exists() and finished(out, since):
             return "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
         return f"omnirl: interrupted (exit 130); continue with: {resume_command(args, out)}"
     if code == STORAGE_ERROR_EXIT:  # the failure ends with the fix ("free space there"): the resume follows it

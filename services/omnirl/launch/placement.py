@@ -18,7 +18,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from omnirl.api.runtime import sync_backend
+from omnirl.api.runtime import cpu_role_threads, fixed_local_threads, sync_backend
 from omnirl.api.spec import RLJob
 from omnirl.api.spec_parallel import actor_world
 
@@ -72,15 +72,6 @@ def role_plan(job: RLJob) -> list[tuple[str, int]]:
     plan = [("rollout", i) for i in range(r.rollout.replicas * r.rollout.parallel.ranks)]
     plan += [("reward", i) for i in range(r.reward.replicas)]
     return plan + [("actor", i) for i in range(actor_world(r.actor.replicas, r.actor.parallel))] + [("controller", 0)]
-
-
-def cpu_role_threads(role: str, mode: str, cores: int) -> int:
-    """torch threads of a role of an all-CPU job. In `sync`/`async-reward` the rollout and the actor
-    take turns, so each may use every core; in `fully-async` they run at once and split the cores
-    (threads beyond the cores spin against each other: 4× slower steps measured on 2 cores)."""
-    if role in ("reward", "controller"):
-        return 1
-    return max(1, cores // 2) if mode == "fully-async" else max(1, cores)
 
 
 def visible_devices(kind: str) -> list[str]:
@@ -154,11 +145,9 @@ def place(job: RLJob, *, device: str = "auto", share: bool = False, cores: int |
         else:  # the accelerators do the heavy work: the CPU roles (scorers) split what is left
             threads = 1 if role == "controller" else max(1, spare // max(1, len(cpu_workers)))
         out.append(Placement(role, index, "cpu", "cpu", (), threads))
-    fixed = os.environ.get("OMNIRL_LOCAL_THREADS")  # one count for every role (benchmarks on shared machines)
-    if fixed:
-        if not fixed.isdigit() or int(fixed) < 1:
-            raise ValueError(f"OMNIRL_LOCAL_THREADS={fixed!r} must be a positive integer")
-        out = [dataclasses.replace(p, threads=int(fixed)) for p in out]
+    fixed = fixed_local_threads()
+    if fixed is not None:
+        out = [dataclasses.replace(p, threads=fixed) for p in out]
     return out
 
 

@@ -20,10 +20,8 @@ import yaml
 from omnirl.api.loader import dump_rljob
 from omnirl.api.resume import resume_conflict, resume_notes
 from omnirl.api.spec import MODEL_ROLES, RLJob
-from omnirl.controller import report
 from omnirl.launch.placement import Placement
 from omnirl.reward.registry import check_api_keys, check_in_process
-from omnirl.transfer.keys import STOPPED_RUN
 from omnirl.transfer.owner import LIVE_BEAT_S
 
 
@@ -48,6 +46,7 @@ def check_local_paths(job: RLJob) -> None:
         FileNotFoundError: naming the field and the missing path.
         ValueError: an unset `spec.reward[i].params.apiKeyEnv` variable (`reward.registry.check_api_keys`), an
             in-process scorer its model cannot build (`reward.registry.check_in_process`: an OCR alphabet).
+        ConfigError: `spec.telemetry.tensorboard` without the tensorboard package here.
     """
     for field, path, kind in missing_local_paths(job):
         raise FileNotFoundError(f"{field}: {path} does not exist on this machine; point it at a local "
@@ -58,6 +57,10 @@ def check_local_paths(job: RLJob) -> None:
     check_prompts(job)
     check_api_keys(job.spec.reward)  # the roles inherit this environment
     check_in_process(job.spec.reward)
+    if job.spec.telemetry.tensorboard:  # the controller would stop with it after every role loaded
+        from omnirl.telemetry.tensorboard import require_tensorboard
+
+        require_tensorboard()
 
 
 def check_model_weights(job: RLJob) -> None:
@@ -189,13 +192,12 @@ def check_redis(url: str) -> None:
     Raises:
         ValueError: naming `spec.transferQueue.redisUrl`, the host and port (never the password) and the fix.
     """
-    import redis as redis_py
+    from omnirl.transfer.client import RedisError, check_answers
 
     parts = urlsplit(url)
     try:
-        with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
-            client.ping()
-    except (redis_py.RedisError, OSError, ValueError) as err:
+        check_answers(url, timeout_s=5)
+    except (RedisError, OSError, ValueError) as err:
         raise ValueError(f"spec.transferQueue.redisUrl: {parts.hostname}:{parts.port or 6379} does not answer "
                          f"({type(err).__name__}: {err}); start that Redis or fix the URL, or remove redisUrl so "
                          "omnirl run starts its own redis-server") from err
@@ -206,12 +208,12 @@ def _refusal(client, url: str, job: RLJob, out: Path | None, owner: dict | None,
     None (`check_not_running_elsewhere` says what is refused and why; `claim_run` decides with it). `own`: this
     run's --out: a leased record of this host and that --out is a killed predecessor's (this launcher holds the
     run directory's lock), not a live run."""
-    import json
     import socket
     import time
 
-    from omnirl.transfer.keys import job_pattern, kv_key
+    from omnirl.transfer.keys import job_pattern
     from omnirl.transfer.owner import LOCAL, NO_RECORD, OWNER_TTL_S, RLJOB, beats_text, describe, leased, live_beats
+    from omnirl.transfer.records import JobRecords
 
     name = job.metadata.name
     parts = urlsplit(url)
@@ -233,12 +235,12 @@ def _refusal(client, url: str, job: RLJob, out: Path | None, owner: dict | None,
         return (f"metadata.name: job {name!r} is running on {where[:-1]}; {seen}); {describe(owner)} holds it on "
                 "this Redis, and starting here would delete or take over its work: stop it, or give this run another "
                 f"metadata.name (a launcher killed with SIGKILL: its claim lapses after {owner['lease_s']:g} s)")
-    stopped = client.get(kv_key(name, STOPPED_RUN))
-    if client.get(kv_key(name, "stop")) is not None:
+    records = JobRecords(client, name)
+    was = records.stopped_run()
+    if records.stop_requested():
         here = out if out is not None else own  # a fresh run's --out, or the --out a --resume continues
-        if here is None or stopped is None:
+        if here is None or was is None:
             return None
-        was = json.loads(stopped)
         if (was.get("host"), was.get("out")) == (socket.gethostname(), str(here)):
             return None  # its own --resume, or its own --out again (the directory was removed): a fresh start
         # another --out's pending work: a fresh start deletes it; a --resume of another run of this name takes it
@@ -291,11 +293,10 @@ def check_not_running_elsewhere(url: str, job: RLJob, out: Path | None = None, o
         ValueError: naming `metadata.name`, the Redis (never its password), the live workers or the
             stopped run's place, and the fix.
     """
-    import redis as redis_py
-
+    from omnirl.transfer.client import probe_client
     from omnirl.transfer.owner import read_owner
 
-    with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+    with probe_client(url) as client:
         why = _refusal(client, url, job, out, read_owner(client, job.metadata.name), own)
     if why is not None:
         raise ValueError(why)
@@ -313,12 +314,11 @@ def redis_silent(url: str, timeout_s: float = 2.0) -> str:
         "" when it answers, else "HOST:PORT (spec.transferQueue.redisUrl) does not answer (ERROR)"
         (never the password).
     """
-    import redis as redis_py
+    from omnirl.transfer.client import RedisError, check_answers
 
     try:
-        with redis_py.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s) as client:
-            client.ping()
-    except (redis_py.RedisError, OSError) as err:
+        check_answers(url, timeout_s)
+    except (RedisError, OSError) as err:
         parts = urlsplit(url)
         return (f"{parts.hostname}:{parts.port or 6379} (spec.transferQueue.redisUrl) does not answer "
                 f"({type(err).__name__}: {err})")
@@ -342,8 +342,7 @@ class RunClaim:
         self._thread.start()
 
     def _renew(self) -> None:
-        import redis as redis_py
-
+        from omnirl.transfer.client import RedisError, probe_client
         from omnirl.transfer.owner import LOCAL_RENEW_S, claim, describe, local_owner, renew_local
 
         said = False
@@ -351,7 +350,7 @@ class RunClaim:
         where = f"job {self.name!r} on {parts.hostname}:{parts.port or 6379}"
         while not self._stop.wait(min(LOCAL_RENEW_S, self.lease_s / 3)):
             try:
-                with redis_py.Redis.from_url(self.url, socket_connect_timeout=5, socket_timeout=5) as client:
+                with probe_client(self.url) as client:
                     if renew_local(client, self.name, self.out, self.lease_s):
                         said = False
                         continue
@@ -366,7 +365,7 @@ class RunClaim:
                         continue
                     says = (f"omnirl: this run's claim of {where} was taken by {other} (its lease lapsed while "
                             "this launcher did not renew it): the two runs share the job's keys; stop one of them")
-            except (redis_py.RedisError, OSError, ValueError) as err:
+            except (RedisError, OSError, ValueError) as err:
                 says = (f"omnirl: could not renew this run's claim of {where} ({type(err).__name__}: {err}); it "
                         f"lapses {self.lease_s:.0f} s after the last renewal, and another run of that name could "
                         "then start there")
@@ -391,12 +390,11 @@ def claim_run(url: str, job: RLJob, out: Path, resume: bool = False, lease_s: fl
         ValueError: the name is live there (`check_not_running_elsewhere`'s sentence: the other run and the fix).
         redis.RedisError: the Redis that answered the pre-flight check went away.
     """
-    import redis as redis_py
-
+    from omnirl.transfer.client import probe_client
     from omnirl.transfer.owner import LOCAL_LEASE_S, claim, local_owner
 
     lease_s = LOCAL_LEASE_S if lease_s is None else lease_s
-    with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+    with probe_client(url) as client:
         why = claim(client, job.metadata.name, local_owner(str(out), lease_s),
                     lambda owner: _refusal(client, url, job, None if resume else out, owner, out), lease_s)
     if why is not None:
@@ -437,18 +435,17 @@ def mark_stopped(url: str, job: RLJob, out: Path, finished: bool) -> str:
     import socket
     import time
 
-    import redis as redis_py
-
+    from omnirl.transfer.client import RedisError, probe_client
     from omnirl.transfer.owner import describe, stop_local
 
     name = job.metadata.name
     parts = urlsplit(url)
     where = f"{parts.hostname}:{parts.port or 6379}"
     try:
-        with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+        with probe_client(url) as client:
             place = {"host": socket.gethostname(), "out": str(out), "time": time.time()}
             other, _ = stop_local(client, name, str(out), finished, place)
-    except (redis_py.RedisError, OSError, ValueError) as err:
+    except (RedisError, OSError, ValueError) as err:
         return (f"could not mark job {job.metadata.name!r} stopped on {where} "
                 f"({type(err).__name__}: {err}); a --resume within {LIVE_BEAT_S:.0f} s is refused as running")
     if other is not None:
@@ -476,8 +473,7 @@ def clear_finished(url: str, job: RLJob, out: Path) -> str:
     import socket
     import time
 
-    import redis as redis_py
-
+    from omnirl.transfer.client import RedisError, probe_client
     from omnirl.transfer.owner import LOCAL_LEASE_S, claim, describe, local_owner, stop_local
 
     name, parts = job.metadata.name, urlsplit(url)
@@ -485,7 +481,7 @@ def clear_finished(url: str, job: RLJob, out: Path) -> str:
     where = f"job {name!r} on {redis_at}"
     had: list[bool] = []  # whether a record was there before this claim (it is among the keys deleted)
     try:
-        with redis_py.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5) as client:
+        with probe_client(url) as client:
 
             def refusal(owner: dict | None) -> str | None:
                 had[:] = [owner is not None]
@@ -496,7 +492,7 @@ def clear_finished(url: str, job: RLJob, out: Path) -> str:
                 return f"left the keys of {where} as they are: {why}"
             place = {"host": socket.gethostname(), "out": str(out), "time": time.time()}
             other, removed = stop_local(client, name, str(out), True, place)
-    except (redis_py.RedisError, OSError, ValueError) as err:
+    except (RedisError, OSError, ValueError) as err:
         return (f"could not delete the keys {where} may have left ({type(err).__name__}: {err}); a fresh run of "
                 "that name elsewhere may be refused until they are gone")
     if other is not None:  # cannot happen: this run's claim held the record since; said rather than hidden
@@ -506,26 +502,6 @@ def clear_finished(url: str, job: RLJob, out: Path) -> str:
         return ""
     return (f"deleted the {left} key{'s' if left != 1 else ''} job {name!r} had left on {redis_at}, as the run does once it "
             f"finished: they held no pending work (its checkpoints and metrics are in {out}); the name is free there")
-
-
-def trained_steps(out: Path) -> int:
-    """How many steps the run in `out` has trained: its highest step with a line in `metrics.jsonl`,
-    plus 1 (0 for none; `controller/report.py::trained_steps` reads the file).
-
-    Raises:
-        FileNotFoundError: `out` holds no `metrics.jsonl`.
-    """
-    return max(report.trained_steps(out), default=-1) + 1
-
-
-def finished(out: Path, since: int = 0) -> bool:
-    """Whether the run in `out` ended with its controller's final record (`controller/report.py::finished`),
-    among the records after the first `since`.
-
-    Raises:
-        FileNotFoundError: `out` holds no `metrics.jsonl`.
-    """
-    return report.finished(out, since)
 
 
 def _get(doc: object, keys: tuple[str, ...]) -> object:

@@ -18,8 +18,8 @@ from collections import deque
 from pathlib import Path
 from typing import TextIO
 
-from omnirl.api.child import guarded
 from omnirl.api.runtime import VARIABLES
+from omnirl.system.child import guarded
 
 ROLE_VARIABLES = frozenset(VARIABLES.values())
 

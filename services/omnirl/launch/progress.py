@@ -12,7 +12,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsed
 from rich.progress import Progress as RichProgress
 from rich.table import Table
 
-from omnirl.api.run_dir import train_reward
+from omnirl.api.run_dir import finish_covers, term_means, train_reward
 
 
 class Progress:
@@ -41,7 +41,7 @@ class Progress:
         self.offset += len(complete.encode())
         for line in complete.splitlines():
             rec = json.loads(line)
-            if rec.get("event") == "finish" and (rec.get("total_steps") or 0) >= self.total:
+            if rec.get("event") == "finish" and finish_covers(rec, self.total):
                 self.finished = True
             if rec.get("event") == "step":
                 self.last_step = max(self.last_step, rec["step"])
@@ -70,12 +70,16 @@ def validation_table(records: list[dict]) -> str:
         return ""
     steps = {r["step"]: r for r in records if r.get("event") == "step"}
     table = Table(title="held-out reward (ODE) by training step")
-    for col in ("step", "policy_version", "held-out reward", "exact match", "background", "train reward", "grid"):
+    # several per-sample rewards (the audio+video task's four terms): a column each, the sum first
+    terms = list(term_means(vals[0])) if len(term_means(vals[0])) > 1 else []
+    for col in ("step", "policy_version", "held-out reward", *terms, "exact match", "background", "train reward",
+                "grid"):
         table.add_column(col)
     base = vals[0]["val_reward_mean"]
     for v in vals:
         train = train_reward(steps[v["step"] - 1]) if v["step"] - 1 in steps else None
-        table.add_row(str(v["step"]), str(v["policy_version"]), f"{v['val_reward_mean']:.3f}",
+        parts = [f"{v[f'val_reward_{t}']:.3f}" if v.get(f"val_reward_{t}") is not None else "—" for t in terms]
+        table.add_row(str(v["step"]), str(v["policy_version"]), f"{v['val_reward_mean']:.3f}", *parts,
                       "—" if v.get("val_exact_match") is None else f"{v['val_exact_match']:.3f}", f"{v.get('val_background_darkness', float('nan')):.3f}",
                       "" if train is None else f"{train:.3f}", v["grid"])
     console = Console(file=io.StringIO(), width=160)
@@ -94,7 +98,7 @@ def finish_summary(records: list[dict], job_name: str, metrics_path: Path, since
     The lines: the training steps (all of them, and this launch's share after a resume) and the seconds
     from the controller's start to its finish; the train reward of the first and last step; the held-out
     reward of the first and last validation (with exact match when an OCR-rule reward gives one); the last
-    checkpoint and export; where the machine-readable record is. (It was the controller's
+    checkpoint and export as the record names them; where the machine-readable record is. (It was the controller's
     `{"event": "controller-finished", "validation": [...]}`, one raw JSON line.) The rewards are the whole
     run's, as the held-out table above it: after a `--resume` they were this launch's only (`0.491 at step 4 →
     0.491 at step 4` under a table reading 0.426 → 0.491).
@@ -126,9 +130,9 @@ def finish_summary(records: list[dict], job_name: str, metrics_path: Path, since
         grid.add_row("held-out reward", f"{vals[0]['val_reward_mean']:.3f} at step {vals[0]['step']} → "
                                         f"{vals[-1]['val_reward_mean']:.3f} at step {vals[-1]['step']}"
                                         + ("" if exact is None else f" (exact match {exact:.3f})"))
-    checkpoint = finish.get("last_checkpoint") or next((r["checkpoint"] for r in reversed(steps)
-                                                        if r.get("checkpoint")), None)
-    grid.add_row("checkpoint", checkpoint or "none written")
+    # the record's alone: a step line's is no stand-in (after a stop's checkpoint of the last step it named an
+    # older scheduled one while `latest` and the export were that step, issue 31)
+    grid.add_row("checkpoint", finish.get("last_checkpoint") or "none written")
     grid.add_row("export", finish.get("last_export") or "none")
     grid.add_row("record", f"{metrics_path} (its 'finish' line)")
     console = Console(file=io.StringIO(), width=200)

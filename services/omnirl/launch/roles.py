@@ -17,7 +17,7 @@ Exit codes (`omnirl.api.runtime`): 0 done; 1 crashed (restarted per `failurePoli
 `JOB_FAILED_EXIT` (3) the controller failed the job; `CONFIG_ERROR_EXIT` (4) a `ConfigError` at
 start-up — a setting the role cannot run with, printed as one line, never restarted;
 `STORAGE_ERROR_EXIT` (5) a write failed for want of space or a writable mount (ENOSPC, EDQUOT,
-EFBIG, EROFS), or a read or write for want of permission (EACCES, EPERM; `omnirl.api.disk`), one line
+EFBIG, EROFS), or a read or write for want of permission (EACCES, EPERM; `omnirl.system.disk`), one line
 naming what failed (read or write), the path, the errno and the fix, never restarted (a resume
 continues once it is fixed); 130 Ctrl-C; 143 SIGTERM.
 """
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -36,11 +35,11 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from omnirl.api.disk import failure, storage_error
 from omnirl.api.errors import ConfigError
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv
 from omnirl.launch.placement import n_threads
+from omnirl.system.disk import failure, storage_error
 from omnirl.transfer.client import RECONNECT_S
 
 
@@ -94,7 +93,7 @@ def should_resume(mode: str, checkpoint_root: Path) -> bool:
     """Whether this role process resumes: `1` always (the actor then exits `CONFIG_ERROR_EXIT`
     without a checkpoint, `omnirl.actor.service.nothing_to_resume`), `auto` when
     `checkpoint_root/latest` is complete, `0` never."""
-    from omnirl.actor.checkpoint import has_checkpoint
+    from omnirl.models.policy_io import has_checkpoint
 
     return mode == "1" or (mode == "auto" and has_checkpoint(checkpoint_root))
 
@@ -148,7 +147,7 @@ def finished_record(job, env: RoleEnv, role: str) -> dict | None:
     operator's `restart-job`) ran the finished job again: the new controller exported the last checkpoint
     once more (`exports/step-000002.1`) and wrote a second `start` and `finish`.
 
-    Read from the job's Redis (`kv:finished`, `transfer/keys.py::FINISHED`, which the controller writes right
+    Read from the job's Redis (`kv:finished`, `transfer/records.py::FINISHED`, which the controller writes right
     after the line). The controller also reads its run directory's `metrics.jsonl` (it died between the line
     and the key) and then writes the key and sets the `stop` flag, which its predecessor may not have set: the
     roles still running end as they do after any finish.
@@ -160,23 +159,23 @@ def finished_record(job, env: RoleEnv, role: str) -> dict | None:
         redis.RedisError: the job's Redis did not answer within the client's retries (about 2 minutes).
         json.JSONDecodeError: `kv:finished`, or a line of `metrics.jsonl` (controller), that is not JSON.
     """
-    from omnirl.api.run_dir import METRICS_FILE, read_metrics
+    from omnirl.api.run_dir import METRICS_FILE, finish_covers, read_metrics
     from omnirl.transfer.client import redis_client
-    from omnirl.transfer.keys import FINISHED, kv_key
+    from omnirl.transfer.records import JobRecords
 
     total = env.steps if env.steps is not None else job.spec.algorithm.steps
     client = redis_client(env.redis_url)
+    records = JobRecords(client, env.job_name)
     try:
-        raw = client.get(kv_key(env.job_name, FINISHED))
-        record = None if raw is None else json.loads(raw)
+        record = records.finish_record()
         if record is None and role == "controller" and (Path(env.out_dir) / METRICS_FILE).is_file():
             ends = [r for r in read_metrics(Path(env.out_dir)) if r.get("event") in ("start", "finish")]
             record = ends[-1] if ends and ends[-1]["event"] == "finish" else None
-        if record is None or int(record.get("total_steps") or 0) < total:
+        if not finish_covers(record, total):
             return None  # a run resumed for more steps than it finished: not done
         if role == "controller":
-            client.set(kv_key(env.job_name, FINISHED), json.dumps(record).encode())
-            client.set(kv_key(env.job_name, "stop"), b"true")
+            records.set_finish_record(record)
+            records.request_stop()
         return record
     finally:
         client.close()
@@ -199,11 +198,10 @@ def _beat_while_starting(job, env: RoleEnv, role: str) -> Callable[[], None]:
     launcher counts a process from its spawn) keeps `progressDeadlineSeconds` about the main loop.
     A start-up still running past the bound is stale `progressDeadlineSeconds` later.
     """
-    import redis
-
+    from omnirl.transfer.client import plain_client
     from omnirl.transfer.heartbeat import Heartbeat
 
-    client = redis.Redis.from_url(env.redis_url)  # Redis away: the thread warns, the service's queue waits for it
+    client = plain_client(env.redis_url)  # Redis away: the thread warns, the service's queue waits for it
     policy = job.spec.failurePolicy
     beat = Heartbeat(client, env.job_name, role, env.worker_id, ttl_s=2 * policy.progressDeadlineSeconds)
     stop = beat.start_covering(policy.startupDeadlineSeconds, startup=True)
@@ -308,11 +306,11 @@ def main(args: argparse.Namespace) -> int:
 def _redis_lost(err: BaseException) -> BaseException | None:
     """The redis-py `ConnectionError` or `TimeoutError` (its retries spent) that `err` is or was raised from,
     else None."""
-    import redis
+    from omnirl.transfer.client import REDIS_AWAY
 
     seen: set[int] = set()
     while err is not None and id(err) not in seen:
-        if isinstance(err, (redis.ConnectionError, redis.TimeoutError)):
+        if isinstance(err, REDIS_AWAY):
             return err
         seen.add(id(err))
         err = err.__cause__ or err.__context__

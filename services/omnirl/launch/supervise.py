@@ -19,13 +19,13 @@ cannot run with: a model directory without the family's layout, an unreadable ch
 job at once with the role's one-line message: restarting cannot help (`omnirl.api.runtime`). When
 roles die together the most specific cause decides: a role's permanent exit before the controller's
 exit 1, which often repeats a failure the role reported (`RoleFailure`) before exiting itself.
-So does a run directory that cannot be written (`omnirl.api.disk`): a role that exits
+So does a run directory that cannot be written (`omnirl.system.disk`): a role that exits
 `STORAGE_ERROR_EXIT`, or any role or the embedded Redis dying while a probe write to `out` fails
 (a Redis that cannot append to its AOF exits 1 and is not restarted then). The job stops with
 `STORAGE_ERROR_EXIT`, no restart spent; `--resume` continues once there is room.
 
 Each replica's restarts and the job's restarts count against `maxRestarts` separately; one more
-fails the job. The embedded Redis (AOF) is restarted on its port and directory when it dies. A manifest's
+fails the job (`omnirl.api.failure_policy`, the decision the operator makes too). The embedded Redis (AOF) is restarted on its port and directory when it dies. A manifest's
 Redis (`spec.transferQueue.redisUrl`) is the user's: it is PINGed every `REDIS_PROBE_S`, and while it does
 not answer a line says since when and what happens next (every `REDIS_NOTE_S`), no role is judged by its
 heartbeat or exit, and after `REDIS_DOWN_S` the job stops (exit 1, `--resume` once it is back); before, the
@@ -48,18 +48,18 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import redis as redis_py
-
-from omnirl.api import disk
+from omnirl.api.failure_policy import count, decide
 from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
 from omnirl.reward.servers import JudgeProcess
-from omnirl.transfer import RedisServer, RedisServerError, TransferQueue, kv_key, start_redis_server
+from omnirl.system import disk
+from omnirl.transfer import RedisServer, RedisServerError, TransferQueue, start_redis_server
+from omnirl.transfer.client import REDIS_AWAY, ping
 from omnirl.transfer.heartbeat import past_startup, read_heartbeats
-from omnirl.transfer.keys import FINISHED
 from omnirl.transfer.queue import RECONNECT_S, redis_client
+from omnirl.transfer.records import NO_PROGRESS
 
 STATELESS_GRACE_S = 3.0
 SETTLE_S = 10.0  # how long a role whose failure the controller reported gets to exit (its code may be permanent)
@@ -79,11 +79,11 @@ StartRole = Callable[[str, int, str], RoleProcess]
 def clear_start_flags(queue: TransferQueue) -> None:
     """Before the roles start again (`--resume`, `restart-job`): drop the `stop` flag (every new role
     would exit at once), `actor_ready` (the controller must wait for the new actor's broadcast), the
-    stopped run's place (`preflight.STOPPED_RUN`: it runs again) and the `finish` record (`keys.FINISHED`):
+    stopped run's place (`records.STOPPED_RUN`: it runs again) and the `finish` record (`records.FINISHED`):
     the launcher starts roles only when the run directory says work is left (`--resume`'s pre-flight reads
     `metrics.jsonl`; no restart follows the finish line, `_no_longer_needed`), and a record the embedded Redis
     kept while that line was lost made every role exit at once, the missed export never written."""
-    queue.redis.delete(*(kv_key(queue.job, flag) for flag in ("stop", "actor_ready", "stopped_run", FINISHED)))
+    queue.records.clear_start_flags()
 
 
 class JobFailure(Exception):
@@ -120,7 +120,7 @@ class Supervisor:
         self.redis = redis
         self.progress = Progress(out / "metrics.jsonl", total_steps)
         self.procs: dict[str, RoleProcess] = {}
-        self.restarts: dict[str, int] = {}  # replica name or "job" → restarts so far
+        self.restarts: dict[str, int] = {}  # scope (replica name or "job") → restarts so far (`failure_policy.count`)
         self._done: set[str] = set()  # roles that died when the job no longer needed them: not restarted
         self._alone: set[str] = set()  # actors restarted alone for the final validation round (`_final_round_needs`)
         self._resume = resume
@@ -254,7 +254,7 @@ class Supervisor:
             return None
         for p in self._roles():
             c = p.poll()
-            if c is None or p.name in self._done or (c == 0 and self.queue.get_json("stop")):
+            if c is None or p.name in self._done or (c == 0 and self.queue.records.stop_requested()):
                 continue  # running, or finished because the controller ended the job
             self._stop_if_unwritable(p, c)
             why = self._no_longer_needed(p)
@@ -280,12 +280,12 @@ class Supervisor:
         `finish` record was written. The actor is done once the last step's line is written (its checkpoint
         comes before its result); it died moments before the controller wrote it, so a dead actor whose
         `actor_state` names the last step gets up to `SETTLE_S` for the line."""
-        if self.queue.get_json("stop") or self.progress.finished:
+        if self.queue.records.stop_requested() or self.progress.finished:
             return "the controller had ended the job"
         last = self.progress.total - 1
         if p.role == "actor":
-            state = self.queue.get_json("actor_state") or {}
-            end = time.monotonic() + (SETTLE_S if int(state.get("step", -1)) >= last else 0.0)
+            state = self.queue.records.actor_state() or NO_PROGRESS
+            end = time.monotonic() + (SETTLE_S if state.step >= last else 0.0)
             while self.progress.last_step < last and time.monotonic() < end:
                 time.sleep(0.1)
                 self._pump()
@@ -303,7 +303,7 @@ class Supervisor:
         the last step's checkpoint, which it wrote before its result: nothing is trained again. Once per process;
         a single-rank actor only (a rank restarted alone cannot join its old group: several ranks stay as before)."""
         return (p.role == "actor" and self.job.spec.roles.actor.replicas == 1 and bool(self.job.spec.data.validationPrompts)
-                and p.name not in self._alone and not self.progress.finished and not self.queue.get_json("stop"))
+                and p.name not in self._alone and not self.progress.finished and not self.queue.records.stop_requested())
 
     def _roles(self) -> list[RoleProcess]:
         """Every process but the controller's."""
@@ -334,7 +334,7 @@ class Supervisor:
         self._last_beats = time.monotonic()
         try:
             beats = read_heartbeats(self._probe or self.queue.redis, self.job.metadata.name)
-        except (redis_py.ConnectionError, redis_py.TimeoutError, OSError) as err:
+        except (*REDIS_AWAY, OSError) as err:
             if self._probe is None:
                 raise
             self._redis_down(err)  # gone since the last PING: the next rounds wait for it
@@ -371,8 +371,8 @@ class Supervisor:
             return self._down_since is None
         self._probed = time.monotonic()
         try:
-            self._probe.ping()
-        except (redis_py.ConnectionError, redis_py.TimeoutError, OSError) as err:
+            ping(self._probe)
+        except (*REDIS_AWAY, OSError) as err:
             self._redis_down(err)
             return False
         self._answered = time.time()
@@ -476,17 +476,18 @@ class Supervisor:
 
     # ------------------------------------------------------------------ actions
     def _failed(self, p: RoleProcess, reason: str, code: int) -> None:
-        action = getattr(self.policy, p.role)
-        scope = "job" if action == "restart-job" else p.name
-        used = self.restarts.get(scope, 0)
-        if action == "fail-job":
+        """Carry out the failure policy's decision (`api/failure_policy.py::decide`: a replica restarted alone is
+        its own scope, the process name) for `p`, which failed with `reason` (exit `code`)."""
+        decided = decide(self.policy, p.role, p.name, self.restarts)
+        if decided.cause == "fail-job":
             raise JobFailure(_exit_code(code), f"role {p.name} failed ({reason}); failurePolicy.{p.role}=fail-job")
-        if used >= self.policy.maxRestarts:
-            raise JobFailure(_exit_code(code), f"role {p.name} failed ({reason}); {scope} restarted "
-                                               f"{used} times already (failurePolicy.maxRestarts={self.policy.maxRestarts})")
-        self.restarts[scope] = used + 1
-        self._event(p.name, reason, action, restarts=used + 1)
-        if action == "restart-role":
+        if decided.cause == "exhausted":
+            raise JobFailure(_exit_code(code), f"role {p.name} failed ({reason}); {decided.scope} restarted "
+                                               f"{decided.used} times already (failurePolicy.maxRestarts="
+                                               f"{self.policy.maxRestarts})")
+        self.restarts = count(self.restarts, decided)
+        self._event(p.name, reason, decided.action, restarts=decided.used + 1)
+        if decided.action == "restart-role":
             p.kill(grace_s=0.1)
             self.procs[p.name] = self.start(p.role, p.index, "auto")
         else:
@@ -517,7 +518,7 @@ class Supervisor:
             if self.redis is not None:
                 pids["redis"] = self.redis.pid
             # a judge holds a port and often a GPU: a user reading roles.json to find what the run started
-            # (or to `kill -9` one, as the README suggests) missed it
+            # (or to `kill -9` one, as docs/local.md suggests) missed it
             pids.update({f"judge-{j.reward.name}": j.proc.pid for j in self.judges})
             tmp = self.out / ".roles.json.tmp"
             try:

@@ -33,7 +33,6 @@ import yaml
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import dump_rljob
 from omnirl.api.run_dir import METRICS_FILE, read_metrics
@@ -41,6 +40,7 @@ from omnirl.api.spec import RLJob
 from omnirl.models.diffusers._common import DIFFUSERS_WEIGHTS
 from omnirl.models.families import get_family
 from omnirl.models.policy_io import check_owner, publish, resolve_checkpoint
+from omnirl.system.disk import readable, readable_as_umask_allows
 
 EXPORT_FORMAT = "omnirl-export-v1"
 EXPORTS = "exports"

@@ -4,7 +4,7 @@ The manifest is `--job`, else the run's own (`RUN_DIR/job.yaml`, which `omnirl r
 the one in `RUN_DIR/exports/latest/`, which a Kubernetes run's controller writes); the checkpoint
 is `--checkpoint`, else `RUN_DIR/<checkpoint.dir>/latest`. See `omnirl.models.export` for what
 DIR holds. A problem prints one line naming the fix and exits 2 (5 for a file that cannot be read or
-written: `omnirl.api.disk.failure`).
+written: `omnirl.system.disk.failure`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import shlex
 import sys
 from pathlib import Path
 
-from omnirl.api import disk
 from omnirl.api.errors import ManifestError
 from omnirl.api.loader import load_rljob
 from omnirl.api.run_dir import run_manifest
@@ -24,6 +23,7 @@ from omnirl.api.runtime import STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.models.export import EXPORTS, export_checkpoint
 from omnirl.models.policy_io import LATEST, POLICY_FILE
+from omnirl.system import disk
 
 
 def _check_run_dir(run_dir: Path, out: str = "DIR") -> None:

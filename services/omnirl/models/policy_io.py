@@ -13,10 +13,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from omnirl.api.disk import readable, sync_dir, sync_tree
 from omnirl.api.spec import LoRASpec, RLJob, is_lora_tensor
 from omnirl.models.lora import inject_lora
 from omnirl.models.protocol import ModelAdapter
+from omnirl.system.disk import readable, sync_dir, sync_tree
 
 LATEST = "latest"
 COMPLETE = "COMPLETE"
@@ -32,6 +32,13 @@ def exported_from(export: Path) -> Path | None:
     except (OSError, json.JSONDecodeError, AttributeError):  # AttributeError: a JSON document that is no object
         return None
     return Path(ckpt) if isinstance(ckpt, str) and (Path(ckpt) / POLICY_FILE).is_file() else None
+
+
+def has_checkpoint(root: str | Path) -> bool:
+    """True when `root/latest` is a complete checkpoint (what `OMNIRL_RESUME=auto` resumes from; the controller
+    exports it when every step was trained before it started)."""
+    latest = Path(root) / LATEST
+    return (latest / COMPLETE).is_file() and (latest / POLICY_FILE).is_file()
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

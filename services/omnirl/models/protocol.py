@@ -3,7 +3,7 @@
 Everything the rollout engine and the actor know about a model goes through this protocol, so a
 new model family is one new adapter and nothing else changes.
 
-Time convention (DESIGN.md §3): the runtime speaks σ, running from 1 (pure noise) to 0 (data),
+Time convention (docs/architecture.md §4): the runtime speaks σ, running from 1 (pure noise) to 0 (data),
 x_σ = (1−σ)·x0 + σ·ε, and a velocity v = ε − x0. An adapter whose network was trained in
 another convention declares it in `time_convention` and converts inside `velocity`, so callers
 never see the native one:

@@ -1,7 +1,7 @@
 """A character-level tokenizer for the built-in digits model.
 
 Id 0 is padding; ids 1..len(alphabet) are the alphabet's characters in order. The prompt's token
-ids are produced once (by the controller) and then travel unchanged (DESIGN.md §7).
+ids are produced once (by the controller) and then travel unchanged (docs/concepts.md, "One job, four roles").
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnirl.reward.base import ScorerError, check_rewards
 from omnirl.reward.frames import Media, media_of
+from omnirl.scorers.base import ScorerError, check_rewards
 
 MEASURES = ("loudness", "clipping", "silence")
 

@@ -28,8 +28,8 @@ import math
 import numpy as np
 
 from omnirl.api.prompts import beep_count, target_text
-from omnirl.reward.base import ScorerError, check_rewards
-from omnirl.reward.text import ocr_reward
+from omnirl.scorers.base import ScorerError, check_rewards
+from omnirl.scorers.text import ocr_reward
 
 INK_LEVEL = 128
 INK_FRACTION = 0.02

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from omnirl.reward.base import ScorerError, check_rewards
 from omnirl.reward.frames import Media, media_of
+from omnirl.scorers.base import ScorerError, check_rewards
 
 
 def resample(x: np.ndarray, rate: int, target: int) -> np.ndarray:

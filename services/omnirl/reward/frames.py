@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from omnirl.reward.base import Scorer, ScorerError, check_rewards, score_each
+from omnirl.scorers.base import Scorer, ScorerError, check_rewards, score_each
 
 Media = Mapping[str, np.ndarray]
 

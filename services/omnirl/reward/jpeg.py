@@ -9,7 +9,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from omnirl.reward.base import ScorerError, check_batch, check_rewards
+from omnirl.scorers.base import ScorerError, check_batch, check_rewards
 
 
 class JPEGCompressibilityScorer:

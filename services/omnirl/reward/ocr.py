@@ -8,7 +8,7 @@ to [−1, 1], right-pad with 0 to the batch width (≥ 320 px). The model output
 key ``character`` (one per line), 6624 = space. CTC greedy decoding (Graves et al. 2006) over
 blank + the task alphabet only (every other class is masked) removes the junk characters the
 Chinese+English recogniser adds at the edges of tiny crops (demo-task.md). The reward is
-Flow-GRPO's OCR rule (`omnirl.reward.text.ocr_reward`).
+Flow-GRPO's OCR rule (`omnirl.scorers.text.ocr_reward`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import numpy as np
 import onnxruntime as ort
 from PIL import Image
 
-from omnirl.reward.base import ScorerError, check_batch, check_rewards
-from omnirl.reward.text import ocr_reward, target_text
+from omnirl.scorers.base import ScorerError, check_batch, check_rewards
+from omnirl.scorers.text import ocr_reward, target_text
 
 REC_HEIGHT = 48
 REC_MIN_WIDTH = 320

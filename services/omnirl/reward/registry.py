@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 from omnirl.api.spec import RewardSpec
-from omnirl.reward.base import Scorer
-from omnirl.reward.kinds import NotOnThisMachine, get_kind
+from omnirl.scorers.base import Scorer
+from omnirl.scorers.kinds import NotOnThisMachine, get_kind
 
 
 def build_scorer(spec: RewardSpec, threads: int = 1, field: str | None = None) -> Scorer:
@@ -20,12 +20,12 @@ def build_scorer(spec: RewardSpec, threads: int = 1, field: str | None = None) -
 
     Raises:
         ValueError: a scorer cannot be built (e.g. an OCR alphabet the recogniser does not know), or the kind
-            is group-level (`omnirl.reward.group_registry`).
+            is group-level (`omnirl.scorers.group_registry`).
     """
     kind = get_kind(spec.kind)
     if kind.runs == "group":
         raise ValueError(f"reward {spec.name!r}: kind {spec.kind!r} is a group-level scorer "
-                         "(omnirl.reward.group_registry)")
+                         "(omnirl.scorers.group_registry)")
     return kind.build(spec, spec.typed_params(), threads=threads, field=field or f"spec.reward[{spec.name}]")
 
 

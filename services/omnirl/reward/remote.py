@@ -22,14 +22,23 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 import numpy as np
 
-from omnirl.reward.base import Outcome, PerSampleScorer, ScorerError, check_batch
-from omnirl.reward.protocol.codec import build_request, from_json, pb2, pb2_grpc, read_response, to_json
+from omnirl.reward.protocol.codec import (
+    build_media_request,
+    build_request,
+    from_json,
+    pb2,
+    pb2_grpc,
+    read_response,
+    to_json,
+)
 from omnirl.reward.slow import longest_call_s, measure_timeout, probe_timeout, slow_reason
+from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch, raise_first
 
 MAX_MESSAGE_BYTES = 256 * 1024 * 1024
 """gRPC message size limit both ways (a batch of 64 PNGs at 1024² fits)."""
@@ -161,15 +170,81 @@ def check_remote(field: str, kind: str, url: str, timeout_s: float, *, strict: b
                          "not another gRPC or HTTP server")
 
 
+@dataclass(frozen=True)
+class MediaRequest:
+    """What a remote scorer of video / audio is sent of each sample (`build_media_request`).
+
+    Attributes:
+        frame_stride: send every k-th frame; frame_count: send n evenly spaced frames (at most one of the two;
+            neither: no video).
+        audio: send the soundtrack.
+    """
+
+    frame_stride: int | None = None
+    frame_count: int | None = None
+    audio: bool = False
+
+    @property
+    def modalities(self) -> frozenset[str]:
+        """The media keys it sends: "video" with frames, "audio" with the soundtrack."""
+        video = self.frame_stride is not None or self.frame_count is not None
+        return frozenset({"video"} if video else set()) | frozenset({"audio"} if self.audio else set())
+
+
 class RemoteScorer(PerSampleScorer):
-    """What the two clients share: telling a slow server from an away one after a timeout."""
+    """What the two clients share: the image and the media requests, and telling a slow server from an away one
+    after a timeout. With a `MediaRequest` a client is a media scorer (`modalities`, `score_media_each`)."""
 
     name: str
     where: str
     field: str
     timeout_s: float
     max_retries: int
+    media: MediaRequest | None = None
+    modalities: frozenset[str] = frozenset()
     _measured: tuple[float | None] | None = None  # one attempt's measured time (None: > the cap), once per scorer
+
+    def _set_media(self, media: MediaRequest | None) -> None:
+        self.media = media
+        self.modalities = media.modalities if media is not None else frozenset()
+
+    def _score_request(self, request: Any, sample_ids: list[str]) -> Outcome:
+        raise NotImplementedError
+
+    def score_each(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:
+        """One score or error per image (see `omnirl.scorers.base.PerSampleScorer`)."""
+        check_batch(images, prompts, sample_ids)
+        return self._score_request(build_request(images, prompts, sample_ids), sample_ids)
+
+    def score_media_each(self, media: list[dict], prompts: list[str], sample_ids: list[str]) -> Outcome:
+        """One score or error per sample of video / audio: its frames and sound as the `MediaRequest` says.
+
+        Raises:
+            ScorerError: (sample id "") the scorer was built without a `MediaRequest`, or the whole call failed.
+        """
+        if self.media is None:
+            raise ScorerError("", f"{self.name}: sends images only; set params.frameStride/frameCount or audio")
+        try:
+            request = build_media_request(media, prompts, sample_ids, frame_stride=self.media.frame_stride,
+                                          frame_count=self.media.frame_count, audio=self.media.audio)
+        except ScorerError as err:  # a sample without the media asked for fails alone
+            outcome = Outcome(np.zeros(len(sample_ids), dtype=np.float32))
+            outcome.errors = {i: err for i, sid in enumerate(sample_ids) if sid == err.sample_id}
+            rest = [i for i in range(len(sample_ids)) if i not in outcome.errors]
+            if rest:
+                inner = self.score_media_each([media[i] for i in rest], [prompts[i] for i in rest],
+                                              [sample_ids[i] for i in rest])
+                for k, i in enumerate(rest):
+                    if k in inner.errors:
+                        outcome.errors[i] = inner.errors[k]
+                    else:
+                        outcome.values[i] = inner.values[k]
+            return outcome
+        return self._score_request(request, sample_ids)
+
+    def score_media(self, media: list[dict], prompts: list[str], sample_ids: list[str]) -> np.ndarray:
+        """`[B]` float32 from `score_media_each`; the first failed sample raises its ScorerError."""
+        return raise_first(self.score_media_each(media, prompts, sample_ids))
 
     def _answers(self, timeout_s: float) -> bool:
         """Whether the server answers an empty request within `timeout_s`."""
@@ -217,19 +292,17 @@ class GRPCScorer(RemoteScorer):
     """
 
     def __init__(self, name: str, target: str, *, timeout_s: float = 30.0, max_retries: int = 2,
-                 field: str | None = None) -> None:
+                 field: str | None = None, media: MediaRequest | None = None) -> None:
         self.name, self.target, self.timeout_s, self.max_retries = name, target, timeout_s, max_retries
         self.where, self.field = target, field or f"spec.reward[{name}]"
+        self._set_media(media)
         options = [("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
                    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)]
         self.channel = grpc.insecure_channel(target, options=options)
         self.stub = pb2_grpc.ScorerStub(self.channel)
 
-    def score_each(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:
-        """One score or error per sample (see `omnirl.reward.base.PerSampleScorer`)."""
-        check_batch(images, prompts, sample_ids)
-        request = build_request(images, prompts, sample_ids)
-
+    def _score_request(self, request: Any, sample_ids: list[str]) -> Outcome:
+        """Send `request` with retries; one score or error per sample."""
         def attempt(timeout_s: float) -> Outcome:
             try:
                 response = self.stub.Score(request, timeout=timeout_s)
@@ -263,14 +336,14 @@ class HTTPScorer(RemoteScorer):
     """
 
     def __init__(self, name: str, url: str, *, timeout_s: float = 30.0, max_retries: int = 2,
-                 field: str | None = None) -> None:
+                 field: str | None = None, media: MediaRequest | None = None) -> None:
         self.name, self.url, self.timeout_s, self.max_retries = name, url, timeout_s, max_retries
         self.where, self.field = url, field or f"spec.reward[{name}]"
+        self._set_media(media)
 
-    def score_each(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:
-        """One score or error per sample (see `omnirl.reward.base.PerSampleScorer`)."""
-        check_batch(images, prompts, sample_ids)
-        body = json.dumps(to_json(build_request(images, prompts, sample_ids))).encode()
+    def _score_request(self, message: Any, sample_ids: list[str]) -> Outcome:
+        """POST `message` (a `ScoreRequest`) as JSON with retries; one score or error per sample."""
+        body = json.dumps(to_json(message)).encode()
         request = urllib.request.Request(self.url, data=body, headers={"Content-Type": "application/json"})
 
         def attempt(timeout_s: float) -> Outcome:

@@ -13,8 +13,8 @@ from collections import Counter
 import numpy as np
 
 from omnirl.api.spec import GROUP_KINDS, RewardSpec
-from omnirl.reward.base import Outcome, Scorer, reads_media, score_each, score_media_each
 from omnirl.reward.registry import build_scorer, check_api_keys
+from omnirl.scorers.base import Outcome, Scorer, reads_media, score_each, score_media_each
 
 
 def combine(specs: list[RewardSpec], outcomes: dict[str, Outcome], index: int) -> tuple[float | None, dict[str, float], str]:

@@ -33,10 +33,10 @@ from pydantic import ValidationError
 from omnirl.api.errors import ManifestError
 from omnirl.api.problems import problem_lines
 from omnirl.api.spec import RewardSpec
-from omnirl.reward.base import Scorer
 from omnirl.reward.protocol.codec import answer, check_request, from_json, pb2, pb2_grpc, to_json
 from omnirl.reward.registry import build_scorer
 from omnirl.reward.remote import MAX_MESSAGE_BYTES
+from omnirl.scorers.base import Scorer
 
 
 class _Servicer(pb2_grpc.ScorerServicer):
@@ -147,10 +147,17 @@ class DelayedScorer(Scorer):
             raise ValueError(f"--delay-ms must be >= 0, got {delay_s * 1000:g}")
         self.inner, self.delay_s, self.name = scorer, delay_s, scorer.name
 
+        self.modalities = getattr(scorer, "modalities", frozenset())  # a media scorer stays one
+
     def score(self, images, prompts, sample_ids):
         """As the inner scorer's `score`, `len(images) × delay_s` seconds later."""
         time.sleep(self.delay_s * len(images))
         return self.inner.score(images, prompts, sample_ids)
+
+    def score_media(self, media, prompts, sample_ids):
+        """As the inner scorer's `score_media`, `len(media) × delay_s` seconds later."""
+        time.sleep(self.delay_s * len(media))
+        return self.inner.score_media(media, prompts, sample_ids)
 
 
 def check_address(host: str, port: int) -> None:
@@ -185,12 +192,23 @@ def main(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port {args.port}: must be 0..65535 (0 picks a free port)")
     params = dict(parse_param(p) for p in args.param)
+    kind = args.reward
+    if getattr(args, "function", None):  # --function M:F is --reward python --param function=M:F
+        kind, params = "python", {**params, "function": args.function}
     try:
-        spec = RewardSpec.model_validate({"name": args.reward, "kind": args.reward, "params": params})
+        spec = RewardSpec.model_validate({"name": kind, "kind": kind, "params": params})
     except ValidationError as err:  # the CLI prints ManifestError's lines and exits 2
-        raise ManifestError([f"--param {text}" for _, text in problem_lines(RewardSpec, err)]) from None
+        lines = [f"--param {text}" for _, text in problem_lines(RewardSpec, err)]
+        raise ManifestError([line.replace("--param params.function:", "--function:") if kind == "python" else line
+                             for line in lines]) from None
     check_address(args.host, args.port)  # before the scorer's model loads
-    scorer = build_scorer(spec)
+    try:
+        scorer = build_scorer(spec)
+    except ValueError as err:  # the function's import and checks (kind python) name the flag, not a manifest field
+        if kind != "python":
+            raise
+        raise ValueError(str(err).replace(f"spec.reward[{kind}].params.function",
+                                          "--function" if args.function else "--param function")) from None
     if getattr(args, "delay_ms", 0):
         scorer = DelayedScorer(scorer, args.delay_ms / 1000.0)
     stop = threading.Event()

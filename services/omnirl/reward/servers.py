@@ -34,10 +34,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from omnirl.api.child import start_guarded
-from omnirl.api.judges import argv, judge_rewards, url, wire
 from omnirl.api.spec import RewardSpec, RLJob
 from omnirl.reward.registry import check_judges
+from omnirl.scorers.judges import argv, judge_rewards, url, wire
+from omnirl.system.child import start_guarded
 from omnirl.transfer.redis_server import free_port
 
 PORT_ENV = "OMNIRL_JUDGE_PORT"  # the port, in the judge's environment as in its pod (operator/judges.py)

@@ -36,7 +36,7 @@ from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.reward.registry import check_judges
 from omnirl.reward.scoring import RewardSet
-from omnirl.transfer import Message, MissingTensors, TransferQueue, kv_key
+from omnirl.transfer import Message, MissingTensors, TransferQueue
 from omnirl.transfer.heartbeat import Heartbeat
 from omnirl.transfer.lease import holding
 from omnirl.transfer.media import poster, to_numpy
@@ -74,7 +74,7 @@ class RewardService:
         samples = self.queue.streams.samples
         self.queue.ensure_group(samples, GROUP)
         backlog = self.queue.recover(samples, GROUP, self.env.worker_id)
-        while not self.terminated and not self.queue.get_json("stop"):
+        while not self.terminated and not self.queue.records.stop_requested():
             self.heartbeat.beat()
             msgs, backlog = backlog[: self.batch_size], backlog[self.batch_size:]
             if not msgs:
@@ -226,7 +226,7 @@ class RewardService:
                         delay, deadline - time.monotonic())
             until = min(time.monotonic() + delay, deadline)
             while time.monotonic() < until:
-                if self.terminated or self.queue.get_json("stop"):
+                if self.terminated or self.queue.records.stop_requested():
                     return None
                 self.heartbeat.beat()  # alive, waiting: not stuck
                 time.sleep(0.2)
@@ -242,11 +242,10 @@ class RewardService:
     def _wait_all_rollouts(self, step: int, timeout_s: float = 3600.0) -> None:
         start = time.monotonic()
         while True:
-            expected = self.queue.get_json(f"expected:{step}")
-            raw = self.queue.redis.get(kv_key(self.env.job_name, f"generated:{step}"))
-            if expected is not None and raw is not None and int(raw) >= int(expected):
+            expected, generated = self.queue.records.expected(step), self.queue.records.generated(step)
+            if expected is not None and generated is not None and generated >= expected:
                 return
-            if self.queue.get_json("stop") or self.terminated:
+            if self.queue.records.stop_requested() or self.terminated:
                 return
             self.heartbeat.beat()
             if time.monotonic() - start > timeout_s:

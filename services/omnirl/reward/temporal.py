@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from omnirl.reward.base import check_rewards
 from omnirl.reward.frames import Media, media_of
+from omnirl.scorers.base import check_rewards
 
 
 def temporal_consistency(video: np.ndarray) -> float:

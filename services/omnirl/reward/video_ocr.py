@@ -15,9 +15,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from omnirl.reward.base import ScorerError, check_rewards
 from omnirl.reward.frames import Media, frame_indices, media_of
-from omnirl.reward.text import levenshtein, target_text
+from omnirl.scorers.base import ScorerError, check_rewards
+from omnirl.scorers.text import levenshtein, target_text
 
 FRAME_STRIDE = 4
 """flow_grpo's `frame_interval`."""

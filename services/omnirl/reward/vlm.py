@@ -3,10 +3,13 @@
 
 One request per image: a user message with the image as a base64 PNG data URL and the template's
 question; temperature 0 and a seed derived from the sample id, so an image gets the same score
-every time. Templates (`VLMParams.template`):
+every time. A video / audio job (`params.frames`, `params.audio`) sends each sample's evenly spaced
+frames as images after a line saying they are one video's frames, and its sound as an `input_audio`
+part (16-bit PCM WAV, base64: the OpenAI chat format for audio input); the default questions then
+ask about "this video" / "this sound" (`score_media_each`). Templates (`VLMParams.template`):
 
 - `read-text`: the reply is the text the judge reads; reward = Flow-GRPO's OCR rule against the
-  prompt's quoted text (`omnirl.reward.text.ocr_reward`).
+  prompt's quoted text (`omnirl.scorers.text.ocr_reward`).
 - `rate`: the reply must be one integer k in 1..scale (nothing else); reward = (k − 1)/(scale − 1).
 - `yes-no`: one token with its top log-probabilities; reward = P(yes) / (P(yes) + P(no)), summing
   the probabilities of the alternatives that read `yes` / `no` (case and spaces ignored). A server
@@ -26,11 +29,13 @@ stuck) and its samples are held (`ScorerError.unavailable`).
 from __future__ import annotations
 
 import base64
+import io
 import math
 import os
 import re
 import threading
 import time
+import wave
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -39,11 +44,12 @@ import openai
 
 from omnirl.api.prompts import target_text
 from omnirl.api.seeds import derive
-from omnirl.reward.base import Outcome, PerSampleScorer, ScorerError, check_batch
+from omnirl.reward.frames import frame_indices
 from omnirl.reward.kinds.vlm import VLMParams
 from omnirl.reward.protocol.codec import encode_png
 from omnirl.reward.slow import longest_call_s, measure_timeout, probe_timeout, slow_reason
-from omnirl.reward.text import ocr_reward
+from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch, raise_first
+from omnirl.scorers.text import ocr_reward
 
 INSTRUCTIONS = {
     "read-text": "What text is written in this image? Reply with the text only, exactly as written.",
@@ -57,6 +63,44 @@ RETRY_AFTER_MAX_S = 120.0
 """The longest server-directed wait (Retry-After) the openai client honours before a retry (its
 `MAX_RETRY_AFTER_DELAY`); its own backoff is at most 8 s."""
 _INTEGER = re.compile(r"\s*(\d{1,4})\s*")
+
+
+def image_part(image: np.ndarray) -> dict:
+    """An `image_url` content part holding `image` `[H, W, 3]` uint8 as a base64 PNG data URL."""
+    return {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(encode_png(image)).decode()}}
+
+
+def wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:
+    """A mono 16-bit PCM WAV file of `audio` float32 `[L]` in [−1, 1] (round(x·32767), clipped)."""
+    pcm = np.clip(np.round(np.asarray(audio, np.float64) * 32767.0), -32768, 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(int(sample_rate))
+        out.writeframes(pcm.tobytes())
+    return buffer.getvalue()
+
+
+def media_parts(media: dict, frames: int, audio: bool) -> list[dict]:
+    """A video / audio sample's content parts: with `frames`, a text line saying what follows and `frames` evenly spaced
+    frames as images; with `audio`, its sound as an OpenAI `input_audio` part (base64 WAV)."""
+    parts: list[dict] = []
+    if frames:
+        video = np.asarray(media["video"])
+        picked = frame_indices(video.shape[0], count=frames)
+        parts.append({"type": "text", "text": f"The {len(picked)} images are frames of one video, in order "
+                                              f"({video.shape[0]} frames at {float(np.asarray(media['fps'])):g} fps)."})
+        parts += [image_part(video[k]) for k in picked]
+    if audio:
+        data = base64.b64encode(wav_bytes(media["audio"], int(np.asarray(media["audio_sample_rate"])))).decode()
+        parts.append({"type": "input_audio", "input_audio": {"data": data, "format": "wav"}})
+    return parts
+
+
+def media_noun(frames: int, audio: bool) -> str:
+    """What the default questions call a sample of video and/or sound."""
+    return "video and its sound" if frames and audio else "video" if frames else "sound"
 
 
 def request_seed(sample_id: str) -> int:
@@ -197,6 +241,8 @@ class VLMScorer(PerSampleScorer):
         self._verdict: tuple[str, bool] | None = None  # per batch: None undecided, else `_slow_or_away`
         self._measured: tuple[float | None] | None = None  # a slow judge's measured request time (None: > the cap)
         self.instruction = params.instruction or INSTRUCTIONS[params.template]
+        self.modalities = frozenset({"video"} if params.frames else set()) | frozenset({"audio"} if params.audio
+                                                                                      else set())
         self.max_tokens = params.maxTokens or MAX_TOKENS[params.template]
         self.client = openai.OpenAI(base_url=base_url, api_key=key, timeout=timeout_s,
                                     max_retries=params.maxRetries)
@@ -205,12 +251,42 @@ class VLMScorer(PerSampleScorer):
     def score_each(self, images: np.ndarray, prompts: list[str], sample_ids: list[str]) -> Outcome:
         """One score or error per sample; at most `concurrency` requests in flight, `batchSize` images per wave."""
         check_batch(images, prompts, sample_ids)
+        return self._score(lambda i: [image_part(images[i])], prompts, sample_ids)
+
+    def score_media_each(self, media: list[dict], prompts: list[str], sample_ids: list[str]) -> Outcome:
+        """One score or error per sample of video / audio: its `params.frames` evenly spaced frames as images (after a
+        line saying they are a video's frames) and with `params.audio` its sound as an `input_audio` part (WAV);
+        the template's question asks about "this video" / "this sound" instead of "this image"."""
+        outcome = Outcome(np.zeros(len(sample_ids), dtype=np.float32))
+        ok = []
+        for i, (m, sid) in enumerate(zip(media, sample_ids, strict=True)):
+            missing = sorted(k for k in self.modalities if k not in m)
+            if missing:
+                outcome.errors[i] = ScorerError(sid, f"{self.name}: its media lacks {missing} (has {sorted(m)})")
+            else:
+                ok.append(i)
+        if ok:
+            inner = self._score(lambda k: media_parts(media[ok[k]], self.params.frames, self.params.audio),
+                                [prompts[i] for i in ok], [sample_ids[i] for i in ok])
+            for k, i in enumerate(ok):
+                if k in inner.errors:
+                    outcome.errors[i] = inner.errors[k]
+                else:
+                    outcome.values[i] = inner.values[k]
+        return outcome
+
+    def score_media(self, media: list[dict], prompts: list[str], sample_ids: list[str]) -> np.ndarray:
+        """`[B]` float32 from `score_media_each`; the first failed sample raises its ScorerError."""
+        return raise_first(self.score_media_each(media, prompts, sample_ids))
+
+    def _score(self, parts_of, prompts: list[str], sample_ids: list[str]) -> Outcome:
+        """Each sample's request (`parts_of(i)`: its content parts before the question), `concurrency` at a time."""
         outcome = Outcome(np.zeros(len(sample_ids), dtype=np.float32))
         self._verdict = None  # a judge slow in the last batch may be away in this one, or fine
         step = self.params.batchSize
         for start in range(0, len(sample_ids), step):
             idx = range(start, min(start + step, len(sample_ids)))
-            results = self.pool.map(lambda i: self._one(images[i], prompts[i], sample_ids[i]), idx)
+            results = self.pool.map(lambda i: self._one(parts_of(i), prompts[i], sample_ids[i]), idx)
             for i, result in zip(idx, results, strict=True):
                 if isinstance(result, ScorerError):
                     outcome.errors[i] = result
@@ -229,8 +305,9 @@ class VLMScorer(PerSampleScorer):
         return (rounds - 1) * request_s + longest_call_s(self.timeout_s, self.params.maxRetries + 1,
                                                          self.params.maxRetries * RETRY_AFTER_MAX_S)
 
-    def _one(self, image: np.ndarray, prompt: str, sample_id: str) -> float | ScorerError:
-        """The reward of one image, or the ScorerError saying why there is none."""
+    def _one(self, parts: list[dict], prompt: str, sample_id: str) -> float | ScorerError:
+        """The reward of one sample (its content parts: an image, or a video's frames and sound), or the ScorerError
+        saying why there is none."""
         template = self.params.template
         try:
             target = target_text(prompt) if template == "read-text" else ""
@@ -241,11 +318,11 @@ class VLMScorer(PerSampleScorer):
         if self._verdict is not None:  # not sent: it would time out as the others did
             return ScorerError(sample_id, self._verdict[0], unavailable=self._verdict[1])
         question = self.instruction.format(prompt=prompt, scale=self.params.scale)
-        url = "data:image/png;base64," + base64.b64encode(encode_png(image)).decode()
+        if self.params.instruction is None and any(p["type"] != "image_url" for p in parts):
+            question = question.replace("this image", f"this {media_noun(self.params.frames, self.params.audio)}")
         extra = {"logprobs": True, "top_logprobs": self.params.topLogprobs} if template == "yes-no" else {}
         request = dict(model=self.params.model, temperature=0, seed=request_seed(sample_id), max_tokens=self.max_tokens,
-                       messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                              {"type": "text", "text": question}]}], **extra)
+                       messages=[{"role": "user", "content": [*parts, {"type": "text", "text": question}]}], **extra)
         try:
             raw = self.client.chat.completions.with_raw_response.create(**request)
         except openai.APITimeoutError as err:

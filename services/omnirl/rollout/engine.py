@@ -16,13 +16,19 @@ shape takes the step-wise path unchanged; the ODE/SDE update runs per shape grou
 Static (the baseline a diffusers loop runs): take up to `max_batch_size` queued requests with
 the head's key and run them together from the first step to the last.
 
+Held-out cohorts (`SampleRequest.cohort`, from a `HeldOutCohort`): in every mode a cohort's samples are
+admitted together, form buckets of their own (the cohort is part of the batching key) and each of their
+forwards takes the whole bucket in admission order, so a held-out sample runs in the same batches however
+its request arrived and whatever else is in flight; `omnirl eval` runs the same cohorts and gets bitwise
+the same latents (`omnirl.rollout.requests`).
+
 The σ grid of a sample is its adapter's (`ModelAdapter.sigma_grid`: the family's own, or the
 request's `shift` override). This engine is the only denoising loop: training rollouts,
 in-run validation and `omnirl eval` all run through it.
 
 Every sample draws its noise from its own generator (on the engine's device) seeded by
 `request.seed`, so a sample is bit-identical whichever batch it ran in. Latents and the SDE math
-stay fp32 (DESIGN.md §7). Latents, σ and the recorded trajectory stay on the engine's device
+stay fp32 (docs/architecture.md §4). Latents, σ and the recorded trajectory stay on the engine's device
 until the sample finishes: a step launches its work without waiting for the device.
 
 Handover on an accelerator: a step that finishes samples only launches their copies to the host
@@ -176,9 +182,12 @@ class RolloutEngine:
                     keep.append(req)
             self.waiting = keep + self.waiting
             return
-        # step-wise: keep up to 2× the batch in flight so another bucket can fill meanwhile
+        # step-wise: keep up to 2× the batch in flight so another bucket can fill meanwhile; a cohort whole
         while self.waiting and len(self.in_flight) < 2 * self.max_batch_size:
-            self.in_flight.append(self._start(self.waiting.popleft()))
+            req = self.waiting.popleft()
+            self.in_flight.append(self._start(req))
+            while req.cohort is not None and self.waiting and self.waiting[0].cohort == req.cohort:
+                self.in_flight.append(self._start(self.waiting.popleft()))
 
     def _shape(self, req: SampleRequest) -> tuple[int, ...]:
         if req.resolution is None:
@@ -186,7 +195,7 @@ class RolloutEngine:
         return tuple(self.adapter.latent_shape(list(req.prompt_ids), resolution=req.resolution))
 
     def _key(self, req: SampleRequest) -> tuple:
-        return (self._shape(req), req.guidance_scale)
+        return (self._shape(req), req.guidance_scale, req.cohort)
 
     def _start(self, req: SampleRequest) -> _InFlight:
         shape = self._shape(req)
@@ -195,7 +204,7 @@ class RolloutEngine:
         x = torch.randn(shape, generator=gen, dtype=torch.float32, device=self.device)
         cond = self.adapter.encode([list(req.prompt_ids)], device=self.device)
         sig = self.adapter.sigma_grid(req.num_steps, shape, req.shift).to(self.device, non_blocking=True)
-        return _InFlight(req, (shape, req.guidance_scale), x, sig, cond, gen, mask=self._trained_mask(req))
+        return _InFlight(req, (shape, req.guidance_scale, req.cohort), x, sig, cond, gen, mask=self._trained_mask(req))
 
     def _trained_mask(self, req: SampleRequest) -> torch.Tensor | None:
         """A multi-modal sample's trained elements `[D]` on the device when a modality is left out of the policy
@@ -224,8 +233,10 @@ class RolloutEngine:
             key = bucket_key(oldest)
         else:
             key = max(buckets, key=lambda k: min(len(buckets[k]), self.max_batch_size))
-        # within a bucket, the longest-waiting first
-        chosen = sorted(buckets[key], key=lambda s: -s.waited)[: self.max_batch_size]
+        if key[-1] is not None:  # a held-out cohort: all of it, in admission order, as `omnirl eval` runs it
+            chosen = buckets[key]
+        else:  # within a bucket, the longest-waiting first
+            chosen = sorted(buckets[key], key=lambda s: -s.waited)[: self.max_batch_size]
         ids = {id(s) for s in chosen}
         for s in self.in_flight:
             s.waited = 0 if id(s) in ids else s.waited + 1

@@ -1,6 +1,7 @@
 """The rollout role: requests in, samples out, weights in between.
 
-Loop: reclaim/read generate requests → expand each into its G samples → feed the engine one
+Loop: reclaim/read generate requests → expand each into its samples (a prompt's G, or a held-out
+cohort's, `HeldOutCohort`) → feed the engine one
 denoising step at a time → publish every finished sample at once (out of order) with its
 trajectory and image, or a multi-modal sample's media (two keys) → acknowledge a request when all its samples are published. Between engine
 steps it checks for an announced weight sync: it stops admitting, drains what is in flight (so
@@ -25,12 +26,11 @@ from __future__ import annotations
 import logging
 import time
 
-import redis
 import torch
 
 from omnirl.api.errors import config_errors
 from omnirl.api.ledger import Ledger
-from omnirl.api.messages import GenerateRequest, SampleMeta
+from omnirl.api.messages import SampleMeta
 from omnirl.api.runtime import RoleEnv
 from omnirl.api.spec import RLJob
 from omnirl.models.attention import select_attention
@@ -39,9 +39,10 @@ from omnirl.models.lora import prepare_rollout_module
 from omnirl.models.registry import adapter_options, load_adapter
 from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.replica import STOP, SYNC, ReplicaChannel
-from omnirl.rollout.requests import sample_requests
+from omnirl.rollout.requests import entry_requests
 from omnirl.rollout.types import SampleResult
-from omnirl.transfer import TransferQueue, kv_key
+from omnirl.transfer import TransferQueue
+from omnirl.transfer.client import RedisError
 from omnirl.transfer.heartbeat import Heartbeat, last_beats, read_heartbeats
 from omnirl.transfer.lease import holding
 from omnirl.weight_sync import SyncAborted, WeightReceiver
@@ -143,7 +144,7 @@ class RolloutService:
                 connect_timeout_s=self._startup_limit_s, connect_note=self._actor_seen,
                 connect_limit="failurePolicy.startupDeadlineSeconds + progressDeadlineSeconds",
                 abort=lambda: self.terminated)
-        while not self.terminated and not self.queue.get_json("stop"):
+        while not self.terminated and not self.queue.records.stop_requested():
             self.heartbeat.beat()
             if self.receiver.pending_version() is not None:
                 self._drain()
@@ -156,7 +157,7 @@ class RolloutService:
                 if not self._bound:  # a predecessor's requests (same worker id) come back first
                     self._bound = True
                     for msg in self.queue.recover(streams.requests, GROUP, self.env.worker_id):
-                        self._submit(msg.id, GenerateRequest.model_validate(msg.meta))
+                        self._submit(msg.id, msg.meta)
                 continue
             if not self._bound:
                 time.sleep(0.05)
@@ -164,7 +165,7 @@ class RolloutService:
             if len(self.engine.waiting) < self.engine.max_batch_size:
                 block = 0 if self.engine.has_work() else 200
                 for msg in self.queue.consume(streams.requests, GROUP, self.env.worker_id, count=4, block_ms=block):
-                    self._submit(msg.id, GenerateRequest.model_validate(msg.meta))
+                    self._submit(msg.id, msg.meta)
             if self.engine.has_work():
                 self._step()
             self._renew_leases()
@@ -173,7 +174,7 @@ class RolloutService:
         """What Redis says of the actor while its store does not answer (`last_beats`)."""
         try:
             return last_beats(read_heartbeats(self.queue.redis, self.env.job_name), "actor")
-        except redis.RedisError as err:  # only a note: the connect goes on
+        except RedisError as err:  # only a note: the connect goes on
             return f"the actor's heartbeat not read ({err})"
 
     def _step(self) -> None:
@@ -202,10 +203,11 @@ class RolloutService:
             self._renew_leases()
             self.heartbeat.beat()
 
-    def _submit(self, entry_id: str, req: GenerateRequest) -> None:
+    def _submit(self, entry_id: str, entry: dict) -> None:
+        """Hand a requests-stream entry's samples (a prompt group, or a held-out cohort) to the engine."""
         if entry_id in self.pending:  # redelivered to us while we still work on it
             return
-        todo = sample_requests(req, {"entry": entry_id}, skip=self._published_before)
+        todo = entry_requests(entry, {"entry": entry_id}, skip=self._published_before)
         if not todo:
             self.queue.ack(self.queue.streams.requests, GROUP, [entry_id])
             return
@@ -233,7 +235,7 @@ class RolloutService:
             ).model_dump()
             tensors = {"x0": r.x0, "latents": r.latents, "log_probs": r.log_probs, "sigmas": r.sigmas}
             # the sync-mode count is part of the atomic publish: a kill between two calls lost it for good
-            count = kv_key(self.env.job_name, f"generated:{m['step']}") if m["kind"] == "train" else None
+            count = self.queue.records.generated_key(m["step"]) if m["kind"] == "train" else None
             picture = {"image": r.image} if r.media is None else {"media": r.media}  # media: one blob, raw bytes
             published = self.queue.publish(self.queue.streams.samples, meta, tensors, **picture,
                                            done_kind="rollout", count_key=count)

@@ -12,7 +12,7 @@ class SampleRequest:
     """One sample to denoise.
 
     Attributes:
-        sample_id: stable id `{step}:{prompt}:{index}` (DESIGN.md §4); the exactly-once key.
+        sample_id: stable id `{step}:{prompt}:{index}` (docs/architecture.md §4, ids); the exactly-once key.
         prompt: the prompt text (carried for reward scorers and logs only).
         prompt_ids: token ids from the controller; they reach the model unchanged.
         seed: per-sample noise seed; the same seed gives the same sample in any batch.
@@ -26,6 +26,8 @@ class SampleRequest:
             default. Sets the latent shape, so samples of different sizes share a forward only
             under packed batching.
         meta: passed through to the result (step, group id, kind, attempt...).
+        cohort: the `HeldOutCohort` id of a held-out sample: the engine denoises a cohort's samples together
+            and with nothing else; None for every other sample.
     """
 
     sample_id: str
@@ -40,6 +42,7 @@ class SampleRequest:
     guidance_scale: float = 1.0
     resolution: tuple[int, int] | None = None
     meta: dict = field(default_factory=dict)
+    cohort: str | None = None
 
 
 @dataclass
@@ -54,7 +57,7 @@ class SampleResult:
             window step j and `latents[j+1]` its output (the window is contiguous). `[0, ...]`
             when the window is empty.
         log_probs: `[W]` log-prob of each window transition under the rollout policy (mean over
-            latent elements, DESIGN.md §3).
+            latent elements, docs/architecture.md §4).
         sigmas: `[W+1]` σ at `latents[j]`.
         policy_version: weights version that produced the sample.
         steps_run: number of denoiser forwards this sample took part in.

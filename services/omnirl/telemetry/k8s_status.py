@@ -2,7 +2,7 @@
 
 The controller merge-patches only its own fields of ``status`` (``step``, ``rewardMean``,
 ``policyVersion``, ``lastCheckpoint``) through the ``rljobs/status`` subresource; the operator
-writes every other status field and never writes these (DESIGN.md §5), so neither overwrites the
+writes every other status field and never writes these (docs/architecture.md §5), so neither overwrites the
 other. The pod's ServiceAccount may get and patch the status of this one RLJob only (a Role the
 operator creates with ``resourceNames: [<job>]``).
 

@@ -1,4 +1,4 @@
-"""OpenTelemetry meters exported for Prometheus (DESIGN.md §6).
+"""OpenTelemetry meters exported for Prometheus (docs/architecture.md §6, docs/reference/metrics.md).
 
 `Meters.start(port)` serves `/metrics` (prometheus_client) through OpenTelemetry's Prometheus
 reader; `record_step(stats)` turns one controller step's numbers into the `omnirl_*` instruments

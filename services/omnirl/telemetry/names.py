@@ -1,4 +1,4 @@
-"""The metric names omnirl exports (DESIGN.md §6). Dashboards may use only these (a test checks).
+"""The metric names omnirl exports (docs/architecture.md §6; docs/reference/metrics.md is generated from here). Dashboards may use only these (a test checks).
 
 Prometheus names: OpenTelemetry instrument `omnirl_x` with unit `s` becomes `omnirl_x_seconds`…
 to keep one spelling, every instrument here is created without a unit and already carries its unit

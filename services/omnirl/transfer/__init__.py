@@ -1,4 +1,4 @@
-"""The TransferQueue on Redis Streams and its wire codec (DESIGN.md §4).
+"""The TransferQueue on Redis Streams and its wire codec (docs/architecture.md §2 "Streams, groups and keys actually used").
 
 Import surface: :class:`TransferQueue`, :class:`Message`, :class:`StreamNames`, the codec
 functions, the errors, and :func:`start_redis_server` (the embedded Redis of local mode).

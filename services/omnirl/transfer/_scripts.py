@@ -2,42 +2,49 @@
 
 from __future__ import annotations
 
-# Store the tensors and the image (if any), set the idempotency marker (if asked) and append the
-# stream entry, and INCR the count key (if asked), all or nothing. When the marker already exists
-# nothing is written and the script returns nil -- unless the marker holds this call's own token
-# (ARGV[11]): a client retry of a publish whose reply a dropped connection lost (a Redis restart)
-# gets the entry id its first attempt appended, so the caller knows it did publish (the reward
-# role's ledger missed such a score). The marker holds "token entry-id". The image key gets the tensors' TTL.
-# KEYS: stream, [tensor key if ARGV[2] == '1'], [image key if ARGV[8] == '1'], [done key if ARGV[6] == '1'],
-#       [count key if ARGV[10] == '1']
-# ARGV: meta, has_key, has_tensor_bytes, tensor_bytes, tensor_ttl_ms, has_done, done_ttl_ms,
-#       has_image, image_bytes, has_count, token
+# Move the staged trajectory and image (if any) under their keys, set the idempotency marker (if asked),
+# INCR the count key (if asked) and append the stream entry, all or nothing. The payload bytes arrive
+# beforehand by plain SETs under staged keys (`TransferQueue._append`, same pipeline) and are moved here
+# with RENAME, which keeps their TTL and copies nothing: passed as ARGV, Lua copied and hashed every byte
+# (6-10x the Redis CPU of a SET; docs/scale.md). When the marker already exists nothing is written (the
+# staged keys are deleted) and the script returns nil -- unless the marker holds this call's own token
+# (ARGV[8]): a client retry of a publish whose reply a dropped connection lost (a Redis restart) gets the
+# entry id its first attempt appended, so the caller knows it did publish (the reward role's ledger missed
+# such a score). The marker holds "token entry-id". A staged key that is gone (a Redis restarted without
+# persistence between the SET and the script) is an error naming STAGED_MISSING; nothing is written.
+# KEYS: stream, [tensor key if ARGV[2] == '1'], [its staged key if ARGV[3] == '1'],
+#       [image key, its staged key if ARGV[4] == '1'], [done key if ARGV[5] == '1'], [count key if ARGV[7] == '1']
+# ARGV: meta, has_key, has_staged_tensors, has_staged_image, has_done, done_ttl_ms, has_count, token
+STAGED_MISSING = "OMNIRL_STAGED_MISSING"
 PUBLISH = """
 local n = 2
-local tkey = nil
-local ikey = nil
-local dkey = nil
+local tkey, tstaged, ikey, istaged, dkey, ckey
 if ARGV[2] == '1' then tkey = KEYS[n]; n = n + 1 end
-if ARGV[8] == '1' then ikey = KEYS[n]; n = n + 1 end
-local ckey = nil
-if ARGV[6] == '1' then dkey = KEYS[n]; n = n + 1 end
-if ARGV[10] == '1' then ckey = KEYS[n] end
-if dkey and not redis.call('SET', dkey, ARGV[11], 'NX', 'PX', ARGV[7]) then
+if ARGV[3] == '1' then tstaged = KEYS[n]; n = n + 1 end
+if ARGV[4] == '1' then ikey = KEYS[n]; istaged = KEYS[n + 1]; n = n + 2 end
+if ARGV[5] == '1' then dkey = KEYS[n]; n = n + 1 end
+if ARGV[7] == '1' then ckey = KEYS[n] end
+if (tstaged and redis.call('EXISTS', tstaged) == 0) or (istaged and redis.call('EXISTS', istaged) == 0) then
+  return redis.error_reply('""" + STAGED_MISSING + """ a staged payload is gone')
+end
+if dkey and not redis.call('SET', dkey, ARGV[8], 'NX', 'PX', ARGV[6]) then
+  if tstaged then redis.call('DEL', tstaged) end
+  if istaged then redis.call('DEL', istaged) end
   local was = redis.call('GET', dkey)  -- only on a duplicate: the first publish reads nothing
   local sep = string.find(was, ' ', 1, true)
-  if sep and string.sub(was, 1, sep - 1) == ARGV[11] then return string.sub(was, sep + 1) end
+  if sep and string.sub(was, 1, sep - 1) == ARGV[8] then return string.sub(was, sep + 1) end
   return false
 end
 if ckey then redis.call('INCR', ckey) end
-if ikey then redis.call('SET', ikey, ARGV[9], 'PX', ARGV[5]) end
+if istaged then redis.call('RENAME', istaged, ikey) end
 local id
 if tkey then
-  if ARGV[3] == '1' then redis.call('SET', tkey, ARGV[4], 'PX', ARGV[5]) end
+  if tstaged then redis.call('RENAME', tstaged, tkey) end
   id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[1], 'k', tkey)
 else
   id = redis.call('XADD', KEYS[1], '*', 'm', ARGV[1])
 end
-if dkey then redis.call('SET', dkey, ARGV[11] .. ' ' .. id, 'PX', ARGV[7]) end
+if dkey then redis.call('SET', dkey, ARGV[8] .. ' ' .. id, 'PX', ARGV[6]) end
 return id
 """
 

@@ -12,6 +12,12 @@ from redis.retry import Retry
 
 RECONNECT_S = 120.0  # how long every role's (and the launcher's) Redis calls retry a Redis that went away
 
+# redis-py's errors, named here for the packages that must not import redis (only `transfer/` does: an
+# import-linter contract): any failure, and those of a Redis that does not answer (after the client's retries)
+RedisError = redis.RedisError
+REDIS_AWAY = (redis.ConnectionError, redis.TimeoutError)
+RedisClient = redis.Redis  # the client type, for annotations
+
 
 class _BoundedRetry(Retry):
     """redis-py's `Retry`, also bounded in time: `seconds` after a call's first try no failure is retried.
@@ -55,3 +61,25 @@ def redis_client(url: str, reconnect_s: float = RECONNECT_S, retries: int | None
     retry = (_BoundedRetry(backoff, retries, errors, reconnect_s) if bounded
              else Retry(backoff, retries, supported_errors=errors))
     return redis.Redis.from_url(url, decode_responses=False, retry=retry, retry_on_error=list(errors), **kwargs)
+
+
+def plain_client(url: str, **kwargs: Any) -> redis.Redis:
+    """A client of ``url`` without `redis_client`'s reconnect retries (``redis.Redis.from_url(url, **kwargs)``): for a
+    check that must fail fast (the launcher's pre-flight, the operator's reconciles) or a thread that only warns."""
+    return redis.Redis.from_url(url, **kwargs)
+
+
+def probe_client(url: str, timeout_s: float = 5.0) -> redis.Redis:
+    """`plain_client` with ``timeout_s`` seconds to connect and to answer, no retries (a context manager)."""
+    return plain_client(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+
+
+def ping(client: redis.Redis) -> None:
+    """PING through ``client``. Raises `RedisError` (or OSError) when Redis does not answer."""
+    client.ping()
+
+
+def check_answers(url: str, timeout_s: float = 5.0) -> None:
+    """PING ``url`` once through a `probe_client`. Raises `RedisError`, OSError, or ValueError for a bad URL."""
+    with probe_client(url, timeout_s) as client:
+        client.ping()

@@ -1,4 +1,4 @@
-"""Redis key names of one job's TransferQueue (DESIGN.md §4).
+"""Redis key names of one job's TransferQueue (docs/architecture.md §2).
 
 Every key of a job starts with ``omnirl:{job}:`` so that the operator's finalizer can remove the
 whole job with one ``SCAN MATCH omnirl:{job}:*`` (:func:`job_pattern`):
@@ -10,8 +10,10 @@ whole job with one ``SCAN MATCH omnirl:{job}:*`` (:func:`job_pattern`):
 ``omnirl:{job}:control``        stream: TrainRequest (controller → actor), TrainDone / RoleFailure (back)
 ``omnirl:{job}:tensors:{id}``   string: safetensors bytes of one sample's trajectory, with a TTL
 ``omnirl:{job}:images:{id}``    string: safetensors bytes of its decoded image alone, same TTL
+``omnirl:{job}:staged:{t}:{p}`` string: a publish's payload until its script renames it (tensor TTL)
 ``omnirl:{job}:done:{kind}:{id}``  string: idempotency marker, with a TTL
-``omnirl:{job}:kv:{name}``      string: small JSON values (stop flag, actor_state, expected:{step})
+``omnirl:{job}:kv:{name}``      small values two roles exchange: each one's name, type, writer and
+                                reader are defined once, in `records.py` (`JobRecords`)
 ==============================  ===============================================================
 """
 
@@ -83,6 +85,12 @@ def image_key(tensor_key: str) -> str:
     return f"{head}:images:{sample_id}"
 
 
+def staged_key(job: str, token: str, part: str) -> str:
+    """``omnirl:{job}:staged:{token}:{part}`` — a publish's payload (``t`` trajectory, ``i`` image) before its
+    script moves it under its tensor or image key (`TransferQueue.publish`); it carries the tensor TTL."""
+    return f"{job_prefix(job)}staged:{_validate_part('token', token)}:{_validate_part('part', part)}"
+
+
 def done_key(job: str, kind: str, sample_id: str) -> str:
     """``omnirl:{job}:done:{kind}:{sample_id}`` — the idempotency marker of one effect."""
     return f"{job_prefix(job)}done:{_validate_part('kind', kind)}:{_validate_part('sample_id', sample_id)}"
@@ -110,7 +118,8 @@ class StreamNames:
 
     @property
     def requests(self) -> str:
-        """controller → rollout: one entry per prompt group (`GenerateRequest`: G sample ids and seeds)."""
+        """controller → rollout: one entry per prompt group (`GenerateRequest`: G sample ids and seeds), or per
+        held-out cohort of a validation round (`HeldOutCohort`)."""
         return f"{job_prefix(self.job)}requests"
 
     @property
@@ -132,15 +141,3 @@ class StreamNames:
     def all(self) -> tuple[str, str, str, str]:
         """The four stream keys, in pipeline order."""
         return (self.requests, self.samples, self.scores, self.control)
-
-
-FINISHED = "finished"
-"""The kv key (`kv_key(job, FINISHED)`) holding the job's `finish` record (`controller/report.py::Reporter.finished`),
-written by the controller right after that line of `metrics.jsonl`: a role process that starts once it is there
-(a pod restarted in place, a Job's new pod, a whole-job restart after the controller died past its `finish`) has
-nothing to do and exits 0 at once (`launch/roles.py::finished_record`)."""
-
-STOPPED_RUN = "stopped_run"
-"""The kv key (`kv_key(job, STOPPED_RUN)`) where a launcher that stopped a run before it finished leaves
-`{"host", "out", "time"}` (`launch/preflight.py::mark_stopped`): the job's keys on a shared Redis are that run's
-pending work, which its `--resume` needs; the actor names it when it cannot continue that work."""

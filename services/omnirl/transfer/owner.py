@@ -40,7 +40,8 @@ from typing import Any
 import redis
 
 from omnirl.transfer.heartbeat import read_heartbeats
-from omnirl.transfer.keys import STOPPED_RUN, job_pattern, kv_key
+from omnirl.transfer.keys import job_pattern, kv_key
+from omnirl.transfer.records import STOP, STOPPED_RUN, JobRecords
 
 RUN_OWNER = "run_owner"
 LOCAL = "omnirl run"
@@ -243,7 +244,7 @@ def stop_local(client: redis.Redis, job: str, out: str, finished: bool,
                     for start in range(0, len(keys), 500):
                         pipe.unlink(*keys[start:start + 500])
                 else:
-                    pipe.set(kv_key(job, "stop"), b"true")
+                    pipe.set(kv_key(job, STOP), b"true")
                     pipe.set(kv_key(job, STOPPED_RUN), json.dumps(place).encode())
                     if raw is not None:
                         pipe.set(key, json.dumps({**json.loads(raw), "stopped": time.time()}).encode())
@@ -280,7 +281,7 @@ def live_beats(client: redis.Redis, job: str, now: float | None = None) -> list[
     Raises:
         redis.RedisError: Redis unreachable or refusing.
     """
-    if client.get(kv_key(job, "stop")) is not None:
+    if JobRecords(client, job).stop_requested():
         return []
     now = time.time() if now is None else now
     return sorted((max(now - float(b.get("t", 0)), 0.0), w) for w, b in read_heartbeats(client, job).items()
@@ -325,12 +326,47 @@ def claim_for_rljob(client: redis.Redis, job: str, namespace: str, uid: str, sta
             if beats and (owner is not None or not started):
                 who = describe(owner) if owner is not None else NO_RECORD
                 return f"{who} is running this job on that Redis (heartbeats of {workers} within {LIVE_BEAT_S:.0f} s)"
-            stopped = client.get(kv_key(job, STOPPED_RUN))
-            if stopped is not None and not beats:
-                was = json.loads(stopped)
+            was = JobRecords(client, job).stopped_run()
+            if was is not None and not beats:
                 return (f"an omnirl run stopped before it finished on host {was.get('host')} (--out {was.get('out')}) "
                         "left its pending work under this name on that Redis, which this job's pods would meet as "
                         f"their own; continue it there with omnirl run JOB --out {was.get('out')} --resume")
         return None
 
     return claim(client, job, rljob_owner(namespace, job, uid, ttl_s, suspended), refusal, ttl_s)
+
+
+def delete_for_rljob(client: redis.Redis, job: str, uid: str, waiting: bool = False) -> int | str:
+    """The operator's finalizer of RLJob `uid`: UNLINK every key of `job` unless they are another run's. When the
+    run-owner record names another run — an ``omnirl run`` of that name, or an RLJob of another namespace or
+    cluster, which held this RLJob at ``RedisNameInUse`` — nothing is deleted. The record is WATCHed from its read
+    to the deletion (MULTI/EXEC): a run that claims the name in between is decided on again, its keys kept.
+
+    Args:
+        waiting: the RLJob waits at ``RedisNameInUse`` (it never ran on this Redis): without any record the keys
+            are then a run's that left none (an older omnirl's, whose roles beat), and are kept too.
+    Returns:
+        The count of keys deleted (its own record with them), or a phrase naming the run whose keys they are.
+    Raises:
+        redis.RedisError: connection or command failure, or the record changed on every one of `CLAIM_ATTEMPTS`.
+        ValueError: the run-owner key holds something else than a record.
+    """
+    key = kv_key(job, RUN_OWNER)
+    with client.pipeline() as pipe:
+        for _ in range(CLAIM_ATTEMPTS):
+            try:
+                pipe.watch(key)
+                owner = parse_owner(job, pipe.get(key))
+                if owner is not None and not is_rljob(uid)(owner):
+                    return describe(owner)
+                if owner is None and waiting:
+                    return NO_RECORD
+                keys = list(client.scan_iter(match=job_pattern(job), count=1000))
+                pipe.multi()
+                if keys:
+                    pipe.unlink(*keys)
+                pipe.execute()
+                return len(keys)
+            except redis.WatchError:
+                continue  # a run claimed the name between the read and the deletion: decide again
+    raise redis.RedisError(f"{key} changed on every one of {CLAIM_ATTEMPTS} attempts to delete the job's keys")

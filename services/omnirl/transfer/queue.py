@@ -1,4 +1,4 @@
-"""The TransferQueue: one job's Redis Streams, consumer groups, tensor keys and markers (DESIGN.md §4).
+"""The TransferQueue: one job's Redis Streams, consumer groups, tensor keys and markers (docs/architecture.md §2).
 
 Delivery is at-least-once: an entry stays pending in its consumer group until it is acknowledged,
 and entries pending longer than ``claim_idle_s`` (a dead or stuck consumer) are reclaimed with
@@ -32,10 +32,12 @@ from omnirl.transfer.cleanup import delete_job_keys
 from omnirl.transfer.client import RECONNECT_S, redis_client
 from omnirl.transfer.codec import decode_meta, decode_tensors, encode_meta, encode_tensors
 from omnirl.transfer.errors import BackpressureTimeout, MissingTensors
-from omnirl.transfer.keys import StreamNames, done_key, image_key, job_prefix, kv_key
+from omnirl.transfer.keys import StreamNames, done_key, image_key, job_prefix, kv_key, staged_key
 from omnirl.transfer.keys import tensor_key as make_tensor_key
 from omnirl.transfer.media import check_media, poster
 from omnirl.transfer.message import Message
+from omnirl.transfer.pending import holders
+from omnirl.transfer.records import JobRecords
 
 
 def _s(value: bytes | str) -> str:
@@ -101,6 +103,7 @@ class TransferQueue:
         self._groups: set[tuple[str, str]] = set()
         self._claim_cursor: dict[tuple[str, str], str] = {}
         self._owns_client = False
+        self.records = JobRecords(redis, job)  # the job's small records two roles exchange (`records.py`)
 
     @classmethod
     def from_url(cls, url: str, job: str, *, reconnect_s: float = RECONNECT_S, **kwargs: Any) -> TransferQueue:
@@ -209,27 +212,50 @@ class TransferQueue:
             image_bytes = encode_tensors({"image": image}) if image is not None else None
         if tensor_key is None and tensors is not None:
             tensor_key = make_tensor_key(self.job, self._sample_id(meta, "tensors without tensor_key"))
-        keys, flags = [stream], ["0", "0"]
+        marker = None if done_kind is None else done_key(self.job, done_kind, self._sample_id(meta, "done_kind"))
         if tensor_key is not None:
-            keys.append(self._check_tensor_key(tensor_key))
-            flags = ["1", "1" if tensor_bytes is not None else "0"]
-        if image_bytes is not None:
-            keys.append(image_key(tensor_key))
-        marker = None
-        if done_kind is not None:
-            marker = done_key(self.job, done_kind, self._sample_id(meta, "done_kind"))
-            keys.append(marker)
+            self._check_tensor_key(tensor_key)
         if count_key is not None:
-            keys.append(self._check_key("count key", count_key))
+            self._check_key("count key", count_key)
         self._wait_for_room(stream)
-        args = [
-            meta_bytes, *flags, tensor_bytes or b"", int(self.tensor_ttl_s * 1000),
-            "1" if marker else "0", int(self.done_ttl_s * 1000),
-            "1" if image_bytes is not None else "0", image_bytes or b"", "1" if count_key is not None else "0",
-            uuid.uuid4().hex,  # the same in redis-py's retries of this call: the script knows its own marker
-        ]
-        entry_id = self._publish_script(keys=keys, args=args)
+        entry_id = self._append(stream, meta_bytes, tensor_key, tensor_bytes, image_bytes, marker, count_key)
         return None if entry_id is None else _s(entry_id)
+
+    def _append(self, stream: str, meta_bytes: bytes, tensor_key: str | None, tensor_bytes: bytes | None,
+                image_bytes: bytes | None, marker: str | None, count_key: str | None) -> bytes | str | None:
+        """Stage the payload bytes with plain SETs, then run the publish script, in one pipelined round trip.
+
+        The script moves the staged keys under their names (RENAME, O(1)) with the marker, the count and the
+        XADD, all or nothing; a payload passed to the script as an argument instead costs Redis 6-10× the CPU
+        per byte (Lua copies and hashes it: `benchmarks/transfer_load.py`, docs/scale.md). Staged keys carry
+        the tensor TTL, so a producer that dies between the two leaves nothing for long. A staged key gone
+        when the script runs (a Redis restarted without persistence) is staged again, once.
+        """
+        token = uuid.uuid4().hex  # the same in redis-py's retries of this call: the script knows its own marker
+        staged = {part: staged_key(self.job, token, part) for part, data in (("t", tensor_bytes), ("i", image_bytes))
+                  if data is not None}
+        keys = [stream]
+        if tensor_key is not None:
+            keys += [tensor_key] + ([staged["t"]] if "t" in staged else [])
+        if image_bytes is not None:
+            keys += [image_key(tensor_key), staged["i"]]
+        keys += [k for k in (marker, count_key) if k is not None]
+        flag = lambda x: "1" if x else "0"  # noqa: E731
+        args = [meta_bytes, flag(tensor_key), flag("t" in staged), flag("i" in staged), flag(marker),
+                int(self.done_ttl_s * 1000), flag(count_key), token]
+        ttl_ms = int(self.tensor_ttl_s * 1000)
+        for attempt in range(2):
+            with self.redis.pipeline(transaction=False) as pipe:
+                for part, data in (("t", tensor_bytes), ("i", image_bytes)):
+                    if data is not None:
+                        pipe.set(staged[part], data, px=ttl_ms)
+                self._publish_script(keys=keys, args=args, client=pipe)
+                try:
+                    return pipe.execute()[-1]
+                except redis.ResponseError as err:
+                    if _scripts.STAGED_MISSING not in str(err) or attempt:
+                        raise
+        raise AssertionError("unreachable")  # the loop returns or raises
 
     @staticmethod
     def _sample_id(meta: dict, why: str) -> str:
@@ -487,6 +513,11 @@ class TransferQueue:
             if _s(info["name"]) == group:
                 return info
         raise ValueError(f"stream {stream!r} has no consumer group {group!r}; call ensure_group first")
+
+    def holders(self, stream: str, group: str) -> tuple[list[str], str]:
+        """Who holds ``stream``'s entries in ``group`` (`pending.holders`: the consumers with a pending entry and
+        one line of text); never raises for a stream or group not there yet."""
+        return holders(self.redis, self._check_key("stream", stream), group)
 
     def pending_count(self, stream: str, group: str) -> int:
         """Entries delivered to ``group`` and not yet acknowledged.

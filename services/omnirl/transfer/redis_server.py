@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from omnirl.api.child import STOP_SIGNALS, guarded
+from omnirl.system.child import STOP_SIGNALS, guarded
 
 _INSTALL_HINT = (
     "`redis-server` was not found on PATH; install it (Debian/Ubuntu: `apt-get install redis-server`, "
@@ -44,7 +44,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 _BLOCKED_WHILE_FORKING = set(STOP_SIGNALS)
 """Blocked in the launcher while it forks the server: a Ctrl-C inside `Popen` would lose the child (no
 `Popen` object, no pid to stop); blocked, it lands once the server's process is known. The guard
-(`omnirl.api.child`) unblocks them in the server."""
+(`omnirl.system.child`) unblocks them in the server."""
 
 
 class RedisServer:

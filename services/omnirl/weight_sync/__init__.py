@@ -1,6 +1,6 @@
 """Actor → rollout weight broadcast over torch.distributed, with binding verification.
 
-DESIGN.md §2 step 5 and §7 (first bullet). One actor hosts a TCPStore and runs `WeightSender`;
+docs/architecture.md §2 step 5 and §3 "Weight sync". One actor hosts a TCPStore and runs `WeightSender`;
 every rollout worker runs a `WeightReceiver`. Each is its own process and may (re)start at any time.
 
 Protocol (store keys in `protocol`): a receiver registers (a new *incarnation* per start). A sync

@@ -1,4 +1,4 @@
-"""Errors of the actor → rollout weight broadcast (DESIGN.md §7: never silently continue)."""
+"""Errors of the actor → rollout weight broadcast (docs/architecture.md §3 "Weight sync": never silently continue)."""
 
 from __future__ import annotations
 

@@ -50,7 +50,7 @@ class _Member:
 
 
 class WeightSender:
-    """Actor-side weight broadcaster (DESIGN.md §2 step 5, §7).
+    """Actor-side weight broadcaster (docs/architecture.md §2 step 5, §3 "Weight sync").
 
     Hosts a `torch.distributed.TCPStore` (master) on ``port`` (0 picks a free port, see `.port`).
     Receivers register in the store; each `broadcast` is a generation: announce the manifest,

@@ -18,7 +18,6 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from omnirl.algorithms.sigmas import sigma_schedule
-from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.api.prompts import target_text
 from omnirl.models.avdigits.media import (
     AUDIO_SECONDS,
@@ -38,6 +37,7 @@ from omnirl.models.avdigits.prompts import parse_beeps
 from omnirl.models.families import register_family
 from omnirl.models.layout import LatentLayout, ModalitySlot, guided
 from omnirl.models.protocol import Conditioning
+from omnirl.system.disk import readable, readable_as_umask_allows
 
 FAMILY = "av-digits"
 CHECKPOINT_FORMAT = "omnirl-avdigits-v1"
@@ -47,6 +47,9 @@ BUILTIN_DIR = Path(__file__).parent / "weights"
 FAMILY_SHIFT = 1.0
 """The model's own σ grid: uniform in σ (it was pretrained on it)."""
 MODALITIES = ("video", "audio")
+MEDIA_SIZES = {"video": {"frames": FRAMES, "height": FRAME_HEIGHT, "width": FRAME_WIDTH, "fps": FPS},
+               "audio": {"seconds": AUDIO_SECONDS, "sampleRate": SAMPLE_RATE}}
+"""What the model makes, the only values `spec.model.video` / `spec.model.audio` may hold."""
 
 
 def tokenize_prompt(text: str) -> list[int]:
@@ -242,14 +245,12 @@ def load_avdigits_tokenizer(path: str | Path = "builtin"):
     return tokenize_prompt
 
 
-@register_family(FAMILY, modalities=MODALITIES, builtin=True, sized=False,
-                 notes={"sized": "its video and audio sizes are the model's own"},
-                 media={"video": {"frames": FRAMES, "height": FRAME_HEIGHT, "width": FRAME_WIDTH, "fps": float(FPS)},
-                        "audio": {"seconds": float(AUDIO_SECONDS), "sampleRate": SAMPLE_RATE}})
+@register_family("av-digits", modalities=("video", "audio"), builtin=True, sized=False,
+                 notes={"sized": "its sizes are the model's: 8 frames of 32x64 at 8 fps and 1 s of 8 kHz audio, "
+                        "spec.model.video / spec.model.audio"})
 class AVDigitsFamily:
-    """The built-in audio+video digits model as a registered family (`omnirl.models.families.Family`): the loader
-    functions above, its LoRA defaults, per-modality training options, and its export (the built-in layout, LoRA
-    merged into the weights, as `DigitsFamily`)."""
+    """The built-in audio+video model as a registered family (`omnirl.models.families.Family`): the loader functions
+    above, its LoRA defaults, and its export (the built-in layout, LoRA merged into the weights)."""
 
     default_lora_targets = tuple(LORA_TARGET_MODULES)
     merges_lora = True
@@ -257,28 +258,40 @@ class AVDigitsFamily:
     @staticmethod
     def load(path: str | Path, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
              **options) -> AVDigitsAdapter:
-        """`load_avdigits_adapter`. Raises ValueError for an option other than `modalities`."""
+        """`load_avdigits_adapter` with the option `modalities` (`adapter_options`). Raises ValueError for another."""
         unknown = sorted(set(options) - {"modalities"})
         if unknown:
-            raise ValueError(f"family {FAMILY!r} takes only the option modalities; got {unknown}")
+            raise ValueError(f"family '{FAMILY}' takes only the option modalities; got {unknown}")
         return load_avdigits_adapter(path, device=device, dtype=dtype, **options)
 
     load_tokenizer = staticmethod(load_avdigits_tokenizer)
     check_weights = staticmethod(check_avdigits_weights)
 
     @staticmethod
-    def lora_skeleton(path: str | Path) -> torch.nn.Module:
+    def lora_skeleton(path: str | Path) -> AVDigitsDiT:
         """The `AVDigitsDiT` of the checkpoint's config.json (under `torch.device("meta")`: no weights)."""
         return AVDigitsDiT(AVDigitsConfig.from_dict(read_avdigits_config(avdigits_directory(path))["model"]))
 
     @staticmethod
     def adapter_options(spec) -> dict:
-        """Per-modality training, loss weights and guidance (`models/layout.py`)."""
+        """`{"modalities": …}`: each modality's train, weight and guidance (`ModelSpec.modality_settings`).
+
+        Raises:
+            ConfigError: `spec.model.video` / `spec.model.audio` name another size than the model's (one line naming
+                the field and the model's size).
+        """
+        from omnirl.api.errors import ConfigError
+
+        for key, fixed in (("video", MEDIA_SIZES["video"]), ("audio", MEDIA_SIZES["audio"])):
+            written = getattr(spec.model, key)
+            if written is not None and written.model_dump() != fixed:
+                raise ConfigError(f"spec.model.{key}: {written.model_dump()} is not what model.family {FAMILY} makes "
+                                  f"({fixed}); write that or remove spec.model.{key}")
         return {"modalities": spec.model.modality_settings(spec.algorithm.sampling.guidanceScale)}
 
     @staticmethod
     def describe_default_grid(spec) -> str:
-        """The model's grid, uniform in σ (`FAMILY_SHIFT`), first and last steps."""
+        """The model's own grid, `FAMILY_SHIFT`, first and last steps."""
         n = spec.algorithm.sampling.numSteps
         g = [f"{x:.4f}" for x in sigma_schedule(n, FAMILY_SHIFT).tolist()]
         return f"σ grid: family default ({FAMILY}), shift {FAMILY_SHIFT:g}, {n} steps: {g[0]}, {g[1]} … {g[-2]}, {g[-1]}"
@@ -288,7 +301,7 @@ class AVDigitsFamily:
         """The built-in layout: config.json (the base's model config) + model.safetensors; LoRA merged in."""
         from omnirl.models.export import link_or_copy, merge_lora, same_keys, tensor_keys
 
-        base = BUILTIN_DIR if job.spec.model.path == "builtin" else Path(job.spec.model.path)
+        base = avdigits_directory(job.spec.model.path)
         meta = read_avdigits_config(base)
         base_weights = base / WEIGHTS_FILE
         if lora:

@@ -1,21 +1,26 @@
 """The audio+video digits task's sample: its latent, the renderer/synthesizer that makes training
-latents, and the deterministic decoder latent → media (8 video frames + ~1 s of mono audio).
+latents, and the deterministic decoder latent → media (8 video frames + 1 s of mono audio).
 
 A right sample for `A sign that says "<number>" with <k> beeps` (docs/omni.md, "The built-in
 audio+video task"): the number is drawn on exactly k consecutive frames (blank otherwise), a beep
 sounds on each of those frames, and the beep's pitch is 300 + 100·d Hz for the number's first digit d.
 
-The latent (no VAE: fixed, invertible-enough transforms chosen so that a 1.9 M-parameter model learns
-on a CPU in minutes):
+The latent (no VAE: fixed transforms chosen so that a ~1 M-parameter model learns on two shared CPU
+cores in minutes; docs/omni.md says why):
 
-- **video** `[8, 16, 32]`: the 8 frames at half resolution, pixels in [−1, 1] (white paper = +1, black
-  ink = −1, as the digits model's). Decoded by 2× bilinear upsampling to 32×64, grey in RGB. Half
-  resolution quarters the model's video rows (one row per frame and 8-px character slot), and the OCR
-  reads the upsampled frames as well as full-resolution ones (tests/test_avdigits_media.py).
+- **video** `[520]` = the sign `[16, 32]` (half resolution, pixels in [−1, 1], white paper = +1, black
+  ink = −1, as the digits model's) then the ink of each of the 8 frames `[8]` in [−1, 1] (−1 blank, +1
+  the sign). Frame f is the sign blended onto white by ink_f = clamp(i_f, 0, 1), in the latent's
+  pixels 1 − ink_f·(1 − sign), decoded by 2× bilinear upsampling to 32×64, grey in RGB. A sign shown on
+  several frames is the same drawing (a static sign), so the latent holds it once: the extreme of the
+  temporal compression a video VAE does (Wan's packs 4 frames into one latent frame), which leaves the
+  model 12 video rows instead of 32 and puts the "which frames" decision in 8 numbers. Half resolution
+  quarters the sign; the OCR reads the upsampled frames as well as full-resolution ones
+  (tests/test_avdigits.py).
 - **audio** `[16, 16]`: a magnitude grid of 16 time cells (two per frame, 62.5 ms each) × 16 pure-tone
   bins at 200, 300, …, 1700 Hz, values in [−1, 1] (silence = −1, full tone = +1). Decoded by additive
-  synthesis: amplitude a = clamp((x + 0.8)/1.8, 0, 1) per cell and bin (the dead zone keeps a silent
-  cell's sampling noise silent), held over the cell with 4 ms linear ramps, times sin(2π·f·t) with a
+  synthesis: amplitude a = clamp(x, 0, 1) per cell and bin (the lower half of the range is silence, so a
+  silent cell's sampling noise stays silent; the same rule for the ink), held over the cell with 4 ms linear ramps, times sin(2π·f·t) with a
   phase continuous over the second, summed, × 0.5, clipped to [−1, 1]. A beep is one full bin in the
   first cell of its frame; the second cell is the gap that makes consecutive beeps two onsets. A pitch
   is one bin, so the model picks a pitch by picking a row (an STFT or mel latent would spread it over
@@ -49,8 +54,9 @@ AUDIO_SAMPLES = CELL_SAMPLES * AUDIO_CELLS
 RAMP_SAMPLES = 32
 """4 ms at 8 kHz: the linear ramp between cells (no clicks at a beep's edges)."""
 TONE_GAIN = 0.5
-SILENCE_DEAD_ZONE = 0.8
-VIDEO_SHAPE = (FRAMES, LATENT_HEIGHT, LATENT_WIDTH)
+SIGN_NUMEL = LATENT_HEIGHT * LATENT_WIDTH
+VIDEO_SHAPE = (SIGN_NUMEL + FRAMES,)
+"""The video latent: the sign `[16, 32]` flattened, then the ink of each frame `[8]`."""
 AUDIO_SHAPE = (AUDIO_CELLS, AUDIO_BINS)
 MAX_BEEPS = 4
 MIN_DIGITS, MAX_DIGITS = 2, 4
@@ -122,34 +128,42 @@ def downsample(glyph: np.ndarray) -> np.ndarray:
 
 
 def sign_latents(sign: Sign, glyph: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The clean latents of `sign`: video `[8, 16, 32]` and audio `[16, 16]`, float32 in [−1, 1].
+    """The clean latents of `sign`: video `[520]` (sign, then ink per frame) and audio `[16, 16]`, float32 in [−1, 1].
 
     Args:
         sign: the number, k and the first inked frame.
         glyph: the number rendered at full resolution, `[32, 64]` uint8 (`render_sign`).
     """
-    video = np.ones(VIDEO_SHAPE, dtype=np.float32)
+    ink = -np.ones(FRAMES, dtype=np.float32)
     audio = -np.ones(AUDIO_SHAPE, dtype=np.float32)
-    small = downsample(glyph)
     row = pitch_bin(int(sign.number[0]))
     for f in sign.frames:
-        video[f] = small
+        ink[f] = 1.0
         audio[CELLS_PER_FRAME * f, row] = 1.0
-    return video, audio
+    return np.concatenate([downsample(glyph).reshape(-1), ink]), audio
+
+
+def frames_of(video: torch.Tensor) -> torch.Tensor:
+    """Video latents `[B, 520]` → the frames in latent pixels `[B, 8, 16, 32]`: 1 − ink_f·(1 − sign), ink_f =
+    clamp(i_f, 0, 1)."""
+    sign = video[:, :SIGN_NUMEL].float().reshape(-1, 1, LATENT_HEIGHT, LATENT_WIDTH)
+    ink = video[:, SIGN_NUMEL:].float().clamp(0.0, 1.0)[:, :, None, None]
+    return 1.0 - ink * (1.0 - sign.clamp(-1.0, 1.0))
 
 
 def decode_video(video: torch.Tensor) -> torch.Tensor:
-    """Video latents `[B, 8, 16, 32]` → frames `[B, 8, 32, 64, 3]` uint8 (2× bilinear, grey RGB)."""
+    """Video latents `[B, 520]` → frames `[B, 8, 32, 64, 3]` uint8 (`frames_of`, 2× bilinear, grey RGB)."""
     b = video.shape[0]
-    up = F.interpolate(video.float().reshape(b * FRAMES, 1, LATENT_HEIGHT, LATENT_WIDTH), scale_factor=2,
-                       mode="bilinear", align_corners=False)
+    frames = frames_of(video).reshape(b * FRAMES, 1, LATENT_HEIGHT, LATENT_WIDTH)
+    up = F.interpolate(frames, scale_factor=2, mode="bilinear", align_corners=False)
     pixels = ((up.clamp(-1.0, 1.0) + 1.0) * 127.5).round().to(torch.uint8)
     return pixels.reshape(b, FRAMES, FRAME_HEIGHT, FRAME_WIDTH, 1).expand(-1, -1, -1, -1, 3).contiguous()
 
 
 def amplitudes(audio: torch.Tensor) -> torch.Tensor:
-    """Audio latents `[B, 16, 16]` → tone amplitudes in [0, 1]: clamp((x + 0.8)/1.8, 0, 1)."""
-    return ((audio.float() + SILENCE_DEAD_ZONE) / (1.0 + SILENCE_DEAD_ZONE)).clamp(0.0, 1.0)
+    """Audio latents `[B, 16, 16]` → tone amplitudes in [0, 1]: clamp(x, 0, 1) (silence −1; a value of the lower half
+    is silent too)."""
+    return audio.float().clamp(0.0, 1.0)
 
 
 def decode_audio(audio: torch.Tensor) -> torch.Tensor:
@@ -167,7 +181,8 @@ def decode_audio(audio: torch.Tensor) -> torch.Tensor:
 
 
 def decode_media(video: torch.Tensor, audio: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Batched media (docs/omni.md, "Media"): `video` uint8 `[B, 8, 32, 64, 3]`, `audio` float32 `[B, 8000]`,
+    """Video latents `[B, 520]` and audio latents `[B, 16, 16]` → batched media (docs/omni.md, "Media"): `video`
+    uint8 `[B, 8, 32, 64, 3]`, `audio` float32 `[B, 8000]`,
     `audio_sample_rate` int64 `[B]` (8000 Hz), `fps` float32 `[B]` (8)."""
     b = video.shape[0]
     return {"video": decode_video(video), "audio": decode_audio(audio),

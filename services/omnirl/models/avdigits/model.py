@@ -5,11 +5,12 @@ sequence with full self-attention (no cross-attention) and tells the rows apart 
 tag in the AdaLN. This model does the same at toy scale:
 
 - text rows (5): the number's digits left-packed (4 rows, pad 0) and the beep count k (1 row);
-- video rows (32): one per frame and 8-px character slot of the half-resolution latent, a 16×8 patch
-  each (128 values); each also gets the digits model's layout embedding — the character drawn in its
-  slot (the number centred in 4 slots) — decisive for legibility in minutes (models/digits/model.py);
+- video rows (12): the sign's 4 character slots (a 16×8 patch of the half-resolution sign each, 128
+  values), each with the digits model's layout embedding — the character drawn in its slot (the number
+  centred in 4 slots), decisive for legibility in minutes (models/digits/model.py) — and one row per
+  frame holding that frame's ink (1 value; `avdigits/media.py`);
 - audio rows (8): one per frame, its two cells × 16 bins (32 values);
-- a frame embedding shared by the video and audio rows of one frame (their common clock: what the
+- a frame embedding shared by the ink row and the audio row of one frame (their common clock: what the
   model must keep in sync), a row-kind embedding per modality, and the AdaLN modulation computed per
   modality tag from the σ embedding (adaLN-Zero, Peebles & Xie 2023);
 - the velocity v = ε − x0 of the video and audio rows, flattened in the latent layout's order
@@ -38,6 +39,7 @@ from omnirl.models.avdigits.media import (
     LATENT_WIDTH,
     MAX_BEEPS,
     MAX_DIGITS,
+    SIGN_NUMEL,
 )
 from omnirl.models.digits.model import Block, column_char_ids, sigma_embedding
 
@@ -102,12 +104,14 @@ class AVDigitsDiT(nn.Module):
         self.video_patch = LATENT_HEIGHT * sw
         self.audio_patch = CELLS_PER_FRAME * AUDIO_BINS
         self.video_in = nn.Linear(self.video_patch, d)
+        self.ink_in = nn.Linear(1, d)
         self.audio_in = nn.Linear(self.audio_patch, d)
         self.char_embed = nn.Embedding(PROMPT_VOCAB, d)
         self.beep_embed = nn.Embedding(BEEP_VOCAB, d)
         self.text_pos = nn.Parameter(torch.randn(TEXT_ROWS, d) * 0.02)
         self.frame_embed = nn.Parameter(torch.randn(FRAMES, d) * 0.02)
         self.slot_embed = nn.Parameter(torch.randn(config.slots, d) * 0.02)
+        self.ink_embed = nn.Parameter(torch.randn(d) * 0.02)
         self.tag_embed = nn.Parameter(torch.randn(3, d) * 0.02)
         for emb in (self.char_embed, self.beep_embed):
             nn.init.normal_(emb.weight, std=0.02)
@@ -116,15 +120,16 @@ class AVDigitsDiT(nn.Module):
         self.norm_out = nn.LayerNorm(d, elementwise_affine=False, eps=1e-6)
         self.modulation_out = nn.Linear(d, 2 * d)
         self.video_out = nn.Linear(d, self.video_patch)
+        self.ink_out = nn.Linear(d, 1)
         self.audio_out = nn.Linear(d, self.audio_patch)
-        for layer in (self.modulation_out, self.video_out, self.audio_out):
+        for layer in (self.modulation_out, self.video_out, self.ink_out, self.audio_out):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
     @property
     def video_rows(self) -> int:
-        """Video rows of the sequence: frames × slots (32)."""
-        return FRAMES * self.config.slots
+        """Video rows of the sequence: the sign's slots, then one ink row per frame (12)."""
+        return self.config.slots + FRAMES
 
     def _layout(self, prompt_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(row embeddings `[B, N, D]` re-added before every block, row tags `[N]` int64) for `[B, 5]` prompts."""
@@ -132,10 +137,11 @@ class AVDigitsDiT(nn.Module):
         digits, beeps = prompt_ids[:, :MAX_DIGITS], prompt_ids[:, MAX_DIGITS]
         text = torch.cat([self.char_embed(digits), self.beep_embed(beeps)[:, None]], dim=1) + self.text_pos[None]
         chars = column_char_ids(digits, cfg.slots, 1)  # [B, slots]: the digit drawn in each slot (0 = blank)
-        video = (self.frame_embed[:, None] + self.slot_embed[None])[None] + self.char_embed(chars)[:, None]
-        audio = self.frame_embed[None].expand(b, -1, -1)
-        rows = torch.cat([text + self.tag_embed[TEXT], video.reshape(b, self.video_rows, -1) + self.tag_embed[VIDEO],
-                          audio + self.tag_embed[AUDIO]], dim=1)
+        slots = self.slot_embed[None] + self.char_embed(chars)
+        frames = self.frame_embed[None].expand(b, -1, -1)
+        video = torch.cat([slots, frames + self.ink_embed[None]], dim=1)
+        rows = torch.cat([text + self.tag_embed[TEXT], video + self.tag_embed[VIDEO], frames + self.tag_embed[AUDIO]],
+                         dim=1)
         tags = torch.tensor([TEXT] * TEXT_ROWS + [VIDEO] * self.video_rows + [AUDIO] * FRAMES, device=rows.device)
         return rows, tags
 
@@ -143,7 +149,7 @@ class AVDigitsDiT(nn.Module):
         """Predict v = ε − x0.
 
         Args:
-            x: `[B, D]` flat latents, D = 8·16·32 + 16·16 (video then audio).
+            x: `[B, D]` flat latents, D = 16·32 + 8 + 16·16 = 776 (the sign, the ink per frame, the audio).
             sigma: `[B]` noise level in [0, 1] (1 = pure noise).
             prompt_ids: `[B, 5]` int64: 4 left-packed digit ids (1..10 = '0'..'9', 0 = pad) and k (1..4; all 0 =
                 the unconditional prompt).
@@ -153,15 +159,16 @@ class AVDigitsDiT(nn.Module):
             ValueError: a latent of another size.
         """
         cfg, b = self.config, x.shape[0]
-        n_video = FRAMES * LATENT_HEIGHT * LATENT_WIDTH
+        n_video = SIGN_NUMEL + FRAMES
         if x.dim() != 2 or x.shape[1] != n_video + AUDIO_CELLS * AUDIO_BINS:
             raise ValueError(f"latent shape {tuple(x.shape)} unsupported; expected [B, {n_video + AUDIO_CELLS * AUDIO_BINS}]")
         sw = cfg.slot_width
-        video = x[:, :n_video].reshape(b, FRAMES, LATENT_HEIGHT, cfg.slots, sw).permute(0, 1, 3, 2, 4)
+        sign = x[:, :SIGN_NUMEL].reshape(b, LATENT_HEIGHT, cfg.slots, sw).permute(0, 2, 1, 3)
+        ink = x[:, SIGN_NUMEL:n_video, None]
         audio = x[:, n_video:].reshape(b, FRAMES, self.audio_patch)  # cells 2f, 2f+1 of frame f
         layout, tags = self._layout(prompt_ids)
         tokens = torch.cat([torch.zeros(b, TEXT_ROWS, cfg.d_model, dtype=x.dtype, device=x.device),
-                            self.video_in(video.reshape(b, self.video_rows, self.video_patch)),
+                            self.video_in(sign.reshape(b, cfg.slots, self.video_patch)), self.ink_in(ink),
                             self.audio_in(audio)], dim=1)
         # AdaLN per modality tag: the σ embedding plus the tag's embedding, gathered to the rows
         cond = self.sigma_mlp(sigma_embedding(sigma, cfg.d_model).to(x.dtype))[:, None] + self.tag_embed[None]
@@ -169,10 +176,12 @@ class AVDigitsDiT(nn.Module):
             tokens = _block(block, tokens + layout, cond, tags)
         shift, scale = self.modulation_out(F.silu(cond))[:, tags].chunk(2, dim=-1)
         out = self.norm_out(tokens) * (1 + scale) + shift
-        v_video = self.video_out(out[:, TEXT_ROWS:TEXT_ROWS + self.video_rows])
-        v_video = v_video.reshape(b, FRAMES, cfg.slots, LATENT_HEIGHT, sw).permute(0, 1, 3, 2, 4).reshape(b, -1)
-        v_audio = self.audio_out(out[:, TEXT_ROWS + self.video_rows:]).reshape(b, -1)
-        return torch.cat([v_video, v_audio], dim=1)
+        first = TEXT_ROWS
+        v_sign = self.video_out(out[:, first:first + cfg.slots])
+        v_sign = v_sign.reshape(b, cfg.slots, LATENT_HEIGHT, sw).permute(0, 2, 1, 3).reshape(b, -1)
+        v_ink = self.ink_out(out[:, first + cfg.slots:first + self.video_rows]).reshape(b, FRAMES)
+        v_audio = self.audio_out(out[:, first + self.video_rows:]).reshape(b, -1)
+        return torch.cat([v_sign, v_ink, v_audio], dim=1)
 
 
 def _block(block: Block, x: torch.Tensor, cond: torch.Tensor, tags: torch.Tensor) -> torch.Tensor:

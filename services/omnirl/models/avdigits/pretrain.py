@@ -1,9 +1,10 @@
 """Pretrain the audio+video digits model by rectified flow on signs rendered and beeps synthesized on the fly.
 
 Rectified flow (Liu et al. 2022, eq. 1): x_σ = (1 − σ)·x0 + σ·ε, target v = ε − x0, σ logit-normal
-(Esser et al. 2024, §3.1). The loss is the per-modality mean ½·mse(video) + ½·mse(audio): the audio has
-256 elements against the video's 4096, and a plain element mean gave it 6% of the gradient although
-three of the task's four rewards read it. AdamW with a 50-step linear warm-up then a constant rate (a
+(Esser et al. 2024, §3.1). The loss is the mean of three parts' mean squared errors, the sign, the frames' ink
+and the audio (⅓ each): a plain element mean gave the 8 ink values 1% of the gradient although they
+decide two of the task's four rewards, and the audio (256 of 776 elements) a third although three of them
+read it. AdamW with a 50-step linear warm-up then a constant rate (a
 longer run's step-N snapshot equals a `--steps N` run), gradient-norm clip 1, EMA 0.995 of the weights
 (what is saved). One prompt in ten is the unconditional one (all ids 0) so the model has a guidance branch.
 
@@ -24,7 +25,16 @@ import numpy as np
 import torch
 
 from omnirl.models.avdigits.adapter import WEIGHTS_FILE, save_avdigits_checkpoint, tokenize_prompt
-from omnirl.models.avdigits.media import FRAMES, MAX_BEEPS, MAX_DIGITS, MIN_DIGITS, Sign, render_sign, sign_latents
+from omnirl.models.avdigits.media import (
+    FRAMES,
+    MAX_BEEPS,
+    MAX_DIGITS,
+    MIN_DIGITS,
+    SIGN_NUMEL,
+    Sign,
+    render_sign,
+    sign_latents,
+)
 from omnirl.models.avdigits.model import AVDigitsConfig, AVDigitsDiT
 from omnirl.models.avdigits.prompts import make_prompt
 
@@ -34,7 +44,6 @@ LOSS_EMA_DECAY = 0.98
 WARMUP_STEPS = 50
 GRAD_CLIP = 1.0
 UNCONDITIONAL_P = 0.1
-VIDEO_NUMEL = 8 * 16 * 32
 
 
 @dataclass
@@ -60,25 +69,26 @@ def sample_signs(rng: np.random.Generator, batch_size: int) -> list[Sign]:
 
 
 def batch_tensors(signs: list[Sign], device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Clean flat latents `[B, 4352]` float32 and prompt ids `[B, 5]` int64 of `signs`."""
+    """Clean flat latents `[B, 776]` float32 and prompt ids `[B, 5]` int64 of `signs`."""
     x0, ids = [], []
     for sign in signs:
         video, audio = sign_latents(sign, render_sign(sign.number))
-        x0.append(np.concatenate([video.reshape(-1), audio.reshape(-1)]))
+        x0.append(np.concatenate([video, audio.reshape(-1)]))
         ids.append(tokenize_prompt(make_prompt(sign.number, sign.beeps)))
     return torch.from_numpy(np.stack(x0)).to(device), torch.tensor(ids, dtype=torch.int64, device=device)
 
 
 def flow_matching_loss(module: AVDigitsDiT, x0: torch.Tensor, ids: torch.Tensor, generator: torch.Generator
                        ) -> torch.Tensor:
-    """½·mean_video (v_θ − (ε − x0))² + ½·mean_audio (…)² with logit-normal σ; ε and σ drawn on the CPU
-    from `generator` (the same stream on every device)."""
+    """⅓·mean_sign (v_θ − (ε − x0))² + ⅓·mean_ink (…)² + ⅓·mean_audio (…)² with logit-normal σ; ε and σ drawn
+    on the CPU from `generator` (the same stream on every device)."""
     b = x0.shape[0]
     eps = torch.randn(x0.shape, generator=generator).to(x0.device)
     sigma = torch.sigmoid(torch.randn(b, generator=generator)).to(x0.device)
     x_sigma = (1 - sigma[:, None]) * x0 + sigma[:, None] * eps
     err = (module(x_sigma, sigma, ids) - (eps - x0)).pow(2)
-    return 0.5 * err[:, :VIDEO_NUMEL].mean() + 0.5 * err[:, VIDEO_NUMEL:].mean()
+    ink = SIGN_NUMEL + FRAMES
+    return (err[:, :SIGN_NUMEL].mean() + err[:, SIGN_NUMEL:ink].mean() + err[:, ink:].mean()) / 3.0
 
 
 def pretrain(out_dir: str | Path, *, steps: int, seed: int = 0, batch_size: int = 64, lr: float = DEFAULT_LR,

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from omnirl.models.diffusers._common import guided, load_component, require_diffusers
 from omnirl.models.diffusers.base import NEGATIVE_PREFIX
-from omnirl.models.diffusers.video import FrameRule, VideoGeometry, check_flat, to_uint8_video
+from omnirl.models.diffusers.video import FrameRule, VideoGeometry, check_flat, to_uint8_video, token_limit
 from omnirl.models.diffusers.video_base import VideoAdapterBase
 from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
@@ -93,7 +93,7 @@ class LTX2Adapter(VideoAdapterBase):
         modalities: `{"video"|"audio": {"train", "weight", "guidance_scale"}}` (`ModelSpec.modality_settings`):
             the audio stream's own guidance is the pipeline's `audio_guidance_scale`.
         negative_prompt: the unconditional prompt ("" as in the pipeline).
-        max_sequence_length: Gemma tokens (pipeline default 1024).
+        max_sequence_length: Gemma tokens (None: the pipeline's 1024, or the tokenizer's `model_max_length` if less).
         cache_size: prompts kept in the conditioning cache.
     Raises:
         ValueError: a geometry the VAEs cannot take (naming the nearest valid values), channel mismatches,
@@ -152,7 +152,7 @@ class LTX2Adapter(VideoAdapterBase):
     def __init__(self, transformer: nn.Module, vae: nn.Module, audio_vae: nn.Module, vocoder: nn.Module,
                  scheduler_config: dict, text_encoder: nn.Module, tokenizer, connectors: nn.Module, *,
                  video: VideoGeometry, guidance_scale: float = 1.0, modalities: dict[str, dict] | None = None,
-                 negative_prompt: str = "", max_sequence_length: int = MAX_SEQUENCE_LENGTH,
+                 negative_prompt: str = "", max_sequence_length: int | None = None,
                  cache_size: int = 4096) -> None:
         config = transformer.config
         self.patch_size, self.patch_size_t = int(config.patch_size), int(config.patch_size_t)
@@ -165,8 +165,7 @@ class LTX2Adapter(VideoAdapterBase):
         if int(config.audio_in_channels) != self.audio_channels * self.audio_mel_bins:
             raise ValueError(f"LTX-2 transformer audio_in_channels {config.audio_in_channels} must be the audio VAE's "
                              f"latent_channels {self.audio_channels} x mel bins/4 {self.audio_mel_bins}")
-        if not 1 <= max_sequence_length <= MAX_SEQUENCE_LENGTH:
-            raise ValueError(f"max_sequence_length must be in [1, {MAX_SEQUENCE_LENGTH}], got {max_sequence_length}")
+        max_sequence_length = token_limit(tokenizer, MAX_SEQUENCE_LENGTH, max_sequence_length)
         self.vae_scale_factor = int(vae.spatial_compression_ratio)
         self.frame_rule = FrameRule(int(vae.temporal_compression_ratio) * self.patch_size_t, 1)
         super().__init__(transformer, vae, scheduler_config, video=video, guidance_scale=guidance_scale,

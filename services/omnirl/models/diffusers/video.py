@@ -174,3 +174,18 @@ def to_uint8_video(pixels: Tensor, *, signed: bool = True) -> Tensor:
     if signed:
         video = video / 2 + 0.5
     return (video.clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 4, 1).contiguous()
+
+
+def token_limit(tokenizer, pipeline_max: int, requested: int | None) -> int:
+    """The text tokens a prompt is padded to: `requested`, else the pipeline's default `pipeline_max` or the
+    tokenizer's `model_max_length` when that is smaller.
+
+    Raises:
+        ValueError: `requested` outside [1, pipeline_max].
+    """
+    if requested is None:
+        own = getattr(tokenizer, "model_max_length", None)
+        return int(min(pipeline_max, own)) if isinstance(own, int) and own > 0 else pipeline_max
+    if not 1 <= requested <= pipeline_max:
+        raise ValueError(f"max_sequence_length must be in [1, {pipeline_max}], got {requested}")
+    return int(requested)

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from omnirl.models.diffusers._common import guided, load_component, require_diffusers
-from omnirl.models.diffusers.video import FrameRule, VideoGeometry, check_flat, to_uint8_video
+from omnirl.models.diffusers.video import FrameRule, VideoGeometry, check_flat, to_uint8_video, token_limit
 from omnirl.models.diffusers.video_base import VideoAdapterBase
 from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
@@ -86,7 +86,7 @@ class WanAdapter(VideoAdapterBase):
         modalities: `{"video": {"train", "weight", "guidance_scale"}}` (`ModelSpec.modality_settings`); its
             guidance_scale wins over `guidance_scale`.
         negative_prompt: the unconditional prompt ("" as in the pipeline).
-        max_sequence_length: UMT5 tokens (pipeline default 512).
+        max_sequence_length: UMT5 tokens (None: the pipeline's 512, or the tokenizer's `model_max_length` if less).
         expand_timesteps: Wan 2.2-TI2V's per-token timestep (`model_index.json`'s `expand_timesteps`).
         cache_size: prompts kept in the conditioning cache.
     Raises:
@@ -125,15 +125,14 @@ class WanAdapter(VideoAdapterBase):
     def __init__(self, transformer: nn.Module, vae: nn.Module, scheduler_config: dict, text_encoder: nn.Module,
                  tokenizer, *, video: VideoGeometry, guidance_scale: float = 1.0,
                  modalities: dict[str, dict] | None = None, negative_prompt: str = "",
-                 max_sequence_length: int = MAX_SEQUENCE_LENGTH, expand_timesteps: bool = False,
+                 max_sequence_length: int | None = None, expand_timesteps: bool = False,
                  cache_size: int = 4096) -> None:
         config = transformer.config
         self.latent_channels = int(vae.config.z_dim)
         if int(config.in_channels) != self.latent_channels or int(config.out_channels or config.in_channels) != self.latent_channels:
             raise ValueError(f"Wan transformer in/out channels {config.in_channels}/{config.out_channels} must equal the "
                              f"VAE's z_dim {self.latent_channels} (text-to-video checkpoints only)")
-        if not 1 <= max_sequence_length <= 512:
-            raise ValueError(f"max_sequence_length must be in [1, 512], got {max_sequence_length}")
+        max_sequence_length = token_limit(tokenizer, MAX_SEQUENCE_LENGTH, max_sequence_length)
         self.patch = tuple(int(p) for p in config.patch_size)
         self.patch_size = self.patch[1]
         self.vae_scale_factor = int(vae.config.scale_factor_spatial)

@@ -15,12 +15,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from omnirl.algorithms.sigmas import sigma_schedule
-from omnirl.api.disk import readable, readable_as_umask_allows
 from omnirl.models.digits.model import LORA_TARGET_MODULES, DigitsConfig, DigitsDiT
 from omnirl.models.digits.render import SLOT_WIDTH, slots_for
 from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
 from omnirl.models.tokenizer import PAD_ID, CharTokenizer, target_text
+from omnirl.system.disk import readable, readable_as_umask_allows
 
 CHECKPOINT_FORMAT = "omnirl-digits-v1"
 CONFIG_FILE = "config.json"

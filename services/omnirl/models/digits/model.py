@@ -7,7 +7,7 @@ slot plus an embedding of the column's position inside that slot; this layout em
 again before every block (a GPU sweep: held-out reward 0.25 vs 0.17 after 500 steps with it).
 Transformer blocks modulated by
 adaLN-Zero from a σ embedding (sinusoidal of σ·1000 → MLP). The output head predicts the
-velocity v = ε − x0 per patch (σ convention, DESIGN.md §3).
+velocity v = ε − x0 per patch (σ convention, docs/architecture.md §4).
 
 Latent space = pixel space: x = pixel/127.5 − 1 ∈ [−1, 1], white paper = +1, black ink = −1.
 

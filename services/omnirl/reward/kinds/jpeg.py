@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from omnirl.api._base import SpecModel
-from omnirl.reward.kinds import RewardKind, register_kind
+from omnirl.scorers.kinds import RewardKind, register_kind
 
 
 class JPEGParams(SpecModel):

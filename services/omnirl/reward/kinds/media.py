@@ -12,16 +12,17 @@ downloads its weights at run time.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, model_validator
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
 from omnirl.api.extensions import REWARD_KINDS, params_model
-from omnirl.reward.kinds import NotOnThisMachine, RewardKind, register_kind
 from omnirl.reward.kinds.ocr import check_prompts as ocr_check_prompts
+from omnirl.scorers.kinds import NotOnThisMachine, RewardKind, register_kind
 
 
 class VideoOCRParams(SpecModel):
@@ -50,7 +51,8 @@ class FramesParams(SpecModel):
 
     kind: str = Field(..., min_length=1, description="The in-process image reward kind scoring each frame "
                       "(e.g. jpeg, ocr, python).")
-    params: dict[str, Any] = Field(default_factory=dict, description="That kind's own params.")
+    innerParams: str = Field("{}", max_length=8000, description="That kind's own params as a JSON object, e.g. "
+                             "'{\"alphabet\": \"0123456789\"}' (spec.reward[].params holds scalars only).")
     frameStride: int | None = Field(None, ge=1, le=1000, description="Score every k-th frame (0, k, 2k, …).")
     frameCount: int | None = Field(None, ge=1, le=1000, description="Score n evenly spaced frames, the first and "
                                    "the last among them (instead of frameStride).")
@@ -58,26 +60,39 @@ class FramesParams(SpecModel):
     @model_validator(mode="after")
     def _check(self) -> FramesParams:
         info = REWARD_KINDS.get(self.kind)
-        if info is None or info.runs != "in-process" or "image" not in info.modalities or self.kind == "frames":
+        if info is None or info.runs != "in-process" or "image" not in info.modalities:
             images = sorted(k for k, i in REWARD_KINDS.items() if i.runs == "in-process" and "image" in i.modalities)
             raise FieldProblem("kind", self.kind, f"must be an in-process image kind: one of {', '.join(images)}")
         if (self.frameStride is None) == (self.frameCount is None):
             raise FieldProblem("frameStride", self.frameStride, "set exactly one of frameStride and frameCount")
-        try:
-            params_model(self.kind).model_validate(self.params)
-        except ValueError as err:
-            raise FieldProblem("params", self.params, f"are not {self.kind}'s params: {err}") from err
+        self.inner()
         return self
+
+    def inner(self) -> SpecModel:
+        """`innerParams` as the image kind's params model.
+
+        Raises:
+            FieldProblem: not a JSON object, or not that kind's params (naming `innerParams`).
+        """
+        try:
+            raw = json.loads(self.innerParams)
+        except ValueError as err:
+            raise FieldProblem("innerParams", self.innerParams, f"must be a JSON object: {err}") from err
+        if not isinstance(raw, dict):
+            raise FieldProblem("innerParams", self.innerParams, "must be a JSON object (the kind's params)")
+        try:
+            return params_model(self.kind).model_validate(raw, strict=True)
+        except ValueError as err:
+            raise FieldProblem("innerParams", self.innerParams, f"are not {self.kind}'s params: "
+                               f"{str(err).splitlines()[-2:]}") from err
 
 
 def build_frames(spec, params: FramesParams, *, threads: int, field: str):
     """The image kind's scorer wrapped in a `FrameSampledScorer`."""
     from omnirl.reward.frames import FrameSampledScorer
-    from omnirl.reward.kinds import get_kind
+    from omnirl.scorers.kinds import get_kind
 
-    inner = get_kind(params.kind)
-    typed = params_model(params.kind).model_validate(params.params)
-    scorer = inner.build(spec, typed, threads=threads, field=f"{field}.params")
+    scorer = get_kind(params.kind).build(spec, params.inner(), threads=threads, field=f"{field}.params.innerParams")
     return FrameSampledScorer(scorer, stride=params.frameStride, count=params.frameCount)
 
 

@@ -1,10 +1,10 @@
 """`kind: pairwise-contrast`: the built-in group-level toy scorer, run by the controller on whole groups
-(`omnirl.reward.pairwise`)."""
+(`omnirl.scorers.pairwise`)."""
 
 from __future__ import annotations
 
 from omnirl.api._base import SpecModel
-from omnirl.reward.kinds import RewardKind, register_kind
+from omnirl.scorers.kinds import RewardKind, register_kind
 
 
 class PairwiseContrastParams(SpecModel):
@@ -13,7 +13,7 @@ class PairwiseContrastParams(SpecModel):
 
 def build(spec, params: PairwiseContrastParams, *, threads: int, field: str):
     """A `PairwiseContrastScorer` (a `GroupScorer`)."""
-    from omnirl.reward.pairwise import PairwiseContrastScorer
+    from omnirl.scorers.pairwise import PairwiseContrastScorer
 
     return PairwiseContrastScorer()
 

@@ -22,7 +22,7 @@ from pydantic import Field, field_validator
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
-from omnirl.reward.kinds import NotOnThisMachine, RewardKind, register_kind
+from omnirl.scorers.kinds import NotOnThisMachine, RewardKind, register_kind
 
 _TARGET = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 
@@ -104,7 +104,7 @@ class PythonScorer:
         """
         import numpy as np
 
-        from omnirl.reward.base import ScorerError, check_batch, check_rewards
+        from omnirl.scorers.base import ScorerError, check_batch, check_rewards
 
         check_batch(images, prompts, sample_ids)
         try:

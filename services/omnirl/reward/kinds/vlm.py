@@ -10,7 +10,7 @@ from pydantic import Field, model_validator
 
 from omnirl.api._base import SpecModel
 from omnirl.api.errors import FieldProblem
-from omnirl.reward.kinds import NotOnThisMachine, RewardKind, register_kind
+from omnirl.scorers.kinds import NotOnThisMachine, RewardKind, register_kind
 
 VLMTemplate = Literal["read-text", "rate", "yes-no"]
 
@@ -42,6 +42,14 @@ class VLMParams(SpecModel):
         None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
         description="Environment variable holding the API key (unset: the key `EMPTY`, as vLLM expects).",
     )
+    frames: int = Field(0, ge=0, le=64, description="A video job: send n evenly spaced frames of each sample (the "
+                        "first and the last among them) as images, in order (0: the poster frame only, as an image).")
+    audio: bool = Field(False, description="An audio job: send each sample's soundtrack as an `input_audio` part "
+                        "(16-bit PCM WAV, base64), for judges that hear (e.g. Qwen2.5-Omni behind vLLM).")
+
+    def reads(self) -> tuple[str, ...]:
+        """What the judge is sent, as the spec checks it against the family: video frames and/or sound, else images."""
+        return (("video",) if self.frames else ()) + (("audio",) if self.audio else ()) or ("image",)
 
     @model_validator(mode="after")
     def _check(self) -> VLMParams:
@@ -89,3 +97,4 @@ def check_endpoint(spec, params: VLMParams, field: str, strict: bool) -> None:
 KIND = register_kind(RewardKind(name="vlm", params=VLMParams, build=build, runs="remote", endpoint="openai",
                                 reads_text=lambda params: params.template == "read-text",
                                 check_environment=check_environment, check_endpoint=check_endpoint))
+# images by default; a video's frames and its sound when params.frames/audio say (VLMParams.reads)

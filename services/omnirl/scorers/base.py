@@ -1,6 +1,6 @@
 """The scorer contract: images + prompts → one float32 reward per sample, or an error.
 
-A scorer never turns a failure into a reward of 0 (DESIGN.md §7): bad input, a crashed model or a
+A scorer never turns a failure into a reward of 0 (docs/rewards.md): bad input, a crashed model or a
 non-finite reward raises `ScorerError` naming the sample, and the controller refills or drops the
 sample's group.
 """
@@ -146,9 +146,13 @@ def reads_media(scorer: Scorer) -> bool:
 
 def score_media_each(scorer: MediaScorer, media: list[dict[str, np.ndarray]], prompts: list[str],
                      sample_ids: list[str]) -> Outcome:
-    """One score or one error per sample from a media scorer (as `score_each`: when the batch raises for one
-    sample, the samples are scored one at a time so a bad sample fails alone)."""
+    """One score or one error per sample from a media scorer (as `score_each`: a scorer with its own per-sample
+    `score_media_each` (a remote one) answers itself; otherwise, when the batch raises for one sample, the samples
+    are scored one at a time so a bad sample fails alone)."""
+    per_sample = getattr(scorer, "score_media_each", None)
     try:
+        if per_sample is not None:
+            return per_sample(media, prompts, sample_ids)
         return Outcome(scorer.score_media(media, prompts, sample_ids))
     except ScorerError as err:
         if len(sample_ids) == 1 or not err.sample_id:

@@ -1,11 +1,13 @@
-"""RewardSpec of a group kind → group scorer, apart from `registry` so that the controller, which
-runs the group scorers, never imports the per-sample scorers (an import-linter contract)."""
+"""RewardSpec of a group kind → group scorer, apart from `reward/registry.py` (the per-sample scorers):
+the controller runs the group scorers and never imports the reward role's package (an import-linter contract).
+A group kind's module is imported by name (`scorers/kinds.py::get_kind`): it imports only `omnirl.api` and,
+inside its `build`, its scorer from `omnirl.scorers`."""
 
 from __future__ import annotations
 
 from omnirl.api.spec import RewardSpec
-from omnirl.reward.base import GroupScorer
-from omnirl.reward.kinds import get_kind
+from omnirl.scorers.base import GroupScorer
+from omnirl.scorers.kinds import get_kind
 
 
 def build_group_scorer(spec: RewardSpec) -> GroupScorer:

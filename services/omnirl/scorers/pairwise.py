@@ -1,5 +1,5 @@
 """`pairwise-contrast`: a toy group-level scorer, for testing and demonstrating the group
-protocol (:class:`omnirl.reward.base.GroupScorer`), not for training a real model.
+protocol (:class:`omnirl.scorers.base.GroupScorer`), not for training a real model.
 
 Each member of a group is compared with every other member, as a pairwise preference model
 would: it wins a pair when its RMS contrast (population std of its grayscale pixels, 0–255
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from omnirl.reward.base import ScorerError, check_batch, check_rewards
+from omnirl.scorers.base import ScorerError, check_batch, check_rewards
 
 
 def rms_contrast(images: np.ndarray) -> np.ndarray:

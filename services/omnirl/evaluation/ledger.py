@@ -27,15 +27,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from omnirl.api.exits import LEDGER_PROBLEMS_EXIT
 from omnirl.api.ids import parse_sample_id
 from omnirl.api.run_dir import METRICS_FILE, RUN_MANIFESTS, read_metrics, run_manifest
+from omnirl.api.run_dir import finished as run_finished
 
 LEDGER_DIR = "ledger"
 LEDGERS = {"rollout": "rollout-*.jsonl", "reward": "reward-*.jsonl", "actor": "actor-*.jsonl",
            "checkpoints": "checkpoints-*.jsonl"}
 """Each ledger kind → its files' glob in `OUT/ledger/` (one file per worker or pod)."""
-LEDGER_PROBLEMS_EXIT = 3
-"""`omnirl ledger`'s exit code when samples were lost or duplicated (0: none; 2: refused; 5: unreadable)."""
 
 
 @dataclass
@@ -316,7 +316,7 @@ def account(run_dir: str | Path, steps: int | None = None, group_size: int | Non
                              f"used) says {own[name]}: drop -f, the run's own manifest is read")
     records = read_metrics(run_dir) if (run_dir / METRICS_FILE).is_file() else None
     starts = [r for r in records or [] if r.get("event") in ("start", "finish")]
-    finished = None if records is None else bool(starts) and starts[-1]["event"] == "finish"
+    finished = None if records is None else run_finished(run_dir)
     # the planned steps: the last start's (a finish line of a run before 2026-12 has no total_steps)
     planned_at = [r for r in starts if r["event"] == "start" and "total_steps" in r]
     values, sources = {}, {}

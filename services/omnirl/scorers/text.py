@@ -43,7 +43,7 @@ def ocr_reward(target: str, reading: str) -> float:
 def text_rewards(specs: Sequence[RewardSpec]) -> list[str]:
     """Names of the rewards scored with `ocr_reward`: those whose kind's `reads_text(params)` says so (kind `ocr`,
     and `vlm` with template `read-text`)."""
-    from omnirl.reward.kinds import get_kind
+    from omnirl.scorers.kinds import get_kind
 
     return [s.name for s in specs if get_kind(s.kind).reads_text(s.typed_params())]
 
