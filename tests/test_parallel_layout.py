@@ -92,6 +92,10 @@ def test_heads_that_do_not_divide_and_an_encoder_without_a_plan_are_read_from_th
     spec = job_from_dict(manifest({**FLUX, "path": str(root)}, rollout={"parallel": {"ulysses": 2}},
                                   actor={"parallel": {"ulysses": 2, "encoderTensor": 2}})).spec
     assert check_layout(spec) == []  # 6 and 4 heads divide by 2
+    (root / "text_encoder" / "config.json").write_text(json.dumps({"model_type": "t5", "num_heads": 4, "d_ff": 37}))
+    assert check_layout(spec) == [  # the MLP splits too: T5's d_ff of 37 does not divide by 2
+        "spec.roles.actor.parallel.encoderTensor: 2 does not divide text_encoder's d_ff = 37 (text_encoder/config.json): "
+        "each rank takes MLP columns / encoderTensor MLP columns; valid: [1, 37]"]
     (root / "text_encoder" / "config.json").write_text(json.dumps({"model_type": "bert", "num_attention_heads": 4}))
     assert check_layout(spec) == [
         "spec.roles.actor.parallel.encoderTensor: 2 needs a text encoder with a tensor-parallel plan; "

@@ -41,11 +41,12 @@ def transformer_heads(config: dict[str, Any]) -> dict[str, int]:
 
 
 def encoder_heads(config: dict[str, Any]) -> tuple[str | None, dict[str, int]]:
-    """(`model_type`, head counts) of a transformers text-encoder config; a vision-language model's text
-    part (`text_config`) is the one read."""
+    """(`model_type`, the counts encoder tensor parallelism splits: heads and MLP width) of a transformers
+    text-encoder config; a vision-language model's text part (`text_config`) is the one read."""
     text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
     model_type = config.get("model_type")
-    heads = {k: v for k in ("num_attention_heads", "num_heads", "num_key_value_heads")
+    # the MLP's width splits too (T5's d_ff, the decoders' intermediate_size): each rank takes width / degree
+    heads = {k: v for k in ("num_attention_heads", "num_heads", "num_key_value_heads", "d_ff", "intermediate_size")
              if isinstance(v := text.get(k), int) and not isinstance(v, bool)}
     return model_type, heads
 
@@ -87,7 +88,8 @@ def check_layout(spec, root: str | Path | None = None) -> list[str]:
                 continue
             for key, count in heads.items():
                 if count % layout.encoderTensor:
+                    what = "heads" if "head" in key else "MLP columns"
                     problems.append(f"spec.roles.{role}.parallel.encoderTensor: {layout.encoderTensor} does not divide "
-                                    f"{name}'s {key} = {count} ({name}/config.json): each rank takes heads / "
-                                    f"encoderTensor heads; valid: {_divisors(count)}")
+                                    f"{name}'s {key} = {count} ({name}/config.json): each rank takes {what} / "
+                                    f"encoderTensor {what}; valid: {[d for d in _divisors(count) if d <= 64]}")
     return problems
