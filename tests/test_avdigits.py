@@ -180,3 +180,16 @@ def test_velocity_guides_each_modality_by_its_own_scale(tmp_path) -> None:
     assert not torch.allclose(cond, uncond)
     torch.testing.assert_close(out[:, :v], uncond[:, :v] + 3.0 * (cond[:, :v] - uncond[:, :v]))
     torch.testing.assert_close(out[:, v:], uncond[:, v:] + 2.0 * (cond[:, v:] - uncond[:, v:]))
+
+
+def test_pretrain_is_deterministic_and_saves_a_loadable_checkpoint(tmp_path) -> None:
+    from omnirl.models.avdigits.adapter import load_avdigits_adapter
+    from omnirl.models.avdigits.pretrain import pretrain
+
+    config = AVDigitsConfig(d_model=32, depth=1, heads=2)
+    a = pretrain(tmp_path / "a", steps=3, batch_size=4, config=config, log_every=0)
+    pretrain(tmp_path / "b", steps=3, batch_size=4, config=config, log_every=0)
+    assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
+    assert a.steps == 3 and a.num_parameters == sum(p.numel() for p in AVDigitsDiT(config).parameters())
+    adapter = load_avdigits_adapter(tmp_path / "a")
+    assert adapter.provenance["steps"] == 3 and "omnirl pretrain --family av-digits" in adapter.provenance["command"]

@@ -174,6 +174,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu", help="cpu | cuda")
     s.add_argument("--snapshot-every", type=int, default=None, metavar="K",
                    help="av-digits: also save the EMA weights to OUT/step-K, OUT/step-2K, … (to choose a step count)")
+    s.add_argument("--init", default=None, metavar="DIR",
+                   help="av-digits: start from this checkpoint's tensors of the same name and shape (a warm start)")
     s.set_defaults(fn=_cmd_pretrain)
 
     s = sub.add_parser("eval", help="sample prompts as validation does (rollout engine, job's σ grid), score them "

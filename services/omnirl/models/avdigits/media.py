@@ -17,14 +17,15 @@ cores in minutes; docs/omni.md says why):
   model 12 video rows instead of 32 and puts the "which frames" decision in 8 numbers. Half resolution
   quarters the sign; the OCR reads the upsampled frames as well as full-resolution ones
   (tests/test_avdigits.py).
-- **audio** `[16, 16]`: a magnitude grid of 16 time cells (two per frame, 62.5 ms each) × 16 pure-tone
-  bins at 200, 300, …, 1700 Hz, values in [−1, 1] (silence = −1, full tone = +1). Decoded by additive
-  synthesis: amplitude a = clamp(x, 0, 1) per cell and bin (the lower half of the range is silence, so a
-  silent cell's sampling noise stays silent; the same rule for the ink), held over the cell with 4 ms linear ramps, times sin(2π·f·t) with a
-  phase continuous over the second, summed, × 0.5, clipped to [−1, 1]. A beep is one full bin in the
-  first cell of its frame; the second cell is the gap that makes consecutive beeps two onsets. A pitch
-  is one bin, so the model picks a pitch by picking a row (an STFT or mel latent would spread it over
-  bins the model must coordinate).
+- **audio** `[24]` = the loudness of each frame's beep `[8]` then a pitch profile `[16]` over pure-tone bins at
+  200, 300, …, 1700 Hz, values in [−1, 1] (−1 off, +1 on). Decoded by additive synthesis: in the first half of
+  frame f (62.5 ms) bin b sounds with amplitude clamp(l_f, 0, 1)·clamp(p_b, 0, 1) (the lower half of the range is
+  silence, so sampling noise around −1 stays silent; the same rule for the ink), the second half is the gap that
+  makes consecutive beeps two onsets; 4 ms linear ramps, a sine per bin with a phase continuous over the second,
+  summed, × 0.5, clipped to [−1, 1]. Per-frame tone parameters, as the video's per-frame ink: a beep is one number
+  and its pitch one row of the profile, so "which frames beep" and "which pitch" are decisions the model learns
+  in minutes (a 16-cell × 16-bin magnitude grid, tried first, spread each beep over 256 mostly silent values
+  and stayed silent or everywhere after 500 pretraining steps: pitch and sync terms ≈ 0.05 and 0.01).
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ TONE_GAIN = 0.5
 SIGN_NUMEL = LATENT_HEIGHT * LATENT_WIDTH
 VIDEO_SHAPE = (SIGN_NUMEL + FRAMES,)
 """The video latent: the sign `[16, 32]` flattened, then the ink of each frame `[8]`."""
-AUDIO_SHAPE = (AUDIO_CELLS, AUDIO_BINS)
+AUDIO_SHAPE = (FRAMES + AUDIO_BINS,)
+"""The audio latent: the loudness of each frame's beep `[8]`, then the pitch profile `[16]`."""
 MAX_BEEPS = 4
 MIN_DIGITS, MAX_DIGITS = 2, 4
 
@@ -128,19 +130,19 @@ def downsample(glyph: np.ndarray) -> np.ndarray:
 
 
 def sign_latents(sign: Sign, glyph: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The clean latents of `sign`: video `[520]` (sign, then ink per frame) and audio `[16, 16]`, float32 in [−1, 1].
+    """The clean latents of `sign`: video `[520]` (sign, then ink per frame) and audio `[24]` (loudness per frame,
+    then the pitch profile), float32 in [−1, 1].
 
     Args:
         sign: the number, k and the first inked frame.
         glyph: the number rendered at full resolution, `[32, 64]` uint8 (`render_sign`).
     """
     ink = -np.ones(FRAMES, dtype=np.float32)
-    audio = -np.ones(AUDIO_SHAPE, dtype=np.float32)
-    row = pitch_bin(int(sign.number[0]))
+    pitch = -np.ones(AUDIO_BINS, dtype=np.float32)
+    pitch[pitch_bin(int(sign.number[0]))] = 1.0
     for f in sign.frames:
         ink[f] = 1.0
-        audio[CELLS_PER_FRAME * f, row] = 1.0
-    return np.concatenate([downsample(glyph).reshape(-1), ink]), audio
+    return np.concatenate([downsample(glyph).reshape(-1), ink]), np.concatenate([ink, pitch])
 
 
 def frames_of(video: torch.Tensor) -> torch.Tensor:
@@ -161,13 +163,17 @@ def decode_video(video: torch.Tensor) -> torch.Tensor:
 
 
 def amplitudes(audio: torch.Tensor) -> torch.Tensor:
-    """Audio latents `[B, 16, 16]` → tone amplitudes in [0, 1]: clamp(x, 0, 1) (silence −1; a value of the lower half
-    is silent too)."""
-    return audio.float().clamp(0.0, 1.0)
+    """Audio latents `[B, 24]` → tone amplitudes `[B, 16 cells, 16 bins]` in [0, 1]: cell 2f (the first half of frame
+    f) clamp(l_f, 0, 1)·clamp(p_b, 0, 1), cell 2f + 1 silent."""
+    loud = audio[:, :FRAMES].float().clamp(0.0, 1.0)
+    pitch = audio[:, FRAMES:].float().clamp(0.0, 1.0)
+    beeps = loud[:, :, None] * pitch[:, None, :]  # [B, frames, bins]
+    gap = torch.zeros_like(beeps)
+    return torch.stack([beeps, gap], dim=2).reshape(audio.shape[0], AUDIO_CELLS, AUDIO_BINS)
 
 
 def decode_audio(audio: torch.Tensor) -> torch.Tensor:
-    """Audio latents `[B, 16, 16]` → waveforms `[B, 8000]` float32 in [−1, 1] at `SAMPLE_RATE` (module docstring)."""
+    """Audio latents `[B, 24]` → waveforms `[B, 8000]` float32 in [−1, 1] at `SAMPLE_RATE` (module docstring)."""
     amp = amplitudes(audio)  # [B, cells, bins]
     env = amp.transpose(1, 2).repeat_interleave(CELL_SAMPLES, dim=2)  # [B, bins, L]: held per cell
     kernel = torch.full((1, 1, RAMP_SAMPLES), 1.0 / RAMP_SAMPLES, dtype=env.dtype)
@@ -181,7 +187,7 @@ def decode_audio(audio: torch.Tensor) -> torch.Tensor:
 
 
 def decode_media(video: torch.Tensor, audio: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Video latents `[B, 520]` and audio latents `[B, 16, 16]` → batched media (docs/omni.md, "Media"): `video`
+    """Video latents `[B, 520]` and audio latents `[B, 24]` → batched media (docs/omni.md, "Media"): `video`
     uint8 `[B, 8, 32, 64, 3]`, `audio` float32 `[B, 8000]`,
     `audio_sample_rate` int64 `[B]` (8000 Hz), `fps` float32 `[B]` (8)."""
     b = video.shape[0]

@@ -9,8 +9,8 @@ tag in the AdaLN. This model does the same at toy scale:
   values), each with the digits model's layout embedding — the character drawn in its slot (the number
   centred in 4 slots), decisive for legibility in minutes (models/digits/model.py) — and one row per
   frame holding that frame's ink (1 value; `avdigits/media.py`);
-- audio rows (8): one per frame, its two cells × 16 bins (32 values);
-- a frame embedding shared by the ink row and the audio row of one frame (their common clock: what the
+- audio rows (9): one per frame holding its beep's loudness (1 value), and the pitch profile (16 values);
+- a frame embedding shared by the ink row and the loudness row of one frame (their common clock: what the
   model must keep in sync), a row-kind embedding per modality, and the AdaLN modulation computed per
   modality tag from the σ embedding (adaLN-Zero, Peebles & Xie 2023);
 - the velocity v = ε − x0 of the video and audio rows, flattened in the latent layout's order
@@ -32,8 +32,6 @@ from torch import nn
 
 from omnirl.models.avdigits.media import (
     AUDIO_BINS,
-    AUDIO_CELLS,
-    CELLS_PER_FRAME,
     FRAMES,
     LATENT_HEIGHT,
     LATENT_WIDTH,
@@ -102,16 +100,17 @@ class AVDigitsDiT(nn.Module):
         self.config = config
         d, sw = config.d_model, config.slot_width
         self.video_patch = LATENT_HEIGHT * sw
-        self.audio_patch = CELLS_PER_FRAME * AUDIO_BINS
         self.video_in = nn.Linear(self.video_patch, d)
         self.ink_in = nn.Linear(1, d)
-        self.audio_in = nn.Linear(self.audio_patch, d)
+        self.loud_in = nn.Linear(1, d)
+        self.pitch_in = nn.Linear(AUDIO_BINS, d)
         self.char_embed = nn.Embedding(PROMPT_VOCAB, d)
         self.beep_embed = nn.Embedding(BEEP_VOCAB, d)
         self.text_pos = nn.Parameter(torch.randn(TEXT_ROWS, d) * 0.02)
         self.frame_embed = nn.Parameter(torch.randn(FRAMES, d) * 0.02)
         self.slot_embed = nn.Parameter(torch.randn(config.slots, d) * 0.02)
         self.ink_embed = nn.Parameter(torch.randn(d) * 0.02)
+        self.pitch_embed = nn.Parameter(torch.randn(d) * 0.02)
         self.tag_embed = nn.Parameter(torch.randn(3, d) * 0.02)
         for emb in (self.char_embed, self.beep_embed):
             nn.init.normal_(emb.weight, std=0.02)
@@ -121,8 +120,9 @@ class AVDigitsDiT(nn.Module):
         self.modulation_out = nn.Linear(d, 2 * d)
         self.video_out = nn.Linear(d, self.video_patch)
         self.ink_out = nn.Linear(d, 1)
-        self.audio_out = nn.Linear(d, self.audio_patch)
-        for layer in (self.modulation_out, self.video_out, self.ink_out, self.audio_out):
+        self.loud_out = nn.Linear(d, 1)
+        self.pitch_out = nn.Linear(d, AUDIO_BINS)
+        for layer in (self.modulation_out, self.video_out, self.ink_out, self.loud_out, self.pitch_out):
             nn.init.zeros_(layer.weight)
             nn.init.zeros_(layer.bias)
 
@@ -140,16 +140,18 @@ class AVDigitsDiT(nn.Module):
         slots = self.slot_embed[None] + self.char_embed(chars)
         frames = self.frame_embed[None].expand(b, -1, -1)
         video = torch.cat([slots, frames + self.ink_embed[None]], dim=1)
-        rows = torch.cat([text + self.tag_embed[TEXT], video + self.tag_embed[VIDEO], frames + self.tag_embed[AUDIO]],
+        audio = torch.cat([frames, self.pitch_embed[None, None].expand(b, 1, -1)], dim=1)
+        rows = torch.cat([text + self.tag_embed[TEXT], video + self.tag_embed[VIDEO], audio + self.tag_embed[AUDIO]],
                          dim=1)
-        tags = torch.tensor([TEXT] * TEXT_ROWS + [VIDEO] * self.video_rows + [AUDIO] * FRAMES, device=rows.device)
+        tags = torch.tensor([TEXT] * TEXT_ROWS + [VIDEO] * self.video_rows + [AUDIO] * (FRAMES + 1), device=rows.device)
         return rows, tags
 
     def forward(self, x: torch.Tensor, sigma: torch.Tensor, prompt_ids: torch.Tensor) -> torch.Tensor:
         """Predict v = ε − x0.
 
         Args:
-            x: `[B, D]` flat latents, D = 16·32 + 8 + 16·16 = 776 (the sign, the ink per frame, the audio).
+            x: `[B, D]` flat latents, D = 16·32 + 8 + 8 + 16 = 544 (the sign, the ink per frame, the loudness per
+                frame, the pitch profile).
             sigma: `[B]` noise level in [0, 1] (1 = pure noise).
             prompt_ids: `[B, 5]` int64: 4 left-packed digit ids (1..10 = '0'..'9', 0 = pad) and k (1..4; all 0 =
                 the unconditional prompt).
@@ -160,16 +162,16 @@ class AVDigitsDiT(nn.Module):
         """
         cfg, b = self.config, x.shape[0]
         n_video = SIGN_NUMEL + FRAMES
-        if x.dim() != 2 or x.shape[1] != n_video + AUDIO_CELLS * AUDIO_BINS:
-            raise ValueError(f"latent shape {tuple(x.shape)} unsupported; expected [B, {n_video + AUDIO_CELLS * AUDIO_BINS}]")
+        if x.dim() != 2 or x.shape[1] != n_video + FRAMES + AUDIO_BINS:
+            raise ValueError(f"latent shape {tuple(x.shape)} unsupported; expected [B, {n_video + FRAMES + AUDIO_BINS}]")
         sw = cfg.slot_width
         sign = x[:, :SIGN_NUMEL].reshape(b, LATENT_HEIGHT, cfg.slots, sw).permute(0, 2, 1, 3)
         ink = x[:, SIGN_NUMEL:n_video, None]
-        audio = x[:, n_video:].reshape(b, FRAMES, self.audio_patch)  # cells 2f, 2f+1 of frame f
+        loud, pitch = x[:, n_video:n_video + FRAMES, None], x[:, None, n_video + FRAMES:]
         layout, tags = self._layout(prompt_ids)
         tokens = torch.cat([torch.zeros(b, TEXT_ROWS, cfg.d_model, dtype=x.dtype, device=x.device),
                             self.video_in(sign.reshape(b, cfg.slots, self.video_patch)), self.ink_in(ink),
-                            self.audio_in(audio)], dim=1)
+                            self.loud_in(loud), self.pitch_in(pitch)], dim=1)
         # AdaLN per modality tag: the σ embedding plus the tag's embedding, gathered to the rows
         cond = self.sigma_mlp(sigma_embedding(sigma, cfg.d_model).to(x.dtype))[:, None] + self.tag_embed[None]
         for block in self.blocks:
@@ -180,8 +182,10 @@ class AVDigitsDiT(nn.Module):
         v_sign = self.video_out(out[:, first:first + cfg.slots])
         v_sign = v_sign.reshape(b, cfg.slots, LATENT_HEIGHT, sw).permute(0, 2, 1, 3).reshape(b, -1)
         v_ink = self.ink_out(out[:, first + cfg.slots:first + self.video_rows]).reshape(b, FRAMES)
-        v_audio = self.audio_out(out[:, first + self.video_rows:]).reshape(b, -1)
-        return torch.cat([v_sign, v_ink, v_audio], dim=1)
+        audio = out[:, first + self.video_rows:]
+        v_loud = self.loud_out(audio[:, :FRAMES]).reshape(b, FRAMES)
+        v_pitch = self.pitch_out(audio[:, FRAMES])
+        return torch.cat([v_sign, v_ink, v_loud, v_pitch], dim=1)
 
 
 def _block(block: Block, x: torch.Tensor, cond: torch.Tensor, tags: torch.Tensor) -> torch.Tensor:

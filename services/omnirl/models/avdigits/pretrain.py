@@ -1,10 +1,9 @@
 """Pretrain the audio+video digits model by rectified flow on signs rendered and beeps synthesized on the fly.
 
 Rectified flow (Liu et al. 2022, eq. 1): x_σ = (1 − σ)·x0 + σ·ε, target v = ε − x0, σ logit-normal
-(Esser et al. 2024, §3.1). The loss is the mean of three parts' mean squared errors, the sign, the frames' ink
-and the audio (⅓ each): a plain element mean gave the 8 ink values 1% of the gradient although they
-decide two of the task's four rewards, and the audio (256 of 776 elements) a third although three of them
-read it. AdamW with a 50-step linear warm-up then a constant rate (a
+(Esser et al. 2024, §3.1). The loss is the mean of four parts' mean squared errors, the sign, the frames' ink,
+the beeps' loudness and the pitch profile (¼ each): a plain element mean gave the 8 ink values and the 8
+loudness values 1.5% of the gradient each although they decide three of the task's four rewards. AdamW with a 50-step linear warm-up then a constant rate (a
 longer run's step-N snapshot equals a `--steps N` run), gradient-norm clip 1, EMA 0.995 of the weights
 (what is saved). One prompt in ten is the unconditional one (all ids 0) so the model has a guidance branch.
 
@@ -69,36 +68,39 @@ def sample_signs(rng: np.random.Generator, batch_size: int) -> list[Sign]:
 
 
 def batch_tensors(signs: list[Sign], device: str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
-    """Clean flat latents `[B, 776]` float32 and prompt ids `[B, 5]` int64 of `signs`."""
+    """Clean flat latents `[B, 544]` float32 and prompt ids `[B, 5]` int64 of `signs`."""
     x0, ids = [], []
     for sign in signs:
         video, audio = sign_latents(sign, render_sign(sign.number))
-        x0.append(np.concatenate([video, audio.reshape(-1)]))
+        x0.append(np.concatenate([video, audio]))
         ids.append(tokenize_prompt(make_prompt(sign.number, sign.beeps)))
     return torch.from_numpy(np.stack(x0)).to(device), torch.tensor(ids, dtype=torch.int64, device=device)
 
 
 def flow_matching_loss(module: AVDigitsDiT, x0: torch.Tensor, ids: torch.Tensor, generator: torch.Generator
                        ) -> torch.Tensor:
-    """⅓·mean_sign (v_θ − (ε − x0))² + ⅓·mean_ink (…)² + ⅓·mean_audio (…)² with logit-normal σ; ε and σ drawn
-    on the CPU from `generator` (the same stream on every device)."""
+    """¼·(mean_sign + mean_ink + mean_loudness + mean_pitch) of (v_θ − (ε − x0))² with logit-normal σ; ε and σ
+    drawn on the CPU from `generator` (the same stream on every device)."""
     b = x0.shape[0]
     eps = torch.randn(x0.shape, generator=generator).to(x0.device)
     sigma = torch.sigmoid(torch.randn(b, generator=generator)).to(x0.device)
     x_sigma = (1 - sigma[:, None]) * x0 + sigma[:, None] * eps
     err = (module(x_sigma, sigma, ids) - (eps - x0)).pow(2)
-    ink = SIGN_NUMEL + FRAMES
-    return (err[:, :SIGN_NUMEL].mean() + err[:, SIGN_NUMEL:ink].mean() + err[:, ink:].mean()) / 3.0
+    bounds = (0, SIGN_NUMEL, SIGN_NUMEL + FRAMES, SIGN_NUMEL + 2 * FRAMES, err.shape[1])
+    return sum(err[:, lo:hi].mean() for lo, hi in zip(bounds, bounds[1:], strict=False)) / 4.0
 
 
 def pretrain(out_dir: str | Path, *, steps: int, seed: int = 0, batch_size: int = 64, lr: float = DEFAULT_LR,
              device: str = "cpu", log_every: int = 50, snapshot_every: int | None = None,
-             config: AVDigitsConfig | None = None) -> PretrainReport:
-    """Train a fresh `AVDigitsDiT` for `steps` steps; save its EMA weights to `out_dir` (and every
-    `snapshot_every` steps to `out_dir/step-{k}`). Deterministic given `seed`, machine, threads and versions.
+             config: AVDigitsConfig | None = None, init: str | Path | None = None) -> PretrainReport:
+    """Train an `AVDigitsDiT` for `steps` steps; save its EMA weights to `out_dir` (and every `snapshot_every`
+    steps to `out_dir/step-{k}`). Deterministic given `seed`, `init`, machine, threads and versions.
 
+    Args:
+        init: a checkpoint directory whose tensors of the same name and shape start the weights (and the EMA)
+            instead of the seeded initialisation; the others keep it (a warm start after a change of the latent).
     Raises:
-        ValueError: steps or batch_size < 1.
+        ValueError: steps or batch_size < 1, or an `init` with no tensor in common with the model.
     """
     if steps < 1 or batch_size < 1:
         raise ValueError(f"steps ({steps}) and batch_size ({batch_size}) must be >= 1")
@@ -107,7 +109,11 @@ def pretrain(out_dir: str | Path, *, steps: int, seed: int = 0, batch_size: int 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)
-    module = AVDigitsDiT(config).to(device)
+    module = AVDigitsDiT(config)
+    if init is not None:
+        args["init"] = str(init)
+        _warm_start(module, Path(init))
+    module = module.to(device)
     ema = copy.deepcopy(module).requires_grad_(False)
     optimizer = torch.optim.AdamW(module.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01)
     loss_ema, start = None, time.perf_counter()
@@ -134,12 +140,25 @@ def pretrain(out_dir: str | Path, *, steps: int, seed: int = 0, batch_size: int 
     return _save(ema, Path(out_dir), args, steps, start, loss_ema)
 
 
+def _warm_start(module: AVDigitsDiT, init: Path) -> None:
+    """Copy the tensors of `init`'s model.safetensors that `module` has with the same shape."""
+    from safetensors.torch import load_file
+
+    state = load_file(str(init / WEIGHTS_FILE))
+    own = module.state_dict()
+    shared = {k: v for k, v in state.items() if k in own and own[k].shape == v.shape}
+    if not shared:
+        raise ValueError(f"--init {init}: no tensor in common with the model; pass an av-digits checkpoint")
+    module.load_state_dict(shared, strict=False)
+
+
 def _save(ema: AVDigitsDiT, out: Path, args: dict, steps: int, start: float, loss_ema: float) -> PretrainReport:
     wall = time.perf_counter() - start
     n_params = sum(p.numel() for p in ema.parameters())
     provenance = {
         "command": (f"omnirl pretrain --family av-digits --out {args['out']} --steps {steps} --seed {args['seed']} "
-                    f"--batch-size {args['batch_size']} --lr {args['lr']} --device {args['device']}"),
+                    f"--batch-size {args['batch_size']} --lr {args['lr']} --device {args['device']}"
+                    + (f" --init {args['init']}" if "init" in args else "")),
         "args": args, "seed": args["seed"], "steps": steps, "wall_clock_s": round(wall, 1),
         "final_loss": round(loss_ema, 5), "torch_version": torch.__version__,
         "torch_threads": torch.get_num_threads(), "num_parameters": n_params,
@@ -177,6 +196,7 @@ def main(args) -> int:
         torch.set_num_threads(2)
     lr = DEFAULT_LR if args.lr is None else args.lr
     report = pretrain(args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=lr,
-                      device=args.device, snapshot_every=getattr(args, "snapshot_every", None))
+                      device=args.device, snapshot_every=getattr(args, "snapshot_every", None),
+                      init=getattr(args, "init", None))
     print(json.dumps(asdict(report), indent=2))
     return 0
