@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_OUT ?= runs/demo
 DEMO_OMNI_OUT ?= runs/demo-omni
 
-.PHONY: install test test-slow lint docs reference demo demo-nft demo-flowgrpo demo-omni bench chart e2e chaos crd clean k8s-tools mutation
+.PHONY: install test test-slow test-omni lint docs reference demo demo-nft demo-flowgrpo demo-omni bench chart e2e chaos crd clean k8s-tools mutation
 
 install: $(STAMP) k8s-tools
 
@@ -46,14 +46,19 @@ docs: install
 
 # pytest exits 5 when it collected nothing: that is a failure here, never a pass.
 # `make test` (CI, ~20 min on 2 cores) runs every test but those marked slow, after lint and the docs build; `make
-# test-slow` runs those: whole jobs under faults, resumes, chaos, golden curves (~30 min on 2 cores).
+# test-slow` runs those but the omni ones: whole jobs under faults, resumes, chaos, golden curves; `make test-omni` the
+# whole video, audio+video and parallel-replica jobs (marker `omni`). Times: docs/testing.md.
 test: install lint docs
 	$(BIN)/pytest -q -m "not gpu and not slow" --durations=25; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test: no tests were collected"; exit 1; fi; exit $$rc
 
 test-slow: install
-	$(BIN)/pytest -q -m "slow and not gpu"; rc=$$?; \
+	$(BIN)/pytest -q -m "slow and not omni and not gpu" --durations=15; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "make test-slow: no tests were collected"; exit 1; fi; exit $$rc
+
+test-omni: install
+	$(BIN)/pytest -q -m "omni and not gpu" --durations=15; rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "make test-omni: no tests were collected"; exit 1; fi; exit $$rc
 
 # The best algorithm on the built-in task (AWM); the other two for comparison.
 demo: install

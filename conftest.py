@@ -51,3 +51,11 @@ def pytest_make_collect_report(collector):
     """A module skipped at import (`importorskip` at module level) fails in CI."""
     outcome = yield
     _fail_missing_dependency(outcome.get_result())
+
+
+def pytest_collection_modifyitems(config, items):
+    """An `omni` test must also be `slow`: `make test` selects `not slow`, so an omni test without it would run in CI."""
+    unmarked = [item.nodeid for item in items
+                if item.get_closest_marker("omni") and not item.get_closest_marker("slow")]
+    if unmarked:
+        raise pytest.UsageError("marked omni but not slow (add @pytest.mark.slow): " + ", ".join(unmarked))

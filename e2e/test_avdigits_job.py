@@ -37,6 +37,7 @@ def tiny(example: str, redis_url: str, tmp: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.omni
 @pytest.mark.parametrize("example", ["flowgrpo", "nft", "awm", "dgpo"])
 def test_each_algorithm_trains_the_audio_video_task_and_writes_mp4s_with_sound(example, tmp_path, redis_url):
     out = tmp_path / "out"

@@ -26,6 +26,7 @@ NAME = "k8s-tiny"  # run_until_succeeded watches this RLJob
 
 
 @pytest.mark.slow
+@pytest.mark.omni
 @pytest.mark.timeout(900)
 def test_a_two_pod_rollout_replica_runs_as_one_gang(tmp_path, protected_redis):
     redis_url, password = protected_redis

@@ -47,6 +47,7 @@ def run(job: Path, out: Path) -> dict:
 
 
 @pytest.mark.slow
+@pytest.mark.omni
 @pytest.mark.timeout(2400)
 def test_parallel_replicas_train_the_unsharded_runs_weights(tmp_path):
     model = save_tiny("wan", tmp_path / "wan")

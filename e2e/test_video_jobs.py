@@ -1,7 +1,7 @@
 """Whole video and audio+video RLJobs through the role processes on the CPU: tiny `wan`, `ltx2` and `minimax-h3`
 pipelines saved locally (`tests/video_models.py`), trained a couple of steps with FlowGRPO (the joint SDE over the
 flat latent) and DiffusionNFT, with the media rewards, validation writing MP4s with sound, and `omnirl export` of
-the run loading back into the family's own diffusers pipeline. Slow (`make test-slow`)."""
+the run loading back into the family's own diffusers pipeline. Slow (`make test-omni`)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from e2e.test_local_job import ROOT, assert_each_sample_once, run
 
 pytest.importorskip("diffusers")
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.omni]
 
 CLIPS = {"wan": {"frames": 9, "height": 16, "width": 16, "fps": 8.0},
          "ltx2": {"frames": 9, "height": 32, "width": 32, "fps": 25.0},

@@ -89,6 +89,7 @@ def test_two_ranks_of_one_ulysses_group_take_one_processs_step(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.omni
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("replicate", [1, 2])
 def test_four_ranks_two_data_parallel_ulysses_groups_fsdp_and_hsdp(tmp_path, replicate):

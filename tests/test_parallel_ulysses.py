@@ -86,6 +86,7 @@ def test_two_ranks_match_one_process_even_and_uneven_lengths(family, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.omni
 @pytest.mark.timeout(600)
 def test_four_ranks_match_one_process(tmp_path):
     import diffusers  # noqa: F401
