@@ -230,6 +230,18 @@ def test_two_expert_wan22_and_bad_geometry_are_refused(wan, tmp_path):
         WanAdapter.load(path, "cpu", torch.float32, video=VideoGeometry(9, 16, 24, 8.0))
 
 
+def test_bf16_checkpoint_runs_in_bf16_despite_its_fp32_kept_first_parameter(wan):
+    """Wan keeps `scale_shift_table` (its first parameter) in float32: the compute dtype is the patch
+    embedding's, so a bfloat16 checkpoint's forward gets bfloat16 latents (a float32 input fails in conv3d)."""
+    path, _, _ = wan
+    adapter = WanAdapter.load(path, "cpu", torch.bfloat16, video=VIDEO, max_sequence_length=MAX_SEQUENCE_LENGTH)
+    assert next(adapter.module.parameters()).dtype == torch.float32
+    assert adapter.compute_dtype() == torch.bfloat16
+    with torch.no_grad():
+        v = adapter.velocity(_noise(adapter, 1), torch.tensor([0.5]), adapter.encode([adapter.tokenize(PROMPT)], "cpu"))
+    assert v.dtype == torch.float32 and v.shape == (1, adapter.numel) and torch.isfinite(v).all()
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_bf16_on_cuda_keeps_the_fp32_boundary_and_ratio_one(wan):

@@ -215,6 +215,12 @@ class WanAdapter(VideoAdapterBase):
             return t
         return t[:, None].expand(rows, self.video_seq_len())  # Wan 2.2-TI2V: one timestep per token
 
+    def compute_dtype(self) -> torch.dtype:
+        """The patch embedding's dtype, which the latents must match: Wan keeps `scale_shift_table` (its first
+        parameter) and the time embedder in float32 (`_keep_in_fp32_modules`), so the first parameter's dtype
+        is float32 even for a bfloat16 checkpoint."""
+        return self.module.patch_embedding.weight.dtype
+
     def velocity(self, x: Tensor, sigma: Tensor, cond: Conditioning, *, detach_uncond: bool = False) -> Tensor:
         """v = ε − x0 `[B, D]` float32 at σ `[B]`: one transformer forward on the video latents `[B, C, T', H', W']`
         in the transformer's dtype, timestep σ·1000; CFG runs [uncond; cond] in one forward of 2B rows and
