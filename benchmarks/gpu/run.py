@@ -258,6 +258,8 @@ def headline(res: dict) -> dict:
     multires = res.get("service_multires", {})  # written from `benchmarks.gpu.service --configs multires…`
     if "service_packed_speedup_small" in multires:
         h["service_packed_speedup_small"] = multires["service_packed_speedup_small"]
+    # written by `python -m benchmarks.gpu.video` (its own budgeted run): keep its keys when this suite rewrites the headline
+    h.update({k: v for k, v in res.get("video", {}).get("headline", {}).items() if v is not None})
     s = res.get("sync", {})
     for key in ("lora_sync_seconds", "full_sync_seconds"):
         if key in s:
