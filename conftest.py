@@ -1,5 +1,11 @@
 """Repository-wide pytest hooks (tests/ and e2e/).
 
+Layout: unit tests mirror the packages, `tests/<package>/test_<module>.py` for
+`services/omnirl/<package>/<module>.py` (`tests/operator/` for `omnirl_operator`, `tests/benchmarks/`,
+`tests/tools/`, `tests/cli/`); whole jobs through the role processes are in `e2e/`. No folder has an
+`__init__.py`: pytest's default import mode imports each test module by its basename, so a basename must
+be unique across tests/ and e2e/ — checked at the start of every session (`pytest_sessionstart`).
+
 No silent skips in CI: with `CI=true` (as `.ci/run` is started), a test or module skipped because a
 dependency is missing — `pytest.importorskip`'s "could not import", or a tool "not installed" —
 is reported as a failure: `make install` installs diffusers, transformers, helm and kubectl, so a
@@ -11,10 +17,29 @@ from __future__ import annotations
 
 import os
 import re
+from collections import defaultdict
+from pathlib import Path
 
 import pytest
 
 MISSING_DEPENDENCY = re.compile(r"could not import|No module named|not installed", re.IGNORECASE)
+
+
+def duplicate_test_basenames(root: Path) -> dict[str, list[str]]:
+    """Test-module basenames that more than one file under `root`/tests and `root`/e2e has: {name: [paths]}."""
+    where: dict[str, list[str]] = defaultdict(list)
+    for folder in ("tests", "e2e"):
+        for path in sorted((root / folder).rglob("test_*.py")):
+            where[path.name].append(str(path.relative_to(root)))
+    return {name: paths for name, paths in where.items() if len(paths) > 1}
+
+
+def pytest_sessionstart(session):
+    """Two test modules with one basename would be one module to pytest (rootdir-less imports): refuse them."""
+    duplicates = duplicate_test_basenames(Path(__file__).resolve().parent)
+    if duplicates:
+        raise pytest.UsageError("test module basenames must be unique across tests/ and e2e/ (rename one): "
+                                + "; ".join(f"{name}: {', '.join(paths)}" for name, paths in duplicates.items()))
 
 
 def in_ci() -> bool:

@@ -2,7 +2,7 @@
 
 Run: ``python -m benchmarks.transfer_load [--kinds img512,img1024,video33,av81] [--levels 1x1,2x2,4x4,8x8,16x16]
 [--duration 15] [--out benchmarks/results]``; ``--quick`` is the < 60 s smoke run (tiny payloads,
-2 × 2, abandoned batches reclaimed) that ``tests/test_bench_transfer_load.py`` checks.
+2 × 2, abandoned batches reclaimed) that ``tests/benchmarks/test_bench_transfer_load.py`` checks.
 
 Each run (a payload kind at a level N × M) starts its own ``redis-server`` on a free loopback port
 (`omnirl.transfer.start_redis_server`: nothing persisted, nothing else on it) and forks a controller,

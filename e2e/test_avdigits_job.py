@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from tests.test_media_files import decoded_audio, probe
+from tests.controller.test_media_files import decoded_audio, probe
 
 ROOT = Path(__file__).resolve().parents[1]
 TERMS = ("ocr", "beeps", "pitch", "sync")

@@ -32,7 +32,7 @@ def gpu_job(tmp: Path, name: str, redis_url: str, family: str, steps: int = 2) -
     spec["roles"]["rollout"] = {"replicas": 1, "accelerator": GPU}
     spec["roles"]["actor"] = {"replicas": 1, "accelerator": GPU}
     if family == "sd3":
-        from tests.test_models_diffusers import _sd3_pipeline
+        from tests.models.test_diffusers import _sd3_pipeline
 
         model_dir = tmp / "tiny-sd3"
         _sd3_pipeline().save_pretrained(model_dir)

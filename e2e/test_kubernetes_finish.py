@@ -4,7 +4,7 @@ operator wrote into kmock's emulator).
 
 A `sitecustomize.py` on the pods' PYTHONPATH (the one variable of the test's environment the kubelet passes
 on) SIGKILLs the controller once, right after `Reporter.finished` wrote the `finish` line or after it set
-`stop` (`tests/test_crash_points.py`'s hook, its kill spec written into the file). The controller Job fails
+`stop` (`e2e/test_crash_points.py`'s hook, its kill spec written into the file). The controller Job fails
 (`backoffLimit` 0 under the default `restart-job`). Before, the operator made a new one and rolled every role,
 and the new controller met the old actor's `actor_ready` and state (step 2 of 3), started at step 3 and
 exported the last checkpoint again: `exports/step-000002.1` (with `checkpoint.keep` 1 the finished run's
@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 from e2e.kubelet import Kubelet
+from e2e.test_crash_points import KILL_AT
 from e2e.test_kubernetes_job import (
     NAME,
     NS,
@@ -35,7 +36,6 @@ from e2e.test_kubernetes_job import (
     secret,
     wait_children,
 )
-from tests.test_crash_points import KILL_AT
 
 from omnirl.evaluation.ledger import account
 from omnirl_operator.kube import KubeApi
@@ -47,7 +47,7 @@ FINISHED_LINE = "the job had finished (3 training steps; its controller wrote th
 
 
 def armed_hook(tmp_path: Path, role: str, target: str, when: str, cond: str) -> Path:
-    """A sitecustomize directory whose hook SIGKILLs `role` once at `target` (`tests/test_crash_points.py`)."""
+    """A sitecustomize directory whose hook SIGKILLs `role` once at `target` (`e2e/test_crash_points.py`)."""
     spec = {"role": role, "target": target, "when": when, "cond": cond, "marker": str(tmp_path / "killed")}
     hook = tmp_path / "hook"
     hook.mkdir()

@@ -1,7 +1,7 @@
 """`roles.rollout.batching: packed` with `model.resolutions` through the role processes: `omnirl run`
 of a tiny SD3 pipeline (random weights, saved locally) on the CPU, its prompt groups sampled at three
 sizes, packed into shared forwards and trained in micro-batches of one shape. The mixed-shape forward
-itself is checked against the unpacked one in `tests/test_sd3_packed.py`."""
+itself is checked against the unpacked one in `tests/models/test_sd3_packed.py`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ RESOLUTIONS = [[32, 32], [32, 48], [48, 32]]  # pixels; the tiny VAE halves them
 def packed_sd3_job(tmp: Path, name: str, redis_url: str, *, steps: int, dtype: str = "float32") -> Path:
     """`tiny_job` with a tiny saved SD3 pipeline (RESOLUTIONS in turn, CFG 2, LoRA r4), a JPEG reward and
     packed batching."""
-    from tests.test_models_diffusers import _sd3_pipeline
+    from tests.models.test_diffusers import _sd3_pipeline
 
     path = tiny_job(tmp, name, redis_url, steps=steps)
     doc = yaml.safe_load(path.read_text())

@@ -12,7 +12,7 @@ import sys
 import pytest
 import yaml
 from e2e.test_local_job import ledger, run, tiny_job
-from tests.test_telemetry_tensorboard import assert_tensorboard_is_metrics_jsonl
+from tests.telemetry.test_tensorboard import assert_tensorboard_is_metrics_jsonl
 
 from omnirl.controller.data import read_prompts
 

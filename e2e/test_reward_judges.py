@@ -43,7 +43,7 @@ def test_local_run_starts_the_judge_and_combines_normalised_components(tmp_path,
     with socket.socket() as s:  # the judge was stopped with the job
         assert s.connect_ex(("127.0.0.1", port)) != 0
     assert " over http on 127.0.0.1:" in (out / "logs" / "judge-judge.log").read_text()
-    # the exports carry the manifest as written too (tests/test_export_judges.py: eval of an export's job.yaml)
+    # the exports carry the manifest as written too (tests/controller/test_export_judges.py: eval of an export's job.yaml)
     assert (out / "exports" / "latest" / "job.yaml").read_text() == (out / "job.yaml").read_text()
 
     steps = [r for r in map(json.loads, (out / "metrics.jsonl").read_text().splitlines()) if r["event"] == "step"]

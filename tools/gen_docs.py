@@ -10,7 +10,7 @@ Each page has one owner in the code:
 - `exit-codes.md`: the exit codes of every command (`omnirl.api.exits`);
 - `test-map.md`: which test file covers what (each test module's docstring).
 
-`--check` writes nothing and exits 1 naming each stale page; `tests/test_docs_reference.py` runs the same
+`--check` writes nothing and exits 1 naming each stale page; `tests/tools/test_docs_reference.py` runs the same
 comparison. Torch-free: it imports only the spec, the CLI parser and standard-library parsing.
 """
 
@@ -412,11 +412,16 @@ def _marks(tree: ast.Module) -> tuple[int, int, int]:
 
 
 def testmap_page() -> str:
-    out = [HEADER.format(source="tests/test_*.py, e2e/test_*.py docstrings"), "# Test map\n\n",
+    out = [HEADER.format(source="tests/**/test_*.py, e2e/test_*.py docstrings"), "# Test map\n\n",
            "Which test file covers what: each test module's docstring (its first paragraph), with its number of "
            "tests and how many are marked `slow` (run by `make test-slow`, not `make test`) or `gpu` (skipped "
-           "without CUDA). A new test module needs a docstring that says what it covers.\n\n"]
-    for folder in ("tests", "e2e"):
+           "without CUDA). A new test module needs a docstring that says what it covers. Unit tests mirror the "
+           "packages (`tests/<package>/test_<module>.py` for `services/omnirl/<package>/<module>.py`, `operator` "
+           "for `omnirl_operator`); whole jobs through the role processes are in `e2e/` (docs/testing.md).\n\n"]
+    # one section per folder: tests/ (what stays at its root), each tests/<package>/, then e2e/
+    folders = ["tests", *sorted(str(d.relative_to(ROOT)) for d in (ROOT / "tests").iterdir()
+                                if d.is_dir() and any(d.glob("test_*.py"))), "e2e"]
+    for folder in folders:
         out.append(f"## {folder}/\n\n| file | tests (slow, gpu) | covers |\n| --- | --- | --- |\n")
         for path in sorted((ROOT / folder).glob("test_*.py")):
             tree = ast.parse(path.read_text())

@@ -10,8 +10,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 VENV=${VENV:-$ROOT/.venv}
 WORK=${MUTATION_DIR:-$ROOT/build/mutation}
 JOBS=${MUTATION_JOBS:-2}
-TESTS=(tests/test_algorithms_advantages.py tests/test_algorithms_losses.py tests/test_algorithms_nft.py
-       tests/test_algorithms_sde.py tests/test_algorithms_mutants.py tests/test_actor.py)
+TESTS=(tests/algorithms/test_advantages.py tests/algorithms/test_algorithms_losses.py tests/algorithms/test_nft.py
+       tests/algorithms/test_sde.py tests/algorithms/test_algorithms_mutants.py tests/actor/test_actor.py)
 
 "$VENV/bin/python" -c "import mutmut" 2>/dev/null || "$VENV/bin/pip" install -q "mutmut>=3.3,<4"
 
@@ -19,7 +19,8 @@ rm -rf "$WORK"
 mkdir -p "$WORK/src" "$WORK/tests"
 cp -r "$ROOT/services/omnirl" "$WORK/src/omnirl"
 cp "$ROOT"/tests/{__init__.py,conftest.py,helpers.py} "$WORK/tests/" 2>/dev/null || true
-for t in "${TESTS[@]}"; do cp "$ROOT/$t" "$WORK/tests/"; done
+# each test keeps its place in the tests/<package>/ mirror (the selection below names those paths)
+for t in "${TESTS[@]}"; do mkdir -p "$WORK/$(dirname "$t")"; cp "$ROOT/$t" "$WORK/$t"; done
 find "$WORK" -name __pycache__ -prune -exec rm -rf {} +
 {
   echo '[tool.mutmut]'

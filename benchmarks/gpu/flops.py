@@ -12,7 +12,7 @@ dual-attention "MMDiT-X" blocks add a second, image-only attention):
   4·(N+T)²·D (QKᵀ and AV); dual attention 8·N·D² + 4·N²·D; MLPs (×4) 16·(N+T)·D²
 - output AdaLN 4·D²; projection 2·N·D·p²·C_out
 
-`tests/test_bench_flops.py` checks this against `torch.utils.flop_counter.FlopCounterMode` on a
+`tests/benchmarks/test_bench_flops.py` checks this against `torch.utils.flop_counter.FlopCounterMode` on a
 small configuration; for SD3.5-Medium at 512² (N = 1024, T = 333) it gives 2.44 TFLOP, the
 reference's count (`../shared/references/gpu-baseline.md`).
 """

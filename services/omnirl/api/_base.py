@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 class CelRule:
     """One `x-kubernetes-validations` rule of a spec model: the CRD's copy of a check that the model's
     pydantic validator owns (its meaning, its full message), so `kubectl apply` refuses what the operator
-    would mark InvalidSpec. `tests/test_api_cel.py` evaluates each rule against the validator on the same
+    would mark InvalidSpec. `tests/api/test_api_cel.py` evaluates each rule against the validator on the same
     manifests, accepted and refused.
 
     Attributes:

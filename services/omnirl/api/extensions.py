@@ -4,7 +4,7 @@ A model family is one adapter module that registers itself (`omnirl.models.famil
 kind is one module that registers itself with its params class (`omnirl.scorers.kinds.register_kind`). The spec
 is torch-free and the lowest import layer, so it cannot import those modules to learn their names: it reads
 `extensions_generated.py`, the table `python -m omnirl.extensions --write` (`make crd`) writes from the
-registrations, which `tests/test_extensions.py` regenerates and compares (it fails when the table is stale).
+registrations, which `tests/api/test_extensions.py` regenerates and compares (it fails when the table is stale).
 How to add a family or a reward kind: docs/extending.md.
 
 The one reach upward is `params_model`: a reward kind's params class lives in its kind module (which imports only
@@ -145,7 +145,7 @@ def kinds_with(capability: str, value: object) -> tuple[str, ...]:
 def params_model(kind: str) -> type[SpecModel]:
     """The params class of reward kind `kind` (`spec.reward[].params` is checked against it).
 
-    Imports the kind's module (pydantic and `omnirl.api` only at its top; `tests/test_extensions.py` checks it).
+    Imports the kind's module (pydantic and `omnirl.api` only at its top; `tests/api/test_extensions.py` checks it).
     Raises:
         KeyError: an unknown kind (the spec's `kind` Literal refuses it first).
         ImportError / AttributeError: the table names a module or class that is not there (a stale table).

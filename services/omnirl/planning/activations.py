@@ -7,7 +7,7 @@ what one layer keeps alive until its backward: the activation memory a training 
 
 Attention is counted as a fused kernel keeps it (FlashAttention, cuDNN, PyTorch's efficient kernel: the query,
 key, value, output and one fp32 log-sum-exp per head and query), not as the math kernel's S×S probabilities: the
-GPUs run the fused ones. `tests/test_plan.py` checks the count against the bytes a real CPU forward saves on tiny
+GPUs run the fused ones. `tests/planning/test_plan.py` checks the count against the bytes a real CPU forward saves on tiny
 models (the same count on real tensors).
 
 Inputs per family (`forward_inputs`): `wan`, `ltx2`, `minimax-h3` (the video families `omnirl plan` is for); the image

@@ -15,7 +15,7 @@ shipped in `rapidocr-onnxruntime`:
   0 when both are empty): beeps on the frames with ink and only there; the audio shifted by one frame lowers it.
 
 "Ink on every frame, beep all the time" scores low: the OCR term's frame count, the count term (a held
-tone is many beeps) and the sync term (one onset) see to it (tests/test_avdigits_rewards.py).
+tone is many beeps) and the sync term (one onset) see to it (tests/models/test_avdigits.py).
 
 Signal rules (`inked_frames`, `sound_runs`, `dominant_hz`): a frame has ink when more than 2% of its pixels
 are darker than 128; sound is a 10 ms hop whose RMS exceeds 0.1 (a full beep's is 0.35).

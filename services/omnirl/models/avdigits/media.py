@@ -16,7 +16,7 @@ cores in minutes; docs/omni.md says why):
   temporal compression a video VAE does (Wan's packs 4 frames into one latent frame), which leaves the
   model 12 video rows instead of 32 and puts the "which frames" decision in 8 numbers. Half resolution
   quarters the sign; the OCR reads the upsampled frames as well as full-resolution ones
-  (tests/test_avdigits.py).
+  (tests/models/test_avdigits.py).
 - **audio** `[24]` = the loudness of each frame's beep `[8]` then a pitch profile `[16]` over pure-tone bins at
   200, 300, …, 1700 Hz, values in [−1, 1] (−1 off, +1 on). Decoded by additive synthesis: in the first half of
   frame f (62.5 ms) bin b sounds with amplitude clamp(l_f, 0, 1)·clamp(p_b, 0, 1) (the lower half of the range is

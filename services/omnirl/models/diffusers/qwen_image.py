@@ -91,7 +91,7 @@ def qwen_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> 
 
 
 @register_family("qwen-image", parallel=("ulysses", "tensor"), attention=("cudnn",))  # cuDNN: velocity and gradients matched torch's own
-# kernel choice on the H200 (bf16; GPU tests in tests/test_models_*.py)
+# kernel choice on the H200 (bf16; GPU tests in tests/models/test_*.py)
 class QwenImageAdapter(DiffusersAdapterBase):
     """Qwen-Image behind `ModelAdapter`; built from in-memory components (or via `load`).
 

@@ -71,7 +71,7 @@ def sd3_tokenize(tokenizers: Sequence, max_sequence_length: int, text: str) -> l
 
 
 @register_family("sd3", packed=True, attention=("cudnn",))  # cuDNN: velocity and gradients matched torch's
-# own kernel choice on the H200 (bf16; GPU tests in tests/test_models_*.py)
+# own kernel choice on the H200 (bf16; GPU tests in tests/models/test_*.py)
 class SD3Adapter(DiffusersAdapterBase):
     """SD3/SD3.5 behind `ModelAdapter`; built from in-memory components (or via `load`).
 

@@ -2,7 +2,7 @@
 own API: `enable_parallelism(TensorParallelConfig(mesh=...))` applies the model's `_tp_plan` (FLUX and
 Qwen-Image in diffusers 0.42.1) with DTensor column- and row-wise splits, each rank holding 1/T of every split
 weight. Inference only (the actor shards with FSDP2): the rollout replica's forward equals the single
-process's (`tests/test_parallel_weight_sync.py`), and weight sync binds each rank's shard
+process's (`tests/weight_sync/test_parallel_weight_sync.py`), and weight sync binds each rank's shard
 (`omnirl.weight_sync.binding`).
 """
 
