@@ -77,7 +77,7 @@ def test_four_replicas_polling_in_turn_take_two_groups_each(redis_client: redis.
         assert q.backlog(s, GROUP) == Backlog(undelivered=0, in_flight=8)
         assert sorted(i for ids in held.values() for i in ids) == sorted(sent)
         assert _poll_in_turn(q, 4, held) == [0, 0, 0, 0]
-        for worker, ids in held.items():  # every group finished: acknowledged (and the stream trimmed)
+        for ids in held.values():  # every group finished: acknowledged (and the stream trimmed)
             q.ack(s, GROUP, ids)
             ids.clear()
         assert q.backlog(s, GROUP) == Backlog(0, 0) and q.stream_length(s) == 0
