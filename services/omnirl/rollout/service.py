@@ -1,6 +1,7 @@
 """The rollout role: requests in, samples out, weights in between.
 
-Loop: reclaim/read generate requests → expand each into its samples (a prompt's G, or a held-out
+Loop: reclaim/read generate requests (with several replicas at most this one's share a poll,
+`rollout/admission.py`) → expand each into its samples (a prompt's G, or a held-out
 cohort's, `HeldOutCohort`) → feed the engine one
 denoising step at a time → publish every finished sample at once (out of order) with its
 trajectory and image, or a multi-modal sample's media (two keys) → acknowledge a request when all its samples are published. Between engine
