@@ -4,7 +4,8 @@ Redis and the weight sync (docs/architecture.md §2 is what it mirrors; docs/sca
 One step, as the roles run it:
 
 1. the controller publishes the step's requests (one per prompt group; Redis: one small op each);
-2. a rollout replica takes whole groups up to ``max_batch`` samples, runs the batch on its device
+2. a rollout replica takes whole groups up to ``max_batch`` samples (with several replicas at most its
+   share: ``Cluster.admission``), runs the batch on its device
    (``rollout_s_per_sample`` × batch / efficiency(batch)), and publishes each sample (Redis:
    `Redis.publish_s`); the client's share overlaps the next batch (the engine's handover);
 3. a reward worker takes up to ``reward_batch`` samples (in ``sync`` mode only once the step's
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 
 from benchmarks.scale.comm import NCCL_H100, Fabric, WeightSync, all_gather_s
 from benchmarks.scale.des import Channel, Event, FifoServer, ProcessorSharing, Sim
+from omnirl.rollout.admission import POLL_LIMIT, fair_share
 
 MODES = ("sync", "async-reward", "fully-async")
 CONTROL_OP = 0.05
@@ -148,9 +150,10 @@ class Cluster:
         cpu_cores: a CPU host: every piece of work shares this many cores (None: accelerators).
         cpu_background: endless jobs of other programs on that host (processor sharing).
         fabric: the actor ranks' collectives (NCCL on GPUs, gloo on a CPU host).
-        admission: ``greedy`` (a replica takes whole groups up to ``max_batch`` samples, as the rollout
-            role's ``consume(count=4)`` while its engine has room does) or ``fair`` (at most its share of
-            the groups waiting: ⌈waiting / replicas⌉).
+        admission: ``fair`` (the rollout role's: a replica takes one group, then at most its share of the
+            groups not yet finished, `omnirl.rollout.admission.fair_share`, up to ``max_batch`` samples) or
+            ``greedy`` (whole groups up to ``max_batch`` samples, as the role's ``consume(count=4)`` did
+            before fair admission; the measured runs of ``--check`` were made with it).
         redis_shards: Redis servers the samples are spread over (by group; control messages on the first).
     """
 
@@ -162,7 +165,7 @@ class Cluster:
     cpu_cores: float | None = None
     cpu_background: float = 0.0
     fabric: Fabric = NCCL_H100
-    admission: str = "greedy"
+    admission: str = "fair"
     redis_shards: int = 1
 
     def __post_init__(self) -> None:
@@ -269,6 +272,7 @@ class Simulation:
         self.storage = FifoServer(sim, "storage")
         self.compute_s = 0.0
         self.requests: Channel = Channel(sim)
+        self.groups_put = self.groups_done = 0  # requests published / finished (fair admission's in-flight count)
         self.samples: Channel = Channel(sim)
         self.scored = {n: 0 for n in range(steps)}
         self.generated = {n: 0 for n in range(steps)}
@@ -309,6 +313,7 @@ class Simulation:
         for g in range(groups):
             size = min(job.group, job.samples_per_step - g * job.group)
             self.requests.put((n, size))
+            self.groups_put += 1
 
     def _rollout(self, i: int):
         job, sim = self.job, self.sim
@@ -316,8 +321,13 @@ class Simulation:
         while True:
             first = yield self.requests.get()
             groups, size = [first], first[1]
-            limit = (len(groups) + math.ceil(len(self.requests.items) / self.cluster.rollout)
-                     if self.cluster.admission == "fair" else math.inf)
+            limit = math.inf
+            if self.cluster.admission == "fair" and self.requests.items:
+                # the role's rule (`omnirl.rollout.admission.fair_share`): its blocking read took `first`,
+                # its next poll tops it up to its share of what is waiting or held by some replica
+                waiting = len(self.requests.items)
+                in_flight = self.groups_put - waiting - self.groups_done
+                limit = 1 + fair_share(POLL_LIMIT, self.cluster.rollout, waiting, in_flight, held=1)
             while self.requests.items and size + self.requests.items[0][1] <= job.max_batch and len(groups) < limit:
                 nxt = self.requests.items.popleft()
                 groups.append(nxt)
@@ -339,6 +349,7 @@ class Simulation:
         yield from self._storage(count * nbytes)
         yield self._shard().serve(count * self.redis_cost.publish_s(job))
         self.generated[n] += count
+        self.groups_done += 1  # the role acknowledges a request once all its samples are published
         self.t_last_sample[n] = self.sim.now
         for _ in range(count):
             self.samples.put(n)

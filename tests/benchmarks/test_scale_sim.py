@@ -184,9 +184,22 @@ def test_fair_admission_spreads_groups_over_replicas() -> None:
     # 1.6 s) while the others wait with nothing; fair, each takes 2 (16 samples: 0.8 s)
     job = _job(train_s_per_sample=0.0)
     four = dict(devices=5, rollout=4, actor=1, reward_workers=1)
-    greedy = Simulation(job, Cluster(**four), FREE_REDIS, SYNC, "sync", steps=3).run()
-    fair = Simulation(job, Cluster(**four, admission="fair"), FREE_REDIS, SYNC, "sync", steps=3).run()
+    greedy = Simulation(job, Cluster(**four, admission="greedy"), FREE_REDIS, SYNC, "sync", steps=3).run()
+    fair = Simulation(job, Cluster(**four), FREE_REDIS, SYNC, "sync", steps=3).run()  # the role's, the default
     assert greedy.phases["rollout"] == pytest.approx(1.6) and fair.phases["rollout"] == pytest.approx(0.8)
+
+
+def test_fair_admission_counts_groups_in_flight_until_published() -> None:
+    # the role's rule (`fair_share`: a replica tops itself up to ⌈(waiting + in flight) / replicas⌉): every
+    # published group is counted in flight until its samples are published; one replica takes what greedy takes
+    job = _job(train_s_per_sample=0.0)
+    fair = Simulation(job, Cluster(devices=5, rollout=4, actor=1, reward_workers=1), FREE_REDIS, SYNC, "sync",
+                      steps=3)
+    fair.run()
+    assert fair.groups_put == fair.groups_done == 3 * 8
+    one = dict(devices=2, rollout=1, actor=1, reward_workers=1)
+    assert (Simulation(job, Cluster(**one), FREE_REDIS, SYNC, "sync", steps=3).run().step_s
+            == Simulation(job, Cluster(**one, admission="greedy"), FREE_REDIS, SYNC, "sync", steps=3).run().step_s)
 
 
 def test_redis_shards_and_payloads_by_reference_lift_the_redis_cap() -> None:

@@ -1,6 +1,7 @@
 """The rollout role: requests in, samples out, weights in between.
 
-Loop: reclaim/read generate requests → expand each into its samples (a prompt's G, or a held-out
+Loop: reclaim/read generate requests (with several replicas at most this one's share a poll,
+`rollout/admission.py`) → expand each into its samples (a prompt's G, or a held-out
 cohort's, `HeldOutCohort`) → feed the engine one
 denoising step at a time → publish every finished sample at once (out of order) with its
 trajectory and image, or a multi-modal sample's media (two keys) → acknowledge a request when all its samples are published. Between engine
@@ -37,6 +38,7 @@ from omnirl.models.attention import select_attention
 from omnirl.models.compile import compile_adapter_module, while_compiling
 from omnirl.models.lora import prepare_rollout_module
 from omnirl.models.registry import adapter_options, load_adapter
+from omnirl.rollout.admission import admit
 from omnirl.rollout.engine import RolloutEngine
 from omnirl.rollout.replica import STOP, SYNC, ReplicaChannel
 from omnirl.rollout.requests import entry_requests
@@ -99,6 +101,7 @@ class RolloutService:
         if env.world_size > 1:
             adapter, self.replica = join_as_leader(spec, env, adapter, self.device)
         role = spec.roles.rollout
+        self.replicas = role.replicas  # several: each poll takes at most its share (rollout/admission.py)
         self.engine = RolloutEngine(adapter, max_batch_size=role.maxBatchSize, batching=role.batching,
                                     device=self.device)
         log.info("engine: batching %s, maxBatchSize %d", role.batching, role.maxBatchSize)
@@ -164,7 +167,8 @@ class RolloutService:
                 continue
             if len(self.engine.waiting) < self.engine.max_batch_size:
                 block = 0 if self.engine.has_work() else 200
-                for msg in self.queue.consume(streams.requests, GROUP, self.env.worker_id, count=4, block_ms=block):
+                for msg in admit(self.queue, GROUP, self.env.worker_id, replicas=self.replicas,
+                                 held=len(self.pending), block_ms=block):
                     self._submit(msg.id, msg.meta)
             if self.engine.has_work():
                 self._step()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from typing import Any
+from typing import Any, NamedTuple
 
 import redis
 import torch
@@ -38,6 +38,15 @@ from omnirl.transfer.media import check_media, poster
 from omnirl.transfer.message import Message
 from omnirl.transfer.pending import holders
 from omnirl.transfer.records import JobRecords
+
+
+class Backlog(NamedTuple):
+    """A consumer group's unfinished entries of one stream (:meth:`TransferQueue.backlog`)."""
+
+    undelivered: int
+    """Entries not yet delivered to any consumer of the group (XINFO GROUPS ``lag``)."""
+    in_flight: int
+    """Entries delivered and not yet acknowledged (XINFO GROUPS ``pending``)."""
 
 
 def _s(value: bytes | str) -> str:
@@ -534,7 +543,25 @@ class TransferQueue:
         Raises:
             ValueError: the stream or group does not exist.
         """
-        info = self._group_info(stream, group)
+        return self._lag(stream, self._group_info(stream, group))
+
+    def backlog(self, stream: str, group: str) -> Backlog:
+        """``group``'s unfinished entries of ``stream``: (undelivered, in flight), from one XINFO GROUPS.
+
+        ``undelivered`` is :meth:`lag`; ``in_flight`` the entries delivered to some consumer and not yet
+        acknowledged (``pending``). A stream or group not there yet (or deleted by cleanup) has ``(0, 0)``:
+        the next :meth:`consume` creates it.
+        """
+        try:
+            info = self._group_info(stream, group)
+        except ValueError:
+            self._check_key("stream", stream)  # a foreign key is still an error
+            return Backlog(0, 0)
+        return Backlog(self._lag(stream, info), int(info["pending"]))
+
+    def _lag(self, stream: str, info: dict) -> int:
+        # Redis reports lag as nil when it cannot tell (an XDEL after the group's last-delivered id, a
+        # group moved by XGROUP SETID without ENTRIESREAD; Redis < 7 has no lag field): count instead
         if info.get("lag") is not None:
             return int(info["lag"])
         start, total = "(" + _s(info["last-delivered-id"]), 0
