@@ -194,6 +194,7 @@ def test_the_plan_is_within_10_percent_of_the_h200s_measured_peaks():
     import json
 
     from benchmarks.gpu.plan_check import presets
+
     from omnirl.api.loader import job_from_dict
 
     rows = {r["preset"]: r for r in json.loads(MEASURED.read_text())}

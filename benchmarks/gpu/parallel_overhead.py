@@ -178,7 +178,7 @@ def run(args) -> dict:
             rollout_diff = float((leader.velocity(x, sigma, cond) - adapter.velocity(x, sigma, cond)).abs().max())
         rollout = interleaved(lambda: denoise(adapter, x, cond, args.steps), lambda: denoise(leader, x, cond, args.steps),
                               device, args.budget_s * 0.4, args.min_reps, args.max_reps)
-        del leader, adapter, cond, x
+        leader = adapter = cond = x = None  # freed before the actor's copies (the lambdas hold these names)
         # actor: two copies of the same weights, one FSDP2-sharded over the one-rank group
         plain = Actor(_adapter(config, device, dtype, args.size), parallel=False, device=device,
                       micro_batch=args.micro_batch)

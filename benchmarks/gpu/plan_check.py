@@ -224,7 +224,7 @@ def run_preset(name: str, doc: dict, configs: Path, device: torch.device, *, ste
     del held, copies, optimizer
     # the VAE decode of one sample (not in the plan)
     vae = modules.get("vae")
-    del modules, transformer, encoders
+    modules = transformer = encoders = None  # freed (the micro-batch closure holds these names)
     if vae is not None and device.type == "cuda":
         _reset(device)
         base = torch.cuda.memory_allocated(device)
