@@ -63,7 +63,7 @@ def wan_forward_flops(config: dict, latent_thw: tuple[int, int, int], text_token
       k, v on the text 4·T·D², QKᵀ and AV 4·N·T·D; feed-forward 4·N·D·F
     - output projection 2·N·D·C·p_t·p_h·p_w
 
-    `tests/test_bench_video.py` checks this against `torch.utils.flop_counter.FlopCounterMode` and a closed
+    `tests/benchmarks/test_bench_video.py` checks this against `torch.utils.flop_counter.FlopCounterMode` and a closed
     form. Wan2.1-1.3B at 33 frames × 240×416 (N = 9·15·26 = 3510, T = 512): 11.5 TFLOP per row.
 
     Raises:

@@ -13,8 +13,15 @@ width with random weights in the job's dtype on the GPU (built on `meta`, cast, 
 and print `torch.cuda.max_memory_allocated` of each phase next to the plan's "allocated" for that role, writing
 JSON to $OUT (or `--out`). The VAE decode's peak is measured apart (`vae_decode_gib`): the plan does not count it.
 
+`--steady-state` measures the actor as training runs after its first step, the peak the plan predicts: one
+micro-batch and a step (AdamW makes its two moments), `zero_grad(set_to_none=True)`, then two micro-batches
+accumulating gradients before the next step, so the second one's activations sit on the weights, the gradients
+and both moments. Without it (the 2026-12-07 run) the actor's peak is a first step's: no moments and no gradients
+under the activations, lower than the plan by its "gradients + AdamW moments" row (docs/parallel.md).
+
     python -m benchmarks.gpu.plan_check                      # the three presets, one H200
     python -m benchmarks.gpu.plan_check --preset ltx2-lora   # one of them
+    python -m benchmarks.gpu.plan_check --steady-state       # the actor after its first step
 
 Presets (single device: every degree 1; the plan's formula is the same at any degree, and its parallel terms are
 divisions the CPU tests check):
@@ -122,8 +129,8 @@ def _forward(family: str, model, config: dict, tokens, rows: int, dtype, device:
     return model(**inputs)
 
 
-def run_preset(name: str, doc: dict, configs: Path, device: torch.device) -> dict:
-    """Plan and measure one preset; the JSON row."""
+def run_preset(name: str, doc: dict, configs: Path, device: torch.device, *, steady: bool = False) -> dict:
+    """Plan and measure one preset; the JSON row (`steady`: the actor after its first step, module docstring)."""
     from peft import LoraConfig, inject_adapter_in_model
 
     from omnirl.api.loader import job_from_dict
@@ -195,19 +202,29 @@ def run_preset(name: str, doc: dict, configs: Path, device: torch.device) -> dic
     held = [torch.empty(GATHER_BUCKET + SYNC_BUCKET, dtype=torch.uint8, device=device)]
     encoders = [m for n, m in modules.items() if n.startswith("text_encoder")]
     t0 = time.perf_counter()
-    _encode(encoders, tokens.text or 512, device, spec.algorithm.optimizer.microBatchSize)
-    out = _forward(family, transformer, parts["transformer"].config, tokens,
-                   spec.algorithm.optimizer.microBatchSize * (2 if cfg else 1), dtype, device)
-    loss = sum(o.float().pow(2).mean() for o in (out if isinstance(out, (tuple, list)) else [out])
-               if isinstance(o, torch.Tensor))
-    loss.backward()
+
+    def micro_batch() -> None:
+        _encode(encoders, tokens.text or 512, device, spec.algorithm.optimizer.microBatchSize)
+        out = _forward(family, transformer, parts["transformer"].config, tokens,
+                       spec.algorithm.optimizer.microBatchSize * (2 if cfg else 1), dtype, device)
+        loss = sum(o.float().pow(2).mean() for o in (out if isinstance(out, (tuple, list)) else [out])
+                   if isinstance(o, torch.Tensor))
+        loss.backward()
+
+    micro_batch()
     optimizer.step()
+    if steady:  # the next minibatch: gradients freed, then two micro-batches accumulate them under AdamW's moments
+        optimizer.zero_grad(set_to_none=True)
+        micro_batch()
+        micro_batch()
+        optimizer.step()
     measured["actor"] = _peak(device)
+    extra["actor_phase"] = "steady state (2nd step, 2 micro-batches)" if steady else "first step, 1 micro-batch"
     extra["actor_seconds"] = time.perf_counter() - t0
-    del held, copies, optimizer, out, loss
+    del held, copies, optimizer
     # the VAE decode of one sample (not in the plan)
     vae = modules.get("vae")
-    del modules, transformer, encoders
+    modules = transformer = encoders = None  # freed (the micro-batch closure holds these names)
     if vae is not None and device.type == "cuda":
         _reset(device)
         base = torch.cuda.memory_allocated(device)
@@ -233,13 +250,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--product", default="h200", help="the device the plan fits into")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
+    parser.add_argument("--steady-state", action="store_true",
+                        help="measure the actor after its first step (AdamW's moments and gradients held)")
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     table = presets(args.product)
     rows = []
     for name in args.preset or list(table):
         doc, configs = table[name]
-        row = run_preset(name, doc, configs, device)
+        row = run_preset(name, doc, configs, device, steady=args.steady_state)
         rows.append(row)
         for role in ("rollout", "actor"):
             print(f"{name:10} {role:8} predicted {row['predicted_gib'][role]:7.2f} GiB  measured "

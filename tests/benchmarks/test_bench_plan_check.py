@@ -30,8 +30,8 @@ def tiny(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("lora", [True, False])
-def test_a_preset_runs_on_the_cpu_and_reports_the_plans_prediction(tiny, lora):
+@pytest.mark.parametrize(("lora", "steady"), [(True, False), (False, False), (False, True)])
+def test_a_preset_runs_on_the_cpu_and_reports_the_plans_prediction(tiny, lora, steady):
     doc = copy.deepcopy(presets()["wan-full"][0])
     doc["spec"]["model"]["video"] = {"frames": 5, "height": 32, "width": 32, "fps": 16}
     doc["spec"]["roles"]["rollout"]["maxBatchSize"] = 2
@@ -40,7 +40,8 @@ def test_a_preset_runs_on_the_cpu_and_reports_the_plans_prediction(tiny, lora):
         doc["spec"]["model"]["gradientCheckpointing"] = True
     import torch
 
-    row = run_preset("tiny", doc, tiny, torch.device("cpu"))
+    row = run_preset("tiny", doc, tiny, torch.device("cpu"), steady=steady)
+    assert row["actor_phase"].startswith("steady state" if steady else "first step")
     assert set(row["predicted_gib"]) == {"rollout", "actor"} and all(v > 0 for v in row["predicted_gib"].values())
     assert all(math.isnan(v) for v in row["measured_gib"].values()) and row["device"] == "cpu"
     assert row["rollout_seconds"] > 0 and row["actor_seconds"] > 0

@@ -121,3 +121,87 @@ def test_the_minimax_h3_example_fits_the_h200_and_not_the_h100(capsys):
     plan = plan_job(load_rljob(H3), configs, "h100-80gb")
     assert not plan.roles[0].fits and plan.roles[0].allocated + RESERVE > 79.6 * GIB  # the replicated 33B DiT
     assert plan.fixes["rollout"][0].startswith("accelerator.product: h200")
+
+
+@pytest.mark.parametrize("device", ["cpu", "meta"])
+def test_rms_norm_is_counted_as_cudas_fused_kernel_keeps_it(device):
+    """`torch.nn.RMSNorm` on n rows of width d: CUDA's `_fused_rms_norm` saves the input (2 bytes in bf16) and one
+    float32 rstd per row, 2·n·d + 4·n; under a float32 weight (a dtype mismatch) CUDA runs the composite too, whose
+    autograd saves the float32 upcast input and the float32 normalised product besides the rstd, 8·n·d + 4·n."""
+    from omnirl.planning.activations import saved_bytes
+
+    n, d = 6 * 7, 32
+    for weight_dtype, expected in ((torch.bfloat16, 2 * n * d + 4 * n), (torch.float32, 8 * n * d + 4 * n)):
+        norm = torch.nn.RMSNorm(d, eps=1e-6, device=device, dtype=weight_dtype)
+        x = torch.randn(6, 7, d, device=device, dtype=torch.bfloat16, requires_grad=True)
+        assert saved_bytes(lambda n=norm, x=x: n(x * 2), norm) == expected, weight_dtype
+
+
+def test_wans_activation_count_drops_the_decomposed_rms_norms_float32_copies(monkeypatch):
+    """Wan2.1-1.3B's (width h = 12·128) bytes per token per layer in bf16: counting RMSNorm's CPU decomposition
+    overstated them by 3 norms over the video tokens (self-attention's q and k, cross-attention's q) × (8 − 2)
+    bytes × h, exactly; the cross-attention's key norm runs over the text and does not grow with the tokens."""
+    import contextlib
+
+    from omnirl.planning import activations
+
+    config = read_configs(ROOT / "examples" / "models" / "wan2.1-t2v-1.3b")["transformer"]
+    h = config["num_attention_heads"] * config["attention_head_dim"]
+    fused = activations._bytes_per_token_layer("wan", config, torch.bfloat16)
+    monkeypatch.setattr(activations, "_fused_rms_norm", contextlib.nullcontext)
+    decomposed = activations._bytes_per_token_layer("wan", config, torch.bfloat16)
+    assert decomposed["video"] - fused["video"] == 3 * 6 * h == 27648
+    assert (fused["video"], decomposed["video"]) == (118916, 146564)
+
+
+def test_the_actor_holds_gradients_both_moments_and_the_activations_and_the_step_temporary_beyond_them():
+    """The actor's rows in closed form (memory.py): weights P·b, reference copies, 3·trainable (gradient, AdamW's
+    exp_avg and exp_avg_sq in the parameters' dtype), the activations, and the foreach step's √v temporary only
+    where it exceeds the activations: its row is max(0, trainable − activations)."""
+    from omnirl.api.loader import job_from_dict
+    from omnirl.planning.memory import GATHER_BUCKET, SYNC_BUCKET, Model, actor_plan
+    from omnirl.planning.tokens import SampleTokens
+
+    spec = job_from_dict(_wan_full_doc()).spec
+    tokens = SampleTokens(video=100, audio=0, text=0, latent_elements=0)
+    for act_per_token, checkpointing in ((1000.0, False), (1.0, True)):
+        spec.model.gradientCheckpointing = checkpointing
+        model = Model(family="wan", transformer=8e9, encoders=1e9, encoders_split=0.0, others=2e8, largest_block=1e8,
+                      layers=10, hidden={"video": 20.0}, act={"video": act_per_token}, lora=0.0, tokens=tokens)
+        rows = dict(actor_plan(spec, model, 1e12, cfg=True, copies=1, old_lora=False).rows)
+        mb = spec.algorithm.optimizer.microBatchSize * 2
+        act = mb * 100 * (10 * 20.0 + 1.0) if checkpointing else mb * 100 * 10 * 1000.0
+        assert rows["gradients + AdamW moments"] == 3 * 8e9 and rows["reference / old copies"] == 8e9
+        assert rows["AdamW step's √v temporary beyond the activations"] == max(0.0, 8e9 - act)
+        total = sum(rows.values())
+        assert total == pytest.approx(8e9 + 8e9 + 3 * 8e9 + 1e9 + 2e8 + max(act, 8e9) + GATHER_BUCKET + SYNC_BUCKET)
+
+
+def _wan_full_doc() -> dict:
+    from benchmarks.gpu.plan_check import presets
+
+    return presets()["wan-full"][0]
+
+
+MEASURED = ROOT / "benchmarks" / "results" / "2026-12-07-nvidia-h200-plan-check.json"
+
+
+@pytest.mark.slow
+def test_the_plan_is_within_10_percent_of_the_h200s_measured_peaks():
+    """The plan against `plan_check`'s measured peaks on the H200 (fixed numbers, the JSON under
+    benchmarks/results/): every role of every preset within 10 % (the claim is 15 %; before RMSNorm was counted as
+    CUDA's fused kernel keeps it, wan-full's actor was 0.785)."""
+    import json
+
+    from benchmarks.gpu.plan_check import presets
+
+    from omnirl.api.loader import job_from_dict
+
+    rows = {r["preset"]: r for r in json.loads(MEASURED.read_text())}
+    table = presets()
+    for name, row in rows.items():
+        doc, configs = table[name]
+        plan = plan_job(job_from_dict(doc), configs)
+        for role in plan.roles:
+            measured = row["measured_gib"][role.role] * GIB
+            assert 0.90 <= measured / role.allocated <= 1.10, (name, role.role, measured / role.allocated)

@@ -7,7 +7,13 @@ what one layer keeps alive until its backward: the activation memory a training 
 
 Attention is counted as a fused kernel keeps it (FlashAttention, cuDNN, PyTorch's efficient kernel: the query,
 key, value, output and one fp32 log-sum-exp per head and query), not as the math kernel's S×S probabilities: the
-GPUs run the fused ones. `tests/planning/test_plan.py` checks the count against the bytes a real CPU forward saves on tiny
+GPUs run the fused ones. `torch.nn.RMSNorm` likewise is counted as CUDA's fused kernel keeps it (its input and a
+float32 reciprocal RMS per row): on CPU and meta `aten::_fused_rms_norm` has no kernel and decomposes, and autograd
+then saves two float32 copies of the input instead (8 bytes per element against 2 in bf16). Counting the
+decomposition overstated Wan2.1-1.3B's activations by 3 norms × 6 bytes × width per token per layer (its query and
+key norms of the self-attention, the query norm of the cross-attention): 146,564 against 118,916 bytes, the 21 %
+that made the plan's full fine-tune 0.785 of the H200's measured peak (docs/parallel.md, "Memory plan").
+`tests/planning/test_plan.py` checks the count against the bytes a real CPU forward saves on tiny
 models (the same count on real tensors).
 
 Inputs per family (`forward_inputs`): `wan`, `ltx2`, `minimax-h3` (the video families `omnirl plan` is for); the image
@@ -44,6 +50,51 @@ class _FusedAttention(torch.autograd.Function):
         raise NotImplementedError
 
 
+class _FusedRmsNorm(torch.autograd.Function):
+    """What CUDA's fused RMSNorm saves for its backward: the input (its dtype), one float32 reciprocal RMS per row,
+    the weight (a parameter, not counted). `aten::_fused_rms_norm` has a CUDA kernel and its own derivative
+    (`derivatives.yaml`: `_fused_rms_norm_backward(grad, input, normalized_shape, rstd, weight)`); on CPU and meta it
+    has none and decomposes (`rms_norm_composite`), so autograd there saves the float32 upcast input and the float32
+    normalised product besides: 8 bytes per element where the GPU keeps 2 in 16-bit. Forward only."""
+
+    @staticmethod
+    def forward(ctx, x, shape, weight, eps, original):
+        out = original(x, shape, weight, eps)
+        rstd = torch.empty(x.shape[:x.dim() - len(shape)] + (1,) * len(shape), dtype=torch.float32, device=x.device)
+        ctx.save_for_backward(x, rstd, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # pragma: no cover - never called
+        raise NotImplementedError
+
+
+def fused_rms_norm_applies(x: torch.Tensor, weight: torch.Tensor | None) -> bool:
+    """Whether `F.rms_norm(x, ..., weight)` runs CUDA's fused kernel (`rms_norm_symint`, ATen layer_norm.cpp): a real
+    input in a non-channels-last layout whose weight is absent or of the input's dtype. Otherwise the composite runs
+    on the GPU too (a float32-kept weight under a bf16 input, say) and the meta count is already what it saves."""
+    if x.is_complex() or (weight is not None and weight.dtype != x.dtype):
+        return False
+    layout = {4: torch.channels_last, 5: torch.channels_last_3d}.get(x.dim())
+    return layout is None or x.is_contiguous() or not x.is_contiguous(memory_format=layout)
+
+
+@contextlib.contextmanager
+def _fused_rms_norm() -> Iterator[None]:
+    original = F.rms_norm
+
+    def rms_norm(input, normalized_shape, weight=None, eps=None):
+        if not fused_rms_norm_applies(input, weight):
+            return original(input, normalized_shape, weight, eps)
+        return _FusedRmsNorm.apply(input, tuple(normalized_shape), weight, eps, original)
+
+    F.rms_norm = rms_norm
+    try:
+        yield
+    finally:
+        F.rms_norm = original
+
+
 @contextlib.contextmanager
 def _fused_attention() -> Iterator[None]:
     original = F.scaled_dot_product_attention
@@ -76,7 +127,7 @@ def saved_bytes(run, module: torch.nn.Module | None = None) -> int:
             seen[(storage.data_ptr(), storage.nbytes())] = storage.nbytes()
         return t
 
-    with _fused_attention(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+    with _fused_attention(), _fused_rms_norm(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         run()
     return sum(seen.values())
 

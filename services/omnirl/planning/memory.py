@@ -14,7 +14,18 @@ rollout rank
 actor rank
     weights P·b/F · FSDP2's gathered units 2 · (largest block) (this one and the prefetched next)
     reference / old copies: each P·b/F (full fine-tuning), or LoRA adapters (θ's and the old policy's, /F)
-    gradients and AdamW's two moments: 3 · trainable·b/F (AdamW keeps its state in the parameters' dtype)
+    gradients and AdamW's two moments: 3 · trainable·b/F. `torch.optim.AdamW` keeps exp_avg and exp_avg_sq per
+        parameter, `zeros_like` the parameter (its dtype: no float32 master copy, the weights train in
+        `model.dtype`); the gradients of a minibatch's first micro-batches stay alive under the next one's
+        activations (`optimizer.zero_grad(set_to_none=True)` only before each minibatch), so at the steady state's
+        peak, the start of a backward, weights, gradients, both moments and every activation are held at once.
+        (A measured first step, `plan_check`, holds neither: the moments are made in the first `step()`, the
+        gradients in the backward. Its peak is lower by these 3 · trainable·b/F.)
+    the AdamW step's temporary beyond the activations: max(0, trainable·b/F − activations). The step runs
+        after the backward has freed the activations; the foreach implementation (CUDA's default) allocates
+        √(exp_avg_sq) for every parameter at once (`_multi_tensor_adamw`: `torch._foreach_sqrt`), one more
+        trainable·b/F. It raises the peak only where it is larger than the activations (a full fine-tune with
+        gradient checkpointing and short samples).
     text encoders P_e·b/E · other components P_o·b
     activations: rows·(S/U)·(L·a) for a micro-batch (rows = microBatchSize, ×2 with CFG); with
         `gradientCheckpointing` rows·(S/U)·(L·h·b + a) (block inputs kept, one block recomputed)
@@ -158,6 +169,7 @@ def actor_plan(spec, model: Model, capacity: float, *, cfg: bool, copies: int, o
          model.encoders + model.encoders_split / lay.encoderTensor),
         ("VAEs and other components", model.others),
         (what, act),
+        ("AdamW step's √v temporary beyond the activations", max(0.0, trainable / fsdp - act)),
         ("weight-sync buckets (rank 0)", GATHER_BUCKET + SYNC_BUCKET),
     ]
     return plan
