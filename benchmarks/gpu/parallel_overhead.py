@@ -160,7 +160,8 @@ def run(args) -> dict:
     from omnirl.rollout.replica import LeaderAdapter, ReplicaChannel
 
     device = torch.device(args.device)
-    if device.type == "cuda":
+    if device.type == "cuda":  # an index: set_device and NCCL need one ("cuda" alone is refused)
+        device = torch.device("cuda", device.index or 0)
         torch.cuda.set_device(device)
     config, dtype = (TINY, torch.float32) if args.smoke else (SD35_MEDIUM, torch.bfloat16)
     torch.manual_seed(0)
