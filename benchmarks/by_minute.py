@@ -6,10 +6,10 @@ each reward term at every mark go into one JSON under benchmarks/results/. A sec
 from such JSONs, with "not measured yet" for an algorithm that has none.
 
     # one algorithm, on cores 0 and 1, for 15 minutes (JSON: benchmarks/results/<date>-cpu-by-minute-avdigits-awm.json)
-    python -m benchmarks.by_minute run examples/avdigits-awm.yaml --cores 0,1 --minutes 15
+    python -m benchmarks.by_minute run examples/avdigits-awm.yaml --cores 0,1 --minutes 15 --validate-every 5
     # the four side by side on a 16-core machine, each on its own 2 cores
     for a in flowgrpo:0,1 nft:2,3 awm:4,5 dgpo:6,7; do
-      nice -n 0 python -m benchmarks.by_minute run examples/avdigits-${a%%:*}.yaml --cores ${a#*:} --minutes 15 &
+      python -m benchmarks.by_minute run examples/avdigits-${a%%:*}.yaml --cores ${a#*:} --minutes 15 --validate-every 5 &
     done; wait
     # the table in docs/omni.md (between its by-minute markers)
     python -m benchmarks.by_minute table benchmarks/results/*-cpu-by-minute-avdigits-*.json --write docs/omni.md
