@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from omnirl.api.errors import ConfigError
 from omnirl.api.loader import job_from_dict
 from omnirl.api.problems import problem_lines
 from omnirl.api.spec import RLJob
@@ -50,10 +49,23 @@ def test_adapter_options_carry_each_modalitys_train_weight_and_guidance() -> Non
         "audio": {"train": False, "weight": 1.0, "guidance_scale": 2.0}}}  # null guidanceScale: the job's
 
 
-def test_av_digits_refuses_a_size_it_does_not_make() -> None:
-    job = _job({"family": "av-digits", "video": {"frames": 16, "height": 32, "width": 64, "fps": 8}})
-    with pytest.raises(ConfigError, match=r"spec.model.video: .* is not what model.family av-digits makes"):
-        adapter_options(job.spec)
+@pytest.mark.parametrize("model, field, fix", [
+    ({"video": {"frames": 16, "height": 32, "width": 64, "fps": 8}}, "spec.model.video.frames: 16", "frames: 8"),
+    ({"video": {"frames": 8, "height": 32, "width": 64, "fps": 24}}, "spec.model.video.fps: 24.0", "fps: 8"),
+    ({"audio": {"seconds": 2.0, "sampleRate": 8000}}, "spec.model.audio.seconds: 2.0", "seconds: 1"),
+    ({"audio": {"seconds": 1.0, "sampleRate": 16000}}, "spec.model.audio.sampleRate: 16000", "sampleRate: 8000"),
+])
+def test_av_digits_refuses_a_size_its_model_was_not_built_for(model: dict, field: str, fix: str) -> None:
+    """The family registers its model's sizes (`FamilyInfo.media`); the spec refuses any other, one line per wrong
+    field, naming it and the value to write."""
+    with pytest.raises(ValidationError) as err:
+        _job({"family": "av-digits", **model})
+    lines = [text for _, text in problem_lines(RLJob, err.value)]
+    assert len(lines) == 1 and lines[0].startswith(f"{field} is invalid: model.family av-digits makes only "), lines
+    assert f"write {fix}, or remove" in lines[0], lines
+
+
+def test_av_digits_takes_its_own_sizes() -> None:
     fine = _job({"family": "av-digits", "video": {"frames": 8, "height": 32, "width": 64, "fps": 8},
                  "audio": {"seconds": 1.0, "sampleRate": 8000}})
     assert set(adapter_options(fine.spec)["modalities"]) == {"video", "audio"}

@@ -14,6 +14,7 @@ from omnirl.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 WAN, LTX2 = ROOT / "examples" / "gpu-wan-video-ocr.yaml", ROOT / "examples" / "gpu-ltx2-audio-video.yaml"
+AV_DIGITS = ROOT / "examples" / "avdigits-awm.yaml"  # make demo-omni's manifest
 
 
 def _validate(capsys, *paths: Path) -> tuple[int, str]:
@@ -100,3 +101,19 @@ def test_a_remote_scorer_or_judge_of_a_video_job_is_sent_what_its_params_say(tmp
         if expected:
             assert "and model.family wan produces video: choose a reward kind that scores what the model produces" \
                 in out, out
+
+
+def test_av_digits_geometry_other_than_its_models_is_refused(tmp_path, capsys):
+    """`make demo-omni`'s manifest validates; the same with 9 frames (or 16 kHz audio) exits 2 naming the field and
+    the only value the shipped base model was built for (the family's registered `media`)."""
+    code, out = _validate(capsys, AV_DIGITS)
+    assert code == 0 and "av-digits media: the model's own sizes (video frames 8, height 32, width 64, fps 8; " \
+        "audio seconds 1, sampleRate 8000)" in out, out
+    frames = _variant(tmp_path, AV_DIGITS, "frames", video={"frames": 9, "height": 32, "width": 64, "fps": 8})
+    code, out = _validate(capsys, frames)
+    assert code == 2 and "spec.model.video.frames: 9 is invalid: model.family av-digits makes only 8" in out, out
+    assert "write frames: 8, or remove video" in out, out
+    rate = _variant(tmp_path, AV_DIGITS, "rate", audio={"seconds": 1.0, "sampleRate": 16000})
+    code, out = _validate(capsys, rate)
+    assert code == 2 and "spec.model.audio.sampleRate: 16000 is invalid: model.family av-digits makes only 8000" \
+        in out, out

@@ -50,6 +50,27 @@ def test_the_placement_table_says_1_thread_not_1_threads():
     assert (n_threads(0), n_threads(1), n_threads(12)) == ("0 threads", "1 thread", "12 threads")
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "sched_setaffinity"), reason="no CPU affinity on this OS")
+def test_a_run_pinned_to_one_core_places_its_roles_as_on_a_one_core_machine(monkeypatch):
+    """`taskset -c 0 omnirl run …` (the by-minute benchmark pins each job to its own cores): the roles' threads
+    follow the cores this process may use, not the machine's, so no thread spins on a core it cannot run on."""
+    import os
+
+    from omnirl.api.runtime import usable_cores
+
+    monkeypatch.delenv("OMNIRL_LOCAL_THREADS", raising=False)
+    job = load_rljob("examples/ocr-nft.yaml")
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        assert usable_cores() == 1
+        assert [p.threads for p in place(job)] == [1, 1, 1, 1]
+    finally:
+        os.sched_setaffinity(0, before)
+    assert usable_cores() == len(before)
+    assert [p.threads for p in place(job)][0] == max(1, len(before))
+
+
 def test_every_role_gets_the_process_contract(tmp_path):
     job = load_rljob("examples/ocr-nft.yaml")
     plan = role_plan(job)

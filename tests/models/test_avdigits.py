@@ -193,3 +193,20 @@ def test_pretrain_is_deterministic_and_saves_a_loadable_checkpoint(tmp_path) -> 
     assert a.steps == 3 and a.num_parameters == sum(p.numel() for p in AVDigitsDiT(config).parameters())
     adapter = load_avdigits_adapter(tmp_path / "a")
     assert adapter.provenance["steps"] == 3 and "omnirl pretrain --family av-digits" in adapter.provenance["command"]
+
+
+def test_the_shipped_weights_are_the_ones_their_provenance_names() -> None:
+    """PROVENANCE.md records how the shipped weights were made and their sha256: new weights need a new record."""
+    import hashlib
+    import json
+    import re
+
+    from omnirl.models.avdigits.adapter import BUILTIN_DIR
+
+    text = (BUILTIN_DIR.parent / "PROVENANCE.md").read_text()
+    recorded = re.search(r"`weights/model\.safetensors`, sha256\s+`([0-9a-f]{64})`", text)
+    assert recorded, "PROVENANCE.md must give the shipped weights' sha256"
+    assert hashlib.sha256((BUILTIN_DIR / "model.safetensors").read_bytes()).hexdigest() == recorded.group(1)
+    provenance = json.loads((BUILTIN_DIR / "config.json").read_text())["provenance"]
+    assert (provenance["seed"], provenance["steps"], provenance["args"]["batch_size"]) == (0, 400, 32)
+    assert "| seed, batch, steps | 0, 32, 550 | 0, 32, 400 |" in text

@@ -330,8 +330,9 @@ def test_bf16_on_cuda_keeps_fp32_boundary_and_ratio_one(flux):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.xfail(strict=True, reason="cuDNN attention's input gradients for FLUX were ~1e30 on the H200 (torch 2.11): "
-                   "flux is not in CUDNN_FAMILIES; an XPASS means a torch/cuDNN update fixed it")
+@pytest.mark.xfail(strict=False, reason="cuDNN attention's input gradients for FLUX were ~1e30 on the H200 (torch 2.11), "
+                   "both variants; on an H100 (same torch) dev matched and schnell did not: flux is not in "
+                   "CUDNN_FAMILIES. Not strict because the outcome depends on the card")
 def test_cudnn_attention_on_cuda_matches_torchs_choice(flux):
     from tests.models.test_attention import check_cudnn_matches_torchs_choice
 

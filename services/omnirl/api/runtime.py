@@ -226,6 +226,16 @@ class RoleEnv:
         )
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity set (`taskset -c 0,1 omnirl run …` → 2), else
+    `os.cpu_count()`. A run pinned to 2 cores of a 16-core machine then places its roles as on a 2-core one
+    (its threads spinning over cores it cannot use would slow it: `cpu_role_threads`)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):  # macOS has no affinity call
+        return os.cpu_count() or 1
+
+
 def cpu_role_threads(role: str, mode: str, cores: int) -> int:
     """torch threads of a role of an all-CPU job (`omnirl run`'s placement; `omnirl eval` samples with the
     rollout's, so its forwards round as the run's validation did). In `sync`/`async-reward` the rollout and the

@@ -196,6 +196,11 @@ def check_paths(*fields: tuple[str, str | None]) -> None:
             raise FieldProblem(field, printable(value), problem)
 
 
+def _sizes(fixed: dict[str, float]) -> str:
+    """`{"frames": 8, "fps": 8.0}` → `frames 8, fps 8` (a fixed-size family's refusal)."""
+    return ", ".join(f"{name} {value:g}" for name, value in fixed.items())
+
+
 class VideoSpec(SpecModel):
     """The video a multi-modal family generates (docs/omni.md, "Manifest fields")."""
 
@@ -348,17 +353,32 @@ class ModelSpec(SpecModel):
         return out
 
     def check_media(self) -> None:
-        """`video`, `audio` and `modalities` against the family's modalities (`api.extensions.FamilyInfo`); a family
-        whose sizes are fixed checks them when its adapter options are made (av-digits).
+        """`video`, `audio` and `modalities` against the family's modalities, and `video` / `audio` against the sizes
+        of a family whose model makes only one (`api.extensions.FamilyInfo.media`, declared by its
+        `register_family`: av-digits' base model was built for 8 frames of 32x64 at 8 fps and 1 s of 8 kHz audio).
 
         Raises:
-            FieldProblem: a modality the family does not make, no trained modality, or a trained one of weight 0.
+            FieldProblem: a modality the family does not make; a size field other than the family's fixed value
+                (each wrong field named, `video.frames`, with the value to write); no trained modality, or a
+                trained one of weight 0.
         """
-        mods = FAMILIES[self.family].modalities
+        info = FAMILIES[self.family]
+        mods = info.modalities
         for key in ("video", "audio"):
             if getattr(self, key) is not None and key not in mods:
                 raise FieldProblem(key, getattr(self, key).model_dump(), f"family {self.family} makes no {key} "
                                    f"(its samples: {', '.join(mods)}); remove {key}")
+        wrong = []
+        for key, fixed in (info.media or {}).items():
+            written = getattr(self, key)
+            for name, value in fixed.items() if written is not None else ():
+                got = getattr(written, name)
+                if abs(float(got) - float(value)) > 1e-9:  # fps / seconds are floats: 8 and 8.0 are the same size
+                    wrong.append(FieldProblem(
+                        f"{key}.{name}", got, f"model.family {self.family} makes only {value:g} (its base model "
+                        f"was built for {key} {_sizes(fixed)}); write {name}: {value:g}, or remove {key} (that "
+                        "size is its default)"))
+        FieldProblems.raise_any(wrong)
         if self.modalities is None:
             return
         written = self.modalities.written()

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,7 +33,7 @@ from safetensors import SafetensorError
 
 from omnirl.api.errors import config_errors
 from omnirl.api.loader import load_rljob
-from omnirl.api.runtime import CONFIG_ERROR_EXIT, cpu_role_threads, fixed_local_threads
+from omnirl.api.runtime import CONFIG_ERROR_EXIT, cpu_role_threads, fixed_local_threads, usable_cores
 from omnirl.api.spec import GROUP_KINDS, RLJob
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid, tile_caption
@@ -159,7 +158,7 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
                   f"to score those {_export_fix(export)}", file=sys.stderr, flush=True)
     adapter.module.eval()
     # the rollout worker's threads: another count may round the forwards differently (module docstring)
-    torch.set_num_threads(fixed_local_threads() or cpu_role_threads("rollout", spec.pipeline.mode, os.cpu_count() or 1))
+    torch.set_num_threads(fixed_local_threads() or cpu_role_threads("rollout", spec.pipeline.mode, usable_cores()))
     steps = spec.validation.numSteps if args.sampling_steps is None else args.sampling_steps
     t0 = time.perf_counter()
     try:

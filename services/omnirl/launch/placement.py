@@ -18,7 +18,7 @@ import dataclasses
 import os
 from dataclasses import dataclass
 
-from omnirl.api.runtime import cpu_role_threads, fixed_local_threads, sync_backend
+from omnirl.api.runtime import cpu_role_threads, fixed_local_threads, sync_backend, usable_cores
 from omnirl.api.spec import RLJob
 from omnirl.api.spec_parallel import actor_world
 
@@ -104,7 +104,7 @@ def place(job: RLJob, *, device: str = "auto", share: bool = False, cores: int |
         job: the RLJob.
         device: ``"auto"`` (as the manifest asks) or ``"cpu"`` (every role on the CPU).
         share: let processes share devices when the manifest asks for more than the machine has.
-        cores: CPU cores to split (default: `os.cpu_count()`).
+        cores: CPU cores to split (default: `usable_cores()`, the cores this process may run on).
         available: device ids per accelerator type (default: `visible_devices`); for tests.
 
     Returns:
@@ -117,7 +117,7 @@ def place(job: RLJob, *, device: str = "auto", share: bool = False, cores: int |
     """
     if device not in ("auto", "cpu"):
         raise ValueError(f"--device {device!r}: expected 'auto' (as the manifest asks) or 'cpu'")
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     roles = job.spec.roles
     plan = role_plan(job)
 

@@ -18,7 +18,7 @@ from collections import deque
 from pathlib import Path
 from typing import TextIO
 
-from omnirl.api.runtime import VARIABLES
+from omnirl.api.runtime import VARIABLES, usable_cores
 from omnirl.system.child import guarded
 
 ROLE_VARIABLES = frozenset(VARIABLES.values())
@@ -159,7 +159,7 @@ def init_ray(address: str | None):
         # Ray starts worker processes with niceness 15 by default; our roles are the workload, not
         # background work, and niced roles starve next to any other busy process.
         os.environ.setdefault("RAY_worker_niceness", "0")
-    kwargs = {"address": address} if address else {"num_cpus": os.cpu_count() or 1, "include_dashboard": False}
+    kwargs = {"address": address} if address else {"num_cpus": usable_cores(), "include_dashboard": False}
     # ray.init installs its own SIGTERM handler in the driver first thing (sys.exit(15), later chained to a
     # C++ one that aborts): `omnirl run` SIGTERMed then died with 15 or 134 and no verdict instead of stopping
     # the job the way Ctrl-C does. Ours is put back, and a SIGTERM that Ray's caught meanwhile becomes ours.

@@ -159,10 +159,18 @@ def default_lora_targets(family: str) -> list[str]:
 def check_media(spec: RLJobSpec) -> str | None:
     """The clip of a video family's job checked against its VAE and patch (the family's `check_media` hook: the
     configs of `model.path` when they are here, else the released checkpoints' factors), for `omnirl validate` and
-    `omnirl run`'s pre-flight. Returns the line saying what was checked; None for a family without the hook.
+    `omnirl run`'s pre-flight. Returns the line saying what was checked; for a family whose sizes are its model's
+    (`FamilyInfo.media`, checked by the spec itself) the line saying those sizes; None for a family with neither.
 
     Raises:
         ValueError: naming `spec.model.video.<key>` (or `spec.model.audio.<key>`) and the nearest valid values.
     """
-    hook = getattr(get_family(spec.model.family), "check_media", None)
-    return None if hook is None else hook(spec)
+    family = get_family(spec.model.family)
+    hook = getattr(family, "check_media", None)
+    if hook is not None:
+        return hook(spec)
+    if family.info.media:
+        sizes = "; ".join(f"{key} " + ", ".join(f"{name} {value:g}" for name, value in fixed.items())
+                          for key, fixed in family.info.media.items())
+        return f"{family.family} media: the model's own sizes ({sizes}), the only ones it makes"
+    return None

@@ -49,7 +49,8 @@ FAMILY_SHIFT = 1.0
 MODALITIES = ("video", "audio")
 MEDIA_SIZES = {"video": {"frames": FRAMES, "height": FRAME_HEIGHT, "width": FRAME_WIDTH, "fps": FPS},
                "audio": {"seconds": AUDIO_SECONDS, "sampleRate": SAMPLE_RATE}}
-"""What the model makes, the only values `spec.model.video` / `spec.model.audio` may hold."""
+"""What the model makes, the only values `spec.model.video` / `spec.model.audio` may hold: registered as the
+family's `media` capability, which the torch-free spec checks a manifest against (`ModelSpec.check_media`)."""
 
 
 def tokenize_prompt(text: str) -> list[int]:
@@ -245,7 +246,7 @@ def load_avdigits_tokenizer(path: str | Path = "builtin"):
     return tokenize_prompt
 
 
-@register_family("av-digits", modalities=("video", "audio"), builtin=True, sized=False,
+@register_family("av-digits", modalities=("video", "audio"), builtin=True, sized=False, media=MEDIA_SIZES,
                  notes={"sized": "its sizes are the model's: 8 frames of 32x64 at 8 fps and 1 s of 8 kHz audio, "
                         "spec.model.video / spec.model.audio"})
 class AVDigitsFamily:
@@ -275,18 +276,8 @@ class AVDigitsFamily:
     @staticmethod
     def adapter_options(spec) -> dict:
         """`{"modalities": …}`: each modality's train, weight and guidance (`ModelSpec.modality_settings`).
-
-        Raises:
-            ConfigError: `spec.model.video` / `spec.model.audio` name another size than the model's (one line naming
-                the field and the model's size).
-        """
-        from omnirl.api.errors import ConfigError
-
-        for key, fixed in (("video", MEDIA_SIZES["video"]), ("audio", MEDIA_SIZES["audio"])):
-            written = getattr(spec.model, key)
-            if written is not None and written.model_dump() != fixed:
-                raise ConfigError(f"spec.model.{key}: {written.model_dump()} is not what model.family {FAMILY} makes "
-                                  f"({fixed}); write that or remove spec.model.{key}")
+        `spec.model.video` / `audio` were checked against `MEDIA_SIZES` by the spec (`ModelSpec.check_media`,
+        reading the `media` this family registers), so they are the model's here."""
         return {"modalities": spec.model.modality_settings(spec.algorithm.sampling.guidanceScale)}
 
     @staticmethod
