@@ -379,9 +379,11 @@ def metrics_page() -> str:
 def exit_codes_page() -> str:
     from omnirl.api import exits
 
+    *first, last = exits.PERMANENT_EXITS
+    permanent = f"{', '.join(map(str, first))} and {last}"
     out = [HEADER.format(source="services/omnirl/api/exits.py"), "# Exit codes\n\n",
-           "Every exit code of every `omnirl` command, from `omnirl.api.exits`, their one owner. A role's 3, 4 and 5 "
-           "are permanent: neither `omnirl run` nor the operator restarts it; the job stops (locally with the same "
+           "Every exit code of every `omnirl` command, from `omnirl.api.exits`, their one owner. A role's "
+           f"{permanent} are permanent: neither `omnirl run` nor the operator restarts it; the job stops (locally with the same "
            "code, on Kubernetes the RLJob turns Failed with the role's line). When roles fail together the most "
            "specific cause decides.\n\n",
            "| command | exit | meaning |\n| --- | --- | --- |\n"]

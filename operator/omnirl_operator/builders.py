@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
+from omnirl.api.exits import PERMANENT_EXITS
 from omnirl.api.loader import dump_rljob, resolve_paths
-from omnirl.api.runtime import PERMANENT_EXITS
 from omnirl.api.spec import API_GROUP, ROLE_NAMES, RLJob
 from omnirl.api.spec_parallel import actor_world
 from omnirl_operator.judges import build_judges, wired
