@@ -44,6 +44,7 @@ from omnirl.api.exits import (
 from omnirl.api.loader import load_rljob
 from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.launch.placement import n_threads
+from omnirl.system.causes import cause_of
 from omnirl.system.disk import failure, storage_error
 from omnirl.transfer.client import RECONNECT_S
 
@@ -313,10 +314,4 @@ def _redis_lost(err: BaseException) -> BaseException | None:
     else None."""
     from omnirl.transfer.client import REDIS_AWAY
 
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, REDIS_AWAY):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
+    return cause_of(err, REDIS_AWAY)
