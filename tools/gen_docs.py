@@ -414,18 +414,18 @@ def _marks(tree: ast.Module) -> tuple[int, int, int]:
 
 
 def testmap_page() -> str:
-    out = [HEADER.format(source="tests/test_*.py, e2e/test_*.py docstrings"), "# Test map\n\n",
+    out = [HEADER.format(source="tests/**/test_*.py, e2e/**/test_*.py docstrings"), "# Test map\n\n",
            "Which test file covers what: each test module's docstring (its first paragraph), with its number of "
            "tests and how many are marked `slow` (run by `make test-slow`, not `make test`) or `gpu` (skipped "
            "without CUDA). A new test module needs a docstring that says what it covers.\n\n"]
     for folder in ("tests", "e2e"):
         out.append(f"## {folder}/\n\n| file | tests (slow, gpu) | covers |\n| --- | --- | --- |\n")
-        for path in sorted((ROOT / folder).glob("test_*.py")):
+        for path in sorted((ROOT / folder).rglob("test_*.py")):  # tests/<package>/test_<module>.py too
             tree = ast.parse(path.read_text())
             doc = (ast.get_docstring(tree) or "").strip().split("\n\n")[0]
             tests, slow, gpu = _marks(tree)
             extra = ", ".join(f"{n} {what}" for n, what in ((slow, "slow"), (gpu, "gpu")) if n)
-            out.append(f"| `{folder}/{path.name}` | {tests}{f' ({extra})' if extra else ''} | {cell(doc)} |\n")
+            out.append(f"| `{path.relative_to(ROOT).as_posix()}` | {tests}{f' ({extra})' if extra else ''} | {cell(doc)} |\n")
         out.append("\n")
     return "".join(out).rstrip() + "\n"
 
