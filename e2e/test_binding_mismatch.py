@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from omnirl.api.runtime import CONFIG_ERROR_EXIT
+from omnirl.api.exits import CONFIG_ERROR_EXIT
 
 REPO = Path(__file__).resolve().parents[1]
 # loaded by the role processes (sitecustomize on PYTHONPATH): the rollout's module gains one parameter

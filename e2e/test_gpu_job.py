@@ -19,6 +19,8 @@ import torch
 import yaml
 from e2e.test_local_job import assert_each_sample_once, run, tiny_job
 
+from omnirl.api.exits import USAGE_EXIT
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs")
 GPU = {"type": "nvidia", "count": 1}
@@ -85,7 +87,7 @@ def test_a_gpu_manifest_needs_the_gpus_or_an_explicit_choice(tmp_path, redis_url
     doc["spec"]["roles"]["rollout"]["replicas"] = torch.cuda.device_count()  # + 1 actor GPU = one too many
     job.write_text(yaml.safe_dump(doc))
     proc = run(job, tmp_path / "out")
-    assert proc.returncode == 2 and "pass --share-gpus" in proc.stderr, proc.stderr
+    assert proc.returncode == USAGE_EXIT and "pass --share-gpus" in proc.stderr, proc.stderr
 
 
 def test_packed_sd3_job_on_one_shared_gpu(tmp_path, redis_url):

@@ -15,6 +15,8 @@ import pytest
 import redis
 import yaml
 
+from omnirl.api.exits import JOB_FAILED_EXIT
+
 ROOT = Path(__file__).resolve().parents[1]
 # Every test runs a whole job (20 s - 2 min on 2 cores): `make test-slow` runs them, except the async-reward ledger
 # test, which `make test` keeps as its one local whole job.
@@ -192,7 +194,7 @@ def test_a_dead_required_scorer_fails_the_job_with_its_reason(tmp_path, redis_ur
     finally:
         server.shutdown()
     text = proc.stdout + proc.stderr
-    assert proc.returncode == 3, text[-3000:]  # JOB_FAILED_EXIT: the reward role already retried; no restart
+    assert proc.returncode == JOB_FAILED_EXIT, text[-3000:]  # the reward role already retried; no restart
     assert "controller" in text and "unreachable: HTTP 503" in text
     assert "restart-job" not in (tmp_path / "out" / "events.jsonl").read_text()
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from omnirl.api.exits import USAGE_EXIT
 from omnirl.transfer.redis_server import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,7 +49,7 @@ def test_the_shortest_stream_validate_accepts_runs_a_job_whose_groups_are_all_re
         path.write_text(yaml.safe_dump(doc))
         refused = _validate(path)
         said = refused.stdout + refused.stderr
-        assert refused.returncode == 2 and "spec.transferQueue.maxStreamLength: 1 is invalid" in said, said
+        assert refused.returncode == USAGE_EXIT and "spec.transferQueue.maxStreamLength: 1 is invalid" in said, said
         shortest = int(re.search(r"must be >= (\d+)", said).group(1))
         spec["transferQueue"] = {"maxStreamLength": shortest}
         path.write_text(yaml.safe_dump(doc))

@@ -19,6 +19,7 @@ import yaml
 from e2e.chaos import chaos_job
 from safetensors.torch import load_file
 
+from omnirl.api.exits import INTERRUPTED_EXIT, TERMINATED_EXIT
 from omnirl.evaluation.ledger import check_ledger, final_lineage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,7 +98,7 @@ def test_sigterm_of_the_controller_and_sigkill_of_the_actor_end_with_the_uninter
 
     events = [json.loads(line) for line in (hurt / "events.jsonl").read_text().splitlines()]
     assert [(e["role"], e["action"]) for e in events] == [("controller-0", "restart-job"), ("actor-0", "restart-job")]
-    assert events[0]["reason"].startswith("exit 143")  # SIGTERM: handed back, not crashed
+    assert events[0]["reason"].startswith(f"exit {TERMINATED_EXIT}")  # SIGTERM: handed back, not crashed
     ckpts = [json.loads(line)["checkpoint"] for line in (hurt / "ledger" / "checkpoints-actor-0.jsonl")
              .read_text().splitlines()]
     assert 0 in ckpts  # the SIGTERM checkpoint of step 0 (scheduled ones are steps 1 and 3)
@@ -192,7 +193,7 @@ def test_a_stop_while_the_actor_waits_for_a_stopping_rollout_worker_still_checkp
     wait_for_step(proc, out, 1)  # checkpoints are scheduled at steps 1 and 3: step 2 has none of its own
     freeze_rollout_once_step_is_handed_over(proc, out, "halt", 2)
     proc.send_signal(signal.SIGTERM)
-    assert proc.wait(timeout=600) == 130, tail(out)
+    assert proc.wait(timeout=600) == INTERRUPTED_EXIT, tail(out)
     ckpts = [json.loads(line)["checkpoint"] for line in (out / "ledger" / "checkpoints-actor-0.jsonl")
              .read_text().splitlines()]
     assert ckpts == [1, 2], tail(out)  # the SIGTERM checkpoint of step 2

@@ -379,9 +379,11 @@ def metrics_page() -> str:
 def exit_codes_page() -> str:
     from omnirl.api import exits
 
+    *first, last = exits.PERMANENT_EXITS
+    permanent = f"{', '.join(map(str, first))} and {last}"
     out = [HEADER.format(source="services/omnirl/api/exits.py"), "# Exit codes\n\n",
-           "Every exit code of every `omnirl` command, from `omnirl.api.exits`, their one owner. A role's 3, 4 and 5 "
-           "are permanent: neither `omnirl run` nor the operator restarts it; the job stops (locally with the same "
+           "Every exit code of every `omnirl` command, from `omnirl.api.exits`, their one owner. A role's "
+           f"{permanent} are permanent: neither `omnirl run` nor the operator restarts it; the job stops (locally with the same "
            "code, on Kubernetes the RLJob turns Failed with the role's line). When roles fail together the most "
            "specific cause decides.\n\n",
            "| command | exit | meaning |\n| --- | --- | --- |\n"]
@@ -423,12 +425,12 @@ def testmap_page() -> str:
                                 if d.is_dir() and any(d.glob("test_*.py"))), "e2e"]
     for folder in folders:
         out.append(f"## {folder}/\n\n| file | tests (slow, gpu) | covers |\n| --- | --- | --- |\n")
-        for path in sorted((ROOT / folder).glob("test_*.py")):
+        for path in sorted((ROOT / folder).glob("test_*.py")):  # each folder its own section: not rglob
             tree = ast.parse(path.read_text())
             doc = (ast.get_docstring(tree) or "").strip().split("\n\n")[0]
             tests, slow, gpu = _marks(tree)
             extra = ", ".join(f"{n} {what}" for n, what in ((slow, "slow"), (gpu, "gpu")) if n)
-            out.append(f"| `{folder}/{path.name}` | {tests}{f' ({extra})' if extra else ''} | {cell(doc)} |\n")
+            out.append(f"| `{path.relative_to(ROOT).as_posix()}` | {tests}{f' ({extra})' if extra else ''} | {cell(doc)} |\n")
         out.append("\n")
     return "".join(out).rstrip() + "\n"
 

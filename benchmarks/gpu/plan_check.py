@@ -152,16 +152,20 @@ def run_preset(name: str, doc: dict, configs: Path, device: torch.device, *, ste
     targets = list(lora.targetModules) or ["to_q", "to_k", "to_v", "to_out.0"]
     measured, extra = {}, {}
 
-    def build() -> dict:
-        return {n: _materialize(p.config, dtype, device) for n, p in parts.items()}
+    def build() -> tuple[dict, torch.nn.Module]:
+        """A fresh set of the components on `device` after a reset of the peak counter; the transformer with
+        its LoRA adapters when the job trains LoRA (each role measured from nothing held)."""
+        _reset(device)
+        modules = {n: _materialize(p.config, dtype, device) for n, p in parts.items()}
+        transformer = modules["transformer"]
+        if lora.enabled:
+            inject_adapter_in_model(LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=targets),
+                                    transformer)
+            transformer.to(device)
+        return modules, transformer
 
     # rollout
-    _reset(device)
-    modules = build()
-    transformer = modules["transformer"]
-    if lora.enabled:
-        inject_adapter_in_model(LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=targets), transformer)
-        transformer.to(device)
+    modules, transformer = build()
     encoders = [m for n, m in modules.items() if n.startswith("text_encoder")]
     role = spec.roles.rollout
     window = spec.algorithm.flowGrpo.window.size if spec.algorithm.name == "flow-grpo" else 0
@@ -176,12 +180,8 @@ def run_preset(name: str, doc: dict, configs: Path, device: torch.device, *, ste
     extra["rollout_seconds"] = time.perf_counter() - t0
     del held, modules, transformer, encoders
     # actor
-    _reset(device)
-    modules = build()
-    transformer = modules["transformer"]
+    modules, transformer = build()
     if lora.enabled:
-        inject_adapter_in_model(LoraConfig(r=lora.rank, lora_alpha=lora.alpha, target_modules=targets), transformer)
-        transformer.to(device)
         transformer.requires_grad_(False)
         trainable = [p for n, p in transformer.named_parameters() if "lora_" in n]
         for p in trainable:

@@ -33,8 +33,8 @@ from typing import Any
 
 import yaml
 
+from omnirl.api.exits import PERMANENT_EXITS
 from omnirl.api.loader import dump_rljob, resolve_paths
-from omnirl.api.runtime import PERMANENT_EXITS
 from omnirl.api.spec import API_GROUP, ROLE_NAMES, RLJob
 from omnirl.api.spec_parallel import actor_world
 from omnirl_operator.judges import build_judges, wired
@@ -169,39 +169,33 @@ def build_rollout_ranks(job: RLJob, settings: OperatorSettings, digest: str, *, 
     """StatefulSet ``<job>-rollout`` of rollout replicas of several ranks: replica r is pods r·P … r·P + P − 1
     (P = podsPerReplica), each holding ranks_per_pod ranks (`omnirl.launch.pod_ranks`), meeting at pod r·P
     through the headless Service ``<job>-rollout-ranks``; all start together (Parallel)."""
-    name = job.metadata.name
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "StatefulSet",
-        "metadata": object_meta(name, child_name(name, "rollout"), "rollout"),
-        "spec": {
-            "replicas": workload_pods(job, "rollout") if running else 0,
-            "serviceName": child_name(name, suffix="rollout-ranks"),
-            "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": selector_labels(name, "rollout")},
-            "updateStrategy": {"type": "RollingUpdate"},
-            "revisionHistoryLimit": 3,
-            "template": pod_template(job, "rollout", settings, digest),
-        },
-    }
+    return _ranks_statefulset(job, "rollout", "rollout-ranks", settings, digest, running)
 
 
 def build_actor(job: RLJob, settings: OperatorSettings, digest: str, *, running: bool = True) -> dict[str, Any]:
     """StatefulSet ``<job>-actor``: ranks start together (Parallel) and are replaced in place; a pod of several
     devices holds as many ranks."""
+    return _ranks_statefulset(job, "actor", "ranks", settings, digest, running)
+
+
+def _ranks_statefulset(job: RLJob, role: str, service: str, settings: OperatorSettings, digest: str,
+                       running: bool) -> dict[str, Any]:
+    """StatefulSet ``<job>-<role>`` of a model role's ranks: stable pod names through the headless Service
+    ``<job>-<service>`` (where the ranks meet), all pods started together (Parallel) and replaced in place;
+    zero replicas unless ``running``."""
     name = job.metadata.name
     return {
         "apiVersion": "apps/v1",
         "kind": "StatefulSet",
-        "metadata": object_meta(name, child_name(name, "actor"), "actor"),
+        "metadata": object_meta(name, child_name(name, role), role),
         "spec": {
-            "replicas": workload_pods(job, "actor") if running else 0,
-            "serviceName": child_name(name, suffix="ranks"),
+            "replicas": workload_pods(job, role) if running else 0,
+            "serviceName": child_name(name, suffix=service),
             "podManagementPolicy": "Parallel",
-            "selector": {"matchLabels": selector_labels(name, "actor")},
+            "selector": {"matchLabels": selector_labels(name, role)},
             "updateStrategy": {"type": "RollingUpdate"},
             "revisionHistoryLimit": 3,
-            "template": pod_template(job, "actor", settings, digest),
+            "template": pod_template(job, role, settings, digest),
         },
     }
 

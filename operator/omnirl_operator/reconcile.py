@@ -25,12 +25,12 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from omnirl.api.exits import STORAGE_ERROR_EXIT
 from omnirl.api.failure_policy import count
 from omnirl.api.loader import dump_rljob, job_from_dict
 from omnirl.api.podtemplate import role_env_from_problems
 from omnirl.api.problems import problem_lines
 from omnirl.api.resume import resume_conflict, resume_notes
-from omnirl.api.runtime import STORAGE_ERROR_EXIT
 from omnirl.api.spec import ROLE_NAMES, RLJob
 from omnirl.api.status import TERMINAL_PHASES
 from omnirl_operator.autoscale import autoscale_reward

@@ -16,6 +16,7 @@ from typing import Any, TextIO
 import yaml
 
 from omnirl.api.errors import ManifestError, format_value
+from omnirl.api.exits import DONE, USAGE_EXIT
 from omnirl.api.loader import _Loader, job_from_dict, load_rljob
 from omnirl.api.spec import DNS1123_LABEL_RULE, is_dns1123_label
 from omnirl_operator.builders import build_children
@@ -81,7 +82,7 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
     if namespace is not None and not is_dns1123_label(namespace):  # the API server would refuse every object
         err.write(f"{PREFIX}--namespace {format_value(namespace)} is invalid: must be {DNS1123_LABEL_RULE} "
                   "(e.g. team-a)\n")
-        return 2
+        return USAGE_EXIT
     try:
         settings = OperatorSettings.from_env()
         if settings.default_redis_url is None:
@@ -95,9 +96,9 @@ def main(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None
     except ManifestError as exc:
         for line in exc.problems:
             err.write(PREFIX + line + "\n")
-        return 2
+        return USAGE_EXIT
     except ValueError as exc:
         err.write(f"{PREFIX}{args.job}: {exc}\n")
-        return 2
+        return USAGE_EXIT
     dump_stream(docs, out)
-    return 0
+    return DONE

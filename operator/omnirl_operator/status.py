@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
+from omnirl.api.exits import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT
 from omnirl.api.failure_policy import FailureAction, decide
-from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT
 from omnirl.api.spec import FailurePolicySpec
 from omnirl.api.status import (
     FAILED,
@@ -38,7 +38,7 @@ from omnirl.api.status import (
 PROGRESS_FIELDS = ("step", "rewardMean", "policyVersion", "lastCheckpoint")
 ControllerState = Literal["absent", "active", "succeeded", "failed"]
 REASON_INVALID_SPEC = "InvalidSpec"
-# a permanent exit code (`omnirl.api.runtime.PERMANENT_EXITS`) → the Failed condition's reason, and what it means
+# a permanent exit code (`omnirl.api.exits.PERMANENT_EXITS`) → the Failed condition's reason, and what it means
 PERMANENT_REASONS = {
     CONFIG_ERROR_EXIT: ("ConfigurationError", "a configuration error"),
     JOB_FAILED_EXIT: ("JobFailed", "the job failed"),

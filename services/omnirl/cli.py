@@ -10,7 +10,14 @@ import logging
 import os
 import sys
 
-from omnirl.api.exits import FAILED, INTERRUPTED_EXIT, STORAGE_ERROR_EXIT, USAGE_EXIT
+from omnirl.api.exits import (
+    DONE,
+    FAILED,
+    INTERRUPTED_EXIT,
+    LEDGER_PROBLEMS_EXIT,
+    STORAGE_ERROR_EXIT,
+    USAGE_EXIT,
+)
 
 DESCRIPTION = ("Reinforcement-learning post-training of flow-matching (diffusion) models from one RLJob manifest: "
                "on this machine (omnirl run) or on Kubernetes (the operator).")
@@ -146,12 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="omnirl", description=DESCRIPTION)
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("validate", help="check RLJob manifests; exit 2 with one line per problem")
+    s = sub.add_parser("validate", help=f"check RLJob manifests; exit {USAGE_EXIT} with one line per problem")
     s.add_argument("files", nargs="+", help="RLJob manifests (YAML or JSON; a file may hold several documents)")
     s.set_defaults(fn=_cmd_validate)
 
     s = sub.add_parser("plan", help="per-GPU memory of each role under its parallel layout, and the layouts that "
-                       "fit; exit 1 when a role does not fit")
+                       f"fit; exit {FAILED} when a role does not fit")
     s.add_argument("file", help="RLJob manifest (YAML or JSON)")
     s.add_argument("--configs", default=None, help="the model directory whose config files are read (default: "
                    "spec.model.path; only config.json files are read, never weights)")
@@ -229,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--job", default=None, help="the run's manifest (default: RUN_DIR/job.yaml)")
     s.set_defaults(fn=_cmd_export)
     s = sub.add_parser("ledger", help="account a run's training samples from its ledgers: generated, scored, "
-                       "trained, lost, duplicated, wasted; exit 3 when any was lost or duplicated")
+                       f"trained, lost, duplicated, wasted; exit {LEDGER_PROBLEMS_EXIT} when any was lost or duplicated")
     s.add_argument("run_dir", metavar="OUT",
                    help="the run directory (omnirl run --out), or a directory holding a ledger/ copied off the job's claim")
     s.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
@@ -293,13 +300,13 @@ def main(argv: list[str] | None = None) -> int:
 
     args = build_parser().parse_args(argv)
     if args.command == "role" or os.environ.get("OMNIRL_DEBUG") == "1":
-        return int(args.fn(args) or 0)
+        return int(args.fn(args) or DONE)
     try:
         out = getattr(args, "out", None)
         if out is not None and not out.strip():  # `--out "$OUT"` with OUT unset
             raise ValueError(f"--out {out!r}: an empty path (an unset shell variable?); pass a directory"
                              + (", or leave --out out for runs/<job name>" if args.command == "run" else ""))
-        return int(args.fn(args) or 0)
+        return int(args.fn(args) or DONE)
     except KeyboardInterrupt:  # Ctrl-C: one line and the shell's 130, not a traceback from wherever it landed
         print(f"omnirl {args.command}: interrupted", file=sys.stderr)
         return INTERRUPTED_EXIT

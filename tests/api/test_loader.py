@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from omnirl.api.errors import ManifestError
+from omnirl.api.exits import USAGE_EXIT
 from omnirl.api.extensions import REWARD_KINDS
 from omnirl.api.loader import dump_rljob, job_from_dict, load_rljob, load_rljobs, resolve_paths, validate_files
 from omnirl.api.spec_algorithm import ALGORITHMS
@@ -58,7 +59,7 @@ def test_console_script_exit_codes(tmp_path: Path) -> None:
     assert ok.stdout.count(": ok\n") == len(EXAMPLES)
     bad = _write(tmp_path, BASE.read_text().replace("groupSize: 8", "groupSize: 1"))
     res = subprocess.run([str(OMNIRL), "validate", str(BASE), bad], capture_output=True, text=True)
-    assert res.returncode == 2
+    assert res.returncode == USAGE_EXIT
     assert res.stdout.splitlines() == [
         f"{BASE}: ok",
         "  ocr-flowgrpo: σ grid: family default (ocr-digits), shift 1, 10 steps: 1.0000, 0.9000 … 0.1000, 0.0000",

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from omnirl.api.exits import INTERRUPTED_EXIT
 from omnirl.api.spec import DNS1123_LABEL_RULE, JOB_NAME_RULE
 from omnirl.cli import main
 from omnirl.system.child import guarded
@@ -562,7 +563,7 @@ def test_ctrl_c_in_eval_is_one_line_and_exit_130_not_a_traceback(tmp_path):
     with open(fifo, "w"):  # returns once eval opened it: eval is reading its prompts
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-    assert (proc.returncode, err.decode()) == (130, "omnirl eval: interrupted\n"), err.decode()[-2000:]
+    assert (proc.returncode, err.decode()) == (INTERRUPTED_EXIT, "omnirl eval: interrupted\n"), err.decode()[-2000:]
     assert not (tmp_path / "o").exists()
 
 

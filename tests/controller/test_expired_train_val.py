@@ -30,6 +30,7 @@ import torch
 import yaml
 from tests.helpers import refill_shapes, trained_sample_ids
 
+from omnirl.api.exits import CONFIG_ERROR_EXIT
 from omnirl.api.loader import job_from_dict
 from omnirl.api.messages import GenerateRequest, SampleSeed, ScoreMeta, TrainItem, TrainRequest
 from omnirl.controller.groups import StepBook
@@ -311,7 +312,7 @@ def test_a_restarted_actor_meets_a_stored_batch_whose_tensors_are_gone(tmp_path,
         if trained_before:
             text = proc.communicate(timeout=60)[0]
             last = text.strip().splitlines()[-1]
-            assert proc.returncode == 4, text[-3000:]
+            assert proc.returncode == CONFIG_ERROR_EXIT, text[-3000:]
             assert last.startswith("omnirl role actor: configuration error: spec.transferQueue.tensorTtlSeconds: the "
                                    "job's actor had trained step 0, but step 0's batch, which checkpoint "), last
             assert "cannot be replayed: 2 of 2 tensor keys were gone when the actor read step 0's batch" in last

@@ -15,9 +15,10 @@ from pathlib import Path
 import pytest
 from e2e.chaos import chaos_job
 
+from omnirl.api.exits import INTERRUPTED_EXIT, LEDGER_PROBLEMS_EXIT
 from omnirl.api.ledger import Ledger
 from omnirl.cli import main
-from omnirl.evaluation.ledger import LEDGER_PROBLEMS_EXIT, account, check_ledger
+from omnirl.evaluation.ledger import account, check_ledger
 
 ROOT = Path(__file__).resolve().parents[2]
 G, P = 3, 2  # chaos_job's groupSize, promptsPerStep
@@ -226,7 +227,7 @@ def test_the_console_command_exits_3_naming_the_problem(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "services"), str(ROOT / "operator"), str(ROOT)])}
     done = subprocess.run([sys.executable, "-m", "omnirl.cli", "ledger", str(out)], capture_output=True, text=True,
                           env=env, timeout=120)
-    assert done.returncode == 3, done.stderr
+    assert done.returncode == LEDGER_PROBLEMS_EXIT, done.stderr
     assert f"{out}: steps missing from the final weights: [1]" in done.stdout
     assert "PROBLEM: 6 sample(s) lost, 0 duplicated" in done.stdout
 
@@ -234,7 +235,7 @@ def test_the_console_command_exits_3_naming_the_problem(tmp_path):
 def _ledger_json(out: Path, env: dict) -> tuple[int, dict]:
     done = subprocess.run([sys.executable, "-m", "omnirl.cli", "ledger", str(out), "--json"], capture_output=True,
                           text=True, env=env, timeout=120)
-    assert done.returncode in (0, 3), done.stderr
+    assert done.returncode in (0, LEDGER_PROBLEMS_EXIT), done.stderr
     return done.returncode, json.loads(done.stdout)
 
 
@@ -254,7 +255,7 @@ def test_omnirl_ledger_on_a_real_run_stopped_then_resumed(tmp_path):
                                                (out / "metrics.jsonl").read_text()):
                 time.sleep(0.5)
             proc.terminate()
-            assert proc.wait(timeout=300) == 130, (tmp_path / "run.log").read_text()[-3000:]
+            assert proc.wait(timeout=300) == INTERRUPTED_EXIT, (tmp_path / "run.log").read_text()[-3000:]
         finally:
             if proc.poll() is None:
                 proc.kill()

@@ -9,6 +9,7 @@ import sys
 import pytest
 from tests.helpers import supervise_scripts
 
+from omnirl.api.exits import CONFIG_ERROR_EXIT, FAILED, INTERRUPTED_EXIT
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.runtime import sync_backend
 from omnirl.launch.local import role_env
@@ -158,7 +159,6 @@ def _supervise(tmp_path, redis_url, rollout_exit: int | None, **policy) -> tuple
 def test_a_crash_is_restarted_a_configuration_error_is_not(tmp_path, redis_url, exit_code, expected):
     """Exit 1 (a crash) is restarted maxRestarts = 2 times, then fails the job: 3 starts. Exit
     CONFIG_ERROR_EXIT (4) fails the job at once with that code: 1 start."""
-    from omnirl.api.runtime import CONFIG_ERROR_EXIT
 
     assert CONFIG_ERROR_EXIT == 4
     assert _supervise(tmp_path, redis_url, exit_code) == expected
@@ -298,7 +298,7 @@ def test_a_redis_that_cannot_start_again_on_its_port_stops_the_job_with_the_reas
         if freed:
             assert sup._verdict is None and sup.redis.port == port and sup.redis.alive()
         else:
-            assert sup._verdict.code == 1 and sup._verdict.reason == (
+            assert sup._verdict.code == FAILED and sup._verdict.reason == (
                 f"the embedded Redis exited and could not be started again on 127.0.0.1:{port} for 4 s (Warning: "
                 f"Could not create server TCP listening socket 127.0.0.1:{port}: bind: Address already in use); free the port (e.g. `ss -ltnp | grep {port}`), then "
                 "continue with --resume")
@@ -336,7 +336,7 @@ def test_run_with_a_truncated_weights_file_fails_once_with_the_message(tmp_path)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
                            "--out", str(out)], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert proc.returncode == CONFIG_ERROR_EXIT, proc.stdout + proc.stderr
     reason = f"configuration error: spec.model.path: {weights} is unreadable (truncated or not a safetensors file: "
     launcher = [line for line in proc.stdout.splitlines() if line.startswith("omnirl: ")]
     mentions = [line for line in launcher if reason in line]
@@ -373,7 +373,7 @@ def test_an_out_whose_run_never_started_is_started_afresh_by_the_same_command(tm
         text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    assert proc.returncode == 130, text
+    assert proc.returncode == INTERRUPTED_EXIT, text
     # still nothing to continue: the same command again, not --resume
     assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
                                              f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
@@ -409,7 +409,7 @@ def test_a_metrics_port_in_use_stops_the_run_once_naming_the_variable(tmp_path):
         proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
                                "--out", str(out)], capture_output=True, text=True, timeout=600,
                               env={**os.environ, "OMNIRL_METRICS_PORT": str(port)})
-    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert proc.returncode == CONFIG_ERROR_EXIT, proc.stdout + proc.stderr
     last = proc.stdout.splitlines()[-1]
     assert last.startswith("omnirl: the job did not finish (exit 4): role controller failed: "), proc.stdout
     assert f"configuration error: OMNIRL_METRICS_PORT {port}: " in last and "set OMNIRL_METRICS_PORT to a free" in last
@@ -434,7 +434,7 @@ def test_a_health_port_in_use_is_a_configuration_error_of_the_role(tmp_path, red
         port = held.getsockname()[1]
         proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "role", "reward", "--job", "examples/ocr-nft.yaml"],
                               capture_output=True, text=True, timeout=300, env={**env, "OMNIRL_HEALTH_PORT": str(port)})
-    assert proc.returncode == 4, proc.stderr
+    assert proc.returncode == CONFIG_ERROR_EXIT, proc.stderr
     assert proc.stderr.splitlines()[-1] == (
         f"omnirl role reward: configuration error: OMNIRL_HEALTH_PORT {port}: cannot listen on [::]:{port} (taken by "
         "another process, or below 1024 without the privilege); set OMNIRL_HEALTH_PORT to a free port (or unset it: "
@@ -510,17 +510,17 @@ def test_an_interrupt_after_the_job_finished_says_nothing_is_left(tmp_path):
 
     args = build_parser().parse_args(["run", "job.yaml", "--no-ray"])
     (tmp_path / "metrics.jsonl").write_text('{"event": "start"}\n{"event": "step", "step": 0}\n')
-    assert verdict(130, "", args, tmp_path) == (f"omnirl: interrupted (exit 130); continue with: omnirl run job.yaml "
+    assert verdict(INTERRUPTED_EXIT, "", args, tmp_path) == (f"omnirl: interrupted (exit 130); continue with: omnirl run job.yaml "
                                                 f"--out {tmp_path} --no-ray --resume")
     with (tmp_path / "metrics.jsonl").open("a") as f:
         f.write('{"event": "finish"}\n')
-    assert verdict(130, "", args, tmp_path, since=0) == (
+    assert verdict(INTERRUPTED_EXIT, "", args, tmp_path, since=0) == (
         "omnirl: interrupted (exit 130) after the job had finished: nothing to continue")
     # the finish is the earlier run's (the 3 records were there before this launcher started the roles) or
     # this launcher started none: the job it was asked for goes on with --resume
     resume = f"omnirl: interrupted (exit 130); continue with: omnirl run job.yaml --out {tmp_path} --no-ray --resume"
-    assert verdict(130, "", args, tmp_path, since=3) == resume
-    assert verdict(130, "", args, tmp_path) == resume
+    assert verdict(INTERRUPTED_EXIT, "", args, tmp_path, since=3) == resume
+    assert verdict(INTERRUPTED_EXIT, "", args, tmp_path) == resume
     assert verdict(4, "role actor-0 failed: x", args, tmp_path) == "omnirl: the job did not finish (exit 4): role actor-0 failed: x"
 
 
@@ -772,7 +772,7 @@ def test_a_second_ctrl_c_kills_the_roles_at_once_and_leaves_no_redis_behind(tmp_
     finally:
         proc.kill()
     text = "".join(lines) + rest
-    assert proc.returncode == 130, text
+    assert proc.returncode == INTERRUPTED_EXIT, text
     time.sleep(2.0)  # the watchdog restarted the server within 0.2 s of the launcher's exit taking it down
     port = int(text.split("(redis redis://127.0.0.1:")[1].split("/")[0])  # the launcher's first line names it
     with pytest.raises(ConnectionRefusedError):
@@ -823,7 +823,7 @@ def test_ctrl_c_says_what_the_stop_does_in_each_phase(tmp_path, phase, records, 
         text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    assert proc.returncode == 130, text
+    assert proc.returncode == INTERRUPTED_EXIT, text
     assert [line for line in text.splitlines() if line.startswith("omnirl: interrupted")][0] == said, text
     assert "writes a checkpoint" not in text, text
     assert text.strip().splitlines()[-1] == {
@@ -871,7 +871,7 @@ def test_ctrl_c_with_the_manifests_redis_gone_returns_at_once_naming_what_is_lef
             proc.kill()
         server.stop()
     text = "".join(lines) + rest
-    assert proc.returncode == 130, text
+    assert proc.returncode == INTERRUPTED_EXIT, text
     assert took < 15, f"{took:.0f} s from Ctrl-C to exit: it waited out the grace period\n{text}"
     port = server.port
     pids = json.loads((out / "roles.json").read_text())
@@ -945,7 +945,7 @@ def test_an_embedded_redis_that_exits_at_start_is_the_verdict_not_a_traceback(tm
     fake.write_text("#!/bin/sh\necho 'Bad file format reading the append only file' >&2\nexit 1\n")
     fake.chmod(0o755)
     done, out = _run_with_path(tmp_path, fake.parent)
-    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.returncode == FAILED, done.stdout + done.stderr
     assert "Traceback" not in done.stdout + done.stderr, done.stdout + done.stderr
     assert "Bad file format reading the append only file" in done.stdout, done.stdout
     last = done.stdout.strip().splitlines()[-1]
@@ -1021,7 +1021,7 @@ def test_the_resume_printed_after_a_ctrl_c_on_the_manifests_redis_is_not_refused
         text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    assert proc.returncode == 130, text
+    assert proc.returncode == INTERRUPTED_EXIT, text
     assert text.strip().splitlines()[-1] == (f"omnirl: interrupted (exit 130); continue with: omnirl run "
                                              f"{tmp_path / 'job.yaml'} --out {out} --steps 1 --no-ray --device cpu"), text
     # nothing ran (no controller): the launcher deleted the job's keys, the stand-ins' beats with them
@@ -1052,7 +1052,7 @@ def test_a_fresh_run_from_another_out_keeps_a_stopped_runs_work_on_the_manifests
         text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    assert proc.returncode == 130 and text.strip().endswith(f"--out {out} --steps 1 --no-ray --device cpu --resume"), text
+    assert proc.returncode == INTERRUPTED_EXIT and text.strip().endswith(f"--out {out} --steps 1 --no-ray --device cpu --resume"), text
     other = tmp_path / "other"
     done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
                            "--device", "cpu", "--steps", "1", "--out", str(other)], capture_output=True, text=True,
@@ -1092,7 +1092,7 @@ def test_a_ctrl_c_after_the_job_finished_frees_its_name_on_the_manifests_redis(t
         text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    assert proc.returncode == 130, text
+    assert proc.returncode == INTERRUPTED_EXIT, text
     assert text.strip().splitlines()[-1] == "omnirl: interrupted (exit 130) after the job had finished: nothing to " \
         "continue", text
     assert list(redis_client.scan_iter(match=kv_key("ocr-awm", "*"))) == [], text
@@ -1189,7 +1189,7 @@ def test_a_run_whose_name_was_taken_leaves_the_other_runs_keys_as_they_are_when_
         text = _interrupt(proc, lines)
     finally:
         proc.kill()
-    assert proc.returncode == 130, text
+    assert proc.returncode == INTERRUPTED_EXIT, text
     keys = sorted(k.decode() for k in redis_client.scan_iter(match=kv_key("ocr-awm", "*")))
     assert keys == [kv_key("ocr-awm", "actor_state"), kv_key("ocr-awm", RUN_OWNER)], (keys, text)
     assert json.loads(redis_client.get(kv_key("ocr-awm", RUN_OWNER))) == rljob
@@ -1242,7 +1242,6 @@ def test_a_roles_configuration_error_is_one_line_without_the_controllers_traceba
     import yaml
     from e2e.chaos import chaos_job
 
-    from omnirl.api.runtime import CONFIG_ERROR_EXIT
 
     repo = Path(__file__).resolve().parents[2]
     hook = tmp_path / "hook"

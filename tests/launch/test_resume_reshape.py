@@ -21,6 +21,7 @@ import pytest
 import yaml
 from tests.helpers import wait_until
 
+from omnirl.api.exits import CONFIG_ERROR_EXIT, INTERRUPTED_EXIT
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.resume import resume_changes, resume_notes
 from omnirl.launch import preflight
@@ -76,7 +77,7 @@ def test_a_resume_with_another_group_size_is_refused_before_anything_starts(tmp_
         time.sleep(0.3)  # into the next step: its requests are published, its samples on their way
     finally:
         first.send_signal(signal.SIGTERM)  # as Ctrl-C
-    assert _finish(first, 90)[0] == 130
+    assert _finish(first, 90)[0] == INTERRUPTED_EXIT
     trained, before = _trained(out), (out / "job.yaml").read_text()
 
     code, output = _finish(_omnirl(_job(tmp_path, groupSize=4), out, "--resume"), 60)
@@ -313,7 +314,7 @@ def test_a_resume_with_a_new_reward_weight_weighs_the_scores_made_before_the_sto
         wait_until(lambda: first.poll() is not None or scores() >= 3, "the first group's scores", timeout_s=120)
     finally:
         first.send_signal(signal.SIGTERM)  # as Ctrl-C
-    assert _finish(first, 90)[0] == 130
+    assert _finish(first, 90)[0] == INTERRUPTED_EXIT
     # scores made before the stop and the step not trained. A loaded machine finishes the reward role's batch in
     # flight and scores all 6 (CI: 6); the test holds either way: scores reused at weight 1 give reward_ocr, not half
     assert 3 <= scores() <= 6 and _trained(out) == [], f"stopped too late to test this: {_trained(out)} trained"
@@ -425,7 +426,7 @@ def test_an_actor_that_meets_a_stopped_local_runs_work_names_that_run(tmp_path, 
                               env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
     finally:
         redis_client.delete(kv_key("reshape", "actor_state"), kv_key("reshape", STOPPED_RUN))
-    assert done.returncode == 4, done.stderr[-3000:]
+    assert done.returncode == CONFIG_ERROR_EXIT, done.stderr[-3000:]
     assert done.stderr.strip().splitlines()[-1] == (
         f"omnirl role actor: configuration error: checkpoint {tmp_path / 'pod' / 'checkpoints' / 'latest'}: the job's "
         "actor had trained step 1, but there is none: the keys of job 'reshape' on this Redis hold the pending work of "

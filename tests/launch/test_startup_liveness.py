@@ -24,6 +24,7 @@ import redis
 import torch
 import yaml
 
+from omnirl.api.exits import TERMINATED_EXIT
 from omnirl.api.loader import job_from_dict
 from omnirl.models.compile import while_compiling
 from omnirl.transfer.heartbeat import Heartbeat, read_heartbeats
@@ -213,5 +214,5 @@ def test_a_rollout_whose_actor_store_is_dead_says_so_and_stops_on_sigterm(tmp_pa
     assert f"at 127.0.0.1:{port} ([Errno 111] Connection refused): 2 s so far, trying until " in waits[0], lines
     assert waits[0].rstrip().endswith(" (1800 s, failurePolicy.startupDeadlineSeconds + progressDeadlineSeconds); "
                                       "no actor heartbeat in Redis (not started yet, or gone)"), waits[0]
-    assert code == 143 and stopped_s < 5, (code, stopped_s, lines[-3:])
+    assert code == TERMINATED_EXIT and stopped_s < 5, (code, stopped_s, lines[-3:])
     assert lines[-1].strip() == "omnirl role rollout: stopped by SIGTERM, work handed back", lines[-3:]

@@ -18,6 +18,7 @@ import yaml
 from tests.helpers import crash_everywhere, without_file_permission_override
 
 from omnirl.actor.checkpoint import save_checkpoint
+from omnirl.api.exits import STORAGE_ERROR_EXIT
 from omnirl.api.loader import dump_rljob, job_from_dict
 from omnirl.api.spec import LoRASpec, RLJob
 from omnirl.cli import main
@@ -482,7 +483,7 @@ def test_an_unreadable_checkpoint_file_is_reported_as_a_read_with_its_fix(run_di
                                             str(tmp_path / "export")])
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
     f.chmod(0o644)
-    assert done.returncode == 5, done.stderr
+    assert done.returncode == STORAGE_ERROR_EXIT, done.stderr
     assert done.stderr.splitlines() == [
         f"omnirl export: cannot read {f} ([Errno 13] Permission denied); make it readable by uid {os.getuid()} "
         "(its owner or mode; in a pod, uid 1000: give the volume an fsGroup or chown it)"]

@@ -15,6 +15,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from omnirl.api.exits import FAILED, SIGNAL_EXIT_BASE, TERMINATED_EXIT
 from omnirl.api.loader import job_from_dict, load_rljob
 from omnirl.api.spec import FailurePolicySpec
 from omnirl_operator import render
@@ -406,7 +407,7 @@ def test_permanent_exit_codes_fail_the_job_transient_ones_do_not():
     assert (storage.action, storage.reason, storage.message) == (
         "fail", "StorageError", f"actor exited 5 (a file or the run volume cannot be read or written; not restarted): {full.strip()}")
     # a crash, an OOM kill (137), SIGTERM (143), a running pod: the failure policy decides, not this
-    assert permanent_failure([pod("actor", c) for c in (1, 137, 143)] + [{"metadata": {"name": "p"}}],
+    assert permanent_failure([pod("actor", c) for c in (FAILED, SIGNAL_EXIT_BASE + 9, TERMINATED_EXIT)] + [{"metadata": {"name": "p"}}],
                              "omnirl.dev/role") is None
 
 

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 import omnirl.reward.servers as servers
+from omnirl.api.exits import CONFIG_ERROR_EXIT
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.spec import RLJob
 from omnirl.reward.servers import JudgeFailed, check_local, check_served_judges, start_judges, stop_judges
@@ -344,7 +345,7 @@ def test_omnirl_run_with_a_judge_that_fails_to_start_prints_its_log_and_exits_4(
     done = subprocess.run([sys.executable, "-m", "omnirl.cli", "run", str(tmp_path / "job.yaml"), "--no-ray",
                            "--device", "cpu", "--out", str(tmp_path / "o")], capture_output=True, text=True, env=env,
                           timeout=120)
-    assert time.monotonic() - t0 < 60 and done.returncode == 4, done.stdout + done.stderr
+    assert time.monotonic() - t0 < 60 and done.returncode == CONFIG_ERROR_EXIT, done.stdout + done.stderr
     log = tmp_path / "o" / "logs" / "judge-judge.log"
     lines = done.stdout.splitlines()
     at = lines.index(f"omnirl: judge judge: the last lines of {log}:")

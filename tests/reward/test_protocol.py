@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from omnirl.api.exits import USAGE_EXIT
 from omnirl.models.digits.render import render_text
 from omnirl.reward import ScorerError
 from omnirl.reward.jpeg import JPEGCompressibilityScorer
@@ -215,5 +216,5 @@ def test_http_malformed_answers_are_errors_with_the_text(flaky, reply, match):
 def test_scorer_serve_rejects_bad_params_naming_them():
     proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "scorer", "serve", "--reward", "jpeg", "--port", "0",
                            "--param", "quality=100"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
+    assert proc.returncode == USAGE_EXIT
     assert "params.quality: 100 is invalid: must be <= 95" in proc.stderr

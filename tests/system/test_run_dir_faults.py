@@ -21,6 +21,7 @@ import pytest
 import yaml
 from tests.helpers import supervise_scripts, without_file_permission_override
 
+from omnirl.api.exits import INTERRUPTED_EXIT, STORAGE_ERROR_EXIT, USAGE_EXIT
 from omnirl.system import disk
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,13 +97,13 @@ def test_an_out_that_cannot_be_written_is_one_line_naming_out_and_the_fix(tmp_pa
     }
     for out, expected in cases.items():
         proc = _run("--out", str(out))
-        assert proc.returncode == 2, proc.stderr
+        assert proc.returncode == USAGE_EXIT, proc.stderr
         assert proc.stderr.splitlines() == [f"omnirl run: --out {out}: {expected}"]
         assert proc.stdout == ""
     # omnirl eval checks its --out before minutes of sampling, not at the end
     proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "eval", "examples/ocr-awm.yaml", "--out",
                            str(read_only_dir / "eval")], capture_output=True, text=True, timeout=300, cwd=REPO)
-    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+    assert proc.returncode == USAGE_EXIT and proc.stderr.splitlines() == [
         f"omnirl eval: --out {read_only_dir / 'eval'}: {read_only_dir} cannot be written ({refused} or choose "
         "another --out"], proc.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "ro"]
@@ -114,7 +115,7 @@ def test_a_launcher_write_refused_after_the_probe_ends_with_the_storage_verdict(
     fix and the command that continues; no traceback. Before, an OSError traceback."""
     out = tmp_path / "out"
     proc = _run("--out", str(out), file_size_limit=512)
-    assert proc.returncode == 5, proc.stdout + proc.stderr
+    assert proc.returncode == STORAGE_ERROR_EXIT, proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines() == [
         f"omnirl: the job did not finish (exit 5): cannot write {out} ([Errno 27] File too large); "
@@ -276,7 +277,7 @@ def test_ctrl_c_while_redis_starts_prints_the_interrupt_verdict_and_leaves_nothi
     launcher (its parent-death signal is a SIGTERM)."""
     out = tmp_path / "out"
     code, stdout, stderr, left = _ctrl_c_while_redis_starts(tmp_path, out, "--steps", "1")
-    assert code == 130, stdout + stderr
+    assert code == INTERRUPTED_EXIT, stdout + stderr
     assert "Traceback" not in stdout + stderr, stdout + stderr
     assert stdout.strip().splitlines()[-2:] == [
         "omnirl: interrupted before the roles started — stopping what was started (nothing to checkpoint)",
@@ -294,7 +295,7 @@ def test_ctrl_c_of_a_resumed_finished_run_is_not_after_the_job_had_finished(tmp_
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"event": "start"}\n{"event": "step", "step": 0}\n{"event": "finish"}\n')
     code, stdout, stderr, left = _ctrl_c_while_redis_starts(tmp_path, out, "--steps", "2", "--resume")
-    assert code == 130, stdout + stderr
+    assert code == INTERRUPTED_EXIT, stdout + stderr
     assert stdout.strip().splitlines()[-1] == (
         f"omnirl: interrupted (exit 130); continue with: omnirl run examples/ocr-awm.yaml --out {out} --steps 2 "
         "--no-ray --device cpu --resume"), stdout
@@ -330,10 +331,9 @@ def _supervise_filler(tmp_path: Path, redis_url: str, script: str, embedded=None
 def test_a_role_that_reports_a_storage_error_stops_the_job_without_a_restart(tmp_path, redis_url, line, action):
     """Exit STORAGE_ERROR_EXIT (5): the job stops with 5 at once, no restart spent, the role's line
     is the reason, and the event says what could not be done (read a file, or write the run directory)."""
-    from omnirl.api.runtime import STORAGE_ERROR_EXIT
 
     code, starts, events, failure = _supervise_filler(
-        tmp_path, redis_url, f"import sys; print({line!r}, file=sys.stderr, flush=True); raise SystemExit(5)")
+        tmp_path, redis_url, f"import sys; print({line!r}, file=sys.stderr, flush=True); raise SystemExit({STORAGE_ERROR_EXIT})")
     assert (code, starts) == (STORAGE_ERROR_EXIT, 1)
     assert failure == f"role rollout-0 failed: {line}"
     assert [e["action"] for e in events] == [action]
@@ -344,7 +344,6 @@ def test_a_redis_killed_for_a_file_too_large_is_not_restarted_and_stops_the_job(
     not ignore the signal): a restart would die at its next append, so the watchdog stops the job
     with STORAGE_ERROR_EXIT naming the errno text and the fix. Before, it restarted Redis and the
     job went on (here: the controller finishes after 60 s and the run returns 0)."""
-    from omnirl.api.runtime import STORAGE_ERROR_EXIT
     from omnirl.transfer import start_redis_server
 
     embedded = start_redis_server(dir=str(tmp_path / "redis"), aof=True)
@@ -364,7 +363,6 @@ def test_a_crash_on_a_full_run_directory_stops_the_job_instead_of_restarting(sma
     whose Redis died of the full disk): the supervisor's probe write fails, so the job stops with
     STORAGE_ERROR_EXIT naming the directory and the errno text instead of restarting the role twice.
     The launcher's own writes to the full disk (the role's log, events.jsonl) do not raise."""
-    from omnirl.api.runtime import STORAGE_ERROR_EXIT
 
     # it fills the disk only once the supervisor wrote roles.json (its last write before it watches)
     fill = (f"import os, time\nwhile not os.path.exists({str(small_fs / 'roles.json')!r}): time.sleep(0.05)\n"
@@ -388,7 +386,6 @@ def test_a_write_the_run_directory_refuses_stops_the_job_and_resume_finishes_it_
 
     from e2e.chaos import chaos_job
 
-    from omnirl.api.runtime import STORAGE_ERROR_EXIT
     from omnirl.evaluation.ledger import check_ledger
 
     job, out, steps = chaos_job(tmp_path, "full-disk", steps=4), tmp_path / "out", 4
@@ -524,7 +521,6 @@ def test_a_checkpoint_directory_without_write_permission_stops_the_job_once(tmp_
     exits 5 at once with one line naming the path, the errno and the fix; nothing is restarted."""
     from e2e.chaos import chaos_job
 
-    from omnirl.api.runtime import STORAGE_ERROR_EXIT
 
     where, code = no_permission_dir
     job, out = chaos_job(tmp_path, "no-permission", steps=2), where.parent

@@ -21,6 +21,7 @@ from tests.controller.test_controller_units import request, score
 from tests.helpers import crash_everywhere
 
 from omnirl.actor.checkpoint import COMPLETE, load_checkpoint, resolve_checkpoint, save_checkpoint
+from omnirl.api.exits import CONFIG_ERROR_EXIT, FAILED
 from omnirl.api.runtime import RoleEnv
 from omnirl.controller.groups import StepBook, attempt_of, refill_request
 from omnirl.launch.roles import should_resume
@@ -221,7 +222,7 @@ def test_an_actor_whose_checkpoint_was_lost_stops_once_with_the_path_and_the_fix
     finally:
         queue.cleanup()
         queue.close()
-    assert proc.returncode == 4, proc.stderr
+    assert proc.returncode == CONFIG_ERROR_EXIT, proc.stderr
     assert proc.stderr.splitlines()[-1] == (
         f"omnirl role actor: configuration error: checkpoint {root / 'latest'}: the job's actor had trained step 1, "
         "but it names step-000001, which is gone, and no stored batch follows it (the older step-000000 cannot "
@@ -247,7 +248,7 @@ def test_an_explicit_resume_without_a_checkpoint_is_one_configuration_error(tmp_
            "OMNIRL_OUT": str(tmp_path), "OMNIRL_RESUME": "1"}
     proc = subprocess.run([sys.executable, "-m", "omnirl.cli", "role", "actor", "--job", "examples/ocr-nft.yaml"],
                           capture_output=True, text=True, timeout=300, env=env)
-    assert proc.returncode == 4, proc.stderr
+    assert proc.returncode == CONFIG_ERROR_EXIT, proc.stderr
     gone = " (it names step-000020, which is gone)" if leftover == "dangling latest" else ""
     assert proc.stderr.splitlines()[-1] == (
         f"omnirl role actor: configuration error: OMNIRL_RESUME=1 but there is no checkpoint to resume from: {latest} "
@@ -519,7 +520,7 @@ def test_a_role_that_loses_redis_says_so_in_one_line_and_exits_1(tmp_path, how):
            "PYTHONPATH": os.pathsep.join(str(repo / p) for p in ("services", "operator", "."))}
     done = subprocess.run([sys.executable, "-c", _ROLE_LOSES_REDIS, how], capture_output=True, text=True, timeout=60,
                           cwd=repo, env=env)
-    assert done.returncode == 1, done.stderr
+    assert done.returncode == FAILED, done.stderr
     assert done.stderr.splitlines() == [
         f"omnirl role reward: Redis at 127.0.0.1:{port}/0 did not answer through its calls' retries (about 120 s; "
         f"ConnectionError: Error 111 connecting to 127.0.0.1:{port}. Connection refused.); this role gives up "

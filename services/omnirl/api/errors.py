@@ -7,7 +7,7 @@ relative to the model that raised it, so `omnirl validate` can print the full do
 `ManifestError` is what the loader raises: every problem of a file, one line each.
 `ConfigError` is what a role raises at start-up for a setting that cannot work where it runs (a
 model directory without the family's layout, an unreadable checkpoint): permanent, so the role exits
-`omnirl.api.runtime.CONFIG_ERROR_EXIT` and neither the launcher nor the operator restarts it.
+`omnirl.api.exits.CONFIG_ERROR_EXIT` and neither the launcher nor the operator restarts it.
 """
 
 from __future__ import annotations

@@ -23,9 +23,11 @@ STORAGE_ERROR_EXIT = 5
 """A write to the run directory failed for want of space or a writable mount (ENOSPC, EDQUOT, EFBIG, EROFS) or
 permission (EACCES, EPERM), or a file could not be read for permission: every restart would fail the same way
 until someone frees space or fixes the directory; a resume continues."""
-INTERRUPTED_EXIT = 130
-"""Ctrl-C (SIGINT), or SIGTERM to `omnirl run`: the shell's 128 + 2."""
-TERMINATED_EXIT = 143
+SIGNAL_EXIT_BASE = 128
+"""A process killed by signal N exits 128 + N, as a shell reports it (the launcher reports a role's death so)."""
+INTERRUPTED_EXIT = SIGNAL_EXIT_BASE + 2
+"""Ctrl-C (SIGINT), or SIGTERM to `omnirl run`: the shell's 128 + 2 (130)."""
+TERMINATED_EXIT = SIGNAL_EXIT_BASE + 15
 """A role stopped by SIGTERM (a pod's deletion, the launcher's stop): its work stays pending in Redis."""
 
 PERMANENT_EXITS = (JOB_FAILED_EXIT, CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT)
@@ -86,6 +88,11 @@ MEANINGS: dict[str, tuple[tuple[int, str], ...]] = {
                      "an `--out` that exists"),
         (STORAGE_ERROR_EXIT, "a file it may not read, or an `--out` it cannot write"),
         (INTERRUPTED_EXIT, "interrupted"),
+    ),
+    "omnirl plan": (
+        (DONE, "every model role fits its device under its parallel layout (the table printed)"),
+        (FAILED, "a role does not fit: the table, then the layouts that would (`would fit: …`)"),
+        (USAGE_EXIT, "a manifest, model directory or `--gpu` it cannot read: one line naming it"),
     ),
     "omnirl pretrain, render, crd, scorer serve": (
         (DONE, "done (`scorer serve`: stopped by a signal)"),

@@ -15,15 +15,18 @@ holds when a manifest names that kind.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cache
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from omnirl.api.extensions_generated import FAMILIES as _FAMILY_TABLE
 from omnirl.api.extensions_generated import REWARD_KINDS as _KIND_TABLE
 
 if TYPE_CHECKING:
     from omnirl.api._base import SpecModel
+
+T = TypeVar("T")
 
 Modality = Literal["image", "video", "audio"]
 """What a family's samples are and what a reward kind scores (rollout output: `[B, H, W, 3]` uint8 images today)."""
@@ -152,3 +155,23 @@ def params_model(kind: str) -> type[SpecModel]:
     """
     info = REWARD_KINDS[kind]
     return getattr(importlib.import_module(info.module), info.params)
+
+
+def import_registered(name: str, table: Mapping[str, FamilyInfo | RewardKindInfo], registered: Mapping[str, T], *,
+                      unknown: str, what: str) -> T:
+    """What `name`'s module registered (`registered[name]`), importing that module (and only it) from `table`
+    (`FAMILIES` or `REWARD_KINDS`): `omnirl.models.families.get_family` and `omnirl.scorers.kinds.get_kind`.
+
+    Args:
+        unknown: the name as a field in the unknown-name error (`model.family`); what: as a noun (`model family`).
+    Raises:
+        ValueError: a name not in `table` (the message lists the supported ones), or a module that does not
+            register it (a stale table: `python -m omnirl.extensions --write`).
+    """
+    if name not in table:
+        raise ValueError(f"unknown {unknown} {name!r}; supported: {', '.join(table)}")
+    importlib.import_module(table[name].module)
+    if name not in registered:
+        raise ValueError(f"{what} {name!r}: {table[name].module} does not register it; the table "
+                         "omnirl/api/extensions_generated.py is stale (python -m omnirl.extensions --write)")
+    return registered[name]

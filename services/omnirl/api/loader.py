@@ -6,7 +6,7 @@
   is not checked here: in a cluster they live in the pods, not beside the manifest.
 - `load_rljobs(path)` does the same for every document of a multi-document YAML file.
 - `validate_files(files, out)` is `omnirl validate`: `FILE: ok`, or one line per problem; exit
-  code 0 when every file is valid, else 2.
+  code `DONE` when every file is valid, else `USAGE_EXIT` (`omnirl.api.exits`).
 - `dump_rljob` / `job_from_dict` convert to and from plain JSON-compatible dicts (the ConfigMap
   the operator writes, the body kopf hands over). `job_from_dict` does not resolve paths.
 
@@ -27,6 +27,7 @@ import yaml
 from pydantic import ValidationError
 
 from omnirl.api.errors import ManifestError, format_value
+from omnirl.api.exits import DONE, USAGE_EXIT
 from omnirl.api.paths import path_problem, printable, utf8_problem
 from omnirl.api.problems import dotted, problem_lines
 from omnirl.api.spec import API_GROUP, API_VERSION, KIND, RLJob
@@ -319,7 +320,7 @@ def validate_files(files: list[str], out: TextIO, describe: Callable[[RLJob], li
         check: problems of a job whose spec is valid that need more than the spec (the CLI's: LoRA targets
             against the model's layers); any makes the file invalid, each printed as `FILE: problem`.
     Returns:
-        0 when every file is valid, 2 otherwise (also when `files` is empty).
+        `DONE` when every file is valid, `USAGE_EXIT` otherwise (also when `files` is empty).
     """
     ok = bool(files)
     for f in files:
@@ -343,4 +344,4 @@ def validate_files(files: list[str], out: TextIO, describe: Callable[[RLJob], li
             for job in jobs if describe else []:
                 for line in describe(job):
                     out.write(f"  {job.metadata.name}: {line}\n")
-    return 0 if ok else 2
+    return DONE if ok else USAGE_EXIT

@@ -17,8 +17,8 @@ from urllib.parse import quote, urlsplit, urlunsplit
 from omnirl.api.errors import ConfigError, config_errors
 from omnirl.api.exits import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT  # noqa: F401
 
-# the role exit codes imported above are owned by `omnirl.api.exits` (with 0, 1, 130, 143); re-exported here for the
-# roles' readers
+# the role exit codes imported above are owned by `omnirl.api.exits`, which every module here imports them from; the
+# names stay importable from here for code written against this module before (tests/test_docs_reference.py)
 # RoleEnv field → environment variable (`weight_sync_addr` = host:port of two fields)
 VARIABLES = {
     "job_name": "OMNIRL_JOB_NAME", "redis_url": "OMNIRL_REDIS_URL", "weight_sync_addr": "OMNIRL_WEIGHT_SYNC_ADDR",

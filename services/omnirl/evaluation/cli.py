@@ -32,8 +32,9 @@ import torch
 from safetensors import SafetensorError
 
 from omnirl.api.errors import config_errors
+from omnirl.api.exits import CONFIG_ERROR_EXIT, FAILED
 from omnirl.api.loader import load_rljob
-from omnirl.api.runtime import CONFIG_ERROR_EXIT, cpu_role_threads, fixed_local_threads, usable_cores
+from omnirl.api.runtime import cpu_role_threads, fixed_local_threads, usable_cores
 from omnirl.api.spec import GROUP_KINDS, RLJob
 from omnirl.controller.data import check_prompts
 from omnirl.controller.grid import save_image_grid, tile_caption
@@ -166,7 +167,7 @@ def _evaluate(args: argparse.Namespace, job: RLJob, prompts: list[str], fix: str
             result = evaluate(adapter, spec, prompts, num_steps=steps, seed=args.seed, sampler=args.sampler)
     except SampleUnscored as err:  # a scorer's answer (a judge's error), not a bug: its line, no traceback
         print(f"omnirl eval: {err}; nothing written", file=sys.stderr, flush=True)
-        return 1
+        return FAILED
     seconds = time.perf_counter() - t0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

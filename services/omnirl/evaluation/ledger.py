@@ -27,7 +27,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from omnirl.api.exits import LEDGER_PROBLEMS_EXIT
+from omnirl.api.exits import DONE, LEDGER_PROBLEMS_EXIT
 from omnirl.api.ids import parse_sample_id
 from omnirl.api.run_dir import METRICS_FILE, RUN_MANIFESTS, read_metrics, run_manifest
 from omnirl.api.run_dir import finished as run_finished
@@ -406,9 +406,9 @@ def main(args: argparse.Namespace) -> int:
     """`omnirl ledger OUT [--json] [--steps N --group-size G --prompts-per-step P | -f JOB]`.
 
     Returns:
-        0 nothing lost or duplicated; `LEDGER_PROBLEMS_EXIT` (3) something was (the problems printed).
+        `DONE` nothing lost or duplicated; `LEDGER_PROBLEMS_EXIT` something was (the problems printed).
     Raises:
-        as :func:`account` (the CLI prints one line and exits 2).
+        as :func:`account` (the CLI prints one line and exits `USAGE_EXIT`).
     """
     import sys
 
@@ -418,7 +418,7 @@ def main(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(a.to_json(), indent=2) + "\n")
     else:
         sys.stdout.write(render(a))
-    return 0 if a.ok else LEDGER_PROBLEMS_EXIT
+    return DONE if a.ok else LEDGER_PROBLEMS_EXIT
 
 
 def render(a: Accounting) -> str:

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import yaml
 
+from omnirl.api.exits import CONFIG_ERROR_EXIT, DONE, FAILED, INTERRUPTED_EXIT, STORAGE_ERROR_EXIT
 from omnirl.api.loader import dump_rljob, load_rljob
 from omnirl.api.run_dir import METRICS_FILE, finished, read_metrics, trained_steps
-from omnirl.api.runtime import CONFIG_ERROR_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv, port_number
+from omnirl.api.runtime import VARIABLES, RoleEnv, port_number
 from omnirl.api.spec import RLJob
 from omnirl.api.spec_parallel import actor_world
 from omnirl.launch import preflight
@@ -106,7 +107,7 @@ def shell_metrics_port() -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run a job locally; returns the exit code (0 = finished, 130 = interrupted).
+    """Run a job locally; returns the exit code (`omnirl.api.exits`: `DONE` finished, `INTERRUPTED_EXIT` interrupted).
 
     Ctrl-C or SIGTERM at any point — the pre-flight checks, Redis or Ray starting, the roles
     running — stops whatever was started and ends with the same last line (`verdict`); so does a
@@ -120,8 +121,8 @@ def main(args: argparse.Namespace) -> int:
         return _run(args, started)
     except KeyboardInterrupt:  # before the roles' supervision began: nothing is left running (see _run)
         out = Path(started.get("out") or args.out or "runs/<job>")
-        print(verdict(130, "", args, out, since=started.get("records")), flush=True)
-        return 130
+        print(verdict(INTERRUPTED_EXIT, "", args, out, since=started.get("records")), flush=True)
+        return INTERRUPTED_EXIT
     except OSError as raised:  # the launcher's own write (job.yaml, a log) after the pre-flight probe passed
         err = disk.storage_error(raised)
         if err is None or "out" not in started:
@@ -169,7 +170,7 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     if isinstance(launch, int):
         return launch  # a finished run's --resume: nothing to do
     _write_run_dir(launch)
-    failure, code = "", 1
+    failure, code = "", FAILED
     try:
         _open_queue(launch)
         _start_ray(launch)
@@ -179,19 +180,19 @@ def _run(args: argparse.Namespace, started: dict[str, Path | int]) -> int:
     except KeyboardInterrupt:
         print(interrupt_line(launch.out, launch.since, started=launch.supervisor is not None, resume=args.resume,
                              total=launch.total), flush=True)
-        code = 130
+        code = INTERRUPTED_EXIT
     except JudgeFailed as err:  # its log's tail, then the verdict names the field, what happened and the fix
         if err.tail:
             print(f"omnirl: judge {err.reward}: the last lines of {err.log}:", flush=True)
             print("\n".join(f"  {line}" for line in err.tail), flush=True)
-        # a setting the job cannot start with (spec.reward[i].server), as a role's at start-up: exit 4, not
+        # a setting the job cannot start with (spec.reward[i].server), as a role's at start-up: CONFIG_ERROR_EXIT, not
         # restarted; the operator fails the RLJob for it too (JudgeFailed), so a script reads one code for both
         failure, code = str(err), CONFIG_ERROR_EXIT
     except RedisServerError as err:  # the embedded server exited at start (its log's tail follows the first line)
         first, _, tail = str(err).partition("\n")
         if tail.strip():
             print(tail.rstrip(), flush=True)
-        failure, code = f"the embedded Redis did not start: {first}", 1
+        failure, code = f"the embedded Redis did not start: {first}", FAILED
     finally:
         failure = _stop_and_clean_up(launch, code, failure)
     _report(launch, code, failure)
@@ -339,7 +340,7 @@ def _supervise(launch: _Launch) -> int:
                                    resume="auto" if args.resume else "0", redis=launch.redis, judges=launch.judges)
     code = launch.supervisor.run()
     launch.redis = launch.supervisor.redis  # it may have restarted the server
-    if code == 0:
+    if code == DONE:
         launch.queue.records.request_stop()  # the controller set it already; every role exits 0
         launch.supervisor.stop_all(grace_s=20.0)
     return code
@@ -372,7 +373,7 @@ def _stop_and_clean_up(launch: _Launch, code: int, failure: str) -> str:
             # nothing to continue when its controller never started, or finished the job (its `finish` record):
             # a Ctrl-C after the finish left its keys, stop flag and place, and a fresh run of the name was then
             # refused, told to --resume this one, whose --resume said "nothing to do" and left them
-            done = code == 0 or not holds_run(out) or _finished_now(out, launch.since)
+            done = code == DONE or not holds_run(out) or _finished_now(out, launch.since)
             if silent:  # the marks below would wait 5 s for nothing: say what is left instead
                 print(left_behind(silent, job.metadata.name, forced, finished=done), flush=True)
             elif launch.claim is not None:  # its roles are stopped: the resume we print must not be refused as
@@ -538,10 +539,10 @@ def verdict(code: int, failure: str, args: argparse.Namespace, out: Path, since:
     `since`: how many records `out/metrics.jsonl` held before this launcher started the roles (None:
     it started none). A finished earlier part of a resumed run is not this run finishing: a Ctrl-C
     while its roles were restarted said "after the job had finished: nothing to continue"."""
-    if code == 130:
+    if code == INTERRUPTED_EXIT:
         if since is not None and (out / METRICS_FILE).exists() and finished(out, since):
-            return "omnirl: interrupted (exit 130) after the job had finished: nothing to continue"
-        return f"omnirl: interrupted (exit 130); continue with: {resume_command(args, out)}"
+            return f"omnirl: interrupted (exit {code}) after the job had finished: nothing to continue"
+        return f"omnirl: interrupted (exit {code}); continue with: {resume_command(args, out)}"
     if code == STORAGE_ERROR_EXIT:  # the failure ends with the fix ("free space there"): the resume follows it
         return f"omnirl: the job did not finish (exit {code}): {failure}, then continue with: {resume_command(args, out)}"
     return f"omnirl: the job did not finish (exit {code})" + (f": {failure}" if failure else "")

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 
+from omnirl.api.exits import DONE
 from omnirl.api.runtime import RoleEnv
 
 
@@ -60,7 +61,7 @@ def run_pod_ranks(role: str, job_path: str, envs: list[RoleEnv], *, poll_s: floa
     try:
         while True:
             codes = [c.poll() for c in children]
-            failed = next((c for c in codes if c not in (None, 0)), None)
+            failed = next((c for c in codes if c not in (None, DONE)), None)
             if failed is not None:
                 for child in children:
                     if child.poll() is None:
@@ -68,8 +69,8 @@ def run_pod_ranks(role: str, job_path: str, envs: list[RoleEnv], *, poll_s: floa
                 for child in children:
                     child.wait()
                 return failed
-            if all(c == 0 for c in codes):
-                return 0
+            if all(c == DONE for c in codes):
+                return DONE
             time.sleep(poll_s)
     finally:
         signal.signal(signal.SIGTERM, old)

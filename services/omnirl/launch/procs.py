@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from omnirl.api.runtime import VARIABLES, usable_cores
-from omnirl.system.child import guarded
+from omnirl.system.child import guarded, stop_child
 
 ROLE_VARIABLES = frozenset(VARIABLES.values())
 
@@ -81,13 +81,7 @@ class _Child:
             self.proc.send_signal(sig)
 
     def kill(self, grace_s: float = 5.0) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop_child(self.proc, grace_s)
         self._reader.join(timeout=2)
         try:
             self._log.close()

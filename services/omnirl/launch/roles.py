@@ -7,19 +7,15 @@ the job has finished (its `finish` record in Redis, `finished_record`) exits 0 a
 is imported, with one line saying so: a pod restarted in place or rolled after the job's end.
 
 `OMNIRL_RESUME` (`RoleEnv.resume`): `1` resume from the latest checkpoint (without one the actor
-exits 4 before its model loads, one line naming the path and the fix),
+exits `CONFIG_ERROR_EXIT` before its model loads, one line naming the path and the fix),
 `auto` resume when a complete checkpoint exists and start fresh otherwise (what pods and the local
 supervisor's restarts use), `0` or unset start fresh. SIGTERM asks the service to finish or hand back its work (the actor
-writes a checkpoint) and exits 143; the health service reports NOT_SERVING once the role's main
+writes a checkpoint) and exits `TERMINATED_EXIT`; the health service reports NOT_SERVING once the role's main
 loop has not beaten for `failurePolicy.progressDeadlineSeconds`.
 
-Exit codes (`omnirl.api.runtime`): 0 done; 1 crashed (restarted per `failurePolicy`);
-`JOB_FAILED_EXIT` (3) the controller failed the job; `CONFIG_ERROR_EXIT` (4) a `ConfigError` at
-start-up — a setting the role cannot run with, printed as one line, never restarted;
-`STORAGE_ERROR_EXIT` (5) a write failed for want of space or a writable mount (ENOSPC, EDQUOT,
-EFBIG, EROFS), or a read or write for want of permission (EACCES, EPERM; `omnirl.system.disk`), one line
-naming what failed (read or write), the path, the errno and the fix, never restarted (a resume
-continues once it is fixed); 130 Ctrl-C; 143 SIGTERM.
+Exit codes: `omnirl.api.exits` owns them and what each means (docs/reference/exit-codes.md, `omnirl role`); a
+`ConfigError` at start-up, a controller's `JobFailed` and a run directory that cannot be written
+(`omnirl.system.disk`) exit with a permanent code, printed as one line and never restarted.
 """
 
 from __future__ import annotations
@@ -36,9 +32,19 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from omnirl.api.errors import ConfigError
+from omnirl.api.exits import (
+    CONFIG_ERROR_EXIT,
+    DONE,
+    FAILED,
+    INTERRUPTED_EXIT,
+    JOB_FAILED_EXIT,
+    STORAGE_ERROR_EXIT,
+    TERMINATED_EXIT,
+)
 from omnirl.api.loader import load_rljob
-from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, STORAGE_ERROR_EXIT, VARIABLES, RoleEnv
+from omnirl.api.runtime import VARIABLES, RoleEnv
 from omnirl.launch.placement import n_threads
+from omnirl.system.causes import cause_of
 from omnirl.system.disk import failure, storage_error
 from omnirl.transfer.client import RECONNECT_S
 
@@ -100,12 +106,12 @@ def should_resume(mode: str, checkpoint_root: Path) -> bool:
 
 def run_role(role: str, job_path: str, env: RoleEnv) -> int:
     """Run one role to completion in this process with `env` (its `resume` and `steps` included);
-    returns the exit code (143 after SIGTERM)."""
+    returns the exit code (`TERMINATED_EXIT` after SIGTERM)."""
     job = load_rljob(job_path)
     done = finished_record(job, env, role)
     if done is not None:
         print(finished_line(role, done), file=sys.stderr, flush=True)
-        return 0
+        return DONE
     started = _beat_while_starting(job, env, role)
     try:
         env = _setup(env, role)
@@ -128,10 +134,10 @@ def run_role(role: str, job_path: str, env: RoleEnv) -> int:
         service.run()
         if service.terminated:
             print(f"omnirl role {role}: stopped by SIGTERM, work handed back", file=sys.stderr, flush=True)
-            return 143
+            return TERMINATED_EXIT
         if role == "controller":  # its summary is the `finish` line of metrics.jsonl, logged readably
             service.stop()
-        return 0
+        return DONE
     finally:
         signal.signal(signal.SIGTERM, old)
         if health:
@@ -266,7 +272,7 @@ def main(args: argparse.Namespace) -> int:
             env = envs[0] if envs else env
         return run_role(args.role, args.job, env)
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED_EXIT
     except ConfigError as err:  # the same on every restart: one line, no traceback, a permanent exit code
         print(f"omnirl role {args.role}: configuration error: {err}", file=sys.stderr, flush=True)
         return CONFIG_ERROR_EXIT
@@ -279,7 +285,7 @@ def main(args: argparse.Namespace) -> int:
             # crash) and exits with its own code, which decides; the controller's stack only showed where
             # it read the report, a traceback before a configuration error's one clear line
             print(f"omnirl role controller: {err}", file=sys.stderr, flush=True)
-            return 1
+            return FAILED
         if _binding_mismatch(err):
             print(f"omnirl role {args.role}: configuration error: {err}; {BINDING_FIX}", file=sys.stderr, flush=True)
             return CONFIG_ERROR_EXIT
@@ -297,10 +303,10 @@ def main(args: argparse.Namespace) -> int:
                   f"{RECONNECT_S:.0f} s; {type(lost).__name__}: {lost}); this role gives up (exit 1) and the "
                   "supervisor (omnirl run, or the operator) decides whether the job goes on", file=sys.stderr,
                   flush=True)
-            return 1
+            return FAILED
         logging.getLogger("omnirl").exception("role %s failed", args.role)
         print(f"omnirl role {args.role} failed: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
-        return 1
+        return FAILED
 
 
 def _redis_lost(err: BaseException) -> BaseException | None:
@@ -308,10 +314,4 @@ def _redis_lost(err: BaseException) -> BaseException | None:
     else None."""
     from omnirl.transfer.client import REDIS_AWAY
 
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, REDIS_AWAY):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
+    return cause_of(err, REDIS_AWAY)

@@ -48,8 +48,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from omnirl.api.exits import (
+    CONFIG_ERROR_EXIT,
+    DONE,
+    FAILED,
+    JOB_FAILED_EXIT,
+    PERMANENT_EXITS,
+    SIGNAL_EXIT_BASE,
+    STORAGE_ERROR_EXIT,
+)
 from omnirl.api.failure_policy import count, decide
-from omnirl.api.runtime import CONFIG_ERROR_EXIT, JOB_FAILED_EXIT, PERMANENT_EXITS, STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.launch.procs import RoleProcess
 from omnirl.launch.progress import Progress
@@ -229,14 +237,14 @@ class Supervisor:
     def _check_exits(self) -> int | None:
         """The job's exit code once the controller finished; handles every other exit.
 
-        When roles die together the most specific cause decides: a role's permanent exit (4, 5)
-        before the controller's, whose exit 1 often only repeats a failure that role reported to it
+        When roles die together the most specific cause decides: a role's permanent exit (`CONFIG_ERROR_EXIT`,
+        `STORAGE_ERROR_EXIT`) before the controller's, whose `FAILED` often only repeats a failure that role reported to it
         (`RoleFailure`) and then exits with itself; a restart cannot help then.
         """
         controller = self.procs["controller-0"]
         code = controller.poll()
-        if code == 0:
-            return 0
+        if code == DONE:
+            return DONE
         if code is not None and code not in PERMANENT_EXITS:
             self._settle(controller)
         for p in self._roles():
@@ -254,7 +262,7 @@ class Supervisor:
             return None
         for p in self._roles():
             c = p.poll()
-            if c is None or p.name in self._done or (c == 0 and self.queue.records.stop_requested()):
+            if c is None or p.name in self._done or (c == DONE and self.queue.records.stop_requested()):
                 continue  # running, or finished because the controller ended the job
             self._stop_if_unwritable(p, c)
             why = self._no_longer_needed(p)
@@ -397,7 +405,7 @@ class Supervisor:
         where = _where(self._external)
         if away >= REDIS_DOWN_S:
             self._event("redis", f"{where} unreachable: no answer since {since} ({away:.0f} s)", "stop-job")
-            raise JobFailure(1, f"{where} (spec.transferQueue.redisUrl) has not answered since {since} ({away:.0f} s, "
+            raise JobFailure(FAILED, f"{where} (spec.transferQueue.redisUrl) has not answered since {since} ({away:.0f} s, "
                                 f"{type(err).__name__}: {err}); the roles' calls give up after {RECONNECT_S:.0f} s; "
                                 "start that Redis again (with its data: AOF or RDB), then continue with --resume")
         if time.monotonic() - self._down_said >= REDIS_NOTE_S:
@@ -440,7 +448,7 @@ class Supervisor:
                 if time.monotonic() - refused_since < REDIS_RESTART_S:
                     self._closed.wait(2.0)  # each refused start appends to the server's log
                     continue
-                self._verdict = JobFailure(1, _redis_refused_reason(self.redis.port, refused))
+                self._verdict = JobFailure(FAILED, _redis_refused_reason(self.redis.port, refused))
                 return
             except JobFailure as failure:  # roles.json: the disk filled after the probe
                 self._verdict = failure
@@ -556,8 +564,8 @@ def _exit_reason(p: RoleProcess, code: int) -> str:
     """Why a role process ended, for the event line: `exit N: <its last log line>` (a role prints its
     failure reason last). One killed by a signal printed no reason, so its last line — any INFO line — is
     labelled as such instead of reading as the cause (`exit signal SIGKILL: … weight sync v3 … in 0.179 s`)."""
-    if code == 0:
-        return "exit 0: exited before the job finished"
+    if code == DONE:
+        return f"exit {code}: exited before the job finished"
     if code < 0:
         return f"exit {_describe(code)} (last log line: {p.last_error()})"
     return f"exit {code}: {p.last_error()}"
@@ -579,7 +587,8 @@ def _redis_refused_reason(port: int, refused: RedisServerError) -> str:
 
 
 def _exit_code(code: int) -> int:
-    """A role's exit status as the launcher's: killed by signal N → 128 + N, as a shell reports it."""
+    """A role's exit status as the launcher's: killed by signal N → 128 + N (`SIGNAL_EXIT_BASE`), as a shell
+    reports it; a 0 of a role that had to go on → `FAILED`."""
     if code < 0:
-        return 128 - code
-    return code or 1
+        return SIGNAL_EXIT_BASE - code
+    return code or FAILED

@@ -17,9 +17,9 @@ import sys
 from pathlib import Path
 
 from omnirl.api.errors import ManifestError
+from omnirl.api.exits import STORAGE_ERROR_EXIT, USAGE_EXIT
 from omnirl.api.loader import load_rljob
 from omnirl.api.run_dir import run_manifest
-from omnirl.api.runtime import STORAGE_ERROR_EXIT
 from omnirl.api.spec import RLJob
 from omnirl.models.export import EXPORTS, export_checkpoint
 from omnirl.models.policy_io import LATEST, POLICY_FILE
@@ -98,7 +98,7 @@ def main(args: argparse.Namespace) -> int:
     except ManifestError as err:
         for line in err.problems:
             print(f"omnirl export: {line}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     except (OSError, ValueError, KeyError) as err:
         full = disk.storage_error(err) if isinstance(err, OSError) else None
         if full is not None:  # unreadable checkpoint, unwritable --out: which, the path and the fix
@@ -106,7 +106,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"omnirl export: {what}; {fix}", file=sys.stderr)
             return STORAGE_ERROR_EXIT
         print(f"omnirl export: {str(err).strip(chr(39) + chr(34))}", file=sys.stderr)
-        return 2
+        return USAGE_EXIT
     # the step directory and its step, not `latest` as given: which weights these are, as export.json records them
     meta = json.loads((out / "export.json").read_text())
     print(f"exported {meta['checkpoint']} (step {meta['step']}, policy_version {meta['policy_version']}) → {out}")

@@ -10,12 +10,11 @@ docs/extending.md.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
-from omnirl.api.extensions import ATTENTION_BACKENDS, FAMILIES, FamilyInfo
+from omnirl.api.extensions import ATTENTION_BACKENDS, FAMILIES, FamilyInfo, import_registered
 
 if TYPE_CHECKING:
     import torch
@@ -99,13 +98,7 @@ def get_family(name: str) -> Family:
         ValueError: an unknown family (the message lists the supported ones), or a module that does not
             register it (a stale table: `python -m omnirl.extensions --write`).
     """
-    if name not in FAMILIES:
-        raise ValueError(f"unknown model.family {name!r}; supported: {', '.join(FAMILIES)}")
-    importlib.import_module(FAMILIES[name].module)
-    if name not in _REGISTERED:
-        raise ValueError(f"model family {name!r}: {FAMILIES[name].module} does not register it; the table "
-                         "omnirl/api/extensions_generated.py is stale (python -m omnirl.extensions --write)")
-    return _REGISTERED[name]
+    return import_registered(name, FAMILIES, _REGISTERED, unknown="model.family", what="model family")
 
 
 def registered_families() -> dict[str, type]:

@@ -24,7 +24,7 @@ def inject_lora(module: nn.Module, lora: LoRASpec, targets: list[str], adapter_n
     Raises:
         ConfigError: naming `spec.model.lora.targetModules` and the model's linear layers, when the
             targets match no layer (LoRA would train nothing) or one peft cannot adapt: the same on
-            every restart, so the role stops at once (`omnirl.api.runtime.CONFIG_ERROR_EXIT`).
+            every restart, so the role stops at once (`omnirl.api.exits.CONFIG_ERROR_EXIT`).
     """
     from peft import LoraConfig, inject_adapter_in_model
 

@@ -21,7 +21,7 @@ import onnxruntime as ort
 from PIL import Image
 
 from omnirl.scorers.base import ScorerError, check_batch, check_rewards
-from omnirl.scorers.text import ocr_reward, target_text
+from omnirl.scorers.text import ocr_reward, read_target
 
 REC_HEIGHT = 48
 REC_MIN_WIDTH = 320
@@ -130,15 +130,7 @@ class OCRScorer:
             ScorerError: malformed images, a prompt without a usable target, or a recogniser failure.
         """
         check_batch(images, prompts, sample_ids)
-        targets = []
-        for prompt, sample_id in zip(prompts, sample_ids, strict=True):
-            try:
-                target = target_text(prompt)
-            except (TypeError, ValueError) as err:
-                raise ScorerError(sample_id, f"bad prompt: {err}") from err
-            if not target.replace(" ", ""):
-                raise ScorerError(sample_id, f"prompt {prompt!r} has no text to read; quote it, e.g. \"2048\"")
-            targets.append(target)
+        targets = [read_target(prompt, sample_id) for prompt, sample_id in zip(prompts, sample_ids, strict=True)]
         try:
             texts = self.read(images)
         except Exception as err:  # onnxruntime raises its own exception types

@@ -232,13 +232,8 @@ class RemoteScorer(PerSampleScorer):
             outcome.errors = {i: err for i, sid in enumerate(sample_ids) if sid == err.sample_id}
             rest = [i for i in range(len(sample_ids)) if i not in outcome.errors]
             if rest:
-                inner = self.score_media_each([media[i] for i in rest], [prompts[i] for i in rest],
-                                              [sample_ids[i] for i in rest])
-                for k, i in enumerate(rest):
-                    if k in inner.errors:
-                        outcome.errors[i] = inner.errors[k]
-                    else:
-                        outcome.values[i] = inner.values[k]
+                outcome.fill(rest, self.score_media_each([media[i] for i in rest], [prompts[i] for i in rest],
+                                                         [sample_ids[i] for i in rest]))
             return outcome
         return self._score_request(request, sample_ids)
 

@@ -37,7 +37,7 @@ from pathlib import Path
 from omnirl.api.spec import RewardSpec, RLJob
 from omnirl.reward.registry import check_judges
 from omnirl.scorers.judges import argv, judge_rewards, url, wire
-from omnirl.system.child import start_guarded
+from omnirl.system.child import start_guarded, stop_child
 from omnirl.transfer.redis_server import free_port
 
 PORT_ENV = "OMNIRL_JUDGE_PORT"  # the port, in the judge's environment as in its pod (operator/judges.py)
@@ -93,13 +93,7 @@ class JudgeProcess:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM its process group, SIGKILL after `grace_s`."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        stop_child(self.proc, grace_s, group=True)
 
 
 def _not_startable(i: int, program: str, why: str, by: str) -> str:

@@ -17,7 +17,7 @@ import numpy as np
 
 from omnirl.reward.frames import Media, frame_indices, media_of
 from omnirl.scorers.base import ScorerError, check_rewards
-from omnirl.scorers.text import levenshtein, target_text
+from omnirl.scorers.text import levenshtein, read_target
 
 FRAME_STRIDE = 4
 """flow_grpo's `frame_interval`."""
@@ -80,12 +80,7 @@ class VideoOCRScorer:
         media_of(media, prompts, sample_ids, {"video"})
         rewards = np.zeros(len(sample_ids), dtype=np.float32)
         for i, (sample, prompt, sid) in enumerate(zip(media, prompts, sample_ids, strict=True)):
-            try:
-                target = target_text(prompt)
-            except (TypeError, ValueError) as err:
-                raise ScorerError(sid, f"bad prompt: {err}") from err
-            if not target.replace(" ", ""):
-                raise ScorerError(sid, f"prompt {prompt!r} has no text to read; quote it, e.g. \"2048\"")
+            target = read_target(prompt, sid)
             try:
                 readings = self.readings(np.asarray(sample["video"]))
             except Exception as err:  # onnxruntime raises its own exception types

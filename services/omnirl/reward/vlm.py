@@ -42,14 +42,13 @@ from typing import Any
 import numpy as np
 import openai
 
-from omnirl.api.prompts import target_text
 from omnirl.api.seeds import derive
 from omnirl.reward.frames import frame_indices
 from omnirl.reward.kinds.vlm import VLMParams
 from omnirl.reward.protocol.codec import encode_png
 from omnirl.reward.slow import longest_call_s, measure_timeout, probe_timeout, slow_reason
 from omnirl.scorers.base import Outcome, PerSampleScorer, ScorerError, check_batch, raise_first
-from omnirl.scorers.text import ocr_reward
+from omnirl.scorers.text import ocr_reward, read_target
 
 INSTRUCTIONS = {
     "read-text": "What text is written in this image? Reply with the text only, exactly as written.",
@@ -266,13 +265,8 @@ class VLMScorer(PerSampleScorer):
             else:
                 ok.append(i)
         if ok:
-            inner = self._score(lambda k: media_parts(media[ok[k]], self.params.frames, self.params.audio),
-                                [prompts[i] for i in ok], [sample_ids[i] for i in ok])
-            for k, i in enumerate(ok):
-                if k in inner.errors:
-                    outcome.errors[i] = inner.errors[k]
-                else:
-                    outcome.values[i] = inner.values[k]
+            outcome.fill(ok, self._score(lambda k: media_parts(media[ok[k]], self.params.frames, self.params.audio),
+                                         [prompts[i] for i in ok], [sample_ids[i] for i in ok]))
         return outcome
 
     def score_media(self, media: list[dict], prompts: list[str], sample_ids: list[str]) -> np.ndarray:
@@ -310,11 +304,9 @@ class VLMScorer(PerSampleScorer):
         saying why there is none."""
         template = self.params.template
         try:
-            target = target_text(prompt) if template == "read-text" else ""
-        except (TypeError, ValueError) as err:
-            return ScorerError(sample_id, f"{self.name}: bad prompt: {err}")
-        if template == "read-text" and not target.replace(" ", ""):
-            return ScorerError(sample_id, f"{self.name}: prompt {prompt!r} has no text to read; quote it, e.g. \"2048\"")
+            target = read_target(prompt, sample_id, self.name) if template == "read-text" else ""
+        except ScorerError as err:
+            return err
         if self._verdict is not None:  # not sent: it would time out as the others did
             return ScorerError(sample_id, self._verdict[0], unavailable=self._verdict[1])
         question = self.instruction.format(prompt=prompt, scale=self.params.scale)

@@ -7,8 +7,9 @@ sample's group.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -69,6 +70,15 @@ class Outcome:
     values: np.ndarray
     errors: dict[int, ScorerError] = field(default_factory=dict)
 
+    def fill(self, indices: list[int], inner: Outcome) -> None:
+        """Put `inner`, the outcome of this batch's samples `indices` (in that order), in at those indices: each
+        one's value, or its error."""
+        for k, i in enumerate(indices):
+            if k in inner.errors:
+                self.errors[i] = inner.errors[k]
+            else:
+                self.values[i] = inner.values[k]
+
 
 @runtime_checkable
 class PerSampleScorer(Scorer, Protocol):
@@ -95,17 +105,28 @@ def score_each(scorer: Scorer, images: np.ndarray, prompts: list[str], sample_id
     raises for one sample, the samples are scored one at a time so a bad sample fails alone. A
     failure of the whole call (sample id "") fails every sample with that reason.
     """
+    each = scorer.score_each if isinstance(scorer, PerSampleScorer) else None
+    return _each(scorer, "score", each, images, prompts, sample_ids)
+
+
+def _each(scorer: Any, method: str, each: Callable[[Any, list[str], list[str]], Outcome] | None, inputs: Any,
+          prompts: list[str], sample_ids: list[str]) -> Outcome:
+    """`score_each` and `score_media_each` over `scorer`'s batch `method` (`score`: images `[B, ...]`; `score_media`:
+    B media dicts): `each` (a scorer's own per-sample answer) when given, else the batch; a batch that raises for
+    one sample is scored one sample at a time so a bad sample fails alone, and a failure of the whole call (sample
+    id "") fails every sample with that reason."""
     try:
-        if isinstance(scorer, PerSampleScorer):
-            return scorer.score_each(images, prompts, sample_ids)
-        return Outcome(scorer.score(images, prompts, sample_ids))
+        if each is not None:
+            return each(inputs, prompts, sample_ids)
+        return Outcome(getattr(scorer, method)(inputs, prompts, sample_ids))
     except ScorerError as err:
         if len(sample_ids) == 1 or not err.sample_id:
             return Outcome(np.zeros(len(sample_ids), np.float32), dict.fromkeys(range(len(sample_ids)), err))
     outcome = Outcome(np.zeros(len(sample_ids), dtype=np.float32))
     for i in range(len(sample_ids)):
         try:
-            outcome.values[i] = scorer.score(images[i : i + 1], prompts[i : i + 1], sample_ids[i : i + 1])[0]
+            one = getattr(scorer, method)(inputs[i : i + 1], prompts[i : i + 1], sample_ids[i : i + 1])
+            outcome.values[i] = one[0]
         except ScorerError as err:
             outcome.errors[i] = err
     return outcome
@@ -149,21 +170,7 @@ def score_media_each(scorer: MediaScorer, media: list[dict[str, np.ndarray]], pr
     """One score or one error per sample from a media scorer (as `score_each`: a scorer with its own per-sample
     `score_media_each` (a remote one) answers itself; otherwise, when the batch raises for one sample, the samples
     are scored one at a time so a bad sample fails alone)."""
-    per_sample = getattr(scorer, "score_media_each", None)
-    try:
-        if per_sample is not None:
-            return per_sample(media, prompts, sample_ids)
-        return Outcome(scorer.score_media(media, prompts, sample_ids))
-    except ScorerError as err:
-        if len(sample_ids) == 1 or not err.sample_id:
-            return Outcome(np.zeros(len(sample_ids), np.float32), dict.fromkeys(range(len(sample_ids)), err))
-    outcome = Outcome(np.zeros(len(sample_ids), dtype=np.float32))
-    for i in range(len(sample_ids)):
-        try:
-            outcome.values[i] = scorer.score_media(media[i : i + 1], prompts[i : i + 1], sample_ids[i : i + 1])[0]
-        except ScorerError as err:
-            outcome.errors[i] = err
-    return outcome
+    return _each(scorer, "score_media", getattr(scorer, "score_media_each", None), media, prompts, sample_ids)
 
 
 def raise_first(outcome: Outcome) -> np.ndarray:

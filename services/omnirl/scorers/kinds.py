@@ -12,13 +12,12 @@ docs/extending.md.
 
 from __future__ import annotations
 
-import importlib
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from omnirl.api.extensions import REWARD_KINDS, RewardKindInfo
+from omnirl.api.extensions import REWARD_KINDS, RewardKindInfo, import_registered
 
 if TYPE_CHECKING:
     from omnirl.api._base import SpecModel
@@ -115,13 +114,7 @@ def get_kind(name: str) -> RewardKind:
         ValueError: an unknown kind, or a module that does not register it (a stale table:
             `python -m omnirl.extensions --write`).
     """
-    if name not in REWARD_KINDS:
-        raise ValueError(f"unknown reward kind {name!r}; supported: {', '.join(REWARD_KINDS)}")
-    importlib.import_module(REWARD_KINDS[name].module)
-    if name not in _REGISTERED:
-        raise ValueError(f"reward kind {name!r}: {REWARD_KINDS[name].module} does not register it; the table "
-                         "omnirl/api/extensions_generated.py is stale (python -m omnirl.extensions --write)")
-    return _REGISTERED[name]
+    return import_registered(name, REWARD_KINDS, _REGISTERED, unknown="reward kind", what="reward kind")
 
 
 def registered_kinds() -> dict[str, RewardKind]:

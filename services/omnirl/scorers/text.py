@@ -8,8 +8,28 @@ from collections.abc import Mapping, Sequence
 
 from omnirl.api.prompts import target_text
 from omnirl.api.spec import RewardSpec
+from omnirl.scorers.base import ScorerError
 
-__all__ = ["exact_match", "levenshtein", "ocr_reward", "target_text", "text_rewards"]
+__all__ = ["exact_match", "levenshtein", "ocr_reward", "read_target", "target_text", "text_rewards"]
+
+
+def read_target(prompt: str, sample_id: str, who: str = "") -> str:
+    """The text sample `sample_id` must show: its prompt's quoted text (`target_text`), for a scorer that reads it.
+
+    Args:
+        who: the scorer's name, prefixed to the message (`"vlm: bad prompt: …"`; empty: none).
+    Raises:
+        ScorerError: of `sample_id`, a prompt `target_text` refuses, or one whose text is empty or only spaces
+            (the message says to quote the text, e.g. "2048").
+    """
+    prefix = f"{who}: " if who else ""
+    try:
+        target = target_text(prompt)
+    except (TypeError, ValueError) as err:
+        raise ScorerError(sample_id, f"{prefix}bad prompt: {err}") from err
+    if not target.replace(" ", ""):
+        raise ScorerError(sample_id, f"{prefix}prompt {prompt!r} has no text to read; quote it, e.g. \"2048\"")
+    return target
 
 
 def levenshtein(a: str, b: str) -> int:

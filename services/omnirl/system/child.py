@@ -105,3 +105,26 @@ def start_guarded(cmd: Sequence[str], parent_death_signal: int | None = None, **
         number, _, text = failed.decode().partition(" ")
         raise OSError(int(number), text, cmd[0])
     return proc
+
+
+def stop_child(proc: subprocess.Popen, grace_s: float, *, group: bool = False, kill_wait_s: float | None = None
+               ) -> None:
+    """Stop a child: SIGTERM, then SIGKILL when it has not exited after `grace_s` seconds; nothing when it has
+    exited already (so it is idempotent).
+
+    Args:
+        group: signal its process group (`os.killpg`: a child started in a session of its own, whose own children
+            go with it), not only the process.
+        kill_wait_s: after a SIGKILL, wait at most this long (None: until it exits).
+    Raises:
+        subprocess.TimeoutExpired: still there `kill_wait_s` after the SIGKILL (a process in uninterruptible sleep).
+    """
+    if proc.poll() is not None:
+        return
+    send = (lambda sig: os.killpg(proc.pid, sig)) if group else proc.send_signal
+    send(signal.SIGTERM)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait(timeout=kill_wait_s)

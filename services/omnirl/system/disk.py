@@ -19,6 +19,8 @@ import stat
 import tempfile
 from pathlib import Path
 
+from omnirl.system.causes import causes
+
 STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM)
 """No space left on device, disk quota exceeded, file too large (RLIMIT_FSIZE), read-only file system,
 permission denied (owner/mode; a pod's volume not writable by its uid 1000), operation not permitted
@@ -34,16 +36,13 @@ def storage_error(exc: BaseException | None) -> OSError | None:
     with the system's text inside; that text (`os.strerror`) is recognised too and returned as an
     OSError with its errno and no file name.
     """
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        if isinstance(exc, OSError) and exc.errno in STORAGE_ERRNOS:
-            return exc
-        text = str(exc)
+    for behind in causes(exc):
+        if isinstance(behind, OSError) and behind.errno in STORAGE_ERRNOS:
+            return behind
+        text = str(behind)
         for code in STORAGE_ERRNOS:
             if os.strerror(code) in text:
                 return OSError(code, os.strerror(code))
-        exc = exc.__cause__ or exc.__context__
     return None
 
 

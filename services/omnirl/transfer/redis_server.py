@@ -22,7 +22,7 @@ from pathlib import Path
 
 import redis
 
-from omnirl.system.child import STOP_SIGNALS, guarded
+from omnirl.system.child import STOP_SIGNALS, guarded, stop_child
 
 _INSTALL_HINT = (
     "`redis-server` was not found on PATH; install it (Debian/Ubuntu: `apt-get install redis-server`, "
@@ -81,13 +81,7 @@ class RedisServer:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Terminate the server (SIGTERM, then SIGKILL after ``timeout_s`` seconds). Idempotent."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=timeout_s)
+        stop_child(self.process, timeout_s, kill_wait_s=timeout_s)
         atexit.unregister(self.stop)
         if self._own_dir:
             shutil.rmtree(self.dir, ignore_errors=True)

@@ -14,8 +14,7 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from omnirl.algorithms.sigmas import sigma_schedule
 from omnirl.api.prompts import target_text
@@ -34,15 +33,14 @@ from omnirl.models.avdigits.media import (
 )
 from omnirl.models.avdigits.model import LORA_TARGET_MODULES, TEXT_ROWS, AVDigitsConfig, AVDigitsDiT
 from omnirl.models.avdigits.prompts import parse_beeps
+from omnirl.models.builtin import CONFIG_FILE, WEIGHTS_FILE, export_weights, load_weights
 from omnirl.models.families import register_family
 from omnirl.models.layout import LatentLayout, ModalitySlot, guided
 from omnirl.models.protocol import Conditioning
-from omnirl.system.disk import readable, readable_as_umask_allows
+from omnirl.system.disk import readable_as_umask_allows
 
 FAMILY = "av-digits"
 CHECKPOINT_FORMAT = "omnirl-avdigits-v1"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 BUILTIN_DIR = Path(__file__).parent / "weights"
 FAMILY_SHIFT = 1.0
 """The model's own σ grid: uniform in σ (it was pretrained on it)."""
@@ -224,18 +222,9 @@ def load_avdigits_adapter(path: str | Path = "builtin", device: torch.device | s
     """
     directory = avdigits_directory(path)
     meta = read_avdigits_config(directory)
-    weights = check_avdigits_weights(directory)
+    check_avdigits_weights(directory)
     module = AVDigitsDiT(AVDigitsConfig.from_dict(meta["model"]))
-    readable(weights)
-    try:
-        state = load_file(str(weights))
-    except (OSError, SafetensorError) as err:
-        raise ValueError(f"{weights} is unreadable (truncated or not a safetensors file: {err}); copy it again "
-                         "from its source, or re-export the checkpoint") from err
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise ValueError(f"{weights} does not match the config in {directory / CONFIG_FILE}: {err}") from err
+    load_weights(module, directory)
     module.to(device=device, dtype=dtype).eval()
     return AVDigitsAdapter(module, modalities, provenance=meta.get("provenance"))
 
@@ -290,21 +279,6 @@ class AVDigitsFamily:
     @staticmethod
     def export_weights(job, policy: Path, lora: bool, out: Path, state: dict) -> list[str]:
         """The built-in layout: config.json (the base's model config) + model.safetensors; LoRA merged in."""
-        from omnirl.models.export import link_or_copy, merge_lora, same_keys, tensor_keys
-
         base = avdigits_directory(job.spec.model.path)
-        meta = read_avdigits_config(base)
-        base_weights = base / WEIGHTS_FILE
-        if lora:
-            merged = merge_lora(load_file(str(readable(base_weights))), load_file(str(readable(policy))),
-                                job.spec.model.lora.alpha)
-            save_file(merged, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-        else:
-            same_keys(tensor_keys([policy]), tensor_keys([base_weights]), f"the {FAMILY} model in {base}")
-            link_or_copy(policy, out / WEIGHTS_FILE)
-        provenance = {"base": str(job.spec.model.path), "base_provenance": meta.get("provenance", {}),
-                      "post_trained_by": f"omnirl {job.spec.algorithm.name}, job {job.metadata.name}",
-                      "step": int(state["step"]), "policy_version": int(state["policy_version"]), "lora_merged": lora}
-        config = {"format": meta["format"], "model": meta["model"], "provenance": provenance}
-        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        return [CONFIG_FILE, WEIGHTS_FILE]
+        return export_weights(job, policy, lora, out, state, base=base, meta=read_avdigits_config(base),
+                              what=f"the {FAMILY} model in {base}")

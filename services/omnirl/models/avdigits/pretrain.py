@@ -14,10 +14,8 @@ k uniform in 1..4, the first inked frame uniform in 0..8−k; the number drawn a
 
 from __future__ import annotations
 
-import copy
-import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -36,24 +34,9 @@ from omnirl.models.avdigits.media import (
 )
 from omnirl.models.avdigits.model import AVDigitsConfig, AVDigitsDiT
 from omnirl.models.avdigits.prompts import make_prompt
+from omnirl.models.pretraining import DEFAULT_LR, PretrainReport, check_args, train_ema
 
-DEFAULT_LR = 1.5e-3
-EMA_DECAY = 0.995
-LOSS_EMA_DECAY = 0.98
-WARMUP_STEPS = 50
-GRAD_CLIP = 1.0
 UNCONDITIONAL_P = 0.1
-
-
-@dataclass
-class PretrainReport:
-    """What `pretrain` did: directory, steps, final smoothed loss, seconds in the loop, parameters."""
-
-    out_dir: str
-    steps: int
-    final_loss: float
-    wall_clock_s: float
-    num_parameters: int
 
 
 def sample_signs(rng: np.random.Generator, batch_size: int) -> list[Sign]:
@@ -114,29 +97,18 @@ def pretrain(out_dir: str | Path, *, steps: int, seed: int = 0, batch_size: int 
         args["init"] = str(init)
         _warm_start(module, Path(init))
     module = module.to(device)
-    ema = copy.deepcopy(module).requires_grad_(False)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01)
-    loss_ema, start = None, time.perf_counter()
-    for step in range(1, steps + 1):
-        for group in optimizer.param_groups:
-            group["lr"] = lr * min(1.0, step / WARMUP_STEPS)
+
+    def batch_loss(module: AVDigitsDiT) -> torch.Tensor:
         x0, ids = batch_tensors(sample_signs(rng, batch_size), device)
         drop = torch.from_numpy(rng.random(batch_size) < UNCONDITIONAL_P).to(device)
         ids = torch.where(drop[:, None], torch.zeros_like(ids), ids)
-        loss = flow_matching_loss(module, x0, ids, generator)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), GRAD_CLIP)
-        optimizer.step()
-        with torch.no_grad():
-            for p_ema, p in zip(ema.parameters(), module.parameters(), strict=True):
-                p_ema.lerp_(p, 1.0 - EMA_DECAY)
-        value = float(loss.detach())
-        loss_ema = value if loss_ema is None else LOSS_EMA_DECAY * loss_ema + (1 - LOSS_EMA_DECAY) * value
-        if log_every and step % log_every == 0:
-            print(f"step {step}/{steps} loss {loss_ema:.4f} {time.perf_counter() - start:.0f}s", flush=True)
-        if snapshot_every and step % snapshot_every == 0 and step < steps:
-            _save(ema, Path(out_dir) / f"step-{step}", {**args, "steps": step}, step, start, loss_ema)
+        return flow_matching_loss(module, x0, ids, generator)
+
+    def snapshot(ema: AVDigitsDiT, step: int, start: float, loss_ema: float) -> None:
+        _save(ema, Path(out_dir) / f"step-{step}", {**args, "steps": step}, step, start, loss_ema)
+
+    ema, loss_ema, start = train_ema(module, steps=steps, lr=lr, batch_loss=batch_loss, log_every=log_every,
+                                     snapshot_every=snapshot_every, snapshot=snapshot)
     return _save(ema, Path(out_dir), args, steps, start, loss_ema)
 
 
@@ -175,26 +147,8 @@ def main(args) -> int:
         ValueError: a bad --steps, --batch-size or --lr, an --out that already holds a model, or a bad --device.
     """
     import json
-    import os
 
-    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size)):
-        if value < 1:
-            raise ValueError(f"{flag} {value}: must be >= 1")
-    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):
-        raise ValueError(f"--lr {args.lr}: must be a finite number > 0 (default {DEFAULT_LR:g}, the shipped model's)")
-    weights = Path(args.out) / WEIGHTS_FILE
-    if weights.exists():
-        raise ValueError(f"--out {args.out}: already holds a model ({weights}); pretraining would overwrite it: "
-                         "choose another --out or remove it")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise ValueError(f"--device {args.device}: not a torch device; use cpu or cuda[:N]") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: no CUDA device on this machine; use --device cpu")
-    if args.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(2)
-    lr = DEFAULT_LR if args.lr is None else args.lr
+    lr = check_args(args, WEIGHTS_FILE)
     report = pretrain(args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=lr,
                       device=args.device, snapshot_every=getattr(args, "snapshot_every", None),
                       init=getattr(args, "init", None))

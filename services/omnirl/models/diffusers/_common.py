@@ -172,6 +172,16 @@ def check_latents(x: Tensor, sigma: Tensor, channels: int) -> None:
     """
     if x.ndim != 4 or x.shape[1] != channels:
         raise ValueError(f"x must be latents [B, {channels}, H, W]; got shape {tuple(x.shape)}")
+    check_float32_and_sigma(x, sigma)
+
+
+def check_float32_and_sigma(x: Tensor, sigma: Tensor) -> None:
+    """What every adapter's `velocity` checks of its inputs whatever the latents' layout: `x` float32 (latents stay
+    fp32 at the adapter boundary) and `sigma` `[B]` with B = `x.shape[0]`.
+
+    Raises:
+        ValueError: another dtype, or a σ of another rank or length.
+    """
     if x.dtype != torch.float32:
         raise ValueError(f"x must be float32 (latents stay fp32 at the adapter boundary); got {x.dtype}")
     if sigma.ndim != 1 or sigma.shape[0] != x.shape[0]:
@@ -277,10 +287,6 @@ def _safetensors_cause(err: BaseException) -> BaseException | None:
     """The SafetensorError `err` is or was raised from (diffusers wraps it in an OSError), or None."""
     from safetensors import SafetensorError
 
-    seen: set[int] = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, SafetensorError):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
+    from omnirl.system.causes import cause_of
+
+    return cause_of(err, SafetensorError)

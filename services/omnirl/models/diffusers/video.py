@@ -21,6 +21,8 @@ from math import prod
 import torch
 from torch import Tensor
 
+from omnirl.models.diffusers._common import check_float32_and_sigma
+
 
 @dataclass(frozen=True)
 class FrameRule:
@@ -157,10 +159,7 @@ def check_flat(x: Tensor, sigma: Tensor, numel: int) -> None:
     """
     if x.ndim != 2 or x.shape[1] != numel:
         raise ValueError(f"x must be joint latents [B, {numel}]; got shape {tuple(x.shape)}")
-    if x.dtype != torch.float32:
-        raise ValueError(f"x must be float32 (latents stay fp32 at the adapter boundary); got {x.dtype}")
-    if sigma.ndim != 1 or sigma.shape[0] != x.shape[0]:
-        raise ValueError(f"sigma must be [B] = [{x.shape[0]}]; got shape {tuple(sigma.shape)}")
+    check_float32_and_sigma(x, sigma)
 
 
 def to_uint8_video(pixels: Tensor, *, signed: bool = True) -> Tensor:

@@ -10,21 +10,19 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 
 from omnirl.algorithms.sigmas import sigma_schedule
+from omnirl.models.builtin import CONFIG_FILE, WEIGHTS_FILE, export_weights, load_weights
 from omnirl.models.digits.model import LORA_TARGET_MODULES, DigitsConfig, DigitsDiT
 from omnirl.models.digits.render import SLOT_WIDTH, slots_for
 from omnirl.models.families import register_family
 from omnirl.models.protocol import Conditioning
 from omnirl.models.tokenizer import PAD_ID, CharTokenizer, target_text
-from omnirl.system.disk import readable, readable_as_umask_allows
+from omnirl.system.disk import readable_as_umask_allows
 
 CHECKPOINT_FORMAT = "omnirl-digits-v1"
-CONFIG_FILE = "config.json"
-WEIGHTS_FILE = "model.safetensors"
 BUILTIN_DIR = Path(__file__).parent / "weights"
 FAMILY_SHIFT = 1.0
 """The built-in model's own σ grid: `sigma_schedule(N, 1.0)`, uniform in σ (it was pretrained on it)."""
@@ -191,18 +189,9 @@ def load_digits_adapter(
     """
     directory = _digits_directory(path)
     meta = read_digits_config(directory)
-    weights_path = check_digits_weights(directory)
+    check_digits_weights(directory)
     module = DigitsDiT(DigitsConfig.from_dict(meta["model"]))
-    readable(weights_path)  # no permission is no damaged file: the system's error, not safetensors' ENOENT
-    try:
-        state = load_file(str(weights_path))
-    except (OSError, SafetensorError) as err:  # a damaged file, not a config mismatch: say so
-        raise ValueError(f"{weights_path} is unreadable (truncated or not a safetensors file: {err}); copy it "
-                         "again from its source, or re-export the checkpoint") from err
-    try:
-        module.load_state_dict(state, strict=True)
-    except RuntimeError as err:
-        raise ValueError(f"{weights_path} does not match the config in {directory / CONFIG_FILE}: {err}") from err
+    load_weights(module, directory)
     module.to(device=device, dtype=dtype).eval()
     return DigitsAdapter(module, provenance=meta.get("provenance"))
 
@@ -253,21 +242,6 @@ class DigitsFamily:
     @staticmethod
     def export_weights(job, policy: Path, lora: bool, out: Path, state: dict) -> list[str]:
         """The built-in layout: config.json (the base's model config) + model.safetensors; LoRA merged in."""
-        from omnirl.models.export import link_or_copy, merge_lora, same_keys, tensor_keys
-
         base = BUILTIN_DIR if job.spec.model.path == "builtin" else Path(job.spec.model.path)
-        meta = read_digits_config(base)
-        base_weights = base / WEIGHTS_FILE
-        if lora:
-            merged = merge_lora(load_file(str(readable(base_weights))), load_file(str(readable(policy))),
-                                job.spec.model.lora.alpha)
-            save_file(merged, str(out / WEIGHTS_FILE), metadata={"format": "pt"})
-        else:
-            same_keys(tensor_keys([policy]), tensor_keys([base_weights]), f"the digits model in {base}")
-            link_or_copy(policy, out / WEIGHTS_FILE)
-        provenance = {"base": str(job.spec.model.path), "base_provenance": meta.get("provenance", {}),
-                      "post_trained_by": f"omnirl {job.spec.algorithm.name}, job {job.metadata.name}",
-                      "step": int(state["step"]), "policy_version": int(state["policy_version"]), "lora_merged": lora}
-        config = {"format": meta["format"], "model": meta["model"], "provenance": provenance}
-        (out / CONFIG_FILE).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        return [CONFIG_FILE, WEIGHTS_FILE]
+        return export_weights(job, policy, lora, out, state, base=base, meta=read_digits_config(base),
+                              what=f"the digits model in {base}")

@@ -14,10 +14,8 @@ probability 2/3, else 128 px with 5 digits), so both latent shapes are trained.
 
 from __future__ import annotations
 
-import copy
-import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -27,31 +25,7 @@ import torch.nn.functional as F
 from omnirl.models.digits.adapter import WEIGHTS_FILE, count_parameters, save_digits_checkpoint
 from omnirl.models.digits.model import DigitsConfig, DigitsDiT
 from omnirl.models.digits.render import render_text, slots_for
-
-DEFAULT_LR = 1.5e-3
-EMA_DECAY = 0.995
-LOSS_EMA_DECAY = 0.98
-WARMUP_STEPS = 50
-GRAD_CLIP = 1.0
-
-
-@dataclass
-class PretrainReport:
-    """What `pretrain` did.
-
-    Attributes:
-        out_dir: checkpoint directory written.
-        steps: optimiser steps taken.
-        final_loss: EMA (decay 0.98) of the per-step training loss at the end.
-        wall_clock_s: seconds spent in the training loop (rendering included).
-        num_parameters: parameter count of the model.
-    """
-
-    out_dir: str
-    steps: int
-    final_loss: float
-    wall_clock_s: float
-    num_parameters: int
+from omnirl.models.pretraining import DEFAULT_LR, PretrainReport, check_args, train_ema
 
 
 def sample_batch(rng: np.random.Generator, batch_size: int, alphabet: str) -> tuple[np.ndarray, list[str]]:
@@ -135,30 +109,18 @@ def pretrain(
     rng = np.random.default_rng(seed)
     generator = torch.Generator().manual_seed(seed)  # CPU: the same ε and σ stream on every device
     module = DigitsDiT(config).to(device)
-    ema = copy.deepcopy(module).requires_grad_(False)
-    optimizer = torch.optim.AdamW(module.parameters(), lr=lr, betas=(0.9, 0.999), weight_decay=0.01)
-    loss_ema, start = None, time.perf_counter()
-    for step in range(1, steps + 1):
-        for group in optimizer.param_groups:
-            group["lr"] = lr * min(1.0, step / WARMUP_STEPS)
+
+    def batch_loss(module: DigitsDiT) -> torch.Tensor:
         images, texts = sample_batch(rng, batch_size, config.alphabet)
         x0, prompt_ids = _to_tensors(images, texts, config.alphabet, config.max_text_len, device)
-        loss = flow_matching_loss(module, x0, prompt_ids, generator)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(module.parameters(), GRAD_CLIP)
-        optimizer.step()
-        with torch.no_grad():
-            for p_ema, p in zip(ema.parameters(), module.parameters(), strict=True):
-                p_ema.lerp_(p, 1.0 - EMA_DECAY)
-        value = float(loss.detach())
-        loss_ema = value if loss_ema is None else LOSS_EMA_DECAY * loss_ema + (1 - LOSS_EMA_DECAY) * value
-        if log_every and step % log_every == 0:
-            print(f"step {step}/{steps} loss {loss_ema:.4f} {time.perf_counter() - start:.0f}s", flush=True)
-        if snapshot_every and step % snapshot_every == 0 and step < steps:
-            _save(ema, config, Path(out_dir) / f"step-{step}", {**args, "steps": step}, step, start, loss_ema)
-    report = _save(ema, config, Path(out_dir), args, steps, start, loss_ema)
-    return report
+        return flow_matching_loss(module, x0, prompt_ids, generator)
+
+    def snapshot(ema: DigitsDiT, step: int, start: float, loss_ema: float) -> None:
+        _save(ema, config, Path(out_dir) / f"step-{step}", {**args, "steps": step}, step, start, loss_ema)
+
+    ema, loss_ema, start = train_ema(module, steps=steps, lr=lr, batch_loss=batch_loss, log_every=log_every,
+                                     snapshot_every=snapshot_every, snapshot=snapshot)
+    return _save(ema, config, Path(out_dir), args, steps, start, loss_ema)
 
 
 def _save(ema: DigitsDiT, config: DigitsConfig, out: Path, args: dict, steps: int, start: float, loss_ema: float) -> PretrainReport:
@@ -197,26 +159,8 @@ def main(args) -> int:
             already holds a model (it would be overwritten), or an unusable `--device`; each names the flag.
     """
     import json
-    import os
 
-    for flag, value in (("--steps", args.steps), ("--batch-size", args.batch_size)):
-        if value < 1:
-            raise ValueError(f"{flag} {value}: must be >= 1")
-    if args.lr is not None and not (math.isfinite(args.lr) and args.lr > 0):  # torch: "Invalid learning rate: -1.0"
-        raise ValueError(f"--lr {args.lr}: must be a finite number > 0 (default {DEFAULT_LR:g}, the shipped model's)")
-    weights = Path(args.out) / WEIGHTS_FILE
-    if weights.exists():  # e.g. --out services/omnirl/models/digits/weights: the shipped model, overwritten
-        raise ValueError(f"--out {args.out}: already holds a model ({weights}); pretraining would overwrite it: "
-                         "choose another --out or remove it")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        raise ValueError(f"--device {args.device}: not a torch device; use cpu or cuda[:N]") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {args.device}: no CUDA device on this machine; use --device cpu")
-    if args.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(2)
-    lr = DEFAULT_LR if args.lr is None else args.lr
+    lr = check_args(args, WEIGHTS_FILE)
     report = pretrain(args.out, steps=args.steps, seed=args.seed, batch_size=args.batch_size, lr=lr, device=args.device)
     print(json.dumps(report_dict(report), indent=2))
     return 0

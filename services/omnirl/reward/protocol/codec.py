@@ -176,14 +176,8 @@ def answer(scorer: Scorer, request: Any) -> Any:
         idx = [i for i, _ in group]
         outcome = score_each(scorer, np.stack([im for _, im in group]), [request.samples[i].prompt for i in idx],
                              [ids[i] for i in idx])
-        for k, i in enumerate(idx):
-            if k in outcome.errors:
-                errors[i] = outcome.errors[k].reason
-            else:
-                scores[i] = float(outcome.values[k])
-    results = [pb2.Result(sample_id=sid, error=errors[i]) if i in errors else pb2.Result(sample_id=sid, score=scores[i])
-               for i, sid in enumerate(ids)]
-    return pb2.ScoreResponse(results=results, scorer=scorer.name)
+        _collect(outcome, idx, scores, errors)
+    return _response(scorer, ids, scores, errors)
 
 
 def _answer_media(scorer: Any, request: Any, ids: list[str]) -> Any:
@@ -200,11 +194,22 @@ def _answer_media(scorer: Any, request: Any, ids: list[str]) -> Any:
     if idx:
         outcome = score_media_each(scorer, [decoded[i] for i in idx], [request.samples[i].prompt for i in idx],
                                    [ids[i] for i in idx])
-        for k, i in enumerate(idx):
-            if k in outcome.errors:
-                errors[i] = outcome.errors[k].reason
-            else:
-                scores[i] = float(outcome.values[k])
+        _collect(outcome, idx, scores, errors)
+    return _response(scorer, ids, scores, errors)
+
+
+def _collect(outcome: Any, idx: list[int], scores: dict[int, float], errors: dict[int, str]) -> None:
+    """File the `Outcome` of the request's samples `idx` (in that order) under their indices: a score, or its
+    ScorerError's reason."""
+    for k, i in enumerate(idx):
+        if k in outcome.errors:
+            errors[i] = outcome.errors[k].reason
+        else:
+            scores[i] = float(outcome.values[k])
+
+
+def _response(scorer: Any, ids: list[str], scores: dict[int, float], errors: dict[int, str]) -> Any:
+    """The `ScoreResponse`: one `Result` per sample id, in the request's order, its error or its score."""
     results = [pb2.Result(sample_id=sid, error=errors[i]) if i in errors else pb2.Result(sample_id=sid, score=scores[i])
                for i, sid in enumerate(ids)]
     return pb2.ScoreResponse(results=results, scorer=scorer.name)
