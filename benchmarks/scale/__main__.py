@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--what-if", action="store_true", help="only the image job at 64 GPUs with the changes")
     p.add_argument("--json", default=None, help="write the rows here")
     p.add_argument("--load-test", default=None, help="a <date>-...-transfer-load.json in benchmarks/results to use "
-                   "instead of the newest <date>-cpu-transfer-load.json")
+                   "instead of the newest <date>-cpu*-transfer-load.json")
     p.add_argument("--before", default=None, help="with --what-if: the load test of the publish before the staged "
                    "payload (first line of the table)")
     args = p.parse_args(argv)

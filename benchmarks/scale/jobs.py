@@ -19,7 +19,7 @@ names its source here.
 - **cpu**: the built-in digits job (`examples/ocr-awm.yaml`, 64 samples per step) on this host, its
   per-role CPU seconds measured by `benchmarks.scale.cpu_runs` with one replica and one rank.
 
-Redis: the load test (``<date>-cpu-transfer-load.json``): CPU seconds per sample of the payload kind
+Redis: the load test (``<date>-cpu*-transfer-load.json``): CPU seconds per sample of the payload kind
 (``img512`` for the image job, ``video33`` for the video job; ``tiny`` for metadata only).
 """
 
@@ -80,11 +80,14 @@ LOAD_TEST: list[str] = []
 """A load-test file name in benchmarks/results to use instead of the newest (``--load-test``)."""
 
 
-def load_test() -> tuple[str, dict]:
-    """The transfer load test: `LOAD_TEST`'s file, else the newest ``<date>-cpu-transfer-load.json``."""
+def load_test(host: str = "gpu") -> tuple[str, dict]:
+    """The transfer load test: `LOAD_TEST`'s file, else for a ``gpu`` host (the cluster the predictions are for) the
+    newest ``<date>-cpu*-transfer-load.json`` (of one day's, ``cpu16-`` sorts after ``cpu-``: the run on the idle
+    16-core device machine, where Redis, not its clients, saturated; docs/scale.md §1), and for ``this`` host (the
+    `--check` runs made here) the newest ``<date>-cpu-transfer-load.json``, measured on this loaded 2-core host."""
     if LOAD_TEST:
         return LOAD_TEST[-1], read(LOAD_TEST[-1])
-    return latest("cpu-transfer-load")
+    return latest("cpu*-transfer-load" if host == "gpu" else "cpu-transfer-load")
 
 
 def _kind_rows(data: dict, kind: str) -> list[dict]:
@@ -109,7 +112,7 @@ def redis_for(kind: str, host: str = "gpu") -> Redis:
     """
     if host not in ("gpu", "this"):
         raise ValueError(f"host {host!r}: expected 'gpu' or 'this'")
-    _, data = load_test()
+    _, data = load_test(host)
     tiny = sorted(r["redis_cpu_s_per_sample"] for r in _kind_rows(data, "tiny"))
     s_sample = tiny[len(tiny) // 2]
     rows = _kind_rows(data, kind)

@@ -217,3 +217,17 @@ def test_redis_shards_and_payloads_by_reference_lift_the_redis_cap() -> None:
     assert one.bottleneck == "redis" and one.step_s == pytest.approx(1.6 + 512 * 0.022 + control + sync)
     assert meta.step_s == pytest.approx(1.6 + 512 * 0.002 + control + sync)
     assert two.step_s < 0.6 * one.step_s and meta.redis_util < one.redis_util
+
+
+def test_cluster_predictions_read_the_idle_16_core_load_test_and_the_check_this_hosts():
+    """Predictions for GPU clusters take Redis's costs from the load test on 16 idle cores (Redis saturated there);
+    `--check` of the runs made on the 2-core host takes that host's own load test (docs/scale.md §1)."""
+    from benchmarks.scale import jobs
+
+    gpu_name, gpu = jobs.load_test("gpu")
+    this_name, this = jobs.load_test("this")
+    assert gpu_name.endswith("-cpu16-transfer-load.json") and gpu["machine"]["cpus"] == 16
+    assert this_name.endswith("-cpu-transfer-load.json") and this_name != gpu_name
+    tiny = sorted(r["redis_cpu_s_per_sample"] for r in gpu["rows"] if r["kind"] == "tiny")
+    assert jobs.redis_for("tiny").s_per_sample == tiny[len(tiny) // 2]
+    assert jobs.redis_for("tiny", host="this").s_per_sample > jobs.redis_for("tiny").s_per_sample
